@@ -1,0 +1,177 @@
+#include "cli/bench_comm.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_backend.h"
+#include "comm/process_group.h"
+#include "core/error.h"
+
+namespace meshtrain::cli {
+
+namespace {
+
+using comm::OpType;
+
+// nccl-tests: busBw = algBw * factor, the bandwidth each link really carries.
+double bus_factor(OpType op, int n) {
+  if (op == OpType::all_reduce) return 2.0 * (n - 1) / n;
+  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all
+}
+
+struct Buffers {
+  Tensor in, out;
+};
+
+// nccl-tests sizes: all_reduce and all_to_all the buffer; all_gather the
+// output; reduce_scatter the input.
+Buffers make_buffers(OpType op, int64_t elems, int n) {
+  Buffers b;
+  switch (op) {
+    case OpType::all_reduce: b.in = Tensor::zeros({elems}, DType::f32); b.out = b.in; break;
+    case OpType::all_gather:
+      b.in = Tensor::zeros({elems / n}, DType::f32);
+      b.out = Tensor::zeros({elems}, DType::f32);
+      break;
+    case OpType::reduce_scatter:
+      b.in = Tensor::zeros({elems}, DType::f32);
+      b.out = Tensor::zeros({elems / n}, DType::f32);
+      break;
+    default:
+      b.in = Tensor::zeros({elems}, DType::f32);
+      b.out = Tensor::zeros({elems}, DType::f32);
+  }
+  return b;
+}
+
+void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
+  switch (op) {
+    case OpType::all_reduce: pg.all_reduce(b.in)->wait(); return;
+    case OpType::all_gather: pg.all_gather(b.in, b.out)->wait(); return;
+    case OpType::reduce_scatter: pg.reduce_scatter(b.in, b.out)->wait(); return;
+    default: pg.all_to_all(b.in, b.out)->wait(); return;
+  }
+}
+
+void run_plain_mpi(OpType op, Buffers& b, int n) {
+  std::lock_guard lock(comm::mpi_mutex());  // meshtrain's progress thread also calls MPI
+  int rc;
+  switch (op) {
+    case OpType::all_reduce:
+      rc = MPI_Allreduce(MPI_IN_PLACE, b.in.raw(), static_cast<int>(b.in.numel()), MPI_FLOAT,
+                         MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case OpType::all_gather:
+      rc = MPI_Allgather(b.in.raw(), static_cast<int>(b.in.nbytes()), MPI_BYTE, b.out.raw(),
+                         static_cast<int>(b.in.nbytes()), MPI_BYTE, MPI_COMM_WORLD);
+      break;
+    case OpType::reduce_scatter:
+      rc = MPI_Reduce_scatter_block(b.in.raw(), b.out.raw(), static_cast<int>(b.out.numel()),
+                                    MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    default:
+      rc = MPI_Alltoall(b.in.raw(), static_cast<int>(b.in.nbytes() / n), MPI_BYTE, b.out.raw(),
+                        static_cast<int>(b.in.nbytes() / n), MPI_BYTE, MPI_COMM_WORLD);
+  }
+  if (rc != MPI_SUCCESS) throw CommError(fmt::format("plain MPI {} failed (code {})", op_type_name(op), rc));
+}
+
+// Mean seconds per iteration, the maximum over ranks (the slowest rank sets the pace).
+template <typename Fn>
+double time_iterations(comm::ProcessGroup& pg, int iters, Fn&& fn) {
+  pg.barrier()->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  Tensor t = Tensor::empty({1}, DType::f32);
+  t.data<float>()[0] = static_cast<float>(local);
+  pg.all_reduce(t, comm::ReduceOp::max)->wait();
+  return t.data<float>()[0];
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string human_bytes(int64_t b) {
+  if (b >= (1 << 20)) return fmt::format("{} MiB", b >> 20);
+  if (b >= (1 << 10)) return fmt::format("{} KiB", b >> 10);
+  return fmt::format("{} B", b);
+}
+
+}  // namespace
+
+int run_comm_bench(const CommBenchOptions& o) {
+  MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
+           "bench comm: need 4 <= --min-bytes <= --max-bytes, got {} and {}", o.min_bytes, o.max_bytes);
+  MT_CHECK(o.rounds >= 1, "bench comm: --rounds must be at least 1, got {}", o.rounds);
+  std::vector<OpType> ops;
+  for (const auto& name : o.ops) {
+    const OpType op = comm::parse_op_type(name);
+    MT_CHECK(op == OpType::all_reduce || op == OpType::all_gather ||
+                 op == OpType::reduce_scatter || op == OpType::all_to_all,
+             "bench comm: --ops accepts all_reduce, all_gather, reduce_scatter, all_to_all; got '{}'", name);
+    ops.push_back(op);
+  }
+  comm::GroupOptions group_options;
+  group_options.verify = o.verify;
+  auto pg = comm::create_world("mpi", group_options);
+  const int n = pg->size();
+  const bool printer = pg->rank() == 0;
+  nlohmann::json results = nlohmann::json::array();
+  if (printer && !o.json) {
+    fmt::print("meshtrain bench comm: {} ranks, f32, cross-rank verify {}; time = slowest rank's mean "
+               "per iteration, median of {} alternating rounds; bandwidths in GB/s (1e9 B/s)\n",
+               n, o.verify ? "on" : "off", o.rounds);
+    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}\n", "op", "size", "iters",
+               "time_us", "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio");
+    std::fflush(stdout);
+  }
+  for (OpType op : ops) {
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      int64_t elems = bytes / 4;
+      elems -= elems % n;  // every rank gets a whole block
+      if (elems == 0) continue;
+      const int64_t used_bytes = elems * 4;
+      const int iters = o.iters > 0 ? o.iters
+                                    : static_cast<int>(std::clamp<int64_t>((256ll << 20) / used_bytes, 5, 200));
+      Buffers b = make_buffers(op, elems, n);
+      run_meshtrain(*pg, op, b);  // warm-up both paths
+      run_plain_mpi(op, b, n);
+      std::vector<double> ours, theirs;
+      for (int round = 0; round < o.rounds; ++round) {
+        ours.push_back(time_iterations(*pg, iters, [&] { run_meshtrain(*pg, op, b); }));
+        theirs.push_back(time_iterations(*pg, iters, [&] { run_plain_mpi(op, b, n); }));
+      }
+      const double t = median(ours), tm = median(theirs);
+      const double algbw = used_bytes / t / 1e9, busbw = algbw * bus_factor(op, n);
+      const double mpi_busbw = used_bytes / tm / 1e9 * bus_factor(op, n);
+      if (!printer) continue;
+      results.push_back({{"op", comm::op_type_name(op)}, {"bytes", used_bytes}, {"iters", iters},
+                         {"time_us", t * 1e6}, {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
+                         {"mpi_time_us", tm * 1e6}, {"mpi_busbw_gbs", mpi_busbw},
+                         {"ratio", busbw / mpi_busbw}});
+      if (!o.json) {
+        fmt::print("{:<15} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}\n",
+                   comm::op_type_name(op), human_bytes(used_bytes), iters, t * 1e6, algbw, busbw,
+                   tm * 1e6, mpi_busbw, busbw / mpi_busbw);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (printer && o.json) {
+    nlohmann::json j{{"ranks", n}, {"dtype", "f32"}, {"verify", o.verify}, {"rounds", o.rounds},
+                     {"results", results}};
+    fmt::print("{}\n", j.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace meshtrain::cli

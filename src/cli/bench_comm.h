@@ -1,0 +1,24 @@
+// `meshtrain bench comm`: busBw of meshtrain's collectives next to the plain
+// MPI call, measured in the same run (nccl-tests conventions).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::cli {
+
+struct CommBenchOptions {
+  std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+  int64_t min_bytes = 4 << 10;
+  int64_t max_bytes = 64 << 20;
+  int rounds = 3;         // alternating meshtrain / MPI rounds; the median is reported
+  int iters = 0;          // 0: chosen per size
+  bool verify = true;     // meshtrain's cross-rank fingerprint check
+  bool json = false;
+};
+
+// Run under mpirun; rank 0 prints. Returns the process exit code.
+int run_comm_bench(const CommBenchOptions& options);
+
+}  // namespace meshtrain::cli

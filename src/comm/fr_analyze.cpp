@@ -1,0 +1,243 @@
+#include "comm/fr_analyze.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/flight_recorder.h"
+#include "core/error.h"
+
+namespace meshtrain::comm {
+
+std::string_view fr_finding_kind_name(FrFinding::Kind k) {
+  static constexpr std::string_view names[] = {"missing_rank",  "op_mismatch",    "dtype_mismatch",
+                                               "size_mismatch", "group_mismatch", "no_dump"};
+  return names[static_cast<int>(k)];
+}
+
+namespace {
+
+struct RankDump {
+  int rank = 0;
+  int world_size = 0;
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<FrEntry> entries;
+};
+
+RankDump load_dump(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  MT_CHECK(in.good(), "cannot open flight recorder dump {}", path.string());
+  nlohmann::json j;
+  try {
+    in >> j;
+    RankDump d;
+    d.rank = j.at("rank").get<int>();
+    d.world_size = j.at("world_size").get<int>();
+    for (const auto& [name, g] : j.at("groups").items())
+      d.groups[name] = g.at("ranks").get<std::vector<int>>();
+    d.entries = j.at("entries").get<std::vector<FrEntry>>();
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), e.what()));
+  }
+}
+
+std::string rank_list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+
+// The ranks outside the largest class of equal values: the odd ones out.
+template <typename Key>
+std::vector<int> minority(const std::map<int, Key>& value_by_rank) {
+  std::map<Key, std::vector<int>> classes;
+  for (const auto& [rank, v] : value_by_rank) classes[v].push_back(rank);
+  auto largest = std::max_element(classes.begin(), classes.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  std::vector<int> out;
+  for (const auto& [v, ranks] : classes)
+    if (&ranks != &largest->second) out.insert(out.end(), ranks.begin(), ranks.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string describe_entry(const FrEntry& e) {
+  return fmt::format("{} [{}] ({})", op_type_name(e.op), e.signature, fr_state_name(e.state));
+}
+
+// Walk one group's collectives in seq order and report the first place where
+// its members are out of step. Later seqs are not trusted after that.
+std::optional<FrFinding> check_group(const std::string& name, const std::vector<int>& members,
+                                     const std::map<int, RankDump>& dumps) {
+  std::map<int, std::map<uint64_t, const FrEntry*>> by_rank;  // world rank -> seq -> entry
+  for (int r : members) {
+    auto it = dumps.find(r);
+    if (it == dumps.end()) continue;
+    auto& seqs = by_rank[r];
+    for (const auto& e : it->second.entries)
+      if (e.group == name && !e.p2p) seqs[e.seq] = &e;
+  }
+  if (by_rank.empty()) return std::nullopt;
+  uint64_t first = 0, last = 0;
+  for (const auto& [r, seqs] : by_rank) {
+    if (seqs.empty()) continue;
+    first = std::max(first, seqs.begin()->first);  // older entries may have left the ring
+    last = std::max(last, seqs.rbegin()->first);
+  }
+  std::vector<int> no_dump;
+  for (int r : members)
+    if (!dumps.count(r)) no_dump.push_back(r);
+  for (uint64_t seq = std::max<uint64_t>(first, 1); seq <= last; ++seq) {
+    std::vector<int> absent;
+    std::map<int, const FrEntry*> present;
+    for (const auto& [r, seqs] : by_rank) {
+      auto it = seqs.find(seq);
+      if (it != seqs.end()) present[r] = it->second;
+      else absent.push_back(r);
+    }
+    const FrEntry& sample = *present.begin()->second;
+    int64_t issued = INT64_MAX;
+    for (const auto& [r, e] : present) issued = std::min(issued, e->time_created_us);
+    FrFinding f;
+    f.group = name;
+    f.seq = seq;
+    f.time_us = issued;
+    if (!absent.empty()) {
+      std::vector<std::string> lasts;
+      for (int r : absent) {
+        const auto& seqs = by_rank[r];
+        lasts.push_back(seqs.empty() ? fmt::format("rank {} has no collective on it", r)
+                                     : fmt::format("rank {} last issued seq {} {}", r,
+                                                   seqs.rbegin()->first,
+                                                   describe_entry(*seqs.rbegin()->second)));
+      }
+      std::vector<int> joined;
+      for (const auto& [r, e] : present) joined.push_back(r);
+      f.kind = FrFinding::Kind::missing_rank;
+      f.culprits = absent;
+      f.message = fmt::format(
+          "group '{}' seq {} {}: rank{} {} never joined; rank{} {} issued it ({}); {}",
+          name, seq, op_type_name(sample.op), absent.size() > 1 ? "s" : "", rank_list(absent),
+          joined.size() > 1 ? "s" : "", rank_list(joined), fr_state_name(sample.state),
+          fmt::join(lasts, "; "));
+      return f;
+    }
+    std::map<int, int> ops;
+    std::map<int, int> dtypes;
+    std::map<int, std::string> sigs;
+    for (const auto& [r, e] : present) {
+      ops[r] = static_cast<int>(e->op);
+      dtypes[r] = static_cast<int>(e->dtype);
+      sigs[r] = e->signature;
+    }
+    auto report = [&](FrFinding::Kind kind, std::vector<int> culprits, std::string_view what) {
+      std::vector<std::string> per_rank;
+      for (const auto& [r, e] : present) per_rank.push_back(fmt::format("rank {}: {}", r, describe_entry(*e)));
+      f.kind = kind;
+      f.culprits = std::move(culprits);
+      f.message = fmt::format("group '{}' seq {}: ranks disagree on the {}; odd one(s) out: rank {} ({})",
+                              name, seq, what, rank_list(f.culprits), fmt::join(per_rank, "; "));
+      return f;
+    };
+    if (!minority(ops).empty()) return report(FrFinding::Kind::op_mismatch, minority(ops), "operation");
+    if (!minority(dtypes).empty()) return report(FrFinding::Kind::dtype_mismatch, minority(dtypes), "dtype");
+    if (!minority(sigs).empty()) return report(FrFinding::Kind::size_mismatch, minority(sigs), "sizes");
+  }
+  if (!no_dump.empty()) {
+    // Ranks without a dump: if the others are stuck in a collective of this
+    // group, those ranks are the likely culprits.
+    for (const auto& [r, seqs] : by_rank) {
+      if (seqs.empty()) continue;
+      const FrEntry& e = *seqs.rbegin()->second;
+      if (e.state == FrState::completed) continue;
+      FrFinding f;
+      f.kind = FrFinding::Kind::no_dump;
+      f.group = name;
+      f.seq = e.seq;
+      f.time_us = e.time_created_us;
+      f.culprits = no_dump;
+      f.message = fmt::format(
+          "group '{}' seq {} {} is {} on rank {}; rank(s) {} of this group left no dump (dead, "
+          "or never reached a point where it could write one) and are the likely culprits",
+          name, e.seq, op_type_name(e.op), fr_state_name(e.state), r, rank_list(no_dump));
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+FrReport analyze_flight_records(const std::string& dir) {
+  namespace fs = std::filesystem;
+  MT_CHECK(fs::is_directory(dir), "fr-analyze: '{}' is not a directory", dir);
+  const std::regex name_re(R"(fr_rank(\d+)\.json)");
+  std::map<int, RankDump> dumps;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string fname = entry.path().filename().string();
+    if (!std::regex_match(fname, m, name_re)) continue;
+    RankDump d = load_dump(entry.path());
+    dumps[d.rank] = std::move(d);
+  }
+  MT_CHECK(!dumps.empty(), "fr-analyze: no flight recorder dumps (fr_rank<R>.json) in '{}'", dir);
+  FrReport report;
+  for (const auto& [r, d] : dumps) {
+    report.ranks_loaded.push_back(r);
+    report.world_size = std::max(report.world_size, d.world_size);
+  }
+  for (int r = 0; r < report.world_size; ++r)
+    if (!dumps.count(r)) report.ranks_without_dump.push_back(r);
+
+  std::map<std::string, std::vector<int>> groups;
+  for (const auto& [r, d] : dumps)
+    for (const auto& [name, members] : d.groups) {
+      auto [it, inserted] = groups.emplace(name, members);
+      if (!inserted && it->second != members) {
+        FrFinding f;
+        f.kind = FrFinding::Kind::group_mismatch;
+        f.group = name;
+        f.culprits = {r};
+        f.message = fmt::format("group '{}' has members [{}] on rank {} but [{}] elsewhere", name,
+                                rank_list(members), r, rank_list(it->second));
+        report.findings.push_back(std::move(f));
+      }
+    }
+  for (const auto& [name, members] : groups)
+    if (auto f = check_group(name, members, dumps)) report.findings.push_back(std::move(*f));
+  std::stable_sort(report.findings.begin(), report.findings.end(),
+                   [](const FrFinding& a, const FrFinding& b) { return a.time_us < b.time_us; });
+  return report;
+}
+
+std::string FrReport::to_text() const {
+  std::string out = fmt::format("read dumps of rank(s) {} (world size {})\n", rank_list(ranks_loaded), world_size);
+  if (!ranks_without_dump.empty())
+    out += fmt::format("no dump from rank(s) {}\n", rank_list(ranks_without_dump));
+  if (findings.empty()) return out + "no mismatch: every recorded collective matches across ranks\n";
+  out += fmt::format("FIRST MISMATCH: {}\n", findings.front().message);
+  for (size_t i = 1; i < findings.size(); ++i) out += fmt::format("also: {}\n", findings[i].message);
+  return out;
+}
+
+nlohmann::json FrReport::to_json() const {
+  nlohmann::json j;
+  j["world_size"] = world_size;
+  j["ranks_loaded"] = ranks_loaded;
+  j["ranks_without_dump"] = ranks_without_dump;
+  j["findings"] = nlohmann::json::array();
+  for (const auto& f : findings)
+    j["findings"].push_back({{"kind", fr_finding_kind_name(f.kind)},
+                             {"group", f.group},
+                             {"seq", f.seq},
+                             {"culprits", f.culprits},
+                             {"message", f.message}});
+  return j;
+}
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,654 @@
+#include "comm/mpi_backend.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <thread>
+
+#include "comm/reduce.h"
+#include "core/error.h"
+
+namespace meshtrain::comm {
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+int to_int_count(int64_t n, const char* what) {
+  if (n > INT_MAX)
+    throw CommError(fmt::format("{} of {} bytes exceeds MPI's 2 GiB count limit; split the "
+                                "tensor into smaller pieces", what, n));
+  return static_cast<int>(n);
+}
+
+std::vector<int> byte_counts(const std::vector<int64_t>& counts, size_t elem, const char* what) {
+  std::vector<int> out;
+  out.reserve(counts.size());
+  for (int64_t c : counts) out.push_back(to_int_count(c * static_cast<int64_t>(elem), what));
+  return out;
+}
+
+std::vector<int> byte_displacements(const std::vector<int64_t>& counts, size_t elem, const char* what) {
+  return byte_counts(displacements(counts), elem, what);
+}
+
+MPI_Datatype native_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+MPI_Op native_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// MPI state of one group, shared by its ProcessGroup object and its in-flight ops.
+struct GroupComm {
+  MPI_Comm comm = MPI_COMM_NULL;        // the collectives themselves
+  MPI_Comm check_comm = MPI_COMM_NULL;  // fingerprint exchange, ordered apart from `comm`
+  int rank = 0;
+  int size = 0;
+  bool verify = true;
+  bool aborted = false;
+  // Ops whose next stage still has to be posted on `comm`. Only the head may
+  // post, so that every rank posts in issue order whatever the timing.
+  std::deque<struct MpiOp*> post_queue;
+};
+
+// One operation: an optional fingerprint check, then stages, each posting
+// MPI requests and running a host step once they complete.
+struct MpiOp {
+  OpDesc desc;
+  WorkPtr work;
+  std::shared_ptr<GroupComm> group;
+  struct Stage {
+    std::function<int(MpiOp&, std::vector<MPI_Request>&)> post;  // returns an MPI error code
+    std::function<void(MpiOp&)> after;                           // host step, may be empty
+  };
+  std::vector<Stage> stages;
+  size_t next_stage = 0;
+  std::vector<MPI_Request> requests;  // of the stage in flight
+  bool checking = false;
+  MPI_Request check_request = MPI_REQUEST_NULL;
+  std::vector<int64_t> check_mine, check_all;
+  std::vector<std::byte> scratch;
+  MPI_Status status{};  // of the last p2p request
+  bool in_post_queue = false;
+  bool done = false;
+};
+
+class Engine {
+ public:
+  static Engine& get() {
+    static Engine* engine = new Engine();  // lives until the process exits (atexit shuts it down)
+    return *engine;
+  }
+
+  std::mutex& mu() { return mu_; }
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
+
+  // Track an op (caller holds mu_). Queued ops post their stages in issue order.
+  void add(std::unique_ptr<MpiOp> op, bool queue) {
+    MpiOp* raw = op.get();
+    active_.push_back(std::move(op));
+    if (queue) {
+      raw->group->post_queue.push_back(raw);
+      raw->in_post_queue = true;
+    }
+    progress_locked();
+  }
+
+  // Called by waiting threads and the progress thread.
+  void poll() {
+    std::lock_guard lock(mu_);
+    progress_locked();
+  }
+
+  void abort_group(const std::shared_ptr<GroupComm>& group) {
+    std::lock_guard lock(mu_);
+    group->aborted = true;
+    for (auto& op : active_)
+      if (op->group == group && !op->done) {
+        op->done = true;  // its MPI requests can no longer be trusted to complete
+        op->work->fail(std::make_exception_ptr(CommError(fmt::format(
+            "{}: the group was aborted after a timeout", op->work->info().describe()))));
+      }
+    for (MpiOp* op : group->post_queue) op->in_post_queue = false;
+    group->post_queue.clear();
+    any_aborted_ = true;
+    request_peer_dumps_locked();
+  }
+
+  void shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      if (!initialized_) return;
+      stop_ = true;
+    }
+    if (progress_thread_.joinable()) progress_thread_.join();
+    if (any_aborted_) abort_now(1);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+
+  [[noreturn]] void abort_now(int code) {
+    // Peers that received a dump request need a moment to write their dumps.
+    if (dump_requested_at_.time_since_epoch().count() != 0)
+      std::this_thread::sleep_until(dump_requested_at_ + std::chrono::milliseconds(grace_ms()));
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+  void init() {
+    std::lock_guard lock(mu_);
+    if (initialized_) return;
+    int already = 0;
+    MPI_Initialized(&already);
+    int provided = 0;
+    if (!already) {
+      // Open MPI's non-blocking all_reduce (libnbc) otherwise picks ring or
+      // binomial schedules that run at half the speed of the blocking call
+      // here; Rabenseifner (reduce-scatter + all-gather) is the
+      // bandwidth-optimal one. A user's own setting wins.
+      setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw CommError("the MPI library does not provide MPI_THREAD_SERIALIZED, which the mpi "
+                      "backend needs for its progress thread");
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &signal_comm_);
+    MPI_Comm_set_errhandler(signal_comm_, MPI_ERRORS_RETURN);
+    MPI_Irecv(&signal_in_, 1, MPI_INT, MPI_ANY_SOURCE, 0, signal_comm_, &signal_request_);
+    recorder_ = std::make_shared<FlightRecorder>(world_rank_, world_size_);
+    initialized_ = true;
+    std::atexit([] { Engine::get().shutdown(); });
+    progress_thread_ = std::thread([this] { progress_loop(); });
+  }
+
+ private:
+  Engine() = default;
+
+  static int grace_ms() {
+    const char* env = std::getenv("MESHTRAIN_FR_DUMP_GRACE_MS");
+    return env ? std::atoi(env) : 2000;
+  }
+
+  void progress_loop() {
+    using namespace std::chrono;
+    for (;;) {
+      std::vector<WorkPtr> expired;
+      {
+        std::lock_guard lock(mu_);
+        if (stop_) return;
+        progress_locked();
+        poll_signal_locked();
+        const auto now = Clock::now();
+        for (auto& op : active_)
+          if (!op->done && op->work->deadline() <= now) expired.push_back(op->work);
+      }
+      // Outside the lock: the timeout handler aborts the group, which locks.
+      for (auto& w : expired) w->is_completed();
+      std::this_thread::sleep_for(active_count_.load() > 0 ? microseconds(50) : milliseconds(2));
+    }
+  }
+
+  // A peer timed out and asks every rank to write its flight recorder.
+  void poll_signal_locked() {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Test(&signal_request_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    try {
+      recorder_->dump(FlightRecorder::default_dump_dir(),
+                      fmt::format("dump requested by world rank {} after its timeout", status.MPI_SOURCE));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[meshtrain rank %d] could not write flight recorder dump: %s\n",
+                   world_rank_, e.what());
+    }
+    MPI_Irecv(&signal_in_, 1, MPI_INT, MPI_ANY_SOURCE, 0, signal_comm_, &signal_request_);
+  }
+
+  void request_peer_dumps_locked() {
+    if (dump_requested_at_.time_since_epoch().count() != 0) return;
+    dump_requested_at_ = Clock::now();
+    static int message = 1;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == world_rank_) continue;
+      MPI_Request req;
+      if (MPI_Isend(&message, 1, MPI_INT, r, 0, signal_comm_, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+
+  void fail(MpiOp& op, const std::string& message, bool breaks_group) {
+    op.done = true;
+    op.work->fail(std::make_exception_ptr(CommError(message)));
+    if (breaks_group) op.group->aborted = true;
+  }
+
+  void complete(MpiOp& op) {
+    op.done = true;
+    op.work->finish();
+  }
+
+  // Advance every op as far as it goes without blocking. Holds mu_.
+  void progress_locked() {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (auto& holder : active_) {
+        MpiOp& op = *holder;
+        if (op.done) continue;
+        if (op.checking) changed |= test_check(op);
+        else if (!op.requests.empty()) changed |= test_stage(op);
+      }
+      for (auto& holder : active_) {
+        MpiOp& op = *holder;
+        if (op.in_post_queue && !op.done && op.group->post_queue.front() == &op)
+          changed |= post_ready(*op.group);
+      }
+      const auto before = active_.size();
+      std::erase_if(active_, [](const auto& op) { return op->done && !op->in_post_queue; });
+      changed |= active_.size() != before;
+    }
+    active_count_.store(static_cast<int>(active_.size()));
+  }
+
+  bool test_check(MpiOp& op) {
+    int flag = 0;
+    const int rc = MPI_Test(&op.check_request, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      fail(op, fmt::format("{}: fingerprint exchange failed: {}", op.work->info().describe(),
+                           mpi_error_text(rc)), true);
+      return true;
+    }
+    if (!flag) return false;
+    op.checking = false;
+    const size_t width = op.check_mine.size();
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(op.group->size));
+    for (int r = 0; r < op.group->size; ++r)
+      rows[r].assign(op.check_all.begin() + r * width, op.check_all.begin() + (r + 1) * width);
+    // Every rank holds the same table, so every rank decides alike and the
+    // posting order on `comm` stays the same everywhere.
+    const std::string problem = check_fingerprints(rows, op.work->info());
+    if (!problem.empty()) fail(op, problem, false);
+    return true;
+  }
+
+  bool test_stage(MpiOp& op) {
+    int flag = 0;
+    int rc;
+    if (op.requests.size() == 1) {
+      rc = MPI_Test(&op.requests[0], &flag, &op.status);
+    } else {
+      rc = MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag,
+                       MPI_STATUSES_IGNORE);
+    }
+    if (rc != MPI_SUCCESS) {
+      fail(op, fmt::format("{} failed in MPI: {}", op.work->info().describe(), mpi_error_text(rc)),
+           !is_p2p(op.desc.op));
+      return true;
+    }
+    if (!flag) return false;
+    op.requests.clear();
+    const auto& stage = op.stages[op.next_stage - 1];
+    try {
+      if (stage.after) stage.after(op);
+    } catch (const std::exception& e) {
+      fail(op, e.what(), false);
+      return true;
+    }
+    if (op.next_stage == op.stages.size()) complete(op);
+    return true;
+  }
+
+  // Post stages of the ops at the head of the group's queue, in order.
+  bool post_ready(GroupComm& group) {
+    bool changed = false;
+    while (!group.post_queue.empty()) {
+      MpiOp& op = *group.post_queue.front();
+      if (op.done) {  // failed its check: posts nothing more
+        pop_head(group);
+        changed = true;
+        continue;
+      }
+      if (op.checking || !op.requests.empty()) break;
+      if (op.next_stage == 0) op.work->mark_started();
+      const auto& stage = op.stages[op.next_stage++];
+      int rc;
+      try {
+        rc = stage.post(op, op.requests);
+      } catch (const std::exception& e) {
+        // Every rank raises the same error here (sizes agree), so none posts.
+        fail(op, e.what(), false);
+        pop_head(group);
+        changed = true;
+        continue;
+      }
+      changed = true;
+      if (rc != MPI_SUCCESS) {
+        fail(op, fmt::format("{} could not start in MPI: {}", op.work->info().describe(),
+                             mpi_error_text(rc)), true);
+        pop_head(group);
+        continue;
+      }
+      if (op.next_stage == op.stages.size()) {
+        pop_head(group);
+        continue;
+      }
+      break;  // the next stage waits for this one; later ops wait behind it
+    }
+    return changed;
+  }
+
+  static void pop_head(GroupComm& group) {
+    group.post_queue.front()->in_post_queue = false;
+    group.post_queue.pop_front();
+  }
+
+  std::mutex mu_;
+  bool initialized_ = false;
+  bool stop_ = false;
+  bool any_aborted_ = false;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  std::list<std::unique_ptr<MpiOp>> active_;
+  std::atomic<int> active_count_{0};
+  std::thread progress_thread_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  MPI_Comm signal_comm_ = MPI_COMM_NULL;
+  MPI_Request signal_request_ = MPI_REQUEST_NULL;
+  int signal_in_ = 0;
+  Clock::time_point dump_requested_at_{};
+};
+
+// ---- stage plans -----------------------------------------------------------
+
+using Stage = MpiOp::Stage;
+
+void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
+  MT_CHECK(dtype == DType::f32, "avg scaling on dtype {}", dtype_name(dtype));
+  auto* p = static_cast<float*>(data);
+  for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
+}
+
+// bf16/f16/fp8: all_to_all the chunks, reduce in f32 on the host (one
+// rounding), so the result equals a serial f32-accumulated reduction in rank
+// order; all_reduce then all_gathers the reduced chunks. Same bytes on the
+// wire as a ring all_reduce.
+std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back) {
+  const size_t elem = dtype_size(d.dtype);
+  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? chunk_counts(d.in_numel, n) : d.counts;
+  const int64_t mine = counts[rank];
+  std::vector<Stage> stages;
+  stages.push_back(Stage{
+      [counts, mine, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        op.scratch.resize(static_cast<size_t>(mine * n) * elem);
+        const auto send_counts = byte_counts(counts, elem, "all_to_all block");
+        const auto send_displs = byte_displacements(counts, elem, "all_to_all offset");
+        std::vector<int64_t> recv(static_cast<size_t>(n), mine);
+        const auto recv_counts = byte_counts(recv, elem, "all_to_all block");
+        const auto recv_displs = byte_displacements(recv, elem, "all_to_all offset");
+        reqs.resize(1);
+        return MPI_Ialltoallv(op.desc.in, send_counts.data(), send_displs.data(), MPI_BYTE,
+                              op.scratch.data(), recv_counts.data(), recv_displs.data(), MPI_BYTE,
+                              op.group->comm, &reqs[0]);
+      },
+      [counts, mine, elem, n, rank](MpiOp& op) {
+        std::vector<const void*> rows(static_cast<size_t>(n));
+        for (int k = 0; k < n; ++k) rows[k] = op.scratch.data() + static_cast<size_t>(k * mine) * elem;
+        void* out = op.desc.op == OpType::all_reduce
+                        ? static_cast<std::byte*>(op.desc.out) + displacements(counts)[rank] * elem
+                        : op.desc.out;
+        reduce_rows(op.desc.dtype, op.desc.reduce, rows.data(), n, out, static_cast<size_t>(mine));
+      }});
+  if (gather_back)
+    stages.push_back(Stage{[counts, elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+                             const auto c = byte_counts(counts, elem, "all_gather block");
+                             const auto displs = byte_displacements(counts, elem, "all_gather offset");
+                             reqs.resize(1);
+                             return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, op.desc.out, c.data(),
+                                                    displs.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+                           },
+                           nullptr});
+  return stages;
+}
+
+std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
+  const size_t elem = dtype_size(d.dtype);
+  auto single = [](auto post) { return std::vector<Stage>{Stage{post, nullptr}}; };
+  auto scale_if_avg = [n](MpiOp& op) {
+    if (op.desc.reduce == ReduceOp::avg) scale_in_place(op.desc.out, op.desc.dtype, op.desc.out_numel, n);
+  };
+  switch (d.op) {
+    case OpType::barrier:
+      return single([](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        reqs.resize(1);
+        return MPI_Ibarrier(op.group->comm, &reqs[0]);
+      });
+    case OpType::all_reduce:
+      if (needs_host_reduction(d.dtype)) return host_reduce_stages(d, n, rank, true);
+      return {Stage{[](MpiOp& op, std::vector<MPI_Request>& reqs) {
+                      reqs.resize(1);
+                      return MPI_Iallreduce(MPI_IN_PLACE, op.desc.out,
+                                            to_int_count(op.desc.out_numel, "all_reduce"),
+                                            native_type(op.desc.dtype), native_op(op.desc.reduce),
+                                            op.group->comm, &reqs[0]);
+                    },
+                    scale_if_avg}};
+    case OpType::reduce_scatter:
+      if (needs_host_reduction(d.dtype)) return host_reduce_stages(d, n, rank, false);
+      return {Stage{[n](MpiOp& op, std::vector<MPI_Request>& reqs) {
+                      reqs.resize(1);
+                      const auto& c = op.desc.counts;
+                      if (std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; }))
+                        return MPI_Ireduce_scatter_block(
+                            op.desc.in, op.desc.out, to_int_count(c[0], "reduce_scatter block"),
+                            native_type(op.desc.dtype), native_op(op.desc.reduce), op.group->comm,
+                            &reqs[0]);
+                      const auto ic = byte_counts(c, 1, "reduce_scatter block");
+                      return MPI_Ireduce_scatter(op.desc.in, op.desc.out, ic.data(),
+                                                 native_type(op.desc.dtype),
+                                                 native_op(op.desc.reduce), op.group->comm, &reqs[0]);
+                    },
+                    scale_if_avg}};
+    case OpType::all_gather:
+      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        reqs.resize(1);
+        const auto& c = op.desc.counts;
+        if (std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; })) {
+          const int bytes = to_int_count(c[0] * static_cast<int64_t>(elem), "all_gather block");
+          return MPI_Iallgather(op.desc.in, bytes, MPI_BYTE, op.desc.out, bytes, MPI_BYTE,
+                                op.group->comm, &reqs[0]);
+        }
+        const auto bc = byte_counts(c, elem, "all_gather block");
+        const auto bd = byte_displacements(c, elem, "all_gather offset");
+        return MPI_Iallgatherv(op.desc.in, bc[op.group->rank], MPI_BYTE, op.desc.out, bc.data(),
+                               bd.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+      });
+    case OpType::all_to_all:
+      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        reqs.resize(1);
+        const auto sc = byte_counts(op.desc.send_counts, elem, "all_to_all block");
+        const auto sd = byte_displacements(op.desc.send_counts, elem, "all_to_all offset");
+        const auto rc = byte_counts(op.desc.recv_counts, elem, "all_to_all block");
+        const auto rd = byte_displacements(op.desc.recv_counts, elem, "all_to_all offset");
+        const bool equal = std::all_of(sc.begin(), sc.end(), [&](int x) { return x == sc[0]; }) &&
+                           sc == rc;
+        if (equal)
+          return MPI_Ialltoall(op.desc.in, sc[0], MPI_BYTE, op.desc.out, sc[0], MPI_BYTE,
+                               op.group->comm, &reqs[0]);
+        return MPI_Ialltoallv(op.desc.in, sc.data(), sd.data(), MPI_BYTE, op.desc.out, rc.data(),
+                              rd.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+      });
+    case OpType::broadcast:
+      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        reqs.resize(1);
+        return MPI_Ibcast(op.desc.out, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "broadcast"),
+                          MPI_BYTE, op.desc.root, op.group->comm, &reqs[0]);
+      });
+    case OpType::send:
+      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+        reqs.resize(1);
+        return MPI_Isend(op.desc.in, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "send"),
+                         MPI_BYTE, op.desc.root, op.desc.tag, op.group->comm, &reqs[0]);
+      });
+    case OpType::recv:
+      return {Stage{[elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
+                      reqs.resize(1);
+                      return MPI_Irecv(op.desc.out,
+                                       to_int_count(op.desc.out_numel * static_cast<int64_t>(elem), "recv"),
+                                       MPI_BYTE, op.desc.root, op.desc.tag, op.group->comm, &reqs[0]);
+                    },
+                    [elem](MpiOp& op) {
+                      int got = 0;
+                      MPI_Get_count(&op.status, MPI_BYTE, &got);
+                      const int64_t expected = op.desc.out_numel * static_cast<int64_t>(elem);
+                      if (got != expected)
+                        throw CommError(fmt::format(
+                            "{}: received {} bytes from rank {} but expected {} ({} x {}); the "
+                            "sender's tensor has a different size or dtype",
+                            op.work->info().describe(), got, op.desc.root, expected,
+                            op.desc.out_numel, dtype_name(op.desc.dtype)));
+                    }}};
+  }
+  return {};
+}
+
+class MpiGroup final : public ProcessGroup {
+ public:
+  MpiGroup(std::string name, int rank, std::vector<int> world_ranks, GroupOptions options,
+           std::shared_ptr<GroupComm> comm)
+      : ProcessGroup(std::move(name), rank, std::move(world_ranks), Engine::get().recorder(), options),
+        comm_(std::move(comm)) {}
+
+  std::string_view backend_name() const override { return "mpi"; }
+
+ protected:
+  void start(const OpDesc& desc, const WorkPtr& work) override {
+    auto op = std::make_unique<MpiOp>();
+    op->desc = desc;
+    op->work = work;
+    op->group = comm_;
+    op->stages = plan_stages(desc, size(), rank());
+    Engine& engine = Engine::get();
+    work->set_poller([&engine] { engine.poll(); });
+    std::lock_guard lock(engine.mu());
+    if (comm_->aborted)
+      throw CommError(fmt::format("{}: the group was aborted after an earlier failure",
+                                  work->info().describe()));
+    if (comm_->verify && !is_p2p(desc.op)) {
+      op->checking = true;
+      op->check_mine = desc.fingerprint(size());
+      op->check_all.resize(op->check_mine.size() * static_cast<size_t>(size()));
+      const int rc = MPI_Iallgather(op->check_mine.data(), static_cast<int>(op->check_mine.size()),
+                                    MPI_INT64_T, op->check_all.data(),
+                                    static_cast<int>(op->check_mine.size()), MPI_INT64_T,
+                                    comm_->check_comm, &op->check_request);
+      if (rc != MPI_SUCCESS)
+        throw CommError(fmt::format("{}: fingerprint exchange could not start: {}",
+                                    work->info().describe(), mpi_error_text(rc)));
+    }
+    if (is_p2p(desc.op)) {
+      // p2p is not ordered against collectives: post at once, outside the queue.
+      work->mark_started();
+      const int rc = op->stages[0].post(*op, op->requests);
+      if (rc != MPI_SUCCESS)
+        throw CommError(fmt::format("{} could not start in MPI: {}", work->info().describe(),
+                                    mpi_error_text(rc)));
+      op->next_stage = 1;
+      engine.add(std::move(op), /*queue=*/false);
+      return;
+    }
+    engine.add(std::move(op), /*queue=*/true);
+  }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq,
+                                              int color, const std::string& name) override {
+    auto child = std::make_shared<GroupComm>();
+    int key = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == rank()) key = static_cast<int>(i);
+    {
+      std::lock_guard lock(Engine::get().mu());
+      // Every rank reached here right after the split's all_gather completed,
+      // so the blocking MPI_Comm_split cannot wait on an absent rank.
+      int rc = MPI_Comm_split(comm_->comm, color < 0 ? MPI_UNDEFINED : color, key, &child->comm);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split(comm_->check_comm, color < 0 ? MPI_UNDEFINED : color, key, &child->check_comm);
+      if (rc != MPI_SUCCESS)
+        throw CommError(fmt::format("splitting group '{}' (split seq {}) failed in MPI: {}", this->name(),
+                                    split_seq, mpi_error_text(rc)));
+    }
+    if (color < 0) return nullptr;
+    MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(child->check_comm, MPI_ERRORS_RETURN);
+    child->rank = key;
+    child->size = static_cast<int>(members.size());
+    child->verify = comm_->verify;
+    std::vector<int> world;
+    for (int m : members) world.push_back(world_ranks()[m]);
+    return std::make_shared<MpiGroup>(name, key, std::move(world), options(), std::move(child));
+  }
+
+  void on_abort() override { Engine::get().abort_group(comm_); }
+
+ private:
+  std::shared_ptr<GroupComm> comm_;
+};
+
+}  // namespace
+
+ProcessGroupPtr create_mpi_world(GroupOptions options) {
+  Engine& engine = Engine::get();
+  engine.init();
+  auto comm = std::make_shared<GroupComm>();
+  {
+    std::lock_guard lock(engine.mu());
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm->check_comm);
+  }
+  MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(comm->check_comm, MPI_ERRORS_RETURN);
+  comm->rank = engine.world_rank();
+  comm->size = engine.world_size();
+  comm->verify = options.verify;
+  std::vector<int> world(static_cast<size_t>(engine.world_size()));
+  for (int r = 0; r < engine.world_size(); ++r) world[r] = r;
+  return std::make_shared<MpiGroup>("world", engine.world_rank(), std::move(world), options,
+                                    std::move(comm));
+}
+
+std::mutex& mpi_mutex() { return Engine::get().mu(); }
+
+void mpi_abort_job(int code) { Engine::get().abort_now(code); }
+
+}  // namespace meshtrain::comm

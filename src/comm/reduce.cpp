@@ -1,0 +1,92 @@
+#include "comm/reduce.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace meshtrain::comm {
+
+namespace {
+
+template <typename Acc>
+Acc combine(ReduceOp op, Acc a, Acc b) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return a + b;
+    case ReduceOp::max: return std::max(a, b);
+    case ReduceOp::min: return std::min(a, b);
+  }
+  return a;
+}
+
+// Direct loops for the types that have C++ arithmetic; everything else goes
+// through the exact per-element load/store of core/dtype.
+template <typename T, typename Acc>
+void reduce_native(ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
+  auto* o = static_cast<T*>(out);
+  for (size_t i = 0; i < count; ++i) {
+    Acc acc = static_cast<Acc>(static_cast<const T*>(rows[0])[i]);
+    for (int k = 1; k < n; ++k) acc = combine<Acc>(op, acc, static_cast<const T*>(rows[k])[i]);
+    if (op == ReduceOp::avg) acc = acc / static_cast<Acc>(n);
+    o[i] = static_cast<T>(acc);
+  }
+}
+
+void reduce_bf16(ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
+  auto* o = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < count; ++i) {
+    float acc = bf16_to_f32(static_cast<const uint16_t*>(rows[0])[i]);
+    for (int k = 1; k < n; ++k)
+      acc = combine<float>(op, acc, bf16_to_f32(static_cast<const uint16_t*>(rows[k])[i]));
+    if (op == ReduceOp::avg) acc /= static_cast<float>(n);
+    o[i] = f32_to_bf16(acc);
+  }
+}
+
+void reduce_generic_float(DType dtype, ReduceOp op, const void* const* rows, int n, void* out,
+                          size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    auto acc = static_cast<float>(load_as_double(rows[0], dtype, i));
+    for (int k = 1; k < n; ++k)
+      acc = combine<float>(op, acc, static_cast<float>(load_as_double(rows[k], dtype, i)));
+    if (op == ReduceOp::avg) acc /= static_cast<float>(n);
+    store_from_double(out, dtype, i, acc);
+  }
+}
+
+}  // namespace
+
+void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
+  MT_CHECK(n >= 1, "reduce_rows needs at least one row, got {}", n);
+  MT_CHECK(!(op == ReduceOp::avg && !is_floating(dtype)),
+           "reduce op avg is not defined for integer dtype {}: the mean would be truncated; "
+           "reduce with sum and divide in a floating dtype", dtype_name(dtype));
+  switch (dtype) {
+    case DType::f32: return reduce_native<float, float>(op, rows, n, out, count);
+    case DType::i32: return reduce_native<int32_t, int64_t>(op, rows, n, out, count);
+    case DType::i64: return reduce_native<int64_t, int64_t>(op, rows, n, out, count);
+    case DType::bf16: return reduce_bf16(op, rows, n, out, count);
+    default: return reduce_generic_float(dtype, op, rows, n, out, count);
+  }
+}
+
+bool needs_host_reduction(DType dtype) {
+  return dtype != DType::f32 && dtype != DType::i32 && dtype != DType::i64;
+}
+
+std::vector<int64_t> chunk_counts(int64_t total, int n) {
+  MT_CHECK(n > 0 && total >= 0, "chunk_counts({}, {}): need n > 0 and total >= 0", total, n);
+  const int64_t chunk = (total + n - 1) / n;
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) counts[r] = std::clamp<int64_t>(total - chunk * r, 0, chunk);
+  return counts;
+}
+
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size(), 0);
+  if (!counts.empty()) std::exclusive_scan(counts.begin(), counts.end(), d.begin(), int64_t{0});
+  return d;
+}
+
+}  // namespace meshtrain::comm

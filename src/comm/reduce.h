@@ -1,0 +1,28 @@
+// The one reduction kernel every backend uses where it reduces on the host:
+// floating types accumulate in f32 and round once at the end; integers in i64.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/types.h"
+#include "core/dtype.h"
+
+namespace meshtrain::comm {
+
+// out[i] = op over k of rows[k][i], in row order k = 0..n-1; avg divides the sum by n.
+// out may alias rows[0] (the result is written after each element is read).
+void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void* out, size_t count);
+
+// Whether the dtype needs meshtrain's own reduction (no native MPI type, or f32-accumulation needed).
+bool needs_host_reduction(DType dtype);
+
+// Split `total` elements over n ranks by the torch.chunk rule: ceil-sized
+// chunks, trailing chunks smaller or empty.
+std::vector<int64_t> chunk_counts(int64_t total, int n);
+
+// Exclusive prefix sums of counts (the displacement of each rank's block).
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts);
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,79 @@
+// Handle to an asynchronous communication operation (the c10d Work shape):
+// test for completion, wait with the operation's timeout, read its error.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/flight_recorder.h"
+#include "comm/types.h"
+
+namespace meshtrain::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// What an operation is, for error messages and the flight recorder.
+struct WorkInfo {
+  std::string group;
+  int group_size = 0;
+  int rank = 0;  // this rank, in the group
+  uint64_t seq = 0;
+  bool p2p = false;
+  OpType op = OpType::barrier;
+  std::chrono::milliseconds timeout{0};
+  std::string describe() const;  // "all_reduce (seq 5) on group 'world' (4 ranks)"
+};
+
+class Work {
+ public:
+  Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id);
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  const WorkInfo& info() const { return info_; }
+  // Non-blocking: has the operation finished (successfully or not)?
+  bool is_completed();
+  bool is_success();
+  std::exception_ptr exception();
+  // Block until done, or until the operation's timeout (counted from when it
+  // was issued) expires; rethrows the failure (TimeoutError, CommError).
+  void wait();
+  // Block at most `d`: true when done (rethrows a failure), false when still running.
+  bool wait_for(std::chrono::milliseconds d);
+  Clock::time_point deadline() const { return deadline_; }
+
+  // ---- backend side -------------------------------------------------------
+  // A poller drives progress from the waiting thread (MPI); without one the
+  // backend pushes completion through finish()/fail().
+  void set_poller(std::function<void()> poll) { poller_ = std::move(poll); }
+  // Called (at most once) when the deadline passes before completion.
+  void set_timeout_handler(std::function<void(Work&)> handler) { on_timeout_ = std::move(handler); }
+  void mark_started();
+  void finish();
+  void fail(std::exception_ptr error);  // no effect when already done
+
+ private:
+  bool wait_until(Clock::time_point until);  // true when done
+  void check_deadline();
+
+  WorkInfo info_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  uint64_t recorder_id_;
+  Clock::time_point deadline_;
+  std::function<void()> poller_;
+  std::function<void(Work&)> on_timeout_;
+  std::once_flag timeout_once_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,31 @@
+#include "core/shape.h"
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace meshtrain {
+
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::vector<int64_t>(dims)) {}
+
+Shape::Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {
+  for (size_t i = 0; i < dims_.size(); ++i)
+    MT_CHECK(dims_[i] >= 0, "shape ({}) has negative extent {} at dim {}", fmt::join(dims_, ", "),
+             dims_[i], i);
+}
+
+int64_t Shape::dim(int64_t d) const {
+  const auto r = static_cast<int64_t>(rank());
+  MT_CHECK(d >= -r && d < r, "dim {} out of range for shape {} of rank {}", d, to_string(), r);
+  return dims_[static_cast<size_t>(d < 0 ? d + r : d)];
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (auto d : dims_) n *= d;
+  return n;
+}
+
+std::string Shape::to_string() const { return fmt::format("({})", fmt::join(dims_, ", ")); }
+
+}  // namespace meshtrain
