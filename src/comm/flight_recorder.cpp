@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -127,7 +129,9 @@ std::string FlightRecorder::dump(const std::string& dir, const std::string& reas
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = fmt::format("{}/fr_rank{}.json", dir, world_rank_);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.{}.tmp", path, getpid());
+  // A timeout and a peer's dump request can both dump at once: one at a time.
+  std::lock_guard dump_lock(dump_mu_);
   {
     std::ofstream out(tmp);
     if (!out) throw Error(fmt::format("cannot write flight recorder dump {}: {}", tmp,

@@ -63,6 +63,7 @@ class FlightRecorder {
   int world_size_;
   size_t capacity_;
   mutable std::mutex mu_;
+  mutable std::mutex dump_mu_;
   std::vector<FrEntry> ring_;
   uint64_t next_id_ = 0;
   std::map<std::string, std::vector<int>> groups_;

@@ -272,8 +272,8 @@ class Engine {
       }
       for (auto& holder : active_) {
         MpiOp& op = *holder;
-        if (op.in_post_queue && !op.done && op.group->post_queue.front() == &op)
-          changed |= post_ready(*op.group);
+        // The head of a group's queue, done or not, unblocks the ops behind it.
+        if (op.in_post_queue && op.group->post_queue.front() == &op) changed |= post_ready(*op.group);
       }
       const auto before = active_.size();
       std::erase_if(active_, [](const auto& op) { return op->done && !op->in_post_queue; });

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build and run the whole test suite:
+#   1. Release build: unit tests, mpirun tests (2, 3 and 4 ranks), install test;
+#   2. Debug build with AddressSanitizer + UBSan: the unit tests again.
+# Labels let parts run apart: ctest -L unit | mpi | install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh build -DMESHTRAIN_BUILD_TESTS=ON
+(cd build && ctest -L unit -j "$jobs" --output-on-failure)
+# The mpirun tests oversubscribe the cores already: one at a time.
+(cd build && ctest -L 'mpi|install' --output-on-failure)
+
+echo "== Debug + AddressSanitizer/UBSan build: unit tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_BUILD_TESTS=ON >/dev/null
+cmake --build build-asan -j "$jobs" --target unit_tests meshtrain
+(cd build-asan && ctest -L unit -j "$jobs" --output-on-failure)

@@ -1,0 +1,110 @@
+// The comm layer on the `mpi` backend, one process per rank under mpirun.
+#include <gtest/gtest.h>
+
+#include "collective_checks.h"
+#include "mpi_world.h"
+
+using namespace meshtrain;
+using namespace meshtrain::comm;
+using mtest::mpi_world;
+
+namespace {
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(MpiCollectives, EveryCollectiveDtypeAndReduceOp) {
+  ASSERT_EQ(mpi_world().backend_name(), "mpi");
+  ASSERT_TRUE(mpi_world().options().verify);
+  mtest::check_every_collective(mpi_world());
+}
+
+TEST(MpiCollectives, SubGroups) { mtest::check_subgroups(mpi_world()); }
+
+TEST(MpiCollectives, LargeBf16AllReduceIsExactAgainstSerialReference) {
+  // Large enough for several chunks per rank, odd so chunks are uneven.
+  mtest::check_all_reduce(mpi_world(), DType::bf16, ReduceOp::sum, 100003);
+  mtest::check_all_reduce(mpi_world(), DType::f8e4m3, ReduceOp::avg, 4099);
+}
+
+TEST(MpiCollectives, ManyCollectivesInFlightCompleteInOrder) {
+  ProcessGroup& pg = mpi_world();
+  std::vector<Tensor> tensors;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 16; ++k) {
+    tensors.push_back(mtest::make_input(pg.rank(), 1000 + k, k % 2 ? DType::bf16 : DType::f32, 1));
+    works.push_back(pg.all_reduce(tensors.back()));
+  }
+  for (auto& w : works) w->wait();
+  for (int k = 0; k < 16; ++k) {
+    const DType dt = k % 2 ? DType::bf16 : DType::f32;
+    for (int64_t i = 0; i < tensors[k].numel(); i += 97)
+      mtest::expect_reduced(tensors[k].get(i),
+                                         mtest::reference_reduce(pg.size(), i, dt, ReduceOp::sum, 1),
+                                         dt, ReduceOp::sum, fmt::format("tensor {} i {}", k, i));
+  }
+}
+
+TEST(MpiErrors, MismatchedSizesFailOnEveryRankAndGroupStaysUsable) {
+  ProcessGroup& pg = mpi_world();
+  Tensor t = Tensor::zeros({pg.rank() == 1 ? 6 : 8}, DType::f32);
+  const auto msg = message_of([&] { pg.all_reduce(t)->wait(); });
+  EXPECT_TRUE(contains(msg, "ranks disagree on the element count of all_reduce")) << msg;
+  EXPECT_TRUE(contains(msg, "rank 1: 6")) << msg;
+  mtest::check_all_reduce(pg, DType::f32, ReduceOp::sum, 4);
+}
+
+TEST(MpiErrors, MismatchedDtypeAndOperation) {
+  ProcessGroup& pg = mpi_world();
+  Tensor t = Tensor::zeros({4}, pg.rank() == 0 ? DType::bf16 : DType::f32);
+  const auto msg = message_of([&] { pg.all_reduce(t)->wait(); });
+  EXPECT_TRUE(contains(msg, "ranks disagree on the dtype")) << msg;
+  // Rank 1 skips an all_reduce and goes straight to an all_gather.
+  Tensor small = Tensor::zeros({2}, DType::f32), big = Tensor::zeros({2 * pg.size()}, DType::f32);
+  const auto msg2 = message_of([&] {
+    if (pg.rank() == 1) pg.all_gather(small, big)->wait();
+    else pg.all_reduce(small)->wait();
+  });
+  EXPECT_TRUE(contains(msg2, "ranks disagree on the operation")) << msg2;
+  EXPECT_TRUE(contains(msg2, "rank 1: all_gather")) << msg2;
+  mtest::check_all_gather(pg, DType::i64, true);
+}
+
+TEST(MpiErrors, MismatchedAllToAllCounts) {
+  ProcessGroup& pg = mpi_world();
+  const int n = pg.size();
+  std::vector<int64_t> send(n, 2), recv(n, 2);
+  if (pg.rank() == 0) send = std::vector<int64_t>(n, 2), send[1] = 3, send[0] = 1;
+  Tensor in = Tensor::zeros({2 * n}, DType::f32), out = Tensor::zeros({2 * n}, DType::f32);
+  const auto msg = message_of([&] { pg.all_to_all(in, out, send, recv)->wait(); });
+  EXPECT_TRUE(contains(msg, "rank 0 sends 1 elements to rank 0, which expects 2")) << msg;
+}
+
+TEST(MpiErrors, RecvOfTheWrongSizeIsAnError) {
+  ProcessGroup& pg = mpi_world();
+  if (pg.rank() > 1) return;
+  Tensor five = Tensor::zeros({5}, DType::f32), six = Tensor::zeros({6}, DType::f32);
+  if (pg.rank() == 0) {
+    pg.send(five, 1, 7)->wait();
+  } else {
+    const auto msg = message_of([&] { pg.recv(six, 0, 7)->wait(); });
+    EXPECT_TRUE(contains(msg, "received 20 bytes from rank 0 but expected 24")) << msg;
+  }
+}
+
+TEST(MpiErrors, RankOutsideTheGroup) {
+  ProcessGroup& pg = mpi_world();
+  Tensor t = Tensor::zeros({3}, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { pg.broadcast(t, pg.size()); }), "is outside group 'world'"));
+  EXPECT_TRUE(contains(message_of([&] { pg.send(t, -1); }), "is not another rank"));
+  const auto msg = message_of([&] { pg.new_subgroup({0, pg.size() + 3}); });
+  EXPECT_TRUE(contains(msg, "passed an invalid member list")) << msg;
+  pg.barrier()->wait();
+}

@@ -1,0 +1,212 @@
+// The comm layer on the in-process `local` backend (ranks as threads).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "collective_checks.h"
+#include "comm/fr_analyze.h"
+#include "comm/local_backend.h"
+#include "comm/reduce.h"
+
+using namespace meshtrain;
+using namespace meshtrain::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string fresh_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("meshtrain_{}_{}", name, getpid());
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+}  // namespace
+
+TEST(Reduce, ChunkCountsFollowTorchChunk) {
+  EXPECT_EQ(chunk_counts(10, 4), (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(chunk_counts(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
+  EXPECT_EQ(chunk_counts(2, 4), (std::vector<int64_t>{1, 1, 0, 0}));
+  EXPECT_EQ(chunk_counts(0, 3), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(displacements({3, 0, 2}), (std::vector<int64_t>{0, 3, 3}));
+}
+
+class LocalCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalCollectives, EveryCollectiveDtypeAndReduceOp) {
+  LocalWorld world(GetParam());
+  world.run([](ProcessGroup& pg) { mtest::check_every_collective(pg); });
+}
+
+TEST_P(LocalCollectives, SubGroups) {
+  LocalWorld world(GetParam());
+  world.run([](ProcessGroup& pg) { mtest::check_subgroups(pg); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LocalCollectives, ::testing::Values(1, 2, 3, 4));
+
+TEST(LocalErrors, MismatchedSizesFailOnEveryRankAndGroupStaysUsable) {
+  LocalWorld world(3);
+  world.run([](ProcessGroup& pg) {
+    Tensor t = Tensor::zeros({pg.rank() == 1 ? 6 : 8}, DType::f32);
+    const auto msg = message_of([&] { pg.all_reduce(t)->wait(); });
+    EXPECT_TRUE(contains(msg, "ranks disagree on the element count of all_reduce (seq 1) on group 'world'")) << msg;
+    EXPECT_TRUE(contains(msg, "rank 1: 6")) << msg;
+    mtest::check_all_reduce(pg, DType::f32, ReduceOp::sum, 4);  // still in step
+  });
+}
+
+TEST(LocalErrors, MismatchedDtypeAcrossRanks) {
+  LocalWorld world(2);
+  world.run([](ProcessGroup& pg) {
+    Tensor t = Tensor::zeros({4}, pg.rank() == 0 ? DType::f32 : DType::bf16);
+    const auto msg = message_of([&] { pg.all_reduce(t)->wait(); });
+    EXPECT_TRUE(contains(msg, "ranks disagree on the dtype")) << msg;
+  });
+}
+
+TEST(LocalErrors, MismatchedAllToAllCounts) {
+  LocalWorld world(2);
+  world.run([](ProcessGroup& pg) {
+    Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({4}, DType::f32);
+    const std::vector<int64_t> send = pg.rank() == 0 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{2, 2};
+    const auto msg = message_of([&] { pg.all_to_all(in, out, send, {2, 2})->wait(); });
+    EXPECT_TRUE(contains(msg, "rank 0 sends 1 elements to rank 0, which expects 2 from it")) << msg;
+  });
+}
+
+TEST(LocalErrors, BadArgumentsAreRejectedBeforeCommunicating) {
+  LocalWorld world(1);
+  ProcessGroup& pg = *world.group(0);
+  Tensor f = Tensor::zeros({4}, DType::f32), b = Tensor::zeros({4}, DType::bf16);
+  Tensor ints = Tensor::zeros({4}, DType::i32);
+  EXPECT_TRUE(contains(message_of([&] { pg.all_gather(f, b); }), "output dtype bf16 differs from input dtype f32"));
+  EXPECT_TRUE(contains(message_of([&] { pg.broadcast(f, 3); }), "root 3 is outside group 'world'"));
+  EXPECT_TRUE(contains(message_of([&] { pg.send(f, 5); }), "destination 5 is not another rank"));
+  EXPECT_TRUE(contains(message_of([&] { pg.all_reduce(ints, ReduceOp::avg); }), "avg is not defined for integer dtype i32"));
+  EXPECT_TRUE(contains(message_of([&] { pg.all_gather(f, b, {1, 2}); }), "differs"));
+  Tensor out3 = Tensor::zeros({3}, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter(f, out3); }), "expected group size 1 x output 3"));
+  EXPECT_TRUE(contains(message_of([&] { pg.all_gather(f, out3, {2}); }), "counts[0] = 2 but this rank's input has 4"));
+  Tensor undefined;
+  EXPECT_TRUE(contains(message_of([&] { pg.all_reduce(undefined); }), "undefined"));
+}
+
+TEST(LocalErrors, SubgroupWithRankOutsideTheGroupFailsOnEveryRank) {
+  LocalWorld world(3);
+  world.run([](ProcessGroup& pg) {
+    const auto msg = message_of([&] { pg.new_subgroup({0, 7}); });
+    EXPECT_TRUE(contains(msg, "passed an invalid member list")) << msg;
+    if (pg.rank() == 0) {
+      EXPECT_TRUE(contains(msg, "rank 7 is outside group 'world'")) << msg;
+    }
+    const auto msg2 = message_of([&] { pg.new_subgroup(pg.rank() == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1}); });
+    EXPECT_TRUE(contains(msg2, "passed different member lists")) << msg2;
+  });
+}
+
+TEST(LocalErrors, UnknownBackend) {
+  const auto msg = message_of([] { create_world("gloo"); });
+  EXPECT_TRUE(contains(msg, "unknown communication backend 'gloo': available backends are mpi, local")) << msg;
+  EXPECT_TRUE(contains(message_of([] { create_world("local"); }), "LocalWorld"));
+}
+
+TEST(LocalTimeout, SkippedCollectiveTimesOutAndFrAnalyzeNamesTheRank) {
+  const std::string dir = fresh_dir("local_timeout");
+  setenv("MESHTRAIN_FR_DIR", dir.c_str(), 1);
+  GroupOptions options;
+  options.timeout = 400ms;
+  LocalWorld world(3, options);
+  std::atomic<int> timeouts{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  world.run([&](ProcessGroup& pg) {
+    mtest::check_all_reduce(pg, DType::f32, ReduceOp::sum, 8);  // seq 1 completes
+    if (pg.rank() == 2) {
+      pg.dump_flight_recorder("test: rank 2 skipped seq 2", dir);
+      return;  // skips seq 2
+    }
+    Tensor t = Tensor::zeros({8}, DType::f32);
+    auto work = pg.all_reduce(t);
+    try {
+      work->wait();
+      ADD_FAILURE() << "expected a timeout";
+    } catch (const TimeoutError& e) {
+      ++timeouts;
+      EXPECT_TRUE(contains(e.what(), "all_reduce (seq 2) on group 'world' (3 ranks) timed out after 400 ms")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "fr-analyze")) << e.what();
+    }
+    EXPECT_TRUE(pg.aborted());
+    EXPECT_THROW(pg.barrier(), CommError);  // the group refuses further work
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(timeouts.load(), 2);
+  EXPECT_LT(seconds, 5.0);
+  const FrReport report = analyze_flight_records(dir);
+  ASSERT_FALSE(report.findings.empty()) << report.to_text();
+  const FrFinding& first = report.findings.front();
+  EXPECT_EQ(first.kind, FrFinding::Kind::missing_rank) << report.to_text();
+  EXPECT_EQ(first.culprits, std::vector<int>{2});
+  EXPECT_EQ(first.seq, 2u);
+  EXPECT_TRUE(contains(report.to_text(), "rank 2 never joined")) << report.to_text();
+
+  // Without rank 2's dump, the analysis still points at it.
+  std::filesystem::remove(dir + "/fr_rank2.json");
+  const FrReport partial = analyze_flight_records(dir);
+  ASSERT_FALSE(partial.findings.empty());
+  EXPECT_EQ(partial.findings.front().kind, FrFinding::Kind::no_dump) << partial.to_text();
+  EXPECT_EQ(partial.findings.front().culprits, std::vector<int>{2});
+  unsetenv("MESHTRAIN_FR_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FlightRecorder, RingKeepsTheLastEntries) {
+  FlightRecorder fr(0, 1, 4);
+  for (int i = 0; i < 10; ++i) {
+    FrEntry e;
+    e.group = "g";
+    e.seq = static_cast<uint64_t>(i + 1);
+    fr.update(fr.record(e), FrState::completed);
+  }
+  const auto entries = fr.entries();
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries.front().seq, 7u);
+  EXPECT_EQ(entries.back().seq, 10u);
+  EXPECT_EQ(entries.back().state, FrState::completed);
+}
+
+TEST(FrAnalyze, NamesTheRankWithADifferentSize) {
+  const std::string dir = fresh_dir("fr_sizes");
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(r, 3);
+    fr.add_group("world", {0, 1, 2});
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      FrEntry e;
+      e.group = "world";
+      e.seq = seq;
+      e.op = OpType::all_reduce;
+      e.signature = (seq == 2 && r == 1) ? "all_reduce f32 sum numel=12" : "all_reduce f32 sum numel=16";
+      fr.update(fr.record(e), seq == 3 ? FrState::started : FrState::completed);
+    }
+    fr.dump(dir, "test");
+  }
+  const FrReport report = analyze_flight_records(dir);
+  ASSERT_EQ(report.findings.size(), 1u) << report.to_text();
+  EXPECT_EQ(report.findings[0].kind, FrFinding::Kind::size_mismatch);
+  EXPECT_EQ(report.findings[0].culprits, std::vector<int>{1});
+  EXPECT_EQ(report.findings[0].seq, 2u);
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(analyze_flight_records(dir), InvalidArgument);  // gone: clear error
+}

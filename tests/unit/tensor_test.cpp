@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+using namespace meshtrain;
+
+TEST(Shape, NumelDimAndErrors) {
+  Shape s{2, 3, 4};
+  EXPECT_EQ(s.numel(), 24);
+  EXPECT_EQ(s.dim(-1), 4);
+  EXPECT_EQ(s.to_string(), "(2, 3, 4)");
+  EXPECT_EQ(Shape{}.numel(), 1);
+  EXPECT_THROW(s.dim(3), InvalidArgument);
+  EXPECT_THROW((Shape{2, -1}), InvalidArgument);
+}
+
+TEST(Tensor, TypedAccessChecksDtype) {
+  Tensor t = Tensor::zeros({2, 3}, DType::f32);
+  t.data<float>()[4] = 2.5f;
+  EXPECT_EQ(t.get(4), 2.5);
+  try {
+    t.data<int32_t>();
+    FAIL() << "expected an error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("data<i32>() on a tensor of dtype f32"), std::string::npos);
+  }
+  EXPECT_THROW(t.get(6), InvalidArgument);
+  EXPECT_THROW(t.reshape({5}), InvalidArgument);
+}
+
+TEST(Tensor, CloneIsIndependentAndCopiesShare) {
+  Tensor a = Tensor::zeros({4}, DType::i64);
+  Tensor shared = a;
+  Tensor copy = a.clone();
+  a.data<int64_t>()[0] = 7;
+  EXPECT_EQ(shared.data<int64_t>()[0], 7);
+  EXPECT_EQ(copy.data<int64_t>()[0], 0);
+}
+
+TEST(Tensor, ToConvertsWithRounding) {
+  Tensor a = Tensor::empty({3}, DType::f32);
+  a.set(0, 1.0);
+  a.set(1, 1.00390625);  // halfway in bf16: ties to even -> 1.0
+  a.set(2, 1000.0);
+  Tensor b = a.to(DType::bf16);
+  EXPECT_EQ(b.get(0), 1.0);
+  EXPECT_EQ(b.get(1), 1.0);
+  EXPECT_EQ(b.get(2), 1000.0);
+  EXPECT_EQ(a.to(DType::f8e4m3).get(2), 448.0);  // saturates
+}
+
+TEST(CachingAllocator, StatsReuseAndRelease) {
+  CachingAllocator alloc;
+  void* a = alloc.allocate(1000);
+  EXPECT_EQ(CachingAllocator::block_size(1000), 1024u);
+  EXPECT_EQ(alloc.stats().current_bytes, 1024u);
+  void* b = alloc.allocate(3 << 20);
+  const size_t big = CachingAllocator::block_size(3 << 20);
+  EXPECT_EQ(alloc.stats().peak_bytes, 1024u + big);
+  alloc.deallocate(a);
+  EXPECT_EQ(alloc.stats().current_bytes, big);
+  EXPECT_EQ(alloc.stats().reserved_bytes, 1024u + big);
+  void* c = alloc.allocate(900);  // same 1024-byte block from the cache
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(alloc.stats().cache_hits, 1u);
+  void* d = alloc.allocate(100);  // 512 B: the cache has nothing that small
+  EXPECT_EQ(alloc.stats().cache_hits, 1u);
+  alloc.deallocate(b);
+  alloc.deallocate(d);
+  alloc.release_cache();
+  EXPECT_EQ(alloc.stats().reserved_bytes, 1024u);  // only c is left
+  EXPECT_EQ(alloc.stats().current_bytes, 1024u);
+  alloc.deallocate(c);
+  int on_stack = 0;
+  EXPECT_THROW(alloc.deallocate(&on_stack), Error);
+  alloc.release_cache();
+  EXPECT_EQ(alloc.stats().reserved_bytes, 0u);
+  EXPECT_EQ(alloc.stats().allocations, 4u);
+}
+
+TEST(CachingAllocator, TensorsReturnBlocksToTheirAllocator) {
+  CachingAllocator alloc;
+  {
+    Tensor t = Tensor::zeros({256}, DType::f32, alloc);
+    EXPECT_EQ(alloc.stats().current_bytes, 1024u);
+  }
+  EXPECT_EQ(alloc.stats().current_bytes, 0u);
+  Tensor u = Tensor::zeros({200}, DType::f32, alloc);
+  EXPECT_EQ(alloc.stats().cache_hits, 1u);
+}
