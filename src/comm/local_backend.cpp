@@ -49,7 +49,8 @@ void execute(std::vector<Arrival>& a) {
       std::vector<std::byte> result(bytes_of(d0, d0.in_numel));
       for (int k = 0; k < n; ++k) rows[k] = a[k].desc.in;
       reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.in_numel));
-      for (auto& x : a) std::memcpy(x.desc.out, result.data(), result.size());
+      if (!result.empty())
+        for (auto& x : a) std::memcpy(x.desc.out, result.data(), result.size());
       return;
     }
     case OpType::all_gather: {
@@ -67,7 +68,7 @@ void execute(std::vector<Arrival>& a) {
           rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, disp[r]);
         std::vector<std::byte> result(bytes_of(d0, d0.counts[r]));
         reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.counts[r]));
-        std::memcpy(a[r].desc.out, result.data(), result.size());
+        if (!result.empty()) std::memcpy(a[r].desc.out, result.data(), result.size());
       }
       return;
     }
