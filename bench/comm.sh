@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 for np in 2 4; do
   echo "== $np ranks"
   scripts/mpirun.sh -np "$np" build/meshtrain bench comm --ops all_reduce,all_gather,reduce_scatter \
-    --min-bytes 1M --max-bytes 16M --rounds 7 "$@" | grep -v '4 MiB'
+    --min-bytes 1M --max-bytes 16M --rounds 21 "$@" | grep -v '4 MiB'
 done

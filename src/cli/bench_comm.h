@@ -12,8 +12,8 @@ struct CommBenchOptions {
   std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 64 << 20;
-  int rounds = 3;         // alternating meshtrain / MPI rounds; the median is reported
-  int iters = 0;          // 0: chosen per size
+  int rounds = 5;         // alternating meshtrain / MPI rounds; medians are reported
+  int iters = 0;          // per round; 0: chosen per size (5..50)
   bool verify = true;     // meshtrain's cross-rank fingerprint check
   bool json = false;
 };

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_option("--rounds", comm_opts.rounds, "Alternating meshtrain/MPI rounds per size (median reported)")
       ->capture_default_str();
-  bench_comm->add_option("--iters", comm_opts.iters, "Iterations per round (0: by size, 5..200)")
+  bench_comm->add_option("--iters", comm_opts.iters, "Iterations per round (0: by size, 5..50)")
       ->capture_default_str();
   bench_comm->add_flag("!--no-verify", comm_opts.verify,
                        "Skip meshtrain's cross-rank fingerprint check (on by default)");

@@ -120,8 +120,10 @@ class Engine {
     progress_locked();
   }
 
-  // Called by waiting threads and the progress thread.
+  // Called by threads waiting on a Work: they drive progress themselves, and
+  // the progress thread stands back meanwhile (no lock or CPU contention).
   void poll() {
+    last_wait_poll_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::lock_guard lock(mu_);
     progress_locked();
   }
@@ -171,11 +173,7 @@ class Engine {
     MPI_Initialized(&already);
     int provided = 0;
     if (!already) {
-      // Open MPI's non-blocking all_reduce (libnbc) otherwise picks ring or
-      // binomial schedules that run at half the speed of the blocking call
-      // here; Rabenseifner (reduce-scatter + all-gather) is the
-      // bandwidth-optimal one. A user's own setting wins.
-      setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+      choose_nonblocking_schedules();
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     } else {
       MPI_Query_thread(&provided);
@@ -197,6 +195,19 @@ class Engine {
  private:
   Engine() = default;
 
+  // Open MPI's non-blocking collectives (libnbc) pick schedules that run well
+  // below its blocking ones here (bench/comm.sh): all_reduce at half speed
+  // with 2 ranks, all_gather 35% slower. Rabenseifner all_reduce matches or
+  // beats the blocking call at 2 and 4 ranks; the linear all_gather does for
+  // small jobs (it posts n-1 messages per rank, so only up to 8 ranks). The
+  // user's own OMPI_MCA_* settings win.
+  static void choose_nonblocking_schedules() {
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (world && std::atoi(world) <= 8)
+      setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "1", /*overwrite=*/0);
+  }
+
   static int grace_ms() {
     const char* env = std::getenv("MESHTRAIN_FR_DUMP_GRACE_MS");
     return env ? std::atoi(env) : 2000;
@@ -204,12 +215,16 @@ class Engine {
 
   void progress_loop() {
     using namespace std::chrono;
+    const Clock::rep one_ms = Clock::duration(milliseconds(1)).count();
     for (;;) {
       std::vector<WorkPtr> expired;
+      bool waiter_polling = false;
       {
         std::lock_guard lock(mu_);
         if (stop_) return;
-        progress_locked();
+        waiter_polling = Clock::now().time_since_epoch().count() -
+                             last_wait_poll_ns_.load(std::memory_order_relaxed) < one_ms;
+        if (!waiter_polling) progress_locked();
         poll_signal_locked();
         const auto now = Clock::now();
         for (auto& op : active_)
@@ -217,7 +232,12 @@ class Engine {
       }
       // Outside the lock: the timeout handler aborts the group, which locks.
       for (auto& w : expired) w->is_completed();
-      std::this_thread::sleep_for(active_count_.load() > 0 ? microseconds(50) : milliseconds(2));
+      // Poll often only for ops that nobody waits on (background progress, so
+      // that communication advances while the caller computes); otherwise
+      // wake rarely, for dump requests and deadlines: every wake-up steals the
+      // core from a rank that is busy-polling its own wait.
+      const bool background = active_count_.load() > 0 && !waiter_polling;
+      std::this_thread::sleep_for(background ? microseconds(50) : milliseconds(10));
     }
   }
 
@@ -382,6 +402,7 @@ class Engine {
   int world_size_ = 1;
   std::list<std::unique_ptr<MpiOp>> active_;
   std::atomic<int> active_count_{0};
+  std::atomic<Clock::rep> last_wait_poll_ns_{0};
   std::thread progress_thread_;
   std::shared_ptr<FlightRecorder> recorder_;
   MPI_Comm signal_comm_ = MPI_COMM_NULL;
@@ -400,10 +421,10 @@ void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
   for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
 }
 
-// bf16/f16/fp8: all_to_all the chunks, reduce in f32 on the host (one
-// rounding), so the result equals a serial f32-accumulated reduction in rank
-// order; all_reduce then all_gathers the reduced chunks. Same bytes on the
-// wire as a ring all_reduce.
+// all_to_all the chunks, reduce on the host in rank order (bf16/f16/fp8 in
+// f32 with one rounding), so the result equals a serial reduction; all_reduce
+// then all_gathers the reduced chunks. Same bytes on the wire as a ring
+// all_reduce.
 std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back) {
   const size_t elem = dtype_size(d.dtype);
   const std::vector<int64_t> counts = d.op == OpType::all_reduce ? chunk_counts(d.in_numel, n) : d.counts;
@@ -465,21 +486,10 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
                     },
                     scale_if_avg}};
     case OpType::reduce_scatter:
-      if (needs_host_reduction(d.dtype)) return host_reduce_stages(d, n, rank, false);
-      return {Stage{[n](MpiOp& op, std::vector<MPI_Request>& reqs) {
-                      reqs.resize(1);
-                      const auto& c = op.desc.counts;
-                      if (std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; }))
-                        return MPI_Ireduce_scatter_block(
-                            op.desc.in, op.desc.out, to_int_count(c[0], "reduce_scatter block"),
-                            native_type(op.desc.dtype), native_op(op.desc.reduce), op.group->comm,
-                            &reqs[0]);
-                      const auto ic = byte_counts(c, 1, "reduce_scatter block");
-                      return MPI_Ireduce_scatter(op.desc.in, op.desc.out, ic.data(),
-                                                 native_type(op.desc.dtype),
-                                                 native_op(op.desc.reduce), op.group->comm, &reqs[0]);
-                    },
-                    scale_if_avg}};
+      // Every dtype: Open MPI's non-blocking reduce_scatter schedule runs
+      // well below the blocking call, while all_to_all + one host reduction
+      // moves the same bytes and sums in rank order (reproducible results).
+      return host_reduce_stages(d, n, rank, false);
     case OpType::all_gather:
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
         reqs.resize(1);
