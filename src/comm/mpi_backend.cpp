@@ -131,12 +131,20 @@ class Engine {
   void abort_group(const std::shared_ptr<GroupComm>& group) {
     std::lock_guard lock(mu_);
     group->aborted = true;
-    for (auto& op : active_)
-      if (op->group == group && !op->done) {
-        op->done = true;  // its MPI requests can no longer be trusted to complete
-        op->work->fail(std::make_exception_ptr(CommError(fmt::format(
-            "{}: the group was aborted after a timeout", op->work->info().describe()))));
+    // Their MPI requests may never complete, or complete late into the op's
+    // buffers: keep those ops alive (never freed) instead of dropping them.
+    for (auto it = active_.begin(); it != active_.end();) {
+      if ((*it)->group != group) {
+        ++it;
+        continue;
       }
+      MpiOp& op = **it;
+      if (!op.done)
+        op.work->fail(std::make_exception_ptr(CommError(fmt::format(
+            "{}: the group was aborted after a timeout", op.work->info().describe()))));
+      op.done = true;
+      abandoned_.splice(abandoned_.end(), active_, it++);
+    }
     for (MpiOp* op : group->post_queue) op->in_post_queue = false;
     group->post_queue.clear();
     any_aborted_ = true;
@@ -401,6 +409,7 @@ class Engine {
   int world_rank_ = 0;
   int world_size_ = 1;
   std::list<std::unique_ptr<MpiOp>> active_;
+  std::list<std::unique_ptr<MpiOp>> abandoned_;  // of aborted groups, see abort_group
   std::atomic<int> active_count_{0};
   std::atomic<Clock::rep> last_wait_poll_ns_{0};
   std::thread progress_thread_;

@@ -51,6 +51,18 @@ void check_reduce_dtype(ReduceOp op, DType dtype, std::string_view name) {
            "use sum and divide in a floating dtype", name, dtype_name(dtype));
 }
 
+// The fields every tensor operation fills alike; the caller adds its own.
+OpDesc describe_op(OpType op, const Tensor& input, const Tensor& output) {
+  OpDesc d;
+  d.op = op;
+  d.dtype = input.dtype();
+  d.in = input.raw();
+  d.out = const_cast<void*>(output.raw());
+  d.in_numel = input.numel();
+  d.out_numel = output.numel();
+  return d;
+}
+
 }  // namespace
 
 std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
@@ -207,13 +219,8 @@ void ProcessGroup::handle_timeout(Work& work) {
 WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "input", "all_reduce");
   check_reduce_dtype(op, tensor.dtype(), "all_reduce");
-  OpDesc d;
-  d.op = OpType::all_reduce;
-  d.dtype = tensor.dtype();
+  OpDesc d = describe_op(OpType::all_reduce, tensor, tensor);
   d.reduce = op;
-  d.in = tensor.raw();
-  d.out = tensor.raw();
-  d.in_numel = d.out_numel = tensor.numel();
   return issue(std::move(d));
 }
 
@@ -229,13 +236,7 @@ WorkPtr ProcessGroup::all_gather(const Tensor& input, Tensor& output, std::vecto
   MT_CHECK(output.numel() == sum(counts),
            "all_gather: output has {} elements but the counts add up to {} ({} ranks)",
            output.numel(), sum(counts), size());
-  OpDesc d;
-  d.op = OpType::all_gather;
-  d.dtype = input.dtype();
-  d.in = input.raw();
-  d.out = output.raw();
-  d.in_numel = input.numel();
-  d.out_numel = output.numel();
+  OpDesc d = describe_op(OpType::all_gather, input, output);
   d.counts = std::move(counts);
   return issue(std::move(d));
 }
@@ -260,14 +261,8 @@ WorkPtr ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, Reduce
   MT_CHECK(input.numel() == sum(counts),
            "reduce_scatter: input has {} elements but the counts add up to {}", input.numel(),
            sum(counts));
-  OpDesc d;
-  d.op = OpType::reduce_scatter;
-  d.dtype = input.dtype();
+  OpDesc d = describe_op(OpType::reduce_scatter, input, output);
   d.reduce = op;
-  d.in = input.raw();
-  d.out = output.raw();
-  d.in_numel = input.numel();
-  d.out_numel = output.numel();
   d.counts = std::move(counts);
   return issue(std::move(d));
 }
@@ -299,13 +294,7 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
   MT_CHECK(output.numel() == sum(recv_counts),
            "all_to_all: output has {} elements but recv_counts add up to {}", output.numel(),
            sum(recv_counts));
-  OpDesc d;
-  d.op = OpType::all_to_all;
-  d.dtype = input.dtype();
-  d.in = input.raw();
-  d.out = output.raw();
-  d.in_numel = input.numel();
-  d.out_numel = output.numel();
+  OpDesc d = describe_op(OpType::all_to_all, input, output);
   d.send_counts = std::move(send_counts);
   d.recv_counts = std::move(recv_counts);
   return issue(std::move(d));
@@ -315,13 +304,8 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   check_tensor(tensor, "input", "broadcast");
   MT_CHECK(root >= 0 && root < size(), "broadcast: root {} is outside group '{}' (ranks 0..{})",
            root, name_, size() - 1);
-  OpDesc d;
-  d.op = OpType::broadcast;
-  d.dtype = tensor.dtype();
+  OpDesc d = describe_op(OpType::broadcast, tensor, tensor);
   d.root = root;
-  d.in = tensor.raw();
-  d.out = tensor.raw();
-  d.in_numel = d.out_numel = tensor.numel();
   return issue(std::move(d));
 }
 
@@ -332,34 +316,31 @@ WorkPtr ProcessGroup::barrier() {
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  check_tensor(tensor, "input", "send");
-  MT_CHECK(dst >= 0 && dst < size() && dst != rank_,
-           "send: destination {} is not another rank of group '{}' (ranks 0..{}, this is {})", dst,
-           name_, size() - 1, rank_);
-  MT_CHECK(tag >= 0 && tag < (1 << 20), "send: tag {} out of range [0, 2^20)", tag);
-  OpDesc d;
-  d.op = OpType::send;
-  d.dtype = tensor.dtype();
-  d.root = dst;
-  d.tag = tag;
-  d.in = tensor.raw();
-  d.in_numel = tensor.numel();
-  return issue(std::move(d));
+  return point_to_point(OpType::send, const_cast<Tensor&>(tensor), dst, tag);
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
-  check_tensor(tensor, "output", "recv");
-  MT_CHECK(src >= 0 && src < size() && src != rank_,
-           "recv: source {} is not another rank of group '{}' (ranks 0..{}, this is {})", src,
-           name_, size() - 1, rank_);
-  MT_CHECK(tag >= 0 && tag < (1 << 20), "recv: tag {} out of range [0, 2^20)", tag);
-  OpDesc d;
-  d.op = OpType::recv;
-  d.dtype = tensor.dtype();
-  d.root = src;
+  return point_to_point(OpType::recv, tensor, src, tag);
+}
+
+WorkPtr ProcessGroup::point_to_point(OpType op, Tensor& tensor, int peer, int tag) {
+  const bool sending = op == OpType::send;
+  const std::string_view name = op_type_name(op);
+  check_tensor(tensor, sending ? "input" : "output", name);
+  MT_CHECK(peer >= 0 && peer < size() && peer != rank_,
+           "{}: {} {} is not another rank of group '{}' (ranks 0..{}, this is {})", name,
+           sending ? "destination" : "source", peer, name_, size() - 1, rank_);
+  MT_CHECK(tag >= 0 && tag < (1 << 20), "{}: tag {} out of range [0, 2^20)", name, tag);
+  OpDesc d = describe_op(op, tensor, tensor);
+  if (sending) {
+    d.out = nullptr;
+    d.out_numel = 0;
+  } else {
+    d.in = nullptr;
+    d.in_numel = 0;
+  }
+  d.root = peer;
   d.tag = tag;
-  d.out = tensor.raw();
-  d.out_numel = tensor.numel();
   return issue(std::move(d));
 }
 

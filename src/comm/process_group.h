@@ -1,5 +1,6 @@
 // ProcessGroup: the collectives and point-to-point operations of one group of
-// ranks, asynchronous (each returns a Work). This front-end validates input,
+// ranks, asynchronous (each returns a Work). Every rank issues the same
+// collectives in the same order; one thread at a time issues on a group. This front-end validates input,
 // numbers every operation, records it in the flight recorder and hands a
 // checked OpDesc to a backend (mpi: processes under mpirun; local: threads).
 #pragma once
@@ -123,6 +124,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   WorkPtr issue(OpDesc desc);
+  // send (tensor is only read) or recv.
+  WorkPtr point_to_point(OpType op, Tensor& tensor, int peer, int tag);
   std::shared_ptr<ProcessGroup> split_impl(int color, int key, const std::string& name,
                                            int64_t list_hash, const std::string& problem);
   void handle_timeout(Work& work);

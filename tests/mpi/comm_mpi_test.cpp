@@ -2,23 +2,15 @@
 #include <gtest/gtest.h>
 
 #include "collective_checks.h"
+#include "test_util.h"
 #include "mpi_world.h"
 
 using namespace meshtrain;
 using namespace meshtrain::comm;
+using mtest::contains;
+using mtest::message_of;
 using mtest::mpi_world;
 
-namespace {
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
 
 TEST(MpiCollectives, EveryCollectiveDtypeAndReduceOp) {
   ASSERT_EQ(mpi_world().backend_name(), "mpi");

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "collective_checks.h"
+#include "test_util.h"
 #include "comm/fr_analyze.h"
 #include "comm/local_backend.h"
 #include "comm/reduce.h"
@@ -14,19 +15,10 @@
 using namespace meshtrain;
 using namespace meshtrain::comm;
 using namespace std::chrono_literals;
+using mtest::contains;
+using mtest::message_of;
 
 namespace {
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 std::string fresh_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / fmt::format("meshtrain_{}_{}", name, getpid());
