@@ -1,0 +1,99 @@
+#include "cli/dist_commands.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "dist/planner.h"
+#include "dist/sharding.h"
+
+namespace meshtrain::cli {
+
+namespace {
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> shape;
+  for (int d : dist::parse_mesh_shape(text)) {
+    MT_CHECK(d >= 0, "tensor shape '{}' has a negative size", text);
+    shape.push_back(d);
+  }
+  return shape;
+}
+
+dist::LinkParams parse_link(const std::string& text, int& dim) {
+  double lat = 0, bw = 0;
+  char extra = 0;
+  MT_CHECK(std::sscanf(text.c_str(), "%d:%lf:%lf%c", &dim, &lat, &bw, &extra) == 3 && lat >= 0 && bw > 0,
+           "--link '{}': expected MESH_DIM:LATENCY_US:BANDWIDTH_GBPS, e.g. 0:2.7:25", text);
+  return {lat, bw};
+}
+
+}  // namespace
+
+int run_layout(const LayoutCommand& c) {
+  const dist::DeviceMesh mesh(dist::parse_mesh_shape(c.mesh));
+  const auto shape = parse_shape(c.shape);
+  const dist::Layout layout = dist::Layout::parse(c.placements, mesh.ndim());
+  layout.validate(static_cast<int>(shape.size()));
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  if (!c.json)
+    fmt::print("layout {} of a ({}) tensor on mesh {}\n{:>5}  {:<12} {:<16} {}\n", layout.to_string(),
+               fmt::join(shape, ", "), mesh.describe(), "rank", "coord", "local_shape", "global_offset");
+  for (int r = 0; r < mesh.num_ranks(); ++r) {
+    const auto coord = mesh.coordinate(r);
+    const auto chunk = dist::local_chunk(shape, layout, mesh, coord);
+    if (c.json)
+      ranks.push_back({{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape}, {"global_offset", chunk.offset}});
+    else
+      fmt::print("{:>5}  {:<12} {:<16} {}\n", r, fmt::format("[{}]", fmt::join(coord, ",")),
+                 fmt::format("[{}]", fmt::join(chunk.shape, ",")), fmt::format("[{}]", fmt::join(chunk.offset, ",")));
+  }
+  if (c.json) fmt::print("{}\n", nlohmann::ordered_json{{"ranks", ranks}}.dump());
+  return 0;
+}
+
+int run_plan(const PlanCommand& c) {
+  const dist::DeviceMesh mesh(dist::parse_mesh_shape(c.mesh));
+  const auto shape = parse_shape(c.shape);
+  const dist::Layout from = dist::Layout::parse(c.from, mesh.ndim());
+  const dist::Layout to = dist::Layout::parse(c.to, mesh.ndim());
+  MT_CHECK(c.devices_per_host >= 1, "--devices-per-host must be at least 1, got {}", c.devices_per_host);
+  dist::CostModel model = dist::CostModel::for_mesh(mesh, c.devices_per_host);
+  for (const auto& text : c.links) {
+    int dim = -1;
+    const auto link = parse_link(text, dim);
+    MT_CHECK(dim >= 0 && dim < mesh.ndim(), "--link '{}': mesh dim {} is outside 0..{}", text, dim, mesh.ndim() - 1);
+    model.links[dim] = link;
+  }
+  const DType dtype = parse_dtype(c.dtype);
+  dist::Planner planner(mesh, model);
+  dist::PlanOptions options{dist::parse_planner_kind(c.planner), c.merge};
+  const auto plan = planner.plan(shape, dtype_size(dtype), from, to, options);
+  if (c.json) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    for (const auto& s : plan->steps)
+      steps.push_back({{"mesh_dim", s.mesh_dims.front()}, {"mesh_dims", s.mesh_dims}, {"from", s.from.to_string()},
+                       {"to", s.to.to_string()}, {"collective", dist::collective_name(s.collective)},
+                       {"bytes", static_cast<int64_t>(s.bytes)}, {"cost_us", s.cost_us},
+                       {"layout", s.after.to_string()}});
+    fmt::print("{}\n", nlohmann::ordered_json{{"steps", steps}, {"total_cost_us", plan->total_cost_us},
+                                      {"trace", plan->trace(from)}}.dump());
+    return 0;
+  }
+  fmt::print("plan {} -> {} for a ({}) {} tensor on mesh {} ({} planner)\n", from.to_string(), to.to_string(),
+             fmt::join(shape, ", "), dtype_name(dtype), mesh.describe(), c.planner);
+  if (plan->steps.empty()) fmt::print("nothing to do: the layouts are equal\n");
+  else
+    fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12}  {}\n", "mesh dim", "from -> to", "collective", "bytes",
+               "cost_us", "layout after");
+  for (const auto& s : plan->steps)
+    fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12.3f}  {}\n", fmt::format("{}", fmt::join(s.mesh_dims, "+")),
+               fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), dist::collective_name(s.collective),
+               static_cast<int64_t>(s.bytes), s.cost_us, s.after.to_string());
+  fmt::print("total {:.3f} us   trace {}\n", plan->total_cost_us, plan->trace(from));
+  return 0;
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,127 @@
+#include "dist/device_mesh.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace meshtrain::dist {
+
+DeviceMesh::DeviceMesh(std::vector<int> shape, std::vector<std::string> names)
+    : shape_(std::move(shape)), names_(std::move(names)) {
+  MT_CHECK(!shape_.empty(), "a device mesh needs at least one dimension");
+  for (size_t d = 0; d < shape_.size(); ++d) {
+    MT_CHECK(shape_[d] >= 1, "mesh dim {} has size {}; every mesh dim needs at least one rank", d, shape_[d]);
+    num_ranks_ *= shape_[d];
+  }
+  if (names_.empty())
+    for (size_t d = 0; d < shape_.size(); ++d) names_.push_back(fmt::format("d{}", d));
+  MT_CHECK(names_.size() == shape_.size(), "mesh of {} dims got {} names ({})", shape_.size(), names_.size(),
+           fmt::join(names_, ", "));
+  std::set<std::string> seen;
+  for (const auto& n : names_) {
+    MT_CHECK(!n.empty(), "mesh dim names must not be empty");
+    MT_CHECK(seen.insert(n).second, "mesh dim name '{}' is used twice", n);
+  }
+}
+
+int DeviceMesh::size(int dim) const {
+  MT_CHECK(dim >= 0 && dim < ndim(), "mesh dim {} out of range for mesh {}", dim, describe());
+  return shape_[dim];
+}
+
+int DeviceMesh::dim_index(std::string_view name) const {
+  for (int d = 0; d < ndim(); ++d)
+    if (names_[d] == name) return d;
+  throw InvalidArgument(fmt::format("mesh {} has no dim named '{}'", describe(), name));
+}
+
+std::vector<int> DeviceMesh::coordinate(int rank) const {
+  MT_CHECK(rank >= 0 && rank < num_ranks_, "rank {} is outside mesh {} of {} ranks", rank, describe(), num_ranks_);
+  std::vector<int> c(shape_.size());
+  for (int d = ndim() - 1; d >= 0; --d) {
+    c[d] = rank % shape_[d];
+    rank /= shape_[d];
+  }
+  return c;
+}
+
+int DeviceMesh::rank_at(const std::vector<int>& coordinate) const {
+  MT_CHECK(static_cast<int>(coordinate.size()) == ndim(), "coordinate has {} entries for a {}-d mesh",
+           coordinate.size(), ndim());
+  int r = 0;
+  for (int d = 0; d < ndim(); ++d) {
+    MT_CHECK(coordinate[d] >= 0 && coordinate[d] < shape_[d], "coordinate {} outside mesh {}",
+             fmt::join(coordinate, ","), describe());
+    r = r * shape_[d] + coordinate[d];
+  }
+  return r;
+}
+
+std::string DeviceMesh::describe() const {
+  std::vector<std::string> parts;
+  for (int d = 0; d < ndim(); ++d) parts.push_back(fmt::format("{}={}", names_[d], shape_[d]));
+  return fmt::format("({})", fmt::join(parts, ", "));
+}
+
+std::vector<int> parse_mesh_shape(std::string_view text) {
+  std::vector<int> shape;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string part(text.substr(pos, comma - pos));
+    try {
+      size_t used = 0;
+      const int v = std::stoi(part, &used);
+      MT_CHECK(used == part.size(), "");
+      shape.push_back(v);
+    } catch (const std::exception&) {
+      throw InvalidArgument(fmt::format("cannot read mesh shape '{}': '{}' is not an integer (expected e.g. 4,2)",
+                                        text, part));
+    }
+    pos = comma + 1;
+  }
+  return shape;
+}
+
+MeshGroups::MeshGroups(DeviceMesh mesh, comm::ProcessGroupPtr world)
+    : mesh_(std::move(mesh)), world_(std::move(world)) {
+  MT_CHECK(world_->size() == mesh_.num_ranks(),
+           "mesh {} has {} ranks but the world group has {}; run with -np {}", mesh_.describe(),
+           mesh_.num_ranks(), world_->size(), mesh_.num_ranks());
+  coordinate_ = mesh_.coordinate(world_->rank());
+  for (int d = 0; d < mesh_.ndim(); ++d) dim_groups_.push_back(make_group({d}, mesh_.names()[d]));
+}
+
+comm::ProcessGroup& MeshGroups::dim_group(int dim) const {
+  MT_CHECK(dim >= 0 && dim < mesh_.ndim(), "mesh dim {} out of range for mesh {}", dim, mesh_.describe());
+  return *dim_groups_[dim];
+}
+
+comm::ProcessGroup& MeshGroups::merged_group(const std::vector<int>& dims) {
+  if (dims.size() == 1) return dim_group(dims[0]);
+  auto it = merged_.find(dims);
+  if (it != merged_.end()) return *it->second;
+  std::vector<std::string> names;
+  for (int d : dims) {
+    MT_CHECK(d >= 0 && d < mesh_.ndim(), "mesh dim {} out of range for mesh {}", d, mesh_.describe());
+    names.push_back(mesh_.names()[d]);
+  }
+  auto group = make_group(dims, fmt::format("{}", fmt::join(names, "+")));
+  return *merged_.emplace(dims, std::move(group)).first->second;
+}
+
+comm::ProcessGroupPtr MeshGroups::make_group(const std::vector<int>& dims, const std::string& name) {
+  // Color: this rank's coordinate with `dims` zeroed; key: index over `dims`.
+  std::vector<int> base = coordinate_;
+  int key = 0;
+  for (int d : dims) {
+    key = key * mesh_.size(d) + coordinate_[d];
+    base[d] = 0;
+  }
+  return world_->split(mesh_.rank_at(base), key, name);
+}
+
+}  // namespace meshtrain::dist

@@ -1,0 +1,530 @@
+#include "dist/planner.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <queue>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace meshtrain::dist {
+
+std::string_view collective_name(Collective c) {
+  static constexpr std::string_view names[] = {"none", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
+  return names[static_cast<int>(c)];
+}
+
+PlannerKind parse_planner_kind(std::string_view name) {
+  if (name == "dijkstra") return PlannerKind::dijkstra;
+  if (name == "greedy") return PlannerKind::greedy;
+  throw InvalidArgument(fmt::format("unknown planner '{}': expected dijkstra or greedy", name));
+}
+
+namespace {
+
+constexpr int kMaxMeshDims = 8;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+using Kind = Placement::Kind;
+
+// A layout packed into 40 bytes so the search copies and hashes it cheaply:
+// per mesh dim a placement code (kind, reduce op, tensor dim, split factor)
+// and its position in its tensor dim's shard order.
+struct State {
+  std::array<uint32_t, kMaxMeshDims> code{};
+  std::array<int8_t, kMaxMeshDims> order{};
+  bool operator==(const State& o) const { return code == o.code && order == o.order; }
+};
+
+struct StateHash {
+  size_t operator()(const State& s) const {
+    uint64_t words[5];
+    std::memcpy(words, &s, sizeof(words));
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (uint64_t w : words) h = (h ^ w) * 0xBF58476D1CE4E5B9ull, h ^= h >> 29;
+    return h;
+  }
+};
+static_assert(sizeof(State) == 40);
+
+uint32_t encode(const Placement& p) {
+  return static_cast<uint32_t>(p.kind) | static_cast<uint32_t>(p.reduce) << 2 |
+         static_cast<uint32_t>(std::max(p.dim, 0) & 0xFF) << 4 | static_cast<uint32_t>(p.split_factor & 0xFFFF) << 12;
+}
+Kind kind_of(uint32_t c) { return static_cast<Kind>(c & 3); }
+int dim_of(uint32_t c) { return static_cast<int>((c >> 4) & 0xFF); }
+Placement decode(uint32_t c) {
+  Placement p;
+  p.kind = kind_of(c);
+  p.reduce = static_cast<ReduceOp>((c >> 2) & 3);
+  p.dim = (p.kind == Kind::shard || p.kind == Kind::strided_shard) ? dim_of(c) : -1;
+  p.split_factor = static_cast<int>((c >> 12) & 0xFFFF);
+  return p;
+}
+const uint32_t kReplicate = encode(Placement::replicate());
+bool is_sharding(uint32_t c) { return kind_of(c) == Kind::shard || kind_of(c) == Kind::strided_shard; }
+
+State to_state(const Layout& l) {
+  State s;
+  for (int m = 0; m < l.mesh_ndim(); ++m) {
+    s.code[m] = encode(l.placements[m]);
+    s.order[m] = static_cast<int8_t>(l.order[m]);
+  }
+  for (int m = l.mesh_ndim(); m < kMaxMeshDims; ++m) s.order[m] = -1;
+  return s;
+}
+
+Layout to_layout(const State& s, int ndim) {
+  Layout l;
+  for (int m = 0; m < ndim; ++m) {
+    l.placements.push_back(decode(s.code[m]));
+    l.order.push_back(s.order[m]);
+  }
+  return l;
+}
+
+// Everything one search needs to know besides the states.
+struct Space {
+  int ndim;
+  int tensor_rank;
+  std::array<int, kMaxMeshDims> sizes{};
+  double total_bytes;
+  const CostModel* model;
+  std::vector<uint32_t> target_partials;  // reduce ops an R->P edge may create
+  std::vector<uint32_t> target_strided;   // strided shards an R->SS edge may create
+
+  int last_shard(const State& s, int tensor_dim) const {
+    int best = -1;
+    for (int m = 0; m < ndim; ++m)
+      if (is_sharding(s.code[m]) && dim_of(s.code[m]) == tensor_dim && (best < 0 || s.order[m] > s.order[best]))
+        best = m;
+    return best;
+  }
+  int8_t shard_count(const State& s, int tensor_dim) const {
+    int8_t k = 0;
+    for (int m = 0; m < ndim; ++m) k += is_sharding(s.code[m]) && dim_of(s.code[m]) == tensor_dim;
+    return k;
+  }
+  // Bytes each rank holds: PyTorch divides by the exact Shard dims only;
+  // strided shards divide the data just the same, so they count here.
+  double local_bytes(const State& s) const {
+    double shards = 1;
+    for (int m = 0; m < ndim; ++m)
+      if (is_sharding(s.code[m])) shards *= sizes[m];
+    return total_bytes / shards;
+  }
+  // (bytes of the collective's buffer, cost) of collective c on mesh dims.
+  std::pair<double, double> step(const State& before, Collective c, int n, const LinkParams& link) const {
+    const double local = local_bytes(before);
+    switch (c) {
+      case Collective::none: return {0.0, 0.0};
+      case Collective::all_gather: return {local * n, model->all_gather_us(local * n, n, link)};
+      case Collective::reduce_scatter: return {local, model->reduce_scatter_us(local, n, link)};
+      case Collective::all_reduce: return {local, model->all_reduce_us(local, n, link)};
+      case Collective::all_to_all: return {local, model->all_to_all_us(local, n, link)};
+    }
+    return {0.0, kInf};
+  }
+  double edge_cost(const State& before, Collective c, int m) const {
+    return step(before, c, sizes[m], model->links[m]).second;
+  }
+
+  // The planner's edges, in PyTorch's order (its tie-breaking depends on it).
+  template <typename Emit>
+  void for_each_edge(const State& s, Emit&& emit) const {
+    // 1. S(a) -> S(b): all_to_all of the innermost shard of a.
+    for (int a = 0; a < tensor_rank; ++a) {
+      const int y = last_shard(s, a);
+      if (y < 0 || kind_of(s.code[y]) != Kind::shard) continue;
+      for (int b = 0; b < tensor_rank; ++b) {
+        if (b == a) continue;
+        State next = s;
+        next.code[y] = encode(Placement::shard(b));
+        next.order[y] = shard_count(s, b);
+        emit(next, y, Collective::all_to_all);
+      }
+    }
+    // 2. S -> R: all_gather of the innermost shard.
+    for (int a = 0; a < tensor_rank; ++a) {
+      const int y = last_shard(s, a);
+      if (y < 0 || kind_of(s.code[y]) != Kind::shard) continue;
+      State next = s;
+      next.code[y] = kReplicate;
+      next.order[y] = -1;
+      emit(next, y, Collective::all_gather);
+    }
+    // 3. P -> R: all_reduce.
+    for (int m = 0; m < ndim; ++m) {
+      if (kind_of(s.code[m]) != Kind::partial) continue;
+      State next = s;
+      next.code[m] = kReplicate;
+      emit(next, m, Collective::all_reduce);
+    }
+    // 4. R -> S(b): local chunk, appended innermost.
+    for (int m = 0; m < ndim; ++m) {
+      if (s.code[m] != kReplicate) continue;
+      for (int b = 0; b < tensor_rank; ++b) {
+        State next = s;
+        next.code[m] = encode(Placement::shard(b));
+        next.order[m] = shard_count(s, b);
+        emit(next, m, Collective::none);
+      }
+    }
+    // 5. P -> S(b): reduce_scatter.
+    for (int m = 0; m < ndim; ++m) {
+      if (kind_of(s.code[m]) != Kind::partial) continue;
+      for (int b = 0; b < tensor_rank; ++b) {
+        State next = s;
+        next.code[m] = encode(Placement::shard(b));
+        next.order[m] = shard_count(s, b);
+        emit(next, m, Collective::reduce_scatter);
+      }
+    }
+    // 6. R -> P(op): local, only ops the target holds, never mixing ops.
+    for (int m = 0; m < ndim; ++m) {
+      if (s.code[m] != kReplicate) continue;
+      for (uint32_t op : target_partials) {
+        bool mixes = false;
+        for (int k = 0; k < ndim; ++k) mixes |= kind_of(s.code[k]) == Kind::partial && s.code[k] != op;
+        if (mixes) continue;
+        State next = s;
+        next.code[m] = op;
+        emit(next, m, Collective::none);
+      }
+    }
+    // 8. SS -> R: all_gather of an innermost strided shard (then permute).
+    for (int a = 0; a < tensor_rank; ++a) {
+      const int y = last_shard(s, a);
+      if (y < 0 || kind_of(s.code[y]) != Kind::strided_shard) continue;
+      State next = s;
+      next.code[y] = kReplicate;
+      next.order[y] = -1;
+      emit(next, y, Collective::all_gather);
+    }
+    // 11. R -> SS: local strided split, for the strided shards of the target.
+    for (int m = 0; m < ndim; ++m) {
+      if (s.code[m] != kReplicate) continue;
+      for (uint32_t ss : target_strided) {
+        State next = s;
+        next.code[m] = ss;
+        next.order[m] = shard_count(s, dim_of(ss));
+        emit(next, m, Collective::none);
+      }
+    }
+  }
+};
+
+Space make_space(const DeviceMesh& mesh, const CostModel& model, const std::vector<int64_t>& shape,
+                 size_t element_size, const Layout& dst) {
+  Space sp;
+  sp.ndim = mesh.ndim();
+  sp.tensor_rank = static_cast<int>(shape.size());
+  for (int m = 0; m < mesh.ndim(); ++m) sp.sizes[m] = mesh.size(m);
+  double numel = 1;
+  for (int64_t d : shape) numel *= static_cast<double>(d);
+  sp.total_bytes = numel * static_cast<double>(element_size);
+  sp.model = &model;
+  for (const auto& p : dst.placements) {
+    const uint32_t c = encode(p);
+    auto& list = p.is_partial() ? sp.target_partials : sp.target_strided;
+    if ((p.is_partial() || p.kind == Kind::strided_shard) && std::find(list.begin(), list.end(), c) == list.end())
+      list.push_back(c);
+  }
+  return sp;
+}
+
+Collective collective_between(const Placement& from, const Placement& to) {
+  if (from == to) return Collective::none;
+  if (from.is_partial() && to.is_replicate()) return Collective::all_reduce;
+  if (from.is_partial() && to.kind == Kind::shard) return Collective::reduce_scatter;
+  if (from.is_sharding() && to.is_replicate()) return Collective::all_gather;
+  if (from.kind == Kind::shard && to.kind == Kind::shard) return Collective::all_to_all;
+  if (from.is_replicate() && (to.is_sharding() || to.is_partial())) return Collective::none;
+  throw InvalidArgument(fmt::format("no single collective turns {} into {}", from.to_string(), to.to_string()));
+}
+
+// Renumber each tensor dim's shard positions to 0..k-1, keeping their order.
+void normalize_order(State& s, int ndim) {
+  for (int m = 0; m < ndim; ++m) {
+    if (!is_sharding(s.code[m])) {
+      s.order[m] = -1;
+      continue;
+    }
+    int8_t rank = 0;
+    for (int k = 0; k < ndim; ++k)
+      if (k != m && is_sharding(s.code[k]) && dim_of(s.code[k]) == dim_of(s.code[m]) && s.order[k] < s.order[m])
+        ++rank;
+    s.order[m] = rank;
+  }
+}
+
+struct RawStep {
+  State before, after;
+  int mesh_dim;
+  Collective collective;
+};
+
+std::vector<RawStep> dijkstra(const Space& sp, const State& src, const State& dst) {
+  struct Node {
+    State state;
+    int parent;
+    int mesh_dim;
+    Collective collective;
+  };
+  struct Entry {
+    double cost;
+    uint64_t counter;
+    int node;
+    bool operator>(const Entry& o) const { return cost != o.cost ? cost > o.cost : counter > o.counter; }
+  };
+  std::vector<Node> nodes{{src, -1, -1, Collective::none}};
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  std::unordered_set<State, StateHash> visited;
+  visited.reserve(256);
+  heap.push({0.0, 0, 0});
+  uint64_t counter = 0;
+  while (!heap.empty()) {
+    const Entry e = heap.top();
+    heap.pop();
+    const State here = nodes[e.node].state;
+    if (here == dst) {
+      std::vector<RawStep> path;
+      for (int i = e.node; nodes[i].parent >= 0; i = nodes[i].parent)
+        path.push_back({nodes[nodes[i].parent].state, nodes[i].state, nodes[i].mesh_dim, nodes[i].collective});
+      std::reverse(path.begin(), path.end());
+      return path;
+    }
+    if (!visited.insert(here).second) continue;
+    sp.for_each_edge(here, [&](const State& next, int m, Collective c) {
+      if (visited.count(next)) return;
+      nodes.push_back({next, e.node, m, c});
+      heap.push({e.cost + sp.edge_cost(here, c, m), ++counter, static_cast<int>(nodes.size()) - 1});
+    });
+  }
+  throw Error("redistribution planner found no path (this is a bug: every layout reaches Replicate)");
+}
+
+bool is_default_order(const Layout& l) {
+  for (int m = 0; m < l.mesh_ndim(); ++m)
+    for (int k = m + 1; k < l.mesh_ndim(); ++k)
+      if (l.placements[m].is_sharding() && l.placements[k].is_sharding() &&
+          l.placements[m].dim == l.placements[k].dim && l.order[m] > l.order[k])
+        return false;
+  return true;
+}
+
+// PyTorch's generate_greedy_transform_infos: a reverse pass that un-nests
+// shards innermost-first, then a forward pass outer -> inner.
+std::vector<RawStep> greedy(const Space& sp, const Layout& src, const Layout& dst) {
+  for (const Layout* l : {&src, &dst}) {
+    MT_CHECK(is_default_order(*l), "the greedy planner handles default shard orders only, {} is not; use dijkstra",
+             l->to_string());
+    for (const auto& p : l->placements)
+      MT_CHECK(p.kind != Kind::strided_shard, "the greedy planner does not handle strided shards ({}); use dijkstra",
+               l->to_string());
+  }
+  const int n = sp.ndim;
+  std::vector<std::pair<int, Placement>> transforms;
+  std::vector<Placement> cur = src.placements;
+  const std::vector<Placement>& tgt = dst.placements;
+  int num_shards = 1;
+  for (int m = 0; m < n; ++m)
+    if (cur[m].kind == Kind::shard) num_shards *= sp.sizes[m];
+  if (n > 1 && num_shards > 1) {
+    for (int m = n - 1; m >= 0; --m) {
+      Placement t = tgt[m];
+      if (t.kind == Kind::shard) {
+        bool same_nesting = true;
+        for (int i = 0; i < m; ++i) {
+          const bool in_cur = cur[i].kind == Kind::shard && cur[i].dim == t.dim;
+          const bool in_tgt = tgt[i].kind == Kind::shard && tgt[i].dim == t.dim;
+          same_nesting &= in_cur == in_tgt;
+        }
+        if (!same_nesting) t = Placement::replicate();
+      }
+      if (!(cur[m] == t)) {
+        transforms.emplace_back(m, t);
+        cur[m] = t;
+      }
+    }
+  }
+  for (int m = 0; m < n; ++m)
+    if (!(cur[m] == tgt[m])) {
+      transforms.emplace_back(m, tgt[m]);
+      cur[m] = tgt[m];
+    }
+  std::vector<RawStep> steps;
+  State s = to_state(src);
+  for (const auto& [m, to] : transforms) {
+    State next = s;
+    next.code[m] = encode(to);
+    next.order[m] = to.is_sharding() ? std::numeric_limits<int8_t>::max() : -1;  // appended innermost
+    normalize_order(next, n);
+    steps.push_back({s, next, m, collective_between(decode(s.code[m]), to)});
+    s = next;
+  }
+  return steps;
+}
+
+// Product of the mesh sizes sharding tensor dim d in state s.
+int64_t shards_of_dim(const Space& sp, const State& s, int d) {
+  int64_t k = 1;
+  for (int m = 0; m < sp.ndim; ++m)
+    if (is_sharding(s.code[m]) && dim_of(s.code[m]) == d) k *= sp.sizes[m];
+  return k;
+}
+
+Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vector<int64_t>& shape, bool merge) {
+  Plan plan;
+  for (size_t i = 0; i < raw.size();) {
+    const RawStep& first = raw[i];
+    const Collective c = first.collective;
+    size_t j = i;
+    // all_gather peels shards innermost first (mesh dims descending),
+    // reduce_scatter appends them (ascending); all_reduce goes either way.
+    const int direction = c == Collective::all_gather ? -1 : c == Collective::reduce_scatter ? 1 : 0;
+    if (merge && (c == Collective::all_gather || c == Collective::reduce_scatter || c == Collective::all_reduce)) {
+      while (j + 1 < raw.size() && raw[j + 1].collective == c &&
+             raw[j + 1].before.code[raw[j + 1].mesh_dim] == first.before.code[first.mesh_dim] &&
+             raw[j + 1].after.code[raw[j + 1].mesh_dim] == first.after.code[first.mesh_dim]) {
+        const int step = raw[j + 1].mesh_dim - raw[j].mesh_dim;
+        if (direction != 0 ? step != direction : std::abs(step) != 1) break;
+        if (direction == 0 && j > i && step != raw[j].mesh_dim - raw[j - 1].mesh_dim) break;
+        ++j;
+      }
+    }
+    std::vector<int> dims;
+    double separate_cost = 0;
+    for (size_t k = i; k <= j; ++k) {
+      dims.push_back(raw[k].mesh_dim);
+      separate_cost += sp.edge_cost(raw[k].before, raw[k].collective, raw[k].mesh_dim);
+    }
+    std::sort(dims.begin(), dims.end());
+    bool merged = j > i;
+    if (merged && c != Collective::all_reduce) {
+      // A flat split over the merged group equals the nested one only when
+      // every nested chunk is even (torch.chunk(5,4) != chunk(chunk(5,2),2)).
+      const State& sharded = c == Collective::all_gather ? first.before : raw[j].after;
+      const int d = dim_of(c == Collective::all_gather ? first.before.code[first.mesh_dim]
+                                                       : raw[j].after.code[raw[j].mesh_dim]);
+      merged = shape[d] % shards_of_dim(sp, sharded, d) == 0;
+    }
+    int n = 1;
+    for (int m : dims) n *= sp.sizes[m];
+    const auto [bytes, cost] = merged ? sp.step(first.before, c, n, sp.model->merged_link(dims))
+                                      : sp.step(first.before, c, sp.sizes[first.mesh_dim],
+                                                sp.model->links[first.mesh_dim]);
+    if (merged && cost >= separate_cost) merged = false;
+    if (!merged) j = i;
+    PlanStep out;
+    out.mesh_dims = merged ? dims : std::vector<int>{first.mesh_dim};
+    out.from = decode(first.before.code[first.mesh_dim]);
+    out.to = decode(first.after.code[first.mesh_dim]);
+    out.collective = c;
+    out.bytes = merged ? bytes : sp.step(first.before, c, sp.sizes[first.mesh_dim], sp.model->links[first.mesh_dim]).first;
+    out.cost_us = merged ? cost : sp.edge_cost(first.before, c, first.mesh_dim);
+    out.before = to_layout(first.before, sp.ndim);
+    out.after = to_layout(raw[j].after, sp.ndim);
+    plan.total_cost_us += out.cost_us;
+    plan.steps.push_back(std::move(out));
+    i = j + 1;
+  }
+  return plan;
+}
+
+size_t hash_layout(const Layout& l, size_t h) {
+  for (int m = 0; m < l.mesh_ndim(); ++m)
+    h = (h ^ (encode(l.placements[m]) + 0x9E3779B9u + static_cast<uint32_t>(l.order[m] + 1) * 131u)) * 0x100000001B3ull;
+  return h;
+}
+
+}  // namespace
+
+std::string Plan::trace(const Layout& src) const {
+  std::string s = src.to_string();
+  for (const auto& step : steps) s += (step.mesh_dims.size() > 1 ? "-->" : "->") + step.after.to_string();
+  return s;
+}
+
+Planner::Planner(DeviceMesh mesh, CostModel model) : mesh_(std::move(mesh)), model_(std::move(model)) {
+  MT_CHECK(mesh_.ndim() <= kMaxMeshDims, "the planner handles meshes of up to {} dims, got {}", kMaxMeshDims,
+           mesh_.ndim());
+  MT_CHECK(static_cast<int>(model_.links.size()) == mesh_.ndim(), "cost model has {} links for a {}-d mesh",
+           model_.links.size(), mesh_.ndim());
+}
+
+Plan Planner::plan_uncached(const std::vector<int64_t>& shape, size_t element_size, const Layout& src,
+                            const Layout& dst, PlanOptions options) const {
+  const int rank = static_cast<int>(shape.size());
+  MT_CHECK(rank <= 127, "tensors of up to 127 dims, got {}", rank);
+  for (size_t d = 0; d < shape.size(); ++d) MT_CHECK(shape[d] >= 0, "tensor dim {} has size {}", d, shape[d]);
+  for (const Layout* l : {&src, &dst})
+    MT_CHECK(l->mesh_ndim() == mesh_.ndim(), "layout {} has {} placements but the mesh {} has {} dims",
+             l->to_string(), l->mesh_ndim(), mesh_.describe(), mesh_.ndim());
+  src.validate(rank);
+  dst.validate(rank);
+  for (int m = 0; m < mesh_.ndim(); ++m) {
+    const Placement& t = dst.placements[m];
+    MT_CHECK(!t.is_partial() || src.placements[m] == t,
+             "cannot redistribute {} to {}: mesh dim {} would become {} from {}. A target may be Partial only "
+             "where the source already is, with the same reduce op: a pending reduction cannot be created by "
+             "communication",
+             src.to_string(), dst.to_string(), m, t.to_string(), src.placements[m].to_string());
+  }
+  if (src == dst) return {};
+  const Space sp = make_space(mesh_, model_, shape, element_size, dst);
+  const auto raw = options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
+  return build_plan(sp, raw, shape, options.merge);
+}
+
+std::shared_ptr<const Plan> Planner::plan(const std::vector<int64_t>& shape, size_t element_size, const Layout& src,
+                                          const Layout& dst, PlanOptions options) {
+  CacheKey key{shape, element_size, src, dst, options};
+  {
+    std::lock_guard lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+  }
+  auto plan = std::make_shared<const Plan>(plan_uncached(shape, element_size, src, dst, options));
+  std::lock_guard lock(mu_);
+  return cache_.emplace(std::move(key), std::move(plan)).first->second;
+}
+
+double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size, const Layout& from,
+                          const Layout& to) const {
+  const Space sp = make_space(mesh_, model_, shape, element_size, to);
+  const State a = to_state(from), b = to_state(to);
+  double cost = kInf;
+  sp.for_each_edge(a, [&](const State& next, int m, Collective c) {
+    if (next == b) cost = std::min(cost, sp.edge_cost(a, c, m));
+  });
+  return cost;
+}
+
+std::vector<Layout> Planner::neighbours(const Layout& from, int tensor_rank, const Layout& dst) const {
+  std::vector<int64_t> shape(static_cast<size_t>(tensor_rank), 1);
+  const Space sp = make_space(mesh_, model_, shape, 1, dst);
+  std::vector<Layout> out;
+  sp.for_each_edge(to_state(from), [&](const State& next, int, Collective) { out.push_back(to_layout(next, sp.ndim)); });
+  return out;
+}
+
+size_t Planner::cache_size() const {
+  std::lock_guard lock(mu_);
+  return cache_.size();
+}
+
+bool Planner::CacheKey::operator==(const CacheKey& o) const {
+  return element_size == o.element_size && options.kind == o.options.kind && options.merge == o.options.merge &&
+         shape == o.shape && src == o.src && dst == o.dst;
+}
+
+size_t Planner::CacheKeyHash::operator()(const CacheKey& k) const {
+  size_t h = 0xCBF29CE484222325ull ^ k.element_size ^ (static_cast<size_t>(k.options.kind) << 8) ^
+             (static_cast<size_t>(k.options.merge) << 9);
+  for (int64_t d : k.shape) h = (h ^ static_cast<size_t>(d)) * 0x100000001B3ull;
+  return hash_layout(k.dst, hash_layout(k.src, h));
+}
+
+}  // namespace meshtrain::dist

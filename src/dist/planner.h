@@ -1,0 +1,88 @@
+// The redistribution planner: the cheapest sequence of collectives that turns
+// one Layout into another, by Dijkstra over layout states (PyTorch's
+// DTensorRedistributePlanner, same edges and tie-breaking), or PyTorch's
+// greedy planner for comparison. Plans are cached.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dist/cost_model.h"
+#include "dist/layout.h"
+
+namespace meshtrain::dist {
+
+enum class Collective : uint8_t { none, all_gather, reduce_scatter, all_reduce, all_to_all };
+std::string_view collective_name(Collective c);
+
+struct PlanStep {
+  // One mesh dim, or several adjacent ones merged into one collective over
+  // their flattened group (ascending; group rank row-major over them).
+  std::vector<int> mesh_dims;
+  Placement from, to;
+  Collective collective = Collective::none;
+  double bytes = 0;  // the collective's buffer per rank (nccl-tests convention); 0 for local steps
+  double cost_us = 0;
+  Layout before, after;
+};
+
+struct Plan {
+  std::vector<PlanStep> steps;
+  double total_cost_us = 0;
+  // PyTorch's debug form: layouts joined by "->" ("-->" into a merged step).
+  std::string trace(const Layout& src) const;
+};
+
+enum class PlannerKind : uint8_t { dijkstra, greedy };
+PlannerKind parse_planner_kind(std::string_view name);
+
+struct PlanOptions {
+  PlannerKind kind = PlannerKind::dijkstra;
+  bool merge = true;  // merge consecutive same collectives on adjacent mesh dims
+};
+
+class Planner {
+ public:
+  Planner(DeviceMesh mesh, CostModel model);
+
+  // Cached. Throws InvalidArgument for illegal requests (a Partial target the
+  // source does not already have on that mesh dim, mixed reduce ops, a tensor
+  // dim out of range, greedy with non-default shard orders).
+  std::shared_ptr<const Plan> plan(const std::vector<int64_t>& global_shape, size_t element_size,
+                                   const Layout& src, const Layout& dst, PlanOptions options = {});
+  Plan plan_uncached(const std::vector<int64_t>& global_shape, size_t element_size, const Layout& src,
+                     const Layout& dst, PlanOptions options = {}) const;
+
+  // Cost of one step between layouts that differ on exactly one mesh dim
+  // (infinity when no single collective does it). For checks and tests.
+  double step_cost(const std::vector<int64_t>& global_shape, size_t element_size, const Layout& from,
+                   const Layout& to) const;
+  // Every layout one step away from `from` (the planner's edges, in order).
+  std::vector<Layout> neighbours(const Layout& from, int tensor_rank, const Layout& dst) const;
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const CostModel& cost_model() const { return model_; }
+  size_t cache_size() const;
+
+ private:
+  struct CacheKey {
+    std::vector<int64_t> shape;
+    size_t element_size;
+    Layout src, dst;
+    PlanOptions options;
+    bool operator==(const CacheKey& o) const;
+  };
+  struct CacheKeyHash {
+    size_t operator()(const CacheKey& k) const;
+  };
+
+  DeviceMesh mesh_;
+  CostModel model_;
+  mutable std::mutex mu_;
+  std::unordered_map<CacheKey, std::shared_ptr<const Plan>, CacheKeyHash> cache_;
+};
+
+}  // namespace meshtrain::dist

@@ -1,0 +1,60 @@
+#include "dist/sharding.h"
+
+#include "comm/reduce.h"
+#include "core/error.h"
+
+namespace meshtrain::dist {
+
+namespace {
+// Indices [begin, begin + len) of v.
+std::vector<int64_t> slice(const std::vector<int64_t>& v, int64_t begin, int64_t len) {
+  return {v.begin() + begin, v.begin() + begin + len};
+}
+}  // namespace
+
+std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Placement& p, int n, int i) {
+  const auto len = static_cast<int64_t>(parent.size());
+  if (p.kind == Placement::Kind::shard) {
+    const auto counts = comm::chunk_counts(len, n);
+    return slice(parent, comm::displacements(counts)[i], counts[i]);
+  }
+  MT_CHECK(p.kind == Placement::Kind::strided_shard, "split_indices on placement {}", p.to_string());
+  std::vector<int64_t> out;
+  const auto pieces = comm::chunk_counts(len, p.split_factor);
+  const auto piece_starts = comm::displacements(pieces);
+  for (int j = 0; j < p.split_factor; ++j) {
+    const auto parts = comm::chunk_counts(pieces[j], n);
+    const int64_t start = piece_starts[j] + comm::displacements(parts)[i];
+    out.insert(out.end(), parent.begin() + start, parent.begin() + start + parts[i]);
+  }
+  return out;
+}
+
+std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int tensor_dim,
+                                   const DeviceMesh& mesh, const std::vector<int>& coord) {
+  std::vector<int64_t> idx(static_cast<size_t>(dim_size));
+  for (int64_t k = 0; k < dim_size; ++k) idx[k] = k;
+  for (int m : layout.shard_sequence(tensor_dim)) idx = split_indices(idx, layout.placements[m], mesh.size(m), coord[m]);
+  return idx;
+}
+
+LocalChunk local_chunk(const std::vector<int64_t>& global_shape, const Layout& layout, const DeviceMesh& mesh,
+                       const std::vector<int>& coord) {
+  MT_CHECK(layout.mesh_ndim() == mesh.ndim(), "layout {} has {} placements for mesh {}", layout.to_string(),
+           layout.mesh_ndim(), mesh.describe());
+  layout.validate(static_cast<int>(global_shape.size()));
+  LocalChunk chunk;
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    if (layout.shard_sequence(static_cast<int>(d)).empty()) {
+      chunk.shape.push_back(global_shape[d]);
+      chunk.offset.push_back(0);
+      continue;
+    }
+    const auto idx = shard_indices(global_shape[d], layout, static_cast<int>(d), mesh, coord);
+    chunk.shape.push_back(static_cast<int64_t>(idx.size()));
+    chunk.offset.push_back(idx.empty() ? global_shape[d] : idx[0]);
+  }
+  return chunk;
+}
+
+}  // namespace meshtrain::dist
