@@ -67,6 +67,8 @@ int run_plan(const PlanCommand& c) {
     MT_CHECK(dim >= 0 && dim < mesh.ndim(), "--link '{}': mesh dim {} is outside 0..{}", text, dim, mesh.ndim() - 1);
     model.links[dim] = link;
   }
+  MT_CHECK(c.all_to_all_penalty_us >= 0, "--all-to-all-penalty-us must be >= 0, got {}", c.all_to_all_penalty_us);
+  model.all_to_all_penalty_us = c.all_to_all_penalty_us;
   const DType dtype = parse_dtype(c.dtype);
   dist::Planner planner(mesh, model);
   dist::PlanOptions options{dist::parse_planner_kind(c.planner), c.merge};

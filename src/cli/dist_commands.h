@@ -23,6 +23,7 @@ struct PlanCommand {
   std::string planner = "dijkstra";
   int devices_per_host = 8;
   std::vector<std::string> links;  // "DIM:LATENCY_US:BANDWIDTH_GBPS"
+  double all_to_all_penalty_us = 0.0;
   bool merge = true;
   bool json = false;
 };

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
                    "outer ones inter-host links (19.3 GB/s, 2.7 us)")
       ->capture_default_str();
   plan->add_option("--link", plan_cmd.links, "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable)");
+  plan->add_option("--all-to-all-penalty-us", plan_cmd.all_to_all_penalty_us,
+                   "Extra cost of an all_to_all over an all_gather of the same bytes (PyTorch used 1.0 until 2026)")
+      ->capture_default_str();
   plan->add_flag("!--no-merge", plan_cmd.merge,
                  "Do not merge consecutive same collectives on adjacent mesh dims into one flattened-group collective");
   plan->add_flag("--json", plan_cmd.json, "Print JSON");

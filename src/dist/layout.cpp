@@ -25,11 +25,11 @@ struct Cursor {
   std::string_view text;
   size_t pos = 0;
   void skip_space() {
-    while (pos < text.size() && (std::isspace(static_cast<unsigned char>(text[pos])) || text[pos] == ','))
-      ++pos;
+    while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
   }
+  // Placements may be separated by spaces or commas: "S(0)R", "S(0), R".
   bool done() {
-    skip_space();
+    while (pos < text.size() && (std::isspace(static_cast<unsigned char>(text[pos])) || text[pos] == ',')) ++pos;
     return pos >= text.size();
   }
   bool accept(std::string_view token) {
