@@ -384,7 +384,10 @@ Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vec
     // all_gather peels shards innermost first (mesh dims descending),
     // reduce_scatter appends them (ascending); all_reduce goes either way.
     const int direction = c == Collective::all_gather ? -1 : c == Collective::reduce_scatter ? 1 : 0;
-    if (merge && (c == Collective::all_gather || c == Collective::reduce_scatter || c == Collective::all_reduce)) {
+    // Strided gathers put pieces back by index, not as one flat chunk: never merged.
+    const bool mergeable = (c == Collective::all_gather && kind_of(first.before.code[first.mesh_dim]) == Kind::shard) ||
+                           c == Collective::reduce_scatter || c == Collective::all_reduce;
+    if (merge && mergeable) {
       while (j + 1 < raw.size() && raw[j + 1].collective == c &&
              raw[j + 1].before.code[raw[j + 1].mesh_dim] == first.before.code[first.mesh_dim] &&
              raw[j + 1].after.code[raw[j + 1].mesh_dim] == first.after.code[first.mesh_dim]) {

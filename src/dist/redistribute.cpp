@@ -1,0 +1,212 @@
+#include "dist/redistribute.h"
+
+#include <cstring>
+#include <numeric>
+
+#include <fmt/ranges.h>
+
+#include "dist/sharding.h"
+
+namespace meshtrain::dist {
+
+namespace {
+
+// A tensor seen as [outer, len, inner] around dim d (inner in bytes).
+struct Around {
+  int64_t outer = 1, len = 0, inner_bytes = 0;
+};
+Around around(const std::vector<int64_t>& shape, int d, size_t elem) {
+  Around a;
+  for (int k = 0; k < d; ++k) a.outer *= shape[k];
+  a.len = shape[d];
+  a.inner_bytes = static_cast<int64_t>(elem);
+  for (size_t k = static_cast<size_t>(d) + 1; k < shape.size(); ++k) a.inner_bytes *= shape[k];
+  return a;
+}
+
+// dst[o, k] = src[o, rows[k]] along dim d; dst has len = rows.size().
+void take_rows(const std::byte* src, const std::vector<int64_t>& src_shape, int d, size_t elem,
+               const std::vector<int64_t>& rows, std::byte* dst) {
+  const Around a = around(src_shape, d, elem);
+  const auto n = static_cast<int64_t>(rows.size());
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t k = 0; k < n; ++k)
+      std::memcpy(dst + (o * n + k) * a.inner_bytes, src + (o * a.len + rows[k]) * a.inner_bytes,
+                  static_cast<size_t>(a.inner_bytes));
+}
+
+// dst[o, rows[k]] = src[o, k] along dim d; src has len = rows.size().
+void put_rows(const std::byte* src, std::byte* dst, const std::vector<int64_t>& dst_shape, int d, size_t elem,
+              const std::vector<int64_t>& rows) {
+  const Around a = around(dst_shape, d, elem);
+  const auto n = static_cast<int64_t>(rows.size());
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t k = 0; k < n; ++k)
+      std::memcpy(dst + (o * a.len + rows[k]) * a.inner_bytes, src + (o * n + k) * a.inner_bytes,
+                  static_cast<size_t>(a.inner_bytes));
+}
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  return v;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+std::vector<int64_t> with_dim(std::vector<int64_t> shape, int d, int64_t len) {
+  shape[d] = len;
+  return shape;
+}
+
+struct StepContext {
+  const std::vector<int64_t>& global_shape;
+  const PlanStep& step;
+  MeshGroups& groups;
+  std::vector<int64_t> before_shape, after_shape;
+  size_t elem;
+  int group_rank = 0;
+  int group_size = 1;
+  // Positions, within the parent list along dim d, of member j's part.
+  std::vector<int64_t> member_rows(int64_t parent_len, const Placement& p, int j) const {
+    // Merged steps only happen where the nested split equals a flat one.
+    return split_indices(iota(parent_len), p, group_size, j);
+  }
+};
+
+Tensor all_gather_step(const Tensor& cur, StepContext& c) {
+  const int d = c.step.from.dim;
+  const int64_t parent = c.after_shape[d];
+  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
+  std::vector<int64_t> counts;
+  std::vector<std::vector<int64_t>> rows;
+  for (int j = 0; j < c.group_size; ++j) {
+    rows.push_back(c.member_rows(parent, c.step.from, j));
+    counts.push_back(numel(with_dim(c.before_shape, d, static_cast<int64_t>(rows.back().size()))));
+  }
+  Tensor gathered = Tensor::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})}, cur.dtype());
+  g.all_gather(cur.reshape({cur.numel()}), gathered, counts)->wait();
+  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  const auto* src = static_cast<const std::byte*>(gathered.raw());
+  int64_t offset = 0;
+  for (int j = 0; j < c.group_size; ++j) {
+    put_rows(src + offset * static_cast<int64_t>(c.elem), static_cast<std::byte*>(out.raw()), c.after_shape, d, c.elem,
+             rows[j]);
+    offset += counts[j];
+  }
+  return out;
+}
+
+Tensor reduce_scatter_step(const Tensor& cur, StepContext& c) {
+  const int d = c.step.to.dim;
+  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
+  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
+  std::vector<int64_t> counts;
+  int64_t offset = 0;
+  for (int j = 0; j < c.group_size; ++j) {
+    const auto rows = c.member_rows(c.before_shape[d], c.step.to, j);
+    take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows,
+              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(c.elem));
+    counts.push_back(numel(with_dim(c.before_shape, d, static_cast<int64_t>(rows.size()))));
+    offset += counts.back();
+  }
+  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  Tensor flat = out.reshape({out.numel()});
+  g.reduce_scatter(packed, flat, c.step.from.reduce, counts)->wait();
+  return out;
+}
+
+Tensor all_to_all_step(const Tensor& cur, StepContext& c) {
+  const int a = c.step.from.dim, b = c.step.to.dim;
+  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
+  const int64_t parent_a = c.after_shape[a];
+  std::vector<int64_t> send_counts, recv_counts;
+  std::vector<std::vector<int64_t>> a_rows;
+  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
+  int64_t offset = 0;
+  for (int j = 0; j < c.group_size; ++j) {
+    // To member j: its part of dim b, with all of my part of dim a.
+    const auto b_rows = c.member_rows(c.before_shape[b], c.step.to, j);
+    take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, b, c.elem, b_rows,
+              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(c.elem));
+    send_counts.push_back(numel(with_dim(c.before_shape, b, static_cast<int64_t>(b_rows.size()))));
+    offset += send_counts.back();
+    // From member j: its part of dim a, with my part of dim b.
+    a_rows.push_back(c.member_rows(parent_a, c.step.from, j));
+    recv_counts.push_back(numel(with_dim(c.after_shape, a, static_cast<int64_t>(a_rows.back().size()))));
+  }
+  Tensor received = Tensor::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, cur.dtype());
+  g.all_to_all(packed, received, send_counts, recv_counts)->wait();
+  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  offset = 0;
+  for (int j = 0; j < c.group_size; ++j) {
+    put_rows(static_cast<const std::byte*>(received.raw()) + offset * static_cast<int64_t>(c.elem),
+             static_cast<std::byte*>(out.raw()), c.after_shape, a, c.elem, a_rows[j]);
+    offset += recv_counts[j];
+  }
+  return out;
+}
+
+Tensor local_step(const Tensor& cur, StepContext& c) {
+  const PlanStep& s = c.step;
+  if (s.to.is_partial()) {
+    // R -> P: the group must reduce back to the value. Sum: group rank 0
+    // keeps it and the others hold zero (exact; PyTorch divides by n, which
+    // rounds). avg, max, min: every rank keeps it.
+    Tensor out = cur.clone();
+    if (s.to.reduce == ReduceOp::sum && c.group_rank != 0) std::memset(out.raw(), 0, out.nbytes());
+    return out;
+  }
+  // R -> S / SS: keep this rank's part of the dim.
+  const int d = s.to.dim;
+  const auto rows = c.member_rows(c.before_shape[d], s.to, c.group_rank);
+  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows, static_cast<std::byte*>(out.raw()));
+  return out;
+}
+
+}  // namespace
+
+Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shape, const Plan& plan, MeshGroups& groups) {
+  const DeviceMesh& mesh = groups.mesh();
+  const auto& coord = groups.coordinate();
+  Tensor cur = local;
+  for (const PlanStep& step : plan.steps) {
+    StepContext c{global_shape, step, groups, local_chunk(global_shape, step.before, mesh, coord).shape,
+                  local_chunk(global_shape, step.after, mesh, coord).shape, dtype_size(cur.dtype())};
+    for (int m : step.mesh_dims) {
+      c.group_rank = c.group_rank * mesh.size(m) + coord[m];
+      c.group_size *= mesh.size(m);
+    }
+    switch (step.collective) {
+      case Collective::none: cur = local_step(cur, c); break;
+      case Collective::all_gather: cur = all_gather_step(cur, c); break;
+      case Collective::reduce_scatter: cur = reduce_scatter_step(cur, c); break;
+      case Collective::all_to_all: cur = all_to_all_step(cur, c); break;
+      case Collective::all_reduce: {
+        cur = cur.clone();
+        groups.merged_group(step.mesh_dims).all_reduce(cur, step.from.reduce)->wait();
+        break;
+      }
+    }
+  }
+  return cur;
+}
+
+Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shape, const Layout& src, const Layout& dst,
+                    MeshGroups& groups, Planner& planner) {
+  MT_CHECK(groups.mesh() == planner.mesh(), "redistribute: the planner's mesh {} is not the groups' mesh {}",
+           planner.mesh().describe(), groups.mesh().describe());
+  const auto expected = local_chunk(global_shape, src, groups.mesh(), groups.coordinate()).shape;
+  MT_CHECK(local.shape().dims() == expected,
+           "redistribute: the local tensor {} does not match layout {} of global shape ({}) at mesh coordinate [{}], "
+           "which gives local shape ({})",
+           local.describe(), src.to_string(), fmt::join(global_shape, ", "), fmt::join(groups.coordinate(), ","),
+           fmt::join(expected, ", "));
+  const auto plan = planner.plan(global_shape, dtype_size(local.dtype()), src, dst);
+  return execute_plan(local, global_shape, *plan, groups);
+}
+
+}  // namespace meshtrain::dist

@@ -1,0 +1,21 @@
+// Eager redistribution: turn this rank's local tensor under one Layout into
+// its local tensor under another, by running the planner's steps as
+// collectives on the mesh groups. Every rank calls it with the same layouts.
+#pragma once
+
+#include "core/tensor.h"
+#include "dist/device_mesh.h"
+#include "dist/planner.h"
+
+namespace meshtrain::dist {
+
+// `local` must have the shape `src` gives this rank (local_chunk). Partial
+// targets keep the source's pending reduction. Throws with what was wrong.
+Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shape, const Layout& src,
+                    const Layout& dst, MeshGroups& groups, Planner& planner);
+
+// Run an already planned sequence of steps.
+Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shape, const Plan& plan,
+                    MeshGroups& groups);
+
+}  // namespace meshtrain::dist

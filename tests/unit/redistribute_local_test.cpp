@@ -1,0 +1,30 @@
+// Redistribution on the local backend (threads): every legal pair of a
+// layout set on a 2x2 mesh, uneven shapes. The mpirun test covers more.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "comm/local_backend.h"
+#include "redistribute_checks.h"
+
+using namespace meshtrain;
+
+TEST(RedistributeLocal, EveryPairOn2x2) {
+  const dist::DeviceMesh mesh({2, 2});
+  const auto layouts = mtest::layout_set(2, 2, 1000);
+  comm::LocalWorld world(4);
+  std::atomic<int> pairs{0};
+  world.run([&](comm::ProcessGroup& pg) {
+    dist::MeshGroups groups(mesh, pg.shared_from_this());
+    dist::Planner planner(mesh, dist::CostModel::for_mesh(mesh));
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{5, 8}, std::vector<int64_t>{13, 3}})
+      for (const auto& src : layouts)
+        for (const auto& dst : layouts) {
+          if (!mtest::legal_pair(src, dst)) continue;
+          if (!mtest::check_redistribute(groups, planner, shape, src, dst)) return;
+          if (pg.rank() == 0) ++pairs;
+        }
+  });
+  std::printf("redistributed %d layout pairs on a 2x2 mesh (%zu layouts)\n", pairs.load(), layouts.size());
+  EXPECT_GT(pairs.load(), 1000);
+}
