@@ -7,6 +7,8 @@
 #include <thread>
 #include <tuple>
 
+#include <fmt/ranges.h>
+
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -236,8 +238,23 @@ void LocalWorld::run(const std::function<void(ProcessGroup&)>& fn) const {
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  // One failing rank usually makes the others time out: report every rank.
+  std::vector<std::string> messages;
+  int failed = -1;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    if (failed < 0) failed = static_cast<int>(r);
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      messages.push_back(fmt::format("rank {}: {}", r, e.what()));
+    } catch (...) {
+      messages.push_back(fmt::format("rank {}: unknown exception", r));
+    }
+  }
+  if (messages.size() == 1) std::rethrow_exception(errors[failed]);
+  if (!messages.empty())
+    throw Error(fmt::format("{} ranks failed:\n  {}", messages.size(), fmt::join(messages, "\n  ")));
 }
 
 }  // namespace meshtrain::comm

@@ -16,8 +16,8 @@ class LocalWorld {
   int size() const { return static_cast<int>(groups_.size()); }
   // The world group of `rank`: hand it to the thread that plays that rank.
   ProcessGroupPtr group(int rank) const;
-  // Run fn on `size` threads, one per rank, join them and rethrow the first
-  // exception (by rank order).
+  // Run fn on `size` threads, one per rank, and join them. Rethrows a single
+  // rank's exception as it is; several ranks' errors as one Error naming each.
   void run(const std::function<void(ProcessGroup&)>& fn) const;
 
  private:

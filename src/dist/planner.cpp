@@ -367,12 +367,17 @@ std::vector<RawStep> greedy(const Space& sp, const Layout& src, const Layout& ds
   return steps;
 }
 
-// Product of the mesh sizes sharding tensor dim d in state s.
-int64_t shards_of_dim(const Space& sp, const State& s, int d) {
+// Whether every split of tensor dim d in state s is even: all its shards
+// are exact Shards (a strided shard's sf pieces can be uneven: 8 rows with
+// sf 3 over 2 ranks give 5 and 3) and the dim divides by their product.
+bool evenly_sharded(const Space& sp, const State& s, int d, int64_t dim_size) {
   int64_t k = 1;
-  for (int m = 0; m < sp.ndim; ++m)
-    if (is_sharding(s.code[m]) && dim_of(s.code[m]) == d) k *= sp.sizes[m];
-  return k;
+  for (int m = 0; m < sp.ndim; ++m) {
+    if (!is_sharding(s.code[m]) || dim_of(s.code[m]) != d) continue;
+    if (kind_of(s.code[m]) != Kind::shard) return false;
+    k *= sp.sizes[m];
+  }
+  return dim_size % k == 0;
 }
 
 Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vector<int64_t>& shape, bool merge) {
@@ -411,7 +416,7 @@ Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vec
       const State& sharded = c == Collective::all_gather ? first.before : raw[j].after;
       const int d = dim_of(c == Collective::all_gather ? first.before.code[first.mesh_dim]
                                                        : raw[j].after.code[raw[j].mesh_dim]);
-      merged = shape[d] % shards_of_dim(sp, sharded, d) == 0;
+      merged = evenly_sharded(sp, sharded, d, shape[d]);
     }
     int n = 1;
     for (int m : dims) n *= sp.sizes[m];

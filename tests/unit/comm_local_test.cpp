@@ -179,6 +179,29 @@ TEST(FlightRecorder, RingKeepsTheLastEntries) {
   EXPECT_EQ(entries.back().state, FrState::completed);
 }
 
+TEST(FrAnalyze, SubGroupsSharingANameAreKeptApart) {
+  const std::string dir = fresh_dir("fr_subgroups");
+  // Two groups named "row": {0, 1} and {2, 3}. Ranks 2 and 3 are one
+  // collective behind ranks 0 and 1, which is fine: they are other groups.
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr(r, 4);
+    const std::vector<int> members = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    fr.add_group("row", members);
+    for (uint64_t seq = 1; seq <= (r < 2 ? 3u : 2u); ++seq) {
+      FrEntry e;
+      e.group = "row";
+      e.seq = seq;
+      e.op = seq == 2 ? OpType::all_to_all : OpType::all_gather;
+      e.signature = seq == 2 ? fmt::format("all_to_all f32 send=[{}] recv=[{}]", r, r) : "all_gather f32";
+      fr.update(fr.record(e), FrState::completed);
+    }
+    fr.dump(dir, "test");
+  }
+  const FrReport report = analyze_flight_records(dir);
+  EXPECT_TRUE(report.ok()) << report.to_text();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FrAnalyze, NamesTheRankWithADifferentSize) {
   const std::string dir = fresh_dir("fr_sizes");
   for (int r = 0; r < 3; ++r) {

@@ -242,6 +242,8 @@ TEST(Planner, MergesAdjacentSameCollectivesOnlyWhenEven) {
   EXPECT_LT(merged->total_cost_us, unmerged->total_cost_us);
   // 13 rows do not split evenly over 8: nested chunks differ from a flat split.
   EXPECT_EQ(p.plan({13, 8}, 4, Layout::parse("S(0)S(0)S(0)", 3), Layout::parse("RRR", 3))->steps.size(), 3u);
+  // Even dim, but an outer strided shard leaves uneven pieces (8 -> 5 and 3).
+  EXPECT_EQ(p.plan({5, 8}, 4, Layout::parse("_S(1, 3)S(1)S(1)", 3), Layout::parse("RRR", 3))->steps.size(), 3u);
   const auto reduce = p.plan({13, 8}, 4, Layout::parse("P(sum)P(sum)R", 3), Layout::parse("RRR", 3));
   ASSERT_EQ(reduce->steps.size(), 1u);  // all_reduce merges whatever the shape
   EXPECT_EQ(reduce->steps[0].collective, Collective::all_reduce);
