@@ -87,6 +87,7 @@ void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void*
   MT_CHECK(!(op == ReduceOp::avg && !is_floating(dtype)),
            "reduce op avg is not defined for integer dtype {}: the mean would be truncated; "
            "reduce with sum and divide in a floating dtype", dtype_name(dtype));
+  if (count == 0) return;  // empty blocks of uneven splits may have null buffers
   switch (dtype) {
     case DType::f32: return reduce_f32(op, rows, n, out, count);
     case DType::i32: return reduce_native<int32_t, int64_t>(op, rows, n, out, count);
