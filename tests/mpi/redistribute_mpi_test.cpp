@@ -3,6 +3,8 @@
 // with 8, for tensors of uneven shapes, against slicing the global tensor.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "mpi_world.h"
 #include "redistribute_checks.h"
 
@@ -18,6 +20,19 @@ void check_mesh(const std::vector<int>& mesh_shape, size_t layouts_per_rank, con
   int pairs = 0;
   for (const auto& shape : shapes) {
     const auto layouts = mtest::layout_set(mesh.ndim(), static_cast<int>(shape.size()), layouts_per_rank);
+    // The set holds every placement kind on every mesh dim, and both orders.
+    std::set<std::pair<int, std::string>> kinds;
+    bool reordered = false;
+    for (const auto& l : layouts) {
+      for (int m = 0; m < mesh.ndim(); ++m) kinds.emplace(m, l.placements[m].to_string());
+      for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+        const auto seq = l.shard_sequence(d);
+        reordered |= seq.size() > 1 && seq.front() > seq.back();
+      }
+    }
+    const size_t kinds_per_dim = 1 + shape.size() + 2 + 3;  // R, S(d) per tensor dim, two strided, three partials
+    EXPECT_EQ(kinds.size(), kinds_per_dim * static_cast<size_t>(mesh.ndim())) << mesh.describe();
+    if (mesh.ndim() > 1) EXPECT_TRUE(reordered) << mesh.describe();
     for (const auto& src : layouts)
       for (const auto& dst : layouts) {
         if (!mtest::legal_pair(src, dst)) continue;
