@@ -130,88 +130,62 @@ struct Space {
     return step(before, c, sizes[m], model->links[m]).second;
   }
 
+  // s with mesh dim m set to `code`: a shard goes innermost in its tensor
+  // dim's order; anything else leaves the order.
+  State with(const State& s, int m, uint32_t code) const {
+    State next = s;
+    next.code[m] = code;
+    next.order[m] = is_sharding(code) ? shard_count(s, dim_of(code)) : -1;
+    return next;
+  }
+
   // The planner's edges, in PyTorch's order (its tie-breaking depends on it).
   template <typename Emit>
   void for_each_edge(const State& s, Emit&& emit) const {
+    // all_gather of each tensor dim's innermost shard of the given kind.
+    auto gather_innermost = [&](Kind kind) {
+      for (int a = 0; a < tensor_rank; ++a) {
+        const int y = last_shard(s, a);
+        if (y >= 0 && kind_of(s.code[y]) == kind) emit(with(s, y, kReplicate), y, Collective::all_gather);
+      }
+    };
+    // Mesh dim m (holding R or P) shards tensor dim b, for every b.
+    auto shard_each_dim = [&](int m, Collective c) {
+      for (int b = 0; b < tensor_rank; ++b) emit(with(s, m, encode(Placement::shard(b))), m, c);
+    };
     // 1. S(a) -> S(b): all_to_all of the innermost shard of a.
     for (int a = 0; a < tensor_rank; ++a) {
       const int y = last_shard(s, a);
       if (y < 0 || kind_of(s.code[y]) != Kind::shard) continue;
-      for (int b = 0; b < tensor_rank; ++b) {
-        if (b == a) continue;
-        State next = s;
-        next.code[y] = encode(Placement::shard(b));
-        next.order[y] = shard_count(s, b);
-        emit(next, y, Collective::all_to_all);
-      }
+      for (int b = 0; b < tensor_rank; ++b)
+        if (b != a) emit(with(s, y, encode(Placement::shard(b))), y, Collective::all_to_all);
     }
     // 2. S -> R: all_gather of the innermost shard.
-    for (int a = 0; a < tensor_rank; ++a) {
-      const int y = last_shard(s, a);
-      if (y < 0 || kind_of(s.code[y]) != Kind::shard) continue;
-      State next = s;
-      next.code[y] = kReplicate;
-      next.order[y] = -1;
-      emit(next, y, Collective::all_gather);
-    }
+    gather_innermost(Kind::shard);
     // 3. P -> R: all_reduce.
-    for (int m = 0; m < ndim; ++m) {
-      if (kind_of(s.code[m]) != Kind::partial) continue;
-      State next = s;
-      next.code[m] = kReplicate;
-      emit(next, m, Collective::all_reduce);
-    }
+    for (int m = 0; m < ndim; ++m)
+      if (kind_of(s.code[m]) == Kind::partial) emit(with(s, m, kReplicate), m, Collective::all_reduce);
     // 4. R -> S(b): local chunk, appended innermost.
-    for (int m = 0; m < ndim; ++m) {
-      if (s.code[m] != kReplicate) continue;
-      for (int b = 0; b < tensor_rank; ++b) {
-        State next = s;
-        next.code[m] = encode(Placement::shard(b));
-        next.order[m] = shard_count(s, b);
-        emit(next, m, Collective::none);
-      }
-    }
+    for (int m = 0; m < ndim; ++m)
+      if (s.code[m] == kReplicate) shard_each_dim(m, Collective::none);
     // 5. P -> S(b): reduce_scatter.
-    for (int m = 0; m < ndim; ++m) {
-      if (kind_of(s.code[m]) != Kind::partial) continue;
-      for (int b = 0; b < tensor_rank; ++b) {
-        State next = s;
-        next.code[m] = encode(Placement::shard(b));
-        next.order[m] = shard_count(s, b);
-        emit(next, m, Collective::reduce_scatter);
-      }
-    }
+    for (int m = 0; m < ndim; ++m)
+      if (kind_of(s.code[m]) == Kind::partial) shard_each_dim(m, Collective::reduce_scatter);
     // 6. R -> P(op): local, only ops the target holds, never mixing ops.
     for (int m = 0; m < ndim; ++m) {
       if (s.code[m] != kReplicate) continue;
       for (uint32_t op : target_partials) {
         bool mixes = false;
         for (int k = 0; k < ndim; ++k) mixes |= kind_of(s.code[k]) == Kind::partial && s.code[k] != op;
-        if (mixes) continue;
-        State next = s;
-        next.code[m] = op;
-        emit(next, m, Collective::none);
+        if (!mixes) emit(with(s, m, op), m, Collective::none);
       }
     }
     // 8. SS -> R: all_gather of an innermost strided shard (then permute).
-    for (int a = 0; a < tensor_rank; ++a) {
-      const int y = last_shard(s, a);
-      if (y < 0 || kind_of(s.code[y]) != Kind::strided_shard) continue;
-      State next = s;
-      next.code[y] = kReplicate;
-      next.order[y] = -1;
-      emit(next, y, Collective::all_gather);
-    }
+    gather_innermost(Kind::strided_shard);
     // 11. R -> SS: local strided split, for the strided shards of the target.
-    for (int m = 0; m < ndim; ++m) {
-      if (s.code[m] != kReplicate) continue;
-      for (uint32_t ss : target_strided) {
-        State next = s;
-        next.code[m] = ss;
-        next.order[m] = shard_count(s, dim_of(ss));
-        emit(next, m, Collective::none);
-      }
-    }
+    for (int m = 0; m < ndim; ++m)
+      if (s.code[m] == kReplicate)
+        for (uint32_t ss : target_strided) emit(with(s, m, ss), m, Collective::none);
   }
 };
 
