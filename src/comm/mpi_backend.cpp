@@ -48,6 +48,7 @@ MPI_Datatype native_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::f64: return MPI_DOUBLE;
     default: return MPI_DATATYPE_NULL;
   }
 }
@@ -425,6 +426,11 @@ class Engine {
 using Stage = MpiOp::Stage;
 
 void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
+  if (dtype == DType::f64) {
+    auto* p = static_cast<double*>(data);
+    for (int64_t i = 0; i < n; ++i) p[i] /= divisor;
+    return;
+  }
   MT_CHECK(dtype == DType::f32, "avg scaling on dtype {}", dtype_name(dtype));
   auto* p = static_cast<float*>(data);
   for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);

@@ -92,13 +92,14 @@ void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void*
     case DType::f32: return reduce_f32(op, rows, n, out, count);
     case DType::i32: return reduce_native<int32_t, int64_t>(op, rows, n, out, count);
     case DType::i64: return reduce_native<int64_t, int64_t>(op, rows, n, out, count);
+    case DType::f64: return reduce_native<double, double>(op, rows, n, out, count);
     case DType::bf16: return reduce_bf16(op, rows, n, out, count);
     default: return reduce_generic_float(dtype, op, rows, n, out, count);
   }
 }
 
 bool needs_host_reduction(DType dtype) {
-  return dtype != DType::f32 && dtype != DType::i32 && dtype != DType::i64;
+  return dtype != DType::f32 && dtype != DType::f64 && dtype != DType::i32 && dtype != DType::i64;
 }
 
 std::vector<int64_t> chunk_counts(int64_t total, int n) {

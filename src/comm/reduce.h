@@ -1,5 +1,6 @@
 // The one reduction kernel every backend uses where it reduces on the host:
-// floating types accumulate in f32 and round once at the end; integers in i64.
+// floating types accumulate in f32 (f64 in f64) and round once at the end;
+// integers in i64.
 #pragma once
 
 #include <cstddef>

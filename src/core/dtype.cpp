@@ -18,6 +18,7 @@ size_t dtype_size(DType t) {
     case DType::f8e5m2: return 1;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::f64: return 8;
   }
   throw InvalidArgument(fmt::format("dtype_size: invalid dtype code {}", static_cast<int>(t)));
 }
@@ -31,6 +32,7 @@ std::string_view dtype_name(DType t) {
     case DType::f8e5m2: return "f8e5m2";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::f64: return "f64";
   }
   return "invalid";
 }
@@ -43,11 +45,12 @@ DType parse_dtype(std::string_view name) {
       {"float16", DType::f16},    {"half", DType::f16},          {"f8e4m3", DType::f8e4m3},
       {"float8_e4m3fn", DType::f8e4m3}, {"f8e5m2", DType::f8e5m2}, {"float8_e5m2", DType::f8e5m2},
       {"i32", DType::i32},        {"int32", DType::i32},         {"i64", DType::i64},
-      {"int64", DType::i64}};
+      {"int64", DType::i64},      {"f64", DType::f64},           {"float64", DType::f64},
+      {"double", DType::f64}};
   for (const auto& a : aliases)
     if (a.name == name) return a.type;
   throw InvalidArgument(fmt::format(
-      "unknown dtype '{}': expected one of f32, bf16, f16, f8e4m3, f8e5m2, i32, i64", name));
+      "unknown dtype '{}': expected one of f32, bf16, f16, f8e4m3, f8e5m2, i32, i64, f64", name));
 }
 
 bool is_floating(DType t) { return t != DType::i32 && t != DType::i64; }
@@ -149,6 +152,7 @@ double load_as_double(const void* data, DType t, size_t i) {
     case DType::f8e5m2: return decode(static_cast<const uint8_t*>(data)[i], kE5M2);
     case DType::i32: return static_cast<const int32_t*>(data)[i];
     case DType::i64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::f64: return static_cast<const double*>(data)[i];
   }
   return 0.0;
 }
@@ -174,6 +178,7 @@ void store_from_double(void* data, DType t, size_t i, double v) {
     case DType::f8e5m2: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE5M2)); return;
     case DType::i32: static_cast<int32_t*>(data)[i] = round_to_int<int32_t>(v); return;
     case DType::i64: static_cast<int64_t*>(data)[i] = round_to_int<int64_t>(v); return;
+    case DType::f64: static_cast<double*>(data)[i] = v; return;
   }
 }
 

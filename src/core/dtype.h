@@ -9,10 +9,10 @@
 
 namespace meshtrain {
 
-enum class DType : uint8_t { f32, bf16, f16, f8e4m3, f8e5m2, i32, i64 };
+enum class DType : uint8_t { f32, bf16, f16, f8e4m3, f8e5m2, i32, i64, f64 };
 
-inline constexpr DType kAllDTypes[] = {DType::f32,    DType::bf16,   DType::f16, DType::f8e4m3,
-                                       DType::f8e5m2, DType::i32, DType::i64};
+inline constexpr DType kAllDTypes[] = {DType::f32,    DType::bf16, DType::f16, DType::f8e4m3,
+                                       DType::f8e5m2, DType::i32,  DType::i64, DType::f64};
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
@@ -31,6 +31,7 @@ uint8_t f32_to_e5m2(float x);  // saturates to +-57344 (inf too); NaN -> NaN
 float e5m2_to_f32(uint8_t bits);
 
 // Element i of a buffer of type t, widened to double (exact for every dtype but i64 > 2^53).
+// f64 is there for float64 references (gradient checks).
 double load_as_double(const void* data, DType t, size_t i);
 // Store v (rounded to nearest even, fp8 saturating; integers rounded to nearest) as element i.
 void store_from_double(void* data, DType t, size_t i, double v);

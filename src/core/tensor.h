@@ -20,6 +20,7 @@ template <typename T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
 
 class Tensor {
  public:

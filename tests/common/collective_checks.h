@@ -47,6 +47,14 @@ inline double reference_reduce(int group_size, int64_t i, DType dtype, ReduceOp 
     }
     return static_cast<double>(acc);
   }
+  if (dtype == DType::f64) {
+    double acc = input_value(0, i, dtype, salt);
+    for (int k = 1; k < group_size; ++k) {
+      const double x = input_value(k, i, dtype, salt);
+      acc = op == ReduceOp::max ? std::max(acc, x) : op == ReduceOp::min ? std::min(acc, x) : acc + x;
+    }
+    return op == ReduceOp::avg ? acc / group_size : acc;
+  }
   float acc = static_cast<float>(input_value(0, i, dtype, salt));
   for (int k = 1; k < group_size; ++k) {
     const auto x = static_cast<float>(input_value(k, i, dtype, salt));
@@ -58,10 +66,10 @@ inline double reference_reduce(int group_size, int64_t i, DType dtype, ReduceOp 
   return load_as_double(&slot, dtype, 0);
 }
 
-// f32 sums may be reduced in any order by MPI; every other case is exact.
+// f32/f64 sums may be reduced in any order by MPI; every other case is exact.
 inline void expect_reduced(double got, double want, DType dtype, ReduceOp op, const std::string& where) {
-  if (dtype == DType::f32 && (op == ReduceOp::sum || op == ReduceOp::avg))
-    EXPECT_NEAR(got, want, 1e-5 * (1.0 + std::fabs(want))) << where;
+  if ((dtype == DType::f32 || dtype == DType::f64) && (op == ReduceOp::sum || op == ReduceOp::avg))
+    EXPECT_NEAR(got, want, (dtype == DType::f32 ? 1e-5 : 1e-12) * (1.0 + std::fabs(want))) << where;
   else
     EXPECT_EQ(got, want) << where;
 }

@@ -32,7 +32,9 @@ void check_mesh(const std::vector<int>& mesh_shape, size_t layouts_per_rank, con
     }
     const size_t kinds_per_dim = 1 + shape.size() + 2 + 3;  // R, S(d) per tensor dim, two strided, three partials
     EXPECT_EQ(kinds.size(), kinds_per_dim * static_cast<size_t>(mesh.ndim())) << mesh.describe();
-    if (mesh.ndim() > 1) EXPECT_TRUE(reordered) << mesh.describe();
+    if (mesh.ndim() > 1) {
+      EXPECT_TRUE(reordered) << mesh.describe();
+    }
     for (const auto& src : layouts)
       for (const auto& dst : layouts) {
         if (!mtest::legal_pair(src, dst)) continue;
