@@ -12,6 +12,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, CachingAllocator& alloc) {
   return t;
 }
 
+Tensor Tensor::view(void* data, const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data);
+  return t;
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, CachingAllocator& alloc) {
   Tensor t = empty(shape, dtype, alloc);
   std::memset(t.raw(), 0, t.nbytes());
@@ -41,14 +49,14 @@ void Tensor::set(int64_t i, double v) {
 
 Tensor Tensor::clone() const {
   MT_CHECK(defined(), "clone() of an undefined tensor");
-  Tensor t = empty(shape_, dtype_, *storage_->alloc);
+  Tensor t = empty(shape_, dtype_, storage_->alloc ? *storage_->alloc : default_allocator());
   std::memcpy(t.raw(), raw(), nbytes());
   return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
   MT_CHECK(defined(), "to({}) of an undefined tensor", dtype_name(dtype));
-  Tensor t = empty(shape_, dtype, *storage_->alloc);
+  Tensor t = empty(shape_, dtype, storage_->alloc ? *storage_->alloc : default_allocator());
   convert(raw(), dtype_, t.raw(), dtype, static_cast<size_t>(numel()));
   return t;
 }

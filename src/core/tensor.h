@@ -27,6 +27,8 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType dtype, CachingAllocator& alloc = default_allocator());
   static Tensor zeros(const Shape& shape, DType dtype, CachingAllocator& alloc = default_allocator());
+  // A tensor over memory someone else owns (and keeps alive while the view is used).
+  static Tensor view(void* data, const Shape& shape, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -60,10 +62,13 @@ class Tensor {
  private:
   struct Storage {
     Storage(CachingAllocator* a, size_t bytes) : alloc(a), ptr(a->allocate(bytes)) {}
+    explicit Storage(void* borrowed) : alloc(nullptr), ptr(borrowed) {}
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
-    ~Storage() { alloc->deallocate(ptr); }
-    CachingAllocator* alloc;
+    ~Storage() {
+      if (alloc) alloc->deallocate(ptr);
+    }
+    CachingAllocator* alloc;  // null for a view
     void* ptr;
   };
   void check_element_type(DType requested) const;

@@ -1,0 +1,43 @@
+#include "graph/builder.h"
+
+namespace meshtrain::graph {
+
+int Builder::full(const Shape& shape, DType dtype, double value) {
+  return g_.apply1("full", {}, {{"shape", shape.dims()}, {"dtype", static_cast<int64_t>(dtype)}, {"value", value}});
+}
+int Builder::add(int a, int b) { return g_.apply1("add", {a, b}); }
+int Builder::mul(int a, int b) { return g_.apply1("mul", {a, b}); }
+int Builder::scale(int a, double alpha) { return g_.apply1("scale", {a}, {{"alpha", alpha}}); }
+int Builder::matmul(int a, int b, bool ta, bool tb) {
+  return g_.apply1("matmul", {a, b}, {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
+}
+int Builder::sum(int a) { return g_.apply1("sum", {a}); }
+int Builder::mean(int a) { return g_.apply1("mean", {a}); }
+int Builder::broadcast_scalar(int s, const Shape& shape) {
+  return g_.apply1("broadcast_scalar", {s}, {{"shape", shape.dims()}});
+}
+int Builder::reshape(int a, const Shape& shape) { return g_.apply1("reshape", {a}, {{"shape", shape.dims()}}); }
+int Builder::transpose(int a, int d0, int d1) {
+  return g_.apply1("transpose", {a}, {{"dim0", int64_t{d0}}, {"dim1", int64_t{d1}}});
+}
+int Builder::silu(int x) { return g_.apply1("silu", {x}); }
+int Builder::softmax(int x) { return g_.apply1("softmax", {x}); }
+int Builder::rms_norm(int x, int w, double eps) { return g_.apply1("rms_norm", {x, w}, {{"eps", eps}}); }
+int Builder::cross_entropy(int logits, int targets, int64_t ignore_index) {
+  return g_.apply1("cross_entropy", {logits, targets}, {{"ignore_index", ignore_index}});
+}
+int Builder::embedding(int table, int ids) { return g_.apply1("embedding", {table, ids}); }
+
+int Builder::silu_backward(int x, int dy) { return g_.apply1("silu_backward", {x, dy}); }
+int Builder::softmax_backward(int y, int dy) { return g_.apply1("softmax_backward", {y, dy}); }
+std::vector<int> Builder::rms_norm_backward(int x, int w, int dy, double eps) {
+  return g_.apply("rms_norm_backward", {x, w, dy}, {{"eps", eps}});
+}
+int Builder::cross_entropy_backward(int logits, int targets, int dloss, int64_t ignore_index) {
+  return g_.apply1("cross_entropy_backward", {logits, targets, dloss}, {{"ignore_index", ignore_index}});
+}
+int Builder::embedding_backward(int ids, int dout, int64_t vocab) {
+  return g_.apply1("embedding_backward", {ids, dout}, {{"vocab", vocab}});
+}
+
+}  // namespace meshtrain::graph

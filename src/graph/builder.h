@@ -1,0 +1,44 @@
+// Builder: one typed function per op, so model code reads like the math.
+// Each call adds a node to the graph and returns the output value id.
+#pragma once
+
+#include "graph/graph.h"
+
+namespace meshtrain::graph {
+
+class Builder {
+ public:
+  explicit Builder(Graph& g) : g_(g) {}
+  Graph& graph() { return g_; }
+
+  int full(const Shape& shape, DType dtype, double value);  // a constant
+  int add(int a, int b);
+  int mul(int a, int b);
+  int scale(int a, double alpha);
+  // [..., M, K] @ [K, N] (weights shared over the batch) or [..., K, N];
+  // transpose_a / transpose_b read a as [..., K, M], b as [N, K].
+  int matmul(int a, int b, bool transpose_a = false, bool transpose_b = false);
+  int sum(int a);   // all elements -> scalar
+  int mean(int a);  // all elements -> scalar
+  int broadcast_scalar(int scalar, const Shape& shape);
+  int reshape(int a, const Shape& shape);
+  int transpose(int a, int dim0, int dim1);
+  int silu(int x);
+  int softmax(int x);  // over the last dim
+  int rms_norm(int x, int weight, double eps);  // over the last dim
+  // Mean over rows whose target != ignore_index; targets i64.
+  int cross_entropy(int logits, int targets, int64_t ignore_index = -100);
+  int embedding(int table, int ids);  // ids i64 -> [..., dim]
+
+  // Backward helpers (ops in their own right, used by backward rules).
+  int silu_backward(int x, int dy);
+  int softmax_backward(int y, int dy);
+  std::vector<int> rms_norm_backward(int x, int weight, int dy, double eps);  // {dx, dweight}
+  int cross_entropy_backward(int logits, int targets, int dloss, int64_t ignore_index);
+  int embedding_backward(int ids, int dout, int64_t vocab);
+
+ private:
+  Graph& g_;
+};
+
+}  // namespace meshtrain::graph

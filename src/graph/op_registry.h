@@ -1,0 +1,43 @@
+// The op registry. Each op is defined once, here in one OpDef: its shape and
+// dtype rule, its backward rule (built from other ops), its FLOP count and
+// its CPU kernel. Everything else (builder, autodiff, executor, estimators)
+// reads the op from here.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/graph.h"
+
+namespace meshtrain::graph {
+
+class Builder;
+
+// What a kernel sees: input and output tensors (views) and the node's attrs.
+struct KernelArgs {
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  const Attrs& attrs;
+};
+
+struct OpDef {
+  std::string name;
+  int num_inputs = 1;  // -1: variadic
+  // Output infos from input infos; throws InvalidArgument naming the op and the problem.
+  std::function<std::vector<ValueInfo>(const std::vector<ValueInfo>& in, const Attrs& attrs)> infer;
+  // Gradients of the inputs (value ids, -1 where none) given the node and
+  // the gradients of its outputs (-1 where none flows). Empty: not differentiable.
+  std::function<std::vector<int>(Builder& b, const Node& node, const std::vector<int>& grad_out)> backward;
+  // Floating-point operations of one execution.
+  std::function<double(const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs)> flops;
+  std::function<void(const KernelArgs& args)> cpu_kernel;
+};
+
+// Registered ops by name (built-in ops are registered on first use).
+// Unknown names fail with the list of registered ops.
+const OpDef& find_op(const std::string& name);
+
+}  // namespace meshtrain::graph

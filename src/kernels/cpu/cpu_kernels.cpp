@@ -1,0 +1,204 @@
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
+namespace meshtrain::kernels::cpu {
+
+namespace {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, bool acc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), acc ? 1.0f : 0.0f, c, static_cast<int>(n));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c, bool acc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), acc ? 1.0 : 0.0, c, static_cast<int>(n));
+}
+}  // namespace
+
+template <typename T>
+void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+            int64_t a_stride, int64_t b_stride, bool accumulate) {
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(ta, tb, m, n, k, a + i * a_stride, b + i * b_stride, c + i * m * n, accumulate);
+}
+
+template <typename T> void add(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+template <typename T> void mul(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+template <typename T> void scale(const T* a, T alpha, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = alpha * a[i];
+}
+template <typename T> void fill(T value, T* out, int64_t n) { std::fill(out, out + n, value); }
+template <typename T> T sum(const T* a, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += a[i];
+  return static_cast<T>(acc);
+}
+
+template <typename T>
+void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d1) {
+  // Strides of the input; the output has d0 and d1 swapped.
+  std::vector<int64_t> in_stride(static_cast<size_t>(rank), 1), out_shape(shape, shape + rank);
+  for (int d = rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * shape[d + 1];
+  std::swap(out_shape[d0], out_shape[d1]);
+  std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
+  int64_t total = 1;
+  for (int d = 0; d < rank; ++d) total *= shape[d];
+  for (int64_t o = 0; o < total; ++o) {
+    // idx walks the output in row-major order; read the swapped position.
+    int64_t src = 0;
+    for (int d = 0; d < rank; ++d) {
+      const int from = d == d0 ? d1 : d == d1 ? d0 : d;
+      src += idx[d] * in_stride[from];
+    }
+    out[o] = a[src];
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < out_shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T> void silu(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (T(1) + std::exp(-x[i]));
+}
+template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = T(1) / (T(1) + std::exp(-x[i]));
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* yr = y + r * d;
+    const T max = *std::max_element(xr, xr + d);
+    T total = 0;
+    for (int64_t i = 0; i < d; ++i) total += (yr[i] = std::exp(xr[i] - max));
+    for (int64_t i = 0; i < d; ++i) yr[i] /= total;
+  }
+}
+template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* yr = y + r * d;
+    const T* gr = dy + r * d;
+    T dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += yr[i] * gr[i];
+    for (int64_t i = 0; i < d; ++i) dx[r * d + i] = yr[i] * (gr[i] - dot);
+  }
+}
+
+template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const auto inv = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+    for (int64_t i = 0; i < d; ++i) y[r * d + i] = xr[i] * inv * w[i];
+  }
+}
+template <typename T>
+void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps) {
+  std::fill(dw, dw + d, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    const T* gr = dy + r * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+    // dx = inv * (g*w) - x * inv^3 / d * sum(g*w*x)
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(gr[i]) * w[i] * xr[i];
+    const double k = dot * inv * inv * inv / static_cast<double>(d);
+    for (int64_t i = 0; i < d; ++i) {
+      dx[r * d + i] = static_cast<T>(inv * gr[i] * w[i] - k * xr[i]);
+      dw[i] += static_cast<T>(gr[i] * xr[i] * inv);
+    }
+  }
+}
+
+template <typename T>
+T cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = targets[r];
+    if (t == ignore_index) continue;
+    MT_CHECK(t >= 0 && t < vocab, "cross_entropy: target {} of row {} is outside the vocabulary [0, {})", t, r, vocab);
+    const T* lr = logits + r * vocab;
+    const T max = *std::max_element(lr, lr + vocab);
+    double z = 0;
+    for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(lr[i] - max));
+    total += std::log(z) + static_cast<double>(max) - static_cast<double>(lr[t]);
+    ++counted;
+  }
+  return counted ? static_cast<T>(total / static_cast<double>(counted)) : T(0);
+}
+template <typename T>
+void cross_entropy_backward(const T* logits, const int64_t* targets, T dloss, T* dlogits, int64_t rows, int64_t vocab,
+                            int64_t ignore_index) {
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) counted += targets[r] != ignore_index;
+  const T g = counted ? dloss / static_cast<T>(counted) : T(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dr = dlogits + r * vocab;
+    if (targets[r] == ignore_index) {
+      std::fill(dr, dr + vocab, T(0));
+      continue;
+    }
+    softmax(logits + r * vocab, dr, 1, vocab);
+    dr[targets[r]] -= T(1);
+    for (int64_t i = 0; i < vocab; ++i) dr[i] *= g;
+  }
+}
+
+template <typename T> void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t vocab, int64_t dim) {
+  for (int64_t i = 0; i < n; ++i) {
+    MT_CHECK(ids[i] >= 0 && ids[i] < vocab, "embedding: id {} at position {} is outside the table's {} rows", ids[i],
+             i, vocab);
+    std::copy(table + ids[i] * dim, table + (ids[i] + 1) * dim, out + i * dim);
+  }
+}
+template <typename T>
+void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t vocab, int64_t dim) {
+  std::fill(dtable, dtable + vocab * dim, T(0));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < dim; ++j) dtable[ids[i] * dim + j] += dout[i * dim + j];
+}
+
+#define MESHTRAIN_INSTANTIATE(T)                                                                               \
+  template void matmul<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,    \
+                          int64_t, bool);                                                                      \
+  template void add<T>(const T*, const T*, T*, int64_t);                                                       \
+  template void mul<T>(const T*, const T*, T*, int64_t);                                                       \
+  template void scale<T>(const T*, T, T*, int64_t);                                                            \
+  template void fill<T>(T, T*, int64_t);                                                                       \
+  template T sum<T>(const T*, int64_t);                                                                        \
+  template void transpose<T>(const T*, T*, const int64_t*, int, int, int);                                     \
+  template void silu<T>(const T*, T*, int64_t);                                                                \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t);                                             \
+  template void softmax<T>(const T*, T*, int64_t, int64_t);                                                    \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                                 \
+  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, double);                                 \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);          \
+  template T cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                            \
+  template void cross_entropy_backward<T>(const T*, const int64_t*, T, T*, int64_t, int64_t, int64_t);         \
+  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                         \
+  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);
+MESHTRAIN_INSTANTIATE(float)
+MESHTRAIN_INSTANTIATE(double)
+#undef MESHTRAIN_INSTANTIATE
+
+}  // namespace meshtrain::kernels::cpu

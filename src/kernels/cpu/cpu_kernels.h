@@ -1,0 +1,49 @@
+// CPU compute kernels: plain loops over contiguous row-major buffers, one
+// function per kernel, readable top to bottom (llm.c style). GEMM calls BLAS.
+// Templated on the element type (float, double).
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels::cpu {
+
+// C[b] = op(A[b]) @ op(B[b]) for b in [0, batch); op transposes when asked.
+// A is M x K (K x M if transpose_a), B is K x N (N x K if transpose_b);
+// a_stride / b_stride: elements between batches (0: shared across batches).
+template <typename T>
+void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transpose_a,
+            bool transpose_b, int64_t a_stride, int64_t b_stride, bool accumulate = false);
+
+template <typename T> void add(const T* a, const T* b, T* out, int64_t n);
+template <typename T> void mul(const T* a, const T* b, T* out, int64_t n);
+template <typename T> void scale(const T* a, T alpha, T* out, int64_t n);
+template <typename T> void fill(T value, T* out, int64_t n);
+template <typename T> T sum(const T* a, int64_t n);  // pairwise-free, accumulates in double
+// out[r, c] = a[c, r] over the last two of [outer, rows, inner...] generalised: swap dims d0 < d1.
+template <typename T>
+void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d1);
+
+template <typename T> void silu(const T* x, T* y, int64_t n);
+template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t n);
+
+// Over rows of length d.
+template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d);
+template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d);
+// y = x / rms(x) * w, rms = sqrt(mean(x^2) + eps).
+template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps);
+template <typename T>
+void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps);
+
+// Mean over non-ignored rows of -log softmax(logits)[target]; targets are int64.
+template <typename T>
+T cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index);
+template <typename T>
+void cross_entropy_backward(const T* logits, const int64_t* targets, T dloss, T* dlogits, int64_t rows, int64_t vocab,
+                            int64_t ignore_index);
+
+// out[i, :] = table[ids[i], :]; backward accumulates rows into dtable.
+template <typename T> void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t vocab, int64_t dim);
+template <typename T>
+void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t vocab, int64_t dim);
+
+}  // namespace meshtrain::kernels::cpu

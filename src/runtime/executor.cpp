@@ -1,0 +1,150 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+
+namespace meshtrain::runtime {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// First-fit over free ranges of the arena, growing it when nothing fits.
+class ArenaPlanner {
+ public:
+  size_t allocate(size_t bytes) {
+    bytes = std::max(aligned(bytes), kAlign);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const size_t offset = it->first;
+      const size_t rest = it->second - bytes;
+      free_.erase(it);
+      if (rest) free_.emplace(offset + bytes, rest);
+      return offset;
+    }
+    // Grow: reuse a free range that ends at the top of the arena.
+    size_t offset = end_;
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + last->second == end_) {
+        offset = last->first;
+        free_.erase(last);
+      }
+    }
+    end_ = offset + bytes;
+    return offset;
+  }
+  void release(size_t offset, size_t bytes) {
+    bytes = std::max(aligned(bytes), kAlign);
+    auto [it, _] = free_.emplace(offset, bytes);
+    // Coalesce with the neighbours.
+    if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  size_t size() const { return end_; }
+
+ private:
+  std::map<size_t, size_t> free_;  // offset -> bytes
+  size_t end_ = 0;
+};
+
+size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
+
+}  // namespace
+
+Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fetches_(std::move(fetches)) {
+  // The nodes the fetches need.
+  std::vector<bool> needed(static_cast<size_t>(g.num_nodes()), false);
+  std::vector<int> stack;
+  for (int v : fetches_) stack.push_back(v);
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    const int p = g.value(v).producer;
+    if (p < 0 || needed[p]) continue;
+    needed[p] = true;
+    for (int in : g.node(p).inputs) stack.push_back(in);
+  }
+  for (int n = 0; n < g.num_nodes(); ++n)
+    if (needed[n]) order_.push_back(n);
+  // Last step that reads each value; fetched values live to the end.
+  std::map<int, size_t> last_use;
+  for (size_t step = 0; step < order_.size(); ++step)
+    for (int in : g.node(order_[step]).inputs) last_use[in] = step;
+  const std::set<int> fetched(fetches_.begin(), fetches_.end());
+  ArenaPlanner arena;
+  for (size_t step = 0; step < order_.size(); ++step) {
+    const graph::Node& node = g.node(order_[step]);
+    for (int out : node.outputs) offset_[out] = arena.allocate(nbytes(g.value(out).info));
+    auto release_if_done = [&](int v) {
+      if (g.value(v).producer < 0 || fetched.count(v)) return;
+      auto it = last_use.find(v);
+      if (it == last_use.end() || it->second == step) arena.release(offset_.at(v), nbytes(g.value(v).info));
+    };
+    std::set<int> seen;
+    for (int in : node.inputs)
+      if (seen.insert(in).second) release_if_done(in);
+    for (int out : node.outputs)
+      if (!last_use.count(out)) release_if_done(out);  // produced but never read
+  }
+  arena_bytes_ = arena.size();
+  arena_ = Tensor::empty({static_cast<int64_t>(std::max<size_t>(arena_bytes_, 1))}, DType::f8e4m3);  // bytes
+}
+
+void Executor::bind(int value, Tensor tensor) {
+  const graph::Value& v = g_.value(value);
+  MT_CHECK(v.producer < 0, "bind: {} is computed by the graph, not an input", g_.describe_value(value));
+  MT_CHECK(tensor.dtype() == v.info.dtype && tensor.shape() == v.info.shape, "bind: {} expects {}{}, got {}",
+           v.name, dtype_name(v.info.dtype), v.info.shape.to_string(), tensor.describe());
+  bound_[value] = std::move(tensor);
+}
+
+Tensor Executor::tensor_of(int value) const {
+  const graph::Value& v = g_.value(value);
+  if (v.producer < 0) {
+    auto it = bound_.find(value);
+    MT_CHECK(it != bound_.end(), "run: {} has no tensor bound; bind every input and parameter first",
+             g_.describe_value(value));
+    return it->second;
+  }
+  auto it = offset_.find(value);
+  MT_CHECK(it != offset_.end(), "{} is not computed by this executor's plan", g_.describe_value(value));
+  return Tensor::view(static_cast<std::byte*>(const_cast<void*>(arena_.raw())) + it->second, v.info.shape,
+                      v.info.dtype);
+}
+
+void Executor::run() {
+  for (int n : order_) {
+    const graph::Node& node = g_.node(n);
+    std::vector<Tensor> ins, outs;
+    for (int v : node.inputs) ins.push_back(tensor_of(v));
+    for (int v : node.outputs) outs.push_back(tensor_of(v));
+    std::vector<const Tensor*> in_ptrs;
+    std::vector<Tensor*> out_ptrs;
+    for (auto& t : ins) in_ptrs.push_back(&t);
+    for (auto& t : outs) out_ptrs.push_back(&t);
+    MT_CHECK(static_cast<bool>(node.op->cpu_kernel), "op {} has no CPU kernel", node.op->name);
+    node.op->cpu_kernel({in_ptrs, out_ptrs, node.attrs});
+  }
+}
+
+Tensor Executor::fetch(int value) const {
+  MT_CHECK(std::find(fetches_.begin(), fetches_.end(), value) != fetches_.end() || g_.value(value).producer < 0,
+           "fetch: {} was not requested when the executor was built", g_.describe_value(value));
+  return tensor_of(value);
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,40 @@
+// Runs a graph on the CPU. Memory is planned once, statically, from value
+// lifetimes: every intermediate gets a slot in one arena, reused after its
+// last use, so a steady-state run allocates nothing.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/graph.h"
+
+namespace meshtrain::runtime {
+
+class Executor {
+ public:
+  // Plans the nodes that `fetches` need, in graph order, and their memory.
+  Executor(const graph::Graph& g, std::vector<int> fetches);
+
+  // Inputs and parameters: the tensor is used in place (shape and dtype checked).
+  void bind(int value, Tensor tensor);
+  void run();
+  // A fetched value after run(): a view into the arena (valid until the next run) or the bound tensor.
+  Tensor fetch(int value) const;
+
+  size_t arena_bytes() const { return arena_bytes_; }  // the plan's peak intermediate memory
+  size_t num_steps() const { return order_.size(); }
+
+ private:
+  Tensor tensor_of(int value) const;
+
+  const graph::Graph& g_;
+  std::vector<int> fetches_;
+  std::vector<int> order_;               // node ids to run
+  std::map<int, size_t> offset_;         // intermediate value -> arena offset
+  std::map<int, Tensor> bound_;          // inputs and parameters
+  size_t arena_bytes_ = 0;
+  Tensor arena_;
+};
+
+}  // namespace meshtrain::runtime

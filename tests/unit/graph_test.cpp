@@ -1,0 +1,196 @@
+// Every op's backward against central finite differences in float64, on
+// random inputs with odd sizes; the executor's memory plan; graph errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+using mtest::contains;
+using mtest::message_of;
+
+namespace {
+
+struct InputSpec {
+  InputSpec(Shape s, DType d = DType::f64, std::vector<int64_t> ints = {})
+      : shape(std::move(s)), dtype(d), int_values(std::move(ints)) {}
+  Shape shape;
+  DType dtype;
+  std::vector<int64_t> int_values;  // for i64 inputs (ids, targets)
+};
+
+Tensor random_tensor(const Shape& shape, std::mt19937& rng, double lo = -1.5, double hi = 1.5) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  Tensor t = Tensor::empty(shape, DType::f64);
+  for (double& x : t.data<double>()) x = u(rng);
+  return t;
+}
+
+// loss = sum(f(inputs) * R) with a random R; compares autodiff gradients of
+// every float input with (L(x+h) - L(x-h)) / 2h, element by element.
+void gradcheck(const std::vector<InputSpec>& specs, const std::function<int(Builder&, const std::vector<int>&)>& f,
+               double tolerance = 1e-7) {
+  std::mt19937 rng(7);
+  Graph g;
+  Builder b(g);
+  std::vector<int> ids;
+  std::vector<Tensor> values;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ids.push_back(g.add_input(fmt::format("x{}", i), specs[i].shape, specs[i].dtype));
+    if (specs[i].dtype == DType::i64) {
+      Tensor t = Tensor::empty(specs[i].shape, DType::i64);
+      std::copy(specs[i].int_values.begin(), specs[i].int_values.end(), t.data<int64_t>().begin());
+      values.push_back(t);
+    } else {
+      values.push_back(random_tensor(specs[i].shape, rng));
+    }
+  }
+  const int y = f(b, ids);
+  const int r = g.add_input("r", g.value(y).info.shape, DType::f64);
+  const int loss = b.sum(b.mul(y, r));
+  std::vector<int> wrt;
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].dtype == DType::f64) wrt.push_back(ids[i]);
+  const std::vector<int> grads = append_backward(g, loss, wrt);
+  std::vector<int> fetches{loss};
+  for (int gv : grads) {
+    ASSERT_GE(gv, 0) << "no gradient reached an input";
+    fetches.push_back(gv);
+  }
+  runtime::Executor ex(g, fetches);
+  for (size_t i = 0; i < specs.size(); ++i) ex.bind(ids[i], values[i]);
+  ex.bind(r, random_tensor(g.value(y).info.shape, rng));
+  ex.run();
+  std::vector<Tensor> analytic;
+  for (int gv : grads) analytic.push_back(ex.fetch(gv).clone());
+  auto loss_now = [&] {
+    ex.run();
+    return ex.fetch(loss).data<double>()[0];
+  };
+  const double h = 1e-6;
+  size_t w = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].dtype != DType::f64) continue;
+    auto x = values[i].data<double>();
+    const auto a = analytic[w++].data<const double>();
+    for (size_t j = 0; j < x.size(); ++j) {
+      const double saved = x[j];
+      x[j] = saved + h;
+      const double up = loss_now();
+      x[j] = saved - h;
+      const double down = loss_now();
+      x[j] = saved;
+      const double numeric = (up - down) / (2 * h);
+      ASSERT_NEAR(a[j], numeric, tolerance * std::max(1.0, std::fabs(numeric)))
+          << "input " << i << " element " << j;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(GradCheck, AddMulScale) {
+  gradcheck({{{3, 5}}, {{3, 5}}}, [](Builder& b, const std::vector<int>& x) {
+    return b.scale(b.add(b.mul(x[0], x[1]), x[0]), -0.7);
+  });
+}
+
+TEST(GradCheck, MatmulSharedWeights) {
+  for (bool tb : {false, true})
+    gradcheck({{{2, 3, 5}}, {tb ? Shape{7, 5} : Shape{5, 7}}},
+              [tb](Builder& b, const std::vector<int>& x) { return b.matmul(x[0], x[1], false, tb); });
+}
+
+TEST(GradCheck, MatmulBatchedAndTransposed) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      gradcheck({{ta ? Shape{3, 5, 4} : Shape{3, 4, 5}}, {tb ? Shape{3, 6, 5} : Shape{3, 5, 6}}},
+                [ta, tb](Builder& b, const std::vector<int>& x) { return b.matmul(x[0], x[1], ta, tb); });
+}
+
+TEST(GradCheck, SumMeanBroadcast) {
+  gradcheck({{{4, 3}}}, [](Builder& b, const std::vector<int>& x) {
+    return b.add(b.broadcast_scalar(b.sum(x[0]), {4, 3}), b.broadcast_scalar(b.mean(b.mul(x[0], x[0])), {4, 3}));
+  });
+}
+
+TEST(GradCheck, ReshapeTranspose) {
+  gradcheck({{{2, 3, 5}}}, [](Builder& b, const std::vector<int>& x) {
+    return b.transpose(b.reshape(b.transpose(x[0], 0, 2), {5, 6}), 0, 1);
+  });
+}
+
+TEST(GradCheck, SiluSoftmax) {
+  gradcheck({{{3, 7}}}, [](Builder& b, const std::vector<int>& x) { return b.softmax(b.silu(x[0])); });
+}
+
+TEST(GradCheck, RmsNorm) {
+  gradcheck({{{5, 9}}, {{9}}}, [](Builder& b, const std::vector<int>& x) { return b.rms_norm(x[0], x[1], 1e-5); });
+}
+
+TEST(GradCheck, CrossEntropyWithIgnoredRows) {
+  InputSpec targets{{6}, DType::i64, {3, 0, -100, 10, 7, -100}};
+  gradcheck({{{6, 11}}, targets}, [](Builder& b, const std::vector<int>& x) { return b.cross_entropy(x[0], x[1]); });
+}
+
+TEST(GradCheck, EmbeddingWithRepeatedIds) {
+  InputSpec ids{{2, 3}, DType::i64, {4, 1, 4, 0, 2, 4}};
+  gradcheck({{{5, 3}}, ids}, [](Builder& b, const std::vector<int>& x) { return b.embedding(x[0], x[1]); });
+}
+
+TEST(CrossEntropy, MatchesTheDefinition) {
+  // -log softmax(z)[t], averaged over the non-ignored rows, by hand.
+  Graph g;
+  Builder b(g);
+  const int z = g.add_input("z", {2, 3}, DType::f64), t = g.add_input("t", {2}, DType::i64);
+  const int loss = b.cross_entropy(z, t, -1);
+  runtime::Executor ex(g, {loss});
+  Tensor zt = Tensor::empty({2, 3}, DType::f64), tt = Tensor::empty({2}, DType::i64);
+  const double zs[] = {1.0, 2.0, 0.5, -1.0, 0.0, 3.0};
+  std::copy(zs, zs + 6, zt.data<double>().begin());
+  tt.data<int64_t>()[0] = 1;
+  tt.data<int64_t>()[1] = -1;
+  ex.bind(z, zt);
+  ex.bind(t, tt);
+  ex.run();
+  const double want = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.5)) - 2.0;
+  EXPECT_NEAR(ex.fetch(loss).data<double>()[0], want, 1e-12);
+}
+
+TEST(Executor, ReusesMemoryAfterLastUse) {
+  // A chain of 10 elementwise ops on 1 MiB: only two buffers are ever live.
+  Graph g;
+  Builder b(g);
+  const int x = g.add_input("x", {1 << 18}, DType::f32);
+  int y = x;
+  for (int i = 0; i < 10; ++i) y = b.silu(y);
+  runtime::Executor ex(g, {y});
+  EXPECT_EQ(ex.arena_bytes(), 2u << 20);
+  ex.bind(x, Tensor::zeros({1 << 18}, DType::f32));
+  const auto before = default_allocator().stats().allocations;
+  ex.run();
+  ex.run();
+  EXPECT_EQ(default_allocator().stats().allocations, before);  // no allocation in the steady state
+}
+
+TEST(GraphErrors, ClearMessages) {
+  Graph g;
+  Builder b(g);
+  const int a = g.add_input("a", {2, 3}, DType::f32), c = g.add_input("c", {3, 2}, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { b.add(a, c); }), "add(a: f32(2, 3), c: f32(3, 2)): shapes differ"));
+  EXPECT_TRUE(contains(message_of([&] { b.matmul(a, a); }), "inner dims differ: 3 vs 2"));
+  EXPECT_TRUE(contains(message_of([&] { g.apply1("conv9d", {a}); }), "unknown op 'conv9d'; registered ops:"));
+  EXPECT_TRUE(contains(message_of([&] { b.reshape(a, {5}); }), "cannot reshape (2, 3) (6 elements) to (5)"));
+  const int loss = b.sum(a);
+  runtime::Executor ex(g, {loss});
+  EXPECT_TRUE(contains(message_of([&] { ex.run(); }), "a: f32(2, 3) has no tensor bound"));
+  EXPECT_TRUE(contains(message_of([&] { ex.bind(a, Tensor::zeros({3, 2}, DType::f32)); }), "a expects f32(2, 3)"));
+  EXPECT_TRUE(contains(message_of([&] { append_backward(g, a, {a}); }), "needs a scalar loss"));
+}
