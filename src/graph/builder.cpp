@@ -40,4 +40,31 @@ int Builder::embedding_backward(int ids, int dout, int64_t vocab) {
   return g_.apply1("embedding_backward", {ids, dout}, {{"vocab", vocab}});
 }
 
+int Builder::rope(int x, double theta) { return g_.apply1("rope", {x}, {{"theta", theta}, {"inverse", int64_t{0}}}); }
+int Builder::attention(int q, int k, int v, double scale) {
+  return g_.apply("attention", {q, k, v}, {{"scale", scale}})[0];
+}
+int Builder::swiglu(int gate, int up) { return g_.apply1("swiglu", {gate, up}); }
+int Builder::slice(int x, int dim, int64_t start, int64_t length) {
+  return g_.apply1("slice", {x}, {{"dim", int64_t{dim}}, {"start", start}, {"length", length}});
+}
+int Builder::concat(const std::vector<int>& xs, int dim) { return g_.apply1("concat", xs, {{"dim", int64_t{dim}}}); }
+int Builder::global_norm(const std::vector<int>& xs) { return g_.apply1("global_norm", xs); }
+int Builder::clip_coefficient(int norm, double max_norm) {
+  return g_.apply1("clip_coefficient", {norm}, {{"max_norm", max_norm}});
+}
+int Builder::scale_by(int x, int scalar) { return g_.apply1("scale_by", {x, scalar}); }
+std::vector<int> Builder::adamw(int param, int grad, int m, int v, int lr, int step, double beta1, double beta2,
+                                double eps, double weight_decay) {
+  return g_.apply("adamw", {param, grad, m, v, lr, step},
+                  {{"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay}});
+}
+std::vector<int> Builder::attention_backward(int q, int k, int v, int out, int lse, int dout, double scale) {
+  return g_.apply("attention_backward", {q, k, v, out, lse, dout}, {{"scale", scale}});
+}
+std::vector<int> Builder::swiglu_backward(int gate, int up, int dout) { return g_.apply("swiglu_backward", {gate, up, dout}); }
+int Builder::slice_backward(int dout, int dim, int64_t start, int64_t full_size) {
+  return g_.apply1("slice_backward", {dout}, {{"dim", int64_t{dim}}, {"start", start}, {"full_size", full_size}});
+}
+
 }  // namespace meshtrain::graph

@@ -30,12 +30,30 @@ class Builder {
   int cross_entropy(int logits, int targets, int64_t ignore_index = -100);
   int embedding(int table, int ids);  // ids i64 -> [..., dim]
 
+  // Rotary embedding (HF rotate-half) of x [B, T, H, D] at positions 0..T-1.
+  int rope(int x, double theta);
+  // Causal attention, q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D].
+  int attention(int q, int k, int v, double scale);
+  int swiglu(int gate, int up);  // silu(gate) * up
+  int slice(int x, int dim, int64_t start, int64_t length);
+  int concat(const std::vector<int>& xs, int dim);
+  // Optimizer-side ops (not differentiated).
+  int global_norm(const std::vector<int>& xs);          // sqrt(sum of squares of all elements)
+  int clip_coefficient(int norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
+  int scale_by(int x, int scalar);                      // x * scalar (a one-element tensor)
+  // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.
+  std::vector<int> adamw(int param, int grad, int m, int v, int lr, int step, double beta1, double beta2, double eps,
+                         double weight_decay);
+
   // Backward helpers (ops in their own right, used by backward rules).
   int silu_backward(int x, int dy);
   int softmax_backward(int y, int dy);
   std::vector<int> rms_norm_backward(int x, int weight, int dy, double eps);  // {dx, dweight}
   int cross_entropy_backward(int logits, int targets, int dloss, int64_t ignore_index);
   int embedding_backward(int ids, int dout, int64_t vocab);
+  std::vector<int> attention_backward(int q, int k, int v, int out, int lse, int dout, double scale);
+  std::vector<int> swiglu_backward(int gate, int up, int dout);
+  int slice_backward(int dout, int dim, int64_t start, int64_t full_size);
 
  private:
   Graph& g_;

@@ -443,12 +443,285 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        }});
 }
 
+// [outer, dim, inner] around dim d of a shape.
+struct AroundDim {
+  int64_t outer = 1, dim = 0, inner = 1;
+};
+AroundDim around(const Shape& s, int64_t d) {
+  AroundDim a;
+  for (int64_t k = 0; k < d; ++k) a.outer *= s[static_cast<size_t>(k)];
+  a.dim = s[static_cast<size_t>(d)];
+  for (size_t k = static_cast<size_t>(d) + 1; k < s.rank(); ++k) a.inner *= s[k];
+  return a;
+}
+
+void check_attention(const Infos& in) {
+  for (const auto& v : in) MT_CHECK(v.shape.rank() == 4, "q, k, v must be [B, T, H, D], got {}", v.shape.to_string());
+  MT_CHECK(in[1].shape == in[2].shape, "k {} and v {} differ", in[1].shape.to_string(), in[2].shape.to_string());
+  const auto& q = in[0].shape;
+  const auto& k = in[1].shape;
+  MT_CHECK(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q {} and k {} must agree on B, T and D", q.to_string(),
+           k.to_string());
+  MT_CHECK(k[2] > 0 && q[2] % k[2] == 0, "query heads {} must be a multiple of key/value heads {}", q[2], k[2]);
+}
+
+void register_more_ops(std::map<std::string, OpDef>& ops) {
+  auto def = [&](OpDef op) { ops.emplace(op.name, std::move(op)); };
+
+  def({"rope", 1,
+       [](const Infos& in, const Attrs& at) {
+         check_float(in[0], "rope input");
+         MT_CHECK(in[0].shape.rank() == 4 && in[0].shape[3] % 2 == 0, "x must be [B, T, H, D] with D even, got {}",
+                  in[0].shape.to_string());
+         MT_CHECK(at.get_float("theta") > 0, "theta must be positive");
+         return Infos{in[0]};
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         // The rotation's transpose is the rotation by the opposite angle.
+         return std::vector<int>{b.graph().apply1("rope", {g[0]}, {{"theta", n.attrs.get_float("theta")},
+                                                                  {"inverse", int64_t{1 - n.attrs.get_int("inverse")}}})};
+       },
+       elementwise_flops(3),
+       [](const KernelArgs& a) {
+         const auto& s = a.in[0]->shape();
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::rope(in_ptr<T>(a, 0), out_ptr<T>(a), s[0], s[1], s[2], s[3], a.attrs.get_float("theta"),
+                   a.attrs.get_int("inverse") != 0);
+         });
+       }});
+
+  def({"attention", 3,
+       [](const Infos& in, const Attrs& at) {
+         check_float(in[0], "attention q");
+         check_attention(in);
+         at.get_float("scale");
+         const auto& q = in[0].shape;
+         return Infos{in[0], {Shape{q[0], q[2], q[1]}, in[0].dtype}};  // out, row log-sum-exp
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
+                                     n.attrs.get_float("scale"));
+       },
+       [](const Infos& in, const Infos&, const Attrs&) {
+         const auto& q = in[0].shape;  // QK^T and PV over the causal half
+         return 2.0 * static_cast<double>(q[0] * q[2] * q[3]) * static_cast<double>(q[1]) * static_cast<double>(q[1] + 1);
+       },
+       [](const KernelArgs& a) {
+         const auto& q = a.in[0]->shape();
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::attention(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1), q[0], q[1],
+                        q[2], a.in[1]->shape()[2], q[3], a.attrs.get_float("scale"));
+         });
+       }});
+  def({"attention_backward", 6,
+       [](const Infos& in, const Attrs&) { return Infos{in[0], in[1], in[2]}; }, nullptr,
+       [](const Infos& in, const Infos&, const Attrs&) {
+         const auto& q = in[0].shape;
+         return 4.0 * static_cast<double>(q[0] * q[2] * q[3]) * static_cast<double>(q[1]) * static_cast<double>(q[1] + 1);
+       },
+       [](const KernelArgs& a) {
+         const auto& q = a.in[0]->shape();
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::attention_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), in_ptr<T>(a, 3), in_ptr<T>(a, 4),
+                                 in_ptr<T>(a, 5), out_ptr<T>(a, 0), out_ptr<T>(a, 1), out_ptr<T>(a, 2), q[0], q[1], q[2],
+                                 a.in[1]->shape()[2], q[3], a.attrs.get_float("scale"));
+         });
+       }});
+
+  def({"swiglu", 2,
+       [](const Infos& in, const Attrs&) {
+         check_float(in[0], "swiglu gate");
+         check_same(in[0], in[1]);
+         return Infos{in[0]};
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         return b.swiglu_backward(n.inputs[0], n.inputs[1], g[0]);
+       },
+       elementwise_flops(5),
+       [](const KernelArgs& a) {
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::swiglu(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
+         });
+       }});
+  def({"swiglu_backward", 3,
+       [](const Infos& in, const Attrs&) { return Infos{in[0], in[1]}; }, nullptr, elementwise_flops(9),
+       [](const KernelArgs& a) {
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::swiglu_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1),
+                              a.out[0]->numel());
+         });
+       }});
+
+  def({"slice", 1,
+       [](const Infos& in, const Attrs& at) {
+         const int64_t d = at.get_int("dim"), start = at.get_int("start"), len = at.get_int("length");
+         MT_CHECK(d >= 0 && d < static_cast<int64_t>(in[0].shape.rank()), "dim {} out of range", d);
+         MT_CHECK(start >= 0 && len >= 0 && start + len <= in[0].shape[static_cast<size_t>(d)],
+                  "[{}, {}) is outside dim {} of size {}", start, start + len, d, in[0].shape[static_cast<size_t>(d)]);
+         std::vector<int64_t> dims = in[0].shape.dims();
+         dims[static_cast<size_t>(d)] = len;
+         return Infos{{Shape(dims), in[0].dtype}};
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         const int64_t d = n.attrs.get_int("dim");
+         return std::vector<int>{b.slice_backward(g[0], static_cast<int>(d), n.attrs.get_int("start"),
+                                                  b.graph().value(n.inputs[0]).info.shape[static_cast<size_t>(d)])};
+       },
+       no_flops(),
+       [](const KernelArgs& a) {
+         const int64_t d = a.attrs.get_int("dim");
+         const AroundDim s = around(a.in[0]->shape(), d);
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, a.attrs.get_int("length"),
+                         a.attrs.get_int("start"), 0, a.attrs.get_int("length"), s.inner);
+         });
+       }});
+  def({"slice_backward", 1,
+       [](const Infos& in, const Attrs& at) {
+         std::vector<int64_t> dims = in[0].shape.dims();
+         dims[static_cast<size_t>(at.get_int("dim"))] = at.get_int("full_size");
+         return Infos{{Shape(dims), in[0].dtype}};
+       },
+       nullptr, no_flops(),
+       [](const KernelArgs& a) {
+         const int64_t d = a.attrs.get_int("dim");
+         const AroundDim s = around(a.in[0]->shape(), d);
+         std::memset(a.out[0]->raw(), 0, a.out[0]->nbytes());
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, a.attrs.get_int("full_size"), 0,
+                         a.attrs.get_int("start"), s.dim, s.inner);
+         });
+       }});
+
+  def({"concat", -1,
+       [](const Infos& in, const Attrs& at) {
+         MT_CHECK(!in.empty(), "concat needs at least one input");
+         const int64_t d = at.get_int("dim");
+         MT_CHECK(d >= 0 && d < static_cast<int64_t>(in[0].shape.rank()), "dim {} out of range", d);
+         std::vector<int64_t> dims = in[0].shape.dims();
+         dims[static_cast<size_t>(d)] = 0;
+         for (const auto& v : in) {
+           MT_CHECK(v.dtype == in[0].dtype && v.shape.rank() == in[0].shape.rank(), "inputs differ in dtype or rank");
+           for (size_t k2 = 0; k2 < dims.size(); ++k2)
+             MT_CHECK(static_cast<int64_t>(k2) == d || v.shape[k2] == in[0].shape[k2],
+                      "inputs differ outside dim {}: {} vs {}", d, v.shape.to_string(), in[0].shape.to_string());
+           dims[static_cast<size_t>(d)] += v.shape[static_cast<size_t>(d)];
+         }
+         return Infos{{Shape(dims), in[0].dtype}};
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         const int64_t d = n.attrs.get_int("dim");
+         std::vector<int> grads;
+         int64_t start = 0;
+         for (int x : n.inputs) {
+           const int64_t len = b.graph().value(x).info.shape[static_cast<size_t>(d)];
+           grads.push_back(b.slice(g[0], static_cast<int>(d), start, len));
+           start += len;
+         }
+         return grads;
+       },
+       no_flops(),
+       [](const KernelArgs& a) {
+         const int64_t d = a.attrs.get_int("dim");
+         const AroundDim o = around(a.out[0]->shape(), d);
+         int64_t start = 0;
+         for (const Tensor* x : a.in) {
+           const AroundDim s = around(x->shape(), d);
+           by_float_type(x->dtype(), [&](auto z) {
+             using T = decltype(z);
+             k::copy_slice(static_cast<const T*>(x->raw()), out_ptr<T>(a), s.outer, s.dim, o.dim, 0, start, s.dim, s.inner);
+           });
+           start += s.dim;
+         }
+       }});
+
+  def({"global_norm", -1,
+       [](const Infos& in, const Attrs&) {
+         MT_CHECK(!in.empty(), "global_norm needs at least one tensor");
+         for (const auto& v : in) check_float(v, "global_norm input");
+         return Infos{{Shape{}, in[0].dtype}};
+       },
+       nullptr,
+       [](const Infos& in, const Infos&, const Attrs&) {
+         double n = 0;
+         for (const auto& v : in) n += 2 * numel(v);
+         return n;
+       },
+       [](const KernelArgs& a) {
+         double total = 0;
+         for (const Tensor* x : a.in)
+           for (int64_t i = 0; i < x->numel(); ++i) {
+             const double v = x->dtype() == DType::f32 ? static_cast<const float*>(x->raw())[i]
+                                                       : static_cast<const double*>(x->raw())[i];
+             total += v * v;
+           }
+         a.out[0]->set(0, std::sqrt(total));
+       }});
+  def({"clip_coefficient", 1,
+       [](const Infos& in, const Attrs& at) {
+         MT_CHECK(in[0].shape.numel() == 1, "norm must be a scalar");
+         MT_CHECK(at.get_float("max_norm") > 0, "max_norm must be positive");
+         return Infos{in[0]};
+       },
+       nullptr, no_flops(),
+       [](const KernelArgs& a) {
+         // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to at most 1.
+         a.out[0]->set(0, std::min(1.0, a.attrs.get_float("max_norm") / (a.in[0]->get(0) + 1e-6)));
+       }});
+  def({"scale_by", 2,
+       [](const Infos& in, const Attrs&) {
+         check_float(in[0], "scale_by input");
+         MT_CHECK(in[1].shape.numel() == 1, "the scale must be one element, got {}", in[1].shape.to_string());
+         return Infos{in[0]};
+       },
+       nullptr, elementwise_flops(1),
+       [](const KernelArgs& a) {
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::scale(in_ptr<T>(a, 0), static_cast<T>(a.in[1]->get(0)), out_ptr<T>(a), a.out[0]->numel());
+         });
+       }});
+
+  def({"adamw", 6,
+       [](const Infos& in, const Attrs& at) {
+         check_float(in[0], "adamw param");
+         for (int i = 1; i < 4; ++i) check_same(in[0], in[static_cast<size_t>(i)]);
+         MT_CHECK(in[4].shape.numel() == 1 && in[4].dtype == DType::f64, "lr must be one f64 element");
+         MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::i64, "step must be one i64 element");
+         for (const char* key : {"beta1", "beta2", "eps", "weight_decay"}) at.get_float(key);
+         return Infos{in[0], in[2], in[3]};  // param, m, v after the step
+       },
+       nullptr, elementwise_flops(12),
+       [](const KernelArgs& a) {
+         const int64_t step = static_cast<const int64_t*>(a.in[5]->raw())[0];
+         MT_CHECK(step >= 1, "adamw: step must be >= 1 (bias correction), got {}", step);
+         // The graph is functional: update copies (the trainer writes them back).
+         std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes());  // param
+         std::memcpy(a.out[1]->raw(), a.in[2]->raw(), a.in[0]->nbytes());  // m
+         std::memcpy(a.out[2]->raw(), a.in[3]->raw(), a.in[0]->nbytes());  // v
+         by_float_type(a.in[0]->dtype(), [&](auto z) {
+           using T = decltype(z);
+           k::adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a, 1), out_ptr<T>(a, 2), a.in[0]->numel(),
+                    static_cast<const double*>(a.in[4]->raw())[0], a.attrs.get_float("beta1"), a.attrs.get_float("beta2"),
+                    a.attrs.get_float("eps"), a.attrs.get_float("weight_decay"), step);
+         });
+       }});
+}
+
 }  // namespace
 
 const OpDef& find_op(const std::string& name) {
   static const std::map<std::string, OpDef> ops = [] {
     std::map<std::string, OpDef> m;
     register_ops(m);
+    register_more_ops(m);
     return m;
   }();
   auto it = ops.find(name);

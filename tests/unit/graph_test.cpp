@@ -194,3 +194,135 @@ TEST(GraphErrors, ClearMessages) {
   EXPECT_TRUE(contains(message_of([&] { ex.bind(a, Tensor::zeros({3, 2}, DType::f32)); }), "a expects f32(2, 3)"));
   EXPECT_TRUE(contains(message_of([&] { append_backward(g, a, {a}); }), "needs a scalar loss"));
 }
+
+TEST(GradCheck, RotaryEmbedding) {
+  gradcheck({{{2, 3, 2, 6}}}, [](Builder& b, const std::vector<int>& x) { return b.rope(x[0], 10000.0); });
+}
+
+TEST(GradCheck, CausalGroupedQueryAttention) {
+  // 4 query heads over 2 key/value heads, 5 positions, head dim 3.
+  gradcheck({{{2, 5, 4, 3}}, {{2, 5, 2, 3}}, {{2, 5, 2, 3}}},
+            [](Builder& b, const std::vector<int>& x) { return b.attention(x[0], x[1], x[2], 0.57); });
+}
+
+TEST(GradCheck, SwiGluSliceConcat) {
+  gradcheck({{{3, 5}}, {{3, 5}}, {{3, 2}}}, [](Builder& b, const std::vector<int>& x) {
+    const int h = b.swiglu(x[0], x[1]);
+    return b.concat({b.slice(h, 1, 1, 3), x[2], b.slice(h, 0, 0, 3)}, 1);
+  });
+}
+
+// Attention against a naive reference: explicit scores, causal mask, softmax.
+TEST(Attention, MatchesNaiveReference) {
+  const int64_t B = 2, T = 6, Hq = 4, Hkv = 2, D = 5;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937 rng(3);
+  Graph g;
+  Builder b(g);
+  const int q = g.add_input("q", {B, T, Hq, D}, DType::f64), k = g.add_input("k", {B, T, Hkv, D}, DType::f64),
+            v = g.add_input("v", {B, T, Hkv, D}, DType::f64);
+  const int out = b.attention(q, k, v, scale);
+  runtime::Executor ex(g, {out});
+  Tensor qt = random_tensor({B, T, Hq, D}, rng), kt = random_tensor({B, T, Hkv, D}, rng),
+         vt = random_tensor({B, T, Hkv, D}, rng);
+  ex.bind(q, qt);
+  ex.bind(k, kt);
+  ex.bind(v, vt);
+  ex.run();
+  const auto got = ex.fetch(out).data<const double>();
+  const auto Q = qt.data<const double>(), K = kt.data<const double>(), V = vt.data<const double>();
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> p(static_cast<size_t>(i + 1));
+        double total = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int64_t c = 0; c < D; ++c) s += Q[((bi * T + i) * Hq + h) * D + c] * K[((bi * T + j) * Hkv + h / 2) * D + c];
+          total += p[static_cast<size_t>(j)] = std::exp(s * scale);
+        }
+        for (int64_t c = 0; c < D; ++c) {
+          double want = 0;
+          for (int64_t j = 0; j <= i; ++j) want += p[static_cast<size_t>(j)] / total * V[((bi * T + j) * Hkv + h / 2) * D + c];
+          ASSERT_NEAR(got[static_cast<size_t>(((bi * T + i) * Hq + h) * D + c)], want, 1e-12);
+        }
+      }
+}
+
+// AdamW against torch.optim.AdamW's documented algorithm, written out:
+// theta -= lr*wd*theta; m, v; m_hat = m/(1-b1^t); v_hat = v/(1-b2^t);
+// theta -= lr * m_hat / (sqrt(v_hat) + eps). Three steps, with clipping.
+TEST(Optimizer, AdamWAndClippingMatchPyTorchDefinitions) {
+  const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, max_norm = 0.5;
+  Graph g;
+  Builder b(g);
+  const int p = g.add_input("p", {4}, DType::f64), grad = g.add_input("g", {4}, DType::f64),
+            m = g.add_input("m", {4}, DType::f64), v = g.add_input("v", {4}, DType::f64),
+            lr_in = g.add_input("lr", {}, DType::f64), step_in = g.add_input("step", {}, DType::i64);
+  const int norm = b.global_norm({grad});
+  const int clipped = b.scale_by(grad, b.clip_coefficient(norm, max_norm));
+  const auto upd = b.adamw(p, clipped, m, v, lr_in, step_in, b1, b2, eps, wd);
+  runtime::Executor ex(g, {norm, upd[0], upd[1], upd[2]});
+  Tensor P = Tensor::empty({4}, DType::f64), G = Tensor::empty({4}, DType::f64), M = Tensor::zeros({4}, DType::f64),
+         Vt = Tensor::zeros({4}, DType::f64), LR = Tensor::empty({}, DType::f64), S = Tensor::empty({}, DType::i64);
+  const double p0[] = {0.5, -1.0, 2.0, 0.0}, g0[] = {0.3, -0.4, 0.1, 0.9};
+  std::copy(p0, p0 + 4, P.data<double>().begin());
+  std::copy(g0, g0 + 4, G.data<double>().begin());
+  LR.data<double>()[0] = lr;
+  ex.bind(p, P);
+  ex.bind(grad, G);
+  ex.bind(m, M);
+  ex.bind(v, Vt);
+  ex.bind(lr_in, LR);
+  ex.bind(step_in, S);
+  std::vector<double> rp(p0, p0 + 4), rm(4, 0.0), rv(4, 0.0);
+  double gnorm = 0;
+  for (double x : g0) gnorm += x * x;
+  gnorm = std::sqrt(gnorm);
+  const double coef = std::min(1.0, max_norm / (gnorm + 1e-6));
+  for (int64_t t = 1; t <= 3; ++t) {
+    S.data<int64_t>()[0] = t;
+    ex.run();
+    EXPECT_NEAR(ex.fetch(norm).data<double>()[0], gnorm, 1e-15);
+    for (int i = 0; i < 4; ++i) {
+      const double gi = g0[i] * coef;
+      rp[i] -= lr * wd * rp[i];
+      rm[i] = b1 * rm[i] + (1 - b1) * gi;
+      rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+      const double m_hat = rm[i] / (1 - std::pow(b1, t)), v_hat = rv[i] / (1 - std::pow(b2, t));
+      rp[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+    // Write the updated state back, as the trainer does.
+    std::copy_n(ex.fetch(upd[0]).data<const double>().begin(), 4, P.data<double>().begin());
+    std::copy_n(ex.fetch(upd[1]).data<const double>().begin(), 4, M.data<double>().begin());
+    std::copy_n(ex.fetch(upd[2]).data<const double>().begin(), 4, Vt.data<double>().begin());
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(P.data<double>()[static_cast<size_t>(i)], rp[static_cast<size_t>(i)], 1e-14) << "step " << t << " i " << i;
+      EXPECT_NEAR(M.data<double>()[static_cast<size_t>(i)], rm[static_cast<size_t>(i)], 1e-15);
+    }
+  }
+}
+
+// Hugging Face Llama's rotate-half RoPE written out for one head, D = 4:
+// angle_i = pos * theta^(-2i/D); out[i] = x[i]cos - x[i+2]sin, out[i+2] = x[i+2]cos + x[i]sin.
+TEST(Rope, MatchesRotateHalfConvention) {
+  const double theta = 500.0;
+  Graph g;
+  Builder b(g);
+  const int x = g.add_input("x", {1, 3, 1, 4}, DType::f64);
+  const int y = b.rope(x, theta);
+  runtime::Executor ex(g, {y});
+  Tensor xt = Tensor::empty({1, 3, 1, 4}, DType::f64);
+  for (int64_t i = 0; i < 12; ++i) xt.set(i, 0.1 * static_cast<double>(i + 1) - 0.5);
+  ex.bind(x, xt);
+  ex.run();
+  const auto out = ex.fetch(y).data<const double>();
+  const auto in = xt.data<const double>();
+  for (int pos = 0; pos < 3; ++pos)
+    for (int i = 0; i < 2; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / 4);
+      const double x1 = in[static_cast<size_t>(pos * 4 + i)], x2 = in[static_cast<size_t>(pos * 4 + i + 2)];
+      EXPECT_NEAR(out[static_cast<size_t>(pos * 4 + i)], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-15);
+      EXPECT_NEAR(out[static_cast<size_t>(pos * 4 + i + 2)], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-15);
+    }
+}

@@ -178,6 +178,129 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
     for (int64_t j = 0; j < dim; ++j) dtable[ids[i] * dim + j] += dout[i * dim + j];
 }
 
+template <typename T>
+void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse) {
+  MT_CHECK(d % 2 == 0, "rope: head dim {} must be even", d);
+  const int64_t half = d / 2;
+  for (int64_t pos = 0; pos < t; ++pos) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / d);
+      const T c = static_cast<T>(std::cos(angle));
+      const T sn = static_cast<T>(inverse ? -std::sin(angle) : std::sin(angle));
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t hi = 0; hi < h; ++hi) {
+          const int64_t base = ((bi * t + pos) * h + hi) * d;
+          const T x1 = x[base + i], x2 = x[base + i + half];
+          out[base + i] = x1 * c - x2 * sn;
+          out[base + i + half] = x2 * c + x1 * sn;
+        }
+    }
+  }
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+               int64_t d, double scale) {
+  const int64_t group = hq / hkv;
+  std::vector<double> acc(static_cast<size_t>(d));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < t; ++i) {
+        const T* qi = q + ((bi * t + i) * hq + h) * d;
+        double max = -INFINITY, total = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j <= i; ++j) {  // causal: keys up to the query's position
+          const T* kj = k + ((bi * t + j) * hkv + hk) * d;
+          const T* vj = v + ((bi * t + j) * hkv + hk) * d;
+          double score = 0;
+          for (int64_t c = 0; c < d; ++c) score += static_cast<double>(qi[c]) * kj[c];
+          score *= scale;
+          const double new_max = std::max(max, score);
+          const double correction = std::exp(max - new_max), p = std::exp(score - new_max);
+          total = total * correction + p;
+          for (int64_t c = 0; c < d; ++c) acc[c] = acc[c] * correction + p * vj[c];
+          max = new_max;
+        }
+        T* oi = out + ((bi * t + i) * hq + h) * d;
+        for (int64_t c = 0; c < d; ++c) oi[c] = static_cast<T>(acc[c] / total);
+        lse[(bi * hq + h) * t + i] = static_cast<T>(max + std::log(total));
+      }
+    }
+}
+
+template <typename T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
+                        T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+  const int64_t group = hq / hkv;
+  std::fill(dq, dq + b * t * hq * d, T(0));
+  std::fill(dk, dk + b * t * hkv * d, T(0));
+  std::fill(dv, dv + b * t * hkv * d, T(0));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t qrow = ((bi * t + i) * hq + h) * d;
+        // D = rowsum(dO * O): the softmax backward's correction term.
+        double dot_do_o = 0;
+        for (int64_t c = 0; c < d; ++c) dot_do_o += static_cast<double>(dout[qrow + c]) * out[qrow + c];
+        const double row_lse = lse[(bi * hq + h) * t + i];
+        for (int64_t j = 0; j <= i; ++j) {
+          const int64_t krow = ((bi * t + j) * hkv + hk) * d;
+          double score = 0, dp = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            score += static_cast<double>(q[qrow + c]) * k[krow + c];
+            dp += static_cast<double>(dout[qrow + c]) * v[krow + c];
+          }
+          const double p = std::exp(score * scale - row_lse);
+          const double ds = p * (dp - dot_do_o) * scale;
+          for (int64_t c = 0; c < d; ++c) {
+            dv[krow + c] += static_cast<T>(p * dout[qrow + c]);
+            dq[qrow + c] += static_cast<T>(ds * k[krow + c]);
+            dk[krow + c] += static_cast<T>(ds * q[qrow + c]);
+          }
+        }
+      }
+    }
+}
+
+template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (T(1) + std::exp(-gate[i])) * up[i];
+}
+template <typename T> void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = T(1) / (T(1) + std::exp(-gate[i]));
+    dup[i] = dout[i] * gate[i] * s;
+    dgate[i] = dout[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
+  }
+}
+
+template <typename T>
+void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t dst_dim, int64_t src_start,
+                int64_t dst_start, int64_t len, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy(src + (o * src_dim + src_start) * inner, src + (o * src_dim + src_start + len) * inner,
+              dst + (o * dst_dim + dst_start) * inner);
+}
+
+template <typename T>
+void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2, double eps,
+           double weight_decay, int64_t step) {
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2_sqrt = std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step)));
+  const double step_size = lr / bias1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = grad[i];
+    double p = static_cast<double>(param[i]) * (1.0 - lr * weight_decay);  // decoupled weight decay
+    const double mi = beta1 * m[i] + (1.0 - beta1) * g;
+    const double vi = beta2 * v[i] + (1.0 - beta2) * g * g;
+    p -= step_size * mi / (std::sqrt(vi) / bias2_sqrt + eps);
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    param[i] = static_cast<T>(p);
+  }
+}
+
 #define MESHTRAIN_INSTANTIATE(T)                                                                               \
   template void matmul<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,    \
                           int64_t, bool);                                                                      \
@@ -196,7 +319,16 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
   template T cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                            \
   template void cross_entropy_backward<T>(const T*, const int64_t*, T, T*, int64_t, int64_t, int64_t);         \
   template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                         \
-  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);
+  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);               \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                       \
+  template void attention<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                             double);                                                                          \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,  \
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, double);                    \
+  template void swiglu<T>(const T*, const T*, T*, int64_t);                                                    \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                             \
+  template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);   \
+  template void adamw<T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, int64_t);
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)
 #undef MESHTRAIN_INSTANTIATE

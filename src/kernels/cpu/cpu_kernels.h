@@ -46,4 +46,35 @@ template <typename T> void embedding(const T* table, const int64_t* ids, T* out,
 template <typename T>
 void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t vocab, int64_t dim);
 
+// Rotary embedding, Hugging Face Llama's rotate-half convention, on x
+// [B, T, H, D] at positions 0..T-1: out = x * cos + rotate_half(x) * sin,
+// with angle t * theta^(-2i/D) for i < D/2 shared by both halves.
+template <typename T> void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse);
+
+// Causal scaled-dot-product attention with grouped-query heads. q [B, T, Hq,
+// D], k and v [B, T, Hkv, D], Hq a multiple of Hkv. Online softmax, one query
+// row at a time: no T x T buffer. Writes out [B, T, Hq, D] and the row
+// log-sum-exp lse [B, Hq, T] for the backward pass.
+template <typename T>
+void attention(const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+               int64_t d, double scale);
+template <typename T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
+                        T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale);
+
+// out = silu(gate) * up, and its backward.
+template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n);
+template <typename T> void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
+
+// Copy rows [start, start + len) of dim d (seen as [outer, dim, inner]) to or from a packed block.
+template <typename T>
+void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t dst_dim, int64_t src_start,
+                int64_t dst_start, int64_t len, int64_t inner);
+
+// PyTorch's torch.optim.AdamW step on n elements (decoupled weight decay,
+// bias correction), moments in T, math in double.
+template <typename T>
+void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2, double eps,
+           double weight_decay, int64_t step);
+
 }  // namespace meshtrain::kernels::cpu
