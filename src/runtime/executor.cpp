@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "core/error.h"
@@ -112,6 +113,15 @@ void Executor::bind(int value, Tensor tensor) {
   bound_[value] = std::move(tensor);
 }
 
+void Executor::write_back(int from, int to) {
+  MT_CHECK(std::find(fetches_.begin(), fetches_.end(), from) != fetches_.end(),
+           "write_back: {} is not fetched by this executor", g_.describe_value(from));
+  MT_CHECK(g_.value(to).producer < 0, "write_back: {} is not an input or parameter", g_.describe_value(to));
+  MT_CHECK(g_.value(from).info == g_.value(to).info, "write_back: {} and {} differ in shape or dtype",
+           g_.describe_value(from), g_.describe_value(to));
+  write_backs_.emplace_back(from, to);
+}
+
 Tensor Executor::tensor_of(int value) const {
   const graph::Value& v = g_.value(value);
   if (v.producer < 0) {
@@ -138,6 +148,10 @@ void Executor::run() {
     for (auto& t : outs) out_ptrs.push_back(&t);
     MT_CHECK(static_cast<bool>(node.op->cpu_kernel), "op {} has no CPU kernel", node.op->name);
     node.op->cpu_kernel({in_ptrs, out_ptrs, node.attrs});
+  }
+  for (const auto& [from, to] : write_backs_) {
+    Tensor dst = tensor_of(to);
+    std::memcpy(dst.raw(), tensor_of(from).raw(), dst.nbytes());
   }
 }
 

@@ -18,6 +18,10 @@ class Executor {
 
   // Inputs and parameters: the tensor is used in place (shape and dtype checked).
   void bind(int value, Tensor tensor);
+  // After each run, copy computed value `from` into the tensor bound to
+  // `to` (a parameter or optimizer state updated by the step). `from` must
+  // be among the fetches.
+  void write_back(int from, int to);
   void run();
   // A fetched value after run(): a view into the arena (valid until the next run) or the bound tensor.
   Tensor fetch(int value) const;
@@ -33,6 +37,7 @@ class Executor {
   std::vector<int> order_;               // node ids to run
   std::map<int, size_t> offset_;         // intermediate value -> arena offset
   std::map<int, Tensor> bound_;          // inputs and parameters
+  std::vector<std::pair<int, int>> write_backs_;
   size_t arena_bytes_ = 0;
   Tensor arena_;
 };

@@ -1,0 +1,70 @@
+#include "models/llama.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "graph/builder.h"
+
+namespace meshtrain::models {
+
+void LlamaConfig::validate() const {
+  MT_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && n_kv_heads > 0 && ffn_dim > 0 && vocab_size > 0,
+           "model: dim, n_layers, n_heads, n_kv_heads, ffn_dim and vocab_size must be positive");
+  MT_CHECK(dim % n_heads == 0, "model: dim {} must be divisible by n_heads {}", dim, n_heads);
+  MT_CHECK(n_heads % n_kv_heads == 0, "model: n_heads {} must be a multiple of n_kv_heads {}", n_heads, n_kv_heads);
+  MT_CHECK(head_dim() % 2 == 0, "model: head dim {} (dim / n_heads) must be even for rotary embeddings", head_dim());
+  MT_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
+}
+
+std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& c) {
+  std::map<std::string, Shape> shapes;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim();
+  shapes["model.embed_tokens.weight"] = {c.vocab_size, c.dim};
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    shapes[p + "input_layernorm.weight"] = {c.dim};
+    shapes[p + "self_attn.q_proj.weight"] = {c.dim, c.dim};
+    shapes[p + "self_attn.k_proj.weight"] = {kv_dim, c.dim};
+    shapes[p + "self_attn.v_proj.weight"] = {kv_dim, c.dim};
+    shapes[p + "self_attn.o_proj.weight"] = {c.dim, c.dim};
+    shapes[p + "post_attention_layernorm.weight"] = {c.dim};
+    shapes[p + "mlp.gate_proj.weight"] = {c.ffn_dim, c.dim};
+    shapes[p + "mlp.up_proj.weight"] = {c.ffn_dim, c.dim};
+    shapes[p + "mlp.down_proj.weight"] = {c.dim, c.ffn_dim};
+  }
+  shapes["model.norm.weight"] = {c.dim};
+  if (!c.tie_embeddings) shapes["lm_head.weight"] = {c.vocab_size, c.dim};
+  return shapes;
+}
+
+LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype) {
+  c.validate();
+  MT_CHECK(batch > 0 && seq_len > 0, "batch {} and seq_len {} must be positive", batch, seq_len);
+  graph::Builder b(g);
+  LlamaGraph m;
+  for (const auto& [name, shape] : llama_parameter_shapes(c)) m.params[name] = g.add_parameter(name, shape, dtype);
+  m.tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
+  m.targets = g.add_input("targets", {batch, seq_len}, DType::i64);
+  const int64_t hd = c.head_dim();
+  // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
+  auto linear = [&](int x, const std::string& w) { return b.matmul(x, m.params.at(w), false, true); };
+  int h = b.embedding(m.params.at("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    const int x = b.rms_norm(h, m.params.at(p + "input_layernorm.weight"), c.norm_eps);
+    const int q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
+    const int k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
+    const int v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
+    const int attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
+    h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
+    const int y = b.rms_norm(h, m.params.at(p + "post_attention_layernorm.weight"), c.norm_eps);
+    const int act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
+    h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+  }
+  h = b.rms_norm(h, m.params.at("model.norm.weight"), c.norm_eps);
+  const int logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  m.loss = b.cross_entropy(b.reshape(logits, {batch * seq_len, c.vocab_size}), b.reshape(m.targets, {batch * seq_len}));
+  return m;
+}
+
+}  // namespace meshtrain::models

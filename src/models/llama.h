@@ -1,0 +1,42 @@
+// The Hugging Face Llama architecture as a graph: token embedding, per layer
+// RMSNorm -> grouped-query attention with rotary embeddings -> residual ->
+// RMSNorm -> SwiGLU MLP -> residual, final RMSNorm, LM head (tied or not).
+// Parameters carry the Hugging Face names.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "graph/graph.h"
+
+namespace meshtrain::models {
+
+struct LlamaConfig {
+  int64_t dim = 256;
+  int64_t n_layers = 6;
+  int64_t n_heads = 16;
+  int64_t n_kv_heads = 16;
+  int64_t ffn_dim = 768;
+  int64_t vocab_size = 256;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  void validate() const;  // throws naming the inconsistent keys
+  int64_t head_dim() const { return dim / n_heads; }
+};
+
+struct LlamaGraph {
+  int tokens = -1;   // i64 [B, T]
+  int targets = -1;  // i64 [B, T]; -100 is ignored
+  int loss = -1;     // mean cross-entropy
+  std::map<std::string, int> params;  // Hugging Face name -> parameter value
+};
+
+// Forward graph for batches of B sequences of T tokens, in `dtype` (f32/f64).
+LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
+                       DType dtype = DType::f32);
+
+// Shapes of every parameter, by Hugging Face name.
+std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& config);
+
+}  // namespace meshtrain::models

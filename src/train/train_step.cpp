@@ -1,0 +1,41 @@
+#include "train/train_step.h"
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+
+namespace meshtrain::train {
+
+TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
+                                const OptimizerConfig& opt, DType dtype) {
+  graph::Builder b(g);
+  TrainStepGraph s;
+  s.model = models::build_llama(g, model, batch, seq_len, dtype);
+  std::vector<std::string> names;
+  std::vector<int> params;
+  for (const auto& [name, v] : s.model.params) {
+    names.push_back(name);
+    params.push_back(v);
+  }
+  const std::vector<int> grads = graph::append_backward(g, s.model.loss, params);
+  s.grad_norm = b.global_norm(grads);
+  const int coef = opt.max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, opt.max_grad_norm) : -1;
+  s.lr = g.add_input("lr", {}, DType::f64);
+  s.step = g.add_input("step", {}, DType::i64);
+  s.fetches = {s.model.loss, s.grad_norm};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const graph::ValueInfo& info = g.value(params[i]).info;
+    const int m = g.add_input(names[i] + ".exp_avg", info.shape, info.dtype);
+    const int v = g.add_input(names[i] + ".exp_avg_sq", info.shape, info.dtype);
+    s.exp_avg[names[i]] = m;
+    s.exp_avg_sq[names[i]] = v;
+    const int grad = coef >= 0 ? b.scale_by(grads[i], coef) : grads[i];
+    const auto updated = b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
+    for (int k = 0; k < 3; ++k) {
+      s.fetches.push_back(updated[static_cast<size_t>(k)]);
+      s.write_backs.emplace_back(updated[static_cast<size_t>(k)], k == 0 ? params[i] : k == 1 ? m : v);
+    }
+  }
+  return s;
+}
+
+}  // namespace meshtrain::train

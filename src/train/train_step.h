@@ -1,0 +1,36 @@
+// One training step as one graph: forward, backward, global gradient-norm
+// clipping and the AdamW update of every parameter, with the updated
+// parameters and moments written back into their buffers after each run.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "graph/graph.h"
+#include "models/llama.h"
+
+namespace meshtrain::train {
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double max_grad_norm = 1.0;  // <= 0: no clipping
+};
+
+struct TrainStepGraph {
+  models::LlamaGraph model;
+  int lr = -1;         // f64 scalar input, set each step (schedule)
+  int step = -1;       // i64 scalar input, 1-based (bias correction)
+  int grad_norm = -1;  // global L2 norm of the gradients, before clipping
+  std::map<std::string, int> exp_avg, exp_avg_sq;  // optimizer state inputs by parameter name
+  std::vector<int> fetches;                        // loss, grad_norm and every updated value
+  std::vector<std::pair<int, int>> write_backs;    // updated value -> its buffer
+};
+
+TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
+                                const OptimizerConfig& opt, DType dtype = DType::f32);
+
+}  // namespace meshtrain::train
