@@ -9,6 +9,7 @@
 
 #include "cli/bench_comm.h"
 #include "cli/dist_commands.h"
+#include "cli/train_command.h"
 #include "comm/fr_analyze.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
   fr->add_option("dir", fr_dir, "Directory with the dumps")->required();
   fr->add_flag("--json", fr_json, "Print the report as JSON");
 
+  auto* train = app.add_subcommand("train", "Train a Llama from a TOML config: meshtrain train --config FILE "
+                                             "[--section.key value ...] (meshtrain train --help lists the keys)");
+  train->prefix_command();  // everything after `train` is the trainer's own arguments
+
   meshtrain::cli::LayoutCommand layout_cmd;
   auto* layout = app.add_subcommand(
       "layout", "Print every rank's mesh coordinate, local shape and global offset for a tensor layout");
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
   try {
     if (*bench_comm) return meshtrain::cli::run_comm_bench(comm_opts);
     if (*layout) return meshtrain::cli::run_layout(layout_cmd);
+    if (*train) return meshtrain::cli::run_train(train->remaining());
     if (*plan) return meshtrain::cli::run_plan(plan_cmd);
     if (*fr) {
       const auto report = meshtrain::comm::analyze_flight_records(fr_dir);

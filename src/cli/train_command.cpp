@@ -1,0 +1,60 @@
+#include "cli/train_command.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace meshtrain::cli {
+
+std::string train_help() {
+  return fmt::format(
+      "meshtrain train --config FILE [--section.key value ...]\n"
+      "Train a Llama on one rank from a TOML config; any key can be overridden on the command line\n"
+      "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). Keys: {}\n",
+      fmt::join(train::config_keys(), ", "));
+}
+
+int run_train(const std::vector<std::string>& args) {
+  std::string config_path;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      fmt::print("{}", train_help());
+      return 0;
+    }
+    MT_CHECK(a.rfind("--", 0) == 0, "train: unexpected argument '{}'; options look like --config FILE or --section.key value", a);
+    std::string key = a.substr(2), value;
+    if (const auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      MT_CHECK(i + 1 < args.size(), "train: option --{} needs a value", key);
+      value = args[++i];
+    }
+    if (key == "config") config_path = value;
+    else overrides.emplace_back(key, value);
+  }
+  MT_CHECK(!config_path.empty(), "train: --config FILE is required\n{}", train_help());
+  train::Trainer trainer(train::load_config(config_path, overrides));
+  const auto& c = trainer.config();
+  fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
+             c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
+             static_cast<double>(trainer.parameter_count()) / 1e6);
+  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, 1 rank, float32\n", c.data.path,
+             c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
+             c.optimizer.max_grad_norm);
+  std::fflush(stdout);
+  const auto summary = trainer.run(stdout);
+  fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step, peak memory {:.1f} MiB\n",
+             summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
+             static_cast<double>(summary.last.peak_bytes) / (1 << 20));
+  if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
+  return 0;
+}
+
+}  // namespace meshtrain::cli

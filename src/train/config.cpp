@@ -1,0 +1,207 @@
+#include "train/config.h"
+
+#include <cmath>
+#include <functional>
+#include <numbers>
+
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace meshtrain::train {
+
+double TrainConfig::lr_at(int64_t step) const {
+  const double lr = optimizer.lr;
+  const int64_t warmup = lr_scheduler.warmup_steps;
+  if (step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
+  if (lr_scheduler.decay == LrDecay::none || training.steps <= warmup) return lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(training.steps - warmup);
+  const double min = lr_scheduler.min_lr_ratio;
+  if (lr_scheduler.decay == LrDecay::linear) return lr * (1.0 - (1.0 - min) * progress);
+  return lr * (min + (1.0 - min) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+}
+
+namespace {
+
+// One configuration key: how to set it from a TOML node or a command-line string.
+struct Key {
+  std::string name;  // "section.key"
+  std::function<void(TrainConfig&, const toml::node&)> from_toml;
+  std::function<void(TrainConfig&, const std::string&)> from_text;
+};
+
+std::string toml_text(const toml::node& n) {
+  std::ostringstream out;
+  n.visit([&](auto&& v) { out << v; });
+  return out.str();
+}
+
+[[noreturn]] void bad_value(const std::string& key, const std::string& value, const std::string& expected) {
+  throw InvalidArgument(fmt::format("config key {}: '{}' is not {}", key, value, expected));
+}
+
+template <typename T>
+Key number_key(std::string name, std::function<T&(TrainConfig&)> field, std::function<bool(T)> valid,
+               std::string constraint) {
+  auto set = [name, field, valid, constraint](TrainConfig& c, T v, const std::string& text) {
+    if (!valid(v)) bad_value(name, text, constraint);
+    field(c) = v;
+  };
+  return {name,
+          [name, set](TrainConfig& c, const toml::node& n) {
+            if constexpr (std::is_same_v<T, double>) {
+              auto v = n.value<double>();  // integers are accepted as reals
+              if (!v) bad_value(name, toml_text(n), "a number");
+              set(c, *v, toml_text(n));
+            } else {
+              auto v = n.as_integer();
+              if (!v) bad_value(name, toml_text(n), "an integer");
+              set(c, static_cast<T>(v->get()), toml_text(n));
+            }
+          },
+          [name, set](TrainConfig& c, const std::string& text) {
+            size_t used = 0;
+            T v{};
+            try {
+              if constexpr (std::is_same_v<T, double>) v = std::stod(text, &used);
+              else v = static_cast<T>(std::stoll(text, &used));
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used == 0 || used != text.size())
+              bad_value(name, text, std::is_same_v<T, double> ? "a number" : "an integer");
+            set(c, v, text);
+          }};
+}
+
+Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field, std::vector<std::string> choices = {}) {
+  auto set = [name, field, choices](TrainConfig& c, const std::string& v) {
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end())
+      bad_value(name, v, fmt::format("one of {}", fmt::join(choices, ", ")));
+    field(c) = v;
+  };
+  return {name,
+          [name, set](TrainConfig& c, const toml::node& n) {
+            auto v = n.value<std::string>();
+            if (!v) bad_value(name, toml_text(n), "a string");
+            set(c, *v);
+          },
+          set};
+}
+
+Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
+  return {name,
+          [name, field](TrainConfig& c, const toml::node& n) {
+            auto v = n.value<bool>();
+            if (!v) bad_value(name, toml_text(n), "true or false");
+            field(c) = *v;
+          },
+          [name, field](TrainConfig& c, const std::string& text) {
+            if (text != "true" && text != "false") bad_value(name, text, "true or false");
+            field(c) = text == "true";
+          }};
+}
+
+void keys_set_decay(TrainConfig& c, const std::string& v) {
+  if (v == "none") c.lr_scheduler.decay = LrDecay::none;
+  else if (v == "linear") c.lr_scheduler.decay = LrDecay::linear;
+  else if (v == "cosine") c.lr_scheduler.decay = LrDecay::cosine;
+  else bad_value("lr_scheduler.decay", v, "one of none, linear, cosine");
+}
+
+const std::vector<Key>& keys() {
+  auto pos = [](int64_t v) { return v > 0; };
+  auto nonneg = [](int64_t v) { return v >= 0; };
+  auto posf = [](double v) { return v > 0; };
+  auto nonnegf = [](double v) { return v >= 0; };
+  auto unit = [](double v) { return v >= 0 && v < 1; };
+  static const std::vector<Key> table = {
+      number_key<int64_t>("model.dim", [](TrainConfig& c) -> int64_t& { return c.model.dim; }, pos, "a positive integer"),
+      number_key<int64_t>("model.n_layers", [](TrainConfig& c) -> int64_t& { return c.model.n_layers; }, pos, "a positive integer"),
+      number_key<int64_t>("model.n_heads", [](TrainConfig& c) -> int64_t& { return c.model.n_heads; }, pos, "a positive integer"),
+      number_key<int64_t>("model.n_kv_heads", [](TrainConfig& c) -> int64_t& { return c.model.n_kv_heads; }, pos, "a positive integer"),
+      number_key<int64_t>("model.ffn_dim", [](TrainConfig& c) -> int64_t& { return c.model.ffn_dim; }, pos, "a positive integer"),
+      number_key<int64_t>("model.vocab_size", [](TrainConfig& c) -> int64_t& { return c.model.vocab_size; }, pos, "a positive integer"),
+      number_key<double>("model.norm_eps", [](TrainConfig& c) -> double& { return c.model.norm_eps; }, posf, "a positive number"),
+      number_key<double>("model.rope_theta", [](TrainConfig& c) -> double& { return c.model.rope_theta; }, posf, "a positive number"),
+      bool_key("model.tie_embeddings", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; }),
+      string_key("data.path", [](TrainConfig& c) -> std::string& { return c.data.path; }),
+      number_key<int64_t>("data.seq_len", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
+      number_key<int64_t>("data.batch_size", [](TrainConfig& c) -> int64_t& { return c.data.batch_size; }, pos, "a positive integer"),
+      number_key<double>("optimizer.lr", [](TrainConfig& c) -> double& { return c.optimizer.lr; }, nonnegf, "a number >= 0"),
+      number_key<double>("optimizer.beta1", [](TrainConfig& c) -> double& { return c.optimizer.beta1; }, unit, "in [0, 1)"),
+      number_key<double>("optimizer.beta2", [](TrainConfig& c) -> double& { return c.optimizer.beta2; }, unit, "in [0, 1)"),
+      number_key<double>("optimizer.eps", [](TrainConfig& c) -> double& { return c.optimizer.eps; }, posf, "a positive number"),
+      number_key<double>("optimizer.weight_decay", [](TrainConfig& c) -> double& { return c.optimizer.weight_decay; }, nonnegf, "a number >= 0"),
+      string_key("optimizer.state_dtype", [](TrainConfig& c) -> std::string& { return c.optimizer_state_dtype; }, {"float32", "bfloat16"}),
+      number_key<int64_t>("lr_scheduler.warmup_steps", [](TrainConfig& c) -> int64_t& { return c.lr_scheduler.warmup_steps; }, nonneg, "an integer >= 0"),
+      {"lr_scheduler.decay",
+       [](TrainConfig& c, const toml::node& n) {
+         auto v = n.value<std::string>();
+         if (!v) bad_value("lr_scheduler.decay", toml_text(n), "a string");
+         keys_set_decay(c, *v);
+       },
+       [](TrainConfig& c, const std::string& v) { keys_set_decay(c, v); }},
+      number_key<double>("lr_scheduler.min_lr_ratio", [](TrainConfig& c) -> double& { return c.lr_scheduler.min_lr_ratio; },
+                         [](double v) { return v >= 0 && v <= 1; }, "in [0, 1]"),
+      number_key<int64_t>("training.steps", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos, "a positive integer"),
+      number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.optimizer.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
+      number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
+      string_key("training.dtype", [](TrainConfig& c) -> std::string& { return c.training.dtype; }, {"float32", "bfloat16"}),
+      string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),
+      string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; }),
+      number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0"),
+      string_key("metrics.file", [](TrainConfig& c) -> std::string& { return c.metrics.file; }),
+      number_key<int64_t>("metrics.log_every", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos, "a positive integer"),
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> names;
+  for (const auto& k : keys()) names.push_back(k.name);
+  return names;
+}
+
+namespace {
+const Key& find_key(const std::string& name) {
+  for (const auto& k : keys())
+    if (k.name == name) return k;
+  throw InvalidArgument(fmt::format("unknown config key '{}'; known keys: {}", name, fmt::join(config_keys(), ", ")));
+}
+}  // namespace
+
+TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  TrainConfig c;
+  toml::table doc;
+  try {
+    doc = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw InvalidArgument(fmt::format("cannot read config {}: {} (line {})", path, e.description(),
+                                      e.source().begin.line));
+  }
+  for (const auto& [section, node] : doc) {
+    const auto* table = node.as_table();
+    MT_CHECK(table != nullptr, "config {}: top-level key '{}' must be a [section]", path, section.str());
+    for (const auto& [key, value] : *table) {
+      const std::string name = fmt::format("{}.{}", section.str(), key.str());
+      try {
+        find_key(name).from_toml(c, value);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format("config {}: {}", path, e.what()));
+      }
+    }
+  }
+  for (const auto& [name, value] : overrides) find_key(name).from_text(c, value);
+  c.model.validate();
+  MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
+  return c;
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,54 @@
+// Training configuration: a TOML file whose every key can be overridden on
+// the command line as --section.key value. Unknown keys and bad values are
+// errors that name the key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/llama.h"
+#include "train/train_step.h"
+
+namespace meshtrain::train {
+
+enum class LrDecay { none, linear, cosine };
+
+struct TrainConfig {
+  models::LlamaConfig model;
+  struct {
+    std::string path;
+    int64_t seq_len = 128;
+    int64_t batch_size = 8;
+  } data;
+  OptimizerConfig optimizer;
+  std::string optimizer_state_dtype = "float32";
+  struct {
+    int64_t warmup_steps = 0;
+    LrDecay decay = LrDecay::none;
+    double min_lr_ratio = 0.0;
+  } lr_scheduler;
+  struct {
+    int64_t steps = 100;
+    int64_t seed = 0;
+    std::string dtype = "float32";
+  } training;
+  struct {
+    std::string init_from;
+    std::string folder;
+    int64_t interval = 0;  // 0: only at the end (when folder is set)
+  } checkpoint;
+  struct {
+    std::string file;
+    int64_t log_every = 1;
+  } metrics;
+
+  // Learning rate of 1-based step `step`: linear warmup, then the decay.
+  double lr_at(int64_t step) const;
+};
+
+// Read `path` (TOML), then apply overrides ("section.key", "value") in order.
+TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
+// Every key, "section.key", for --help.
+std::vector<std::string> config_keys();
+
+}  // namespace meshtrain::train

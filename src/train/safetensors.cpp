@@ -1,0 +1,98 @@
+#include "train/safetensors.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace meshtrain::train {
+
+namespace {
+
+constexpr std::pair<std::string_view, DType> kNames[] = {
+    {"F32", DType::f32}, {"F64", DType::f64}, {"BF16", DType::bf16}, {"F16", DType::f16},
+    {"I32", DType::i32}, {"I64", DType::i64}, {"F8_E4M3", DType::f8e4m3}, {"F8_E5M2", DType::f8e5m2}};
+
+DType dtype_from(const std::string& name, const std::string& path, const std::string& tensor) {
+  for (const auto& [n, t] : kNames)
+    if (n == name) return t;
+  throw InvalidArgument(fmt::format("{}: tensor '{}' has unsupported dtype '{}'", path, tensor, name));
+}
+
+std::string_view name_of(DType t) {
+  for (const auto& [n, d] : kNames)
+    if (d == t) return n;
+  return "?";
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "cannot open safetensors file '{}'", path);
+  const auto file_size = static_cast<uint64_t>(std::filesystem::file_size(path));
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  MT_CHECK(in.good() && header_len <= file_size - 8, "{}: not a safetensors file (header length {} in a {}-byte file)",
+           path, header_len, file_size);
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
+  }
+  const uint64_t data_start = 8 + header_len;
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, info] : j.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      const DType dtype = dtype_from(info.at("dtype").get<std::string>(), path, name);
+      const Shape shape(info.at("shape").get<std::vector<int64_t>>());
+      const auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
+      MT_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1], "{}: tensor '{}' has bad data_offsets", path, name);
+      const uint64_t bytes = offsets[1] - offsets[0];
+      MT_CHECK(bytes == static_cast<uint64_t>(shape.numel()) * dtype_size(dtype),
+               "{}: tensor '{}' {} needs {} bytes but data_offsets span {}", path, name, shape.to_string(),
+               shape.numel() * static_cast<int64_t>(dtype_size(dtype)), bytes);
+      MT_CHECK(data_start + offsets[1] <= file_size, "{}: tensor '{}' ends at byte {} but the file has {} (truncated?)",
+               path, name, data_start + offsets[1], file_size);
+      Tensor t = Tensor::empty(shape, dtype);
+      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
+      in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes));
+      MT_CHECK(in.good(), "{}: could not read tensor '{}'", path, name);
+      tensors.emplace(name, std::move(t));
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, e.what()));
+    }
+  }
+  return tensors;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  nlohmann::ordered_json header;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", name_of(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // the format pads the header to 8 bytes
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    MT_CHECK(out.good(), "cannot write '{}'", tmp);
+    const uint64_t len = text.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, t] : tensors) out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    MT_CHECK(out.good(), "writing '{}' failed (disk full?)", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace meshtrain::train

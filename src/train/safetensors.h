@@ -1,0 +1,17 @@
+// Hugging Face safetensors files: an 8-byte little-endian header length, a
+// JSON header {name: {dtype, shape, data_offsets}}, then the raw tensors.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace meshtrain::train {
+
+// Every tensor of the file. Throws naming the file and what is wrong.
+std::map<std::string, Tensor> load_safetensors(const std::string& path);
+// Written to path.tmp, then renamed: a crash never leaves a half-written file.
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,147 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/safetensors.h"
+
+namespace meshtrain::train {
+
+namespace {
+TrainConfig checked(TrainConfig c) {
+  MT_CHECK(c.training.dtype == "float32",
+           "training.dtype = \"{}\" is not implemented yet; use \"float32\"", c.training.dtype);
+  MT_CHECK(c.optimizer_state_dtype == "float32",
+           "optimizer.state_dtype = \"{}\" is not implemented yet; use \"float32\"", c.optimizer_state_dtype);
+  return c;
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig config)
+    : config_(checked(std::move(config))), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
+  MT_CHECK(loader_.max_token() < config_.model.vocab_size,
+           "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
+           config_.model.vocab_size);
+  const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
+  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32);
+  executor_ = std::make_unique<runtime::Executor>(graph_, step_graph_.fetches);
+  for (const auto& [from, to] : step_graph_.write_backs) executor_->write_back(from, to);
+  init_parameters();
+  for (const auto& [name, v] : step_graph_.model.params) {
+    executor_->bind(v, params_.at(name));
+    executor_->bind(step_graph_.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), DType::f32));
+    executor_->bind(step_graph_.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), DType::f32));
+  }
+  tokens_ = Tensor::empty({B, T}, DType::i64);
+  targets_ = Tensor::empty({B, T}, DType::i64);
+  lr_ = Tensor::empty({}, DType::f64);
+  step_ = Tensor::empty({}, DType::i64);
+  executor_->bind(step_graph_.model.tokens, tokens_);
+  executor_->bind(step_graph_.model.targets, targets_);
+  executor_->bind(step_graph_.lr, lr_);
+  executor_->bind(step_graph_.step, step_);
+}
+
+void Trainer::init_parameters() {
+  const auto shapes = models::llama_parameter_shapes(config_.model);
+  if (!config_.checkpoint.init_from.empty()) {
+    const std::string& path = config_.checkpoint.init_from;
+    auto loaded = load_safetensors(path);
+    for (const auto& [name, shape] : shapes) {
+      auto it = loaded.find(name);
+      MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
+      MT_CHECK(it->second.shape() == shape, "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}",
+               path, name, it->second.shape().to_string(), shape.to_string());
+      params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
+    }
+    return;
+  }
+  // Seeded: normal(0, 0.02) for weights (Hugging Face Llama's initializer_range), ones for norms.
+  std::mt19937_64 rng(static_cast<uint64_t>(config_.training.seed));
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (const auto& [name, shape] : shapes) {
+    Tensor t = Tensor::empty(shape, DType::f32);
+    const bool norm = name.find("norm") != std::string::npos;
+    for (float& x : t.data<float>()) x = norm ? 1.0f : normal(rng);
+    params_[name] = t;
+  }
+}
+
+size_t Trainer::parameter_count() const {
+  size_t n = 0;
+  for (const auto& [name, t] : params_) n += static_cast<size_t>(t.numel());
+  return n;
+}
+
+StepMetrics Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepMetrics m;
+  m.step = ++steps_done_;
+  m.lr = config_.lr_at(m.step);
+  loader_.next(tokens_, targets_);
+  lr_.data<double>()[0] = m.lr;
+  step_.data<int64_t>()[0] = m.step;
+  executor_->run();
+  m.loss = executor_->fetch(step_graph_.model.loss).get(0);
+  m.grad_norm = executor_->fetch(step_graph_.grad_norm).get(0);
+  m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
+  m.peak_bytes = default_allocator().stats().peak_bytes;
+  MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
+  return m;
+}
+
+void Trainer::save(const std::string& path) const { save_safetensors(path, params_); }
+
+Trainer::Summary Trainer::run(std::FILE* progress) {
+  std::ofstream metrics;
+  if (!config_.metrics.file.empty()) {
+    const auto dir = std::filesystem::path(config_.metrics.file).parent_path();
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    metrics.open(config_.metrics.file);
+    MT_CHECK(metrics.good(), "cannot write metrics file '{}'", config_.metrics.file);
+  }
+  if (!config_.checkpoint.folder.empty()) std::filesystem::create_directories(config_.checkpoint.folder);
+  const bool live = progress && isatty(fileno(progress));
+  auto checkpoint = [&](int64_t s) {
+    const std::string path = fmt::format("{}/step_{:06d}.safetensors", config_.checkpoint.folder, s);
+    save(path);
+    if (progress) fmt::print(progress, "{}saved {}\n", live ? "\n" : "", path);
+  };
+  Summary summary;
+  StepMetrics& last = summary.last;
+  for (int64_t s = 1; s <= config_.training.steps; ++s) {
+    last = step();
+    if (s == 1) summary.first = last;
+    const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
+    if (log && metrics.is_open()) {
+      metrics << nlohmann::ordered_json{{"step", last.step},        {"loss", last.loss},
+                                        {"lr", last.lr},            {"grad_norm", last.grad_norm},
+                                        {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
+                                        {"peak_bytes", last.peak_bytes}}
+                     .dump()
+              << '\n';
+      metrics.flush();
+    }
+    if (progress && (live || log)) {
+      fmt::print(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}",
+                 live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
+                 last.tokens_per_s, live ? "" : "\n");
+      std::fflush(progress);
+    }
+    if (!config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 && s % config_.checkpoint.interval == 0 &&
+        s != config_.training.steps)
+      checkpoint(s);
+  }
+  if (progress && live) fmt::print(progress, "\n");
+  if (!config_.checkpoint.folder.empty()) checkpoint(config_.training.steps);
+  return summary;
+}
+
+}  // namespace meshtrain::train

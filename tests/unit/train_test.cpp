@@ -1,0 +1,175 @@
+// The trainer: step-for-step parity with PyTorch (data/parity, produced by
+// tests/parity/make_reference.py), and clear errors for bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+using namespace meshtrain;
+using mtest::contains;
+using mtest::message_of;
+
+namespace {
+
+const std::string kRoot = MESHTRAIN_SOURCE_DIR;
+
+std::string scratch(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("meshtrain_train_{}_{}", name, getpid());
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+train::TrainConfig parity_config(const nlohmann::json& ref, const std::string& case_name) {
+  train::TrainConfig c;
+  const auto& m = ref.at("model");
+  c.model.dim = m.at("dim");
+  c.model.n_layers = m.at("n_layers");
+  c.model.n_heads = m.at("n_heads");
+  c.model.n_kv_heads = m.at("n_kv_heads");
+  c.model.ffn_dim = m.at("ffn_dim");
+  c.model.vocab_size = m.at("vocab_size");
+  c.model.norm_eps = m.at("norm_eps");
+  c.model.rope_theta = m.at("rope_theta");
+  c.model.tie_embeddings = m.at("tie_embeddings");
+  const auto& t = ref.at("train");
+  c.data.path = kRoot + "/data/parity/text.txt";
+  c.data.seq_len = t.at("seq_len");
+  c.data.batch_size = t.at("batch_size");
+  c.optimizer.lr = t.at("lr");
+  c.optimizer.beta1 = t.at("beta1");
+  c.optimizer.beta2 = t.at("beta2");
+  c.optimizer.eps = t.at("eps");
+  c.optimizer.weight_decay = t.at("weight_decay");
+  c.optimizer.max_grad_norm = t.at("max_grad_norm");
+  c.lr_scheduler.warmup_steps = t.at("warmup_steps");
+  c.lr_scheduler.decay = train::LrDecay::cosine;
+  c.lr_scheduler.min_lr_ratio = t.at("min_lr_ratio");
+  c.training.steps = t.at("steps");
+  c.checkpoint.init_from = kRoot + "/data/parity/" + case_name + ".safetensors";
+  return c;
+}
+
+void check_parity(const std::string& case_name) {
+  std::ifstream in(kRoot + "/data/parity/" + case_name + ".json");
+  ASSERT_TRUE(in.good()) << "missing reference " << case_name;
+  const auto ref = nlohmann::json::parse(in);
+  train::Trainer trainer(parity_config(ref, case_name));
+  double worst = 0;
+  for (const auto& r : ref.at("steps")) {
+    const auto m = trainer.step();
+    const double want = r.at("loss");
+    const double rel = std::fabs(m.loss - want) / std::fabs(want);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-4) << case_name << " step " << m.step << ": meshtrain " << m.loss << ", PyTorch " << want;
+    EXPECT_NEAR(m.lr, r.at("lr").get<double>(), 1e-12 * m.lr + 1e-15) << case_name << " step " << m.step;
+    EXPECT_NEAR(m.grad_norm, r.at("grad_norm").get<double>(), 1e-3 * r.at("grad_norm").get<double>())
+        << case_name << " step " << m.step;
+  }
+  std::printf("%s: 20 steps, worst relative loss difference to PyTorch %.2e\n", case_name.c_str(), worst);
+}
+
+}  // namespace
+
+TEST(Parity, MultiHeadUntiedMatchesPyTorchEveryStep) { check_parity("mha_untied"); }
+TEST(Parity, GroupedQueryTiedMatchesPyTorchEveryStep) { check_parity("gqa_tied"); }
+
+TEST(TrainErrors, DataFiles) {
+  const std::string dir = scratch("data");
+  EXPECT_TRUE(contains(message_of([&] { train::TokenLoader(dir + "/nope.txt", 2, 4); }), "does not exist"));
+  {
+    std::ofstream f(dir + "/short.txt");
+    f << "abc";
+  }
+  EXPECT_TRUE(contains(message_of([&] { train::TokenLoader(dir + "/short.txt", 2, 4); }),
+                       "holds 3 tokens, fewer than one batch needs (batch_size 2 x seq_len 4 + 1)"));
+  {
+    std::ofstream f(dir + "/cut.bin", std::ios::binary);
+    int32_t header[256] = {20240520, 1, 1000};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    uint16_t tokens[10] = {};
+    f.write(reinterpret_cast<const char*>(tokens), sizeof(tokens));
+  }
+  EXPECT_TRUE(contains(message_of([&] { train::TokenLoader(dir + "/cut.bin", 1, 4); }),
+                       "is truncated: the header says 1000 tokens (2000 bytes) but only 20 bytes follow it"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainErrors, LlmcShardBatchesAndWrap) {
+  const std::string dir = scratch("shard");
+  {
+    std::ofstream f(dir + "/ok.bin", std::ios::binary);
+    int32_t header[256] = {20240520, 1, 11};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (uint16_t t = 0; t < 11; ++t) f.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  train::TokenLoader loader(dir + "/ok.bin", 2, 2);
+  Tensor in = Tensor::empty({2, 2}, DType::i64), out = Tensor::empty({2, 2}, DType::i64);
+  loader.next(in, out);
+  EXPECT_EQ(std::vector<int64_t>(in.data<int64_t>().begin(), in.data<int64_t>().end()), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(std::vector<int64_t>(out.data<int64_t>().begin(), out.data<int64_t>().end()), (std::vector<int64_t>{1, 2, 3, 4}));
+  loader.next(in, out);  // tokens 4..8; the next batch would need up to 13 > 11: wrap
+  EXPECT_EQ(in.data<int64_t>()[0], 4);
+  loader.next(in, out);
+  EXPECT_EQ(in.data<int64_t>()[0], 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
+  const std::string dir = scratch("st");
+  std::ifstream in(kRoot + "/data/parity/mha_untied.json");
+  auto config = parity_config(nlohmann::json::parse(in), "mha_untied");
+  auto weights = train::load_safetensors(config.checkpoint.init_from);
+  auto missing = weights;
+  missing.erase("model.layers.1.mlp.up_proj.weight");
+  train::save_safetensors(dir + "/missing.safetensors", missing);
+  config.checkpoint.init_from = dir + "/missing.safetensors";
+  EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }), "tensor 'model.layers.1.mlp.up_proj.weight' is missing"));
+  auto wrong = weights;
+  wrong["model.norm.weight"] = Tensor::zeros({63}, DType::f32);
+  train::save_safetensors(dir + "/wrong.safetensors", wrong);
+  config.checkpoint.init_from = dir + "/wrong.safetensors";
+  EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }),
+                       "tensor 'model.norm.weight' has shape (63), the model expects (64)"));
+  {
+    std::ofstream f(dir + "/junk.safetensors", std::ios::binary);
+    f << "not a safetensors file";
+  }
+  EXPECT_TRUE(contains(message_of([&] { train::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
+  // Round trip.
+  train::save_safetensors(dir + "/copy.safetensors", weights);
+  const auto back = train::load_safetensors(dir + "/copy.safetensors");
+  ASSERT_EQ(back.size(), weights.size());
+  for (const auto& [name, t] : weights)
+    EXPECT_EQ(std::memcmp(back.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainErrors, ConfigKeysAndValues) {
+  const std::string dir = scratch("cfg");
+  const std::string path = dir + "/c.toml";
+  {
+    std::ofstream f(path);
+    f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n[optimizer]\nlearning_rate = 1.0\n";
+  }
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {}); }), "unknown config key 'optimizer.learning_rate'"));
+  {
+    std::ofstream f(path);
+    f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n";
+  }
+  EXPECT_EQ(train::load_config(path, {{"model.dim", "128"}}).model.dim, 128);
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.dim", "big"}}); }),
+                       "config key model.dim: 'big' is not an integer"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"lr_scheduler.decay", "step"}}); }),
+                       "'step' is not one of none, linear, cosine"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "cannot read config"));
+  std::filesystem::remove_all(dir);
+}
