@@ -155,6 +155,18 @@ void Executor::run() {
   }
 }
 
+double Executor::flops() const {
+  double total = 0;
+  for (int n : order_) {
+    const graph::Node& node = g_.node(n);
+    std::vector<graph::ValueInfo> in, out;
+    for (int v : node.inputs) in.push_back(g_.value(v).info);
+    for (int v : node.outputs) out.push_back(g_.value(v).info);
+    if (node.op->flops) total += node.op->flops(in, out, node.attrs);
+  }
+  return total;
+}
+
 Tensor Executor::fetch(int value) const {
   MT_CHECK(std::find(fetches_.begin(), fetches_.end(), value) != fetches_.end() || g_.value(value).producer < 0,
            "fetch: {} was not requested when the executor was built", g_.describe_value(value));

@@ -27,6 +27,7 @@ class Executor {
   Tensor fetch(int value) const;
 
   size_t arena_bytes() const { return arena_bytes_; }  // the plan's peak intermediate memory
+  double flops() const;  // floating-point operations of one run, from each op's FLOP rule
   size_t num_steps() const { return order_.size(); }
 
  private:

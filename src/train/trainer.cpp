@@ -124,7 +124,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       metrics << nlohmann::ordered_json{{"step", last.step},        {"loss", last.loss},
                                         {"lr", last.lr},            {"grad_norm", last.grad_norm},
                                         {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
-                                        {"peak_bytes", last.peak_bytes}}
+                                        {"peak_bytes", last.peak_bytes},
+                                        {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6}}
                      .dump()
               << '\n';
       metrics.flush();

@@ -34,6 +34,7 @@ class Trainer {
   void save(const std::string& path) const;
   const TrainConfig& config() const { return config_; }
   size_t parameter_count() const;
+  double flops_per_step() const { return executor_->flops(); }
 
  private:
   void init_parameters();

@@ -198,70 +198,80 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
   }
 }
 
+// Attention math runs in the tensor's own type (float math for f32, as
+// PyTorch's), threads over independent (batch, head) pairs.
 template <typename T>
 void attention(const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
                int64_t d, double scale) {
   const int64_t group = hq / hkv;
-  std::vector<double> acc(static_cast<size_t>(d));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < t; ++i) {
-        const T* qi = q + ((bi * t + i) * hq + h) * d;
-        double max = -INFINITY, total = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {  // causal: keys up to the query's position
-          const T* kj = k + ((bi * t + j) * hkv + hk) * d;
-          const T* vj = v + ((bi * t + j) * hkv + hk) * d;
-          double score = 0;
-          for (int64_t c = 0; c < d; ++c) score += static_cast<double>(qi[c]) * kj[c];
-          score *= scale;
-          const double new_max = std::max(max, score);
-          const double correction = std::exp(max - new_max), p = std::exp(score - new_max);
-          total = total * correction + p;
-          for (int64_t c = 0; c < d; ++c) acc[c] = acc[c] * correction + p * vj[c];
-          max = new_max;
+  const T sc = static_cast<T>(scale);
+#pragma omp parallel
+  {
+    std::vector<T> acc(static_cast<size_t>(d));
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t hk = h / group;
+        for (int64_t i = 0; i < t; ++i) {
+          const T* qi = q + ((bi * t + i) * hq + h) * d;
+          T max = -INFINITY, total = 0;
+          std::fill(acc.begin(), acc.end(), T(0));
+          for (int64_t j = 0; j <= i; ++j) {  // causal: keys up to the query's position
+            const T* kj = k + ((bi * t + j) * hkv + hk) * d;
+            const T* vj = v + ((bi * t + j) * hkv + hk) * d;
+            T score = 0;
+            for (int64_t c = 0; c < d; ++c) score += qi[c] * kj[c];
+            score *= sc;
+            const T new_max = std::max(max, score);
+            const T correction = std::exp(max - new_max), p = std::exp(score - new_max);
+            total = total * correction + p;
+            for (int64_t c = 0; c < d; ++c) acc[c] = acc[c] * correction + p * vj[c];
+            max = new_max;
+          }
+          T* oi = out + ((bi * t + i) * hq + h) * d;
+          for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] / total;
+          lse[(bi * hq + h) * t + i] = max + std::log(total);
         }
-        T* oi = out + ((bi * t + i) * hq + h) * d;
-        for (int64_t c = 0; c < d; ++c) oi[c] = static_cast<T>(acc[c] / total);
-        lse[(bi * hq + h) * t + i] = static_cast<T>(max + std::log(total));
       }
-    }
+  }
 }
 
 template <typename T>
 void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
                         T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
   const int64_t group = hq / hkv;
+  const T sc = static_cast<T>(scale);
   std::fill(dq, dq + b * t * hq * d, T(0));
   std::fill(dk, dk + b * t * hkv * d, T(0));
   std::fill(dv, dv + b * t * hkv * d, T(0));
+  // One task per (batch, key/value head): it owns those dK, dV rows, and the
+  // dQ rows of its query heads, so tasks never write the same memory.
+#pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t qrow = ((bi * t + i) * hq + h) * d;
-        // D = rowsum(dO * O): the softmax backward's correction term.
-        double dot_do_o = 0;
-        for (int64_t c = 0; c < d; ++c) dot_do_o += static_cast<double>(dout[qrow + c]) * out[qrow + c];
-        const double row_lse = lse[(bi * hq + h) * t + i];
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t krow = ((bi * t + j) * hkv + hk) * d;
-          double score = 0, dp = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            score += static_cast<double>(q[qrow + c]) * k[krow + c];
-            dp += static_cast<double>(dout[qrow + c]) * v[krow + c];
-          }
-          const double p = std::exp(score * scale - row_lse);
-          const double ds = p * (dp - dot_do_o) * scale;
-          for (int64_t c = 0; c < d; ++c) {
-            dv[krow + c] += static_cast<T>(p * dout[qrow + c]);
-            dq[qrow + c] += static_cast<T>(ds * k[krow + c]);
-            dk[krow + c] += static_cast<T>(ds * q[qrow + c]);
+    for (int64_t hk = 0; hk < hkv; ++hk)
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t qrow = ((bi * t + i) * hq + h) * d;
+          // D = rowsum(dO * O): the softmax backward's correction term.
+          T dot_do_o = 0;
+          for (int64_t c = 0; c < d; ++c) dot_do_o += dout[qrow + c] * out[qrow + c];
+          const T row_lse = lse[(bi * hq + h) * t + i];
+          for (int64_t j = 0; j <= i; ++j) {
+            const int64_t krow = ((bi * t + j) * hkv + hk) * d;
+            T score = 0, dp = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              score += q[qrow + c] * k[krow + c];
+              dp += dout[qrow + c] * v[krow + c];
+            }
+            const T p = std::exp(score * sc - row_lse);
+            const T ds = p * (dp - dot_do_o) * sc;
+            for (int64_t c = 0; c < d; ++c) {
+              dv[krow + c] += p * dout[qrow + c];
+              dq[qrow + c] += ds * k[krow + c];
+              dk[krow + c] += ds * q[qrow + c];
+            }
           }
         }
-      }
-    }
 }
 
 template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n) {

@@ -1,0 +1,42 @@
+#!/usr/bin/python3
+"""PyTorch's time per training step for the same Llama as meshtrain's bench
+(forward, backward, clipping, AdamW), for bench/train.sh. Prints JSON."""
+import json
+import resource
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, "tests/parity")
+from make_reference import forward, param_shapes  # noqa: E402  the same architecture as the parity reference
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    threads, steps = int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    params = {n: (torch.ones(s) if "norm" in n else torch.randn(s) * 0.02).requires_grad_()
+              for n, s in param_shapes(cfg).items()}
+    opt = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    B, T = cfg["batch_size"], cfg["seq_len"]
+    data = torch.randint(0, cfg["vocab_size"], (B * T * (steps + 4) + 1,))
+    times = []
+    for step in range(steps + 3):
+        chunk = data[step * B * T: (step + 1) * B * T + 1]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = forward(params, cfg, chunk[:-1].view(B, T), chunk[1:].view(B, T))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[3:])
+    print(json.dumps({"median_step_s": times[len(times) // 2], "tokens_per_step": B * T, "threads": threads,
+                      "torch": torch.__version__,
+                      "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+if __name__ == "__main__":
+    main()
