@@ -177,6 +177,10 @@ const Key& find_key(const std::string& name) {
 }
 }  // namespace
 
+void apply_override(TrainConfig& config, const std::string& key, const std::string& value) {
+  find_key(key).from_text(config, value);
+}
+
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
   TrainConfig c;
   toml::table doc;
@@ -198,7 +202,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
       }
     }
   }
-  for (const auto& [name, value] : overrides) find_key(name).from_text(c, value);
+  for (const auto& [name, value] : overrides) apply_override(c, name, value);
   c.model.validate();
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   return c;

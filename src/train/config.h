@@ -46,6 +46,8 @@ struct TrainConfig {
   double lr_at(int64_t step) const;
 };
 
+// Set one key from its text form ("model.dim", "512"); throws naming the key.
+void apply_override(TrainConfig& config, const std::string& key, const std::string& value);
 // Read `path` (TOML), then apply overrides ("section.key", "value") in order.
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
 // Every key, "section.key", for --help.

@@ -25,32 +25,20 @@ std::string scratch(const std::string& name) {
   return dir.string();
 }
 
+// The reference's settings, applied through the config keys the CLI uses.
 train::TrainConfig parity_config(const nlohmann::json& ref, const std::string& case_name) {
+  static const std::map<std::string, std::string> train_keys = {
+      {"seq_len", "data.seq_len"},           {"batch_size", "data.batch_size"},
+      {"lr", "optimizer.lr"},                {"beta1", "optimizer.beta1"},
+      {"beta2", "optimizer.beta2"},          {"eps", "optimizer.eps"},
+      {"weight_decay", "optimizer.weight_decay"}, {"warmup_steps", "lr_scheduler.warmup_steps"},
+      {"decay", "lr_scheduler.decay"},       {"min_lr_ratio", "lr_scheduler.min_lr_ratio"},
+      {"max_grad_norm", "training.max_grad_norm"}, {"steps", "training.steps"}};
+  auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
   train::TrainConfig c;
-  const auto& m = ref.at("model");
-  c.model.dim = m.at("dim");
-  c.model.n_layers = m.at("n_layers");
-  c.model.n_heads = m.at("n_heads");
-  c.model.n_kv_heads = m.at("n_kv_heads");
-  c.model.ffn_dim = m.at("ffn_dim");
-  c.model.vocab_size = m.at("vocab_size");
-  c.model.norm_eps = m.at("norm_eps");
-  c.model.rope_theta = m.at("rope_theta");
-  c.model.tie_embeddings = m.at("tie_embeddings");
-  const auto& t = ref.at("train");
+  for (const auto& [key, value] : ref.at("model").items()) train::apply_override(c, "model." + key, text(value));
+  for (const auto& [key, value] : ref.at("train").items()) train::apply_override(c, train_keys.at(key), text(value));
   c.data.path = kRoot + "/data/parity/text.txt";
-  c.data.seq_len = t.at("seq_len");
-  c.data.batch_size = t.at("batch_size");
-  c.optimizer.lr = t.at("lr");
-  c.optimizer.beta1 = t.at("beta1");
-  c.optimizer.beta2 = t.at("beta2");
-  c.optimizer.eps = t.at("eps");
-  c.optimizer.weight_decay = t.at("weight_decay");
-  c.optimizer.max_grad_norm = t.at("max_grad_norm");
-  c.lr_scheduler.warmup_steps = t.at("warmup_steps");
-  c.lr_scheduler.decay = train::LrDecay::cosine;
-  c.lr_scheduler.min_lr_ratio = t.at("min_lr_ratio");
-  c.training.steps = t.at("steps");
   c.checkpoint.init_from = kRoot + "/data/parity/" + case_name + ".safetensors";
   return c;
 }
