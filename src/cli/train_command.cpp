@@ -45,9 +45,9 @@ int run_train(const std::vector<std::string>& args) {
   fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
              c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
              static_cast<double>(trainer.parameter_count()) / 1e6);
-  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, 1 rank, float32, {:.1f} GFLOP/step\n",
+  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, 1 rank, {} compute, {:.1f} GFLOP/step\n",
              c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
-             c.optimizer.max_grad_norm, trainer.flops_per_step() / 1e9);
+             c.optimizer.max_grad_norm, c.training.dtype, trainer.flops_per_step() / 1e9);
   std::fflush(stdout);
   const auto summary = trainer.run(stdout);
   fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step, peak memory {:.1f} MiB\n",

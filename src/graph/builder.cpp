@@ -5,6 +5,7 @@ namespace meshtrain::graph {
 int Builder::full(const Shape& shape, DType dtype, double value) {
   return g_.apply1("full", {}, {{"shape", shape.dims()}, {"dtype", static_cast<int64_t>(dtype)}, {"value", value}});
 }
+int Builder::cast(int x, DType dtype) { return g_.apply1("cast", {x}, {{"dtype", static_cast<int64_t>(dtype)}}); }
 int Builder::add(int a, int b) { return g_.apply1("add", {a, b}); }
 int Builder::mul(int a, int b) { return g_.apply1("mul", {a, b}); }
 int Builder::scale(int a, double alpha) { return g_.apply1("scale", {a}, {{"alpha", alpha}}); }

@@ -12,6 +12,7 @@ class Builder {
   Graph& graph() { return g_; }
 
   int full(const Shape& shape, DType dtype, double value);  // a constant
+  int cast(int x, DType dtype);  // its backward casts the gradient back
   int add(int a, int b);
   int mul(int a, int b);
   int scale(int a, double alpha);

@@ -36,6 +36,11 @@ struct OpDef {
   std::function<void(const KernelArgs& args)> cpu_kernel;
 };
 
+// Run an op's CPU kernel. Kernels compute in f32 or f64; bf16 operands go
+// through f32 (widened exactly, results rounded once to bf16), so every op
+// takes bf16 tensors.
+void run_cpu_kernel(const OpDef& op, const KernelArgs& args);
+
 // Registered ops by name (built-in ops are registered on first use).
 // Unknown names fail with the list of registered ops.
 const OpDef& find_op(const std::string& name);

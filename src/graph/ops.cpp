@@ -1,5 +1,6 @@
 // Built-in ops: each defined once, with its shape rule, backward rule, FLOP
 // count and CPU kernel side by side.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -19,7 +20,7 @@ namespace {
 // ---- helpers ---------------------------------------------------------------
 
 void check_float(const ValueInfo& v, const char* what) {
-  MT_CHECK(v.dtype == DType::f32 || v.dtype == DType::f64, "{} must be f32 or f64 (bf16 compute comes later), got {}",
+  MT_CHECK(v.dtype == DType::f32 || v.dtype == DType::f64 || v.dtype == DType::bf16, "{} must be f32, f64 or bf16, got {}",
            what, dtype_name(v.dtype));
 }
 
@@ -109,7 +110,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
   def({"full", 0,
        [](const Infos&, const Attrs& at) {
          const auto dtype = static_cast<DType>(at.get_int("dtype"));
-         MT_CHECK(dtype == DType::f32 || dtype == DType::f64, "full: dtype must be f32 or f64");
+         check_float({Shape{}, dtype}, "full dtype");
          at.get_float("value");
          return Infos{{Shape(at.get_ints("shape")), dtype}};
        },
@@ -119,6 +120,21 @@ void register_ops(std::map<std::string, OpDef>& ops) {
            using T = decltype(z);
            k::fill(static_cast<T>(a.attrs.get_float("value")), out_ptr<T>(a), a.out[0]->numel());
          });
+       }});
+
+  def({"cast", 1,
+       [](const Infos& in, const Attrs& at) {
+         const auto dtype = static_cast<DType>(at.get_int("dtype"));
+         check_float(in[0], "cast input");
+         check_float({Shape{}, dtype}, "cast target");
+         return Infos{{in[0].shape, dtype}};
+       },
+       [](Builder& b, const Node& n, const std::vector<int>& g) {
+         return std::vector<int>{b.cast(g[0], b.graph().value(n.inputs[0]).info.dtype)};
+       },
+       elementwise_flops(1),
+       [](const KernelArgs& a) {
+         convert(a.in[0]->raw(), a.in[0]->dtype(), a.out[0]->raw(), a.out[0]->dtype(), static_cast<size_t>(a.in[0]->numel()));
        }});
 
   def({"add", 2,
@@ -382,7 +398,8 @@ void register_ops(std::map<std::string, OpDef>& ops) {
                   "logits {} must be targets {} plus a vocabulary dim", in[0].shape.to_string(),
                   in[1].shape.to_string());
          at.get_int("ignore_index");
-         return Infos{{Shape{}, in[0].dtype}};
+         // The loss of bf16 logits is f32, as under PyTorch's autocast.
+         return Infos{{Shape{}, in[0].dtype == DType::bf16 ? DType::f32 : in[0].dtype}};
        },
        [](Builder& b, const Node& n, const std::vector<int>& g) {
          return std::vector<int>{
@@ -716,6 +733,26 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
 }
 
 }  // namespace
+
+void run_cpu_kernel(const OpDef& op, const KernelArgs& args) {
+  MT_CHECK(static_cast<bool>(op.cpu_kernel), "op {} has no CPU kernel", op.name);
+  const bool any_bf16 = op.name != "cast" &&
+                        (std::any_of(args.in.begin(), args.in.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }) ||
+                         std::any_of(args.out.begin(), args.out.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }));
+  if (!any_bf16) return op.cpu_kernel(args);
+  // bf16 through f32: widen the inputs, compute, round each output once.
+  std::vector<Tensor> ins, outs;
+  std::vector<const Tensor*> in_ptrs;
+  std::vector<Tensor*> out_ptrs;
+  for (const Tensor* t : args.in) ins.push_back(t->dtype() == DType::bf16 ? t->to(DType::f32) : *t);
+  for (const Tensor* t : args.out) outs.push_back(t->dtype() == DType::bf16 ? Tensor::empty(t->shape(), DType::f32) : *t);
+  for (auto& t : ins) in_ptrs.push_back(&t);
+  for (auto& t : outs) out_ptrs.push_back(&t);
+  op.cpu_kernel({in_ptrs, out_ptrs, args.attrs});
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (args.out[k]->dtype() == DType::bf16)
+      convert(outs[k].raw(), DType::f32, args.out[k]->raw(), DType::bf16, static_cast<size_t>(outs[k].numel()));
+}
 
 const OpDef& find_op(const std::string& name) {
   static const std::map<std::string, OpDef> ops = [] {

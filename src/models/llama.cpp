@@ -37,7 +37,9 @@ std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& c) {
   return shapes;
 }
 
-LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype) {
+LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype,
+                       std::optional<DType> compute) {
+  const DType compute_dtype = compute.value_or(dtype);
   c.validate();
   MT_CHECK(batch > 0 && seq_len > 0, "batch {} and seq_len {} must be positive", batch, seq_len);
   graph::Builder b(g);
@@ -46,22 +48,28 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   m.tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
   m.targets = g.add_input("targets", {batch, seq_len}, DType::i64);
   const int64_t hd = c.head_dim();
+  // A parameter as the compute sees it: a fresh copy per use when computing
+  // in another dtype, so each use's gradient is accumulated in the master dtype.
+  auto use = [&](const std::string& name) {
+    const int p = m.params.at(name);
+    return compute_dtype == dtype ? p : b.cast(p, compute_dtype);
+  };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
-  auto linear = [&](int x, const std::string& w) { return b.matmul(x, m.params.at(w), false, true); };
-  int h = b.embedding(m.params.at("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+  auto linear = [&](int x, const std::string& w) { return b.matmul(x, use(w), false, true); };
+  int h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    const int x = b.rms_norm(h, m.params.at(p + "input_layernorm.weight"), c.norm_eps);
+    const int x = b.rms_norm(h, use(p + "input_layernorm.weight"), c.norm_eps);
     const int q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
     const int k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
     const int v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
     const int attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
     h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
-    const int y = b.rms_norm(h, m.params.at(p + "post_attention_layernorm.weight"), c.norm_eps);
+    const int y = b.rms_norm(h, use(p + "post_attention_layernorm.weight"), c.norm_eps);
     const int act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
     h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
   }
-  h = b.rms_norm(h, m.params.at("model.norm.weight"), c.norm_eps);
+  h = b.rms_norm(h, use("model.norm.weight"), c.norm_eps);
   const int logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   m.loss = b.cross_entropy(b.reshape(logits, {batch * seq_len, c.vocab_size}), b.reshape(m.targets, {batch * seq_len}));
   return m;

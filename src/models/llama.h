@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "graph/graph.h"
@@ -32,9 +33,12 @@ struct LlamaGraph {
   std::map<std::string, int> params;  // Hugging Face name -> parameter value
 };
 
-// Forward graph for batches of B sequences of T tokens, in `dtype` (f32/f64).
+// Forward graph for batches of B sequences of T tokens. Parameters are
+// `dtype` (f32/f64); compute_dtype defaults to it; with bf16 every use of a parameter is a
+// bf16 copy (so its gradient arrives in `dtype`, accumulated there) and the
+// activations are bf16; the loss stays f32.
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
-                       DType dtype = DType::f32);
+                       DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt);
 
 // Shapes of every parameter, by Hugging Face name.
 std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& config);

@@ -146,8 +146,7 @@ void Executor::run() {
     std::vector<Tensor*> out_ptrs;
     for (auto& t : ins) in_ptrs.push_back(&t);
     for (auto& t : outs) out_ptrs.push_back(&t);
-    MT_CHECK(static_cast<bool>(node.op->cpu_kernel), "op {} has no CPU kernel", node.op->name);
-    node.op->cpu_kernel({in_ptrs, out_ptrs, node.attrs});
+    graph::run_cpu_kernel(*node.op, {in_ptrs, out_ptrs, node.attrs});
   }
   for (const auto& [from, to] : write_backs_) {
     Tensor dst = tensor_of(to);

@@ -6,10 +6,10 @@
 namespace meshtrain::train {
 
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, DType dtype) {
+                                const OptimizerConfig& opt, DType dtype, std::optional<DType> compute_dtype) {
   graph::Builder b(g);
   TrainStepGraph s;
-  s.model = models::build_llama(g, model, batch, seq_len, dtype);
+  s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype);
   std::vector<std::string> names;
   std::vector<int> params;
   for (const auto& [name, v] : s.model.params) {

@@ -30,7 +30,10 @@ struct TrainStepGraph {
   std::vector<std::pair<int, int>> write_backs;    // updated value -> its buffer
 };
 
+// Parameters, gradients and optimizer state are f32; compute_dtype bf16 runs
+// the forward and backward passes in bf16 (f32 master weights).
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, DType dtype = DType::f32);
+                                const OptimizerConfig& opt, DType dtype = DType::f32,
+                                std::optional<DType> compute_dtype = std::nullopt);
 
 }  // namespace meshtrain::train

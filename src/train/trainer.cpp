@@ -15,8 +15,6 @@ namespace meshtrain::train {
 
 namespace {
 TrainConfig checked(TrainConfig c) {
-  MT_CHECK(c.training.dtype == "float32",
-           "training.dtype = \"{}\" is not implemented yet; use \"float32\"", c.training.dtype);
   MT_CHECK(c.optimizer_state_dtype == "float32",
            "optimizer.state_dtype = \"{}\" is not implemented yet; use \"float32\"", c.optimizer_state_dtype);
   return c;
@@ -29,7 +27,8 @@ Trainer::Trainer(TrainConfig config)
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
   const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
-  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32);
+  const DType compute = config_.training.dtype == "bfloat16" ? DType::bf16 : DType::f32;
+  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32, compute);
   executor_ = std::make_unique<runtime::Executor>(graph_, step_graph_.fetches);
   for (const auto& [from, to] : step_graph_.write_backs) executor_->write_back(from, to);
   init_parameters();
