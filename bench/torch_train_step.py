@@ -15,6 +15,9 @@ from make_reference import forward, param_shapes  # noqa: E402  the same archite
 def main():
     cfg = json.loads(sys.argv[1])
     threads, steps = int(sys.argv[2]), int(sys.argv[3])
+    dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
+    # bfloat16: PyTorch's CPU autocast (bf16 compute, f32 weights), as meshtrain's bf16 mode.
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     params = {n: (torch.ones(s) if "norm" in n else torch.randn(s) * 0.02).requires_grad_()
@@ -27,14 +30,15 @@ def main():
         chunk = data[step * B * T: (step + 1) * B * T + 1]
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = forward(params, cfg, chunk[:-1].view(B, T), chunk[1:].view(B, T))
+        with autocast:
+            loss = forward(params, cfg, chunk[:-1].view(B, T), chunk[1:].view(B, T))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
     times = sorted(times[3:])
     print(json.dumps({"median_step_s": times[len(times) // 2], "tokens_per_step": B * T, "threads": threads,
-                      "torch": torch.__version__,
+                      "torch": torch.__version__, "dtype": dtype,
                       "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
