@@ -30,13 +30,20 @@ void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, i
     gemm(ta, tb, m, n, k, a + i * a_stride, b + i * b_stride, c + i * m * n, accumulate);
 }
 
+// Loops over elements or rows run on OpenMP threads once they are big
+// enough to pay for it.
+constexpr int64_t kParallelElements = 1 << 14;
+
 template <typename T> void add(const T* a, const T* b, T* out, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 template <typename T> void mul(const T* a, const T* b, T* out, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 template <typename T> void scale(const T* a, T alpha, T* out, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = alpha * a[i];
 }
 template <typename T> void fill(T value, T* out, int64_t n) { std::fill(out, out + n, value); }
@@ -71,9 +78,11 @@ void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d
 }
 
 template <typename T> void silu(const T* x, T* y, int64_t n) {
+#pragma omp parallel for if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (T(1) + std::exp(-x[i]));
 }
 template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+#pragma omp parallel for if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const T s = T(1) / (T(1) + std::exp(-x[i]));
     dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
@@ -81,6 +90,7 @@ template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t
 }
 
 template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d) {
+#pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     T* yr = y + r * d;
@@ -91,6 +101,7 @@ template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d) {
   }
 }
 template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
+#pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const T* yr = y + r * d;
     const T* gr = dy + r * d;
@@ -101,6 +112,7 @@ template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int6
 }
 
 template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
+#pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     double ss = 0;
@@ -111,32 +123,42 @@ template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, 
 }
 template <typename T>
 void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps) {
-  std::fill(dw, dw + d, T(0));
+  // Rows in parallel for dx; each row's 1/rms is kept for dw, which is then
+  // summed over rows column by column (no two threads write one element).
+  std::vector<double> inv_rms(static_cast<size_t>(rows));
+#pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     const T* gr = dy + r * d;
     double ss = 0;
     for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+    inv_rms[static_cast<size_t>(r)] = inv;
     // dx = inv * (g*w) - x * inv^3 / d * sum(g*w*x)
     double dot = 0;
     for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(gr[i]) * w[i] * xr[i];
     const double k = dot * inv * inv * inv / static_cast<double>(d);
-    for (int64_t i = 0; i < d; ++i) {
-      dx[r * d + i] = static_cast<T>(inv * gr[i] * w[i] - k * xr[i]);
-      dw[i] += static_cast<T>(gr[i] * xr[i] * inv);
-    }
+    for (int64_t i = 0; i < d; ++i) dx[r * d + i] = static_cast<T>(inv * gr[i] * w[i] - k * xr[i]);
+  }
+#pragma omp parallel for if (rows * d > kParallelElements)
+  for (int64_t i = 0; i < d; ++i) {
+    double acc = 0;
+    for (int64_t r = 0; r < rows; ++r) acc += static_cast<double>(dy[r * d + i]) * x[r * d + i] * inv_rms[static_cast<size_t>(r)];
+    dw[i] = static_cast<T>(acc);
   }
 }
 
 template <typename T>
 T cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
+  for (int64_t r = 0; r < rows; ++r)
+    MT_CHECK(targets[r] == ignore_index || (targets[r] >= 0 && targets[r] < vocab),
+             "cross_entropy: target {} of row {} is outside the vocabulary [0, {})", targets[r], r, vocab);
   double total = 0;
   int64_t counted = 0;
+#pragma omp parallel for reduction(+ : total, counted) if (rows * vocab > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = targets[r];
     if (t == ignore_index) continue;
-    MT_CHECK(t >= 0 && t < vocab, "cross_entropy: target {} of row {} is outside the vocabulary [0, {})", t, r, vocab);
     const T* lr = logits + r * vocab;
     const T max = *std::max_element(lr, lr + vocab);
     double z = 0;
@@ -152,6 +174,7 @@ void cross_entropy_backward(const T* logits, const int64_t* targets, T dloss, T*
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) counted += targets[r] != ignore_index;
   const T g = counted ? dloss / static_cast<T>(counted) : T(0);
+#pragma omp parallel for if (rows * vocab > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     T* dr = dlogits + r * vocab;
     if (targets[r] == ignore_index) {
@@ -275,9 +298,11 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
 }
 
 template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n) {
+#pragma omp parallel for if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (T(1) + std::exp(-gate[i])) * up[i];
 }
 template <typename T> void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+#pragma omp parallel for if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const T s = T(1) / (T(1) + std::exp(-gate[i]));
     dup[i] = dout[i] * gate[i] * s;
@@ -299,6 +324,7 @@ void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double bet
   const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias2_sqrt = std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step)));
   const double step_size = lr / bias1;
+#pragma omp parallel for if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const double g = grad[i];
     double p = static_cast<double>(param[i]) * (1.0 - lr * weight_decay);  // decoupled weight decay
