@@ -34,6 +34,8 @@ struct OpDef {
   // Floating-point operations of one execution.
   std::function<double(const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs)> flops;
   std::function<void(const KernelArgs& args)> cpu_kernel;
+  // The kernel takes bf16 operands itself; otherwise they go through f32.
+  bool bf16_kernel = false;
 };
 
 // Run an op's CPU kernel. Kernels compute in f32 or f64; bf16 operands go

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "graph/builder.h"
 #include "graph/op_registry.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace meshtrain::graph {
@@ -204,12 +205,16 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          const bool ta = a.attrs.get_int("transpose_a") != 0, tb = a.attrs.get_int("transpose_b") != 0;
          const MatmulDims d = matmul_dims({a.in[0]->shape(), a.in[0]->dtype()}, {a.in[1]->shape(), a.in[1]->dtype()}, ta, tb);
+         const int64_t b_stride = d.b_shared ? 0 : d.k * d.n;
+         if (a.in[0]->dtype() == DType::bf16)
+           return k::matmul_bf16(in_ptr<uint16_t>(a, 0), in_ptr<uint16_t>(a, 1), out_ptr<uint16_t>(a), d.batch, d.m,
+                                 d.n, d.k, ta, tb, d.m * d.k, b_stride);
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::matmul(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), d.batch, d.m, d.n, d.k, ta, tb, d.m * d.k,
-                     d.b_shared ? 0 : d.k * d.n);
+           k::matmul(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), d.batch, d.m, d.n, d.k, ta, tb, d.m * d.k, b_stride);
          });
-       }});
+       },
+       /*bf16_kernel=*/true});
 
   def({"sum", 1,
        [](const Infos& in, const Attrs&) {
@@ -736,7 +741,7 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
 
 void run_cpu_kernel(const OpDef& op, const KernelArgs& args) {
   MT_CHECK(static_cast<bool>(op.cpu_kernel), "op {} has no CPU kernel", op.name);
-  const bool any_bf16 = op.name != "cast" &&
+  const bool any_bf16 = !op.bf16_kernel && op.name != "cast" &&
                         (std::any_of(args.in.begin(), args.in.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }) ||
                          std::any_of(args.out.begin(), args.out.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }));
   if (!any_bf16) return op.cpu_kernel(args);

@@ -326,3 +326,31 @@ TEST(Rope, MatchesRotateHalfConvention) {
       EXPECT_NEAR(out[static_cast<size_t>(pos * 4 + i + 2)], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-15);
     }
 }
+
+// bf16 matmul (oneDNN) against f32 GEMM on the same bf16-exact inputs: equal
+// up to the final rounding to bf16, for every transpose and batching mode.
+TEST(Matmul, Bf16MatchesFloat32UpToRounding) {
+  std::mt19937 rng(9);
+  for (bool shared : {true, false})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Shape as = ta ? Shape{3, 17, 13} : Shape{3, 13, 17};
+        const Shape bs = shared ? (tb ? Shape{11, 17} : Shape{17, 11}) : (tb ? Shape{3, 11, 17} : Shape{3, 17, 11});
+        Graph g;
+        Builder b(g);
+        const int a32 = g.add_input("a", as, DType::f32), b32 = g.add_input("b", bs, DType::f32);
+        const int ref = b.matmul(a32, b32, ta, tb);
+        const int got = b.matmul(b.cast(a32, DType::bf16), b.cast(b32, DType::bf16), ta, tb);
+        runtime::Executor ex(g, {ref, got});
+        // Inputs already bf16-exact, so the f32 reference sees the same numbers.
+        Tensor at = random_tensor(as, rng).to(DType::bf16).to(DType::f32), bt = random_tensor(bs, rng).to(DType::bf16).to(DType::f32);
+        ex.bind(a32, at);
+        ex.bind(b32, bt);
+        ex.run();
+        const Tensor r = ex.fetch(ref), o = ex.fetch(got);
+        ASSERT_EQ(o.dtype(), DType::bf16);
+        for (int64_t i = 0; i < r.numel(); ++i)
+          ASSERT_NEAR(o.get(i), r.get(i), std::ldexp(std::fabs(r.get(i)), -8) + 1e-6)
+              << "shared=" << shared << " ta=" << ta << " tb=" << tb << " i=" << i;
+      }
+}
