@@ -392,20 +392,23 @@ Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vec
                                                        : raw[j].after.code[raw[j].mesh_dim]);
       merged = evenly_sharded(sp, sharded, d, shape[d]);
     }
-    int n = 1;
-    for (int m : dims) n *= sp.sizes[m];
-    const auto [bytes, cost] = merged ? sp.step(first.before, c, n, sp.model->merged_link(dims))
-                                      : sp.step(first.before, c, sp.sizes[first.mesh_dim],
-                                                sp.model->links[first.mesh_dim]);
-    if (merged && cost >= separate_cost) merged = false;
+    // (bytes, cost) of the first step alone, or of the merged collective when it is cheaper.
+    auto chosen = sp.step(first.before, c, sp.sizes[first.mesh_dim], sp.model->links[first.mesh_dim]);
+    if (merged) {
+      int n = 1;
+      for (int m : dims) n *= sp.sizes[m];
+      const auto combined = sp.step(first.before, c, n, sp.model->merged_link(dims));
+      if (combined.second < separate_cost) chosen = combined;
+      else merged = false;
+    }
     if (!merged) j = i;
     PlanStep out;
     out.mesh_dims = merged ? dims : std::vector<int>{first.mesh_dim};
     out.from = decode(first.before.code[first.mesh_dim]);
     out.to = decode(first.after.code[first.mesh_dim]);
     out.collective = c;
-    out.bytes = merged ? bytes : sp.step(first.before, c, sp.sizes[first.mesh_dim], sp.model->links[first.mesh_dim]).first;
-    out.cost_us = merged ? cost : sp.edge_cost(first.before, c, first.mesh_dim);
+    out.bytes = chosen.first;
+    out.cost_us = chosen.second;
     out.before = to_layout(first.before, sp.ndim);
     out.after = to_layout(raw[j].after, sp.ndim);
     plan.total_cost_us += out.cost_us;
