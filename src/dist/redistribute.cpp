@@ -76,77 +76,80 @@ struct StepContext {
   }
 };
 
-Tensor all_gather_step(const Tensor& cur, StepContext& c) {
-  const int d = c.step.from.dim;
-  const int64_t parent = c.after_shape[d];
-  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
-  std::vector<int64_t> counts;
+// Each member's rows of a parent list of length parent_len split by p.
+std::vector<std::vector<int64_t>> rows_by_member(const StepContext& c, int64_t parent_len, const Placement& p) {
   std::vector<std::vector<int64_t>> rows;
-  for (int j = 0; j < c.group_size; ++j) {
-    rows.push_back(c.member_rows(parent, c.step.from, j));
-    counts.push_back(numel(with_dim(c.before_shape, d, static_cast<int64_t>(rows.back().size()))));
-  }
-  Tensor gathered = Tensor::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})}, cur.dtype());
-  g.all_gather(cur.reshape({cur.numel()}), gathered, counts)->wait();
-  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
-  const auto* src = static_cast<const std::byte*>(gathered.raw());
+  for (int j = 0; j < c.group_size; ++j) rows.push_back(c.member_rows(parent_len, p, j));
+  return rows;
+}
+
+// Elements of each member's block: `shape` with dim d cut to its rows.
+std::vector<int64_t> block_counts(const std::vector<int64_t>& shape, int d, const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int64_t> counts;
+  for (const auto& r : rows) counts.push_back(numel(with_dim(shape, d, static_cast<int64_t>(r.size()))));
+  return counts;
+}
+
+// One flat buffer of blocks, block j = rows[j] of `cur` along dim d.
+Tensor pack_blocks(const Tensor& cur, const std::vector<int64_t>& shape, int d, size_t elem,
+                   const std::vector<std::vector<int64_t>>& rows) {
+  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
   int64_t offset = 0;
-  for (int j = 0; j < c.group_size; ++j) {
-    put_rows(src + offset * static_cast<int64_t>(c.elem), static_cast<std::byte*>(out.raw()), c.after_shape, d, c.elem,
-             rows[j]);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    take_rows(static_cast<const std::byte*>(cur.raw()), shape, d, elem, rows[j],
+              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(elem));
+    offset += numel(with_dim(shape, d, static_cast<int64_t>(rows[j].size())));
+  }
+  return packed;
+}
+
+// The inverse: block j of `blocks` (counts[j] elements) goes to rows[j] of a new tensor of `shape` along dim d.
+Tensor unpack_blocks(const Tensor& blocks, const std::vector<int64_t>& counts, const std::vector<int64_t>& shape, int d,
+                     size_t elem, const std::vector<std::vector<int64_t>>& rows) {
+  Tensor out = Tensor::empty(Shape(shape), blocks.dtype());
+  int64_t offset = 0;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    put_rows(static_cast<const std::byte*>(blocks.raw()) + offset * static_cast<int64_t>(elem),
+             static_cast<std::byte*>(out.raw()), shape, d, elem, rows[j]);
     offset += counts[j];
   }
   return out;
 }
 
+Tensor all_gather_step(const Tensor& cur, StepContext& c) {
+  const int d = c.step.from.dim;
+  const auto rows = rows_by_member(c, c.after_shape[d], c.step.from);
+  const auto counts = block_counts(c.before_shape, d, rows);
+  Tensor gathered = Tensor::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})}, cur.dtype());
+  c.groups.merged_group(c.step.mesh_dims).all_gather(cur.reshape({cur.numel()}), gathered, counts)->wait();
+  return unpack_blocks(gathered, counts, c.after_shape, d, c.elem, rows);
+}
+
 Tensor reduce_scatter_step(const Tensor& cur, StepContext& c) {
   const int d = c.step.to.dim;
-  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
-  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
-  std::vector<int64_t> counts;
-  int64_t offset = 0;
-  for (int j = 0; j < c.group_size; ++j) {
-    const auto rows = c.member_rows(c.before_shape[d], c.step.to, j);
-    take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows,
-              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(c.elem));
-    counts.push_back(numel(with_dim(c.before_shape, d, static_cast<int64_t>(rows.size()))));
-    offset += counts.back();
-  }
+  const auto rows = rows_by_member(c, c.before_shape[d], c.step.to);
   Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
   Tensor flat = out.reshape({out.numel()});
-  g.reduce_scatter(packed, flat, c.step.from.reduce, counts)->wait();
+  c.groups.merged_group(c.step.mesh_dims)
+      .reduce_scatter(pack_blocks(cur, c.before_shape, d, c.elem, rows), flat, c.step.from.reduce,
+                      block_counts(c.before_shape, d, rows))
+      ->wait();
   return out;
 }
 
 Tensor all_to_all_step(const Tensor& cur, StepContext& c) {
   const int a = c.step.from.dim, b = c.step.to.dim;
-  comm::ProcessGroup& g = c.groups.merged_group(c.step.mesh_dims);
-  const int64_t parent_a = c.after_shape[a];
-  std::vector<int64_t> send_counts, recv_counts;
-  std::vector<std::vector<int64_t>> a_rows;
-  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
-  int64_t offset = 0;
-  for (int j = 0; j < c.group_size; ++j) {
-    // To member j: its part of dim b, with all of my part of dim a.
-    const auto b_rows = c.member_rows(c.before_shape[b], c.step.to, j);
-    take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, b, c.elem, b_rows,
-              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(c.elem));
-    send_counts.push_back(numel(with_dim(c.before_shape, b, static_cast<int64_t>(b_rows.size()))));
-    offset += send_counts.back();
-    // From member j: its part of dim a, with my part of dim b.
-    a_rows.push_back(c.member_rows(parent_a, c.step.from, j));
-    recv_counts.push_back(numel(with_dim(c.after_shape, a, static_cast<int64_t>(a_rows.back().size()))));
-  }
+  // To member j: its part of dim b, with all of my part of dim a.
+  const auto b_rows = rows_by_member(c, c.before_shape[b], c.step.to);
+  // From member j: its part of dim a, with my part of dim b.
+  const auto a_rows = rows_by_member(c, c.after_shape[a], c.step.from);
+  const auto recv_counts = block_counts(c.after_shape, a, a_rows);
   Tensor received = Tensor::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, cur.dtype());
-  g.all_to_all(packed, received, send_counts, recv_counts)->wait();
-  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
-  offset = 0;
-  for (int j = 0; j < c.group_size; ++j) {
-    put_rows(static_cast<const std::byte*>(received.raw()) + offset * static_cast<int64_t>(c.elem),
-             static_cast<std::byte*>(out.raw()), c.after_shape, a, c.elem, a_rows[j]);
-    offset += recv_counts[j];
-  }
-  return out;
+  c.groups.merged_group(c.step.mesh_dims)
+      .all_to_all(pack_blocks(cur, c.before_shape, b, c.elem, b_rows), received,
+                  block_counts(c.before_shape, b, b_rows), recv_counts)
+      ->wait();
+  return unpack_blocks(received, recv_counts, c.after_shape, a, c.elem, a_rows);
 }
 
 Tensor local_step(const Tensor& cur, StepContext& c) {
