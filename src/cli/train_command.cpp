@@ -14,18 +14,39 @@ std::string train_help() {
   return fmt::format(
       "meshtrain train --config FILE [--section.key value ...]\n"
       "Train a Llama on one rank from a TOML config; any key can be overridden on the command line\n"
-      "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). Keys: {}\n",
+      "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). --profile prints the time of each op after training\n"
+      "(summed over all steps but the first). Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
+
+namespace {
+void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
+  double total = 0;
+  for (const auto& t : ops) total += t.seconds;
+  if (total <= 0) {
+    fmt::print("profile: nothing timed (profiling starts at step 2)\n");
+    return;
+  }
+  fmt::print("profile (steps 2..): {:<22} {:>8} {:>10} {:>7} {:>9}\n", "op", "calls", "ms", "share", "GFLOP/s");
+  for (const auto& t : ops)
+    fmt::print("                     {:<22} {:>8} {:>10.1f} {:>6.1f}% {:>9.1f}\n", t.op, t.calls, t.seconds * 1e3,
+               100 * t.seconds / total, t.seconds > 0 ? t.flops / t.seconds * 1e-9 : 0.0);
+}
+}  // namespace
 
 int run_train(const std::vector<std::string>& args) {
   std::string config_path;
   std::vector<std::pair<std::string, std::string>> overrides;
+  bool profile = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
       fmt::print("{}", train_help());
       return 0;
+    }
+    if (a == "--profile") {
+      profile = true;
+      continue;
     }
     MT_CHECK(a.rfind("--", 0) == 0, "train: unexpected argument '{}'; options look like --config FILE or --section.key value", a);
     std::string key = a.substr(2), value;
@@ -49,11 +70,13 @@ int run_train(const std::vector<std::string>& args) {
              c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
              c.optimizer.max_grad_norm, c.training.dtype, trainer.flops_per_step() / 1e9);
   std::fflush(stdout);
+  trainer.set_profiling(profile);
   const auto summary = trainer.run(stdout);
   fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step, peak memory {:.1f} MiB\n",
              summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
              static_cast<double>(summary.last.peak_bytes) / (1 << 20));
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
+  if (profile) print_profile(trainer.profile());
   return 0;
 }
 

@@ -129,13 +129,6 @@ double decode(uint32_t bits, const FloatFormat& f) {
 
 }  // namespace
 
-uint16_t f32_to_bf16(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  if (std::isnan(x)) return static_cast<uint16_t>((u >> 16) | 0x0040);  // keep sign, quiet
-  const uint32_t rounding_bias = 0x7FFF + ((u >> 16) & 1);
-  return static_cast<uint16_t>((u + rounding_bias) >> 16);
-}
-float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 uint16_t f32_to_f16(float x) { return static_cast<uint16_t>(encode(x, kF16)); }
 float f16_to_f32(uint16_t bits) { return static_cast<float>(decode(bits, kF16)); }
 uint8_t f32_to_e4m3(float x) { return static_cast<uint8_t>(encode(x, kE4M3)); }

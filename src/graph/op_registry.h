@@ -33,14 +33,11 @@ struct OpDef {
   std::function<std::vector<int>(Builder& b, const Node& node, const std::vector<int>& grad_out)> backward;
   // Floating-point operations of one execution.
   std::function<double(const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs)> flops;
+  // Takes f32, f64 and bf16 operands (bf16 computed in f32, rounded once per output element).
   std::function<void(const KernelArgs& args)> cpu_kernel;
-  // The kernel takes bf16 operands itself; otherwise they go through f32.
-  bool bf16_kernel = false;
 };
 
-// Run an op's CPU kernel. Kernels compute in f32 or f64; bf16 operands go
-// through f32 (widened exactly, results rounded once to bf16), so every op
-// takes bf16 tensors.
+// Run an op's CPU kernel.
 void run_cpu_kernel(const OpDef& op, const KernelArgs& args);
 
 // Registered ops by name (built-in ops are registered on first use).

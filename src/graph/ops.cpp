@@ -30,12 +30,22 @@ void check_same(const ValueInfo& a, const ValueInfo& b) {
   MT_CHECK(a.shape == b.shape, "shapes differ: {} and {}", a.shape.to_string(), b.shape.to_string());
 }
 
-// Run fn with a zero of the C++ type that stores a float dtype.
+// Run fn with a value of the C++ type that stores a float dtype (bf16: bfloat16,
+// computed in f32 by the kernels).
 template <typename Fn>
 void by_float_type(DType t, Fn&& fn) {
   if (t == DType::f32) return fn(float{});
   if (t == DType::f64) return fn(double{});
+  if (t == DType::bf16) return fn(bfloat16{});
   throw InvalidArgument(fmt::format("no CPU kernel for dtype {}", dtype_name(t)));
+}
+
+// As by_float_type, for the dtypes with a BLAS GEMM (bf16 GEMM is oneDNN's).
+template <typename Fn>
+void by_blas_type(DType t, Fn&& fn) {
+  if (t == DType::f32) return fn(float{});
+  if (t == DType::f64) return fn(double{});
+  throw InvalidArgument(fmt::format("no BLAS GEMM for dtype {}", dtype_name(t)));
 }
 
 template <typename T> T* out_ptr(const KernelArgs& a, size_t i = 0) { return static_cast<T*>(a.out[i]->raw()); }
@@ -119,7 +129,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.out[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::fill(static_cast<T>(a.attrs.get_float("value")), out_ptr<T>(a), a.out[0]->numel());
+           k::fill(a.attrs.get_float("value"), out_ptr<T>(a), a.out[0]->numel());
          });
        }});
 
@@ -183,7 +193,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::scale(in_ptr<T>(a, 0), static_cast<T>(a.attrs.get_float("alpha")), out_ptr<T>(a), a.out[0]->numel());
+           k::scale(in_ptr<T>(a, 0), a.attrs.get_float("alpha"), out_ptr<T>(a), a.out[0]->numel());
          });
        }});
 
@@ -209,12 +219,11 @@ void register_ops(std::map<std::string, OpDef>& ops) {
          if (a.in[0]->dtype() == DType::bf16)
            return k::matmul_bf16(in_ptr<uint16_t>(a, 0), in_ptr<uint16_t>(a, 1), out_ptr<uint16_t>(a), d.batch, d.m,
                                  d.n, d.k, ta, tb, d.m * d.k, b_stride);
-         by_float_type(a.in[0]->dtype(), [&](auto z) {
+         by_blas_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
            k::matmul(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), d.batch, d.m, d.n, d.k, ta, tb, d.m * d.k, b_stride);
          });
-       },
-       /*bf16_kernel=*/true});
+       }});
 
   def({"sum", 1,
        [](const Infos& in, const Attrs&) {
@@ -228,7 +237,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           *out_ptr<T>(a) = k::sum(in_ptr<T>(a, 0), a.in[0]->numel());
+           *out_ptr<T>(a) = k::store<T>(k::sum(in_ptr<T>(a, 0), a.in[0]->numel()));
          });
        }});
 
@@ -246,7 +255,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           *out_ptr<T>(a) = k::sum(in_ptr<T>(a, 0), a.in[0]->numel()) / static_cast<T>(a.in[0]->numel());
+           *out_ptr<T>(a) = k::store<T>(k::sum(in_ptr<T>(a, 0), a.in[0]->numel()) / static_cast<double>(a.in[0]->numel()));
          });
        }});
 
@@ -261,7 +270,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::fill(*in_ptr<T>(a, 0), out_ptr<T>(a), a.out[0]->numel());
+           k::fill(static_cast<double>(k::load(*in_ptr<T>(a, 0))), out_ptr<T>(a), a.out[0]->numel());
          });
        }});
 
@@ -415,8 +424,8 @@ void register_ops(std::map<std::string, OpDef>& ops) {
          const auto [rows, vocab] = rows_of(*a.in[0]);
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           *out_ptr<T>(a) = k::cross_entropy(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), rows, vocab,
-                                             a.attrs.get_int("ignore_index"));
+           *out_ptr<k::Acc<T>>(a) = static_cast<k::Acc<T>>(
+               k::cross_entropy(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), rows, vocab, a.attrs.get_int("ignore_index")));
          });
        }});
   def({"cross_entropy_backward", 3,
@@ -425,7 +434,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
          const auto [rows, vocab] = rows_of(*a.in[0]);
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::cross_entropy_backward(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), *in_ptr<T>(a, 2), out_ptr<T>(a), rows,
+           k::cross_entropy_backward(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), *in_ptr<k::Acc<T>>(a, 2), out_ptr<T>(a), rows,
                                      vocab, a.attrs.get_int("ignore_index"));
          });
        }});
@@ -519,7 +528,8 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
          check_attention(in);
          at.get_float("scale");
          const auto& q = in[0].shape;
-         return Infos{in[0], {Shape{q[0], q[2], q[1]}, in[0].dtype}};  // out, row log-sum-exp
+         // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
+         return Infos{in[0], {Shape{q[0], q[2], q[1]}, in[0].dtype == DType::bf16 ? DType::f32 : in[0].dtype}};
        },
        [](Builder& b, const Node& n, const std::vector<int>& g) {
          return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
@@ -533,7 +543,7 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
          const auto& q = a.in[0]->shape();
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::attention(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1), q[0], q[1],
+           k::attention(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<k::Acc<T>>(a, 1), q[0], q[1],
                         q[2], a.in[1]->shape()[2], q[3], a.attrs.get_float("scale"));
          });
        }});
@@ -547,7 +557,7 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
          const auto& q = a.in[0]->shape();
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::attention_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), in_ptr<T>(a, 3), in_ptr<T>(a, 4),
+           k::attention_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), in_ptr<T>(a, 3), in_ptr<k::Acc<T>>(a, 4),
                                  in_ptr<T>(a, 5), out_ptr<T>(a, 0), out_ptr<T>(a, 1), out_ptr<T>(a, 2), q[0], q[1], q[2],
                                  a.in[1]->shape()[2], q[3], a.attrs.get_float("scale"));
          });
@@ -679,11 +689,10 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          double total = 0;
          for (const Tensor* x : a.in)
-           for (int64_t i = 0; i < x->numel(); ++i) {
-             const double v = x->dtype() == DType::f32 ? static_cast<const float*>(x->raw())[i]
-                                                       : static_cast<const double*>(x->raw())[i];
-             total += v * v;
-           }
+           by_float_type(x->dtype(), [&](auto z) {
+             using T = decltype(z);
+             total += k::sum_squares(static_cast<const T*>(x->raw()), x->numel());
+           });
          a.out[0]->set(0, std::sqrt(total));
        }});
   def({"clip_coefficient", 1,
@@ -707,14 +716,20 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
        [](const KernelArgs& a) {
          by_float_type(a.in[0]->dtype(), [&](auto z) {
            using T = decltype(z);
-           k::scale(in_ptr<T>(a, 0), static_cast<T>(a.in[1]->get(0)), out_ptr<T>(a), a.out[0]->numel());
+           k::scale(in_ptr<T>(a, 0), a.in[1]->get(0), out_ptr<T>(a), a.out[0]->numel());
          });
        }});
 
   def({"adamw", 6,
        [](const Infos& in, const Attrs& at) {
          check_float(in[0], "adamw param");
-         for (int i = 1; i < 4; ++i) check_same(in[0], in[static_cast<size_t>(i)]);
+         check_same(in[0], in[1]);
+         // Moments: the param's dtype, or bf16 for f32 params (f32 math either way).
+         MT_CHECK(in[2].shape == in[0].shape && in[3] == in[2], "moments must have the param's shape {}, got {} and {}",
+                  in[0].shape.to_string(), in[2].shape.to_string(), in[3].shape.to_string());
+         MT_CHECK(in[2].dtype == in[0].dtype || (in[0].dtype == DType::f32 && in[2].dtype == DType::bf16),
+                  "moments of a {} param must be {}{}, got {}", dtype_name(in[0].dtype), dtype_name(in[0].dtype),
+                  in[0].dtype == DType::f32 ? " or bf16" : "", dtype_name(in[2].dtype));
          MT_CHECK(in[4].shape.numel() == 1 && in[4].dtype == DType::f64, "lr must be one f64 element");
          MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::i64, "step must be one i64 element");
          for (const char* key : {"beta1", "beta2", "eps", "weight_decay"}) at.get_float(key);
@@ -726,14 +741,18 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
          MT_CHECK(step >= 1, "adamw: step must be >= 1 (bias correction), got {}", step);
          // The graph is functional: update copies (the trainer writes them back).
          std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes());  // param
-         std::memcpy(a.out[1]->raw(), a.in[2]->raw(), a.in[0]->nbytes());  // m
-         std::memcpy(a.out[2]->raw(), a.in[3]->raw(), a.in[0]->nbytes());  // v
-         by_float_type(a.in[0]->dtype(), [&](auto z) {
-           using T = decltype(z);
-           k::adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a, 1), out_ptr<T>(a, 2), a.in[0]->numel(),
-                    static_cast<const double*>(a.in[4]->raw())[0], a.attrs.get_float("beta1"), a.attrs.get_float("beta2"),
-                    a.attrs.get_float("eps"), a.attrs.get_float("weight_decay"), step);
-         });
+         std::memcpy(a.out[1]->raw(), a.in[2]->raw(), a.in[2]->nbytes());  // m
+         std::memcpy(a.out[2]->raw(), a.in[3]->raw(), a.in[3]->nbytes());  // v
+         const double lr = static_cast<const double*>(a.in[4]->raw())[0];
+         auto run = [&](auto param_type, auto state_type) {
+           using T = decltype(param_type);
+           using S = decltype(state_type);
+           k::adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<S>(a, 1), out_ptr<S>(a, 2), a.in[0]->numel(), lr,
+                    a.attrs.get_float("beta1"), a.attrs.get_float("beta2"), a.attrs.get_float("eps"),
+                    a.attrs.get_float("weight_decay"), step);
+         };
+         if (a.in[0]->dtype() == DType::f32 && a.in[2]->dtype() == DType::bf16) return run(float{}, bfloat16{});
+         by_float_type(a.in[0]->dtype(), [&](auto z) { run(z, z); });
        }});
 }
 
@@ -741,22 +760,7 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
 
 void run_cpu_kernel(const OpDef& op, const KernelArgs& args) {
   MT_CHECK(static_cast<bool>(op.cpu_kernel), "op {} has no CPU kernel", op.name);
-  const bool any_bf16 = !op.bf16_kernel && op.name != "cast" &&
-                        (std::any_of(args.in.begin(), args.in.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }) ||
-                         std::any_of(args.out.begin(), args.out.end(), [](const Tensor* t) { return t->dtype() == DType::bf16; }));
-  if (!any_bf16) return op.cpu_kernel(args);
-  // bf16 through f32: widen the inputs, compute, round each output once.
-  std::vector<Tensor> ins, outs;
-  std::vector<const Tensor*> in_ptrs;
-  std::vector<Tensor*> out_ptrs;
-  for (const Tensor* t : args.in) ins.push_back(t->dtype() == DType::bf16 ? t->to(DType::f32) : *t);
-  for (const Tensor* t : args.out) outs.push_back(t->dtype() == DType::bf16 ? Tensor::empty(t->shape(), DType::f32) : *t);
-  for (auto& t : ins) in_ptrs.push_back(&t);
-  for (auto& t : outs) out_ptrs.push_back(&t);
-  op.cpu_kernel({in_ptrs, out_ptrs, args.attrs});
-  for (size_t k = 0; k < outs.size(); ++k)
-    if (args.out[k]->dtype() == DType::bf16)
-      convert(outs[k].raw(), DType::f32, args.out[k]->raw(), DType::bf16, static_cast<size_t>(outs[k].numel()));
+  op.cpu_kernel(args);
 }
 
 const OpDef& find_op(const std::string& name) {

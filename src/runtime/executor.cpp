@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 
@@ -137,8 +138,13 @@ Tensor Executor::tensor_of(int value) const {
 }
 
 void Executor::run() {
-  for (int n : order_) {
-    const graph::Node& node = g_.node(n);
+  if (profiling_) {
+    node_seconds_.resize(order_.size(), 0.0);
+    ++profiled_runs_;
+  }
+  for (size_t step = 0; step < order_.size(); ++step) {
+    const graph::Node& node = g_.node(order_[step]);
+    const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     std::vector<Tensor> ins, outs;
     for (int v : node.inputs) ins.push_back(tensor_of(v));
     for (int v : node.outputs) outs.push_back(tensor_of(v));
@@ -147,6 +153,8 @@ void Executor::run() {
     for (auto& t : ins) in_ptrs.push_back(&t);
     for (auto& t : outs) out_ptrs.push_back(&t);
     graph::run_cpu_kernel(*node.op, {in_ptrs, out_ptrs, node.attrs});
+    if (profiling_)
+      node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   for (const auto& [from, to] : write_backs_) {
     Tensor dst = tensor_of(to);
@@ -154,16 +162,36 @@ void Executor::run() {
   }
 }
 
+namespace {
+double node_flops(const graph::Graph& g, const graph::Node& node) {
+  if (!node.op->flops) return 0;
+  std::vector<graph::ValueInfo> in, out;
+  for (int v : node.inputs) in.push_back(g.value(v).info);
+  for (int v : node.outputs) out.push_back(g.value(v).info);
+  return node.op->flops(in, out, node.attrs);
+}
+}  // namespace
+
 double Executor::flops() const {
   double total = 0;
-  for (int n : order_) {
-    const graph::Node& node = g_.node(n);
-    std::vector<graph::ValueInfo> in, out;
-    for (int v : node.inputs) in.push_back(g_.value(v).info);
-    for (int v : node.outputs) out.push_back(g_.value(v).info);
-    if (node.op->flops) total += node.op->flops(in, out, node.attrs);
-  }
+  for (int n : order_) total += node_flops(g_, g_.node(n));
   return total;
+}
+
+std::vector<Executor::OpTime> Executor::profile() const {
+  std::map<std::string, OpTime> by_op;
+  for (size_t step = 0; step < node_seconds_.size(); ++step) {
+    const graph::Node& node = g_.node(order_[step]);
+    OpTime& t = by_op[node.op->name];
+    t.op = node.op->name;
+    t.calls += profiled_runs_;
+    t.seconds += node_seconds_[step];
+    t.flops += node_flops(g_, node) * static_cast<double>(profiled_runs_);
+  }
+  std::vector<OpTime> out;
+  for (auto& [name, t] : by_op) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return out;
 }
 
 Tensor Executor::fetch(int value) const {

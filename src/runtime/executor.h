@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -30,6 +31,15 @@ class Executor {
   double flops() const;  // floating-point operations of one run, from each op's FLOP rule
   size_t num_steps() const { return order_.size(); }
 
+  // Per-op wall time, summed over the runs made while profiling is on.
+  struct OpTime {
+    std::string op;
+    int64_t calls = 0;
+    double seconds = 0, flops = 0;
+  };
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<OpTime> profile() const;  // slowest op first
+
  private:
   Tensor tensor_of(int value) const;
 
@@ -39,6 +49,9 @@ class Executor {
   std::map<int, size_t> offset_;         // intermediate value -> arena offset
   std::map<int, Tensor> bound_;          // inputs and parameters
   std::vector<std::pair<int, int>> write_backs_;
+  bool profiling_ = false;
+  std::vector<double> node_seconds_;  // per step of order_, while profiling
+  int64_t profiled_runs_ = 0;
   size_t arena_bytes_ = 0;
   Tensor arena_;
 };

@@ -86,6 +86,7 @@ StepMetrics Trainer::step() {
   loader_.next(tokens_, targets_);
   lr_.data<double>()[0] = m.lr;
   step_.data<int64_t>()[0] = m.step;
+  executor_->set_profiling(profiling_ && m.step > 1);
   executor_->run();
   m.loss = executor_->fetch(step_graph_.model.loss).get(0);
   m.grad_norm = executor_->fetch(step_graph_.grad_norm).get(0);

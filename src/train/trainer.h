@@ -35,6 +35,9 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   size_t parameter_count() const;
   double flops_per_step() const { return executor_->flops(); }
+  // Time every op of the steps after the first (the first warms caches); see profile().
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<runtime::Executor::OpTime> profile() const { return executor_->profile(); }
 
  private:
   void init_parameters();
@@ -47,6 +50,7 @@ class Trainer {
   std::map<std::string, Tensor> params_;
   Tensor tokens_, targets_, lr_, step_;
   int64_t steps_done_ = 0;
+  bool profiling_ = false;
 };
 
 }  // namespace meshtrain::train

@@ -1,25 +1,49 @@
 // CPU compute kernels: plain loops over contiguous row-major buffers, one
-// function per kernel, readable top to bottom (llm.c style). GEMM calls BLAS.
-// Templated on the element type (float, double).
+// function per kernel, readable top to bottom (llm.c style), vectorized by
+// the compiler and threaded with OpenMP. GEMM calls BLAS (bf16 GEMM:
+// bf16_matmul.h).
+//
+// Templated on the element type T: float, double (float64 references for
+// gradient checks) or bfloat16. bf16 elements are widened on load and rounded
+// once on store; the math runs in Acc<T> (float for bf16 and float, double
+// for double), so a bf16 kernel computes what the f32 kernel computes on the
+// same (bf16-representable) values, up to the final rounding.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "core/dtype.h"
 
 namespace meshtrain::kernels::cpu {
+
+using meshtrain::bfloat16;
+
+template <typename T> using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+[[gnu::always_inline]] inline float load(bfloat16 x) { return bf16_to_f32(static_cast<uint16_t>(x)); }
+inline float load(float x) { return x; }
+inline double load(double x) { return x; }
+template <typename T, typename V> [[gnu::always_inline]] inline T store(V v) {
+  if constexpr (std::is_same_v<T, bfloat16>) return static_cast<bfloat16>(f32_to_bf16(static_cast<float>(v)));
+  else return static_cast<T>(v);
+}
 
 // C[b] = op(A[b]) @ op(B[b]) for b in [0, batch); op transposes when asked.
 // A is M x K (K x M if transpose_a), B is K x N (N x K if transpose_b);
 // a_stride / b_stride: elements between batches (0: shared across batches).
+// float and double only; bf16 GEMM is matmul_bf16 (oneDNN).
 template <typename T>
 void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transpose_a,
             bool transpose_b, int64_t a_stride, int64_t b_stride, bool accumulate = false);
 
 template <typename T> void add(const T* a, const T* b, T* out, int64_t n);
 template <typename T> void mul(const T* a, const T* b, T* out, int64_t n);
-template <typename T> void scale(const T* a, T alpha, T* out, int64_t n);
-template <typename T> void fill(T value, T* out, int64_t n);
-template <typename T> T sum(const T* a, int64_t n);  // pairwise-free, accumulates in double
-// out[r, c] = a[c, r] over the last two of [outer, rows, inner...] generalised: swap dims d0 < d1.
+template <typename T> void scale(const T* a, double alpha, T* out, int64_t n);
+template <typename T> void fill(double value, T* out, int64_t n);
+template <typename T> double sum(const T* a, int64_t n);          // accumulates in double
+template <typename T> double sum_squares(const T* a, int64_t n);  // accumulates in double
+// Swap dims d0 < d1 of a row-major tensor of the given shape.
 template <typename T>
 void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d1);
 
@@ -36,10 +60,10 @@ void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_
 
 // Mean over non-ignored rows of -log softmax(logits)[target]; targets are int64.
 template <typename T>
-T cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index);
+double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index);
 template <typename T>
-void cross_entropy_backward(const T* logits, const int64_t* targets, T dloss, T* dlogits, int64_t rows, int64_t vocab,
-                            int64_t ignore_index);
+void cross_entropy_backward(const T* logits, const int64_t* targets, double dloss, T* dlogits, int64_t rows,
+                            int64_t vocab, int64_t ignore_index);
 
 // out[i, :] = table[ids[i], :]; backward accumulates rows into dtable.
 template <typename T> void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t vocab, int64_t dim);
@@ -52,15 +76,17 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
 template <typename T> void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse);
 
 // Causal scaled-dot-product attention with grouped-query heads. q [B, T, Hq,
-// D], k and v [B, T, Hkv, D], Hq a multiple of Hkv. Online softmax, one query
-// row at a time: no T x T buffer. Writes out [B, T, Hq, D] and the row
-// log-sum-exp lse [B, Hq, T] for the backward pass.
+// D], k and v [B, T, Hkv, D], Hq a multiple of Hkv. Flash-attention style:
+// blocks of queries against blocks of keys with an online softmax, so no
+// T x T buffer exists. Writes out [B, T, Hq, D] and the row log-sum-exp lse
+// [B, Hq, T] (in Acc<T>) for the backward pass, which recomputes the scores
+// block by block.
 template <typename T>
-void attention(const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
                int64_t d, double scale);
 template <typename T>
-void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
-                        T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale);
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
+                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale);
 
 // out = silu(gate) * up, and its backward.
 template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n);
@@ -72,9 +98,9 @@ void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t ds
                 int64_t dst_start, int64_t len, int64_t inner);
 
 // PyTorch's torch.optim.AdamW step on n elements (decoupled weight decay,
-// bias correction), moments in T, math in double.
-template <typename T>
-void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2, double eps,
+// bias correction), math in double; the moments are stored as S.
+template <typename T, typename S>
+void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
 
 }  // namespace meshtrain::kernels::cpu
