@@ -35,6 +35,9 @@ struct OpDef {
   std::function<double(const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs)> flops;
   // Takes f32, f64 and bf16 operands (bf16 computed in f32, rounded once per output element).
   std::function<void(const KernelArgs& args)> cpu_kernel;
+  // The output is input 0's bytes under another shape (reshape): the executor
+  // aliases the buffer and runs no kernel.
+  bool view = false;
 };
 
 // Run an op's CPU kernel.

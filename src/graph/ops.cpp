@@ -285,7 +285,8 @@ void register_ops(std::map<std::string, OpDef>& ops) {
          return std::vector<int>{b.reshape(g[0], b.graph().value(n.inputs[0]).info.shape)};
        },
        no_flops(),
-       [](const KernelArgs& a) { std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes()); }});
+       [](const KernelArgs& a) { std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes()); },
+       /*view=*/true});
 
   def({"transpose", 1,
        [](const Infos& in, const Attrs& at) {

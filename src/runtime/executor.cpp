@@ -82,15 +82,22 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
   }
   for (int n = 0; n < g.num_nodes(); ++n)
     if (needed[n]) order_.push_back(n);
-  // Last step that reads each value; fetched values live to the end.
+  // View ops (reshape) alias their input: a value's storage is its root's.
+  for (int n : order_) {
+    const graph::Node& node = g.node(n);
+    if (node.op->view) alias_[node.outputs[0]] = root(node.inputs[0]);
+  }
+  // Last step that reads each root's storage; fetched storage lives to the end.
   std::map<int, size_t> last_use;
   for (size_t step = 0; step < order_.size(); ++step)
-    for (int in : g.node(order_[step]).inputs) last_use[in] = step;
-  const std::set<int> fetched(fetches_.begin(), fetches_.end());
+    for (int in : g.node(order_[step]).inputs) last_use[root(in)] = step;
+  std::set<int> fetched;
+  for (int v : fetches_) fetched.insert(root(v));
   ArenaPlanner arena;
   for (size_t step = 0; step < order_.size(); ++step) {
     const graph::Node& node = g.node(order_[step]);
-    for (int out : node.outputs) offset_[out] = arena.allocate(nbytes(g.value(out).info));
+    for (int out : node.outputs)
+      if (!alias_.count(out)) offset_[out] = arena.allocate(nbytes(g.value(out).info));
     auto release_if_done = [&](int v) {
       if (g.value(v).producer < 0 || fetched.count(v)) return;
       auto it = last_use.find(v);
@@ -98,9 +105,9 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
     };
     std::set<int> seen;
     for (int in : node.inputs)
-      if (seen.insert(in).second) release_if_done(in);
+      if (seen.insert(root(in)).second) release_if_done(root(in));
     for (int out : node.outputs)
-      if (!last_use.count(out)) release_if_done(out);  // produced but never read
+      if (!alias_.count(out) && !last_use.count(out)) release_if_done(out);  // produced but never read
   }
   arena_bytes_ = arena.size();
   arena_ = Tensor::empty({static_cast<int64_t>(std::max<size_t>(arena_bytes_, 1))}, DType::f8e4m3);  // bytes
@@ -123,7 +130,17 @@ void Executor::write_back(int from, int to) {
   write_backs_.emplace_back(from, to);
 }
 
+int Executor::root(int value) const {
+  auto it = alias_.find(value);
+  return it == alias_.end() ? value : it->second;
+}
+
 Tensor Executor::tensor_of(int value) const {
+  if (const int r = root(value); r != value) {
+    const Tensor storage = tensor_of(r);
+    const graph::ValueInfo& info = g_.value(value).info;
+    return Tensor::view(const_cast<void*>(storage.raw()), info.shape, info.dtype);
+  }
   const graph::Value& v = g_.value(value);
   if (v.producer < 0) {
     auto it = bound_.find(value);
@@ -144,6 +161,7 @@ void Executor::run() {
   }
   for (size_t step = 0; step < order_.size(); ++step) {
     const graph::Node& node = g_.node(order_[step]);
+    if (node.op->view) continue;  // aliased: nothing to compute
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     std::vector<Tensor> ins, outs;
     for (int v : node.inputs) ins.push_back(tensor_of(v));
@@ -158,7 +176,7 @@ void Executor::run() {
   }
   for (const auto& [from, to] : write_backs_) {
     Tensor dst = tensor_of(to);
-    std::memcpy(dst.raw(), tensor_of(from).raw(), dst.nbytes());
+    std::memmove(dst.raw(), tensor_of(from).raw(), dst.nbytes());  // from may be a view of to
   }
 }
 

@@ -42,11 +42,13 @@ class Executor {
 
  private:
   Tensor tensor_of(int value) const;
+  int root(int value) const;  // the value whose storage `value` uses (itself unless a view)
 
   const graph::Graph& g_;
   std::vector<int> fetches_;
   std::vector<int> order_;               // node ids to run
   std::map<int, size_t> offset_;         // intermediate value -> arena offset
+  std::map<int, int> alias_;             // view value -> root value whose storage it shares
   std::map<int, Tensor> bound_;          // inputs and parameters
   std::vector<std::pair<int, int>> write_backs_;
   bool profiling_ = false;

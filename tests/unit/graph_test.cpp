@@ -180,6 +180,32 @@ TEST(Executor, ReusesMemoryAfterLastUse) {
   EXPECT_EQ(default_allocator().stats().allocations, before);  // no allocation in the steady state
 }
 
+TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
+  // reshape aliases its input: no arena bytes of its own, and the input's
+  // buffer stays live as long as any view of it is read.
+  Graph g;
+  Builder b(g);
+  const int x = g.add_input("x", {4, 6}, DType::f64);
+  const int y = b.silu(x);                      // 192 bytes in the arena
+  const int y2 = b.reshape(b.reshape(y, {24}), {2, 12});  // views of y
+  const int z = b.silu(b.reshape(x, {2, 12}));  // a view of the bound input
+  const int out = b.add(y2, z);
+  runtime::Executor ex(g, {out, y2});
+  EXPECT_EQ(ex.arena_bytes(), 3 * 192u);  // y, z and out; y is fetched (through y2), so it is never reused
+  std::mt19937 rng(1);
+  const Tensor xt = random_tensor({4, 6}, rng);
+  ex.bind(x, xt);
+  ex.run();
+  const auto got = ex.fetch(out).data<const double>();
+  const auto xs = xt.data<const double>();
+  for (size_t i = 0; i < 24; ++i) {
+    const double s = xs[i] / (1 + std::exp(-xs[i]));
+    EXPECT_NEAR(got[i], 2 * s, 1e-15);
+    EXPECT_EQ(ex.fetch(y2).data<const double>()[i], s);
+  }
+  EXPECT_EQ(ex.fetch(y2).shape(), (Shape{2, 12}));
+}
+
 TEST(GraphErrors, ClearMessages) {
   Graph g;
   Builder b(g);

@@ -1,0 +1,243 @@
+// CPU kernels beyond the per-op gradient checks: blocked attention against a
+// written-out float64 reference at lengths that cross the query and key
+// blocks; every op's bf16 kernel against its f32 kernel on the same
+// (bf16-representable) inputs; AdamW with bf16 moments; the fast exp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "runtime/executor.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng, double lo = -1.5, double hi = 1.5) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  Tensor t = Tensor::empty(shape, dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+// The naive causal attention and its backward in float64, written out from
+// the definitions: P = softmax(scale * Q K^T + mask), O = P V;
+// dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K,
+// dK = scale dS^T Q, dV = P^T dO. One batch row, one query head per kv head.
+struct NaiveAttention {
+  int64_t t, d;
+  double scale;
+  std::vector<double> out, dq, dk, dv;
+  NaiveAttention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                 const std::vector<double>& dout, int64_t t_, int64_t d_, double scale_)
+      : t(t_), d(d_), scale(scale_) {
+    const auto n = static_cast<size_t>(t * d);
+    out.assign(n, 0);
+    dq.assign(n, 0);
+    dk.assign(n, 0);
+    dv.assign(n, 0);
+    std::vector<double> p(static_cast<size_t>(t * t), 0), dp(static_cast<size_t>(t * t), 0);
+    for (int64_t i = 0; i < t; ++i) {
+      double max = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += q[i * d + c] * k[j * d + c];
+        p[i * t + j] = s * scale;
+        max = std::max(max, s * scale);
+      }
+      double total = 0;
+      for (int64_t j = 0; j <= i; ++j) total += p[i * t + j] = std::exp(p[i * t + j] - max);
+      for (int64_t j = 0; j <= i; ++j) p[i * t + j] /= total;
+      for (int64_t j = 0; j <= i; ++j)
+        for (int64_t c = 0; c < d; ++c) out[i * d + c] += p[i * t + j] * v[j * d + c];
+    }
+    for (int64_t i = 0; i < t; ++i) {
+      double delta = 0;
+      for (int64_t c = 0; c < d; ++c) delta += dout[i * d + c] * out[i * d + c];
+      for (int64_t j = 0; j <= i; ++j) {
+        double dpij = 0;
+        for (int64_t c = 0; c < d; ++c) dpij += dout[i * d + c] * v[j * d + c];
+        const double ds = p[i * t + j] * (dpij - delta);
+        for (int64_t c = 0; c < d; ++c) {
+          dq[i * d + c] += scale * ds * k[j * d + c];
+          dk[j * d + c] += scale * ds * q[i * d + c];
+          dv[j * d + c] += p[i * t + j] * dout[i * d + c];
+        }
+      }
+    }
+  }
+};
+
+double max_abs_diff(const double* a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+// T = 600 crosses the 64-row query blocks and the 512-key blocks (the online
+// softmax's rescaling); odd head size 5.
+TEST(Attention, BlockedMatchesNaiveAcrossBlocks) {
+  const int64_t T = 600, D = 5;
+  const double scale = 0.7;
+  std::mt19937 rng(11);
+  std::vector<double> q, k, v, dout;
+  for (auto* x : {&q, &k, &v, &dout}) {
+    const Tensor r = random_tensor({T, D}, DType::f64, rng);
+    x->assign(r.data<const double>().begin(), r.data<const double>().end());
+  }
+  const NaiveAttention want(q, k, v, dout, T, D, scale);
+  std::vector<double> out(q.size()), lse(static_cast<size_t>(T)), dq(q.size()), dk(q.size()), dv(q.size());
+  kernels::cpu::attention(q.data(), k.data(), v.data(), out.data(), lse.data(), 1, T, 1, 1, D, scale);
+  EXPECT_LT(max_abs_diff(out.data(), want.out), 1e-12);
+  kernels::cpu::attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+                                   dk.data(), dv.data(), 1, T, 1, 1, D, scale);
+  EXPECT_LT(max_abs_diff(dq.data(), want.dq), 1e-11);
+  EXPECT_LT(max_abs_diff(dk.data(), want.dk), 1e-11);
+  EXPECT_LT(max_abs_diff(dv.data(), want.dv), 1e-11);
+}
+
+TEST(Kernels, FastExpWithinTwoUlpAndLimits) {
+  // exp is internal to the kernels; softmax of {x, 0} exposes exp(x) / (exp(x) + 1).
+  float worst = 0;
+  for (float x = -80.0f; x <= 80.0f; x += 0.01234f) {
+    const float in[2] = {x, 0.0f};
+    float y[2];
+    kernels::cpu::softmax(in, y, 1, 2);
+    const double want = 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
+    worst = std::max(worst, static_cast<float>(std::abs(y[0] - want) / want));
+  }
+  EXPECT_LT(worst, 4e-7f);  // a few float ulps through exp, the sum and the division
+  const float masked[3] = {-INFINITY, 1.0f, -INFINITY};
+  float y[3];
+  kernels::cpu::softmax(masked, y, 1, 3);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 1.0f);
+  const float with_nan[2] = {NAN, 0.0f};
+  kernels::cpu::softmax(with_nan, y, 1, 2);
+  EXPECT_TRUE(std::isnan(y[1]));
+}
+
+namespace {
+// Builds f(inputs) in the given dtype, runs it, returns the outputs as f64.
+using BuildFn = std::function<std::vector<int>(Builder&, const std::vector<int>&)>;
+std::vector<Tensor> run_in(DType dtype, const std::vector<Tensor>& inputs, const BuildFn& f) {
+  Graph g;
+  Builder b(g);
+  std::vector<int> ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = "x";
+    name += std::to_string(i);
+    ids.push_back(g.add_input(name, inputs[i].shape(), inputs[i].dtype() == DType::i64 ? DType::i64 : dtype));
+  }
+  const std::vector<int> outs = f(b, ids);
+  runtime::Executor ex(g, outs);
+  std::vector<Tensor> bound;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    bound.push_back(inputs[i].dtype() == DType::i64 ? inputs[i] : inputs[i].to(dtype));
+    ex.bind(ids[i], bound.back());
+  }
+  ex.run();
+  std::vector<Tensor> result;
+  for (int o : outs) result.push_back(ex.fetch(o).to(DType::f64));
+  return result;
+}
+
+// Every output of f in bf16 against f32 on the same inputs (rounded to bf16
+// first, so both see identical values): within `tolerance` of the largest
+// f32 magnitude, which allows bf16's rounding of the outputs (2^-9 relative)
+// and of intermediates that the op stores in bf16.
+void expect_bf16_matches_f32(const std::vector<Tensor>& inputs_f32, const BuildFn& f, double tolerance = 1.6e-2) {
+  std::vector<Tensor> inputs;
+  for (const Tensor& t : inputs_f32) inputs.push_back(t.dtype() == DType::i64 ? t : t.to(DType::bf16).to(DType::f32));
+  const auto want = run_in(DType::f32, inputs, f);
+  const auto got = run_in(DType::bf16, inputs, f);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t o = 0; o < want.size(); ++o) {
+    double scale = 1e-30, worst = 0;
+    for (int64_t i = 0; i < want[o].numel(); ++i) scale = std::max(scale, std::abs(want[o].get(i)));
+    for (int64_t i = 0; i < want[o].numel(); ++i) worst = std::max(worst, std::abs(want[o].get(i) - got[o].get(i)));
+    EXPECT_LT(worst / scale, tolerance) << "output " << o;
+    EXPECT_GT(scale, 1e-6) << "output " << o << " is all zeros: the comparison would be empty";
+  }
+}
+}  // namespace
+
+TEST(Bf16Kernels, ElementwiseAndRowOpsMatchFloat32) {
+  std::mt19937 rng(5);
+  const auto x = random_tensor({37, 24}, DType::f32, rng), y = random_tensor({37, 24}, DType::f32, rng);
+  const auto w = random_tensor({24}, DType::f32, rng, 0.5, 1.5);
+  expect_bf16_matches_f32({x, y}, [](Builder& b, const std::vector<int>& in) {
+    return std::vector<int>{b.add(in[0], in[1]), b.mul(in[0], in[1]), b.scale(in[0], 0.37), b.silu(in[0]),
+                            b.swiglu(in[0], in[1]), b.softmax(in[0]), b.sum(in[0]), b.mean(in[1])};
+  });
+  expect_bf16_matches_f32({x, w}, [](Builder& b, const std::vector<int>& in) {
+    return std::vector<int>{b.rms_norm(in[0], in[1], 1e-5)};
+  });
+}
+
+TEST(Bf16Kernels, GradientsMatchFloat32) {
+  // The backward kernels (silu, swiglu, softmax, rms_norm, rope, attention,
+  // cross-entropy, embedding, slice, concat, matmul) through autodiff of one loss.
+  std::mt19937 rng(9);
+  const int64_t B = 2, T = 70, H = 2, D = 8, V = 11;
+  Tensor ids = Tensor::empty({B, T}, DType::i64), targets = Tensor::empty({B, T}, DType::i64);
+  std::uniform_int_distribution<int64_t> tok(0, V - 1);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.data<int64_t>()[i] = tok(rng);
+    targets.data<int64_t>()[i] = i % 13 == 0 ? -100 : tok(rng);
+  }
+  const auto table = random_tensor({V, H * D}, DType::f32, rng), wq = random_tensor({H * D, H * D}, DType::f32, rng, -0.3, 0.3),
+             wo = random_tensor({H * D, V}, DType::f32, rng, -0.3, 0.3), norm_w = random_tensor({H * D}, DType::f32, rng, 0.5, 1.5);
+  expect_bf16_matches_f32(
+      {table, wq, wo, norm_w, ids, targets},
+      [&](Builder& b, const std::vector<int>& in) {
+        const int h = b.embedding(in[0], in[4]);
+        const int n = b.rms_norm(h, in[3], 1e-5);
+        const int q = b.rope(b.reshape(b.matmul(n, in[1]), {B, T, H, D}), 10000.0);
+        const int kv = b.reshape(b.silu(n), {B, T, H, D});
+        const int a = b.reshape(b.attention(q, kv, kv, 0.35), {B, T, H * D});
+        const int mixed = b.concat({b.slice(a, 2, 0, D), b.softmax(b.slice(h, 2, D, D))}, 2);
+        const int loss = b.cross_entropy(b.matmul(b.swiglu(mixed, n), in[2]), in[5], -100);
+        const auto grads = append_backward(b.graph(), loss, {in[0], in[1], in[2], in[3]});
+        std::vector<int> outs{loss};
+        outs.insert(outs.end(), grads.begin(), grads.end());
+        return outs;
+      },
+      3e-2);
+}
+
+TEST(Bf16Kernels, AdamWWithBf16MomentsTracksFloat32Moments) {
+  // Same update with f32 and bf16 moments over 20 steps: the parameters stay
+  // within bf16's relative precision of the moments (2^-8) times the step size.
+  std::mt19937 rng(2);
+  const int64_t n = 1000;
+  const double lr = 1e-2;
+  Tensor p32 = random_tensor({n}, DType::f32, rng), p16 = p32.to(DType::f32);
+  Tensor m32 = Tensor::zeros({n}, DType::f32), v32 = Tensor::zeros({n}, DType::f32);
+  Tensor m16 = Tensor::zeros({n}, DType::bf16), v16 = Tensor::zeros({n}, DType::bf16);
+  for (int64_t step = 1; step <= 20; ++step) {
+    const Tensor grad = random_tensor({n}, DType::f32, rng);
+    kernels::cpu::adamw(p32.data<float>().data(), grad.data<const float>().data(), m32.data<float>().data(),
+                        v32.data<float>().data(), n, lr, 0.9, 0.95, 1e-8, 0.1, step);
+    kernels::cpu::adamw(p16.data<float>().data(), grad.data<const float>().data(),
+                        static_cast<bfloat16*>(m16.raw()), static_cast<bfloat16*>(v16.raw()), n, lr, 0.9, 0.95, 1e-8,
+                        0.1, step);
+  }
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(p32.get(i) - p16.get(i)));
+  EXPECT_GT(worst, 0.0);            // the bf16 moments do round
+  EXPECT_LT(worst, 20 * lr * 0.02);  // but each step moves by at most lr, off by ~1%
+  double m_max = 0, m_worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    m_max = std::max(m_max, std::abs(m32.get(i)));
+    m_worst = std::max(m_worst, std::abs(m16.get(i) - m32.get(i)));
+  }
+  EXPECT_LT(m_worst, 0.02 * m_max);  // 20 roundings of at most 2^-9 each
+}
