@@ -24,8 +24,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   s.fetches = {s.model.loss, s.grad_norm};
   for (size_t i = 0; i < params.size(); ++i) {
     const graph::ValueInfo& info = g.value(params[i]).info;
-    const int m = g.add_input(names[i] + ".exp_avg", info.shape, info.dtype);
-    const int v = g.add_input(names[i] + ".exp_avg_sq", info.shape, info.dtype);
+    const DType state = opt.state_dtype == DType::bf16 ? DType::bf16 : info.dtype;
+    const int m = g.add_input(names[i] + ".exp_avg", info.shape, state);
+    const int v = g.add_input(names[i] + ".exp_avg_sq", info.shape, state);
     s.exp_avg[names[i]] = m;
     s.exp_avg_sq[names[i]] = v;
     const int grad = coef >= 0 ? b.scale_by(grads[i], coef) : grads[i];

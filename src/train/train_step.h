@@ -18,6 +18,7 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double max_grad_norm = 1.0;  // <= 0: no clipping
+  DType state_dtype = DType::f32;  // the moments' storage: f32, or bf16 (f32 math either way)
 };
 
 struct TrainStepGraph {

@@ -14,15 +14,15 @@
 namespace meshtrain::train {
 
 namespace {
-TrainConfig checked(TrainConfig c) {
-  MT_CHECK(c.optimizer_state_dtype == "float32",
-           "optimizer.state_dtype = \"{}\" is not implemented yet; use \"float32\"", c.optimizer_state_dtype);
+// Typed settings derived from the config's strings.
+TrainConfig resolved(TrainConfig c) {
+  c.optimizer.state_dtype = parse_dtype(c.optimizer_state_dtype);
   return c;
 }
 }  // namespace
 
 Trainer::Trainer(TrainConfig config)
-    : config_(checked(std::move(config))), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
+    : config_(resolved(std::move(config))), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
   MT_CHECK(loader_.max_token() < config_.model.vocab_size,
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
@@ -34,8 +34,9 @@ Trainer::Trainer(TrainConfig config)
   init_parameters();
   for (const auto& [name, v] : step_graph_.model.params) {
     executor_->bind(v, params_.at(name));
-    executor_->bind(step_graph_.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), DType::f32));
-    executor_->bind(step_graph_.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), DType::f32));
+    const DType state = config_.optimizer.state_dtype;
+    executor_->bind(step_graph_.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), state));
+    executor_->bind(step_graph_.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), state));
   }
   tokens_ = Tensor::empty({B, T}, DType::i64);
   targets_ = Tensor::empty({B, T}, DType::i64);

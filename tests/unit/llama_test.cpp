@@ -80,10 +80,11 @@ TEST(Llama, GradientMatchesFiniteDifferences) {
 
 // Losses of `steps` AdamW steps on one repeated batch of the tiny model,
 // from fixed random weights; f32 master weights, compute in `compute`.
-std::vector<double> train_losses(DType compute, bool tied, int steps) {
+std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32) {
   graph::Graph g;
   train::OptimizerConfig opt;
   opt.lr = 1e-2;
+  opt.state_dtype = state;
   const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, DType::f32, compute);
   runtime::Executor ex(g, s.fetches);
   for (const auto& [from, to] : s.write_backs) ex.write_back(from, to);
@@ -94,8 +95,8 @@ std::vector<double> train_losses(DType compute, bool tied, int steps) {
     Tensor t = Tensor::empty(g.value(v).info.shape, DType::f32);
     for (float& x : t.data<float>()) x = name.find("norm") != std::string::npos ? 1.0f : normal(rng);
     ex.bind(v, t);
-    ex.bind(s.exp_avg.at(name), Tensor::zeros(t.shape(), DType::f32));
-    ex.bind(s.exp_avg_sq.at(name), Tensor::zeros(t.shape(), DType::f32));
+    ex.bind(s.exp_avg.at(name), Tensor::zeros(t.shape(), state));
+    ex.bind(s.exp_avg_sq.at(name), Tensor::zeros(t.shape(), state));
   }
   ex.bind(s.model.tokens, tokens(2, 8, 11, 1));
   ex.bind(s.model.targets, tokens(2, 8, 11, 2));
@@ -125,4 +126,11 @@ TEST(Llama, Bfloat16TrainingTracksFloat32) {
   for (size_t i = 0; i < f32.size(); ++i) EXPECT_NEAR(bf16[i], f32[i], 0.02 * f32[i]) << "step " << i + 1;
   EXPECT_NE(bf16, f32);  // it really computed in bf16
   EXPECT_LT(bf16.back(), 0.8 * bf16.front());
+}
+
+// optimizer.state_dtype = bfloat16: moments stored in bf16, math in f32.
+TEST(Llama, Bfloat16OptimizerStateTracksFloat32State) {
+  const auto f32 = train_losses(DType::f32, false, 10), bf16 = train_losses(DType::f32, false, 10, DType::bf16);
+  for (size_t i = 0; i < f32.size(); ++i) EXPECT_NEAR(bf16[i], f32[i], 0.02 * f32[i]) << "step " << i + 1;
+  EXPECT_NE(bf16, f32);
 }
