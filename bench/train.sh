@@ -21,7 +21,7 @@ ours=$(tail -n "$steps" "$work/m.jsonl" | python3 -c 'import sys,json; t=sorted(
 peak=$(( $(cat "$work/rss") * 1024 ))  # peak resident set of the whole process
 theirs=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$threads" "$steps" "$dtype")
 gflops=$(tail -n "$steps" "$work/m.jsonl" | python3 -c 'import sys,json; t=sorted(json.loads(l)["gflops_per_s"] for l in sys.stdin); print(t[len(t)//2])')
-peak_gemm=$(OMP_NUM_THREADS=$threads build/gemm_peak)
+peak_gemm=$(OMP_NUM_THREADS=$threads build/gemm_peak "$dtype")
 python3 - "$ours" "$peak" "$theirs" "$gflops" "$peak_gemm" <<'PY'
 import json, sys
 ours, peak, theirs = float(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -31,6 +31,7 @@ print(f"{theirs['dtype']}, {theirs['threads']} threads, {tokens} tokens/step: me
       f"PyTorch {theirs['torch']} {tokens/theirs['median_step_s']:.0f} tok/s, ratio {theirs['median_step_s']/ours:.2f}x")
 print(f"peak resident memory: meshtrain {peak/2**20:.0f} MiB, PyTorch {theirs['max_rss_bytes']/2**20:.0f} MiB "
       f"(ratio {peak/theirs['max_rss_bytes']:.2f})")
+lib = "oneDNN" if theirs["dtype"] == "bfloat16" else "OpenBLAS"
 print(f"a step reaches {gflops:.1f} GFLOP/s (op FLOP counts) = {100*gflops/peak_gemm:.0f}% of this machine's "
-      f"f32 GEMM peak ({peak_gemm:.1f} GFLOP/s, 2048^3 OpenBLAS)")
+      f"{theirs['dtype']} GEMM peak ({peak_gemm:.1f} GFLOP/s, 2048^3 {lib})")
 PY

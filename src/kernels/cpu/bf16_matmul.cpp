@@ -27,6 +27,9 @@ Dnnl& dnnl_state() {
 // The logical [batch, rows, cols] view of a stored matrix, through strides.
 memory::desc view(int64_t batch, int64_t rows, int64_t cols, bool transposed, int64_t batch_stride) {
   const memory::dims dims{batch, rows, cols};
+  // One matrix: its batch stride is irrelevant, but a 0 there makes oneDNN
+  // fall back to its reference kernel (~1000x slower).
+  if (batch == 1) batch_stride = rows * cols;
   const memory::dims strides = transposed ? memory::dims{batch_stride, 1, rows} : memory::dims{batch_stride, cols, 1};
   return {dims, memory::data_type::bf16, strides};
 }

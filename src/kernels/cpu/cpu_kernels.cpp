@@ -143,8 +143,10 @@ namespace {
 template <typename T> void softmax_row(const T* x, Acc<T>* y, int64_t d) {
   using A = Acc<T>;
   A max = -std::numeric_limits<A>::infinity();
+#pragma omp simd reduction(max : max)
   for (int64_t i = 0; i < d; ++i) max = std::max(max, load(x[i]));
   A total = 0;
+#pragma omp simd reduction(+ : total)
   for (int64_t i = 0; i < d; ++i) total += (y[i] = exp_of(load(x[i]) - max));
   const A inv = A(1) / total;
   for (int64_t i = 0; i < d; ++i) y[i] *= inv;
@@ -167,6 +169,7 @@ template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int6
     const T* yr = y + r * d;
     const T* gr = dy + r * d;
     A dot = 0;
+#pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < d; ++i) dot += load(yr[i]) * load(gr[i]);
     for (int64_t i = 0; i < d; ++i) dx[r * d + i] = store<T>(load(yr[i]) * (load(gr[i]) - dot));
   }
@@ -178,6 +181,7 @@ template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, 
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     A ss = 0;
+#pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < d; ++i) ss += load(xr[i]) * load(xr[i]);
     const auto inv = static_cast<A>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(d) + eps));
     for (int64_t i = 0; i < d; ++i) y[r * d + i] = store<T>(load(xr[i]) * inv * load(w[i]));
@@ -194,6 +198,7 @@ void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_
     const T* xr = x + r * d;
     const T* gr = dy + r * d;
     A ss = 0, dot = 0;
+#pragma omp simd reduction(+ : ss, dot)
     for (int64_t i = 0; i < d; ++i) {
       ss += load(xr[i]) * load(xr[i]);
       dot += load(gr[i]) * load(w[i]) * load(xr[i]);
@@ -242,8 +247,10 @@ double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int6
     if (t == ignore_index) continue;
     const T* lr = logits + r * vocab;
     A max = -std::numeric_limits<A>::infinity();
+#pragma omp simd reduction(max : max)
     for (int64_t i = 0; i < vocab; ++i) max = std::max(max, load(lr[i]));
     A z = 0;
+#pragma omp simd reduction(+ : z)
     for (int64_t i = 0; i < vocab; ++i) z += exp_of(load(lr[i]) - max);
     total += std::log(static_cast<double>(z)) + static_cast<double>(max) - static_cast<double>(load(lr[t]));
     ++counted;
@@ -305,15 +312,31 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
   using A = Acc<T>;
   MT_CHECK(d % 2 == 0, "rope: head dim {} must be even", d);
   const int64_t half = d / 2;
-  // cos and sin per (position, frequency), computed in double once per call.
-  A* cos_table = scratch<A>(static_cast<size_t>(t * half), 3);
-  A* sin_table = scratch<A>(static_cast<size_t>(t * half), 4);
-  for (int64_t pos = 0; pos < t; ++pos)
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      cos_table[pos * half + i] = static_cast<A>(std::cos(angle));
-      sin_table[pos * half + i] = static_cast<A>(inverse ? -std::sin(angle) : std::sin(angle));
-    }
+  // cos and sin per (position, frequency), computed in double, kept for the
+  // next call with the same length, head size and theta.
+  struct Table {
+    int64_t t = -1, d = -1;
+    double theta = 0;
+    std::vector<A> cos, sin;
+  };
+  thread_local Table table;
+  if (table.t != t || table.d != d || table.theta != theta) {
+    table.cos.resize(static_cast<size_t>(t * half));
+    table.sin.resize(static_cast<size_t>(t * half));
+    for (int64_t pos = 0; pos < t; ++pos)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle =
+            static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+        table.cos[static_cast<size_t>(pos * half + i)] = static_cast<A>(std::cos(angle));
+        table.sin[static_cast<size_t>(pos * half + i)] = static_cast<A>(std::sin(angle));
+      }
+    table.t = t;
+    table.d = d;
+    table.theta = theta;
+  }
+  const A* cos_table = table.cos.data();
+  const A* sin_table = table.sin.data();
+  const A sin_sign = inverse ? A(-1) : A(1);
 #pragma omp parallel for collapse(2) if (b * t * h * d > kParallelElements)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t pos = 0; pos < t; ++pos) {
@@ -323,8 +346,9 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
         const int64_t base = ((bi * t + pos) * h + hi) * d;
         for (int64_t i = 0; i < half; ++i) {
           const A x1 = load(x[base + i]), x2 = load(x[base + i + half]);
-          out[base + i] = store<T>(x1 * c[i] - x2 * s[i]);
-          out[base + i + half] = store<T>(x2 * c[i] + x1 * s[i]);
+          const A sn = sin_sign * s[i];
+          out[base + i] = store<T>(x1 * c[i] - x2 * sn);
+          out[base + i + half] = store<T>(x2 * c[i] + x1 * sn);
         }
       }
     }
@@ -397,9 +421,11 @@ void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t 
               continue;
             }
             A block_max = row_max[r];
+#pragma omp simd reduction(max : block_max)
             for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj]);
             const A correction = exp_of(row_max[r] - block_max);
             A block_total = 0;
+#pragma omp simd reduction(+ : block_total)
             for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_of(sr[jj] - block_max));
             std::fill(sr + visible, sr + n, A(0));
             row_total[r] = row_total[r] * correction + block_total;
@@ -452,6 +478,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           for (int64_t r = 0; r < rows; ++r) {
             const T* o_row = out + (first_row + r * hq) * d;
             A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
+#pragma omp simd reduction(+ : delta)
             for (int64_t c = 0; c < d; ++c) delta += dos[r * d + c] * load(o_row[c]);
             row_delta[r] = delta;
             row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
@@ -524,16 +551,19 @@ void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t ds
 template <typename T, typename S>
 void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step) {
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2_sqrt = std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step)));
-  const double step_size = lr / bias1;
+  using A = Acc<T>;
+  // Per-step constants in double, element math in Acc (f32 as PyTorch's, f64 for f64).
+  const auto b1 = static_cast<A>(beta1), b2 = static_cast<A>(beta2), eps_a = static_cast<A>(eps);
+  const auto decay = static_cast<A>(1.0 - lr * weight_decay);  // decoupled weight decay
+  const auto step_size = static_cast<A>(lr / (1.0 - std::pow(beta1, static_cast<double>(step))));
+  const auto bias2_sqrt = static_cast<A>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
-    const double g = load(grad[i]);
-    double p = static_cast<double>(load(param[i])) * (1.0 - lr * weight_decay);  // decoupled weight decay
-    const double mi = beta1 * load(m[i]) + (1.0 - beta1) * g;
-    const double vi = beta2 * load(v[i]) + (1.0 - beta2) * g * g;
-    p -= step_size * mi / (std::sqrt(vi) / bias2_sqrt + eps);
+    const A g = load(grad[i]);
+    A p = load(param[i]) * decay;
+    const A mi = b1 * load(m[i]) + (A(1) - b1) * g;
+    const A vi = b2 * load(v[i]) + (A(1) - b2) * g * g;
+    p -= step_size * mi / (std::sqrt(vi) / bias2_sqrt + eps_a);
     m[i] = store<S>(mi);
     v[i] = store<S>(vi);
     param[i] = store<T>(p);

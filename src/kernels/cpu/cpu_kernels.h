@@ -97,8 +97,9 @@ template <typename T>
 void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t dst_dim, int64_t src_start,
                 int64_t dst_start, int64_t len, int64_t inner);
 
-// PyTorch's torch.optim.AdamW step on n elements (decoupled weight decay,
-// bias correction), math in double; the moments are stored as S.
+// PyTorch's torch.optim.AdamW step on n elements (decoupled weight decay, bias
+// correction); math in Acc<T> (f32 for f32 and bf16 params, as PyTorch's;
+// f64 for f64); the moments are stored as S (T, or bf16 for f32 params).
 template <typename T, typename S>
 void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
