@@ -36,7 +36,7 @@ struct OpDef {
   // Takes f32, f64 and bf16 operands (bf16 computed in f32, rounded once per output element).
   std::function<void(const KernelArgs& args)> cpu_kernel;
   // The output is input 0's bytes under another shape (reshape): the executor
-  // aliases the buffer and runs no kernel.
+  // aliases the buffer, and the op has no kernel.
   bool view = false;
 };
 

@@ -48,6 +48,9 @@ void by_blas_type(DType t, Fn&& fn) {
   throw InvalidArgument(fmt::format("no BLAS GEMM for dtype {}", dtype_name(t)));
 }
 
+// The dtype a kernel accumulates in, as kernels::cpu::Acc: f32 for bf16, else the dtype itself.
+DType accumulator_dtype(DType t) { return t == DType::bf16 ? DType::f32 : t; }
+
 template <typename T> T* out_ptr(const KernelArgs& a, size_t i = 0) { return static_cast<T*>(a.out[i]->raw()); }
 template <typename T> const T* in_ptr(const KernelArgs& a, size_t i) { return static_cast<const T*>(a.in[i]->raw()); }
 
@@ -284,9 +287,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
        [](Builder& b, const Node& n, const std::vector<int>& g) {
          return std::vector<int>{b.reshape(g[0], b.graph().value(n.inputs[0]).info.shape)};
        },
-       no_flops(),
-       [](const KernelArgs& a) { std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes()); },
-       /*view=*/true});
+       no_flops(), /*cpu_kernel=*/nullptr, /*view=*/true});
 
   def({"transpose", 1,
        [](const Infos& in, const Attrs& at) {
@@ -414,7 +415,7 @@ void register_ops(std::map<std::string, OpDef>& ops) {
                   in[1].shape.to_string());
          at.get_int("ignore_index");
          // The loss of bf16 logits is f32, as under PyTorch's autocast.
-         return Infos{{Shape{}, in[0].dtype == DType::bf16 ? DType::f32 : in[0].dtype}};
+         return Infos{{Shape{}, accumulator_dtype(in[0].dtype)}};
        },
        [](Builder& b, const Node& n, const std::vector<int>& g) {
          return std::vector<int>{
@@ -530,7 +531,7 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
          at.get_float("scale");
          const auto& q = in[0].shape;
          // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
-         return Infos{in[0], {Shape{q[0], q[2], q[1]}, in[0].dtype == DType::bf16 ? DType::f32 : in[0].dtype}};
+         return Infos{in[0], {Shape{q[0], q[2], q[1]}, accumulator_dtype(in[0].dtype)}};
        },
        [](Builder& b, const Node& n, const std::vector<int>& g) {
          return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
