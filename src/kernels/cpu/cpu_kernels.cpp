@@ -1,6 +1,5 @@
 #include "kernels/cpu/cpu_kernels.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,51 +8,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/kernel_support.h"
 
 namespace meshtrain::kernels::cpu {
 
-namespace {
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, bool acc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? m : k), b,
-              static_cast<int>(tb ? k : n), acc ? 1.0f : 0.0f, c, static_cast<int>(n));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c, bool acc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? m : k), b,
-              static_cast<int>(tb ? k : n), acc ? 1.0 : 0.0, c, static_cast<int>(n));
-}
-
-// exp for float, branch-free so that loops over it vectorize: Cephes' expf
-// (range reduction by ln 2, degree-6 polynomial; within 2 ulp of std::exp).
-// 0 below -87.3 (and for -inf), NaN stays NaN.
-[[gnu::always_inline]] inline float exp_fast(float x) {
-  const float clamped = x > -88.0f ? (x < 88.3762626647949f ? x : 88.3762626647949f) : -88.0f;  // NaN -> -88
-  const float k = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (clamped - k * 0.693359375f) - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  const float result = p * std::bit_cast<float>(std::max(bits, 0));
-  return x != x ? x : (x < -87.33654475f ? 0.0f : result);
-}
-[[gnu::always_inline]] inline float exp_of(float x) { return exp_fast(x); }
-inline double exp_of(double x) { return std::exp(x); }
-
-// Per-thread scratch of n elements in one of a few slots, grown on demand and
-// kept, so a warm kernel allocates nothing.
-template <typename A> A* scratch(size_t n, int slot) {
-  thread_local std::vector<A> buffers[9];
-  auto& buf = buffers[slot];
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-}  // namespace
 
 template <typename T>
 void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
@@ -62,9 +20,6 @@ void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, i
     gemm(ta, tb, m, n, k, a + i * a_stride, b + i * b_stride, c + i * m * n, accumulate);
 }
 
-// Loops over elements or rows run on OpenMP threads once they are big
-// enough to pay for it.
-constexpr int64_t kParallelElements = 1 << 14;
 
 template <typename T> void add(const T* a, const T* b, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelElements)
@@ -354,173 +309,6 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
     }
 }
 
-// ---- attention -----------------------------------------------------------------
-//
-// Flash-attention style. Each task (a batch row and a head) copies its keys
-// and values into Acc scratch ([T, D], contiguous), then takes kQueryBlock
-// query rows at a time against blocks of at most kKeyBlock keys, stopping at
-// the causal diagonal. The block products are small GEMMs (single-threaded
-// BLAS inside the OpenMP task); the softmax is online across key blocks, so
-// the largest buffer is kQueryBlock x kKeyBlock, never T x T. Queries are
-// pre-multiplied by the scale.
-
-namespace {
-constexpr int64_t kQueryBlock = 64;
-constexpr int64_t kKeyBlock = 512;
-
-// Copy one head's [T, D] rows of x (row stride `stride`) into packed scratch.
-template <typename T, typename A> void gather_head(const T* x, int64_t stride, int64_t t, int64_t d, A* dst) {
-  for (int64_t j = 0; j < t; ++j)
-    for (int64_t c = 0; c < d; ++c) dst[j * d + c] = load(x[j * stride + c]);
-}
-
-// Load `rows` query rows (row stride `stride`) scaled by sc into packed scratch.
-template <typename T, typename A> void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A sc, A* dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]) * sc;
-}
-
-// Keys [j0, j0 + n) that any of the block's queries [i0, i0 + rows) sees.
-int64_t keys_in_block(int64_t i0, int64_t rows, int64_t j0) { return std::min(kKeyBlock, i0 + rows - j0); }
-// Keys of that block visible to query i (causal: j <= i).
-int64_t visible_keys(int64_t i, int64_t j0, int64_t n) { return std::clamp<int64_t>(i - j0 + 1, 0, n); }
-}  // namespace
-
-template <typename T>
-void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
-               int64_t d, double scale) {
-  using A = Acc<T>;
-  const int64_t group = hq / hkv;
-  const auto neg_inf = -std::numeric_limits<A>::infinity();
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t hk = h / group;
-      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
-      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
-      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 2);
-      A* o = scratch<A>(static_cast<size_t>(kQueryBlock * d), 3);
-      A* s = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 4);
-      A row_max[kQueryBlock], row_total[kQueryBlock];
-      gather_head(k + (bi * t * hkv + hk) * d, hkv * d, t, d, ks);
-      gather_head(v + (bi * t * hkv + hk) * d, hkv * d, t, d, vs);
-      for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-        const int64_t rows = std::min(kQueryBlock, t - i0);
-        gather_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, static_cast<A>(scale), qs);
-        std::fill(o, o + rows * d, A(0));
-        std::fill(row_max, row_max + rows, neg_inf);
-        std::fill(row_total, row_total + rows, A(0));
-        for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-          const int64_t n = keys_in_block(i0, rows, j0);
-          gemm(false, true, rows, n, d, qs, ks + j0 * d, s, false);  // S = Qs K^T
-          for (int64_t r = 0; r < rows; ++r) {
-            A* sr = s + r * n;
-            const int64_t visible = visible_keys(i0 + r, j0, n);
-            if (visible == 0) {
-              std::fill(sr, sr + n, A(0));
-              continue;
-            }
-            A block_max = row_max[r];
-#pragma omp simd reduction(max : block_max)
-            for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj]);
-            const A correction = exp_of(row_max[r] - block_max);
-            A block_total = 0;
-#pragma omp simd reduction(+ : block_total)
-            for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_of(sr[jj] - block_max));
-            std::fill(sr + visible, sr + n, A(0));
-            row_total[r] = row_total[r] * correction + block_total;
-            row_max[r] = block_max;
-            for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
-          }
-          gemm(false, false, rows, d, n, s, vs + j0 * d, o, true);  // O += P V
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          T* dst = out + ((bi * t + i0 + r) * hq + h) * d;
-          const A inv = A(1) / row_total[r];
-          for (int64_t c = 0; c < d; ++c) dst[c] = store<T>(o[r * d + c] * inv);
-          lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
-        }
-      }
-    }
-}
-
-template <typename T>
-void attention_backward(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
-                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
-  using A = Acc<T>;
-  const int64_t group = hq / hkv;
-  // One task per (batch, key/value head): it owns those dK, dV rows and the
-  // dQ rows of its query heads, so tasks never write the same memory.
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t hk = 0; hk < hkv; ++hk) {
-      const int64_t kv_offset = (bi * t * hkv + hk) * d;
-      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
-      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
-      A* dk_acc = scratch<A>(static_cast<size_t>(t * d), 2);
-      A* dv_acc = scratch<A>(static_cast<size_t>(t * d), 3);
-      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 4);      // the block's queries, scaled
-      A* dos = scratch<A>(static_cast<size_t>(kQueryBlock * d), 5);     // the block's dO
-      A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ / scale
-      A* p = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 7);
-      A* ds = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 8);
-      A row_lse[kQueryBlock], row_delta[kQueryBlock];
-      gather_head(k + kv_offset, hkv * d, t, d, ks);
-      gather_head(v + kv_offset, hkv * d, t, d, vs);
-      std::fill(dk_acc, dk_acc + t * d, A(0));
-      std::fill(dv_acc, dv_acc + t * d, A(0));
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-          const int64_t rows = std::min(kQueryBlock, t - i0);
-          const int64_t first_row = (bi * t + i0) * hq + h;
-          gather_rows(q + first_row * d, hq * d, rows, d, static_cast<A>(scale), qs);
-          gather_rows(dout + first_row * d, hq * d, rows, d, A(1), dos);
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* o_row = out + (first_row + r * hq) * d;
-            A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
-#pragma omp simd reduction(+ : delta)
-            for (int64_t c = 0; c < d; ++c) delta += dos[r * d + c] * load(o_row[c]);
-            row_delta[r] = delta;
-            row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
-          }
-          std::fill(dq_acc, dq_acc + rows * d, A(0));
-          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-            const int64_t n = keys_in_block(i0, rows, j0);
-            gemm(false, true, rows, n, d, qs, ks + j0 * d, p, false);   // S = Qs K^T
-            gemm(false, true, rows, n, d, dos, vs + j0 * d, ds, false);  // dP = dO V^T
-            // P = exp(S - lse) and dS = P * (dP - delta), zero where masked.
-            for (int64_t r = 0; r < rows; ++r) {
-              A* pr = p + r * n;
-              A* dsr = ds + r * n;
-              const int64_t visible = visible_keys(i0 + r, j0, n);
-              for (int64_t jj = 0; jj < visible; ++jj) {
-                pr[jj] = exp_of(pr[jj] - row_lse[r]);
-                dsr[jj] = pr[jj] * (dsr[jj] - row_delta[r]);
-              }
-              std::fill(pr + visible, pr + n, A(0));
-              std::fill(dsr + visible, dsr + n, A(0));
-            }
-            gemm(true, false, n, d, rows, p, dos, dv_acc + j0 * d, true);   // dV += P^T dO
-            gemm(true, false, n, d, rows, ds, qs, dk_acc + j0 * d, true);   // dK += dS^T Qs (Qs carries the scale)
-            gemm(false, false, rows, d, n, ds, ks + j0 * d, dq_acc, true);  // dQ += dS K
-          }
-          const auto sc = static_cast<A>(scale);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* dqr = dq + (first_row + r * hq) * d;
-            for (int64_t c = 0; c < d; ++c) dqr[c] = store<T>(dq_acc[r * d + c] * sc);
-          }
-        }
-      for (int64_t j = 0; j < t; ++j) {
-        T* dkr = dk + kv_offset + j * hkv * d;
-        T* dvr = dv + kv_offset + j * hkv * d;
-        for (int64_t c = 0; c < d; ++c) {
-          dkr[c] = store<T>(dk_acc[j * d + c]);
-          dvr[c] = store<T>(dv_acc[j * d + c]);
-        }
-      }
-    }
-}
-
 template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
@@ -594,10 +382,6 @@ template void matmul<double>(const double*, const double*, double*, int64_t, int
   template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                           \
   template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);                 \
   template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                         \
-  template void attention<T>(const T*, const T*, const T*, T*, Acc<T>*, int64_t, int64_t, int64_t, int64_t,      \
-                             int64_t, double);                                                                   \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const Acc<T>*, const T*, T*, T*,  \
-                                      T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);                  \
   template void swiglu<T>(const T*, const T*, T*, int64_t);                                                      \
   template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                               \
   template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);     \

@@ -1,0 +1,363 @@
+// Causal scaled-dot-product attention with grouped-query heads, forward and
+// backward (declared in cpu_kernels.h), flash-attention style: blocks of
+// kQueryBlock queries against blocks of at most kKeyBlock keys, stopping at
+// the causal diagonal, with the softmax online across key blocks, so the
+// largest buffer is kQueryBlock x kKeyBlock, never T x T. The backward pass
+// recomputes the scores block by block from the saved log-sum-exp.
+//
+// Two implementations of the same blocks:
+// - attention_blocked: any element type; operands widened to Acc<T>, block
+//   products through single-threaded BLAS inside the OpenMP tasks.
+// - attention_bf16_dot: bf16 on CPUs with AVX512_BF16; operands stay bf16,
+//   block products through gemm_bf16_pairs with f32 accumulation, and P and
+//   dS are rounded to bf16 before their products, as FlashAttention does.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/kernel_support.h"
+
+namespace meshtrain::kernels::cpu {
+
+namespace {
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyBlock = 512;
+
+// Copy one head's [T, D] rows of x (row stride `stride`) into packed scratch.
+template <typename T, typename A> void gather_head(const T* x, int64_t stride, int64_t t, int64_t d, A* dst) {
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t c = 0; c < d; ++c) dst[j * d + c] = load(x[j * stride + c]);
+}
+
+// Load `rows` query rows (row stride `stride`) scaled by sc into packed scratch.
+template <typename T, typename A> void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A sc, A* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]) * sc;
+}
+
+// Keys [j0, j0 + n) that any of the block's queries [i0, i0 + rows) sees.
+int64_t keys_in_block(int64_t i0, int64_t rows, int64_t j0) { return std::min(kKeyBlock, i0 + rows - j0); }
+// Keys of that block visible to query i (causal: j <= i).
+int64_t visible_keys(int64_t i, int64_t j0, int64_t n) { return std::clamp<int64_t>(i - j0 + 1, 0, n); }
+
+template <typename T>
+void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+               int64_t d, double scale) {
+  using A = Acc<T>;
+  const int64_t group = hq / hkv;
+  const auto neg_inf = -std::numeric_limits<A>::infinity();
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t hk = h / group;
+      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
+      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
+      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 2);
+      A* o = scratch<A>(static_cast<size_t>(kQueryBlock * d), 3);
+      A* s = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 4);
+      A row_max[kQueryBlock], row_total[kQueryBlock];
+      gather_head(k + (bi * t * hkv + hk) * d, hkv * d, t, d, ks);
+      gather_head(v + (bi * t * hkv + hk) * d, hkv * d, t, d, vs);
+      for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, t - i0);
+        gather_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, static_cast<A>(scale), qs);
+        std::fill(o, o + rows * d, A(0));
+        std::fill(row_max, row_max + rows, neg_inf);
+        std::fill(row_total, row_total + rows, A(0));
+        for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+          const int64_t n = keys_in_block(i0, rows, j0);
+          gemm(false, true, rows, n, d, qs, ks + j0 * d, s, false);  // S = Qs K^T
+          for (int64_t r = 0; r < rows; ++r) {
+            A* sr = s + r * n;
+            const int64_t visible = visible_keys(i0 + r, j0, n);
+            if (visible == 0) {
+              std::fill(sr, sr + n, A(0));
+              continue;
+            }
+            A block_max = row_max[r];
+#pragma omp simd reduction(max : block_max)
+            for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj]);
+            const A correction = exp_of(row_max[r] - block_max);
+            A block_total = 0;
+#pragma omp simd reduction(+ : block_total)
+            for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_of(sr[jj] - block_max));
+            std::fill(sr + visible, sr + n, A(0));
+            row_total[r] = row_total[r] * correction + block_total;
+            row_max[r] = block_max;
+            for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+          }
+          gemm(false, false, rows, d, n, s, vs + j0 * d, o, true);  // O += P V
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          T* dst = out + ((bi * t + i0 + r) * hq + h) * d;
+          const A inv = A(1) / row_total[r];
+          for (int64_t c = 0; c < d; ++c) dst[c] = store<T>(o[r * d + c] * inv);
+          lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
+        }
+      }
+    }
+}
+
+template <typename T>
+void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
+                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+  using A = Acc<T>;
+  const int64_t group = hq / hkv;
+  // One task per (batch, key/value head): it owns those dK, dV rows and the
+  // dQ rows of its query heads, so tasks never write the same memory.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hk = 0; hk < hkv; ++hk) {
+      const int64_t kv_offset = (bi * t * hkv + hk) * d;
+      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
+      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
+      A* dk_acc = scratch<A>(static_cast<size_t>(t * d), 2);
+      A* dv_acc = scratch<A>(static_cast<size_t>(t * d), 3);
+      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 4);      // the block's queries, scaled
+      A* dos = scratch<A>(static_cast<size_t>(kQueryBlock * d), 5);     // the block's dO
+      A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ / scale
+      A* p = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 7);
+      A* ds = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 8);
+      A row_lse[kQueryBlock], row_delta[kQueryBlock];
+      gather_head(k + kv_offset, hkv * d, t, d, ks);
+      gather_head(v + kv_offset, hkv * d, t, d, vs);
+      std::fill(dk_acc, dk_acc + t * d, A(0));
+      std::fill(dv_acc, dv_acc + t * d, A(0));
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, t - i0);
+          const int64_t first_row = (bi * t + i0) * hq + h;
+          gather_rows(q + first_row * d, hq * d, rows, d, static_cast<A>(scale), qs);
+          gather_rows(dout + first_row * d, hq * d, rows, d, A(1), dos);
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* o_row = out + (first_row + r * hq) * d;
+            A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
+#pragma omp simd reduction(+ : delta)
+            for (int64_t c = 0; c < d; ++c) delta += dos[r * d + c] * load(o_row[c]);
+            row_delta[r] = delta;
+            row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
+          }
+          std::fill(dq_acc, dq_acc + rows * d, A(0));
+          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+            const int64_t n = keys_in_block(i0, rows, j0);
+            gemm(false, true, rows, n, d, qs, ks + j0 * d, p, false);   // S = Qs K^T
+            gemm(false, true, rows, n, d, dos, vs + j0 * d, ds, false);  // dP = dO V^T
+            // P = exp(S - lse) and dS = P * (dP - delta), zero where masked.
+            for (int64_t r = 0; r < rows; ++r) {
+              A* pr = p + r * n;
+              A* dsr = ds + r * n;
+              const int64_t visible = visible_keys(i0 + r, j0, n);
+              for (int64_t jj = 0; jj < visible; ++jj) {
+                pr[jj] = exp_of(pr[jj] - row_lse[r]);
+                dsr[jj] = pr[jj] * (dsr[jj] - row_delta[r]);
+              }
+              std::fill(pr + visible, pr + n, A(0));
+              std::fill(dsr + visible, dsr + n, A(0));
+            }
+            gemm(true, false, n, d, rows, p, dos, dv_acc + j0 * d, true);   // dV += P^T dO
+            gemm(true, false, n, d, rows, ds, qs, dk_acc + j0 * d, true);   // dK += dS^T Qs (Qs carries the scale)
+            gemm(false, false, rows, d, n, ds, ks + j0 * d, dq_acc, true);  // dQ += dS K
+          }
+          const auto sc = static_cast<A>(scale);
+          for (int64_t r = 0; r < rows; ++r) {
+            T* dqr = dq + (first_row + r * hq) * d;
+            for (int64_t c = 0; c < d; ++c) dqr[c] = store<T>(dq_acc[r * d + c] * sc);
+          }
+        }
+      for (int64_t j = 0; j < t; ++j) {
+        T* dkr = dk + kv_offset + j * hkv * d;
+        T* dvr = dv + kv_offset + j * hkv * d;
+        for (int64_t c = 0; c < d; ++c) {
+          dkr[c] = store<T>(dk_acc[j * d + c]);
+          dvr[c] = store<T>(dv_acc[j * d + c]);
+        }
+      }
+    }
+}
+
+
+// ---- bf16 with AVX512_BF16 ------------------------------------------------------
+//
+// Per task, K and V are packed once into the layouts the products read
+// (bf16_dot.h). Scores stay unscaled in the products; the scale is applied
+// in f32 where the softmax reads them, and dS carries it into dQ and dK.
+
+void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* out, float* lse,
+                        int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+  const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
+  const auto sc = static_cast<float>(scale);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t kv_offset = (bi * t * hkv + h / group) * d;
+      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);  // K^T, for S = Q K^T
+      uint32_t* v_p = scratch<uint32_t>(static_cast<size_t>((t + 1) / 2 * d), 1);  // V, for O += P V
+      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 2);
+      uint32_t* p_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 3);  // P in bf16
+      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);
+      float* o = scratch<float>(static_cast<size_t>(kQueryBlock * d), 1);
+      float row_max[kQueryBlock], row_total[kQueryBlock];
+      pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
+      pack_pairs(v + kv_offset, hkv * d, t, d, v_p);
+      for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, t - i0);
+        pack_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, q_a);
+        std::fill(o, o + rows * d, 0.0f);
+        std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+        std::fill(row_total, row_total + rows, 0.0f);
+        for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+          const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
+          gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);  // S = Q K^T
+          for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (f32, unnormalized), in place
+            float* sr = s + r * n;
+            const int64_t visible = visible_keys(i0 + r, j0, n);
+            float block_max = row_max[r];
+#pragma omp simd reduction(max : block_max)
+            for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj] * sc);
+            const float correction = visible ? exp_fast(row_max[r] - block_max) : 1.0f;
+            float block_total = 0;
+#pragma omp simd reduction(+ : block_total)
+            for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_fast(sr[jj] * sc - block_max));
+            std::fill(sr + visible, sr + n, 0.0f);
+            row_total[r] = row_total[r] * correction + block_total;
+            row_max[r] = block_max;
+            for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+          }
+          pack_rows(s, n, rows, n, p_a);
+          gemm_bf16_pairs(rows, d, n_pairs, p_a, n_pairs, v_p + j0 / 2 * d, d, o, d, true);  // O += P V
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          bfloat16* dst = out + ((bi * t + i0 + r) * hq + h) * d;
+          const float inv = 1.0f / row_total[r];
+          for (int64_t c = 0; c < d; ++c) dst[c] = store<bfloat16>(o[r * d + c] * inv);
+          lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
+        }
+      }
+    }
+}
+
+void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* out,
+                                 const float* lse, const bfloat16* dout, bfloat16* dq, bfloat16* dk, bfloat16* dv,
+                                 int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+  const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
+  const auto sc = static_cast<float>(scale);
+  // One task per (batch, key/value head), as in attention_backward_blocked.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hk = 0; hk < hkv; ++hk) {
+      const int64_t kv_offset = (bi * t * hkv + hk) * d;
+      const int64_t half_t = (t + 1) / 2, half_block = kQueryBlock / 2;
+      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);  // K^T, for S = Q K^T
+      uint32_t* v_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 1);  // V^T, for dP = dO V^T
+      uint32_t* k_p = scratch<uint32_t>(static_cast<size_t>(half_t * d), 2);   // K, for dQ += dS K
+      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 3);    // Q, for S
+      uint32_t* do_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 4);   // dO, for dP
+      uint32_t* q_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 5);           // Q^T, for dK^T
+      uint32_t* do_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 6);          // dO^T, for dV^T
+      uint32_t* p_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 7);   // P, for dV^T
+      uint32_t* ds_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 8);  // dS, for dK^T
+      uint32_t* ds_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 9);  // dS, for dQ
+      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);   // S, then P
+      float* dp = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 1);  // dP, then dS
+      // dK and dV are accumulated transposed, [D, T]: as dK^T += Q^T dS and
+      // dV^T += dO^T P, whose operands pack without transposing the blocks.
+      float* dk_t = scratch<float>(static_cast<size_t>(t * d), 2);
+      float* dv_t = scratch<float>(static_cast<size_t>(t * d), 3);
+      float* dq_acc = scratch<float>(static_cast<size_t>(kQueryBlock * d), 4);
+      float row_lse[kQueryBlock], row_delta[kQueryBlock];
+      pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
+      pack_pairs_transposed(v + kv_offset, hkv * d, t, d, v_t);
+      pack_pairs(k + kv_offset, hkv * d, t, d, k_p);
+      std::fill(dk_t, dk_t + t * d, 0.0f);
+      std::fill(dv_t, dv_t + t * d, 0.0f);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, t - i0), row_pairs = (rows + 1) / 2;
+          const int64_t first_row = (bi * t + i0) * hq + h;
+          pack_rows(q + first_row * d, hq * d, rows, d, q_a);
+          pack_rows(dout + first_row * d, hq * d, rows, d, do_a);
+          pack_columns(q + first_row * d, hq * d, rows, d, q_c);
+          pack_columns(dout + first_row * d, hq * d, rows, d, do_c);
+          for (int64_t r = 0; r < rows; ++r) {
+            const bfloat16* o_row = out + (first_row + r * hq) * d;
+            const bfloat16* do_row = dout + (first_row + r * hq) * d;
+            float delta = 0;  // rowsum(dO * O): the softmax backward's correction term
+#pragma omp simd reduction(+ : delta)
+            for (int64_t c = 0; c < d; ++c) delta += load(do_row[c]) * load(o_row[c]);
+            row_delta[r] = delta;
+            row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
+          }
+          std::fill(dq_acc, dq_acc + rows * d, 0.0f);
+          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+            const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
+            gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);    // S = Q K^T
+            gemm_bf16_pairs(rows, n, d_pairs, do_a, d_pairs, v_t + j0, t, dp, n, false);  // dP = dO V^T
+            // P = exp(S scale - lse) and dS = scale P (dP - delta), in place; 0 where masked.
+            for (int64_t r = 0; r < rows; ++r) {
+              float* pr = s + r * n;
+              float* dsr = dp + r * n;
+              const int64_t visible = visible_keys(i0 + r, j0, n);
+              const float lse_r = row_lse[r], delta_r = row_delta[r];
+#pragma omp simd
+              for (int64_t jj = 0; jj < visible; ++jj) {
+                pr[jj] = exp_fast(pr[jj] * sc - lse_r);
+                dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
+              }
+              std::fill(pr + visible, pr + n, 0.0f);
+              std::fill(dsr + visible, dsr + n, 0.0f);
+            }
+            pack_pairs(s, n, rows, n, p_b);
+            pack_pairs(dp, n, rows, n, ds_b);
+            pack_rows(dp, n, rows, n, ds_a);
+            gemm_bf16_pairs(d, n, row_pairs, do_c, row_pairs, p_b, n, dv_t + j0, t, true);  // dV^T += dO^T P
+            gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);  // dK^T += Q^T dS
+            gemm_bf16_pairs(rows, d, n_pairs, ds_a, n_pairs, k_p + j0 / 2 * d, d, dq_acc, d, true);  // dQ += dS K
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            bfloat16* dqr = dq + (first_row + r * hq) * d;
+            for (int64_t c = 0; c < d; ++c) dqr[c] = store<bfloat16>(dq_acc[r * d + c]);
+          }
+        }
+      for (int64_t j = 0; j < t; ++j) {
+        bfloat16* dkr = dk + kv_offset + j * hkv * d;
+        bfloat16* dvr = dv + kv_offset + j * hkv * d;
+        for (int64_t c = 0; c < d; ++c) {
+          dkr[c] = store<bfloat16>(dk_t[c * t + j]);
+          dvr[c] = store<bfloat16>(dv_t[c * t + j]);
+        }
+      }
+    }
+}
+}  // namespace
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+               int64_t d, double scale) {
+  if constexpr (std::is_same_v<T, bfloat16>)
+    if (bf16_dot_enabled()) return attention_bf16_dot(q, k, v, out, lse, b, t, hq, hkv, d, scale);
+  attention_blocked(q, k, v, out, lse, b, t, hq, hkv, d, scale);
+}
+
+template <typename T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
+                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+  if constexpr (std::is_same_v<T, bfloat16>)
+    if (bf16_dot_enabled())
+      return attention_backward_bf16_dot(q, k, v, out, lse, dout, dq, dk, dv, b, t, hq, hkv, d, scale);
+  attention_backward_blocked(q, k, v, out, lse, dout, dq, dk, dv, b, t, hq, hkv, d, scale);
+}
+
+#define MESHTRAIN_INSTANTIATE(T)                                                                               \
+  template void attention<T>(const T*, const T*, const T*, T*, Acc<T>*, int64_t, int64_t, int64_t, int64_t,    \
+                             int64_t, double);                                                                 \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const Acc<T>*, const T*, T*, T*, \
+                                      T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);
+MESHTRAIN_INSTANTIATE(float)
+MESHTRAIN_INSTANTIATE(double)
+MESHTRAIN_INSTANTIATE(bfloat16)
+#undef MESHTRAIN_INSTANTIATE
+
+}  // namespace meshtrain::kernels::cpu

@@ -1,0 +1,61 @@
+// Helpers shared by the CPU kernel files (not a public API): BLAS GEMM on
+// row-major buffers, a vectorizable exp, per-thread scratch, and the size
+// at which loops go parallel.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace meshtrain::kernels::cpu {
+
+// Loops over elements or rows run on OpenMP threads once they are big
+// enough to pay for it.
+constexpr int64_t kParallelElements = 1 << 14;
+
+// C (m x n) = or += op(A) op(B), row-major, contiguous.
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, bool acc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), acc ? 1.0f : 0.0f, c, static_cast<int>(n));
+}
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c, bool acc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), acc ? 1.0 : 0.0, c, static_cast<int>(n));
+}
+
+// exp for float, branch-free so that loops over it vectorize: Cephes' expf
+// (range reduction by ln 2, degree-6 polynomial; within 2 ulp of std::exp).
+// 0 below -87.3 (and for -inf), NaN stays NaN.
+[[gnu::always_inline]] inline float exp_fast(float x) {
+  const float clamped = x > -88.0f ? (x < 88.3762626647949f ? x : 88.3762626647949f) : -88.0f;  // NaN -> -88
+  const float k = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = (clamped - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  const float result = p * std::bit_cast<float>(std::max(bits, 0));
+  return x != x ? x : (x < -87.33654475f ? 0.0f : result);
+}
+[[gnu::always_inline]] inline float exp_of(float x) { return exp_fast(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+// Per-thread scratch of n elements in one of a few slots, grown on demand and
+// kept, so a warm kernel allocates nothing.
+template <typename A> A* scratch(size_t n, int slot) {
+  thread_local std::vector<A> buffers[12];
+  auto& buf = buffers[slot];
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+}  // namespace meshtrain::kernels::cpu
