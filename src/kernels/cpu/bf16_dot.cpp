@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -12,10 +13,6 @@ namespace meshtrain::kernels::cpu {
 namespace {
 bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
 std::atomic<bool> g_enabled{cpu_has_bf16_dot()};
-
-// Only the functions below that carry this attribute use AVX-512; the rest of
-// the build targets x86-64-v3 (GCC 12 miscompiles some code with -mavx512f).
-#define MESHTRAIN_AVX512_BF16 gnu::target("avx512f,avx512bf16")
 
 // One tile: ROWS rows of C against up to 32 columns (two 16-lane vectors,
 // masked at the edge), accumulated in registers over all pairs of k.
@@ -63,9 +60,43 @@ namespace {
 uint32_t bits(bfloat16 x) { return static_cast<uint16_t>(x); }
 uint32_t bits(float x) { return f32_to_bf16(x); }
 uint32_t pair_word(uint32_t low, uint32_t high) { return low | high << 16; }
+
+// From f32, 16 values at a time with the CPU's own rounding (vcvtneps2bf16:
+// to nearest even, NaN stays NaN; unlike f32_to_bf16 it flushes f32
+// subnormals to zero), each bf16 in the low half of a 32-bit lane.
+[[MESHTRAIN_AVX512_BF16]] __m512i bf16_lanes(const float* x, __mmask16 lanes) {
+  return _mm512_maskz_cvtepu16_epi32(lanes, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x)));
+}
+
+[[MESHTRAIN_AVX512_BF16]] void pack_rows_f32(const float* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t i = 0; i < m; ++i) {
+    auto* out = reinterpret_cast<__m256i*>(dst + i * pairs);  // a row of words is its k bf16 in order
+    for (int64_t j = 0; j < k; j += 16) {
+      const __mmask16 lanes = lane_mask(k - j);
+      _mm256_mask_storeu_epi16(reinterpret_cast<char*>(out) + 2 * j, lanes,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + i * ldx + j)));
+    }
+    if (k % 2) dst[i * pairs + k / 2] &= 0xffffu;  // the pad
+  }
+}
+
+[[MESHTRAIN_AVX512_BF16]] void pack_pairs_f32(const float* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst) {
+  for (int64_t p = 0; p < (k + 1) / 2; ++p) {
+    const float* even = x + 2 * p * ldx;
+    const float* odd = 2 * p + 1 < k ? even + ldx : nullptr;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = lane_mask(n - j);
+      __m512i words = bf16_lanes(even + j, lanes);
+      if (odd) words = _mm512_or_si512(words, _mm512_maskz_slli_epi32(lanes, bf16_lanes(odd + j, lanes), 16));
+      _mm512_mask_storeu_epi32(dst + p * n + j, lanes, words);
+    }
+  }
+}
 }  // namespace
 
 template <typename S> void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst) {
+  if constexpr (std::is_same_v<S, float>) return pack_rows_f32(x, ldx, m, k, dst);
   const int64_t full = k / 2, pairs = (k + 1) / 2;
   for (int64_t i = 0; i < m; ++i) {
     const S* row = x + i * ldx;
@@ -89,6 +120,7 @@ template <typename S> void pack_columns(const S* x, int64_t ldx, int64_t k, int6
 }
 
 template <typename S> void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst) {
+  if constexpr (std::is_same_v<S, float>) return pack_pairs_f32(x, ldx, k, n, dst);
   for (int64_t p = 0; p < k / 2; ++p) {
     const S* even = x + 2 * p * ldx;
     const S* odd = even + ldx;

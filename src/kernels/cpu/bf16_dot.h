@@ -14,6 +14,11 @@
 
 #include "core/dtype.h"
 
+// Functions that run only where bf16_dot_enabled() carry this attribute, so
+// that the compiler may use AVX-512 in them (and only there: the build
+// targets x86-64-v3, because GCC 12 miscompiles some code with -mavx512f).
+#define MESHTRAIN_AVX512_BF16 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+
 namespace meshtrain::kernels::cpu {
 
 // True when this CPU has AVX512_BF16 and the bf16 dot path is switched on.
@@ -23,7 +28,7 @@ bool bf16_dot_enabled();
 bool set_bf16_dot_enabled(bool enabled);
 
 // Packing, from bf16 or from f32 (rounded to bf16 on the way); an odd k is
-// padded with zeros.
+// padded with zeros. Like the GEMM, these require bf16_dot_enabled().
 // A = X for X [m, k] row-major (row stride ldx). dst: [m, ceil(k/2)].
 template <typename S> void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst);
 // A = X^T for X [k, m] row-major. dst: [m, ceil(k/2)].
