@@ -185,7 +185,7 @@ void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out
 // (bf16_dot.h). Scores stay unscaled in the products; the scale is applied
 // in f32 where the softmax reads them, and dS carries it into dQ and dK.
 
-void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* out, float* lse,
+[[MESHTRAIN_AVX512_BF16]] void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* out, float* lse,
                         int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
   const auto sc = static_cast<float>(scale);
@@ -239,7 +239,7 @@ void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v,
     }
 }
 
-void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* out,
+[[MESHTRAIN_AVX512_BF16]] void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* out,
                                  const float* lse, const bfloat16* dout, bfloat16* dq, bfloat16* dk, bfloat16* dv,
                                  int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
