@@ -23,13 +23,13 @@ bool is_floating(DType t);
 
 // Scalar conversions. All round to nearest, ties to even. The bf16 pair is
 // inline and branch-free so that loops over it vectorize.
-inline uint16_t f32_to_bf16(float x) {
+[[gnu::always_inline]] inline uint16_t f32_to_bf16(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;  // keep the sign, set the quiet bit
   return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
-inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+[[gnu::always_inline]] inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 // The C++ element type of a bf16 tensor (kernels compute on it in f32): a
 // distinct 16-bit scalar type, so loops over it vectorize like integer loops.
 enum class bfloat16 : uint16_t {};

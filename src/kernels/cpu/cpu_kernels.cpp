@@ -21,27 +21,27 @@ void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, i
 }
 
 
-template <typename T> void add(const T* a, const T* b, T* out, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void add(const T* a, const T* b, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
 }
-template <typename T> void mul(const T* a, const T* b, T* out, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void mul(const T* a, const T* b, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) * load(b[i]));
 }
-template <typename T> void scale(const T* a, double alpha, T* out, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void scale(const T* a, double alpha, T* out, int64_t n) {
   const auto s = static_cast<Acc<T>>(alpha);
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(s * load(a[i]));
 }
 template <typename T> void fill(double value, T* out, int64_t n) { std::fill(out, out + n, store<T>(value)); }
-template <typename T> double sum(const T* a, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] double sum(const T* a, int64_t n) {
   double acc = 0;
 #pragma omp parallel for reduction(+ : acc) if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) acc += load(a[i]);
   return acc;
 }
-template <typename T> double sum_squares(const T* a, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] double sum_squares(const T* a, int64_t n) {
   double acc = 0;
 #pragma omp parallel for simd reduction(+ : acc) if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -75,7 +75,7 @@ void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d
   }
 }
 
-template <typename T> void silu(const T* x, T* y, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu(const T* x, T* y, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -83,7 +83,7 @@ template <typename T> void silu(const T* x, T* y, int64_t n) {
     y[i] = store<T>(xi / (A(1) + exp_of(-xi)));
   }
 }
-template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -108,7 +108,7 @@ template <typename T> void softmax_row(const T* x, Acc<T>* y, int64_t d) {
 }
 }  // namespace
 
-template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax(const T* x, T* y, int64_t rows, int64_t d) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -117,7 +117,7 @@ template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d) {
     for (int64_t i = 0; i < d; ++i) y[r * d + i] = store<T>(row[i]);
   }
 }
-template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -130,7 +130,7 @@ template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int6
   }
 }
 
-template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -143,7 +143,7 @@ template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, 
   }
 }
 template <typename T>
-void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps) {
+[[MESHTRAIN_AVX512_CLONES]] void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps) {
   using A = Acc<T>;
   // Rows in parallel for dx; each row's 1/rms is kept for dw, which is then
   // summed over rows column by column (no two threads write one element).
@@ -191,7 +191,7 @@ template <typename T> void check_targets(const int64_t* targets, int64_t rows, i
 }  // namespace
 
 template <typename T>
-double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
+[[MESHTRAIN_AVX512_CLONES]] double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
   using A = Acc<T>;
   check_targets<T>(targets, rows, vocab, ignore_index);
   double total = 0;
@@ -213,7 +213,7 @@ double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int6
   return counted ? total / static_cast<double>(counted) : 0.0;
 }
 template <typename T>
-void cross_entropy_backward(const T* logits, const int64_t* targets, double dloss, T* dlogits, int64_t rows,
+[[MESHTRAIN_AVX512_CLONES]] void cross_entropy_backward(const T* logits, const int64_t* targets, double dloss, T* dlogits, int64_t rows,
                             int64_t vocab, int64_t ignore_index) {
   using A = Acc<T>;
   int64_t counted = 0;
@@ -309,7 +309,7 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
     }
 }
 
-template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void swiglu(const T* gate, const T* up, T* out, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -317,7 +317,7 @@ template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n)
     out[i] = store<T>(g / (A(1) + exp_of(-g)) * load(up[i]));
   }
 }
-template <typename T> void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+template <typename T> [[MESHTRAIN_AVX512_CLONES]] void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -337,7 +337,7 @@ void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t ds
 }
 
 template <typename T, typename S>
-void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
+[[MESHTRAIN_AVX512_CLONES]] void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step) {
   using A = Acc<T>;
   // Per-step constants in double, element math in Acc (f32 as PyTorch's, f64 for f64).

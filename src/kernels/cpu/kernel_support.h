@@ -13,6 +13,12 @@
 
 namespace meshtrain::kernels::cpu {
 
+// The elementwise and row kernels are built twice, for x86-64-v3 (the
+// build's target) and for x86-64-v4 (AVX-512), and the loader picks the
+// clone that the CPU runs (GCC function multiversioning). Only these
+// functions get AVX-512: GCC 12 miscompiles some other code with it.
+#define MESHTRAIN_AVX512_CLONES gnu::target_clones("default", "arch=x86-64-v4")
+
 // Loops over elements or rows run on OpenMP threads once they are big
 // enough to pay for it.
 constexpr int64_t kParallelElements = 1 << 14;
