@@ -82,17 +82,17 @@ struct MatmulDims {
   bool b_shared;
 };
 
-MatmulDims matmul_dims(const ValueInfo& a, const ValueInfo& b, bool ta, bool tb) {
-  MT_CHECK(a.shape.rank() >= 2 && b.shape.rank() >= 2, "matmul needs operands of rank >= 2");
-  const int64_t m = a.shape.dim(ta ? -1 : -2), ka = a.shape.dim(ta ? -2 : -1);
-  const int64_t kb = b.shape.dim(tb ? -1 : -2), n = b.shape.dim(tb ? -2 : -1);
+MatmulDims matmul_dims(const Shape& a, const Shape& b, bool ta, bool tb) {
+  MT_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul needs operands of rank >= 2");
+  const int64_t m = a.dim(ta ? -1 : -2), ka = a.dim(ta ? -2 : -1);
+  const int64_t kb = b.dim(tb ? -1 : -2), n = b.dim(tb ? -2 : -1);
   MT_CHECK(ka == kb, "inner dims differ: {} vs {}", ka, kb);
-  const bool shared = b.shape.rank() == 2;
+  const bool shared = b.rank() == 2;
   if (!shared)
-    MT_CHECK(b.shape.rank() == a.shape.rank() &&
-                 std::equal(a.shape.dims().begin(), a.shape.dims().end() - 2, b.shape.dims().begin()),
-             "batched operands need equal batch dims: {} and {}", a.shape.to_string(), b.shape.to_string());
-  return {a.shape.numel() / (a.shape.dim(-1) * a.shape.dim(-2)), m, n, ka, shared};
+    MT_CHECK(b.rank() == a.rank() &&
+                 std::equal(a.dims().begin(), a.dims().end() - 2, b.dims().begin()),
+             "batched operands need equal batch dims: {} and {}", a.to_string(), b.to_string());
+  return {a.numel() / (a.dim(-1) * a.dim(-2)), m, n, ka, shared};
 }
 
 std::vector<int> matmul_backward(Builder& bd, const Node& node, const std::vector<int>& g) {
@@ -206,18 +206,18 @@ void register_ops(std::map<std::string, OpDef>& ops) {
          MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype),
                   dtype_name(in[1].dtype));
          const bool ta = at.get_int("transpose_a") != 0, tb = at.get_int("transpose_b") != 0;
-         const MatmulDims d = matmul_dims(in[0], in[1], ta, tb);
+         const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, ta, tb);
          return Infos{{with_last_two(in[0].shape, d.m, d.n), in[0].dtype}};
        },
        matmul_backward,
        [](const Infos& in, const Infos&, const Attrs& at) {
-         const MatmulDims d = matmul_dims(in[0], in[1], at.get_int("transpose_a") != 0, at.get_int("transpose_b") != 0);
+         const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, at.get_int("transpose_a") != 0, at.get_int("transpose_b") != 0);
          return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
                 static_cast<double>(d.k);
        },
        [](const KernelArgs& a) {
          const bool ta = a.attrs.get_int("transpose_a") != 0, tb = a.attrs.get_int("transpose_b") != 0;
-         const MatmulDims d = matmul_dims({a.in[0]->shape(), a.in[0]->dtype()}, {a.in[1]->shape(), a.in[1]->dtype()}, ta, tb);
+         const MatmulDims d = matmul_dims(a.in[0]->shape(), a.in[1]->shape(), ta, tb);
          const int64_t b_stride = d.b_shared ? 0 : d.k * d.n;
          if (a.in[0]->dtype() == DType::bf16)
            return k::matmul_bf16(in_ptr<uint16_t>(a, 0), in_ptr<uint16_t>(a, 1), out_ptr<uint16_t>(a), d.batch, d.m,

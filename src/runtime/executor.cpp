@@ -119,6 +119,7 @@ void Executor::bind(int value, Tensor tensor) {
   MT_CHECK(tensor.dtype() == v.info.dtype && tensor.shape() == v.info.shape, "bind: {} expects {}{}, got {}",
            v.name, dtype_name(v.info.dtype), v.info.shape.to_string(), tensor.describe());
   bound_[value] = std::move(tensor);
+  run_ready_ = false;
 }
 
 void Executor::write_back(int from, int to) {
@@ -128,6 +129,7 @@ void Executor::write_back(int from, int to) {
   MT_CHECK(g_.value(from).info == g_.value(to).info, "write_back: {} and {} differ in shape or dtype",
            g_.describe_value(from), g_.describe_value(to));
   write_backs_.emplace_back(from, to);
+  run_ready_ = false;
 }
 
 int Executor::root(int value) const {
@@ -154,7 +156,31 @@ Tensor Executor::tensor_of(int value) const {
                       v.info.dtype);
 }
 
+void Executor::prepare_run() {
+  size_t count = 0;
+  for (int n : order_) count += g_.node(n).inputs.size() + g_.node(n).outputs.size();
+  step_tensors_.clear();
+  step_tensors_.reserve(count);  // no reallocation below: kernel_args_ points into it
+  kernel_args_.clear();
+  kernel_args_.reserve(order_.size());
+  for (int n : order_) {
+    const graph::Node& node = g_.node(n);
+    std::vector<const Tensor*> ins;
+    std::vector<Tensor*> outs;
+    for (int v : node.inputs) ins.push_back(&step_tensors_.emplace_back(tensor_of(v)));
+    for (int v : node.outputs) outs.push_back(&step_tensors_.emplace_back(tensor_of(v)));
+    kernel_args_.push_back(graph::KernelArgs{std::move(ins), std::move(outs), node.attrs});
+  }
+  write_back_copies_.clear();
+  for (const auto& [from, to] : write_backs_) {
+    Tensor dst = tensor_of(to);
+    write_back_copies_.push_back({dst.raw(), tensor_of(from).raw(), dst.nbytes()});
+  }
+  run_ready_ = true;
+}
+
 void Executor::run() {
+  if (!run_ready_) prepare_run();
   if (profiling_) {
     node_seconds_.resize(order_.size(), 0.0);
     ++profiled_runs_;
@@ -163,21 +189,11 @@ void Executor::run() {
     const graph::Node& node = g_.node(order_[step]);
     if (node.op->view) continue;  // aliased: nothing to compute
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    std::vector<Tensor> ins, outs;
-    for (int v : node.inputs) ins.push_back(tensor_of(v));
-    for (int v : node.outputs) outs.push_back(tensor_of(v));
-    std::vector<const Tensor*> in_ptrs;
-    std::vector<Tensor*> out_ptrs;
-    for (auto& t : ins) in_ptrs.push_back(&t);
-    for (auto& t : outs) out_ptrs.push_back(&t);
-    graph::run_cpu_kernel(*node.op, {in_ptrs, out_ptrs, node.attrs});
+    graph::run_cpu_kernel(*node.op, kernel_args_[step]);
     if (profiling_)
       node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  for (const auto& [from, to] : write_backs_) {
-    Tensor dst = tensor_of(to);
-    std::memmove(dst.raw(), tensor_of(from).raw(), dst.nbytes());  // from may be a view of to
-  }
+  for (const Copy& c : write_back_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
 }
 
 namespace {
@@ -200,6 +216,7 @@ std::vector<Executor::OpTime> Executor::profile() const {
   std::map<std::string, OpTime> by_op;
   for (size_t step = 0; step < node_seconds_.size(); ++step) {
     const graph::Node& node = g_.node(order_[step]);
+    if (node.op->view) continue;  // never run, so never timed
     OpTime& t = by_op[node.op->name];
     t.op = node.op->name;
     t.calls += profiled_runs_;

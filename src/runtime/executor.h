@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "graph/graph.h"
+#include "graph/op_registry.h"
 
 namespace meshtrain::runtime {
 
@@ -51,6 +52,19 @@ class Executor {
   std::map<int, int> alias_;             // view value -> root value whose storage it shares
   std::map<int, Tensor> bound_;          // inputs and parameters
   std::vector<std::pair<int, int>> write_backs_;
+  // What a run needs, built on the first run after a bind and kept, so that
+  // a steady-state run creates no tensors and no vectors: per step of
+  // order_ its kernel's arguments (over step_tensors_), and the write-backs.
+  void prepare_run();
+  bool run_ready_ = false;
+  std::vector<Tensor> step_tensors_;
+  std::vector<graph::KernelArgs> kernel_args_;  // per step; unused for views
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Copy> write_back_copies_;
   bool profiling_ = false;
   std::vector<double> node_seconds_;  // per step of order_, while profiling
   int64_t profiled_runs_ = 0;

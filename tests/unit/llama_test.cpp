@@ -1,7 +1,13 @@
 // The Llama graph as a whole: its gradient against finite differences in
-// float64, and a few AdamW steps on a repeated batch lowering the loss.
+// float64, a few AdamW steps on a repeated batch lowering the loss, and a
+// steady-state step allocating nothing.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
 #include <random>
 
 #include "graph/autodiff.h"
@@ -9,6 +15,29 @@
 #include "train/train_step.h"
 
 using namespace meshtrain;
+
+// Counts C++ heap allocations (operator new) while counting_news is on.
+// Replacing the global operator new is process-wide; it only counts, and
+// only while a test turns counting on. new and delete are malloc and free
+// (GCC takes the pair for a mismatch; it is not one). Not under
+// AddressSanitizer, which brings its own operator new.
+namespace {
+std::atomic<bool> counting_news{false};
+std::atomic<int64_t> news{0};
+}  // namespace
+#ifndef __SANITIZE_ADDRESS__
+#define MESHTRAIN_COUNTS_NEWS 1
+void* operator new(size_t bytes) {
+  if (counting_news.load(std::memory_order_relaxed)) news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+#endif
 
 namespace {
 
@@ -80,7 +109,15 @@ TEST(Llama, GradientMatchesFiniteDifferences) {
 
 // Losses of `steps` AdamW steps on one repeated batch of the tiny model,
 // from fixed random weights; f32 master weights, compute in `compute`.
-std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32) {
+// Allocations made by the steps after the first: tensor blocks from the
+// default allocator, and C++ heap allocations.
+struct SteadyStateAllocations {
+  uint64_t tensor_blocks = 0;
+  int64_t heap = 0;
+};
+
+std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32,
+                                 SteadyStateAllocations* allocations = nullptr) {
   graph::Graph g;
   train::OptimizerConfig opt;
   opt.lr = 1e-2;
@@ -105,11 +142,17 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
   ex.bind(s.lr, lr);
   ex.bind(s.step, step);
   std::vector<double> losses;
+  uint64_t tensor_blocks_before = 0;
+  news = 0;
   for (int64_t t = 1; t <= steps; ++t) {
     step.data<int64_t>()[0] = t;
+    if (t == 2) tensor_blocks_before = default_allocator().stats().allocations;
+    counting_news = allocations != nullptr && t >= 2;
     ex.run();
+    counting_news = false;
     losses.push_back(ex.fetch(s.model.loss).get(0));
   }
+  if (allocations) *allocations = {default_allocator().stats().allocations - tensor_blocks_before, news.load()};
   return losses;
 }
 
@@ -133,4 +176,27 @@ TEST(Llama, Bfloat16OptimizerStateTracksFloat32State) {
   const auto f32 = train_losses(DType::f32, false, 10), bf16 = train_losses(DType::f32, false, 10, DType::bf16);
   for (size_t i = 0; i < f32.size(); ++i) EXPECT_NEAR(bf16[i], f32[i], 0.02 * f32[i]) << "step " << i + 1;
   EXPECT_NE(bf16, f32);
+}
+
+// The executor plans all memory before the first step; later steps allocate
+// no tensor memory, and with f32 compute nothing at all on the C++ heap
+// (bf16's oneDNN GEMMs make their own small per-call objects).
+// On one thread: kernels keep per-thread scratch that grows on a thread's
+// first use, and with more threads the first step need not give every
+// thread every kind of work.
+TEST(Llama, SteadyStateStepAllocatesNothing) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (const DType compute : {DType::f32, DType::bf16}) {
+    SteadyStateAllocations allocations;
+    train_losses(compute, false, 4, DType::f32, &allocations);
+    SCOPED_TRACE(std::string(dtype_name(compute)));
+    EXPECT_EQ(allocations.tensor_blocks, 0u);
+#ifdef MESHTRAIN_COUNTS_NEWS
+    if (compute == DType::f32) {
+      EXPECT_EQ(allocations.heap, 0);
+    }
+#endif
+  }
+  omp_set_num_threads(threads);
 }

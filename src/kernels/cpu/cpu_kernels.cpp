@@ -245,17 +245,20 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
   using A = Acc<T>;
   // Positions grouped by id, so each table row is summed once in Acc (in
   // position order) and rounded once, and threads own whole rows.
-  std::vector<int64_t> order(static_cast<size_t>(n)), start(static_cast<size_t>(vocab) + 1, 0);
-  for (int64_t i = 0; i < n; ++i) ++start[static_cast<size_t>(ids[i]) + 1];
-  std::partial_sum(start.begin(), start.end(), start.begin());
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(next[static_cast<size_t>(ids[i])]++)] = i;
+  int64_t* order = scratch<int64_t>(static_cast<size_t>(n), 0);
+  int64_t* start = scratch<int64_t>(static_cast<size_t>(vocab) + 1, 1);  // first position of each id
+  int64_t* next = scratch<int64_t>(static_cast<size_t>(vocab), 2);
+  std::fill(start, start + vocab + 1, 0);
+  for (int64_t i = 0; i < n; ++i) ++start[ids[i] + 1];
+  std::partial_sum(start, start + vocab + 1, start);
+  std::copy(start, start + vocab, next);
+  for (int64_t i = 0; i < n; ++i) order[next[ids[i]]++] = i;
 #pragma omp parallel for schedule(dynamic, 16) if (vocab * dim > kParallelElements)
   for (int64_t row = 0; row < vocab; ++row) {
     A* acc = scratch<A>(static_cast<size_t>(dim), 0);
     std::fill(acc, acc + dim, A(0));
-    for (int64_t p = start[static_cast<size_t>(row)]; p < start[static_cast<size_t>(row) + 1]; ++p) {
-      const T* g = dout + order[static_cast<size_t>(p)] * dim;
+    for (int64_t p = start[row]; p < start[row + 1]; ++p) {
+      const T* g = dout + order[p] * dim;
       for (int64_t j = 0; j < dim; ++j) acc[j] += load(g[j]);
     }
     for (int64_t j = 0; j < dim; ++j) dtable[row * dim + j] = store<T>(acc[j]);
