@@ -93,6 +93,29 @@ Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field
           set};
 }
 
+// A dtype key, spelled as PyTorch names it ("float32", "bfloat16").
+Key dtype_key(std::string name, std::function<DType&(TrainConfig&)> field,
+              std::vector<std::pair<std::string, DType>> choices) {
+  auto set = [name, field, choices](TrainConfig& c, const std::string& v) {
+    std::vector<std::string> names;
+    for (const auto& [choice, dtype] : choices) {
+      if (v == choice) {
+        field(c) = dtype;
+        return;
+      }
+      names.push_back(choice);
+    }
+    bad_value(name, v, fmt::format("one of {}", fmt::join(names, ", ")));
+  };
+  return {name,
+          [name, set](TrainConfig& c, const toml::node& n) {
+            auto v = n.value<std::string>();
+            if (!v) bad_value(name, toml_text(n), "a string");
+            set(c, *v);
+          },
+          set};
+}
+
 Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
   return {name,
           [name, field](TrainConfig& c, const toml::node& n) {
@@ -137,7 +160,7 @@ const std::vector<Key>& keys() {
       number_key<double>("optimizer.beta2", [](TrainConfig& c) -> double& { return c.optimizer.beta2; }, unit, "in [0, 1)"),
       number_key<double>("optimizer.eps", [](TrainConfig& c) -> double& { return c.optimizer.eps; }, posf, "a positive number"),
       number_key<double>("optimizer.weight_decay", [](TrainConfig& c) -> double& { return c.optimizer.weight_decay; }, nonnegf, "a number >= 0"),
-      string_key("optimizer.state_dtype", [](TrainConfig& c) -> std::string& { return c.optimizer_state_dtype; }, {"float32", "bfloat16"}),
+      dtype_key("optimizer.state_dtype", [](TrainConfig& c) -> DType& { return c.optimizer.state_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       number_key<int64_t>("lr_scheduler.warmup_steps", [](TrainConfig& c) -> int64_t& { return c.lr_scheduler.warmup_steps; }, nonneg, "an integer >= 0"),
       {"lr_scheduler.decay",
        [](TrainConfig& c, const toml::node& n) {
@@ -151,7 +174,7 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("training.steps", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos, "a positive integer"),
       number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.optimizer.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
-      string_key("training.dtype", [](TrainConfig& c) -> std::string& { return c.training.dtype; }, {"float32", "bfloat16"}),
+      dtype_key("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),
       string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; }),
       number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0"),

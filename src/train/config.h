@@ -20,8 +20,7 @@ struct TrainConfig {
     int64_t seq_len = 128;
     int64_t batch_size = 8;
   } data;
-  OptimizerConfig optimizer;
-  std::string optimizer_state_dtype = "float32";
+  OptimizerConfig optimizer;  // optimizer.state_dtype: float32 or bfloat16
   struct {
     int64_t warmup_steps = 0;
     LrDecay decay = LrDecay::none;
@@ -30,7 +29,7 @@ struct TrainConfig {
   struct {
     int64_t steps = 100;
     int64_t seed = 0;
-    std::string dtype = "float32";
+    DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
   } training;
   struct {
     std::string init_from;

@@ -13,22 +13,13 @@
 
 namespace meshtrain::train {
 
-namespace {
-// Typed settings derived from the config's strings.
-TrainConfig resolved(TrainConfig c) {
-  c.optimizer.state_dtype = parse_dtype(c.optimizer_state_dtype);
-  return c;
-}
-}  // namespace
-
 Trainer::Trainer(TrainConfig config)
-    : config_(resolved(std::move(config))), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
+    : config_(std::move(config)), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
   MT_CHECK(loader_.max_token() < config_.model.vocab_size,
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
   const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
-  const DType compute = config_.training.dtype == "bfloat16" ? DType::bf16 : DType::f32;
-  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32, compute);
+  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32, config_.training.dtype);
   executor_ = std::make_unique<runtime::Executor>(graph_, step_graph_.fetches);
   for (const auto& [from, to] : step_graph_.write_backs) executor_->write_back(from, to);
   init_parameters();

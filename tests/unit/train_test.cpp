@@ -158,6 +158,12 @@ TEST(TrainErrors, ConfigKeysAndValues) {
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
+  const auto bf16 = train::load_config(path, {{"training.dtype", "bfloat16"}, {"optimizer.state_dtype", "bfloat16"}});
+  EXPECT_EQ(bf16.training.dtype, DType::bf16);
+  EXPECT_EQ(bf16.optimizer.state_dtype, DType::bf16);
+  EXPECT_EQ(train::load_config(path, {}).training.dtype, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.state_dtype", "float16"}}); }),
+                       "config key optimizer.state_dtype: 'float16' is not one of float32, bfloat16"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "cannot read config"));
   std::filesystem::remove_all(dir);
 }
