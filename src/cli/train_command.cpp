@@ -15,7 +15,7 @@ std::string train_help() {
       "meshtrain train --config FILE [--section.key value ...]\n"
       "Train a Llama on one rank from a TOML config; any key can be overridden on the command line\n"
       "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). --profile prints the time of each op after training\n"
-      "(summed over all steps but the first). Keys: {}\n",
+      "(summed over all steps but the first), with GFLOP/s and GB/s by the ops' FLOP and byte counts. Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
 
@@ -27,10 +27,12 @@ void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
     fmt::print("profile: nothing timed (profiling starts at step 2)\n");
     return;
   }
-  fmt::print("profile (steps 2..): {:<22} {:>8} {:>10} {:>7} {:>9}\n", "op", "calls", "ms", "share", "GFLOP/s");
+  fmt::print("profile (steps 2..): {:<22} {:>8} {:>10} {:>7} {:>9} {:>7}\n", "op", "calls", "ms", "share", "GFLOP/s",
+             "GB/s");
+  auto rate = [](double amount, double seconds) { return seconds > 0 ? amount / seconds * 1e-9 : 0.0; };
   for (const auto& t : ops)
-    fmt::print("                     {:<22} {:>8} {:>10.1f} {:>6.1f}% {:>9.1f}\n", t.op, t.calls, t.seconds * 1e3,
-               100 * t.seconds / total, t.seconds > 0 ? t.flops / t.seconds * 1e-9 : 0.0);
+    fmt::print("                     {:<22} {:>8} {:>10.1f} {:>6.1f}% {:>9.1f} {:>7.1f}\n", t.op, t.calls,
+               t.seconds * 1e3, 100 * t.seconds / total, rate(t.flops, t.seconds), rate(t.bytes, t.seconds));
 }
 }  // namespace
 

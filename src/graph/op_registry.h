@@ -1,6 +1,6 @@
 // The op registry. Each op is defined once, here in one OpDef: its shape and
-// dtype rule, its backward rule (built from other ops), its FLOP count and
-// its CPU kernel. Everything else (builder, autodiff, executor, estimators)
+// dtype rule, its backward rule (built from other ops), its FLOP and byte
+// counts and its CPU kernel. Everything else (builder, autodiff, executor, estimators)
 // reads the op from here.
 #pragma once
 
@@ -38,7 +38,16 @@ struct OpDef {
   // The output is input 0's bytes under another shape (reshape): the executor
   // aliases the buffer, and the op has no kernel.
   bool view = false;
+  // Bytes one execution reads and writes, each operand counted once (the
+  // memory traffic of an ideal kernel). Empty: every input read and every
+  // output written whole; an op that touches less says so here.
+  std::function<double(const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs)> bytes = nullptr;
 };
+
+// An op's FLOPs and bytes for the given operands (0 FLOPs where the op has
+// no rule; bytes by the default rule where it has none; views move nothing).
+double op_flops(const OpDef& op, const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs);
+double op_bytes(const OpDef& op, const std::vector<ValueInfo>& in, const std::vector<ValueInfo>& out, const Attrs& attrs);
 
 // Run an op's CPU kernel.
 void run_cpu_kernel(const OpDef& op, const KernelArgs& args);

@@ -55,6 +55,7 @@ template <typename T> T* out_ptr(const KernelArgs& a, size_t i = 0) { return sta
 template <typename T> const T* in_ptr(const KernelArgs& a, size_t i) { return static_cast<const T*>(a.in[i]->raw()); }
 
 double numel(const ValueInfo& v) { return static_cast<double>(v.shape.numel()); }
+double bytes_of(const ValueInfo& v) { return numel(v) * static_cast<double>(dtype_size(v.dtype)); }
 auto elementwise_flops(double per_element) {
   return [per_element](const Infos&, const Infos& out, const Attrs&) { return per_element * numel(out[0]); };
 }
@@ -461,6 +462,10 @@ void register_ops(std::map<std::string, OpDef>& ops) {
            k::embedding(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), a.in[1]->numel(),
                         a.in[0]->shape().dim(0), a.in[0]->shape().dim(1));
          });
+       },
+       /*view=*/false,
+       [](const Infos& in, const Infos& out, const Attrs&) {  // the ids and the rows gathered, not the table
+         return bytes_of(in[1]) + 2 * bytes_of(out[0]);
        }});
   def({"embedding_backward", 2,
        [](const Infos& in, const Attrs& at) {
@@ -615,7 +620,9 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
            k::copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, a.attrs.get_int("length"),
                          a.attrs.get_int("start"), 0, a.attrs.get_int("length"), s.inner);
          });
-       }});
+       },
+       /*view=*/false,
+       [](const Infos&, const Infos& out, const Attrs&) { return 2 * bytes_of(out[0]); }});  // the slice only
   def({"slice_backward", 1,
        [](const Infos& in, const Attrs& at) {
          std::vector<int64_t> dims = in[0].shape.dims();
@@ -759,6 +766,19 @@ void register_more_ops(std::map<std::string, OpDef>& ops) {
 }
 
 }  // namespace
+
+double op_flops(const OpDef& op, const Infos& in, const Infos& out, const Attrs& attrs) {
+  return op.flops ? op.flops(in, out, attrs) : 0.0;
+}
+
+double op_bytes(const OpDef& op, const Infos& in, const Infos& out, const Attrs& attrs) {
+  if (op.view) return 0;
+  if (op.bytes) return op.bytes(in, out, attrs);
+  double total = 0;
+  for (const ValueInfo& v : in) total += bytes_of(v);
+  for (const ValueInfo& v : out) total += bytes_of(v);
+  return total;
+}
 
 void run_cpu_kernel(const OpDef& op, const KernelArgs& args) {
   MT_CHECK(static_cast<bool>(op.cpu_kernel), "op {} has no CPU kernel", op.name);

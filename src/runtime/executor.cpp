@@ -197,18 +197,33 @@ void Executor::run() {
 }
 
 namespace {
-double node_flops(const graph::Graph& g, const graph::Node& node) {
-  if (!node.op->flops) return 0;
+// A node's operand infos, for the op's FLOP and byte rules.
+struct NodeInfos {
   std::vector<graph::ValueInfo> in, out;
-  for (int v : node.inputs) in.push_back(g.value(v).info);
-  for (int v : node.outputs) out.push_back(g.value(v).info);
-  return node.op->flops(in, out, node.attrs);
+  NodeInfos(const graph::Graph& g, const graph::Node& node) {
+    for (int v : node.inputs) in.push_back(g.value(v).info);
+    for (int v : node.outputs) out.push_back(g.value(v).info);
+  }
+};
+double node_flops(const graph::Graph& g, const graph::Node& node) {
+  const NodeInfos infos(g, node);
+  return graph::op_flops(*node.op, infos.in, infos.out, node.attrs);
+}
+double node_bytes(const graph::Graph& g, const graph::Node& node) {
+  const NodeInfos infos(g, node);
+  return graph::op_bytes(*node.op, infos.in, infos.out, node.attrs);
 }
 }  // namespace
 
 double Executor::flops() const {
   double total = 0;
   for (int n : order_) total += node_flops(g_, g_.node(n));
+  return total;
+}
+
+double Executor::bytes() const {
+  double total = 0;
+  for (int n : order_) total += node_bytes(g_, g_.node(n));
   return total;
 }
 
@@ -222,6 +237,7 @@ std::vector<Executor::OpTime> Executor::profile() const {
     t.calls += profiled_runs_;
     t.seconds += node_seconds_[step];
     t.flops += node_flops(g_, node) * static_cast<double>(profiled_runs_);
+    t.bytes += node_bytes(g_, node) * static_cast<double>(profiled_runs_);
   }
   std::vector<OpTime> out;
   for (auto& [name, t] : by_op) out.push_back(t);

@@ -30,13 +30,14 @@ class Executor {
 
   size_t arena_bytes() const { return arena_bytes_; }  // the plan's peak intermediate memory
   double flops() const;  // floating-point operations of one run, from each op's FLOP rule
+  double bytes() const;  // bytes read and written by one run's kernels, from each op's byte rule
   size_t num_steps() const { return order_.size(); }
 
   // Per-op wall time, summed over the runs made while profiling is on.
   struct OpTime {
     std::string op;
     int64_t calls = 0;
-    double seconds = 0, flops = 0;
+    double seconds = 0, flops = 0, bytes = 0;
   };
   void set_profiling(bool on) { profiling_ = on; }
   std::vector<OpTime> profile() const;  // slowest op first

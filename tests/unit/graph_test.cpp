@@ -206,6 +206,26 @@ TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
   EXPECT_EQ(ex.fetch(y2).shape(), (Shape{2, 12}));
 }
 
+// Bytes moved per op, each operand once: inputs read and outputs written by
+// default; embedding and slice read only what they gather; views move
+// nothing. The executor sums them over the plan, as it sums FLOPs.
+TEST(Executor, ByteAndFlopCountsFromTheOpRules) {
+  Graph g;
+  Builder b(g);
+  const int x = g.add_input("x", {4, 6}, DType::f32);      // 96 bytes
+  const int w = g.add_input("w", {6, 3}, DType::f32);      // 72 bytes
+  const int table = g.add_input("t", {11, 6}, DType::f32);  // 264 bytes
+  const int ids = g.add_input("ids", {5}, DType::i64);      // 40 bytes
+  const int sum = b.add(x, x);                    // 3 * 96
+  const int prod = b.matmul(sum, w);              // 96 + 72 + 48; 2 * 4 * 3 * 6 FLOPs
+  const int view = b.reshape(prod, {12});         // 0
+  const int part = b.slice(x, 1, 2, 3);           // 2 * 48
+  const int rows = b.embedding(table, ids);       // 40 + 2 * 120
+  runtime::Executor ex(g, {sum, view, part, rows});
+  EXPECT_DOUBLE_EQ(ex.bytes(), 3 * 96 + (96 + 72 + 48) + 0 + 2 * 48 + (40 + 2 * 120));
+  EXPECT_DOUBLE_EQ(ex.flops(), 4 * 6 + 2 * 4 * 3 * 6);  // the add's one FLOP per element, and the matmul's
+}
+
 TEST(GraphErrors, ClearMessages) {
   Graph g;
   Builder b(g);
