@@ -110,8 +110,10 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
       if (!alias_.count(out) && !last_use.count(out)) release_if_done(out);  // produced but never read
   }
   arena_bytes_ = arena.size();
-  arena_ = Tensor::empty({static_cast<int64_t>(std::max<size_t>(arena_bytes_, 1))}, DType::f8e4m3);  // bytes
+  arena_.reset(static_cast<std::byte*>(default_allocator().allocate(std::max<size_t>(arena_bytes_, 1))));
 }
+
+void Executor::FreeToAllocator::operator()(std::byte* p) const { default_allocator().deallocate(p); }
 
 void Executor::bind(int value, Tensor tensor) {
   const graph::Value& v = g_.value(value);
@@ -152,7 +154,7 @@ Tensor Executor::tensor_of(int value) const {
   }
   auto it = offset_.find(value);
   MT_CHECK(it != offset_.end(), "{} is not computed by this executor's plan", g_.describe_value(value));
-  return Tensor::view(static_cast<std::byte*>(const_cast<void*>(arena_.raw())) + it->second, v.info.shape,
+  return Tensor::view(arena_.get() + it->second, v.info.shape,
                       v.info.dtype);
 }
 

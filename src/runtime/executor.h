@@ -3,7 +3,9 @@
 // last use, so a steady-state run allocates nothing.
 #pragma once
 
+#include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,7 +72,11 @@ class Executor {
   std::vector<double> node_seconds_;  // per step of order_, while profiling
   int64_t profiled_runs_ = 0;
   size_t arena_bytes_ = 0;
-  Tensor arena_;
+  // The arena: one block of raw bytes from the default allocator.
+  struct FreeToAllocator {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, FreeToAllocator> arena_;
 };
 
 }  // namespace meshtrain::runtime
