@@ -12,7 +12,11 @@
 namespace meshtrain::kernels::cpu {
 
 namespace {
-bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+bool cpu_has_bf16_dot() {  // every ISA that MESHTRAIN_AVX512_BF16 names
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bf16");
+}
 std::atomic<bool> g_enabled{cpu_has_bf16_dot()};
 
 // One tile: ROWS rows of C against up to 32 columns (two 16-lane vectors,
