@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "core/error.h"
@@ -82,6 +83,15 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
   }
   for (int n = 0; n < g.num_nodes(); ++n)
     if (needed[n]) order_.push_back(n);
+  // Each step's FLOPs and bytes, from its op's rules (the plan never changes).
+  for (int n : order_) {
+    const graph::Node& node = g.node(n);
+    std::vector<graph::ValueInfo> in, out;
+    for (int v : node.inputs) in.push_back(g.value(v).info);
+    for (int v : node.outputs) out.push_back(g.value(v).info);
+    step_flops_.push_back(graph::op_flops(*node.op, in, out, node.attrs));
+    step_bytes_.push_back(graph::op_bytes(*node.op, in, out, node.attrs));
+  }
   // View ops (reshape) alias their input: a value's storage is its root's.
   for (int n : order_) {
     const graph::Node& node = g.node(n);
@@ -198,36 +208,8 @@ void Executor::run() {
   for (const Copy& c : write_back_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
 }
 
-namespace {
-// A node's operand infos, for the op's FLOP and byte rules.
-struct NodeInfos {
-  std::vector<graph::ValueInfo> in, out;
-  NodeInfos(const graph::Graph& g, const graph::Node& node) {
-    for (int v : node.inputs) in.push_back(g.value(v).info);
-    for (int v : node.outputs) out.push_back(g.value(v).info);
-  }
-};
-double node_flops(const graph::Graph& g, const graph::Node& node) {
-  const NodeInfos infos(g, node);
-  return graph::op_flops(*node.op, infos.in, infos.out, node.attrs);
-}
-double node_bytes(const graph::Graph& g, const graph::Node& node) {
-  const NodeInfos infos(g, node);
-  return graph::op_bytes(*node.op, infos.in, infos.out, node.attrs);
-}
-}  // namespace
-
-double Executor::flops() const {
-  double total = 0;
-  for (int n : order_) total += node_flops(g_, g_.node(n));
-  return total;
-}
-
-double Executor::bytes() const {
-  double total = 0;
-  for (int n : order_) total += node_bytes(g_, g_.node(n));
-  return total;
-}
+double Executor::flops() const { return std::accumulate(step_flops_.begin(), step_flops_.end(), 0.0); }
+double Executor::bytes() const { return std::accumulate(step_bytes_.begin(), step_bytes_.end(), 0.0); }
 
 std::vector<Executor::OpTime> Executor::profile() const {
   std::map<std::string, OpTime> by_op;
@@ -238,8 +220,8 @@ std::vector<Executor::OpTime> Executor::profile() const {
     t.op = node.op->name;
     t.calls += profiled_runs_;
     t.seconds += node_seconds_[step];
-    t.flops += node_flops(g_, node) * static_cast<double>(profiled_runs_);
-    t.bytes += node_bytes(g_, node) * static_cast<double>(profiled_runs_);
+    t.flops += step_flops_[step] * static_cast<double>(profiled_runs_);
+    t.bytes += step_bytes_[step] * static_cast<double>(profiled_runs_);
   }
   std::vector<OpTime> out;
   for (auto& [name, t] : by_op) out.push_back(t);

@@ -51,6 +51,7 @@ class Executor {
   const graph::Graph& g_;
   std::vector<int> fetches_;
   std::vector<int> order_;               // node ids to run
+  std::vector<double> step_flops_, step_bytes_;  // per step of order_
   std::map<int, size_t> offset_;         // intermediate value -> arena offset
   std::map<int, int> alias_;             // view value -> root value whose storage it shares
   std::map<int, Tensor> bound_;          // inputs and parameters
