@@ -78,12 +78,8 @@ Key number_key(std::string name, std::function<T&(TrainConfig&)> field, std::fun
           }};
 }
 
-Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field, std::vector<std::string> choices = {}) {
-  auto set = [name, field, choices](TrainConfig& c, const std::string& v) {
-    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end())
-      bad_value(name, v, fmt::format("one of {}", fmt::join(choices, ", ")));
-    field(c) = v;
-  };
+// A key whose value is text: a TOML string, or the command-line text as is.
+Key text_key(std::string name, std::function<void(TrainConfig&, const std::string&)> set) {
   return {name,
           [name, set](TrainConfig& c, const toml::node& n) {
             auto v = n.value<std::string>();
@@ -93,27 +89,24 @@ Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field
           set};
 }
 
-// A dtype key, spelled as PyTorch names it ("float32", "bfloat16").
-Key dtype_key(std::string name, std::function<DType&(TrainConfig&)> field,
-              std::vector<std::pair<std::string, DType>> choices) {
-  auto set = [name, field, choices](TrainConfig& c, const std::string& v) {
+Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field) {
+  return text_key(name, [field](TrainConfig& c, const std::string& v) { field(c) = v; });
+}
+
+// A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).
+template <typename E>
+Key choice_key(std::string name, std::function<E&(TrainConfig&)> field, std::vector<std::pair<std::string, E>> choices) {
+  return text_key(name, [name, field, choices](TrainConfig& c, const std::string& v) {
     std::vector<std::string> names;
-    for (const auto& [choice, dtype] : choices) {
+    for (const auto& [choice, value] : choices) {
       if (v == choice) {
-        field(c) = dtype;
+        field(c) = value;
         return;
       }
       names.push_back(choice);
     }
     bad_value(name, v, fmt::format("one of {}", fmt::join(names, ", ")));
-  };
-  return {name,
-          [name, set](TrainConfig& c, const toml::node& n) {
-            auto v = n.value<std::string>();
-            if (!v) bad_value(name, toml_text(n), "a string");
-            set(c, *v);
-          },
-          set};
+  });
 }
 
 Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
@@ -127,13 +120,6 @@ Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
             if (text != "true" && text != "false") bad_value(name, text, "true or false");
             field(c) = text == "true";
           }};
-}
-
-void keys_set_decay(TrainConfig& c, const std::string& v) {
-  if (v == "none") c.lr_scheduler.decay = LrDecay::none;
-  else if (v == "linear") c.lr_scheduler.decay = LrDecay::linear;
-  else if (v == "cosine") c.lr_scheduler.decay = LrDecay::cosine;
-  else bad_value("lr_scheduler.decay", v, "one of none, linear, cosine");
 }
 
 const std::vector<Key>& keys() {
@@ -160,21 +146,16 @@ const std::vector<Key>& keys() {
       number_key<double>("optimizer.beta2", [](TrainConfig& c) -> double& { return c.optimizer.beta2; }, unit, "in [0, 1)"),
       number_key<double>("optimizer.eps", [](TrainConfig& c) -> double& { return c.optimizer.eps; }, posf, "a positive number"),
       number_key<double>("optimizer.weight_decay", [](TrainConfig& c) -> double& { return c.optimizer.weight_decay; }, nonnegf, "a number >= 0"),
-      dtype_key("optimizer.state_dtype", [](TrainConfig& c) -> DType& { return c.optimizer.state_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
+      choice_key<DType>("optimizer.state_dtype", [](TrainConfig& c) -> DType& { return c.optimizer.state_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       number_key<int64_t>("lr_scheduler.warmup_steps", [](TrainConfig& c) -> int64_t& { return c.lr_scheduler.warmup_steps; }, nonneg, "an integer >= 0"),
-      {"lr_scheduler.decay",
-       [](TrainConfig& c, const toml::node& n) {
-         auto v = n.value<std::string>();
-         if (!v) bad_value("lr_scheduler.decay", toml_text(n), "a string");
-         keys_set_decay(c, *v);
-       },
-       [](TrainConfig& c, const std::string& v) { keys_set_decay(c, v); }},
+      choice_key<LrDecay>("lr_scheduler.decay", [](TrainConfig& c) -> LrDecay& { return c.lr_scheduler.decay; },
+                          {{"none", LrDecay::none}, {"linear", LrDecay::linear}, {"cosine", LrDecay::cosine}}),
       number_key<double>("lr_scheduler.min_lr_ratio", [](TrainConfig& c) -> double& { return c.lr_scheduler.min_lr_ratio; },
                          [](double v) { return v >= 0 && v <= 1; }, "in [0, 1]"),
       number_key<int64_t>("training.steps", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos, "a positive integer"),
       number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.optimizer.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
-      dtype_key("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
+      choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),
       string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; }),
       number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0"),
