@@ -38,6 +38,15 @@ template <typename T, typename A> void gather_rows(const T* x, int64_t stride, i
     for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]) * sc;
 }
 
+// The inverse: store `rows` x d accumulators, element (r, c) at
+// acc[r * row_step + c * col_step], times sc into rows of dst (row stride `stride`).
+template <typename T, typename A>
+void scatter_rows(const A* acc, int64_t row_step, int64_t col_step, int64_t rows, int64_t d, A sc, T* dst,
+                  int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < d; ++c) dst[r * stride + c] = store<T>(acc[r * row_step + c * col_step] * sc);
+}
+
 // Keys [j0, j0 + n) that any of the block's queries [i0, i0 + rows) sees.
 int64_t keys_in_block(int64_t i0, int64_t rows, int64_t j0) { return std::min(kKeyBlock, i0 + rows - j0); }
 // Keys of that block visible to query i (causal: j <= i).
@@ -161,20 +170,10 @@ void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out
             gemm(true, false, n, d, rows, ds, qs, dk_acc + j0 * d, true);   // dK += dS^T Qs (Qs carries the scale)
             gemm(false, false, rows, d, n, ds, ks + j0 * d, dq_acc, true);  // dQ += dS K
           }
-          const auto sc = static_cast<A>(scale);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* dqr = dq + (first_row + r * hq) * d;
-            for (int64_t c = 0; c < d; ++c) dqr[c] = store<T>(dq_acc[r * d + c] * sc);
-          }
+          scatter_rows(dq_acc, d, 1, rows, d, static_cast<A>(scale), dq + first_row * d, hq * d);
         }
-      for (int64_t j = 0; j < t; ++j) {
-        T* dkr = dk + kv_offset + j * hkv * d;
-        T* dvr = dv + kv_offset + j * hkv * d;
-        for (int64_t c = 0; c < d; ++c) {
-          dkr[c] = store<T>(dk_acc[j * d + c]);
-          dvr[c] = store<T>(dv_acc[j * d + c]);
-        }
-      }
+      scatter_rows(dk_acc, d, 1, t, d, A(1), dk + kv_offset, hkv * d);
+      scatter_rows(dv_acc, d, 1, t, d, A(1), dv + kv_offset, hkv * d);
     }
 }
 
@@ -316,19 +315,10 @@ void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out
             gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);  // dK^T += Q^T dS
             gemm_bf16_pairs(rows, d, n_pairs, ds_a, n_pairs, k_p + j0 / 2 * d, d, dq_acc, d, true);  // dQ += dS K
           }
-          for (int64_t r = 0; r < rows; ++r) {
-            bfloat16* dqr = dq + (first_row + r * hq) * d;
-            for (int64_t c = 0; c < d; ++c) dqr[c] = store<bfloat16>(dq_acc[r * d + c]);
-          }
+          scatter_rows(dq_acc, d, 1, rows, d, 1.0f, dq + first_row * d, hq * d);
         }
-      for (int64_t j = 0; j < t; ++j) {
-        bfloat16* dkr = dk + kv_offset + j * hkv * d;
-        bfloat16* dvr = dv + kv_offset + j * hkv * d;
-        for (int64_t c = 0; c < d; ++c) {
-          dkr[c] = store<bfloat16>(dk_t[c * t + j]);
-          dvr[c] = store<bfloat16>(dv_t[c * t + j]);
-        }
-      }
+      scatter_rows(dk_t, 1, t, t, d, 1.0f, dk + kv_offset, hkv * d);  // from [D, T]
+      scatter_rows(dv_t, 1, t, t, d, 1.0f, dv + kv_offset, hkv * d);
     }
 }
 }  // namespace
