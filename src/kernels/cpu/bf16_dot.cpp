@@ -65,12 +65,6 @@ namespace {
 uint32_t bits(bfloat16 x) { return static_cast<uint16_t>(x); }
 uint32_t bits(float x) { return f32_to_bf16(x); }
 uint32_t pair_word(uint32_t low, uint32_t high) { return low | high << 16; }
-// The pair (row[2p], row[2p + 1]) of a bf16 row as it lies in memory: one word.
-uint32_t word_at(const bfloat16* row, int64_t p) {
-  uint32_t w;
-  std::memcpy(&w, row + 2 * p, sizeof w);
-  return w;
-}
 
 // From f32, 16 values at a time with the CPU's own rounding (vcvtneps2bf16:
 // to nearest even, NaN stays NaN; unlike f32_to_bf16 it flushes f32
@@ -152,12 +146,6 @@ template <typename S> void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_
 
 template <typename S> void pack_pairs_transposed(const S* x, int64_t ldx, int64_t n, int64_t k, uint32_t* dst) {
   const int64_t full = k / 2;
-  if constexpr (std::is_same_v<S, bfloat16>)
-    if (k % 2 == 0) {  // a transpose of words
-      for (int64_t p = 0; p < full; ++p)
-        for (int64_t j = 0; j < n; ++j) dst[p * n + j] = word_at(x + j * ldx, p);
-      return;
-    }
   for (int64_t j = 0; j < n; ++j) {
     const S* row = x + j * ldx;
     for (int64_t p = 0; p < full; ++p) dst[p * n + j] = pair_word(bits(row[2 * p]), bits(row[2 * p + 1]));
