@@ -5,8 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev libgtest-dev
-          libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev)
+# ocl-icd-opencl-dev: Debian's libdnnl-dev only recommends it, but its CMake
+# package (dnnl-config.cmake) calls find_package(OpenCL) and fails without it.
+packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
+          ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
+          nlohmann-json3-dev libfmt-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
