@@ -1,7 +1,8 @@
 // The machine's GEMM peak as meshtrain sees it: the best of a few large
 // GEMMs (2048^3) in GFLOP/s, through the same libraries a training step uses:
 // OpenBLAS for f32 (`gemm_peak` or `gemm_peak float32`), oneDNN for bf16
-// (`gemm_peak bfloat16`). Used by bench/train.sh.
+// (`gemm_peak bfloat16`). Used by bench/train.sh, which also asks it for the
+// core type OpenBLAS picked in this process (`gemm_peak --blas-core`).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -25,11 +26,15 @@ template <typename T, typename Gemm> double best_gflops(int64_t n, T fill, Gemm 
 }
 }  // namespace
 
+extern "C" char* openblas_get_corename(void);  // OpenBLAS's own extension, not in every cblas.h
+
 int main(int argc, char** argv) {
   const std::string dtype = argc > 1 ? argv[1] : "float32";
   const int64_t n = 2048;
   namespace k = meshtrain::kernels::cpu;
-  if (dtype == "bfloat16") {
+  if (dtype == "--blas-core") {
+    std::printf("%s\n", openblas_get_corename());
+  } else if (dtype == "bfloat16") {
     std::printf("%.1f\n", best_gflops<uint16_t>(n, meshtrain::f32_to_bf16(0.5f), [&](auto* a, auto* b, auto* c) {
                   k::matmul_bf16(a, b, c, 1, n, n, n, false, false, 0, 0);
                 }));
@@ -38,7 +43,7 @@ int main(int argc, char** argv) {
                   k::matmul(a, b, c, 1, n, n, n, false, false, 0, 0);
                 }));
   } else {
-    std::fprintf(stderr, "gemm_peak: unknown dtype '%s'; use float32 or bfloat16\n", dtype.c_str());
+    std::fprintf(stderr, "gemm_peak: unknown dtype '%s'; use float32, bfloat16 or --blas-core\n", dtype.c_str());
     return 2;
   }
   return 0;

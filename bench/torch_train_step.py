@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """PyTorch's time per training step for the same Llama as meshtrain's bench
-(forward, backward, clipping, AdamW), for bench/train.sh. Prints JSON."""
+(forward, backward, clipping, AdamW), for bench/train.sh. Prints JSON, with
+the BLAS library this process loaded, its core type and thread count (the
+caller sets OPENBLAS_NUM_THREADS / OMP_NUM_THREADS before the start)."""
+import ctypes
 import json
 import resource
 import sys
@@ -10,6 +13,20 @@ import torch
 
 sys.path.insert(0, "tests/parity")
 from make_reference import forward, param_shapes  # noqa: E402  the same architecture as the parity reference
+
+
+def blas_info():
+    """The BLAS library mapped into this process and, for OpenBLAS, the core type and threads it chose."""
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "blas" in line.rsplit("/", 1)[-1]})
+    info = {"blas": ",".join(paths) or "none found"}
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        if hasattr(lib, "openblas_get_corename"):
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            info.update(blas_core=lib.openblas_get_corename().decode(), blas_threads=lib.openblas_get_num_threads())
+            break
+    return info
 
 
 def main():
@@ -39,7 +56,7 @@ def main():
     times = sorted(times[3:])
     print(json.dumps({"median_step_s": times[len(times) // 2], "tokens_per_step": B * T, "threads": threads,
                       "torch": torch.__version__, "dtype": dtype,
-                      "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, **blas_info()}))
 
 
 if __name__ == "__main__":
