@@ -72,11 +72,12 @@ done
 gflops=$(tail -n "$steps" "$work/m.jsonl" | python3 -c 'import sys,json; t=sorted(json.loads(l)["gflops_per_s"] for l in sys.stdin); print(t[len(t)//2])')
 peak_gemm=$(OMP_NUM_THREADS=$threads build/gemm_peak "$dtype")
 our_core=$(OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads build/gemm_peak --blas-core)
-python3 - "$peak" "$gflops" "$peak_gemm" "$our_core" "${ours_all[*]}" "${theirs_all[@]}" <<'PY'
+python3 - "$threads" "$blas_threads" "$peak" "$gflops" "$peak_gemm" "$our_core" "${ours_all[*]}" "${theirs_all[@]}" <<'PY'
 import json, os, statistics, sys
-peak, gflops, peak_gemm, our_core = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-ours = [float(x) for x in sys.argv[5].split()]
-theirs = [json.loads(x) for x in sys.argv[6:]]
+threads, blas_threads = int(sys.argv[1]), int(sys.argv[2])
+peak, gflops, peak_gemm, our_core = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+ours = [float(x) for x in sys.argv[7].split()]
+theirs = [json.loads(x) for x in sys.argv[8:]]
 tokens = theirs[0]["tokens_per_step"]
 ratios = [t["median_step_s"] / o for o, t in zip(ours, theirs)]
 for i, (o, t, r) in enumerate(zip(ours, theirs, ratios), 1):
@@ -85,7 +86,8 @@ t0 = theirs[0]
 coretype = os.environ.get("OPENBLAS_CORETYPE")
 print(f"both sides under OPENBLAS_CORETYPE={coretype if coretype is not None else '(unset: OpenBLAS picks by CPU)'}; "
       f"OpenBLAS core picked: meshtrain {our_core}, PyTorch {t0.get('blas_core', 'not OpenBLAS')} ({t0['blas']})")
-print(f"{t0['dtype']}, {t0['threads']} threads, {tokens} tokens/step: meshtrain {tokens/statistics.median(ours):.0f} tok/s, "
+print(f"{t0['dtype']}, {tokens} tokens/step; meshtrain {threads} threads, PyTorch torch threads {t0['threads']} + "
+      f"OpenBLAS threads {blas_threads}: meshtrain {tokens/statistics.median(ours):.0f} tok/s, "
       f"PyTorch {t0['torch']} {tokens/statistics.median(t['median_step_s'] for t in theirs):.0f} tok/s (medians of "
       f"{len(ours)} rounds), ratio {statistics.median(ratios):.2f}x (median round; min {min(ratios):.2f}x)")
 torch_rss = max(t["max_rss_bytes"] for t in theirs)
