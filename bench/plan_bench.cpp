@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <vector>
 
-#include "dist/planner.h"
+#include "sharding/planner.h"
 
 using namespace meshtrain;
-using namespace meshtrain::dist;
+using namespace meshtrain::sharding;
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_comm.h"
-#include "cli/dist_commands.h"
+#include "cli/layout_commands.h"
 #include "cli/train_command.h"
 #include "comm/fr_analyze.h"
 #include "comm/mpi_backend.h"

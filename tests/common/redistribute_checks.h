@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "dist/redistribute.h"
-#include "dist/sharding.h"
+#include "sharding/redistribute.h"
+#include "sharding/local_chunk.h"
 
 namespace mtest {
 
 using namespace meshtrain;
-using namespace meshtrain::dist;
+using namespace meshtrain::sharding;
 
 // Integer-valued f32 so that every reduction is exact in any order.
 inline float global_value(int64_t flat) { return static_cast<float>((flat * 37) % 101 - 50); }

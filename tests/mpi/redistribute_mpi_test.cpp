@@ -14,9 +14,9 @@ namespace {
 
 void check_mesh(const std::vector<int>& mesh_shape, size_t layouts_per_rank, const std::vector<std::vector<int64_t>>& shapes) {
   comm::ProcessGroup& world = mtest::mpi_world();
-  const dist::DeviceMesh mesh(mesh_shape);
-  dist::MeshGroups groups(mesh, world.shared_from_this());
-  dist::Planner planner(mesh, dist::CostModel::for_mesh(mesh));
+  const sharding::DeviceMesh mesh(mesh_shape);
+  sharding::MeshGroups groups(mesh, world.shared_from_this());
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   int pairs = 0;
   for (const auto& shape : shapes) {
     const auto layouts = mtest::layout_set(mesh.ndim(), static_cast<int>(shape.size()), layouts_per_rank);

@@ -10,15 +10,15 @@
 using namespace meshtrain;
 
 TEST(RedistributeLocal, EveryPairOn2x2) {
-  const dist::DeviceMesh mesh({2, 2});
+  const sharding::DeviceMesh mesh({2, 2});
   const auto layouts = mtest::layout_set(2, 2, 1000);
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(20);
   comm::LocalWorld world(4, options);
   std::atomic<int> pairs{0};
   world.run([&](comm::ProcessGroup& pg) {
-    dist::MeshGroups groups(mesh, pg.shared_from_this());
-    dist::Planner planner(mesh, dist::CostModel::for_mesh(mesh));
+    sharding::MeshGroups groups(mesh, pg.shared_from_this());
+    sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
     for (const std::vector<int64_t>& shape : {std::vector<int64_t>{5, 8}, std::vector<int64_t>{13, 3}})
       for (const auto& src : layouts)
         for (const auto& dst : layouts) {
@@ -32,14 +32,14 @@ TEST(RedistributeLocal, EveryPairOn2x2) {
 }
 
 TEST(RedistributeLocal, PairsOn2x2x2) {
-  const dist::DeviceMesh mesh({2, 2, 2});
+  const sharding::DeviceMesh mesh({2, 2, 2});
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(20);  // a failing rank must not leave the others waiting long
   comm::LocalWorld world(8, options);
   std::atomic<int> pairs{0};
   world.run([&](comm::ProcessGroup& pg) {
-    dist::MeshGroups groups(mesh, pg.shared_from_this());
-    dist::Planner planner(mesh, dist::CostModel::for_mesh(mesh));
+    sharding::MeshGroups groups(mesh, pg.shared_from_this());
+    sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{5, 8}, std::vector<int64_t>{13, 3}, std::vector<int64_t>{31, 13, 11}}) {
       const auto layouts = mtest::layout_set(3, static_cast<int>(shape.size()), 90);

@@ -1,13 +1,13 @@
-#include "dist/redistribute.h"
+#include "sharding/redistribute.h"
 
 #include <cstring>
 #include <numeric>
 
 #include <fmt/ranges.h>
 
-#include "dist/sharding.h"
+#include "sharding/local_chunk.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 namespace {
 
@@ -212,4 +212,4 @@ Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shap
   return execute_plan(local, global_shape, *plan, groups);
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

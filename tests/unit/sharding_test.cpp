@@ -1,4 +1,4 @@
-// dist/: layouts, local shapes, the cost model and the planner, checked
+// sharding/: layouts, local shapes, the cost model and the planner, checked
 // against PyTorch DTensor's published cases (the test or docstring each
 // comes from is named) and against an exhaustive all-pairs search.
 #include <gtest/gtest.h>
@@ -6,12 +6,12 @@
 #include <map>
 #include <set>
 
-#include "dist/planner.h"
-#include "dist/sharding.h"
+#include "sharding/planner.h"
+#include "sharding/local_chunk.h"
 #include "test_util.h"
 
 using namespace meshtrain;
-using namespace meshtrain::dist;
+using namespace meshtrain::sharding;
 using mtest::contains;
 using mtest::message_of;
 

@@ -4,9 +4,9 @@
 
 #include <vector>
 
-#include "dist/device_mesh.h"
+#include "sharding/device_mesh.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 struct LinkParams {
   double latency_us = 0.6;       // per hop
@@ -36,4 +36,4 @@ struct CostModel {
   LinkParams merged_link(const std::vector<int>& dims) const;
 };
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

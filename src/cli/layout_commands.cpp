@@ -1,4 +1,4 @@
-#include "cli/dist_commands.h"
+#include "cli/layout_commands.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -6,8 +6,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/planner.h"
-#include "dist/sharding.h"
+#include "sharding/planner.h"
+#include "sharding/local_chunk.h"
 
 namespace meshtrain::cli {
 
@@ -15,14 +15,14 @@ namespace {
 
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> shape;
-  for (int d : dist::parse_mesh_shape(text)) {
+  for (int d : sharding::parse_mesh_shape(text)) {
     MT_CHECK(d >= 0, "tensor shape '{}' has a negative size", text);
     shape.push_back(d);
   }
   return shape;
 }
 
-dist::LinkParams parse_link(const std::string& text, int& dim) {
+sharding::LinkParams parse_link(const std::string& text, int& dim) {
   double lat = 0, bw = 0;
   char extra = 0;
   MT_CHECK(std::sscanf(text.c_str(), "%d:%lf:%lf%c", &dim, &lat, &bw, &extra) == 3 && lat >= 0 && bw > 0,
@@ -33,9 +33,9 @@ dist::LinkParams parse_link(const std::string& text, int& dim) {
 }  // namespace
 
 int run_layout(const LayoutCommand& c) {
-  const dist::DeviceMesh mesh(dist::parse_mesh_shape(c.mesh));
+  const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(c.mesh));
   const auto shape = parse_shape(c.shape);
-  const dist::Layout layout = dist::Layout::parse(c.placements, mesh.ndim());
+  const sharding::Layout layout = sharding::Layout::parse(c.placements, mesh.ndim());
   layout.validate(static_cast<int>(shape.size()));
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   if (!c.json)
@@ -43,7 +43,7 @@ int run_layout(const LayoutCommand& c) {
                fmt::join(shape, ", "), mesh.describe(), "rank", "coord", "local_shape", "global_offset");
   for (int r = 0; r < mesh.num_ranks(); ++r) {
     const auto coord = mesh.coordinate(r);
-    const auto chunk = dist::local_chunk(shape, layout, mesh, coord);
+    const auto chunk = sharding::local_chunk(shape, layout, mesh, coord);
     if (c.json)
       ranks.push_back({{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape}, {"global_offset", chunk.offset}});
     else
@@ -55,12 +55,12 @@ int run_layout(const LayoutCommand& c) {
 }
 
 int run_plan(const PlanCommand& c) {
-  const dist::DeviceMesh mesh(dist::parse_mesh_shape(c.mesh));
+  const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(c.mesh));
   const auto shape = parse_shape(c.shape);
-  const dist::Layout from = dist::Layout::parse(c.from, mesh.ndim());
-  const dist::Layout to = dist::Layout::parse(c.to, mesh.ndim());
+  const sharding::Layout from = sharding::Layout::parse(c.from, mesh.ndim());
+  const sharding::Layout to = sharding::Layout::parse(c.to, mesh.ndim());
   MT_CHECK(c.devices_per_host >= 1, "--devices-per-host must be at least 1, got {}", c.devices_per_host);
-  dist::CostModel model = dist::CostModel::for_mesh(mesh, c.devices_per_host);
+  sharding::CostModel model = sharding::CostModel::for_mesh(mesh, c.devices_per_host);
   for (const auto& text : c.links) {
     int dim = -1;
     const auto link = parse_link(text, dim);
@@ -70,14 +70,14 @@ int run_plan(const PlanCommand& c) {
   MT_CHECK(c.all_to_all_penalty_us >= 0, "--all-to-all-penalty-us must be >= 0, got {}", c.all_to_all_penalty_us);
   model.all_to_all_penalty_us = c.all_to_all_penalty_us;
   const DType dtype = parse_dtype(c.dtype);
-  dist::Planner planner(mesh, model);
-  dist::PlanOptions options{dist::parse_planner_kind(c.planner), c.merge};
+  sharding::Planner planner(mesh, model);
+  sharding::PlanOptions options{sharding::parse_planner_kind(c.planner), c.merge};
   const auto plan = planner.plan(shape, dtype_size(dtype), from, to, options);
   if (c.json) {
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const auto& s : plan->steps)
       steps.push_back({{"mesh_dim", s.mesh_dims.front()}, {"mesh_dims", s.mesh_dims}, {"from", s.from.to_string()},
-                       {"to", s.to.to_string()}, {"collective", dist::collective_name(s.collective)},
+                       {"to", s.to.to_string()}, {"collective", sharding::collective_name(s.collective)},
                        {"bytes", static_cast<int64_t>(s.bytes)}, {"cost_us", s.cost_us},
                        {"layout", s.after.to_string()}});
     fmt::print("{}\n", nlohmann::ordered_json{{"steps", steps}, {"total_cost_us", plan->total_cost_us},
@@ -92,7 +92,7 @@ int run_plan(const PlanCommand& c) {
                "cost_us", "layout after");
   for (const auto& s : plan->steps)
     fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12.3f}  {}\n", fmt::format("{}", fmt::join(s.mesh_dims, "+")),
-               fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), dist::collective_name(s.collective),
+               fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), sharding::collective_name(s.collective),
                static_cast<int64_t>(s.bytes), s.cost_us, s.after.to_string());
   fmt::print("total {:.3f} us   trace {}\n", plan->total_cost_us, plan->trace(from));
   return 0;

@@ -10,7 +10,7 @@
 
 #include "comm/types.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 using comm::ReduceOp;
 
@@ -61,4 +61,4 @@ struct Layout {
   bool operator==(const Layout&) const = default;
 };
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

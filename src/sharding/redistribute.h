@@ -4,10 +4,10 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "dist/device_mesh.h"
-#include "dist/planner.h"
+#include "sharding/device_mesh.h"
+#include "sharding/planner.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 // `local` must have the shape `src` gives this rank (local_chunk). Partial
 // targets keep the source's pending reduction. Throws with what was wrong.
@@ -18,4 +18,4 @@ Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shap
 Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shape, const Plan& plan,
                     MeshGroups& groups);
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

@@ -1,4 +1,4 @@
-#include "dist/planner.h"
+#include "sharding/planner.h"
 
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 std::string_view collective_name(Collective c) {
   static constexpr std::string_view names[] = {"none", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
@@ -512,4 +512,4 @@ size_t Planner::CacheKeyHash::operator()(const CacheKey& k) const {
   return hash_layout(k.dst, hash_layout(k.src, h));
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

@@ -1,4 +1,4 @@
-#include "dist/device_mesh.h"
+#include "sharding/device_mesh.h"
 
 #include <algorithm>
 #include <set>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 DeviceMesh::DeviceMesh(std::vector<int> shape, std::vector<std::string> names)
     : shape_(std::move(shape)), names_(std::move(names)) {
@@ -124,4 +124,4 @@ comm::ProcessGroupPtr MeshGroups::make_group(const std::vector<int>& dims, const
   return world_->split(mesh_.rank_at(base), key, name);
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

@@ -1,8 +1,8 @@
-#include "dist/cost_model.h"
+#include "sharding/cost_model.h"
 
 #include <algorithm>
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -48,4 +48,4 @@ LinkParams CostModel::merged_link(const std::vector<int>& dims) const {
   return merged;
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

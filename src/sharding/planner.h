@@ -10,10 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dist/cost_model.h"
-#include "dist/layout.h"
+#include "sharding/cost_model.h"
+#include "sharding/layout.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 enum class Collective : uint8_t { none, all_gather, reduce_scatter, all_reduce, all_to_all };
 std::string_view collective_name(Collective c);
@@ -85,4 +85,4 @@ class Planner {
   std::unordered_map<CacheKey, std::shared_ptr<const Plan>, CacheKeyHash> cache_;
 };
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

@@ -9,7 +9,7 @@
 
 #include "comm/process_group.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 class DeviceMesh {
  public:
@@ -62,4 +62,4 @@ class MeshGroups {
   std::map<std::vector<int>, comm::ProcessGroupPtr> merged_;
 };
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

@@ -1,4 +1,4 @@
-#include "dist/layout.h"
+#include "sharding/layout.h"
 
 #include <algorithm>
 #include <cctype>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 std::string Placement::to_string() const {
   switch (kind) {
@@ -184,4 +184,4 @@ void Layout::validate(int tensor_rank) const {
   }
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

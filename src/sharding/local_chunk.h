@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/device_mesh.h"
-#include "dist/layout.h"
+#include "sharding/device_mesh.h"
+#include "sharding/layout.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 // Split `parent` (global indices, in local storage order) over n ranks by
 // placement p and return rank i's part. Shard: torch.chunk. Strided shard
@@ -29,4 +29,4 @@ struct LocalChunk {
 LocalChunk local_chunk(const std::vector<int64_t>& global_shape, const Layout& layout, const DeviceMesh& mesh,
                        const std::vector<int>& coord);
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding

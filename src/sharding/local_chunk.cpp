@@ -1,9 +1,9 @@
-#include "dist/sharding.h"
+#include "sharding/local_chunk.h"
 
 #include "comm/reduce.h"
 #include "core/error.h"
 
-namespace meshtrain::dist {
+namespace meshtrain::sharding {
 
 namespace {
 // Indices [begin, begin + len) of v.
@@ -57,4 +57,4 @@ LocalChunk local_chunk(const std::vector<int64_t>& global_shape, const Layout& l
   return chunk;
 }
 
-}  // namespace meshtrain::dist
+}  // namespace meshtrain::sharding
