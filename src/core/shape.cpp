@@ -26,6 +26,15 @@ int64_t Shape::numel() const {
   return n;
 }
 
+AroundDim around_dim(const std::vector<int64_t>& dims, size_t d) {
+  MT_CHECK(d < dims.size(), "dim {} out of range for rank {}", d, dims.size());
+  AroundDim a;
+  for (size_t k = 0; k < d; ++k) a.outer *= dims[k];
+  a.dim = dims[d];
+  for (size_t k = d + 1; k < dims.size(); ++k) a.inner *= dims[k];
+  return a;
+}
+
 std::string Shape::to_string() const { return fmt::format("({})", fmt::join(dims_, ", ")); }
 
 }  // namespace meshtrain

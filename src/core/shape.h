@@ -28,4 +28,12 @@ class Shape {
   std::vector<int64_t> dims_;
 };
 
+// Row-major extents seen as [outer, dim, inner] around dimension d: the
+// product of the extents before d, d's own, and the product of those after.
+struct AroundDim {
+  int64_t outer = 1, dim = 0, inner = 1;
+};
+AroundDim around_dim(const std::vector<int64_t>& dims, size_t d);
+inline AroundDim around_dim(const Shape& s, size_t d) { return around_dim(s.dims(), d); }
+
 }  // namespace meshtrain

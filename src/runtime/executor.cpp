@@ -83,9 +83,13 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
   }
   for (int n = 0; n < g.num_nodes(); ++n)
     if (needed[n]) order_.push_back(n);
-  // Each step's FLOPs and bytes, from its op's rules (the plan never changes).
+  // Each step's kernel, FLOPs and bytes (the plan never changes).
   for (int n : order_) {
     const graph::Node& node = g.node(n);
+    const kernels::cpu::CpuKernel* kernel = node.op->is_view ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
+    MT_CHECK(node.op->is_view || kernel != nullptr, "op {} has no CPU kernel (attach one with register_cpu_kernel)",
+             node.op->name);
+    step_kernels_.push_back(kernel);
     std::vector<graph::ValueInfo> in, out;
     for (int v : node.inputs) in.push_back(g.value(v).info);
     for (int v : node.outputs) out.push_back(g.value(v).info);
@@ -95,7 +99,7 @@ Executor::Executor(const graph::Graph& g, std::vector<int> fetches) : g_(g), fet
   // View ops (reshape) alias their input: a value's storage is its root's.
   for (int n : order_) {
     const graph::Node& node = g.node(n);
-    if (node.op->view) alias_[node.outputs[0]] = root(node.inputs[0]);
+    if (node.op->is_view) alias_[node.outputs[0]] = root(node.inputs[0]);
   }
   // Last step that reads each root's storage; fetched storage lives to the end.
   std::map<int, size_t> last_use;
@@ -181,7 +185,7 @@ void Executor::prepare_run() {
     std::vector<Tensor*> outs;
     for (int v : node.inputs) ins.push_back(&step_tensors_.emplace_back(tensor_of(v)));
     for (int v : node.outputs) outs.push_back(&step_tensors_.emplace_back(tensor_of(v)));
-    kernel_args_.push_back(graph::KernelArgs{std::move(ins), std::move(outs), node.attrs});
+    kernel_args_.push_back(kernels::cpu::KernelArgs{std::move(ins), std::move(outs), node.attrs});
   }
   write_back_copies_.clear();
   for (const auto& [from, to] : write_backs_) {
@@ -199,9 +203,9 @@ void Executor::run() {
   }
   for (size_t step = 0; step < order_.size(); ++step) {
     const graph::Node& node = g_.node(order_[step]);
-    if (node.op->view) continue;  // aliased: nothing to compute
+    if (node.op->is_view) continue;  // aliased: nothing to compute
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    graph::run_cpu_kernel(*node.op, kernel_args_[step]);
+    (*step_kernels_[step])(kernel_args_[step]);
     if (profiling_)
       node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -215,7 +219,7 @@ std::vector<Executor::OpTime> Executor::profile() const {
   std::map<std::string, OpTime> by_op;
   for (size_t step = 0; step < node_seconds_.size(); ++step) {
     const graph::Node& node = g_.node(order_[step]);
-    if (node.op->view) continue;  // never run, so never timed
+    if (node.op->is_view) continue;  // never run, so never timed
     OpTime& t = by_op[node.op->name];
     t.op = node.op->name;
     t.calls += profiled_runs_;

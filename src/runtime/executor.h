@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "kernels/cpu/op_kernels.h"
 
 namespace meshtrain::runtime {
 
@@ -62,7 +63,8 @@ class Executor {
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
-  std::vector<graph::KernelArgs> kernel_args_;  // per step; unused for views
+  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step of order_; nullptr for views
+  std::vector<kernels::cpu::KernelArgs> kernel_args_;  // per step; unused for views
   struct Copy {
     void* dst;
     const void* src;

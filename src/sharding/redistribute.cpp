@@ -16,12 +16,8 @@ struct Around {
   int64_t outer = 1, len = 0, inner_bytes = 0;
 };
 Around around(const std::vector<int64_t>& shape, int d, size_t elem) {
-  Around a;
-  for (int k = 0; k < d; ++k) a.outer *= shape[k];
-  a.len = shape[d];
-  a.inner_bytes = static_cast<int64_t>(elem);
-  for (size_t k = static_cast<size_t>(d) + 1; k < shape.size(); ++k) a.inner_bytes *= shape[k];
-  return a;
+  const AroundDim a = around_dim(shape, static_cast<size_t>(d));
+  return {a.outer, a.dim, a.inner * static_cast<int64_t>(elem)};
 }
 
 // dst[o, k] = src[o, rows[k]] along dim d; dst has len = rows.size().

@@ -1,0 +1,20 @@
+// The built-in op families, one file each under graph/ops/; the registry
+// (graph/op_registry.cpp) collects them on first use.
+#pragma once
+
+#include <vector>
+
+#include "graph/op_registry.h"
+
+namespace meshtrain::graph::ops {
+
+void add_elementwise_ops(std::vector<OpDef>& ops);  // full, cast, add, mul, scale, scale_by, broadcast_scalar, silu, swiglu
+void add_matmul_ops(std::vector<OpDef>& ops);       // matmul
+void add_reduction_ops(std::vector<OpDef>& ops);    // sum, mean, softmax, rms_norm
+void add_shape_ops(std::vector<OpDef>& ops);        // reshape (a view), transpose, slice, concat
+void add_embedding_ops(std::vector<OpDef>& ops);    // embedding
+void add_loss_ops(std::vector<OpDef>& ops);         // cross_entropy
+void add_attention_ops(std::vector<OpDef>& ops);    // rope, attention
+void add_optimizer_ops(std::vector<OpDef>& ops);    // global_norm, clip_coefficient, adamw
+
+}  // namespace meshtrain::graph::ops

@@ -1,0 +1,79 @@
+// matmul: batched GEMM with optional transposes and weights shared over the batch.
+#include "graph/ops/matmul.h"
+
+#include <algorithm>
+
+#include "graph/ops/families.h"
+#include "graph/ops/op_support.h"
+
+namespace meshtrain::graph::ops {
+
+MatmulDims matmul_dims(const Shape& a, const Shape& b, bool ta, bool tb) {
+  MT_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul needs operands of rank >= 2");
+  const int64_t m = a.dim(ta ? -1 : -2), ka = a.dim(ta ? -2 : -1);
+  const int64_t kb = b.dim(tb ? -1 : -2), n = b.dim(tb ? -2 : -1);
+  MT_CHECK(ka == kb, "inner dims differ: {} vs {}", ka, kb);
+  const bool shared = b.rank() == 2;
+  if (!shared)
+    MT_CHECK(b.rank() == a.rank() && std::equal(a.dims().begin(), a.dims().end() - 2, b.dims().begin()),
+             "batched operands need equal batch dims: {} and {}", a.to_string(), b.to_string());
+  return {a.numel() / (a.dim(-1) * a.dim(-2)), m, n, ka, shared};
+}
+
+namespace {
+
+Shape with_last_two(const Shape& batch_from, int64_t a, int64_t b) {
+  std::vector<int64_t> dims(batch_from.dims().begin(), batch_from.dims().end() - 2);
+  dims.push_back(a);
+  dims.push_back(b);
+  return Shape(dims);
+}
+
+std::vector<int> matmul_backward(Builder& bd, const Node& node, const std::vector<int>& g) {
+  const int a = node.inputs[0], b = node.inputs[1], dc = g[0];
+  const bool ta = node.attrs.get_int("transpose_a") != 0, tb = node.attrs.get_int("transpose_b") != 0;
+  const ValueInfo& ai = bd.graph().value(a).info;
+  const bool shared = bd.graph().value(b).info.shape.rank() == 2 && ai.shape.rank() > 2;
+  // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC.
+  const int da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);
+  int db;
+  if (shared) {
+    // B is shared over the batch: fold the batch into the rows of A and dC.
+    MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
+    const int64_t k_dim = ai.shape.dim(-1), n_dim = bd.graph().value(dc).info.shape.dim(-1);
+    const int a2 = bd.reshape(a, {ai.shape.numel() / k_dim, k_dim});
+    const int g2 = bd.reshape(dc, {bd.graph().value(dc).info.shape.numel() / n_dim, n_dim});
+    db = tb ? bd.matmul(g2, a2, true, false) : bd.matmul(a2, g2, true, false);
+  } else {
+    db = tb ? bd.matmul(dc, a, true, ta) : bd.matmul(a, dc, !ta, false);
+  }
+  return {da, db};
+}
+
+}  // namespace
+
+void add_matmul_ops(std::vector<OpDef>& ops) {
+  ops.push_back({
+      .name = "matmul",
+      .num_inputs = 2,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_float(in[0], "matmul A");
+            MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype),
+                     dtype_name(in[1].dtype));
+            const bool ta = at.get_int("transpose_a") != 0, tb = at.get_int("transpose_b") != 0;
+            const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, ta, tb);
+            return ValueInfos{{with_last_two(in[0].shape, d.m, d.n), in[0].dtype}};
+          },
+      .backward = matmul_backward,
+      .flops =
+          [](const ValueInfos& in, const ValueInfos&, const Attrs& at) {
+            const MatmulDims d =
+                matmul_dims(in[0].shape, in[1].shape, at.get_int("transpose_a") != 0, at.get_int("transpose_b") != 0);
+            return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
+                   static_cast<double>(d.k);
+          },
+  });
+}
+
+}  // namespace meshtrain::graph::ops

@@ -1,0 +1,57 @@
+// Optimizer-side ops (not differentiated): the global gradient norm,
+// PyTorch's clipping coefficient and the fused AdamW update.
+#include "graph/ops/families.h"
+#include "graph/ops/op_support.h"
+
+namespace meshtrain::graph::ops {
+
+void add_optimizer_ops(std::vector<OpDef>& ops) {
+  ops.push_back({
+      .name = "global_norm",
+      .num_inputs = OpDef::kVariadic,
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            MT_CHECK(!in.empty(), "global_norm needs at least one tensor");
+            for (const auto& v : in) check_float(v, "global_norm input");
+            return ValueInfos{{Shape{}, in[0].dtype}};
+          },
+      .flops =
+          [](const ValueInfos& in, const ValueInfos&, const Attrs&) {
+            double n = 0;
+            for (const auto& v : in) n += 2 * numel(v);
+            return n;
+          },
+  });
+  ops.push_back({
+      .name = "clip_coefficient",
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            MT_CHECK(in[0].shape.numel() == 1, "norm must be a scalar");
+            MT_CHECK(at.get_float("max_norm") > 0, "max_norm must be positive");
+            return ValueInfos{in[0]};
+          },
+  });
+
+  ops.push_back({
+      .name = "adamw",
+      .num_inputs = 6,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_float(in[0], "adamw param");
+            check_same(in[0], in[1]);
+            // Moments: the param's dtype, or bf16 for f32 params (f32 math either way).
+            MT_CHECK(in[2].shape == in[0].shape && in[3] == in[2], "moments must have the param's shape {}, got {} and {}",
+                     in[0].shape.to_string(), in[2].shape.to_string(), in[3].shape.to_string());
+            MT_CHECK(in[2].dtype == in[0].dtype || (in[0].dtype == DType::f32 && in[2].dtype == DType::bf16),
+                     "moments of a {} param must be {}{}, got {}", dtype_name(in[0].dtype), dtype_name(in[0].dtype),
+                     in[0].dtype == DType::f32 ? " or bf16" : "", dtype_name(in[2].dtype));
+            MT_CHECK(in[4].shape.numel() == 1 && in[4].dtype == DType::f64, "lr must be one f64 element");
+            MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::i64, "step must be one i64 element");
+            for (const char* key : {"beta1", "beta2", "eps", "weight_decay"}) at.get_float(key);
+            return ValueInfos{in[0], in[2], in[3]};  // param, m, v after the step
+          },
+      .flops = elementwise_flops(12),
+  });
+}
+
+}  // namespace meshtrain::graph::ops

@@ -1,0 +1,33 @@
+// CPU kernels attached to graph ops by name. Each op family's kernels are in
+// kernels/cpu/ops/<family>.cpp, mirroring graph/ops/; an executor looks a
+// node's kernel up once, when it plans the graph.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/graph.h"
+
+namespace meshtrain::kernels::cpu {
+
+// What a kernel sees: input and output tensors (views) and the node's attrs.
+struct KernelArgs {
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  const graph::Attrs& attrs;
+};
+
+// Takes f32, f64 and bf16 operands (bf16 computed in f32, rounded once per output element).
+using CpuKernel = std::function<void(const KernelArgs& args)>;
+
+// The CPU kernel of an op, or nullptr when it has none (the built-in
+// families are registered on first use).
+const CpuKernel* find_cpu_kernel(const std::string& op);
+
+// Attaches a kernel to an op defined outside graph/ops (an extension, or a
+// test's). Fails if the op already has one.
+void register_cpu_kernel(const std::string& op, CpuKernel kernel);
+
+}  // namespace meshtrain::kernels::cpu

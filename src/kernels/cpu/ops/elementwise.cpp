@@ -1,0 +1,73 @@
+// CPU kernels of the elementwise ops (graph/ops/elementwise.cpp).
+#include "kernels/cpu/ops/families.h"
+
+namespace meshtrain::kernels::cpu::ops {
+
+void add_elementwise_kernels(const AddKernel& add) {
+  add("full", [](const KernelArgs& a) {
+    by_float_type(a.out[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::fill(a.attrs.get_float("value"), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("cast", [](const KernelArgs& a) {
+    convert(a.in[0]->raw(), a.in[0]->dtype(), a.out[0]->raw(), a.out[0]->dtype(), static_cast<size_t>(a.in[0]->numel()));
+  });
+  add("add", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::add(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("mul", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::mul(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("scale", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::scale(in_ptr<T>(a, 0), a.attrs.get_float("alpha"), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("scale_by", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::scale(in_ptr<T>(a, 0), a.in[1]->get(0), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("broadcast_scalar", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::fill(static_cast<double>(cpu::load(*in_ptr<T>(a, 0))), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("silu", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::silu(in_ptr<T>(a, 0), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("silu_backward", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::silu_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("swiglu", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::swiglu(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
+    });
+  });
+  add("swiglu_backward", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      cpu::swiglu_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1),
+                           a.out[0]->numel());
+    });
+  });
+}
+
+}  // namespace meshtrain::kernels::cpu::ops

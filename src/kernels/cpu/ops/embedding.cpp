@@ -1,0 +1,23 @@
+// CPU kernels of embedding (graph/ops/embedding.cpp).
+#include "kernels/cpu/ops/families.h"
+
+namespace meshtrain::kernels::cpu::ops {
+
+void add_embedding_kernels(const AddKernel& add) {
+  add("embedding", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      embedding(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), a.in[1]->numel(), a.in[0]->shape().dim(0),
+                a.in[0]->shape().dim(1));
+    });
+  });
+  add("embedding_backward", [](const KernelArgs& a) {
+    by_float_type(a.in[1]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      embedding_backward(in_ptr<int64_t>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.in[0]->numel(),
+                         a.out[0]->shape().dim(0), a.out[0]->shape().dim(1));
+    });
+  });
+}
+
+}  // namespace meshtrain::kernels::cpu::ops

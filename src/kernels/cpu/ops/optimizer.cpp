@@ -1,0 +1,44 @@
+// CPU kernels of the optimizer ops (graph/ops/optimizer.cpp).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/ops/families.h"
+
+namespace meshtrain::kernels::cpu::ops {
+
+void add_optimizer_kernels(const AddKernel& add) {
+  add("global_norm", [](const KernelArgs& a) {
+    double total = 0;
+    for (const Tensor* x : a.in)
+      by_float_type(x->dtype(), [&](auto z) {
+        using T = decltype(z);
+        total += sum_squares(static_cast<const T*>(x->raw()), x->numel());
+      });
+    a.out[0]->set(0, std::sqrt(total));
+  });
+  add("clip_coefficient", [](const KernelArgs& a) {
+    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to at most 1.
+    a.out[0]->set(0, std::min(1.0, a.attrs.get_float("max_norm") / (a.in[0]->get(0) + 1e-6)));
+  });
+  add("adamw", [](const KernelArgs& a) {
+    const int64_t step = static_cast<const int64_t*>(a.in[5]->raw())[0];
+    MT_CHECK(step >= 1, "adamw: step must be >= 1 (bias correction), got {}", step);
+    // The graph is functional: update copies (the trainer writes them back).
+    std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes());  // param
+    std::memcpy(a.out[1]->raw(), a.in[2]->raw(), a.in[2]->nbytes());  // m
+    std::memcpy(a.out[2]->raw(), a.in[3]->raw(), a.in[3]->nbytes());  // v
+    const double lr = static_cast<const double*>(a.in[4]->raw())[0];
+    auto run = [&](auto param_type, auto state_type) {
+      using T = decltype(param_type);
+      using S = decltype(state_type);
+      adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<S>(a, 1), out_ptr<S>(a, 2), a.in[0]->numel(), lr,
+            a.attrs.get_float("beta1"), a.attrs.get_float("beta2"), a.attrs.get_float("eps"),
+            a.attrs.get_float("weight_decay"), step);
+    };
+    if (a.in[0]->dtype() == DType::f32 && a.in[2]->dtype() == DType::bf16) return run(float{}, bfloat16{});
+    by_float_type(a.in[0]->dtype(), [&](auto z) { run(z, z); });
+  });
+}
+
+}  // namespace meshtrain::kernels::cpu::ops

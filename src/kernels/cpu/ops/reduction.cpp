@@ -1,0 +1,50 @@
+// CPU kernels of the reductions (graph/ops/reduction.cpp).
+#include "kernels/cpu/ops/families.h"
+
+namespace meshtrain::kernels::cpu::ops {
+
+void add_reduction_kernels(const AddKernel& add) {
+  add("sum", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      *out_ptr<T>(a) = store<T>(sum(in_ptr<T>(a, 0), a.in[0]->numel()));
+    });
+  });
+  add("mean", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      *out_ptr<T>(a) = store<T>(sum(in_ptr<T>(a, 0), a.in[0]->numel()) / static_cast<double>(a.in[0]->numel()));
+    });
+  });
+  add("softmax", [](const KernelArgs& a) {
+    const auto [rows, d] = rows_of(*a.in[0]);
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      softmax(in_ptr<T>(a, 0), out_ptr<T>(a), rows, d);
+    });
+  });
+  add("softmax_backward", [](const KernelArgs& a) {
+    const auto [rows, d] = rows_of(*a.in[0]);
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      softmax_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), rows, d);
+    });
+  });
+  add("rms_norm", [](const KernelArgs& a) {
+    const auto [rows, d] = rows_of(*a.in[0]);
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      rms_norm(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), rows, d, a.attrs.get_float("eps"));
+    });
+  });
+  add("rms_norm_backward", [](const KernelArgs& a) {
+    const auto [rows, d] = rows_of(*a.in[0]);
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      rms_norm_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1), rows, d,
+                        a.attrs.get_float("eps"));
+    });
+  });
+}
+
+}  // namespace meshtrain::kernels::cpu::ops
