@@ -1,6 +1,5 @@
 #include "cli/bench_comm.h"
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -57,29 +56,6 @@ void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
     case OpType::reduce_scatter: pg.reduce_scatter(b.in, b.out)->wait(); return;
     default: pg.all_to_all(b.in, b.out)->wait(); return;
   }
-}
-
-// The caller holds comm::mpi_mutex() (meshtrain's progress thread also calls MPI).
-void run_plain_mpi(OpType op, Buffers& b, int n) {
-  int rc;
-  switch (op) {
-    case OpType::all_reduce:
-      rc = MPI_Allreduce(MPI_IN_PLACE, b.in.raw(), static_cast<int>(b.in.numel()), MPI_FLOAT,
-                         MPI_SUM, MPI_COMM_WORLD);
-      break;
-    case OpType::all_gather:
-      rc = MPI_Allgather(b.in.raw(), static_cast<int>(b.in.nbytes()), MPI_BYTE, b.out.raw(),
-                         static_cast<int>(b.in.nbytes()), MPI_BYTE, MPI_COMM_WORLD);
-      break;
-    case OpType::reduce_scatter:
-      rc = MPI_Reduce_scatter_block(b.in.raw(), b.out.raw(), static_cast<int>(b.out.numel()),
-                                    MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      break;
-    default:
-      rc = MPI_Alltoall(b.in.raw(), static_cast<int>(b.in.nbytes() / n), MPI_BYTE, b.out.raw(),
-                        static_cast<int>(b.in.nbytes() / n), MPI_BYTE, MPI_COMM_WORLD);
-  }
-  if (rc != MPI_SUCCESS) throw CommError(fmt::format("plain MPI {} failed (code {})", op_type_name(op), rc));
 }
 
 // Mean seconds per iteration, the maximum over ranks (the slowest rank sets
@@ -156,12 +132,12 @@ int run_comm_bench(const CommBenchOptions& o) {
       run_meshtrain(*pg, op, b);  // warm-up both paths
       {
         std::lock_guard lock(comm::mpi_mutex());
-        run_plain_mpi(op, b, n);
+        comm::plain_mpi_collective(op, b.in, b.out);
       }
       std::vector<double> ours, theirs;
       for (int round = 0; round < o.rounds; ++round) {
         ours.push_back(time_iterations(*pg, iters, false, [&] { run_meshtrain(*pg, op, b); }));
-        theirs.push_back(time_iterations(*pg, iters, true, [&] { run_plain_mpi(op, b, n); }));
+        theirs.push_back(time_iterations(*pg, iters, true, [&] { comm::plain_mpi_collective(op, b.in, b.out); }));
       }
       // Paired estimate: rounds next to each other in time share the
       // machine's conditions, so the ratio is taken per round, then the median.

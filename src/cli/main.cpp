@@ -1,6 +1,5 @@
 // The `meshtrain` command.
 #include <CLI/CLI.hpp>
-#include <mpi.h>
 
 #include <cstdio>
 
@@ -13,18 +12,6 @@
 #include "comm/fr_analyze.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
-
-namespace {
-
-// Under mpirun a failing rank must take the job down with it, or its peers
-// would wait in their next collective until the timeout.
-bool running_under_mpi() {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  return initialized != 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: train transformer language models across many devices (C++20, MPI/NCCL)"};
@@ -126,7 +113,9 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
-    if (running_under_mpi()) meshtrain::comm::mpi_abort_job(2);
+    // Under mpirun a failing rank must take the job down with it, or its peers
+    // would wait in their next collective until the timeout.
+    if (meshtrain::comm::mpi_initialized()) meshtrain::comm::mpi_abort_job(2);
     return 2;
   }
   return 0;

@@ -676,4 +676,36 @@ std::mutex& mpi_mutex() { return Engine::get().mu(); }
 
 void mpi_abort_job(int code) { Engine::get().abort_now(code); }
 
+bool mpi_initialized() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  return initialized != 0;
+}
+
+void plain_mpi_collective(OpType op, Tensor& in, Tensor& out) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int rc;
+  switch (op) {
+    case OpType::all_reduce:
+      rc = MPI_Allreduce(MPI_IN_PLACE, in.raw(), static_cast<int>(in.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case OpType::all_gather:
+      rc = MPI_Allgather(in.raw(), static_cast<int>(in.nbytes()), MPI_BYTE, out.raw(), static_cast<int>(in.nbytes()),
+                         MPI_BYTE, MPI_COMM_WORLD);
+      break;
+    case OpType::reduce_scatter:
+      rc = MPI_Reduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), MPI_FLOAT, MPI_SUM,
+                                    MPI_COMM_WORLD);
+      break;
+    case OpType::all_to_all:
+      rc = MPI_Alltoall(in.raw(), static_cast<int>(in.nbytes() / size), MPI_BYTE, out.raw(),
+                        static_cast<int>(in.nbytes() / size), MPI_BYTE, MPI_COMM_WORLD);
+      break;
+    default:
+      throw InvalidArgument(fmt::format("plain_mpi_collective: no baseline for {}", op_type_name(op)));
+  }
+  if (rc != MPI_SUCCESS) throw CommError(fmt::format("plain MPI {} failed (code {})", op_type_name(op), rc));
+}
+
 }  // namespace meshtrain::comm

@@ -21,4 +21,13 @@ std::mutex& mpi_mutex();
 // a moment to write their flight-recorder dumps.
 [[noreturn]] void mpi_abort_job(int code);
 
+// Whether MPI has been initialised in this process (a world was created).
+bool mpi_initialized();
+
+// The baseline meshtrain's collectives are measured against: the plain
+// blocking MPI call on MPI_COMM_WORLD, for f32 `in` (and `out` for all_gather,
+// reduce_scatter and all_to_all, sized as meshtrain's). all_reduce works in
+// place on `in`. The caller holds mpi_mutex().
+void plain_mpi_collective(OpType op, Tensor& in, Tensor& out);
+
 }  // namespace meshtrain::comm
