@@ -30,10 +30,11 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   fi
 fi
 [ -x build/meshtrain ] && [ -x build/gemm_peak ] || scripts/setup.sh build
-model='{"dim":256,"n_layers":4,"n_heads":8,"n_kv_heads":8,"ffn_dim":768,"vocab_size":256,"norm_eps":1e-5,"rope_theta":10000.0,"tie_embeddings":false,"seq_len":256,"batch_size":8}'
+source bench/bench_model.sh
+model=$bench_model
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-head -c 400000 /dev/urandom | tr -dc 'a-z ' | head -c 200000 > "$work/text.txt" || true
+bench_text "$work/text.txt"
 # PyTorch's thread settings, each timed once; the fastest is the baseline.
 settings=("1 1")
 [ "$threads" -eq 1 ] || settings+=("1 $threads" "$threads 1" "$threads $threads")
@@ -59,11 +60,7 @@ echo "PyTorch's fastest setting: torch.set_num_threads($torch_threads), OMP_NUM_
 rounds=${ROUNDS:-3}
 ours_all=() theirs_all=()
 for round in $(seq "$rounds"); do
-  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads /usr/bin/time -f %M -o "$work/rss" build/meshtrain train --config configs/debug.toml \
-    --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256 --data.batch_size 8 \
-    --data.path "$work/text.txt" --training.steps $((steps + 3)) --checkpoint.folder "" --metrics.file "$work/m.jsonl" \
-    --metrics.log_every 1 --training.dtype "$dtype" > "$work/meshtrain.log"
-  ours=$(tail -n "$steps" "$work/m.jsonl" | python3 -c 'import sys,json; t=sorted(json.loads(l)["step_ms"] for l in sys.stdin); print(t[len(t)//2]/1000)')
+  ours=$(bench_meshtrain build/meshtrain "$threads" "$steps" "$dtype" "$work/text.txt" "$work")
   peak=$(( $(cat "$work/rss") * 1024 ))  # peak resident set of the whole process
   theirs=$(OMP_NUM_THREADS=$torch_threads OPENBLAS_NUM_THREADS=$blas_threads \
            /usr/bin/python3 bench/torch_train_step.py "$model" "$torch_threads" "$steps" "$dtype")
