@@ -1,30 +1,24 @@
 #include "graph/op_registry.h"
 
-#include <map>
-#include <mutex>
-
 #include "core/error.h"
+#include "core/name_registry.h"
 #include "graph/ops/families.h"
 
 namespace meshtrain::graph {
 
 namespace {
 
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, OpDef> ops;  // node-based: references stay valid as ops are added
-};
-
-Registry& registry() {
-  static Registry* r = [] {
-    auto* reg = new Registry;  // never destroyed: OpDef pointers in graphs outlive static destruction
+// Never destroyed: graphs hold pointers to its OpDefs past static destruction.
+NameRegistry<OpDef>& registry() {
+  static auto* r = [] {
+    auto* reg = new NameRegistry<OpDef>;
     std::vector<OpDef> defs;
     for (auto add : {ops::add_elementwise_ops, ops::add_matmul_ops, ops::add_reduction_ops, ops::add_shape_ops,
                      ops::add_embedding_ops, ops::add_loss_ops, ops::add_attention_ops, ops::add_optimizer_ops})
       add(defs);
     for (OpDef& d : defs) {
       const std::string name = d.name;
-      MT_CHECK(reg->ops.emplace(name, std::move(d)).second, "op '{}' is defined twice", name);
+      MT_CHECK(reg->add(name, std::move(d)), "op '{}' is defined twice", name);
     }
     return reg;
   }();
@@ -49,25 +43,17 @@ double op_bytes(const OpDef& op, const ValueInfos& in, const ValueInfos& out, co
 }
 
 const OpDef& find_op(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mu);
-  auto it = r.ops.find(name);
-  if (it == r.ops.end()) {
-    std::string known;
-    for (const auto& [n, _] : r.ops) known += (known.empty() ? "" : ", ") + n;
-    throw InvalidArgument(fmt::format("unknown op '{}'; registered ops: {}", name, known));
-  }
-  return it->second;
+  const OpDef* op = registry().find(name);
+  if (!op) throw InvalidArgument(fmt::format("unknown op '{}'; registered ops: {}", name, registry().names()));
+  return *op;
 }
 
 void register_op(OpDef op) {
   MT_CHECK(!op.name.empty() && static_cast<bool>(op.infer), "register_op: an op needs a name and a shape rule (infer)");
   MT_CHECK(op.num_inputs >= 0 || op.num_inputs == OpDef::kVariadic, "register_op: op '{}' has {} inputs", op.name,
            op.num_inputs);
-  Registry& r = registry();
-  std::lock_guard lock(r.mu);
   const std::string name = op.name;
-  MT_CHECK(r.ops.emplace(name, std::move(op)).second, "register_op: an op named '{}' is already registered", name);
+  MT_CHECK(registry().add(name, std::move(op)), "register_op: an op named '{}' is already registered", name);
 }
 
 }  // namespace meshtrain::graph
