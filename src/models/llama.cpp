@@ -16,25 +16,26 @@ void LlamaConfig::validate() const {
   MT_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
 }
 
-std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& c) {
-  std::map<std::string, Shape> shapes;
+std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& c) {
+  const ParameterInit weight{ParameterInit::Kind::normal, 0.02}, norm_scale{ParameterInit::Kind::ones};
+  std::map<std::string, ParameterSpec> params;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim();
-  shapes["model.embed_tokens.weight"] = {c.vocab_size, c.dim};
+  params["model.embed_tokens.weight"] = {{c.vocab_size, c.dim}, weight};
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    shapes[p + "input_layernorm.weight"] = {c.dim};
-    shapes[p + "self_attn.q_proj.weight"] = {c.dim, c.dim};
-    shapes[p + "self_attn.k_proj.weight"] = {kv_dim, c.dim};
-    shapes[p + "self_attn.v_proj.weight"] = {kv_dim, c.dim};
-    shapes[p + "self_attn.o_proj.weight"] = {c.dim, c.dim};
-    shapes[p + "post_attention_layernorm.weight"] = {c.dim};
-    shapes[p + "mlp.gate_proj.weight"] = {c.ffn_dim, c.dim};
-    shapes[p + "mlp.up_proj.weight"] = {c.ffn_dim, c.dim};
-    shapes[p + "mlp.down_proj.weight"] = {c.dim, c.ffn_dim};
+    params[p + "input_layernorm.weight"] = {{c.dim}, norm_scale};
+    params[p + "self_attn.q_proj.weight"] = {{c.dim, c.dim}, weight};
+    params[p + "self_attn.k_proj.weight"] = {{kv_dim, c.dim}, weight};
+    params[p + "self_attn.v_proj.weight"] = {{kv_dim, c.dim}, weight};
+    params[p + "self_attn.o_proj.weight"] = {{c.dim, c.dim}, weight};
+    params[p + "post_attention_layernorm.weight"] = {{c.dim}, norm_scale};
+    params[p + "mlp.gate_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
+    params[p + "mlp.up_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
+    params[p + "mlp.down_proj.weight"] = {{c.dim, c.ffn_dim}, weight};
   }
-  shapes["model.norm.weight"] = {c.dim};
-  if (!c.tie_embeddings) shapes["lm_head.weight"] = {c.vocab_size, c.dim};
-  return shapes;
+  params["model.norm.weight"] = {{c.dim}, norm_scale};
+  if (!c.tie_embeddings) params["lm_head.weight"] = {{c.vocab_size, c.dim}, weight};
+  return params;
 }
 
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype,
@@ -44,7 +45,7 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   MT_CHECK(batch > 0 && seq_len > 0, "batch {} and seq_len {} must be positive", batch, seq_len);
   graph::Builder b(g);
   LlamaGraph m;
-  for (const auto& [name, shape] : llama_parameter_shapes(c)) m.params[name] = g.add_parameter(name, shape, dtype);
+  for (const auto& [name, spec] : llama_parameters(c)) m.params[name] = g.add_parameter(name, spec.shape, dtype);
   m.tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
   m.targets = g.add_input("targets", {batch, seq_len}, DType::i64);
   const int64_t hd = c.head_dim();

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "graph/graph.h"
+#include "models/parameters.h"
 
 namespace meshtrain::models {
 
@@ -40,7 +41,9 @@ struct LlamaGraph {
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
                        DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt);
 
-// Shapes of every parameter, by Hugging Face name.
-std::map<std::string, Shape> llama_parameter_shapes(const LlamaConfig& config);
+// Every parameter by Hugging Face name: its shape, and Hugging Face Llama's
+// initialisation (normal(0, initializer_range 0.02) for weights, ones for the
+// RMSNorm scales).
+std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& config);
 
 }  // namespace meshtrain::models

@@ -1,9 +1,9 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -19,48 +19,42 @@ Trainer::Trainer(TrainConfig config)
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
   const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
-  step_graph_ = build_train_step(graph_, config_.model, B, T, config_.optimizer, DType::f32, config_.training.dtype);
-  executor_ = std::make_unique<runtime::Executor>(graph_, step_graph_.fetches);
-  for (const auto& [from, to] : step_graph_.write_backs) executor_->write_back(from, to);
   init_parameters();
-  for (const auto& [name, v] : step_graph_.model.params) {
-    executor_->bind(v, params_.at(name));
-    const DType state = config_.optimizer.state_dtype;
-    executor_->bind(step_graph_.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), state));
-    executor_->bind(step_graph_.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), state));
-  }
   tokens_ = Tensor::empty({B, T}, DType::i64);
   targets_ = Tensor::empty({B, T}, DType::i64);
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
-  executor_->bind(step_graph_.model.tokens, tokens_);
-  executor_->bind(step_graph_.model.targets, targets_);
-  executor_->bind(step_graph_.lr, lr_);
-  executor_->bind(step_graph_.step, step_);
+  auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
+  const TrainStepGraph& sg = part.step_graph =
+      build_train_step(part.graph, config_.model, B, T, config_.optimizer, DType::f32, config_.training.dtype);
+  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(part.graph, sg.fetches));
+  for (const auto& [from, to] : sg.write_backs) ex.write_back(from, to);
+  for (const auto& [name, v] : sg.model.params) {
+    ex.bind(v, params_.at(name));
+    const DType state = config_.optimizer.state_dtype;
+    ex.bind(sg.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), state));
+    ex.bind(sg.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), state));
+  }
+  ex.bind(sg.model.tokens, tokens_);
+  ex.bind(sg.model.targets, targets_);
+  ex.bind(sg.lr, lr_);
+  ex.bind(sg.step, step_);
 }
 
 void Trainer::init_parameters() {
-  const auto shapes = models::llama_parameter_shapes(config_.model);
-  if (!config_.checkpoint.init_from.empty()) {
-    const std::string& path = config_.checkpoint.init_from;
-    auto loaded = load_safetensors(path);
-    for (const auto& [name, shape] : shapes) {
-      auto it = loaded.find(name);
-      MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
-      MT_CHECK(it->second.shape() == shape, "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}",
-               path, name, it->second.shape().to_string(), shape.to_string());
-      params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
-    }
+  const auto specs = models::llama_parameters(config_.model);
+  if (config_.checkpoint.init_from.empty()) {
+    params_ = models::initial_parameters(specs, static_cast<uint64_t>(config_.training.seed));
     return;
   }
-  // Seeded: normal(0, 0.02) for weights (Hugging Face Llama's initializer_range), ones for norms.
-  std::mt19937_64 rng(static_cast<uint64_t>(config_.training.seed));
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  for (const auto& [name, shape] : shapes) {
-    Tensor t = Tensor::empty(shape, DType::f32);
-    const bool norm = name.find("norm") != std::string::npos;
-    for (float& x : t.data<float>()) x = norm ? 1.0f : normal(rng);
-    params_[name] = t;
+  const std::string& path = config_.checkpoint.init_from;
+  auto loaded = load_safetensors(path);
+  for (const auto& [name, spec] : specs) {
+    auto it = loaded.find(name);
+    MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
+    MT_CHECK(it->second.shape() == spec.shape, "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}",
+             path, name, it->second.shape().to_string(), spec.shape.to_string());
+    params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
   }
 }
 
@@ -78,15 +72,32 @@ StepMetrics Trainer::step() {
   loader_.next(tokens_, targets_);
   lr_.data<double>()[0] = m.lr;
   step_.data<int64_t>()[0] = m.step;
-  executor_->set_profiling(profiling_ && m.step > 1);
-  executor_->run();
-  m.loss = executor_->fetch(step_graph_.model.loss).get(0);
-  m.grad_norm = executor_->fetch(step_graph_.grad_norm).get(0);
+  for (auto& part : parts_) {
+    part->executor->set_profiling(profiling_ && m.step > 1);
+    part->executor->run();
+  }
+  const ModelPart& last = loss_part();
+  m.loss = last.executor->fetch(last.step_graph.model.loss).get(0);
+  m.grad_norm = last.executor->fetch(last.step_graph.grad_norm).get(0);
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.peak_bytes = default_allocator().stats().peak_bytes;
   MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
   return m;
+}
+
+double Trainer::flops_per_step() const {
+  double total = 0;
+  for (const auto& part : parts_) total += part->executor->flops();
+  return total;
+}
+
+std::vector<runtime::Executor::OpTime> Trainer::profile() const {
+  std::vector<runtime::Executor::OpTime> all;
+  for (const auto& part : parts_)
+    for (const auto& t : part->executor->profile()) all.push_back(t);
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  return all;
 }
 
 void Trainer::save(const std::string& path) const { save_safetensors(path, params_); }

@@ -34,18 +34,26 @@ class Trainer {
   void save(const std::string& path) const;
   const TrainConfig& config() const { return config_; }
   size_t parameter_count() const;
-  double flops_per_step() const { return executor_->flops(); }
+  double flops_per_step() const;
   // Time every op of the steps after the first (the first warms caches); see profile().
   void set_profiling(bool on) { profiling_ = on; }
-  std::vector<runtime::Executor::OpTime> profile() const { return executor_->profile(); }
+  std::vector<runtime::Executor::OpTime> profile() const;  // every part's, slowest op first
 
  private:
   void init_parameters();
 
+  // A piece of the model with its own step graph and executor, run in order
+  // each step. Today there is one part, the whole model; pipeline stages
+  // will each be one.
+  struct ModelPart {
+    graph::Graph graph;
+    TrainStepGraph step_graph;
+    std::unique_ptr<runtime::Executor> executor;
+  };
+  ModelPart& loss_part() { return *parts_.back(); }  // the part that computes the loss
+
   TrainConfig config_;
-  graph::Graph graph_;
-  TrainStepGraph step_graph_;
-  std::unique_ptr<runtime::Executor> executor_;
+  std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
   TokenLoader loader_;
   std::map<std::string, Tensor> params_;
   Tensor tokens_, targets_, lr_, step_;

@@ -5,7 +5,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 #include <random>
@@ -199,4 +201,33 @@ TEST(Llama, SteadyStateStepAllocatesNothing) {
 #endif
   }
   omp_set_num_threads(threads);
+}
+
+TEST(Llama, ModelOwnsItsInitialisation) {
+  models::LlamaConfig c;
+  c.dim = 32, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.ffn_dim = 48, c.vocab_size = 64;
+  const auto specs = models::llama_parameters(c);
+  EXPECT_EQ(specs.size(), 1 + 2 * 9 + 1 + 1u);  // embedding, 9 per layer, final norm, untied head
+  const auto params = models::initial_parameters(specs, 7);
+  for (const auto& [name, t] : params) {
+    EXPECT_EQ(t.shape(), specs.at(name).shape) << name;
+    const auto x = t.data<const float>();
+    if (name.find("layernorm") != std::string::npos || name == "model.norm.weight") {
+      for (float v : x) ASSERT_EQ(v, 1.0f) << name;
+      continue;
+    }
+    // Hugging Face Llama's initializer: normal(0, 0.02).
+    double sum = 0, sum_sq = 0;
+    for (float v : x) sum += v, sum_sq += static_cast<double>(v) * v;
+    const double n = static_cast<double>(x.size()), mean = sum / n, std = std::sqrt(sum_sq / n - mean * mean);
+    EXPECT_NEAR(mean, 0.0, 5 * 0.02 / std::sqrt(n)) << name;
+    EXPECT_NEAR(std, 0.02, 0.02 * 6 / std::sqrt(n)) << name;
+  }
+  // Seeded: the same seed gives the same values, another seed others.
+  const auto again = models::initial_parameters(specs, 7), other = models::initial_parameters(specs, 8);
+  const auto w = params.at("model.layers.1.mlp.up_proj.weight").data<const float>();
+  const auto w_again = again.at("model.layers.1.mlp.up_proj.weight").data<const float>();
+  const auto w_other = other.at("model.layers.1.mlp.up_proj.weight").data<const float>();
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), w_again.begin()));
+  EXPECT_FALSE(std::equal(w.begin(), w.end(), w_other.begin()));
 }
