@@ -19,11 +19,12 @@
 # Mounts (/proc, /sys, /dev, a private /dev/shm) live in a private mount
 # namespace: they vanish with it, even if this script is killed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self=$(realpath "$0")
+cd "$(dirname "$self")/.."
 repo=$(pwd)
 
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null && exec sudo --preserve-env=MESHTRAIN_CLEAN_ROOM_CACHE,MESHTRAIN_CLEAN_ROOM_KEEP "$0" "$@"
+  command -v sudo >/dev/null && exec sudo --preserve-env=MESHTRAIN_CLEAN_ROOM_CACHE,MESHTRAIN_CLEAN_ROOM_KEEP "$self" "$@"
   echo "clean-room: needs root (it makes a chroot); run it as root or install sudo" >&2
   exit 2
 fi
