@@ -70,7 +70,7 @@ int run_train(const std::vector<std::string>& args) {
              static_cast<double>(trainer.parameter_count()) / 1e6);
   fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, 1 rank, {} compute, {:.1f} GFLOP/step\n",
              c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
-             c.optimizer.max_grad_norm, dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9);
+             c.training.max_grad_norm, dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9);
   std::fflush(stdout);
   trainer.set_profiling(profile);
   const auto summary = trainer.run(stdout);

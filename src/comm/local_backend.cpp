@@ -179,8 +179,8 @@ class LocalGroup final : public ProcessGroup {
   void start_p2p(const OpDesc& desc, const WorkPtr& work, std::unique_lock<std::mutex>& lock) {
     const bool sending = desc.op == OpType::send;
     const SharedGroup::Channel channel =
-        sending ? SharedGroup::Channel{rank(), desc.root, desc.tag}
-                : SharedGroup::Channel{desc.root, rank(), desc.tag};
+        sending ? SharedGroup::Channel{rank(), desc.peer, desc.tag}
+                : SharedGroup::Channel{desc.peer, rank(), desc.tag};
     auto& waiting = sending ? shared_->recvs[channel] : shared_->sends[channel];
     if (waiting.empty()) {
       (sending ? shared_->sends : shared_->recvs)[channel].push_back(Arrival{desc, work});

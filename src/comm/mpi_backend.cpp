@@ -544,14 +544,14 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
         reqs.resize(1);
         return MPI_Isend(op.desc.in, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "send"),
-                         MPI_BYTE, op.desc.root, op.desc.tag, op.group->comm, &reqs[0]);
+                         MPI_BYTE, op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
       });
     case OpType::recv:
       return {Stage{[elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
                       reqs.resize(1);
                       return MPI_Irecv(op.desc.out,
                                        to_int_count(op.desc.out_numel * static_cast<int64_t>(elem), "recv"),
-                                       MPI_BYTE, op.desc.root, op.desc.tag, op.group->comm, &reqs[0]);
+                                       MPI_BYTE, op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
                     },
                     [elem](MpiOp& op) {
                       int got = 0;
@@ -561,7 +561,7 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
                         throw CommError(fmt::format(
                             "{}: received {} bytes from rank {} but expected {} ({} x {}); the "
                             "sender's tensor has a different size or dtype",
-                            op.work->info().describe(), got, op.desc.root, expected,
+                            op.work->info().describe(), got, op.desc.peer, expected,
                             op.desc.out_numel, dtype_name(op.desc.dtype)));
                     }}};
   }

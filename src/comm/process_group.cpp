@@ -177,7 +177,7 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
   entry.in_numel = desc.in_numel;
   entry.out_numel = desc.out_numel;
   entry.signature = desc.signature();
-  entry.peer = p2p ? desc.root : -1;
+  entry.peer = p2p ? desc.peer : -1;
   const uint64_t id = recorder_->record(std::move(entry));
   auto work = std::make_shared<Work>(std::move(info), recorder_, id);
   work->set_timeout_handler([weak = weak_from_this()](Work& w) {
@@ -339,7 +339,7 @@ WorkPtr ProcessGroup::point_to_point(OpType op, Tensor& tensor, int peer, int ta
     d.in = nullptr;
     d.in_numel = 0;
   }
-  d.root = peer;
+  d.peer = peer;
   d.tag = tag;
   return issue(std::move(d));
 }

@@ -33,7 +33,8 @@ struct OpDesc {
   OpType op = OpType::barrier;
   DType dtype = DType::f32;
   ReduceOp reduce = ReduceOp::sum;
-  int root = -1;  // broadcast root, or p2p peer (group ranks)
+  int root = -1;  // broadcast: the root (group rank)
+  int peer = -1;  // send / recv: the other rank (group rank)
   int tag = 0;
   const void* in = nullptr;
   void* out = nullptr;

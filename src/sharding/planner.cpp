@@ -84,8 +84,9 @@ Layout to_layout(const State& s, int ndim) {
   return l;
 }
 
-// Everything one search needs to know besides the states.
-struct Space {
+// The graph one search walks, besides its states: the mesh sizes, the
+// tensor, the cost model and which edges may leave a state.
+struct SearchSpace {
   int ndim;
   int tensor_rank;
   std::array<int, kMaxMeshDims> sizes{};
@@ -189,9 +190,9 @@ struct Space {
   }
 };
 
-Space make_space(const DeviceMesh& mesh, const CostModel& model, const std::vector<int64_t>& shape,
+SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const std::vector<int64_t>& shape,
                  size_t element_size, const Layout& dst) {
-  Space sp;
+  SearchSpace sp;
   sp.ndim = mesh.ndim();
   sp.tensor_rank = static_cast<int>(shape.size());
   for (int m = 0; m < mesh.ndim(); ++m) sp.sizes[m] = mesh.size(m);
@@ -239,7 +240,7 @@ struct RawStep {
   Collective collective;
 };
 
-std::vector<RawStep> dijkstra(const Space& sp, const State& src, const State& dst) {
+std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst) {
   struct Node {
     State state;
     int parent;
@@ -290,7 +291,7 @@ bool is_default_order(const Layout& l) {
 
 // PyTorch's generate_greedy_transform_infos: a reverse pass that un-nests
 // shards innermost-first, then a forward pass outer -> inner.
-std::vector<RawStep> greedy(const Space& sp, const Layout& src, const Layout& dst) {
+std::vector<RawStep> greedy(const SearchSpace& sp, const Layout& src, const Layout& dst) {
   for (const Layout* l : {&src, &dst}) {
     MT_CHECK(is_default_order(*l), "the greedy planner handles default shard orders only, {} is not; use dijkstra",
              l->to_string());
@@ -344,7 +345,7 @@ std::vector<RawStep> greedy(const Space& sp, const Layout& src, const Layout& ds
 // Whether every split of tensor dim d in state s is even: all its shards
 // are exact Shards (a strided shard's sf pieces can be uneven: 8 rows with
 // sf 3 over 2 ranks give 5 and 3) and the dim divides by their product.
-bool evenly_sharded(const Space& sp, const State& s, int d, int64_t dim_size) {
+bool evenly_sharded(const SearchSpace& sp, const State& s, int d, int64_t dim_size) {
   int64_t k = 1;
   for (int m = 0; m < sp.ndim; ++m) {
     if (!is_sharding(s.code[m]) || dim_of(s.code[m]) != d) continue;
@@ -354,7 +355,7 @@ bool evenly_sharded(const Space& sp, const State& s, int d, int64_t dim_size) {
   return dim_size % k == 0;
 }
 
-Plan build_plan(const Space& sp, const std::vector<RawStep>& raw, const std::vector<int64_t>& shape, bool merge) {
+Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const std::vector<int64_t>& shape, bool merge) {
   Plan plan;
   for (size_t i = 0; i < raw.size();) {
     const RawStep& first = raw[i];
@@ -458,7 +459,7 @@ Plan Planner::plan_uncached(const std::vector<int64_t>& shape, size_t element_si
              src.to_string(), dst.to_string(), m, t.to_string(), src.placements[m].to_string());
   }
   if (src == dst) return {};
-  const Space sp = make_space(mesh_, model_, shape, element_size, dst);
+  const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, dst);
   const auto raw = options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
   return build_plan(sp, raw, shape, options.merge);
 }
@@ -478,7 +479,7 @@ std::shared_ptr<const Plan> Planner::plan(const std::vector<int64_t>& shape, siz
 
 double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size, const Layout& from,
                           const Layout& to) const {
-  const Space sp = make_space(mesh_, model_, shape, element_size, to);
+  const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, to);
   const State a = to_state(from), b = to_state(to);
   double cost = kInf;
   sp.for_each_edge(a, [&](const State& next, int m, Collective c) {
@@ -489,7 +490,7 @@ double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size
 
 std::vector<Layout> Planner::neighbours(const Layout& from, int tensor_rank, const Layout& dst) const {
   std::vector<int64_t> shape(static_cast<size_t>(tensor_rank), 1);
-  const Space sp = make_space(mesh_, model_, shape, 1, dst);
+  const SearchSpace sp = make_search_space(mesh_, model_, shape, 1, dst);
   std::vector<Layout> out;
   sp.for_each_edge(to_state(from), [&](const State& next, int, Collective) { out.push_back(to_layout(next, sp.ndim)); });
   return out;

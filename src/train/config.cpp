@@ -153,7 +153,7 @@ const std::vector<Key>& keys() {
       number_key<double>("lr_scheduler.min_lr_ratio", [](TrainConfig& c) -> double& { return c.lr_scheduler.min_lr_ratio; },
                          [](double v) { return v >= 0 && v <= 1; }, "in [0, 1]"),
       number_key<int64_t>("training.steps", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos, "a positive integer"),
-      number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.optimizer.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
+      number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.training.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
       choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),

@@ -29,6 +29,7 @@ struct TrainConfig {
   struct {
     int64_t steps = 100;
     int64_t seed = 0;
+    double max_grad_norm = 1.0;  // global gradient-norm clipping; 0: none
     DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
   } training;
   struct {

@@ -6,7 +6,8 @@
 namespace meshtrain::train {
 
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, DType dtype, std::optional<DType> compute_dtype) {
+                                const OptimizerConfig& opt, double max_grad_norm, DType dtype,
+                                std::optional<DType> compute_dtype) {
   graph::Builder b(g);
   TrainStepGraph s;
   s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype);
@@ -18,7 +19,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   }
   const std::vector<int> grads = graph::append_backward(g, s.model.loss, params);
   s.grad_norm = b.global_norm(grads);
-  const int coef = opt.max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, opt.max_grad_norm) : -1;
+  const int coef = max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, max_grad_norm) : -1;
   s.lr = g.add_input("lr", {}, DType::f64);
   s.step = g.add_input("step", {}, DType::i64);
   s.fetches = {s.model.loss, s.grad_norm};

@@ -17,7 +17,6 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  double max_grad_norm = 1.0;  // <= 0: no clipping
   DType state_dtype = DType::f32;  // the moments' storage: f32, or bf16 (f32 math either way)
 };
 
@@ -33,8 +32,10 @@ struct TrainStepGraph {
 
 // Parameters, gradients and optimizer state are f32; compute_dtype bf16 runs
 // the forward and backward passes in bf16 (f32 master weights).
+// max_grad_norm: clip the global gradient norm to it before the update, as
+// torch.nn.utils.clip_grad_norm_ (<= 0: no clipping).
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, DType dtype = DType::f32,
+                                const OptimizerConfig& opt, double max_grad_norm, DType dtype = DType::f32,
                                 std::optional<DType> compute_dtype = std::nullopt);
 
 }  // namespace meshtrain::train

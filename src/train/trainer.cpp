@@ -26,7 +26,8 @@ Trainer::Trainer(TrainConfig config)
   step_ = Tensor::empty({}, DType::i64);
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
   const TrainStepGraph& sg = part.step_graph =
-      build_train_step(part.graph, config_.model, B, T, config_.optimizer, DType::f32, config_.training.dtype);
+      build_train_step(part.graph, config_.model, B, T, config_.optimizer, config_.training.max_grad_norm,
+                       DType::f32, config_.training.dtype);
   auto& ex = *(part.executor = std::make_unique<runtime::Executor>(part.graph, sg.fetches));
   for (const auto& [from, to] : sg.write_backs) ex.write_back(from, to);
   for (const auto& [name, v] : sg.model.params) {

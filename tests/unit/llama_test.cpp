@@ -124,7 +124,8 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
   train::OptimizerConfig opt;
   opt.lr = 1e-2;
   opt.state_dtype = state;
-  const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, DType::f32, compute);
+  const double max_grad_norm = 1.0;
+  const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, max_grad_norm, DType::f32, compute);
   runtime::Executor ex(g, s.fetches);
   for (const auto& [from, to] : s.write_backs) ex.write_back(from, to);
   std::mt19937 rng(5);
