@@ -1,6 +1,5 @@
 #include "cli/bench_comm.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

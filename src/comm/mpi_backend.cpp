@@ -683,9 +683,8 @@ bool mpi_initialized() {
 }
 
 void plain_mpi_collective(OpType op, Tensor& in, Tensor& out) {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   int rc;
+  int size = 1;
   switch (op) {
     case OpType::all_reduce:
       rc = MPI_Allreduce(MPI_IN_PLACE, in.raw(), static_cast<int>(in.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -699,6 +698,7 @@ void plain_mpi_collective(OpType op, Tensor& in, Tensor& out) {
                                     MPI_COMM_WORLD);
       break;
     case OpType::all_to_all:
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
       rc = MPI_Alltoall(in.raw(), static_cast<int>(in.nbytes() / size), MPI_BYTE, out.raw(),
                         static_cast<int>(in.nbytes() / size), MPI_BYTE, MPI_COMM_WORLD);
       break;

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/name_registry.h"
 #include "graph/ops/families.h"
+#include "graph/ops/op_support.h"
 
 namespace meshtrain::graph {
 
@@ -25,8 +26,6 @@ NameRegistry<OpDef>& registry() {
   return *r;
 }
 
-double bytes_of(const ValueInfo& v) { return static_cast<double>(v.shape.numel()) * static_cast<double>(dtype_size(v.dtype)); }
-
 }  // namespace
 
 double op_flops(const OpDef& op, const ValueInfos& in, const ValueInfos& out, const Attrs& attrs) {
@@ -37,8 +36,8 @@ double op_bytes(const OpDef& op, const ValueInfos& in, const ValueInfos& out, co
   if (op.is_view) return 0;
   if (op.bytes) return op.bytes(in, out, attrs);
   double total = 0;
-  for (const ValueInfo& v : in) total += bytes_of(v);
-  for (const ValueInfo& v : out) total += bytes_of(v);
+  for (const ValueInfo& v : in) total += ops::bytes_of(v);
+  for (const ValueInfo& v : out) total += ops::bytes_of(v);
   return total;
 }
 
