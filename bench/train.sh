@@ -31,7 +31,10 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 fi
 [ -x build/meshtrain ] && [ -x build/gemm_peak ] || scripts/setup.sh build
 source bench/bench_model.sh
-model=$bench_model
+# torch_step TORCH_THREADS BLAS_THREADS: PyTorch's JSON line for the benchmark model.
+torch_step() {
+  OMP_NUM_THREADS=$1 OPENBLAS_NUM_THREADS=$2 /usr/bin/python3 bench/torch_train_step.py "$bench_model" "$1" "$steps" "$dtype"
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
@@ -40,8 +43,7 @@ settings=("1 1")
 [ "$threads" -eq 1 ] || settings+=("1 $threads" "$threads 1" "$threads $threads")
 for setting in "${settings[@]}"; do
   read -r torch_threads blas_threads <<< "$setting"
-  run=$(OMP_NUM_THREADS=$torch_threads OPENBLAS_NUM_THREADS=$blas_threads \
-        /usr/bin/python3 bench/torch_train_step.py "$model" "$torch_threads" "$steps" "$dtype")
+  run=$(torch_step "$torch_threads" "$blas_threads")  # an assignment, so a failed run stops the script
   echo "$torch_threads $blas_threads $run" >> "$work/settings.txt"
 done
 read -r torch_threads blas_threads < <(python3 - "$work/settings.txt" <<'PY'
@@ -62,8 +64,7 @@ ours_all=() theirs_all=()
 for round in $(seq "$rounds"); do
   ours=$(bench_meshtrain build/meshtrain "$threads" "$steps" "$dtype" "$work/text.txt" "$work")
   peak=$(( $(cat "$work/rss") * 1024 ))  # peak resident set of the whole process
-  theirs=$(OMP_NUM_THREADS=$torch_threads OPENBLAS_NUM_THREADS=$blas_threads \
-           /usr/bin/python3 bench/torch_train_step.py "$model" "$torch_threads" "$steps" "$dtype")
+  theirs=$(torch_step "$torch_threads" "$blas_threads")
   ours_all+=("$ours") theirs_all+=("$theirs")
 done
 gflops=$(tail -n "$steps" "$work/m.jsonl" | python3 -c 'import sys,json; t=sorted(json.loads(l)["gflops_per_s"] for l in sys.stdin); print(t[len(t)//2])')
