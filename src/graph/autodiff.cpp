@@ -1,6 +1,7 @@
 #include "graph/autodiff.h"
 
-#include <map>
+#include <algorithm>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "graph/builder.h"
@@ -8,42 +9,58 @@
 
 namespace meshtrain::graph {
 
-std::vector<int> append_backward(Graph& g, int loss, const std::vector<int>& wrt) {
+std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
   const ValueInfo& li = g.value(loss).info;
   MT_CHECK(li.shape.numel() == 1, "autodiff needs a scalar loss, got {}", g.describe_value(loss));
+  MT_CHECK(!g.insertion_point().valid(), "autodiff appends to the end of the graph; clear the insertion point first");
+  const std::string saved_scope = g.scope();
+  const Phase saved_phase = g.phase();
+  g.set_phase(Phase::backward);
   Builder b(g);
-  std::map<int, int> grad;  // value -> its gradient value
-  auto accumulate = [&](int value, int contribution) {
+  std::unordered_map<ValueId, ValueId> grad;  // value -> its gradient value
+  auto accumulate = [&](ValueId value, ValueId contribution) {
     auto [it, fresh] = grad.emplace(value, contribution);
     if (!fresh) it->second = b.add(it->second, contribution);
   };
+  g.set_scope(g.value(loss).producer.valid() ? g.node(g.value(loss).producer).scope : "");
   grad[loss] = b.full(li.shape, li.dtype, 1.0);
-  // Nodes appended by the loop are backward nodes: walk only the forward ones.
-  for (int n = g.value(loss).producer; n >= 0; --n) {
-    const Node node = g.node(n);  // copy: appending nodes may move the storage
-    std::vector<int> grad_out;
+  // The forward nodes up to the loss's producer, walked backwards (the loop
+  // appends backward nodes after them).
+  std::vector<NodeId> forward;
+  if (const NodeId last = g.value(loss).producer; last.valid()) {
+    const auto& order = g.order();
+    const auto end = std::find(order.begin(), order.end(), last);
+    MT_CHECK(end != order.end(), "autodiff: the loss's producer is not in the graph's order");
+    forward.assign(order.begin(), end + 1);
+  }
+  for (auto n = forward.rbegin(); n != forward.rend(); ++n) {
+    const Node node = g.node(*n);  // copy: appending nodes may move the storage
+    std::vector<ValueId> grad_out;
     bool any = false;
-    for (int out : node.outputs) {
+    for (ValueId out : node.outputs) {
       auto it = grad.find(out);
-      grad_out.push_back(it == grad.end() ? -1 : it->second);
+      grad_out.push_back(it == grad.end() ? ValueId{} : it->second);
       any |= it != grad.end();
     }
     if (!any) continue;
     MT_CHECK(static_cast<bool>(node.op->backward), "op {} has no backward rule but the loss depends on it",
              node.op->name);
+    g.set_scope(node.scope);
     for (size_t k = 0; k < grad_out.size(); ++k)  // rules may assume every output's gradient exists
-      if (grad_out[k] < 0) {
+      if (!grad_out[k].valid()) {
         const ValueInfo& oi = g.value(node.outputs[k]).info;
         grad_out[k] = b.full(oi.shape, oi.dtype, 0.0);
       }
-    const std::vector<int> grad_in = node.op->backward(b, node, grad_out);
+    const std::vector<ValueId> grad_in = node.op->backward(b, node, grad_out);
     for (size_t k = 0; k < grad_in.size() && k < node.inputs.size(); ++k)
-      if (grad_in[k] >= 0) accumulate(node.inputs[k], grad_in[k]);
+      if (grad_in[k].valid()) accumulate(node.inputs[k], grad_in[k]);
   }
-  std::vector<int> out;
-  for (int w : wrt) {
+  g.set_scope(saved_scope);
+  g.set_phase(saved_phase);
+  std::vector<ValueId> out;
+  for (ValueId w : wrt) {
     auto it = grad.find(w);
-    out.push_back(it == grad.end() ? -1 : it->second);
+    out.push_back(it == grad.end() ? ValueId{} : it->second);
   }
   return out;
 }

@@ -8,7 +8,9 @@
 
 namespace meshtrain::graph {
 
-// The gradient value of each of `wrt` (-1 where the loss does not depend on it).
-std::vector<int> append_backward(Graph& g, int loss, const std::vector<int>& wrt);
+// The gradient value of each of `wrt` (none where the loss does not depend
+// on it). The backward nodes are appended in Phase::backward, each in the
+// scope of the forward node it differentiates.
+std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt);
 
 }  // namespace meshtrain::graph

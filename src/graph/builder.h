@@ -1,5 +1,5 @@
 // Builder: one typed function per op, so model code reads like the math.
-// Each call adds a node to the graph and returns the output value id.
+// Each call adds a node to the graph and returns its output value.
 #pragma once
 
 #include "graph/graph.h"
@@ -11,50 +11,54 @@ class Builder {
   explicit Builder(Graph& g) : g_(g) {}
   Graph& graph() { return g_; }
 
-  int full(const Shape& shape, DType dtype, double value);  // a constant
-  int cast(int x, DType dtype);  // its backward casts the gradient back
-  int add(int a, int b);
-  int mul(int a, int b);
-  int scale(int a, double alpha);
+  // Adds a node of a registered op by name: its one output, or all of them.
+  ValueId op(const std::string& name, const std::vector<ValueId>& inputs, const Attrs& attrs = {});
+  std::vector<ValueId> op_outputs(const std::string& name, const std::vector<ValueId>& inputs, const Attrs& attrs = {});
+
+  ValueId full(const Shape& shape, DType dtype, double value);  // a constant
+  ValueId cast(ValueId x, DType dtype);  // its backward casts the gradient back
+  ValueId add(ValueId a, ValueId b);
+  ValueId mul(ValueId a, ValueId b);
+  ValueId scale(ValueId a, double alpha);
   // [..., M, K] @ [K, N] (weights shared over the batch) or [..., K, N];
   // transpose_a / transpose_b read a as [..., K, M], b as [N, K].
-  int matmul(int a, int b, bool transpose_a = false, bool transpose_b = false);
-  int sum(int a);   // all elements -> scalar
-  int mean(int a);  // all elements -> scalar
-  int broadcast_scalar(int scalar, const Shape& shape);
-  int reshape(int a, const Shape& shape);
-  int transpose(int a, int dim0, int dim1);
-  int silu(int x);
-  int softmax(int x);  // over the last dim
-  int rms_norm(int x, int weight, double eps);  // over the last dim
+  ValueId matmul(ValueId a, ValueId b, bool transpose_a = false, bool transpose_b = false);
+  ValueId sum(ValueId a);   // all elements -> scalar
+  ValueId mean(ValueId a);  // all elements -> scalar
+  ValueId broadcast_scalar(ValueId scalar, const Shape& shape);
+  ValueId reshape(ValueId a, const Shape& shape);
+  ValueId transpose(ValueId a, int dim0, int dim1);
+  ValueId silu(ValueId x);
+  ValueId softmax(ValueId x);  // over the last dim
+  ValueId rms_norm(ValueId x, ValueId weight, double eps);  // over the last dim
   // Mean over rows whose target != ignore_index; targets i64.
-  int cross_entropy(int logits, int targets, int64_t ignore_index = -100);
-  int embedding(int table, int ids);  // ids i64 -> [..., dim]
+  ValueId cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  ValueId embedding(ValueId table, ValueId ids);  // ids i64 -> [..., dim]
 
   // Rotary embedding (HF rotate-half) of x [B, T, H, D] at positions 0..T-1.
-  int rope(int x, double theta);
+  ValueId rope(ValueId x, double theta);
   // Causal attention, q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D].
-  int attention(int q, int k, int v, double scale);
-  int swiglu(int gate, int up);  // silu(gate) * up
-  int slice(int x, int dim, int64_t start, int64_t length);
-  int concat(const std::vector<int>& xs, int dim);
+  ValueId attention(ValueId q, ValueId k, ValueId v, double scale);
+  ValueId swiglu(ValueId gate, ValueId up);  // silu(gate) * up
+  ValueId slice(ValueId x, int dim, int64_t start, int64_t length);
+  ValueId concat(const std::vector<ValueId>& xs, int dim);
   // Optimizer-side ops (not differentiated).
-  int global_norm(const std::vector<int>& xs);          // sqrt(sum of squares of all elements)
-  int clip_coefficient(int norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
-  int scale_by(int x, int scalar);                      // x * scalar (a one-element tensor)
+  ValueId global_norm(const std::vector<ValueId>& xs);          // sqrt(sum of squares of all elements)
+  ValueId clip_coefficient(ValueId norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
+  ValueId scale_by(ValueId x, ValueId scalar);                      // x * scalar (a one-element tensor)
   // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.
-  std::vector<int> adamw(int param, int grad, int m, int v, int lr, int step, double beta1, double beta2, double eps,
+  std::vector<ValueId> adamw(ValueId param, ValueId grad, ValueId m, ValueId v, ValueId lr, ValueId step, double beta1, double beta2, double eps,
                          double weight_decay);
 
   // Backward helpers (ops in their own right, used by backward rules).
-  int silu_backward(int x, int dy);
-  int softmax_backward(int y, int dy);
-  std::vector<int> rms_norm_backward(int x, int weight, int dy, double eps);  // {dx, dweight}
-  int cross_entropy_backward(int logits, int targets, int dloss, int64_t ignore_index);
-  int embedding_backward(int ids, int dout, int64_t vocab);
-  std::vector<int> attention_backward(int q, int k, int v, int out, int lse, int dout, double scale);
-  std::vector<int> swiglu_backward(int gate, int up, int dout);
-  int slice_backward(int dout, int dim, int64_t start, int64_t full_size);
+  ValueId silu_backward(ValueId x, ValueId dy);
+  ValueId softmax_backward(ValueId y, ValueId dy);
+  std::vector<ValueId> rms_norm_backward(ValueId x, ValueId weight, ValueId dy, double eps);  // {dx, dweight}
+  ValueId cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, int64_t ignore_index);
+  ValueId embedding_backward(ValueId ids, ValueId dout, int64_t vocab);
+  std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId out, ValueId lse, ValueId dout, double scale);
+  std::vector<ValueId> swiglu_backward(ValueId gate, ValueId up, ValueId dout);
+  ValueId slice_backward(ValueId dout, int dim, int64_t start, int64_t full_size);
 
  private:
   Graph& g_;

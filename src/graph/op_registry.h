@@ -23,9 +23,9 @@ struct OpDef {
   int num_inputs = 1;  // or kVariadic
   // Output infos from input infos; throws InvalidArgument naming the problem.
   std::function<ValueInfos(const ValueInfos& in, const Attrs& attrs)> infer;
-  // Gradients of the inputs (value ids, -1 where none) given the node and
-  // the gradients of its outputs. Empty: not differentiable.
-  std::function<std::vector<int>(Builder& b, const Node& node, const std::vector<int>& grad_out)> backward;
+  // Gradients of the inputs (ValueId{} where none) given the node and the
+  // gradients of its outputs. Empty: not differentiable.
+  std::function<std::vector<ValueId>(Builder& b, const Node& node, const std::vector<ValueId>& grad_out)> backward;
   // Floating-point operations of one execution. Empty: none.
   std::function<double(const ValueInfos& in, const ValueInfos& out, const Attrs& attrs)> flops;
   // Bytes one execution reads and writes, each operand counted once (the

@@ -52,26 +52,52 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   // A parameter as the compute sees it: a fresh copy per use when computing
   // in another dtype, so each use's gradient is accumulated in the master dtype.
   auto use = [&](const std::string& name) {
-    const int p = m.params.at(name);
+    const graph::ValueId p = m.params.at(name);
     return compute_dtype == dtype ? p : b.cast(p, compute_dtype);
   };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
-  auto linear = [&](int x, const std::string& w) { return b.matmul(x, use(w), false, true); };
-  int h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+  auto linear = [&](graph::ValueId x, const std::string& w) { return b.matmul(x, use(w), false, true); };
+  graph::ValueId h;
+  {
+    graph::ScopeGuard scope(g, "tok_embeddings");
+    h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+  }
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    const int x = b.rms_norm(h, use(p + "input_layernorm.weight"), c.norm_eps);
-    const int q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
-    const int k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
-    const int v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
-    const int attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
-    h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
-    const int y = b.rms_norm(h, use(p + "post_attention_layernorm.weight"), c.norm_eps);
-    const int act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
-    h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+    graph::ScopeGuard layer(g, fmt::format("layers.{}", i));
+    graph::ValueId x, y, attn, act;
+    {
+      graph::ScopeGuard scope(g, "attention_norm");
+      x = b.rms_norm(h, use(p + "input_layernorm.weight"), c.norm_eps);
+    }
+    {
+      graph::ScopeGuard scope(g, "attention");
+      const auto q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
+      const auto k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
+      const auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
+      attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
+      h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
+    }
+    {
+      graph::ScopeGuard scope(g, "ffn_norm");
+      y = b.rms_norm(h, use(p + "post_attention_layernorm.weight"), c.norm_eps);
+    }
+    {
+      graph::ScopeGuard scope(g, "feed_forward");
+      act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
+      h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+    }
   }
-  h = b.rms_norm(h, use("model.norm.weight"), c.norm_eps);
-  const int logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  graph::ValueId logits;
+  {
+    graph::ScopeGuard scope(g, "norm");
+    h = b.rms_norm(h, use("model.norm.weight"), c.norm_eps);
+  }
+  {
+    graph::ScopeGuard scope(g, "output");
+    logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  }
+  graph::ScopeGuard scope(g, "loss");
   m.loss = b.cross_entropy(b.reshape(logits, {batch * seq_len, c.vocab_size}), b.reshape(m.targets, {batch * seq_len}));
   return m;
 }

@@ -28,16 +28,19 @@ struct LlamaConfig {
 };
 
 struct LlamaGraph {
-  int tokens = -1;   // i64 [B, T]
-  int targets = -1;  // i64 [B, T]; -100 is ignored
-  int loss = -1;     // mean cross-entropy
-  std::map<std::string, int> params;  // Hugging Face name -> parameter value
+  graph::ValueId tokens;   // i64 [B, T]
+  graph::ValueId targets;  // i64 [B, T]; -100 is ignored
+  graph::ValueId loss;     // mean cross-entropy
+  std::map<std::string, graph::ValueId> params;  // Hugging Face name -> parameter value
 };
 
 // Forward graph for batches of B sequences of T tokens. Parameters are
 // `dtype` (f32/f64); compute_dtype defaults to it; with bf16 every use of a parameter is a
 // bf16 copy (so its gradient arrives in `dtype`, accumulated there) and the
-// activations are bf16; the loss stays f32.
+// activations are bf16; the loss stays f32. Nodes are scoped like
+// torchtitan's modules: "tok_embeddings", "layers.<i>.attention_norm",
+// "layers.<i>.attention", "layers.<i>.ffn_norm", "layers.<i>.feed_forward",
+// "norm", "output", "loss".
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
                        DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt);
 

@@ -1,6 +1,6 @@
-// Runs a graph on the CPU. Memory is planned once, statically, from value
-// lifetimes: every intermediate gets a slot in one arena, reused after its
-// last use, so a steady-state run allocates nothing.
+// Runs a graph on the CPU by following a Schedule (made by sched/): its steps
+// in order, each intermediate at its planned offset of one arena of the
+// planned size, allocated once, so a steady-state run allocates nothing.
 #pragma once
 
 #include <cstddef>
@@ -12,29 +12,32 @@
 #include "core/tensor.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "graph/schedule.h"
 #include "kernels/cpu/op_kernels.h"
 
 namespace meshtrain::runtime {
 
 class Executor {
  public:
-  // Plans the nodes that `fetches` need, in graph order, and their memory.
-  Executor(const graph::Graph& g, std::vector<int> fetches);
+  // Checks that every step has a CPU kernel and every value a step computes
+  // has its place in the plan; allocates the arena.
+  Executor(const graph::Graph& g, graph::Schedule schedule);
 
   // Inputs and parameters: the tensor is used in place (shape and dtype checked).
-  void bind(int value, Tensor tensor);
+  void bind(graph::ValueId value, Tensor tensor);
   // After each run, copy computed value `from` into the tensor bound to
   // `to` (a parameter or optimizer state updated by the step). `from` must
   // be among the fetches.
-  void write_back(int from, int to);
+  void write_back(graph::ValueId from, graph::ValueId to);
   void run();
   // A fetched value after run(): a view into the arena (valid until the next run) or the bound tensor.
-  Tensor fetch(int value) const;
+  Tensor fetch(graph::ValueId value) const;
 
-  size_t arena_bytes() const { return arena_bytes_; }  // the plan's peak intermediate memory
+  size_t arena_bytes() const { return schedule_.memory.peak_bytes; }  // the arena it allocated
   double flops() const;  // floating-point operations of one run, from each op's FLOP rule
   double bytes() const;  // bytes read and written by one run's kernels, from each op's byte rule
-  size_t num_steps() const { return order_.size(); }
+  size_t num_steps() const { return schedule_.steps.size(); }
+  const graph::Schedule& schedule() const { return schedule_; }
 
   // Per-op wall time, summed over the runs made while profiling is on.
   struct OpTime {
@@ -46,24 +49,20 @@ class Executor {
   std::vector<OpTime> profile() const;  // slowest op first
 
  private:
-  Tensor tensor_of(int value) const;
-  int root(int value) const;  // the value whose storage `value` uses (itself unless a view)
+  Tensor tensor_of(graph::ValueId value) const;
+  bool is_fetched(graph::ValueId value) const;
 
   const graph::Graph& g_;
-  std::vector<int> fetches_;
-  std::vector<int> order_;               // node ids to run
-  std::vector<double> step_flops_, step_bytes_;  // per step of order_
-  std::map<int, size_t> offset_;         // intermediate value -> arena offset
-  std::map<int, int> alias_;             // view value -> root value whose storage it shares
-  std::map<int, Tensor> bound_;          // inputs and parameters
-  std::vector<std::pair<int, int>> write_backs_;
+  graph::Schedule schedule_;
+  std::vector<double> step_flops_, step_bytes_;  // per step
+  std::map<graph::ValueId, Tensor> bound_;       // inputs and parameters
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs_;
   // What a run needs, built on the first run after a bind and kept, so that
-  // a steady-state run creates no tensors and no vectors: per step of
-  // order_ its kernel's arguments (over step_tensors_), and the write-backs.
+  // a steady-state run creates no tensors and no vectors: per step its kernel's arguments (over step_tensors_), and the write-backs.
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
-  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step of order_; nullptr for views
+  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views
   std::vector<kernels::cpu::KernelArgs> kernel_args_;  // per step; unused for views
   struct Copy {
     void* dst;
@@ -72,9 +71,8 @@ class Executor {
   };
   std::vector<Copy> write_back_copies_;
   bool profiling_ = false;
-  std::vector<double> node_seconds_;  // per step of order_, while profiling
+  std::vector<double> node_seconds_;  // per step, while profiling
   int64_t profiled_runs_ = 0;
-  size_t arena_bytes_ = 0;
   // The arena: one block of raw bytes from the default allocator.
   struct FreeToAllocator {
     void operator()(std::byte* p) const;

@@ -12,28 +12,31 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   TrainStepGraph s;
   s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype);
   std::vector<std::string> names;
-  std::vector<int> params;
+  std::vector<graph::ValueId> params;
   for (const auto& [name, v] : s.model.params) {
     names.push_back(name);
     params.push_back(v);
   }
-  const std::vector<int> grads = graph::append_backward(g, s.model.loss, params);
+  const std::vector<graph::ValueId> grads = graph::append_backward(g, s.model.loss, params);
+  g.set_phase(graph::Phase::optimizer);
+  graph::ScopeGuard scope(g, "optimizer");
   s.grad_norm = b.global_norm(grads);
-  const int coef = max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, max_grad_norm) : -1;
+  const graph::ValueId coef = max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, max_grad_norm) : graph::ValueId{};
   s.lr = g.add_input("lr", {}, DType::f64);
   s.step = g.add_input("step", {}, DType::i64);
-  s.fetches = {s.model.loss, s.grad_norm};
+  g.add_output(s.model.loss);
+  g.add_output(s.grad_norm);
   for (size_t i = 0; i < params.size(); ++i) {
     const graph::ValueInfo& info = g.value(params[i]).info;
     const DType state = opt.state_dtype == DType::bf16 ? DType::bf16 : info.dtype;
-    const int m = g.add_input(names[i] + ".exp_avg", info.shape, state);
-    const int v = g.add_input(names[i] + ".exp_avg_sq", info.shape, state);
+    const graph::ValueId m = g.add_input(names[i] + ".exp_avg", info.shape, state);
+    const graph::ValueId v = g.add_input(names[i] + ".exp_avg_sq", info.shape, state);
     s.exp_avg[names[i]] = m;
     s.exp_avg_sq[names[i]] = v;
-    const int grad = coef >= 0 ? b.scale_by(grads[i], coef) : grads[i];
+    const graph::ValueId grad = coef.valid() ? b.scale_by(grads[i], coef) : grads[i];
     const auto updated = b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
     for (int k = 0; k < 3; ++k) {
-      s.fetches.push_back(updated[static_cast<size_t>(k)]);
+      g.add_output(updated[static_cast<size_t>(k)]);
       s.write_backs.emplace_back(updated[static_cast<size_t>(k)], k == 0 ? params[i] : k == 1 ? m : v);
     }
   }

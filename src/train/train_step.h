@@ -22,12 +22,13 @@ struct OptimizerConfig {
 
 struct TrainStepGraph {
   models::LlamaGraph model;
-  int lr = -1;         // f64 scalar input, set each step (schedule)
-  int step = -1;       // i64 scalar input, 1-based (bias correction)
-  int grad_norm = -1;  // global L2 norm of the gradients, before clipping
-  std::map<std::string, int> exp_avg, exp_avg_sq;  // optimizer state inputs by parameter name
-  std::vector<int> fetches;                        // loss, grad_norm and every updated value
-  std::vector<std::pair<int, int>> write_backs;    // updated value -> its buffer
+  graph::ValueId lr;         // f64 scalar input, set each step (schedule)
+  graph::ValueId step;       // i64 scalar input, 1-based (bias correction)
+  graph::ValueId grad_norm;  // global L2 norm of the gradients, before clipping
+  std::map<std::string, graph::ValueId> exp_avg, exp_avg_sq;  // optimizer state inputs by parameter name
+  // Updated value -> its buffer. The graph's outputs are the loss, grad_norm
+  // and every updated value.
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs;
 };
 
 // Parameters, gradients and optimizer state are f32; compute_dtype bf16 runs

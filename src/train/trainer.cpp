@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "sched/pass.h"
+#include "sched/schedule.h"
 #include "train/safetensors.h"
 
 namespace meshtrain::train {
@@ -28,7 +30,9 @@ Trainer::Trainer(TrainConfig config)
   const TrainStepGraph& sg = part.step_graph =
       build_train_step(part.graph, config_.model, B, T, config_.optimizer, config_.training.max_grad_norm,
                        DType::f32, config_.training.dtype);
-  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(part.graph, sg.fetches));
+  sched::step_pipeline().run(part.graph);
+  auto& ex = *(part.executor =
+                   std::make_unique<runtime::Executor>(part.graph, sched::make_schedule(part.graph, part.graph.outputs())));
   for (const auto& [from, to] : sg.write_backs) ex.write_back(from, to);
   for (const auto& [name, v] : sg.model.params) {
     ex.bind(v, params_.at(name));

@@ -11,6 +11,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "runtime/executor.h"
+#include "sched/schedule.h"
 
 namespace mtest {
 
@@ -34,12 +35,12 @@ inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, double lo = -
 
 // loss = sum(f(inputs) * R) with a random R; compares autodiff gradients of
 // every float input with (L(x+h) - L(x-h)) / 2h, element by element.
-inline void gradcheck(const std::vector<InputSpec>& specs, const std::function<int(Builder&, const std::vector<int>&)>& f,
+inline void gradcheck(const std::vector<InputSpec>& specs, const std::function<ValueId(Builder&, const std::vector<ValueId>&)>& f,
                double tolerance = 1e-7) {
   std::mt19937 rng(7);
   Graph g;
   Builder b(g);
-  std::vector<int> ids;
+  std::vector<ValueId> ids;
   std::vector<Tensor> values;
   for (size_t i = 0; i < specs.size(); ++i) {
     ids.push_back(g.add_input(fmt::format("x{}", i), specs[i].shape, specs[i].dtype));
@@ -51,24 +52,24 @@ inline void gradcheck(const std::vector<InputSpec>& specs, const std::function<i
       values.push_back(random_tensor(specs[i].shape, rng));
     }
   }
-  const int y = f(b, ids);
-  const int r = g.add_input("r", g.value(y).info.shape, DType::f64);
-  const int loss = b.sum(b.mul(y, r));
-  std::vector<int> wrt;
+  const ValueId y = f(b, ids);
+  const ValueId r = g.add_input("r", g.value(y).info.shape, DType::f64);
+  const ValueId loss = b.sum(b.mul(y, r));
+  std::vector<ValueId> wrt;
   for (size_t i = 0; i < specs.size(); ++i)
     if (specs[i].dtype == DType::f64) wrt.push_back(ids[i]);
-  const std::vector<int> grads = append_backward(g, loss, wrt);
-  std::vector<int> fetches{loss};
-  for (int gv : grads) {
-    ASSERT_GE(gv, 0) << "no gradient reached an input";
+  const std::vector<ValueId> grads = append_backward(g, loss, wrt);
+  std::vector<ValueId> fetches{loss};
+  for (ValueId gv : grads) {
+    ASSERT_TRUE(gv.valid()) << "no gradient reached an input";
     fetches.push_back(gv);
   }
-  runtime::Executor ex(g, fetches);
+  runtime::Executor ex(g, sched::make_schedule(g, fetches));
   for (size_t i = 0; i < specs.size(); ++i) ex.bind(ids[i], values[i]);
   ex.bind(r, random_tensor(g.value(y).info.shape, rng));
   ex.run();
   std::vector<Tensor> analytic;
-  for (int gv : grads) analytic.push_back(ex.fetch(gv).clone());
+  for (ValueId gv : grads) analytic.push_back(ex.fetch(gv).clone());
   auto loss_now = [&] {
     ex.run();
     return ex.fetch(loss).data<double>()[0];

@@ -25,9 +25,9 @@ void register_cube() {
               return ValueInfos{in[0]};
             },
         .backward =
-            [](Builder& b, const Node& n, const std::vector<int>& g) {
-              const int x = n.inputs[0];
-              return std::vector<int>{b.mul(g[0], b.scale(b.mul(x, x), 3.0))};
+            [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+              const ValueId x = n.inputs[0];
+              return std::vector<ValueId>{b.mul(g[0], b.scale(b.mul(x, x), 3.0))};
             },
         .flops = [](const ValueInfos&, const ValueInfos& out, const Attrs&) {
           return 2.0 * static_cast<double>(out[0].shape.numel());
@@ -52,9 +52,9 @@ void register_cube() {
 TEST(CustomOp, RunsAndDifferentiatesLikeABuiltIn) {
   register_cube();
   Graph g;
-  const int x = g.add_input("x", {2, 3}, DType::f32);
-  const int y = g.apply1("test_cube", {x});
-  runtime::Executor ex(g, {y});
+  const ValueId x = g.add_input("x", {2, 3}, DType::f32);
+  const ValueId y = Builder(g).op("test_cube", {x});
+  runtime::Executor ex(g, sched::make_schedule(g, {y}));
   Tensor xt = Tensor::empty({2, 3}, DType::f32);
   for (int i = 0; i < 6; ++i) xt.set(i, 0.5 * i - 1.0);
   ex.bind(x, xt);
@@ -62,8 +62,8 @@ TEST(CustomOp, RunsAndDifferentiatesLikeABuiltIn) {
   for (int i = 0; i < 6; ++i) EXPECT_DOUBLE_EQ(ex.fetch(y).get(i), std::pow(0.5 * i - 1.0, 3));
   EXPECT_DOUBLE_EQ(ex.flops(), 12);
 
-  mtest::gradcheck({{{3, 5}}}, [](Builder& b, const std::vector<int>& in) {
-    return b.graph().apply1("test_cube", {in[0]});
+  mtest::gradcheck({{{3, 5}}}, [](Builder& b, const std::vector<ValueId>& in) {
+    return b.op("test_cube", {in[0]});
   });
 }
 
@@ -81,7 +81,7 @@ TEST(CustomOp, ClearErrors) {
   }();
   (void)defined;
   Graph g;
-  const int y = g.apply1("test_no_kernel", {g.add_input("x", {2}, DType::f32)});
-  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { runtime::Executor ex(g, {y}); }),
+  const ValueId y = Builder(g).op("test_no_kernel", {g.add_input("x", {2}, DType::f32)});
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { runtime::Executor ex(g, sched::make_schedule(g, {y})); }),
                               "op test_no_kernel has no CPU kernel"));
 }

@@ -10,6 +10,7 @@
 #include "graph/builder.h"
 #include "gradcheck.h"
 #include "runtime/executor.h"
+#include "sched/schedule.h"
 #include "test_util.h"
 
 using namespace meshtrain;
@@ -21,7 +22,7 @@ using mtest::message_of;
 using mtest::random_tensor;
 
 TEST(GradCheck, AddMulScale) {
-  gradcheck({{{3, 5}}, {{3, 5}}}, [](Builder& b, const std::vector<int>& x) {
+  gradcheck({{{3, 5}}, {{3, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
     return b.scale(b.add(b.mul(x[0], x[1]), x[0]), -0.7);
   });
 }
@@ -29,53 +30,53 @@ TEST(GradCheck, AddMulScale) {
 TEST(GradCheck, MatmulSharedWeights) {
   for (bool tb : {false, true})
     gradcheck({{{2, 3, 5}}, {tb ? Shape{7, 5} : Shape{5, 7}}},
-              [tb](Builder& b, const std::vector<int>& x) { return b.matmul(x[0], x[1], false, tb); });
+              [tb](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], false, tb); });
 }
 
 TEST(GradCheck, MatmulBatchedAndTransposed) {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       gradcheck({{ta ? Shape{3, 5, 4} : Shape{3, 4, 5}}, {tb ? Shape{3, 6, 5} : Shape{3, 5, 6}}},
-                [ta, tb](Builder& b, const std::vector<int>& x) { return b.matmul(x[0], x[1], ta, tb); });
+                [ta, tb](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], ta, tb); });
 }
 
 TEST(GradCheck, SumMeanBroadcast) {
-  gradcheck({{{4, 3}}}, [](Builder& b, const std::vector<int>& x) {
+  gradcheck({{{4, 3}}}, [](Builder& b, const std::vector<ValueId>& x) {
     return b.add(b.broadcast_scalar(b.sum(x[0]), {4, 3}), b.broadcast_scalar(b.mean(b.mul(x[0], x[0])), {4, 3}));
   });
 }
 
 TEST(GradCheck, ReshapeTranspose) {
-  gradcheck({{{2, 3, 5}}}, [](Builder& b, const std::vector<int>& x) {
+  gradcheck({{{2, 3, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
     return b.transpose(b.reshape(b.transpose(x[0], 0, 2), {5, 6}), 0, 1);
   });
 }
 
 TEST(GradCheck, SiluSoftmax) {
-  gradcheck({{{3, 7}}}, [](Builder& b, const std::vector<int>& x) { return b.softmax(b.silu(x[0])); });
+  gradcheck({{{3, 7}}}, [](Builder& b, const std::vector<ValueId>& x) { return b.softmax(b.silu(x[0])); });
 }
 
 TEST(GradCheck, RmsNorm) {
-  gradcheck({{{5, 9}}, {{9}}}, [](Builder& b, const std::vector<int>& x) { return b.rms_norm(x[0], x[1], 1e-5); });
+  gradcheck({{{5, 9}}, {{9}}}, [](Builder& b, const std::vector<ValueId>& x) { return b.rms_norm(x[0], x[1], 1e-5); });
 }
 
 TEST(GradCheck, CrossEntropyWithIgnoredRows) {
   InputSpec targets{{6}, DType::i64, {3, 0, -100, 10, 7, -100}};
-  gradcheck({{{6, 11}}, targets}, [](Builder& b, const std::vector<int>& x) { return b.cross_entropy(x[0], x[1]); });
+  gradcheck({{{6, 11}}, targets}, [](Builder& b, const std::vector<ValueId>& x) { return b.cross_entropy(x[0], x[1]); });
 }
 
 TEST(GradCheck, EmbeddingWithRepeatedIds) {
   InputSpec ids{{2, 3}, DType::i64, {4, 1, 4, 0, 2, 4}};
-  gradcheck({{{5, 3}}, ids}, [](Builder& b, const std::vector<int>& x) { return b.embedding(x[0], x[1]); });
+  gradcheck({{{5, 3}}, ids}, [](Builder& b, const std::vector<ValueId>& x) { return b.embedding(x[0], x[1]); });
 }
 
 TEST(CrossEntropy, MatchesTheDefinition) {
   // -log softmax(z)[t], averaged over the non-ignored rows, by hand.
   Graph g;
   Builder b(g);
-  const int z = g.add_input("z", {2, 3}, DType::f64), t = g.add_input("t", {2}, DType::i64);
-  const int loss = b.cross_entropy(z, t, -1);
-  runtime::Executor ex(g, {loss});
+  const ValueId z = g.add_input("z", {2, 3}, DType::f64), t = g.add_input("t", {2}, DType::i64);
+  const ValueId loss = b.cross_entropy(z, t, -1);
+  runtime::Executor ex(g, sched::make_schedule(g, {loss}));
   Tensor zt = Tensor::empty({2, 3}, DType::f64), tt = Tensor::empty({2}, DType::i64);
   const double zs[] = {1.0, 2.0, 0.5, -1.0, 0.0, 3.0};
   std::copy(zs, zs + 6, zt.data<double>().begin());
@@ -92,10 +93,10 @@ TEST(Executor, ReusesMemoryAfterLastUse) {
   // A chain of 10 elementwise ops on 1 MiB: only two buffers are ever live.
   Graph g;
   Builder b(g);
-  const int x = g.add_input("x", {1 << 18}, DType::f32);
-  int y = x;
+  const ValueId x = g.add_input("x", {1 << 18}, DType::f32);
+  ValueId y = x;
   for (int i = 0; i < 10; ++i) y = b.silu(y);
-  runtime::Executor ex(g, {y});
+  runtime::Executor ex(g, sched::make_schedule(g, {y}));
   EXPECT_EQ(ex.arena_bytes(), 2u << 20);
   ex.bind(x, Tensor::zeros({1 << 18}, DType::f32));
   const auto before = default_allocator().stats().allocations;
@@ -109,12 +110,12 @@ TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
   // buffer stays live as long as any view of it is read.
   Graph g;
   Builder b(g);
-  const int x = g.add_input("x", {4, 6}, DType::f64);
-  const int y = b.silu(x);                      // 192 bytes in the arena
-  const int y2 = b.reshape(b.reshape(y, {24}), {2, 12});  // views of y
-  const int z = b.silu(b.reshape(x, {2, 12}));  // a view of the bound input
-  const int out = b.add(y2, z);
-  runtime::Executor ex(g, {out, y2});
+  const ValueId x = g.add_input("x", {4, 6}, DType::f64);
+  const ValueId y = b.silu(x);                      // 192 bytes in the arena
+  const ValueId y2 = b.reshape(b.reshape(y, {24}), {2, 12});  // views of y
+  const ValueId z = b.silu(b.reshape(x, {2, 12}));  // a view of the bound input
+  const ValueId out = b.add(y2, z);
+  runtime::Executor ex(g, sched::make_schedule(g, {out, y2}));
   EXPECT_EQ(ex.arena_bytes(), 3 * 192u);  // y, z and out; y is fetched (through y2), so it is never reused
   std::mt19937 rng(1);
   const Tensor xt = random_tensor({4, 6}, rng);
@@ -136,16 +137,16 @@ TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
 TEST(Executor, ByteAndFlopCountsFromTheOpRules) {
   Graph g;
   Builder b(g);
-  const int x = g.add_input("x", {4, 6}, DType::f32);      // 96 bytes
-  const int w = g.add_input("w", {6, 3}, DType::f32);      // 72 bytes
-  const int table = g.add_input("t", {11, 6}, DType::f32);  // 264 bytes
-  const int ids = g.add_input("ids", {5}, DType::i64);      // 40 bytes
-  const int sum = b.add(x, x);                    // 3 * 96
-  const int prod = b.matmul(sum, w);              // 96 + 72 + 48; 2 * 4 * 3 * 6 FLOPs
-  const int view = b.reshape(prod, {12});         // 0
-  const int part = b.slice(x, 1, 2, 3);           // 2 * 48
-  const int rows = b.embedding(table, ids);       // 40 + 2 * 120
-  runtime::Executor ex(g, {sum, view, part, rows});
+  const ValueId x = g.add_input("x", {4, 6}, DType::f32);      // 96 bytes
+  const ValueId w = g.add_input("w", {6, 3}, DType::f32);      // 72 bytes
+  const ValueId table = g.add_input("t", {11, 6}, DType::f32);  // 264 bytes
+  const ValueId ids = g.add_input("ids", {5}, DType::i64);      // 40 bytes
+  const ValueId sum = b.add(x, x);                    // 3 * 96
+  const ValueId prod = b.matmul(sum, w);              // 96 + 72 + 48; 2 * 4 * 3 * 6 FLOPs
+  const ValueId view = b.reshape(prod, {12});         // 0
+  const ValueId part = b.slice(x, 1, 2, 3);           // 2 * 48
+  const ValueId rows = b.embedding(table, ids);       // 40 + 2 * 120
+  runtime::Executor ex(g, sched::make_schedule(g, {sum, view, part, rows}));
   EXPECT_DOUBLE_EQ(ex.bytes(), 3 * 96 + (96 + 72 + 48) + 0 + 2 * 48 + (40 + 2 * 120));
   EXPECT_DOUBLE_EQ(ex.flops(), 4 * 6 + 2 * 4 * 3 * 6);  // the add's one FLOP per element, and the matmul's
 }
@@ -153,31 +154,31 @@ TEST(Executor, ByteAndFlopCountsFromTheOpRules) {
 TEST(GraphErrors, ClearMessages) {
   Graph g;
   Builder b(g);
-  const int a = g.add_input("a", {2, 3}, DType::f32), c = g.add_input("c", {3, 2}, DType::f32);
+  const ValueId a = g.add_input("a", {2, 3}, DType::f32), c = g.add_input("c", {3, 2}, DType::f32);
   EXPECT_TRUE(contains(message_of([&] { b.add(a, c); }), "add(a: f32(2, 3), c: f32(3, 2)): shapes differ"));
   EXPECT_TRUE(contains(message_of([&] { b.matmul(a, a); }), "inner dims differ: 3 vs 2"));
-  EXPECT_TRUE(contains(message_of([&] { g.apply1("conv9d", {a}); }), "unknown op 'conv9d'; registered ops:"));
+  EXPECT_TRUE(contains(message_of([&] { g.add_node("conv9d", {a}); }), "unknown op 'conv9d'; registered ops:"));
   EXPECT_TRUE(contains(message_of([&] { b.reshape(a, {5}); }), "cannot reshape (2, 3) (6 elements) to (5)"));
-  const int loss = b.sum(a);
-  runtime::Executor ex(g, {loss});
+  const ValueId loss = b.sum(a);
+  runtime::Executor ex(g, sched::make_schedule(g, {loss}));
   EXPECT_TRUE(contains(message_of([&] { ex.run(); }), "a: f32(2, 3) has no tensor bound"));
   EXPECT_TRUE(contains(message_of([&] { ex.bind(a, Tensor::zeros({3, 2}, DType::f32)); }), "a expects f32(2, 3)"));
   EXPECT_TRUE(contains(message_of([&] { append_backward(g, a, {a}); }), "needs a scalar loss"));
 }
 
 TEST(GradCheck, RotaryEmbedding) {
-  gradcheck({{{2, 3, 2, 6}}}, [](Builder& b, const std::vector<int>& x) { return b.rope(x[0], 10000.0); });
+  gradcheck({{{2, 3, 2, 6}}}, [](Builder& b, const std::vector<ValueId>& x) { return b.rope(x[0], 10000.0); });
 }
 
 TEST(GradCheck, CausalGroupedQueryAttention) {
   // 4 query heads over 2 key/value heads, 5 positions, head dim 3.
   gradcheck({{{2, 5, 4, 3}}, {{2, 5, 2, 3}}, {{2, 5, 2, 3}}},
-            [](Builder& b, const std::vector<int>& x) { return b.attention(x[0], x[1], x[2], 0.57); });
+            [](Builder& b, const std::vector<ValueId>& x) { return b.attention(x[0], x[1], x[2], 0.57); });
 }
 
 TEST(GradCheck, SwiGluSliceConcat) {
-  gradcheck({{{3, 5}}, {{3, 5}}, {{3, 2}}}, [](Builder& b, const std::vector<int>& x) {
-    const int h = b.swiglu(x[0], x[1]);
+  gradcheck({{{3, 5}}, {{3, 5}}, {{3, 2}}}, [](Builder& b, const std::vector<ValueId>& x) {
+    const ValueId h = b.swiglu(x[0], x[1]);
     return b.concat({b.slice(h, 1, 1, 3), x[2], b.slice(h, 0, 0, 3)}, 1);
   });
 }
@@ -189,10 +190,10 @@ TEST(Attention, MatchesNaiveReference) {
   std::mt19937 rng(3);
   Graph g;
   Builder b(g);
-  const int q = g.add_input("q", {B, T, Hq, D}, DType::f64), k = g.add_input("k", {B, T, Hkv, D}, DType::f64),
+  const ValueId q = g.add_input("q", {B, T, Hq, D}, DType::f64), k = g.add_input("k", {B, T, Hkv, D}, DType::f64),
             v = g.add_input("v", {B, T, Hkv, D}, DType::f64);
-  const int out = b.attention(q, k, v, scale);
-  runtime::Executor ex(g, {out});
+  const ValueId out = b.attention(q, k, v, scale);
+  runtime::Executor ex(g, sched::make_schedule(g, {out}));
   Tensor qt = random_tensor({B, T, Hq, D}, rng), kt = random_tensor({B, T, Hkv, D}, rng),
          vt = random_tensor({B, T, Hkv, D}, rng);
   ex.bind(q, qt);
@@ -226,13 +227,13 @@ TEST(Optimizer, AdamWAndClippingMatchPyTorchDefinitions) {
   const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, max_norm = 0.5;
   Graph g;
   Builder b(g);
-  const int p = g.add_input("p", {4}, DType::f64), grad = g.add_input("g", {4}, DType::f64),
+  const ValueId p = g.add_input("p", {4}, DType::f64), grad = g.add_input("g", {4}, DType::f64),
             m = g.add_input("m", {4}, DType::f64), v = g.add_input("v", {4}, DType::f64),
             lr_in = g.add_input("lr", {}, DType::f64), step_in = g.add_input("step", {}, DType::i64);
-  const int norm = b.global_norm({grad});
-  const int clipped = b.scale_by(grad, b.clip_coefficient(norm, max_norm));
+  const ValueId norm = b.global_norm({grad});
+  const ValueId clipped = b.scale_by(grad, b.clip_coefficient(norm, max_norm));
   const auto upd = b.adamw(p, clipped, m, v, lr_in, step_in, b1, b2, eps, wd);
-  runtime::Executor ex(g, {norm, upd[0], upd[1], upd[2]});
+  runtime::Executor ex(g, sched::make_schedule(g, {norm, upd[0], upd[1], upd[2]}));
   Tensor P = Tensor::empty({4}, DType::f64), G = Tensor::empty({4}, DType::f64), M = Tensor::zeros({4}, DType::f64),
          Vt = Tensor::zeros({4}, DType::f64), LR = Tensor::empty({}, DType::f64), S = Tensor::empty({}, DType::i64);
   const double p0[] = {0.5, -1.0, 2.0, 0.0}, g0[] = {0.3, -0.4, 0.1, 0.9};
@@ -279,9 +280,9 @@ TEST(Rope, MatchesRotateHalfConvention) {
   const double theta = 500.0;
   Graph g;
   Builder b(g);
-  const int x = g.add_input("x", {1, 3, 1, 4}, DType::f64);
-  const int y = b.rope(x, theta);
-  runtime::Executor ex(g, {y});
+  const ValueId x = g.add_input("x", {1, 3, 1, 4}, DType::f64);
+  const ValueId y = b.rope(x, theta);
+  runtime::Executor ex(g, sched::make_schedule(g, {y}));
   Tensor xt = Tensor::empty({1, 3, 1, 4}, DType::f64);
   for (int64_t i = 0; i < 12; ++i) xt.set(i, 0.1 * static_cast<double>(i + 1) - 0.5);
   ex.bind(x, xt);
@@ -308,10 +309,10 @@ TEST(Matmul, Bf16MatchesFloat32UpToRounding) {
         const Shape bs = shared ? (tb ? Shape{11, 17} : Shape{17, 11}) : (tb ? Shape{3, 11, 17} : Shape{3, 17, 11});
         Graph g;
         Builder b(g);
-        const int a32 = g.add_input("a", as, DType::f32), b32 = g.add_input("b", bs, DType::f32);
-        const int ref = b.matmul(a32, b32, ta, tb);
-        const int got = b.matmul(b.cast(a32, DType::bf16), b.cast(b32, DType::bf16), ta, tb);
-        runtime::Executor ex(g, {ref, got});
+        const ValueId a32 = g.add_input("a", as, DType::f32), b32 = g.add_input("b", bs, DType::f32);
+        const ValueId ref = b.matmul(a32, b32, ta, tb);
+        const ValueId got = b.matmul(b.cast(a32, DType::bf16), b.cast(b32, DType::bf16), ta, tb);
+        runtime::Executor ex(g, sched::make_schedule(g, {ref, got}));
         // Inputs already bf16-exact, so the f32 reference sees the same numbers.
         Tensor at = random_tensor(as, rng).to(DType::bf16).to(DType::f32), bt = random_tensor(bs, rng).to(DType::bf16).to(DType::f32);
         ex.bind(a32, at);

@@ -14,6 +14,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "runtime/executor.h"
+#include "sched/schedule.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
@@ -128,18 +129,18 @@ TEST(Kernels, FastExpWithinTwoUlpAndLimits) {
 
 namespace {
 // Builds f(inputs) in the given dtype, runs it, returns the outputs as f64.
-using BuildFn = std::function<std::vector<int>(Builder&, const std::vector<int>&)>;
+using BuildFn = std::function<std::vector<ValueId>(Builder&, const std::vector<ValueId>&)>;
 std::vector<Tensor> run_in(DType dtype, const std::vector<Tensor>& inputs, const BuildFn& f) {
   Graph g;
   Builder b(g);
-  std::vector<int> ids;
+  std::vector<ValueId> ids;
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::string name = "x";
     name += std::to_string(i);
     ids.push_back(g.add_input(name, inputs[i].shape(), inputs[i].dtype() == DType::i64 ? DType::i64 : dtype));
   }
-  const std::vector<int> outs = f(b, ids);
-  runtime::Executor ex(g, outs);
+  const std::vector<ValueId> outs = f(b, ids);
+  runtime::Executor ex(g, sched::make_schedule(g, outs));
   std::vector<Tensor> bound;
   for (size_t i = 0; i < inputs.size(); ++i) {
     bound.push_back(inputs[i].dtype() == DType::i64 ? inputs[i] : inputs[i].to(dtype));
@@ -147,7 +148,7 @@ std::vector<Tensor> run_in(DType dtype, const std::vector<Tensor>& inputs, const
   }
   ex.run();
   std::vector<Tensor> result;
-  for (int o : outs) result.push_back(ex.fetch(o).to(DType::f64));
+  for (ValueId o : outs) result.push_back(ex.fetch(o).to(DType::f64));
   return result;
 }
 
@@ -175,12 +176,12 @@ TEST(Bf16Kernels, ElementwiseAndRowOpsMatchFloat32) {
   std::mt19937 rng(5);
   const auto x = random_tensor({37, 24}, DType::f32, rng), y = random_tensor({37, 24}, DType::f32, rng);
   const auto w = random_tensor({24}, DType::f32, rng, 0.5, 1.5);
-  expect_bf16_matches_f32({x, y}, [](Builder& b, const std::vector<int>& in) {
-    return std::vector<int>{b.add(in[0], in[1]), b.mul(in[0], in[1]), b.scale(in[0], 0.37), b.silu(in[0]),
+  expect_bf16_matches_f32({x, y}, [](Builder& b, const std::vector<ValueId>& in) {
+    return std::vector<ValueId>{b.add(in[0], in[1]), b.mul(in[0], in[1]), b.scale(in[0], 0.37), b.silu(in[0]),
                             b.swiglu(in[0], in[1]), b.softmax(in[0]), b.sum(in[0]), b.mean(in[1])};
   });
-  expect_bf16_matches_f32({x, w}, [](Builder& b, const std::vector<int>& in) {
-    return std::vector<int>{b.rms_norm(in[0], in[1], 1e-5)};
+  expect_bf16_matches_f32({x, w}, [](Builder& b, const std::vector<ValueId>& in) {
+    return std::vector<ValueId>{b.rms_norm(in[0], in[1], 1e-5)};
   });
 }
 
@@ -199,16 +200,16 @@ TEST(Bf16Kernels, GradientsMatchFloat32) {
              wo = random_tensor({H * D, V}, DType::f32, rng, -0.3, 0.3), norm_w = random_tensor({H * D}, DType::f32, rng, 0.5, 1.5);
   expect_bf16_matches_f32(
       {table, wq, wo, norm_w, ids, targets},
-      [&](Builder& b, const std::vector<int>& in) {
-        const int h = b.embedding(in[0], in[4]);
-        const int n = b.rms_norm(h, in[3], 1e-5);
-        const int q = b.rope(b.reshape(b.matmul(n, in[1]), {B, T, H, D}), 10000.0);
-        const int kv = b.reshape(b.silu(n), {B, T, H, D});
-        const int a = b.reshape(b.attention(q, kv, kv, 0.35), {B, T, H * D});
-        const int mixed = b.concat({b.slice(a, 2, 0, D), b.softmax(b.slice(h, 2, D, D))}, 2);
-        const int loss = b.cross_entropy(b.matmul(b.swiglu(mixed, n), in[2]), in[5], -100);
+      [&](Builder& b, const std::vector<ValueId>& in) {
+        const ValueId h = b.embedding(in[0], in[4]);
+        const ValueId n = b.rms_norm(h, in[3], 1e-5);
+        const ValueId q = b.rope(b.reshape(b.matmul(n, in[1]), {B, T, H, D}), 10000.0);
+        const ValueId kv = b.reshape(b.silu(n), {B, T, H, D});
+        const ValueId a = b.reshape(b.attention(q, kv, kv, 0.35), {B, T, H * D});
+        const ValueId mixed = b.concat({b.slice(a, 2, 0, D), b.softmax(b.slice(h, 2, D, D))}, 2);
+        const ValueId loss = b.cross_entropy(b.matmul(b.swiglu(mixed, n), in[2]), in[5], -100);
         const auto grads = append_backward(b.graph(), loss, {in[0], in[1], in[2], in[3]});
-        std::vector<int> outs{loss};
+        std::vector<ValueId> outs{loss};
         outs.insert(outs.end(), grads.begin(), grads.end());
         return outs;
       },

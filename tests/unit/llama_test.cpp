@@ -14,6 +14,8 @@
 
 #include "graph/autodiff.h"
 #include "runtime/executor.h"
+#include "sched/pass.h"
+#include "sched/schedule.h"
 #include "train/train_step.h"
 
 using namespace meshtrain;
@@ -67,16 +69,16 @@ TEST(Llama, GradientMatchesFiniteDifferences) {
   for (bool tied : {false, true}) {
     graph::Graph g;
     const auto m = models::build_llama(g, tiny(tied), 2, 5, DType::f64);
-    std::vector<int> params;
+    std::vector<graph::ValueId> params;
     for (const auto& [name, v] : m.params) params.push_back(v);
     const auto grads = graph::append_backward(g, m.loss, params);
-    std::vector<int> fetches{m.loss};
+    std::vector<graph::ValueId> fetches{m.loss};
     fetches.insert(fetches.end(), grads.begin(), grads.end());
-    runtime::Executor ex(g, fetches);
+    runtime::Executor ex(g, sched::make_schedule(g, fetches));
     std::mt19937 rng(11);
     std::normal_distribution<double> normal(0.0, 0.5);
     std::vector<Tensor> values;
-    for (int p : params) {
+    for (graph::ValueId p : params) {
       Tensor t = Tensor::empty(g.value(p).info.shape, DType::f64);
       for (double& x : t.data<double>()) x = normal(rng);
       ex.bind(p, t);
@@ -126,7 +128,8 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
   opt.state_dtype = state;
   const double max_grad_norm = 1.0;
   const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, max_grad_norm, DType::f32, compute);
-  runtime::Executor ex(g, s.fetches);
+  sched::step_pipeline().run(g);  // as the trainer does
+  runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
   for (const auto& [from, to] : s.write_backs) ex.write_back(from, to);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.2f);

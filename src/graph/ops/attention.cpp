@@ -33,14 +33,13 @@ void add_attention_ops(std::vector<OpDef>& ops) {
             check_float(in[0], "rope input");
             MT_CHECK(in[0].shape.rank() == 4 && in[0].shape[3] % 2 == 0, "x must be [B, T, H, D] with D even, got {}",
                      in[0].shape.to_string());
-            MT_CHECK(at.get_float("theta") > 0, "theta must be positive");
+            MT_CHECK(at.get(attr::theta) > 0, "theta must be positive");
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             // The rotation's transpose is the rotation by the opposite angle.
-            return std::vector<int>{b.graph().apply1(
-                "rope", {g[0]}, {{"theta", n.attrs.get_float("theta")}, {"inverse", int64_t{1 - n.attrs.get_int("inverse")}}})};
+            return std::vector<ValueId>{b.op("rope", {g[0]}, {attr::theta(n.attrs.get(attr::theta)), attr::inverse(!n.attrs.get(attr::inverse))})};
           },
       .flops = elementwise_flops(3),
   });
@@ -52,15 +51,15 @@ void add_attention_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs& at) {
             check_float(in[0], "attention q");
             check_attention(in);
-            at.get_float("scale");
+            at.get(attr::scale);
             const auto& q = in[0].shape;
             // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
             return ValueInfos{in[0], {Shape{q[0], q[2], q[1]}, accumulator_dtype(in[0].dtype)}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
-                                        n.attrs.get_float("scale"));
+                                        n.attrs.get(attr::scale));
           },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return attention_flops(in[0].shape, 1); },
   });

@@ -11,26 +11,26 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
       .num_inputs = 0,
       .infer =
           [](const ValueInfos&, const Attrs& at) {
-            const auto dtype = static_cast<DType>(at.get_int("dtype"));
+            const auto dtype = at.get(attr::dtype);
             check_float({Shape{}, dtype}, "full dtype");
-            at.get_float("value");
-            return ValueInfos{{Shape(at.get_ints("shape")), dtype}};
+            at.get(attr::value);
+            return ValueInfos{{Shape(at.get(attr::shape)), dtype}};
           },
-      .backward = [](Builder&, const Node&, const std::vector<int>&) { return std::vector<int>{}; },
+      .backward = [](Builder&, const Node&, const std::vector<ValueId>&) { return std::vector<ValueId>{}; },
   });
 
   ops.push_back({
       .name = "cast",
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            const auto dtype = static_cast<DType>(at.get_int("dtype"));
+            const auto dtype = at.get(attr::dtype);
             check_float(in[0], "cast input");
             check_float({Shape{}, dtype}, "cast target");
             return ValueInfos{{in[0].shape, dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.cast(g[0], b.graph().value(n.inputs[0]).info.dtype)};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.cast(g[0], b.graph().value(n.inputs[0]).info.dtype)};
           },
       .flops = elementwise_flops(1),
   });
@@ -44,7 +44,7 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             check_same(in[0], in[1]);
             return ValueInfos{in[0]};
           },
-      .backward = [](Builder&, const Node&, const std::vector<int>& g) { return std::vector<int>{g[0], g[0]}; },
+      .backward = [](Builder&, const Node&, const std::vector<ValueId>& g) { return std::vector<ValueId>{g[0], g[0]}; },
       .flops = elementwise_flops(1),
   });
 
@@ -58,8 +58,8 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.mul(g[0], n.inputs[1]), b.mul(g[0], n.inputs[0])};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.mul(g[0], n.inputs[1]), b.mul(g[0], n.inputs[0])};
           },
       .flops = elementwise_flops(1),
   });
@@ -69,12 +69,12 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             check_float(in[0], "scale input");
-            at.get_float("alpha");
+            at.get(attr::alpha);
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.scale(g[0], n.attrs.get_float("alpha"))};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.scale(g[0], n.attrs.get(attr::alpha))};
           },
       .flops = elementwise_flops(1),
   });
@@ -97,9 +97,9 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs& at) {
             check_float(in[0], "broadcast_scalar input");
             MT_CHECK(in[0].shape.numel() == 1, "input must hold one element, has shape {}", in[0].shape.to_string());
-            return ValueInfos{{Shape(at.get_ints("shape")), in[0].dtype}};
+            return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}};
           },
-      .backward = [](Builder& b, const Node&, const std::vector<int>& g) { return std::vector<int>{b.sum(g[0])}; },
+      .backward = [](Builder& b, const Node&, const std::vector<ValueId>& g) { return std::vector<ValueId>{b.sum(g[0])}; },
   });
 
   ops.push_back({
@@ -110,8 +110,8 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.silu_backward(n.inputs[0], g[0])};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.silu_backward(n.inputs[0], g[0])};
           },
       .flops = elementwise_flops(4),
   });
@@ -136,7 +136,7 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             return b.swiglu_backward(n.inputs[0], n.inputs[1], g[0]);
           },
       .flops = elementwise_flops(5),

@@ -18,9 +18,9 @@ void add_embedding_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape(dims), in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             const int64_t vocab = b.graph().value(n.inputs[0]).info.shape.dim(0);
-            return std::vector<int>{b.embedding_backward(n.inputs[1], g[0], vocab), -1};
+            return std::vector<ValueId>{b.embedding_backward(n.inputs[1], g[0], vocab), ValueId{}};
           },
       .bytes = [](const ValueInfos& in, const ValueInfos& out, const Attrs&) {  // the ids and the rows gathered, not the table
         return bytes_of(in[1]) + 2 * bytes_of(out[0]);
@@ -31,7 +31,7 @@ void add_embedding_ops(std::vector<OpDef>& ops) {
       .num_inputs = 2,
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            return ValueInfos{{Shape{at.get_int("vocab"), in[1].shape.dim(-1)}, in[1].dtype}};
+            return ValueInfos{{Shape{at.get(attr::vocab), in[1].shape.dim(-1)}, in[1].dtype}};
           },
   });
 }

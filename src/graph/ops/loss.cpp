@@ -15,14 +15,14 @@ void add_loss_ops(std::vector<OpDef>& ops) {
             MT_CHECK(in[0].shape.rank() >= 1 && in[0].shape.numel() == in[1].shape.numel() * in[0].shape.dim(-1),
                      "logits {} must be targets {} plus a vocabulary dim", in[0].shape.to_string(),
                      in[1].shape.to_string());
-            at.get_int("ignore_index");
+            at.get(attr::ignore_index);
             // The loss of bf16 logits is f32, as under PyTorch's autocast.
             return ValueInfos{{Shape{}, accumulator_dtype(in[0].dtype)}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{
-                b.cross_entropy_backward(n.inputs[0], n.inputs[1], g[0], n.attrs.get_int("ignore_index")), -1};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{
+                b.cross_entropy_backward(n.inputs[0], n.inputs[1], g[0], n.attrs.get(attr::ignore_index)), ValueId{}};
           },
       .flops = elementwise_flops(4),
   });

@@ -29,20 +29,20 @@ Shape with_last_two(const Shape& batch_from, int64_t a, int64_t b) {
   return Shape(dims);
 }
 
-std::vector<int> matmul_backward(Builder& bd, const Node& node, const std::vector<int>& g) {
-  const int a = node.inputs[0], b = node.inputs[1], dc = g[0];
-  const bool ta = node.attrs.get_int("transpose_a") != 0, tb = node.attrs.get_int("transpose_b") != 0;
+std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
+  const ValueId a = node.inputs[0], b = node.inputs[1], dc = g[0];
+  const bool ta = node.attrs.get(attr::transpose_a), tb = node.attrs.get(attr::transpose_b);
   const ValueInfo& ai = bd.graph().value(a).info;
   const bool shared = bd.graph().value(b).info.shape.rank() == 2 && ai.shape.rank() > 2;
   // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC.
-  const int da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);
-  int db;
+  const ValueId da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);
+  ValueId db;
   if (shared) {
     // B is shared over the batch: fold the batch into the rows of A and dC.
     MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
     const int64_t k_dim = ai.shape.dim(-1), n_dim = bd.graph().value(dc).info.shape.dim(-1);
-    const int a2 = bd.reshape(a, {ai.shape.numel() / k_dim, k_dim});
-    const int g2 = bd.reshape(dc, {bd.graph().value(dc).info.shape.numel() / n_dim, n_dim});
+    const ValueId a2 = bd.reshape(a, {ai.shape.numel() / k_dim, k_dim});
+    const ValueId g2 = bd.reshape(dc, {bd.graph().value(dc).info.shape.numel() / n_dim, n_dim});
     db = tb ? bd.matmul(g2, a2, true, false) : bd.matmul(a2, g2, true, false);
   } else {
     db = tb ? bd.matmul(dc, a, true, ta) : bd.matmul(a, dc, !ta, false);
@@ -61,7 +61,7 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
             check_float(in[0], "matmul A");
             MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype),
                      dtype_name(in[1].dtype));
-            const bool ta = at.get_int("transpose_a") != 0, tb = at.get_int("transpose_b") != 0;
+            const bool ta = at.get(attr::transpose_a), tb = at.get(attr::transpose_b);
             const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, ta, tb);
             return ValueInfos{{with_last_two(in[0].shape, d.m, d.n), in[0].dtype}};
           },
@@ -69,7 +69,7 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
       .flops =
           [](const ValueInfos& in, const ValueInfos&, const Attrs& at) {
             const MatmulDims d =
-                matmul_dims(in[0].shape, in[1].shape, at.get_int("transpose_a") != 0, at.get_int("transpose_b") != 0);
+                matmul_dims(in[0].shape, in[1].shape, at.get(attr::transpose_a), at.get(attr::transpose_b));
             return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
                    static_cast<double>(d.k);
           },

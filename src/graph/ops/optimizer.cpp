@@ -27,7 +27,7 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             MT_CHECK(in[0].shape.numel() == 1, "norm must be a scalar");
-            MT_CHECK(at.get_float("max_norm") > 0, "max_norm must be positive");
+            MT_CHECK(at.get(attr::max_norm) > 0, "max_norm must be positive");
             return ValueInfos{in[0]};
           },
   });
@@ -47,7 +47,7 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
                      in[0].dtype == DType::f32 ? " or bf16" : "", dtype_name(in[2].dtype));
             MT_CHECK(in[4].shape.numel() == 1 && in[4].dtype == DType::f64, "lr must be one f64 element");
             MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::i64, "step must be one i64 element");
-            for (const char* key : {"beta1", "beta2", "eps", "weight_decay"}) at.get_float(key);
+            for (const AttrKey<double>& key : {attr::beta1, attr::beta2, attr::eps, attr::weight_decay}) at.get(key);
             return ValueInfos{in[0], in[2], in[3]};  // param, m, v after the step
           },
       .flops = elementwise_flops(12),

@@ -13,8 +13,8 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape{}, in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.broadcast_scalar(g[0], b.graph().value(n.inputs[0]).info.shape)};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.broadcast_scalar(g[0], b.graph().value(n.inputs[0]).info.shape)};
           },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]); },
   });
@@ -28,9 +28,9 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape{}, in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             const Shape& s = b.graph().value(n.inputs[0]).info.shape;
-            return std::vector<int>{b.scale(b.broadcast_scalar(g[0], s), 1.0 / static_cast<double>(s.numel()))};
+            return std::vector<ValueId>{b.scale(b.broadcast_scalar(g[0], s), 1.0 / static_cast<double>(s.numel()))};
           },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]); },
   });
@@ -44,8 +44,8 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.softmax_backward(n.outputs[0], g[0])};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.softmax_backward(n.outputs[0], g[0])};
           },
       .flops = elementwise_flops(5),
   });
@@ -69,12 +69,12 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
             MT_CHECK(in[0].shape.rank() >= 1 && in[1].shape == Shape{in[0].shape.dim(-1)} && in[1].dtype == in[0].dtype,
                      "weight must be a {} vector of the last dim's size {}, got {}{}", dtype_name(in[0].dtype),
                      in[0].shape.rank() ? in[0].shape.dim(-1) : 0, dtype_name(in[1].dtype), in[1].shape.to_string());
-            MT_CHECK(at.get_float("eps") >= 0, "eps must be >= 0");
+            MT_CHECK(at.get(attr::eps) >= 0, "eps must be >= 0");
             return ValueInfos{in[0]};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return b.rms_norm_backward(n.inputs[0], n.inputs[1], g[0], n.attrs.get_float("eps"));
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return b.rms_norm_backward(n.inputs[0], n.inputs[1], g[0], n.attrs.get(attr::eps));
           },
       .flops = elementwise_flops(4),
   });

@@ -10,14 +10,14 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .name = "reshape",
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            const Shape s(at.get_ints("shape"));
+            const Shape s(at.get(attr::shape));
             MT_CHECK(s.numel() == in[0].shape.numel(), "cannot reshape {} ({} elements) to {} ({} elements)",
                      in[0].shape.to_string(), in[0].shape.numel(), s.to_string(), s.numel());
             return ValueInfos{{s, in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.reshape(g[0], b.graph().value(n.inputs[0]).info.shape)};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.reshape(g[0], b.graph().value(n.inputs[0]).info.shape)};
           },
       .is_view = true,
   });
@@ -27,16 +27,16 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             const auto r = static_cast<int64_t>(in[0].shape.rank());
-            const int64_t d0 = at.get_int("dim0"), d1 = at.get_int("dim1");
+            const int64_t d0 = at.get(attr::dim0), d1 = at.get(attr::dim1);
             MT_CHECK(d0 >= 0 && d0 < r && d1 >= 0 && d1 < r, "dims {} and {} out of range for rank {}", d0, d1, r);
             std::vector<int64_t> dims = in[0].shape.dims();
             std::swap(dims[d0], dims[d1]);
             return ValueInfos{{Shape(dims), in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            return std::vector<int>{b.transpose(g[0], static_cast<int>(n.attrs.get_int("dim0")),
-                                                static_cast<int>(n.attrs.get_int("dim1")))};
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.transpose(g[0], static_cast<int>(n.attrs.get(attr::dim0)),
+                                                static_cast<int>(n.attrs.get(attr::dim1)))};
           },
   });
 
@@ -44,7 +44,7 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .name = "slice",
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            const int64_t d = at.get_int("dim"), start = at.get_int("start"), len = at.get_int("length");
+            const int64_t d = at.get(attr::dim), start = at.get(attr::start), len = at.get(attr::length);
             MT_CHECK(d >= 0 && d < static_cast<int64_t>(in[0].shape.rank()), "dim {} out of range", d);
             MT_CHECK(start >= 0 && len >= 0 && start + len <= in[0].shape[static_cast<size_t>(d)],
                      "[{}, {}) is outside dim {} of size {}", start, start + len, d, in[0].shape[static_cast<size_t>(d)]);
@@ -53,9 +53,9 @@ void add_shape_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape(dims), in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            const int64_t d = n.attrs.get_int("dim");
-            return std::vector<int>{b.slice_backward(g[0], static_cast<int>(d), n.attrs.get_int("start"),
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            const int64_t d = n.attrs.get(attr::dim);
+            return std::vector<ValueId>{b.slice_backward(g[0], static_cast<int>(d), n.attrs.get(attr::start),
                                                      b.graph().value(n.inputs[0]).info.shape[static_cast<size_t>(d)])};
           },
       .bytes = [](const ValueInfos&, const ValueInfos& out, const Attrs&) { return 2 * bytes_of(out[0]); },  // the slice only
@@ -65,7 +65,7 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             std::vector<int64_t> dims = in[0].shape.dims();
-            dims[static_cast<size_t>(at.get_int("dim"))] = at.get_int("full_size");
+            dims[static_cast<size_t>(at.get(attr::dim))] = at.get(attr::full_size);
             return ValueInfos{{Shape(dims), in[0].dtype}};
           },
   });
@@ -76,7 +76,7 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             MT_CHECK(!in.empty(), "concat needs at least one input");
-            const int64_t d = at.get_int("dim");
+            const int64_t d = at.get(attr::dim);
             MT_CHECK(d >= 0 && d < static_cast<int64_t>(in[0].shape.rank()), "dim {} out of range", d);
             std::vector<int64_t> dims = in[0].shape.dims();
             dims[static_cast<size_t>(d)] = 0;
@@ -90,11 +90,11 @@ void add_shape_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape(dims), in[0].dtype}};
           },
       .backward =
-          [](Builder& b, const Node& n, const std::vector<int>& g) {
-            const int64_t d = n.attrs.get_int("dim");
-            std::vector<int> grads;
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            const int64_t d = n.attrs.get(attr::dim);
+            std::vector<ValueId> grads;
             int64_t start = 0;
-            for (int x : n.inputs) {
+            for (ValueId x : n.inputs) {
               const int64_t len = b.graph().value(x).info.shape[static_cast<size_t>(d)];
               grads.push_back(b.slice(g[0], static_cast<int>(d), start, len));
               start += len;

@@ -7,7 +7,7 @@ void add_elementwise_kernels(const AddKernel& add) {
   add("full", [](const KernelArgs& a) {
     by_float_type(a.out[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      cpu::fill(a.attrs.get_float("value"), out_ptr<T>(a), a.out[0]->numel());
+      cpu::fill(a.attrs.get(attr::value), out_ptr<T>(a), a.out[0]->numel());
     });
   });
   add("cast", [](const KernelArgs& a) {
@@ -28,7 +28,7 @@ void add_elementwise_kernels(const AddKernel& add) {
   add("scale", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      cpu::scale(in_ptr<T>(a, 0), a.attrs.get_float("alpha"), out_ptr<T>(a), a.out[0]->numel());
+      cpu::scale(in_ptr<T>(a, 0), a.attrs.get(attr::alpha), out_ptr<T>(a), a.out[0]->numel());
     });
   });
   add("scale_by", [](const KernelArgs& a) {

@@ -12,6 +12,8 @@
 
 namespace meshtrain::kernels::cpu::ops {
 
+namespace attr = graph::attr;  // the typed attribute keys kernels read
+
 using AddKernel = std::function<void(const std::string& op, CpuKernel kernel)>;
 void add_elementwise_kernels(const AddKernel& add);
 void add_matmul_kernels(const AddKernel& add);

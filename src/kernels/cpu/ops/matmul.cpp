@@ -7,7 +7,7 @@ namespace meshtrain::kernels::cpu::ops {
 
 void add_matmul_kernels(const AddKernel& add) {
   add("matmul", [](const KernelArgs& a) {
-    const bool ta = a.attrs.get_int("transpose_a") != 0, tb = a.attrs.get_int("transpose_b") != 0;
+    const bool ta = a.attrs.get(attr::transpose_a), tb = a.attrs.get(attr::transpose_b);
     const graph::ops::MatmulDims d = graph::ops::matmul_dims(a.in[0]->shape(), a.in[1]->shape(), ta, tb);
     const int64_t b_stride = d.b_shared ? 0 : d.k * d.n;
     switch (a.in[0]->dtype()) {

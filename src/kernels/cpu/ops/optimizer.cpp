@@ -19,7 +19,7 @@ void add_optimizer_kernels(const AddKernel& add) {
   });
   add("clip_coefficient", [](const KernelArgs& a) {
     // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to at most 1.
-    a.out[0]->set(0, std::min(1.0, a.attrs.get_float("max_norm") / (a.in[0]->get(0) + 1e-6)));
+    a.out[0]->set(0, std::min(1.0, a.attrs.get(attr::max_norm) / (a.in[0]->get(0) + 1e-6)));
   });
   add("adamw", [](const KernelArgs& a) {
     const int64_t step = static_cast<const int64_t*>(a.in[5]->raw())[0];
@@ -33,8 +33,8 @@ void add_optimizer_kernels(const AddKernel& add) {
       using T = decltype(param_type);
       using S = decltype(state_type);
       adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<S>(a, 1), out_ptr<S>(a, 2), a.in[0]->numel(), lr,
-            a.attrs.get_float("beta1"), a.attrs.get_float("beta2"), a.attrs.get_float("eps"),
-            a.attrs.get_float("weight_decay"), step);
+            a.attrs.get(attr::beta1), a.attrs.get(attr::beta2), a.attrs.get(attr::eps),
+            a.attrs.get(attr::weight_decay), step);
     };
     if (a.in[0]->dtype() == DType::f32 && a.in[2]->dtype() == DType::bf16) return run(float{}, bfloat16{});
     by_float_type(a.in[0]->dtype(), [&](auto z) { run(z, z); });

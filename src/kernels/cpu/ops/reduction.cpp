@@ -34,7 +34,7 @@ void add_reduction_kernels(const AddKernel& add) {
     const auto [rows, d] = rows_of(*a.in[0]);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      rms_norm(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), rows, d, a.attrs.get_float("eps"));
+      rms_norm(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), rows, d, a.attrs.get(attr::eps));
     });
   });
   add("rms_norm_backward", [](const KernelArgs& a) {
@@ -42,7 +42,7 @@ void add_reduction_kernels(const AddKernel& add) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       rms_norm_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<T>(a, 1), rows, d,
-                        a.attrs.get_float("eps"));
+                        a.attrs.get(attr::eps));
     });
   });
 }

@@ -11,28 +11,28 @@ void add_shape_kernels(const AddKernel& add) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       transpose(in_ptr<T>(a, 0), out_ptr<T>(a), dims.data(), static_cast<int>(dims.size()),
-                static_cast<int>(a.attrs.get_int("dim0")), static_cast<int>(a.attrs.get_int("dim1")));
+                static_cast<int>(a.attrs.get(attr::dim0)), static_cast<int>(a.attrs.get(attr::dim1)));
     });
   });
   add("slice", [](const KernelArgs& a) {
-    const AroundDim s = around_dim(a.in[0]->shape(), static_cast<size_t>(a.attrs.get_int("dim")));
-    const int64_t length = a.attrs.get_int("length");
+    const AroundDim s = around_dim(a.in[0]->shape(), static_cast<size_t>(a.attrs.get(attr::dim)));
+    const int64_t length = a.attrs.get(attr::length);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, length, a.attrs.get_int("start"), 0, length, s.inner);
+      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, length, a.attrs.get(attr::start), 0, length, s.inner);
     });
   });
   add("slice_backward", [](const KernelArgs& a) {
-    const AroundDim s = around_dim(a.in[0]->shape(), static_cast<size_t>(a.attrs.get_int("dim")));
+    const AroundDim s = around_dim(a.in[0]->shape(), static_cast<size_t>(a.attrs.get(attr::dim)));
     std::memset(a.out[0]->raw(), 0, a.out[0]->nbytes());
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, a.attrs.get_int("full_size"), 0,
-                 a.attrs.get_int("start"), s.dim, s.inner);
+      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, a.attrs.get(attr::full_size), 0,
+                 a.attrs.get(attr::start), s.dim, s.inner);
     });
   });
   add("concat", [](const KernelArgs& a) {
-    const auto d = static_cast<size_t>(a.attrs.get_int("dim"));
+    const auto d = static_cast<size_t>(a.attrs.get(attr::dim));
     const AroundDim o = around_dim(a.out[0]->shape(), d);
     int64_t start = 0;
     for (const Tensor* x : a.in) {

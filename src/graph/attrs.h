@@ -1,0 +1,92 @@
+// A node's attributes, read and written through typed keys: each key (in
+// namespace attr below) names one attribute and fixes its C++ type, so a use
+// can neither misspell the name nor read it as the wrong type.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace meshtrain::graph {
+
+template <typename T>
+struct AttrKey;
+
+// One attribute: a key's name and its value (the result of `key(value)`).
+struct Attr {
+  using Value = std::variant<bool, int64_t, double, std::vector<int64_t>, DType>;
+  std::string_view name;
+  Value value;
+};
+
+template <typename T>
+struct AttrKey {
+  std::string_view name;
+  Attr operator()(T value) const { return {name, Attr::Value(std::move(value))}; }
+};
+
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<Attr> attrs) {
+    for (const Attr& a : attrs) values_.insert_or_assign(std::string(a.name), a.value);
+  }
+  // The value of `key`; fails naming the key when it is missing.
+  template <typename T>
+  const T& get(const AttrKey<T>& key) const {
+    const auto it = values_.find(key.name);
+    if (it == values_.end()) missing(key.name);
+    const T* v = std::get_if<T>(&it->second);
+    if (v == nullptr) wrong_type(key.name);
+    return *v;
+  }
+  template <typename T>
+  T get_or(const AttrKey<T>& key, T fallback) const {
+    const auto it = values_.find(key.name);
+    if (it == values_.end()) return fallback;
+    const T* v = std::get_if<T>(&it->second);
+    if (v == nullptr) wrong_type(key.name);
+    return *v;
+  }
+  template <typename T>
+  Attrs& set(const AttrKey<T>& key, T value) {
+    values_.insert_or_assign(std::string(key.name), Attr::Value(std::move(value)));
+    return *this;
+  }
+  bool has(std::string_view name) const { return values_.find(name) != values_.end(); }
+  // "{dim=1, eps=1e-05}" in name order; "" when there are none.
+  std::string to_string() const;
+  bool operator==(const Attrs&) const = default;
+
+ private:
+  [[noreturn]] static void missing(std::string_view name);
+  [[noreturn]] void wrong_type(std::string_view name) const;  // two keys of one name with different types
+  std::map<std::string, Attr::Value, std::less<>> values_;
+};
+
+// Every attribute key of the built-in ops. An op that needs a new attribute
+// adds its key here (extensions may declare their own keys anywhere).
+namespace attr {
+inline constexpr AttrKey<std::vector<int64_t>> shape{"shape"};
+inline constexpr AttrKey<DType> dtype{"dtype"};
+inline constexpr AttrKey<double> value{"value"};  // full's fill value
+inline constexpr AttrKey<double> alpha{"alpha"};  // scale's factor
+inline constexpr AttrKey<bool> transpose_a{"transpose_a"}, transpose_b{"transpose_b"};
+inline constexpr AttrKey<int64_t> dim{"dim"}, dim0{"dim0"}, dim1{"dim1"};
+inline constexpr AttrKey<int64_t> start{"start"}, length{"length"}, full_size{"full_size"};
+inline constexpr AttrKey<double> eps{"eps"};
+inline constexpr AttrKey<int64_t> ignore_index{"ignore_index"};
+inline constexpr AttrKey<int64_t> vocab{"vocab"};
+inline constexpr AttrKey<double> theta{"theta"};
+inline constexpr AttrKey<bool> inverse{"inverse"};  // rope: rotate by -angle (its backward)
+inline constexpr AttrKey<double> scale{"scale"};    // attention's softmax scale
+inline constexpr AttrKey<double> max_norm{"max_norm"};
+inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
+}  // namespace attr
+
+}  // namespace meshtrain::graph

@@ -1,0 +1,100 @@
+#include "sched/memory_plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include "graph/op_registry.h"
+
+namespace meshtrain::sched {
+
+namespace {
+
+size_t block_bytes(size_t n) { return std::max((n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment, kArenaAlignment); }
+
+// First-fit over free ranges of the arena, growing it when nothing fits.
+class ArenaPlanner {
+ public:
+  size_t allocate(size_t bytes) {
+    bytes = block_bytes(bytes);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const size_t offset = it->first;
+      const size_t rest = it->second - bytes;
+      free_.erase(it);
+      if (rest) free_.emplace(offset + bytes, rest);
+      return offset;
+    }
+    // Grow: reuse a free range that ends at the top of the arena.
+    size_t offset = end_;
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + last->second == end_) {
+        offset = last->first;
+        free_.erase(last);
+      }
+    }
+    end_ = offset + bytes;
+    return offset;
+  }
+  void release(size_t offset, size_t bytes) {
+    auto [it, _] = free_.emplace(offset, block_bytes(bytes));
+    // Coalesce with the neighbours.
+    if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  size_t size() const { return end_; }
+
+ private:
+  std::map<size_t, size_t> free_;  // offset -> bytes
+  size_t end_ = 0;
+};
+
+size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
+
+}  // namespace
+
+graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
+                              const std::vector<graph::ValueId>& fetches) {
+  using graph::ValueId;
+  graph::MemoryPlan plan;
+  // View ops (reshape) alias their input: a value's storage is its root's.
+  for (graph::NodeId n : steps) {
+    const graph::Node& node = g.node(n);
+    if (node.op->is_view) plan.view_of[node.outputs[0]] = plan.storage_of(node.inputs[0]);
+  }
+  // Last step that reads each storage; fetched storage lives to the end.
+  std::map<ValueId, size_t> last_use;
+  for (size_t step = 0; step < steps.size(); ++step)
+    for (ValueId in : g.node(steps[step]).inputs) last_use[plan.storage_of(in)] = step;
+  std::set<ValueId> fetched;
+  for (ValueId v : fetches) fetched.insert(plan.storage_of(v));
+  ArenaPlanner arena;
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const graph::Node& node = g.node(steps[step]);
+    for (ValueId out : node.outputs)
+      if (!plan.view_of.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
+    auto release_if_done = [&](ValueId v) {
+      if (!g.value(v).producer.valid() || fetched.count(v)) return;
+      auto it = last_use.find(v);
+      if (it == last_use.end() || it->second == step) arena.release(plan.offsets.at(v), nbytes(g.value(v).info));
+    };
+    std::set<ValueId> seen;
+    for (ValueId in : node.inputs)
+      if (seen.insert(plan.storage_of(in)).second) release_if_done(plan.storage_of(in));
+    for (ValueId out : node.outputs)
+      if (!plan.view_of.count(out) && !last_use.count(out)) release_if_done(out);  // produced but never read
+  }
+  plan.peak_bytes = arena.size();
+  return plan;
+}
+
+}  // namespace meshtrain::sched

@@ -1,0 +1,24 @@
+// Static memory planning: given a graph and the order its nodes will run in,
+// where each intermediate value lives in one arena and how big the arena is.
+// Computed without allocating the arena, so a plan can be costed (or
+// compared across orders) before anything runs.
+#pragma once
+
+#include <vector>
+
+#include "graph/schedule.h"
+
+namespace meshtrain::sched {
+
+// Arena offsets are multiples of this (and every block at least this big).
+inline constexpr size_t kArenaAlignment = 64;
+
+// Each value computed by `steps` gets an offset, first-fit over the arena's
+// free ranges (growing it when nothing fits), and its range is freed after
+// the last step that reads it — unless it is among `fetches`, which live to
+// the end of the run. Views (reshape) get no storage: they share their
+// input's. Inputs and parameters are not in the arena.
+graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
+                              const std::vector<graph::ValueId>& fetches);
+
+}  // namespace meshtrain::sched

@@ -1,0 +1,41 @@
+#include "sched/pass.h"
+
+#include "core/error.h"
+#include "sched/passes/dead_code.h"
+
+namespace meshtrain::sched {
+
+PassPipeline& PassPipeline::add(Pass pass) {
+  MT_CHECK(!pass.name.empty() && static_cast<bool>(pass.run), "pipeline {}: a pass needs a name and a function", name_);
+  passes_.push_back(std::move(pass));
+  return *this;
+}
+
+bool PassPipeline::run(graph::Graph& g) const {
+  bool changed = false;
+  for (const Pass& pass : passes_) {
+    const bool pass_changed = pass.run(g);
+    changed |= pass_changed;
+    if (!verify_ || !pass_changed) continue;
+    try {
+      graph::verify(g);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("pipeline {}: after pass {}: {}", name_, pass.name, e.what()));
+    }
+  }
+  return changed;
+}
+
+std::vector<std::string> PassPipeline::pass_names() const {
+  std::vector<std::string> out;
+  for (const Pass& p : passes_) out.push_back(p.name);
+  return out;
+}
+
+PassPipeline step_pipeline() {
+  PassPipeline p("step");
+  p.add({"remove_dead_nodes", remove_dead_nodes});
+  return p;
+}
+
+}  // namespace meshtrain::sched

@@ -1,0 +1,45 @@
+// Graph passes and the pipeline that runs them. A pass has a name and
+// rewrites or reorders a graph in place, returning whether it changed
+// anything (XLA's HloPassPipeline is the model). In debug builds the
+// pipeline checks the graph's invariants (graph::verify) after every pass
+// that changed it, so a broken rewrite is caught at the pass that made it.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace meshtrain::sched {
+
+struct Pass {
+  std::string name;
+  std::function<bool(graph::Graph&)> run;  // -> changed
+};
+
+class PassPipeline {
+ public:
+  explicit PassPipeline(std::string name) : name_(std::move(name)) {}
+  PassPipeline& add(Pass pass);
+  // Runs every pass once, in order; true if any changed the graph. An
+  // invariant broken by a pass fails naming the pipeline and the pass.
+  bool run(graph::Graph& g) const;
+  // Verify after each changing pass: on in debug builds, off in release.
+  void set_verify(bool on) { verify_ = on; }
+  std::vector<std::string> pass_names() const;
+
+ private:
+  std::string name_;
+  std::vector<Pass> passes_;
+#ifdef NDEBUG
+  bool verify_ = false;
+#else
+  bool verify_ = true;
+#endif
+};
+
+// The passes every training step's graph goes through before it is scheduled.
+PassPipeline step_pipeline();
+
+}  // namespace meshtrain::sched
