@@ -97,9 +97,12 @@ ValueId Graph::only_output(NodeId id) const {
 void Graph::replace_uses(ValueId from, ValueId to) {
   MT_CHECK(value(from).info == value(to).info, "replace_uses: {} and {} differ in shape or dtype", describe_value(from),
            describe_value(to));
-  for (NodeId n : order_)
+  const NodeId to_producer = value(to).producer;
+  for (NodeId n : order_) {
+    if (n == to_producer) continue;  // `to` is typically computed from `from`
     for (ValueId& in : nodes_[static_cast<size_t>(n.index)].inputs)
       if (in == from) in = to;
+  }
   for (ValueId& out : outputs_)
     if (out == from) out = to;
 }

@@ -81,7 +81,8 @@ class Graph {
   ValueId only_output(NodeId node) const;
 
   // Rewrites. replace_uses: every live node input and graph output that is
-  // `from` becomes `to` (same shape and dtype). remove_node: fails while any
+  // `from` becomes `to` (same shape and dtype), except in the node that
+  // computes `to` (which usually reads `from`). remove_node: fails while any
   // output is still used. set_order: a permutation of the live nodes.
   void replace_uses(ValueId from, ValueId to);
   void remove_node(NodeId node);

@@ -1,0 +1,157 @@
+// sched/: the pass pipeline (a pass tested on the text it leaves, invariants
+// checked between passes) and the static memory plan (computed without
+// allocating; sound; exactly what the executor then allocates).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "graph/op_registry.h"
+#include "runtime/executor.h"
+#include "sched/memory_plan.h"
+#include "sched/pass.h"
+#include "sched/passes/dead_code.h"
+#include "sched/schedule.h"
+#include "test_util.h"
+#include "train/train_step.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+using mtest::contains;
+using mtest::message_of;
+
+TEST(DeadCode, RemovesWhatNoOutputNeeds) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {2, 4}, DType::f32);
+  const ValueId w = g.add_parameter("w", {3, 4}, DType::f32);
+  const ValueId loss = b.mean(b.silu(b.matmul(x, w, false, true)));
+  const auto grads = append_backward(g, loss, {x, w});  // both gradients built, only dw kept
+  g.add_output(loss);
+  g.add_output(grads[1]);
+  b.scale(b.silu(x), 2.0);  // a dead chain: the silu dies once the scale does
+  const size_t before = g.num_nodes();
+  EXPECT_TRUE(sched::remove_dead_nodes(g));
+  EXPECT_EQ(g.num_nodes(), before - 3);
+  EXPECT_EQ(to_text(g),
+            "input %0:x: f32(2, 4)\n"
+            "param %1:w: f32(3, 4)\n"
+            "%2: f32(2, 3) = matmul(%0:x, %1:w) {transpose_a=false, transpose_b=true}  # forward\n"
+            "%3: f32(2, 3) = silu(%2)  # forward\n"
+            "%4: f32() = mean(%3)  # forward\n"
+            "%5: f32() = full() {dtype=f32, shape=[], value=1}  # backward\n"
+            "%6: f32(2, 3) = broadcast_scalar(%5) {shape=[2, 3]}  # backward\n"
+            "%7: f32(2, 3) = scale(%6) {alpha=0.16666666666666666}  # backward\n"
+            "%8: f32(2, 3) = silu_backward(%2, %7)  # backward\n"
+            "%10: f32(3, 4) = matmul(%8, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
+            "outputs %4, %10\n");
+  EXPECT_FALSE(sched::remove_dead_nodes(g));  // nothing left to do
+}
+
+TEST(PassPipeline, VerifiesAfterEachChangingPass) {
+  Graph g;
+  Builder b(g);
+  g.add_output(b.silu(b.silu(g.add_input("x", {4}, DType::f32))));
+  sched::PassPipeline p("test");
+  p.add({"noop", [](Graph&) { return false; }});
+  p.add({"reverse_order", [](Graph& graph) {
+           std::vector<NodeId> order = graph.order();
+           std::reverse(order.begin(), order.end());
+           graph.set_order(order);
+           return true;
+         }});
+  p.set_verify(true);
+  EXPECT_TRUE(contains(message_of([&] { p.run(g); }), "pipeline test: after pass reverse_order: verify: node"));
+  EXPECT_EQ(p.pass_names(), (std::vector<std::string>{"noop", "reverse_order"}));
+  EXPECT_EQ(sched::step_pipeline().pass_names(), (std::vector<std::string>{"remove_dead_nodes"}));
+}
+
+namespace {
+
+size_t nbytes(const Graph& g, ValueId v) {
+  return static_cast<size_t>(g.value(v).info.shape.numel()) * dtype_size(g.value(v).info.dtype);
+}
+
+// A small training step (forward, backward, clipping, AdamW) as the trainer builds it.
+struct StepGraph {
+  Graph g;
+  train::TrainStepGraph s;
+  StepGraph() {
+    models::LlamaConfig c;
+    c.dim = 32;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.ffn_dim = 48;
+    c.vocab_size = 29;
+    s = train::build_train_step(g, c, 2, 8, {}, 1.0);
+    sched::step_pipeline().run(g);
+  }
+};
+
+}  // namespace
+
+// Checked independently of the planner: a value occupies its range from the
+// step that computes it to the last step that reads it (to the end if
+// fetched); no two values whose lifetimes overlap share a byte, and every
+// range fits in the peak.
+TEST(MemoryPlan, NoTwoLiveValuesOverlap) {
+  StepGraph t;
+  const Schedule schedule = sched::make_schedule(t.g, t.g.outputs());
+  const MemoryPlan& plan = schedule.memory;
+  struct Life {
+    size_t begin, end, offset, bytes;
+  };
+  std::map<ValueId, Life> life;
+  for (size_t step = 0; step < schedule.steps.size(); ++step) {
+    const Node& node = t.g.node(schedule.steps[step]);
+    for (ValueId out : node.outputs)
+      if (plan.offsets.count(out)) life[out] = {step, step, plan.offsets.at(out), nbytes(t.g, out)};
+    for (ValueId in : node.inputs)
+      if (auto it = life.find(plan.storage_of(in)); it != life.end()) it->second.end = step;
+  }
+  for (ValueId v : schedule.fetches) life.at(plan.storage_of(v)).end = schedule.steps.size();
+  ASSERT_GT(life.size(), 100u);
+  size_t max_live = 0;
+  for (size_t step = 0; step < schedule.steps.size(); ++step) {
+    size_t live = 0;
+    for (const auto& [v, l] : life) live += l.begin <= step && step <= l.end ? l.bytes : 0;
+    max_live = std::max(max_live, live);
+  }
+  for (auto a = life.begin(); a != life.end(); ++a) {
+    EXPECT_LE(a->second.offset + a->second.bytes, plan.peak_bytes);
+    EXPECT_EQ(a->second.offset % sched::kArenaAlignment, 0u);
+    for (auto b = std::next(a); b != life.end(); ++b) {
+      const bool same_time = a->second.begin <= b->second.end && b->second.begin <= a->second.end;
+      const bool same_bytes = a->second.offset < b->second.offset + b->second.bytes &&
+                              b->second.offset < a->second.offset + a->second.bytes;
+      EXPECT_FALSE(same_time && same_bytes) << t.g.describe_value(a->first) << " and " << t.g.describe_value(b->first);
+    }
+  }
+  EXPECT_GE(plan.peak_bytes, max_live);
+}
+
+TEST(MemoryPlan, ComputedWithoutAllocatingAndEqualToTheExecutorsArena) {
+  StepGraph t;
+  const auto before_plan = default_allocator().stats();
+  const Schedule schedule = sched::make_schedule(t.g, t.g.outputs());
+  EXPECT_EQ(default_allocator().stats().allocations, before_plan.allocations);  // no tensor memory for a plan
+  ASSERT_GT(schedule.memory.peak_bytes, 0u);
+  default_allocator().release_cache();  // so the arena is a fresh block, not a cached one
+  const auto before = default_allocator().stats();
+  runtime::Executor ex(t.g, schedule);
+  const auto after = default_allocator().stats();
+  EXPECT_EQ(ex.arena_bytes(), schedule.memory.peak_bytes);
+  EXPECT_EQ(after.allocations, before.allocations + 1);  // the arena, once
+  EXPECT_EQ(after.current_bytes - before.current_bytes, CachingAllocator::block_size(schedule.memory.peak_bytes));
+}
+
+TEST(MemoryPlan, ExecutorRejectsAScheduleThatDoesNotPlaceAValue) {
+  Graph g;
+  Builder b(g);
+  const ValueId y = b.silu(g.add_input("x", {4}, DType::f32));
+  Schedule schedule = sched::make_schedule(g, {y});
+  schedule.memory.offsets.clear();
+  EXPECT_TRUE(contains(message_of([&] { runtime::Executor ex(g, schedule); }), "silu.0: f32(4) has no place in the memory plan"));
+}
