@@ -18,6 +18,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     params.push_back(v);
   }
   const std::vector<graph::ValueId> grads = graph::append_backward(g, s.model.loss, params);
+  const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);
   graph::ScopeGuard scope(g, "optimizer");
   s.grad_norm = b.global_norm(grads);
@@ -40,6 +41,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
       s.write_backs.emplace_back(updated[static_cast<size_t>(k)], k == 0 ? params[i] : k == 1 ? m : v);
     }
   }
+  g.set_phase(saved_phase);
   return s;
 }
 
