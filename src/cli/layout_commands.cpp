@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "comm/types.h"
 #include "core/error.h"
 #include "sharding/planner.h"
 #include "sharding/local_chunk.h"
@@ -20,6 +21,11 @@ std::vector<int64_t> parse_shape(const std::string& text) {
     shape.push_back(d);
   }
   return shape;
+}
+
+// A plan step's collective as printed: its comm name, "none" for a local step.
+std::string_view collective_label(const sharding::PlanStep& s) {
+  return s.collective ? comm::op_type_name(*s.collective) : "none";
 }
 
 sharding::LinkParams parse_link(const std::string& text, int& dim) {
@@ -77,7 +83,7 @@ int run_plan(const PlanCommand& c) {
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const auto& s : plan->steps)
       steps.push_back({{"mesh_dim", s.mesh_dims.front()}, {"mesh_dims", s.mesh_dims}, {"from", s.from.to_string()},
-                       {"to", s.to.to_string()}, {"collective", sharding::collective_name(s.collective)},
+                       {"to", s.to.to_string()}, {"collective", collective_label(s)},
                        {"bytes", static_cast<int64_t>(s.bytes)}, {"cost_us", s.cost_us},
                        {"layout", s.after.to_string()}});
     fmt::print("{}\n", nlohmann::ordered_json{{"steps", steps}, {"total_cost_us", plan->total_cost_us},
@@ -92,7 +98,7 @@ int run_plan(const PlanCommand& c) {
                "cost_us", "layout after");
   for (const auto& s : plan->steps)
     fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12.3f}  {}\n", fmt::format("{}", fmt::join(s.mesh_dims, "+")),
-               fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), sharding::collective_name(s.collective),
+               fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), collective_label(s),
                static_cast<int64_t>(s.bytes), s.cost_us, s.after.to_string());
   fmt::print("total {:.3f} us   trace {}\n", plan->total_cost_us, plan->trace(from));
   return 0;

@@ -11,11 +11,6 @@
 
 namespace meshtrain::sharding {
 
-std::string_view collective_name(Collective c) {
-  static constexpr std::string_view names[] = {"none", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
-  return names[static_cast<int>(c)];
-}
-
 PlannerKind parse_planner_kind(std::string_view name) {
   if (name == "dijkstra") return PlannerKind::dijkstra;
   if (name == "greedy") return PlannerKind::greedy;
@@ -27,6 +22,10 @@ namespace {
 constexpr int kMaxMeshDims = 8;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 using Kind = Placement::Kind;
+using comm::OpType;
+// A step's collective; nullopt (kLocal) for a local step.
+using StepOp = std::optional<OpType>;
+constexpr StepOp kLocal = std::nullopt;
 
 // A layout packed into 40 bytes so the search copies and hashes it cheaply:
 // per mesh dim a placement code (kind, reduce op, tensor dim, split factor)
@@ -116,18 +115,19 @@ struct SearchSpace {
     return total_bytes / shards;
   }
   // (bytes of the collective's buffer, cost) of collective c on mesh dims.
-  std::pair<double, double> step(const State& before, Collective c, int n, const LinkParams& link) const {
+  std::pair<double, double> step(const State& before, StepOp c, int n, const LinkParams& link) const {
+    if (!c) return {0.0, 0.0};
     const double local = local_bytes(before);
-    switch (c) {
-      case Collective::none: return {0.0, 0.0};
-      case Collective::all_gather: return {local * n, model->all_gather_us(local * n, n, link)};
-      case Collective::reduce_scatter: return {local, model->reduce_scatter_us(local, n, link)};
-      case Collective::all_reduce: return {local, model->all_reduce_us(local, n, link)};
-      case Collective::all_to_all: return {local, model->all_to_all_us(local, n, link)};
+    switch (*c) {
+      case OpType::all_gather: return {local * n, model->all_gather_us(local * n, n, link)};
+      case OpType::reduce_scatter: return {local, model->reduce_scatter_us(local, n, link)};
+      case OpType::all_reduce: return {local, model->all_reduce_us(local, n, link)};
+      case OpType::all_to_all: return {local, model->all_to_all_us(local, n, link)};
+      default: break;  // the planner emits no other collective
     }
     return {0.0, kInf};
   }
-  double edge_cost(const State& before, Collective c, int m) const {
+  double edge_cost(const State& before, StepOp c, int m) const {
     return step(before, c, sizes[m], model->links[m]).second;
   }
 
@@ -147,11 +147,11 @@ struct SearchSpace {
     auto gather_innermost = [&](Kind kind) {
       for (int a = 0; a < tensor_rank; ++a) {
         const int y = last_shard(s, a);
-        if (y >= 0 && kind_of(s.code[y]) == kind) emit(with(s, y, kReplicate), y, Collective::all_gather);
+        if (y >= 0 && kind_of(s.code[y]) == kind) emit(with(s, y, kReplicate), y, OpType::all_gather);
       }
     };
     // Mesh dim m (holding R or P) shards tensor dim b, for every b.
-    auto shard_each_dim = [&](int m, Collective c) {
+    auto shard_each_dim = [&](int m, StepOp c) {
       for (int b = 0; b < tensor_rank; ++b) emit(with(s, m, encode(Placement::shard(b))), m, c);
     };
     // 1. S(a) -> S(b): all_to_all of the innermost shard of a.
@@ -159,26 +159,26 @@ struct SearchSpace {
       const int y = last_shard(s, a);
       if (y < 0 || kind_of(s.code[y]) != Kind::shard) continue;
       for (int b = 0; b < tensor_rank; ++b)
-        if (b != a) emit(with(s, y, encode(Placement::shard(b))), y, Collective::all_to_all);
+        if (b != a) emit(with(s, y, encode(Placement::shard(b))), y, OpType::all_to_all);
     }
     // 2. S -> R: all_gather of the innermost shard.
     gather_innermost(Kind::shard);
     // 3. P -> R: all_reduce.
     for (int m = 0; m < ndim; ++m)
-      if (kind_of(s.code[m]) == Kind::partial) emit(with(s, m, kReplicate), m, Collective::all_reduce);
+      if (kind_of(s.code[m]) == Kind::partial) emit(with(s, m, kReplicate), m, OpType::all_reduce);
     // 4. R -> S(b): local chunk, appended innermost.
     for (int m = 0; m < ndim; ++m)
-      if (s.code[m] == kReplicate) shard_each_dim(m, Collective::none);
+      if (s.code[m] == kReplicate) shard_each_dim(m, kLocal);
     // 5. P -> S(b): reduce_scatter.
     for (int m = 0; m < ndim; ++m)
-      if (kind_of(s.code[m]) == Kind::partial) shard_each_dim(m, Collective::reduce_scatter);
+      if (kind_of(s.code[m]) == Kind::partial) shard_each_dim(m, OpType::reduce_scatter);
     // 6. R -> P(op): local, only ops the target holds, never mixing ops.
     for (int m = 0; m < ndim; ++m) {
       if (s.code[m] != kReplicate) continue;
       for (uint32_t op : target_partials) {
         bool mixes = false;
         for (int k = 0; k < ndim; ++k) mixes |= kind_of(s.code[k]) == Kind::partial && s.code[k] != op;
-        if (!mixes) emit(with(s, m, op), m, Collective::none);
+        if (!mixes) emit(with(s, m, op), m, kLocal);
       }
     }
     // 8. SS -> R: all_gather of an innermost strided shard (then permute).
@@ -186,7 +186,7 @@ struct SearchSpace {
     // 11. R -> SS: local strided split, for the strided shards of the target.
     for (int m = 0; m < ndim; ++m)
       if (s.code[m] == kReplicate)
-        for (uint32_t ss : target_strided) emit(with(s, m, ss), m, Collective::none);
+        for (uint32_t ss : target_strided) emit(with(s, m, ss), m, kLocal);
   }
 };
 
@@ -209,13 +209,13 @@ SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, co
   return sp;
 }
 
-Collective collective_between(const Placement& from, const Placement& to) {
-  if (from == to) return Collective::none;
-  if (from.is_partial() && to.is_replicate()) return Collective::all_reduce;
-  if (from.is_partial() && to.kind == Kind::shard) return Collective::reduce_scatter;
-  if (from.is_sharding() && to.is_replicate()) return Collective::all_gather;
-  if (from.kind == Kind::shard && to.kind == Kind::shard) return Collective::all_to_all;
-  if (from.is_replicate() && (to.is_sharding() || to.is_partial())) return Collective::none;
+StepOp collective_between(const Placement& from, const Placement& to) {
+  if (from == to) return kLocal;
+  if (from.is_partial() && to.is_replicate()) return OpType::all_reduce;
+  if (from.is_partial() && to.kind == Kind::shard) return OpType::reduce_scatter;
+  if (from.is_sharding() && to.is_replicate()) return OpType::all_gather;
+  if (from.kind == Kind::shard && to.kind == Kind::shard) return OpType::all_to_all;
+  if (from.is_replicate() && (to.is_sharding() || to.is_partial())) return kLocal;
   throw InvalidArgument(fmt::format("no single collective turns {} into {}", from.to_string(), to.to_string()));
 }
 
@@ -237,7 +237,7 @@ void normalize_order(State& s, int ndim) {
 struct RawStep {
   State before, after;
   int mesh_dim;
-  Collective collective;
+  StepOp collective;
 };
 
 std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst) {
@@ -245,7 +245,7 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
     State state;
     int parent;
     int mesh_dim;
-    Collective collective;
+    StepOp collective;
   };
   struct Entry {
     double cost;
@@ -253,7 +253,7 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
     int node;
     bool operator>(const Entry& o) const { return cost != o.cost ? cost > o.cost : counter > o.counter; }
   };
-  std::vector<Node> nodes{{src, -1, -1, Collective::none}};
+  std::vector<Node> nodes{{src, -1, -1, kLocal}};
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
   std::unordered_set<State, StateHash> visited;
   visited.reserve(256);
@@ -271,7 +271,7 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
       return path;
     }
     if (!visited.insert(here).second) continue;
-    sp.for_each_edge(here, [&](const State& next, int m, Collective c) {
+    sp.for_each_edge(here, [&](const State& next, int m, StepOp c) {
       if (visited.count(next)) return;
       nodes.push_back({next, e.node, m, c});
       heap.push({e.cost + sp.edge_cost(here, c, m), ++counter, static_cast<int>(nodes.size()) - 1});
@@ -359,14 +359,14 @@ Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const st
   Plan plan;
   for (size_t i = 0; i < raw.size();) {
     const RawStep& first = raw[i];
-    const Collective c = first.collective;
+    const StepOp c = first.collective;
     size_t j = i;
     // all_gather peels shards innermost first (mesh dims descending),
     // reduce_scatter appends them (ascending); all_reduce goes either way.
-    const int direction = c == Collective::all_gather ? -1 : c == Collective::reduce_scatter ? 1 : 0;
+    const int direction = c == OpType::all_gather ? -1 : c == OpType::reduce_scatter ? 1 : 0;
     // Strided gathers put pieces back by index, not as one flat chunk: never merged.
-    const bool mergeable = (c == Collective::all_gather && kind_of(first.before.code[first.mesh_dim]) == Kind::shard) ||
-                           c == Collective::reduce_scatter || c == Collective::all_reduce;
+    const bool mergeable = (c == OpType::all_gather && kind_of(first.before.code[first.mesh_dim]) == Kind::shard) ||
+                           c == OpType::reduce_scatter || c == OpType::all_reduce;
     if (merge && mergeable) {
       while (j + 1 < raw.size() && raw[j + 1].collective == c &&
              raw[j + 1].before.code[raw[j + 1].mesh_dim] == first.before.code[first.mesh_dim] &&
@@ -385,11 +385,11 @@ Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const st
     }
     std::sort(dims.begin(), dims.end());
     bool merged = j > i;
-    if (merged && c != Collective::all_reduce) {
+    if (merged && c != OpType::all_reduce) {
       // A flat split over the merged group equals the nested one only when
       // every nested chunk is even (torch.chunk(5,4) != chunk(chunk(5,2),2)).
-      const State& sharded = c == Collective::all_gather ? first.before : raw[j].after;
-      const int d = dim_of(c == Collective::all_gather ? first.before.code[first.mesh_dim]
+      const State& sharded = c == OpType::all_gather ? first.before : raw[j].after;
+      const int d = dim_of(c == OpType::all_gather ? first.before.code[first.mesh_dim]
                                                        : raw[j].after.code[raw[j].mesh_dim]);
       merged = evenly_sharded(sp, sharded, d, shape[d]);
     }
@@ -482,7 +482,7 @@ double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size
   const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, to);
   const State a = to_state(from), b = to_state(to);
   double cost = kInf;
-  sp.for_each_edge(a, [&](const State& next, int m, Collective c) {
+  sp.for_each_edge(a, [&](const State& next, int m, StepOp c) {
     if (next == b) cost = std::min(cost, sp.edge_cost(a, c, m));
   });
   return cost;
@@ -492,7 +492,7 @@ std::vector<Layout> Planner::neighbours(const Layout& from, int tensor_rank, con
   std::vector<int64_t> shape(static_cast<size_t>(tensor_rank), 1);
   const SearchSpace sp = make_search_space(mesh_, model_, shape, 1, dst);
   std::vector<Layout> out;
-  sp.for_each_edge(to_state(from), [&](const State& next, int, Collective) { out.push_back(to_layout(next, sp.ndim)); });
+  sp.for_each_edge(to_state(from), [&](const State& next, int, StepOp) { out.push_back(to_layout(next, sp.ndim)); });
   return out;
 }
 

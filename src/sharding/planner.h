@@ -6,24 +6,25 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "comm/types.h"
 #include "sharding/cost_model.h"
 #include "sharding/layout.h"
 
 namespace meshtrain::sharding {
-
-enum class Collective : uint8_t { none, all_gather, reduce_scatter, all_reduce, all_to_all };
-std::string_view collective_name(Collective c);
 
 struct PlanStep {
   // One mesh dim, or several adjacent ones merged into one collective over
   // their flattened group (ascending; group rank row-major over them).
   std::vector<int> mesh_dims;
   Placement from, to;
-  Collective collective = Collective::none;
+  // all_gather, reduce_scatter, all_reduce or all_to_all; nullopt for a
+  // local step (a chunk or a Partial taken locally, no communication).
+  std::optional<comm::OpType> collective;
   double bytes = 0;  // the collective's buffer per rank (nccl-tests convention); 0 for local steps
   double cost_us = 0;
   Layout before, after;

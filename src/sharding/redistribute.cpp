@@ -179,16 +179,21 @@ Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shap
       c.group_rank = c.group_rank * mesh.size(m) + coord[m];
       c.group_size *= mesh.size(m);
     }
-    switch (step.collective) {
-      case Collective::none: cur = local_step(cur, c); break;
-      case Collective::all_gather: cur = all_gather_step(cur, c); break;
-      case Collective::reduce_scatter: cur = reduce_scatter_step(cur, c); break;
-      case Collective::all_to_all: cur = all_to_all_step(cur, c); break;
-      case Collective::all_reduce: {
+    if (!step.collective) {
+      cur = local_step(cur, c);
+      continue;
+    }
+    switch (*step.collective) {
+      case comm::OpType::all_gather: cur = all_gather_step(cur, c); break;
+      case comm::OpType::reduce_scatter: cur = reduce_scatter_step(cur, c); break;
+      case comm::OpType::all_to_all: cur = all_to_all_step(cur, c); break;
+      case comm::OpType::all_reduce: {
         cur = cur.clone();
         groups.merged_group(step.mesh_dims).all_reduce(cur, step.from.reduce)->wait();
         break;
       }
+      default:
+        throw Error(fmt::format("redistribute: a plan step cannot be a {}", comm::op_type_name(*step.collective)));
     }
   }
   return cur;

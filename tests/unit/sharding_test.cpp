@@ -201,7 +201,7 @@ TEST(Planner, GreedyCollectiveCountsMatchPyTorch) {
     const auto plan = p.plan({8, 8, 8}, 4, Layout::parse(pairs[i].first, 3), Layout::parse(pairs[i].second, 3),
                              {PlannerKind::greedy, false});
     int collectives = 0;
-    for (const auto& s : plan->steps) collectives += s.collective != Collective::none;
+    for (const auto& s : plan->steps) collectives += s.collective.has_value();
     EXPECT_EQ(collectives, counts[i]) << pairs[i].first << " -> " << pairs[i].second;
   }
 }
@@ -246,7 +246,7 @@ TEST(Planner, MergesAdjacentSameCollectivesOnlyWhenEven) {
   EXPECT_EQ(p.plan({5, 8}, 4, Layout::parse("_S(1, 3)S(1)S(1)", 3), Layout::parse("RRR", 3))->steps.size(), 3u);
   const auto reduce = p.plan({13, 8}, 4, Layout::parse("P(sum)P(sum)R", 3), Layout::parse("RRR", 3));
   ASSERT_EQ(reduce->steps.size(), 1u);  // all_reduce merges whatever the shape
-  EXPECT_EQ(reduce->steps[0].collective, Collective::all_reduce);
+  EXPECT_EQ(reduce->steps[0].collective, comm::OpType::all_reduce);
 }
 
 // Optimality: on every pair of a 2x2x2 set (R, S(0), S(1), P(sum) on each
