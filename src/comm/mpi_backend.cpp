@@ -436,13 +436,24 @@ void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
   for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
 }
 
+// An all_reduce's buffer of `numel` elements split into one block per rank
+// (the block that rank reduces): ceil(numel / n) each, the trailing blocks
+// shorter or empty.
+std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
+  MT_CHECK(n > 0 && numel >= 0, "reduction_blocks({}, {}): need n > 0 and numel >= 0", numel, n);
+  const int64_t block = (numel + n - 1) / n;
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) counts[r] = std::clamp<int64_t>(numel - block * r, 0, block);
+  return counts;
+}
+
 // all_to_all the chunks, reduce on the host in rank order (bf16/f16/fp8 in
 // f32 with one rounding), so the result equals a serial reduction; all_reduce
 // then all_gathers the reduced chunks. Same bytes on the wire as a ring
 // all_reduce.
 std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back) {
   const size_t elem = dtype_size(d.dtype);
-  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? chunk_counts(d.in_numel, n) : d.counts;
+  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
   const int64_t mine = counts[rank];
   std::vector<Stage> stages;
   stages.push_back(Stage{

@@ -19,10 +19,6 @@ void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void*
 // Whether the dtype needs meshtrain's own reduction (no native MPI type, or f32-accumulation needed).
 bool needs_host_reduction(DType dtype);
 
-// Split `total` elements over n ranks by the torch.chunk rule: ceil-sized
-// chunks, trailing chunks smaller or empty.
-std::vector<int64_t> chunk_counts(int64_t total, int n);
-
 // Exclusive prefix sums of counts (the displacement of each rank's block).
 std::vector<int64_t> displacements(const std::vector<int64_t>& counts);
 

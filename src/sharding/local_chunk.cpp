@@ -1,5 +1,7 @@
 #include "sharding/local_chunk.h"
 
+#include <algorithm>
+
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -12,18 +14,26 @@ std::vector<int64_t> slice(const std::vector<int64_t>& v, int64_t begin, int64_t
 }
 }  // namespace
 
+std::vector<int64_t> torch_chunk_sizes(int64_t total, int n) {
+  MT_CHECK(n > 0 && total >= 0, "torch_chunk_sizes({}, {}): need n > 0 and total >= 0", total, n);
+  const int64_t chunk = (total + n - 1) / n;
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) sizes[r] = std::clamp<int64_t>(total - chunk * r, 0, chunk);
+  return sizes;
+}
+
 std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Placement& p, int n, int i) {
   const auto len = static_cast<int64_t>(parent.size());
   if (p.kind == Placement::Kind::shard) {
-    const auto counts = comm::chunk_counts(len, n);
+    const auto counts = torch_chunk_sizes(len, n);
     return slice(parent, comm::displacements(counts)[i], counts[i]);
   }
   MT_CHECK(p.kind == Placement::Kind::strided_shard, "split_indices on placement {}", p.to_string());
   std::vector<int64_t> out;
-  const auto pieces = comm::chunk_counts(len, p.split_factor);
+  const auto pieces = torch_chunk_sizes(len, p.split_factor);
   const auto piece_starts = comm::displacements(pieces);
   for (int j = 0; j < p.split_factor; ++j) {
-    const auto parts = comm::chunk_counts(pieces[j], n);
+    const auto parts = torch_chunk_sizes(pieces[j], n);
     const int64_t start = piece_starts[j] + comm::displacements(parts)[i];
     out.insert(out.end(), parent.begin() + start, parent.begin() + start + parts[i]);
   }

@@ -11,6 +11,11 @@
 
 namespace meshtrain::sharding {
 
+// torch.chunk's split rule, as DTensor's Shard applies it: `total` elements
+// into n chunks of ceil(total / n), the trailing chunks smaller or empty
+// (5 over 4 gives 2, 2, 1, 0).
+std::vector<int64_t> torch_chunk_sizes(int64_t total, int n);
+
 // Split `parent` (global indices, in local storage order) over n ranks by
 // placement p and return rank i's part. Shard: torch.chunk. Strided shard
 // (sf): chunk into sf pieces, chunk each piece into n parts, take part i of

@@ -78,6 +78,13 @@ TEST(DeviceMesh, RowMajorCoordinatesAndValidation) {
   EXPECT_TRUE(contains(message_of([&] { m.coordinate(6); }), "rank 6 is outside mesh"));
 }
 
+TEST(Sharding, TorchChunkSizes) {
+  EXPECT_EQ(torch_chunk_sizes(10, 4), (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(torch_chunk_sizes(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
+  EXPECT_EQ(torch_chunk_sizes(2, 4), (std::vector<int64_t>{1, 1, 0, 0}));
+  EXPECT_EQ(torch_chunk_sizes(0, 3), (std::vector<int64_t>{0, 0, 0}));
+}
+
 // torch.chunk sizes, from DTensor's Shard docs (placement_types.py
 // Shard._local_shard_size_and_offset) and test_utils.py uneven cases.
 TEST(Sharding, ShardFollowsTorchChunk) {
