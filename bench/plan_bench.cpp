@@ -49,7 +49,7 @@ std::vector<Pair> pairs_3d() {
   return pairs;
 }
 
-const std::vector<int64_t> kShape{4096, 4096};
+const Shape kShape{4096, 4096};
 const DeviceMesh kMesh({2, 2, 2});
 
 void BM_PlanCold(benchmark::State& state) {

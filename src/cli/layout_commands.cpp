@@ -14,13 +14,13 @@ namespace meshtrain::cli {
 
 namespace {
 
-std::vector<int64_t> parse_shape(const std::string& text) {
-  std::vector<int64_t> shape;
+Shape parse_shape(const std::string& text) {
+  std::vector<int64_t> dims;
   for (int d : sharding::parse_mesh_shape(text)) {
     MT_CHECK(d >= 0, "tensor shape '{}' has a negative size", text);
-    shape.push_back(d);
+    dims.push_back(d);
   }
-  return shape;
+  return Shape(std::move(dims));
 }
 
 // A plan step's collective as printed: its comm name, "none" for a local step.
@@ -42,19 +42,19 @@ int run_layout(const LayoutCommand& c) {
   const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(c.mesh));
   const auto shape = parse_shape(c.shape);
   const sharding::Layout layout = sharding::Layout::parse(c.placements, mesh.ndim());
-  layout.validate(static_cast<int>(shape.size()));
+  layout.validate(static_cast<int>(shape.rank()));
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   if (!c.json)
     fmt::print("layout {} of a ({}) tensor on mesh {}\n{:>5}  {:<12} {:<16} {}\n", layout.to_string(),
-               fmt::join(shape, ", "), mesh.describe(), "rank", "coord", "local_shape", "global_offset");
+               fmt::join(shape.dims(), ", "), mesh.describe(), "rank", "coord", "local_shape", "global_offset");
   for (int r = 0; r < mesh.num_ranks(); ++r) {
     const auto coord = mesh.coordinate(r);
     const auto chunk = sharding::local_chunk(shape, layout, mesh, coord);
     if (c.json)
-      ranks.push_back({{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape}, {"global_offset", chunk.offset}});
+      ranks.push_back({{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape.dims()}, {"global_offset", chunk.offset}});
     else
       fmt::print("{:>5}  {:<12} {:<16} {}\n", r, fmt::format("[{}]", fmt::join(coord, ",")),
-                 fmt::format("[{}]", fmt::join(chunk.shape, ",")), fmt::format("[{}]", fmt::join(chunk.offset, ",")));
+                 fmt::format("[{}]", fmt::join(chunk.shape.dims(), ",")), fmt::format("[{}]", fmt::join(chunk.offset, ",")));
   }
   if (c.json) fmt::print("{}\n", nlohmann::ordered_json{{"ranks", ranks}}.dump());
   return 0;
@@ -91,7 +91,7 @@ int run_plan(const PlanCommand& c) {
     return 0;
   }
   fmt::print("plan {} -> {} for a ({}) {} tensor on mesh {} ({} planner)\n", from.to_string(), to.to_string(),
-             fmt::join(shape, ", "), dtype_name(dtype), mesh.describe(), c.planner);
+             fmt::join(shape.dims(), ", "), dtype_name(dtype), mesh.describe(), c.planner);
   if (plan->steps.empty()) fmt::print("nothing to do: the layouts are equal\n");
   else
     fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12}  {}\n", "mesh dim", "from -> to", "collective", "bytes",

@@ -48,22 +48,24 @@ std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int t
   return idx;
 }
 
-LocalChunk local_chunk(const std::vector<int64_t>& global_shape, const Layout& layout, const DeviceMesh& mesh,
+LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const DeviceMesh& mesh,
                        const std::vector<int>& coord) {
   MT_CHECK(layout.mesh_ndim() == mesh.ndim(), "layout {} has {} placements for mesh {}", layout.to_string(),
            layout.mesh_ndim(), mesh.describe());
-  layout.validate(static_cast<int>(global_shape.size()));
+  layout.validate(static_cast<int>(global_shape.rank()));
+  std::vector<int64_t> extents;
   LocalChunk chunk;
-  for (size_t d = 0; d < global_shape.size(); ++d) {
+  for (size_t d = 0; d < global_shape.rank(); ++d) {
     if (layout.shard_sequence(static_cast<int>(d)).empty()) {
-      chunk.shape.push_back(global_shape[d]);
+      extents.push_back(global_shape[d]);
       chunk.offset.push_back(0);
       continue;
     }
     const auto idx = shard_indices(global_shape[d], layout, static_cast<int>(d), mesh, coord);
-    chunk.shape.push_back(static_cast<int64_t>(idx.size()));
+    extents.push_back(static_cast<int64_t>(idx.size()));
     chunk.offset.push_back(idx.empty() ? global_shape[d] : idx[0]);
   }
+  chunk.shape = Shape(std::move(extents));
   return chunk;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/shape.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
 
@@ -27,11 +28,11 @@ std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int t
                                    const DeviceMesh& mesh, const std::vector<int>& coord);
 
 struct LocalChunk {
-  std::vector<int64_t> shape;
+  Shape shape;
   // First global index per dim; an empty shard's offset is the dim size (PyTorch).
   std::vector<int64_t> offset;
 };
-LocalChunk local_chunk(const std::vector<int64_t>& global_shape, const Layout& layout, const DeviceMesh& mesh,
+LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const DeviceMesh& mesh,
                        const std::vector<int>& coord);
 
 }  // namespace meshtrain::sharding

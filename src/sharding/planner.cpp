@@ -190,14 +190,14 @@ struct SearchSpace {
   }
 };
 
-SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const std::vector<int64_t>& shape,
+SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const Shape& shape,
                  size_t element_size, const Layout& dst) {
   SearchSpace sp;
   sp.ndim = mesh.ndim();
-  sp.tensor_rank = static_cast<int>(shape.size());
+  sp.tensor_rank = static_cast<int>(shape.rank());
   for (int m = 0; m < mesh.ndim(); ++m) sp.sizes[m] = mesh.size(m);
   double numel = 1;
-  for (int64_t d : shape) numel *= static_cast<double>(d);
+  for (int64_t d : shape.dims()) numel *= static_cast<double>(d);
   sp.total_bytes = numel * static_cast<double>(element_size);
   sp.model = &model;
   for (const auto& p : dst.placements) {
@@ -355,7 +355,7 @@ bool evenly_sharded(const SearchSpace& sp, const State& s, int d, int64_t dim_si
   return dim_size % k == 0;
 }
 
-Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const std::vector<int64_t>& shape, bool merge) {
+Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const Shape& shape, bool merge) {
   Plan plan;
   for (size_t i = 0; i < raw.size();) {
     const RawStep& first = raw[i];
@@ -440,11 +440,10 @@ Planner::Planner(DeviceMesh mesh, CostModel model) : mesh_(std::move(mesh)), mod
            model_.links.size(), mesh_.ndim());
 }
 
-Plan Planner::plan_uncached(const std::vector<int64_t>& shape, size_t element_size, const Layout& src,
+Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layout& src,
                             const Layout& dst, PlanOptions options) const {
-  const int rank = static_cast<int>(shape.size());
+  const int rank = static_cast<int>(shape.rank());
   MT_CHECK(rank <= 127, "tensors of up to 127 dims, got {}", rank);
-  for (size_t d = 0; d < shape.size(); ++d) MT_CHECK(shape[d] >= 0, "tensor dim {} has size {}", d, shape[d]);
   for (const Layout* l : {&src, &dst})
     MT_CHECK(l->mesh_ndim() == mesh_.ndim(), "layout {} has {} placements but the mesh {} has {} dims",
              l->to_string(), l->mesh_ndim(), mesh_.describe(), mesh_.ndim());
@@ -464,7 +463,7 @@ Plan Planner::plan_uncached(const std::vector<int64_t>& shape, size_t element_si
   return build_plan(sp, raw, shape, options.merge);
 }
 
-std::shared_ptr<const Plan> Planner::plan(const std::vector<int64_t>& shape, size_t element_size, const Layout& src,
+std::shared_ptr<const Plan> Planner::plan(const Shape& shape, size_t element_size, const Layout& src,
                                           const Layout& dst, PlanOptions options) {
   CacheKey key{shape, element_size, src, dst, options};
   {
@@ -477,7 +476,7 @@ std::shared_ptr<const Plan> Planner::plan(const std::vector<int64_t>& shape, siz
   return cache_.emplace(std::move(key), std::move(plan)).first->second;
 }
 
-double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size, const Layout& from,
+double Planner::step_cost(const Shape& shape, size_t element_size, const Layout& from,
                           const Layout& to) const {
   const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, to);
   const State a = to_state(from), b = to_state(to);
@@ -489,7 +488,7 @@ double Planner::step_cost(const std::vector<int64_t>& shape, size_t element_size
 }
 
 std::vector<Layout> Planner::neighbours(const Layout& from, int tensor_rank, const Layout& dst) const {
-  std::vector<int64_t> shape(static_cast<size_t>(tensor_rank), 1);
+  const Shape shape(std::vector<int64_t>(static_cast<size_t>(tensor_rank), 1));
   const SearchSpace sp = make_search_space(mesh_, model_, shape, 1, dst);
   std::vector<Layout> out;
   sp.for_each_edge(to_state(from), [&](const State& next, int, StepOp) { out.push_back(to_layout(next, sp.ndim)); });
@@ -509,7 +508,7 @@ bool Planner::CacheKey::operator==(const CacheKey& o) const {
 size_t Planner::CacheKeyHash::operator()(const CacheKey& k) const {
   size_t h = 0xCBF29CE484222325ull ^ k.element_size ^ (static_cast<size_t>(k.options.kind) << 8) ^
              (static_cast<size_t>(k.options.merge) << 9);
-  for (int64_t d : k.shape) h = (h ^ static_cast<size_t>(d)) * 0x100000001B3ull;
+  for (int64_t d : k.shape.dims()) h = (h ^ static_cast<size_t>(d)) * 0x100000001B3ull;
   return hash_layout(k.dst, hash_layout(k.src, h));
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/types.h"
+#include "core/shape.h"
 #include "sharding/cost_model.h"
 #include "sharding/layout.h"
 
@@ -52,14 +53,14 @@ class Planner {
   // Cached. Throws InvalidArgument for illegal requests (a Partial target the
   // source does not already have on that mesh dim, mixed reduce ops, a tensor
   // dim out of range, greedy with non-default shard orders).
-  std::shared_ptr<const Plan> plan(const std::vector<int64_t>& global_shape, size_t element_size,
+  std::shared_ptr<const Plan> plan(const Shape& global_shape, size_t element_size,
                                    const Layout& src, const Layout& dst, PlanOptions options = {});
-  Plan plan_uncached(const std::vector<int64_t>& global_shape, size_t element_size, const Layout& src,
+  Plan plan_uncached(const Shape& global_shape, size_t element_size, const Layout& src,
                      const Layout& dst, PlanOptions options = {}) const;
 
   // Cost of one step between layouts that differ on exactly one mesh dim
   // (infinity when no single collective does it). For checks and tests.
-  double step_cost(const std::vector<int64_t>& global_shape, size_t element_size, const Layout& from,
+  double step_cost(const Shape& global_shape, size_t element_size, const Layout& from,
                    const Layout& to) const;
   // Every layout one step away from `from` (the planner's edges, in order).
   std::vector<Layout> neighbours(const Layout& from, int tensor_rank, const Layout& dst) const;
@@ -70,7 +71,7 @@ class Planner {
 
  private:
   struct CacheKey {
-    std::vector<int64_t> shape;
+    Shape shape;
     size_t element_size;
     Layout src, dst;
     PlanOptions options;

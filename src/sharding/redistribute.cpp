@@ -15,13 +15,13 @@ namespace {
 struct Around {
   int64_t outer = 1, len = 0, inner_bytes = 0;
 };
-Around around(const std::vector<int64_t>& shape, int d, size_t elem) {
+Around around(const Shape& shape, int d, size_t elem) {
   const AroundDim a = around_dim(shape, static_cast<size_t>(d));
   return {a.outer, a.dim, a.inner * static_cast<int64_t>(elem)};
 }
 
 // dst[o, k] = src[o, rows[k]] along dim d; dst has len = rows.size().
-void take_rows(const std::byte* src, const std::vector<int64_t>& src_shape, int d, size_t elem,
+void take_rows(const std::byte* src, const Shape& src_shape, int d, size_t elem,
                const std::vector<int64_t>& rows, std::byte* dst) {
   const Around a = around(src_shape, d, elem);
   const auto n = static_cast<int64_t>(rows.size());
@@ -32,7 +32,7 @@ void take_rows(const std::byte* src, const std::vector<int64_t>& src_shape, int 
 }
 
 // dst[o, rows[k]] = src[o, k] along dim d; src has len = rows.size().
-void put_rows(const std::byte* src, std::byte* dst, const std::vector<int64_t>& dst_shape, int d, size_t elem,
+void put_rows(const std::byte* src, std::byte* dst, const Shape& dst_shape, int d, size_t elem,
               const std::vector<int64_t>& rows) {
   const Around a = around(dst_shape, d, elem);
   const auto n = static_cast<int64_t>(rows.size());
@@ -48,20 +48,17 @@ std::vector<int64_t> iota(int64_t n) {
   return v;
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
-}
-
-std::vector<int64_t> with_dim(std::vector<int64_t> shape, int d, int64_t len) {
-  shape[d] = len;
-  return shape;
+Shape with_dim(const Shape& shape, int d, int64_t len) {
+  std::vector<int64_t> dims = shape.dims();
+  dims[static_cast<size_t>(d)] = len;
+  return Shape(std::move(dims));
 }
 
 struct StepContext {
-  const std::vector<int64_t>& global_shape;
+  const Shape& global_shape;
   const PlanStep& step;
   MeshGroups& groups;
-  std::vector<int64_t> before_shape, after_shape;
+  Shape before_shape, after_shape;
   size_t elem;
   int group_rank = 0;
   int group_size = 1;
@@ -80,29 +77,29 @@ std::vector<std::vector<int64_t>> rows_by_member(const StepContext& c, int64_t p
 }
 
 // Elements of each member's block: `shape` with dim d cut to its rows.
-std::vector<int64_t> block_counts(const std::vector<int64_t>& shape, int d, const std::vector<std::vector<int64_t>>& rows) {
+std::vector<int64_t> block_counts(const Shape& shape, int d, const std::vector<std::vector<int64_t>>& rows) {
   std::vector<int64_t> counts;
-  for (const auto& r : rows) counts.push_back(numel(with_dim(shape, d, static_cast<int64_t>(r.size()))));
+  for (const auto& r : rows) counts.push_back(with_dim(shape, d, static_cast<int64_t>(r.size())).numel());
   return counts;
 }
 
 // One flat buffer of blocks, block j = rows[j] of `cur` along dim d.
-Tensor pack_blocks(const Tensor& cur, const std::vector<int64_t>& shape, int d, size_t elem,
+Tensor pack_blocks(const Tensor& cur, const Shape& shape, int d, size_t elem,
                    const std::vector<std::vector<int64_t>>& rows) {
   Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
   int64_t offset = 0;
   for (size_t j = 0; j < rows.size(); ++j) {
     take_rows(static_cast<const std::byte*>(cur.raw()), shape, d, elem, rows[j],
               static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(elem));
-    offset += numel(with_dim(shape, d, static_cast<int64_t>(rows[j].size())));
+    offset += with_dim(shape, d, static_cast<int64_t>(rows[j].size())).numel();
   }
   return packed;
 }
 
 // The inverse: block j of `blocks` (counts[j] elements) goes to rows[j] of a new tensor of `shape` along dim d.
-Tensor unpack_blocks(const Tensor& blocks, const std::vector<int64_t>& counts, const std::vector<int64_t>& shape, int d,
+Tensor unpack_blocks(const Tensor& blocks, const std::vector<int64_t>& counts, const Shape& shape, int d,
                      size_t elem, const std::vector<std::vector<int64_t>>& rows) {
-  Tensor out = Tensor::empty(Shape(shape), blocks.dtype());
+  Tensor out = Tensor::empty(shape, blocks.dtype());
   int64_t offset = 0;
   for (size_t j = 0; j < rows.size(); ++j) {
     put_rows(static_cast<const std::byte*>(blocks.raw()) + offset * static_cast<int64_t>(elem),
@@ -124,7 +121,7 @@ Tensor all_gather_step(const Tensor& cur, StepContext& c) {
 Tensor reduce_scatter_step(const Tensor& cur, StepContext& c) {
   const int d = c.step.to.dim;
   const auto rows = rows_by_member(c, c.before_shape[d], c.step.to);
-  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  Tensor out = Tensor::empty(c.after_shape, cur.dtype());
   Tensor flat = out.reshape({out.numel()});
   c.groups.merged_group(c.step.mesh_dims)
       .reduce_scatter(pack_blocks(cur, c.before_shape, d, c.elem, rows), flat, c.step.from.reduce,
@@ -161,14 +158,14 @@ Tensor local_step(const Tensor& cur, StepContext& c) {
   // R -> S / SS: keep this rank's part of the dim.
   const int d = s.to.dim;
   const auto rows = c.member_rows(c.before_shape[d], s.to, c.group_rank);
-  Tensor out = Tensor::empty(Shape(c.after_shape), cur.dtype());
+  Tensor out = Tensor::empty(c.after_shape, cur.dtype());
   take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows, static_cast<std::byte*>(out.raw()));
   return out;
 }
 
 }  // namespace
 
-Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shape, const Plan& plan, MeshGroups& groups) {
+Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups) {
   const DeviceMesh& mesh = groups.mesh();
   const auto& coord = groups.coordinate();
   Tensor cur = local;
@@ -199,16 +196,16 @@ Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shap
   return cur;
 }
 
-Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shape, const Layout& src, const Layout& dst,
+Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout& src, const Layout& dst,
                     MeshGroups& groups, Planner& planner) {
   MT_CHECK(groups.mesh() == planner.mesh(), "redistribute: the planner's mesh {} is not the groups' mesh {}",
            planner.mesh().describe(), groups.mesh().describe());
   const auto expected = local_chunk(global_shape, src, groups.mesh(), groups.coordinate()).shape;
-  MT_CHECK(local.shape().dims() == expected,
-           "redistribute: the local tensor {} does not match layout {} of global shape ({}) at mesh coordinate [{}], "
-           "which gives local shape ({})",
-           local.describe(), src.to_string(), fmt::join(global_shape, ", "), fmt::join(groups.coordinate(), ","),
-           fmt::join(expected, ", "));
+  MT_CHECK(local.shape() == expected,
+           "redistribute: the local tensor {} does not match layout {} of global shape {} at mesh coordinate [{}], "
+           "which gives local shape {}",
+           local.describe(), src.to_string(), global_shape.to_string(), fmt::join(groups.coordinate(), ","),
+           expected.to_string());
   const auto plan = planner.plan(global_shape, dtype_size(local.dtype()), src, dst);
   return execute_plan(local, global_shape, *plan, groups);
 }

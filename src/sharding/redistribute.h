@@ -11,11 +11,11 @@ namespace meshtrain::sharding {
 
 // `local` must have the shape `src` gives this rank (local_chunk). Partial
 // targets keep the source's pending reduction. Throws with what was wrong.
-Tensor redistribute(const Tensor& local, const std::vector<int64_t>& global_shape, const Layout& src,
+Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout& src,
                     const Layout& dst, MeshGroups& groups, Planner& planner);
 
 // Run an already planned sequence of steps.
-Tensor execute_plan(const Tensor& local, const std::vector<int64_t>& global_shape, const Plan& plan,
+Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan,
                     MeshGroups& groups);
 
 }  // namespace meshtrain::sharding

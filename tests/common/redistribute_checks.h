@@ -99,7 +99,7 @@ inline bool check_redistribute(MeshGroups& groups, Planner& planner, const std::
                                         fmt::join(shape, ","), fmt::join(coord, ","));
   Tensor out;
   try {
-    out = redistribute(source_piece(shape, src, mesh, coord), shape, src, dst, groups, planner);
+    out = redistribute(source_piece(shape, src, mesh, coord), Shape(shape), src, dst, groups, planner);
   } catch (const std::exception& e) {
     ADD_FAILURE() << where << ": " << e.what();
     return false;

@@ -32,7 +32,7 @@ Planner make_planner(std::vector<int> mesh, double a2a_penalty = 0.0) {
   return Planner(m, model);
 }
 
-std::string trace(Planner& p, const std::vector<int64_t>& shape, const std::string& from, const std::string& to,
+std::string trace(Planner& p, const Shape& shape, const std::string& from, const std::string& to,
                   PlanOptions options = {}) {
   const int n = p.mesh().ndim();
   const Layout src = Layout::parse(from, n);
@@ -100,7 +100,7 @@ TEST(Sharding, ShardFollowsTorchChunk) {
   // An empty shard's offset is the dim size.
   const DeviceMesh mesh({4});
   const auto chunk = local_chunk({2, 3}, Layout::parse("S(0)", 1), mesh, {3});
-  EXPECT_EQ(chunk.shape, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(chunk.shape, (Shape{0, 3}));
   EXPECT_EQ(chunk.offset, (std::vector<int64_t>{2, 0}));
 }
 
@@ -140,7 +140,7 @@ TEST(Sharding, CliExampleUnevenNested) {
   const std::vector<int64_t> offsets{0, 3, 5, 8, 10, 13, 15, 17};
   for (int r = 0; r < 8; ++r) {
     const auto chunk = local_chunk({18, 2}, Layout::parse("S(0)S(0)", 2), mesh, mesh.coordinate(r));
-    EXPECT_EQ(chunk.shape, shapes[r]) << r;
+    EXPECT_EQ(chunk.shape.dims(), shapes[r]) << r;
     EXPECT_EQ(chunk.offset, (std::vector<int64_t>{offsets[r], 0})) << r;
   }
 }
@@ -178,7 +178,7 @@ TEST(CostModel, OneStepCostsMatchPyTorch) {
 TEST(Planner, ReproducesPyTorchTraces) {
   Planner p = make_planner({2, 2, 2}, 1.0);
   const PlanOptions no_merge{PlannerKind::dijkstra, false};
-  const std::vector<int64_t> shape{8, 8, 8};
+  const Shape shape{8, 8, 8};
   EXPECT_EQ(trace(p, shape, "S(0)[0]S(0)[1]S(0)[2]", "RS(0)[0]S(0)[1]", no_merge),
             "S(0)[0]S(0)[1]S(0)[2]->S(0)[0]S(0)[1]R->S(0)RR->RRR->RS(0)R->RS(0)[0]S(0)[1]");
   EXPECT_EQ(trace(p, shape, "S(0)[1]S(0)[0]S(0)[2]", "RS(0)[0]S(0)[1]", no_merge),
@@ -261,7 +261,7 @@ TEST(Planner, MergesAdjacentSameCollectivesOnlyWhenEven) {
 // distance found by Floyd-Warshall over the whole reachable state space.
 TEST(Planner, OptimalAgainstExhaustiveAllPairsSearch) {
   Planner p = make_planner({2, 2, 2});
-  const std::vector<int64_t> shape{16, 6};
+  const Shape shape{16, 6};
   const std::vector<Placement> choices{Placement::replicate(), Placement::shard(0), Placement::shard(1),
                                        Placement::partial()};
   std::vector<Layout> set;
