@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   if (dtype == "--blas-core") {
     std::printf("%s\n", openblas_get_corename());
   } else if (dtype == "bfloat16") {
-    std::printf("%.1f\n", best_gflops<uint16_t>(n, meshtrain::f32_to_bf16(0.5f), [&](auto* a, auto* b, auto* c) {
+    std::printf("%.1f\n", best_gflops<meshtrain::bfloat16>(n, meshtrain::f32_to_bf16(0.5f), [&](auto* a, auto* b, auto* c) {
                   k::matmul_bf16(a, b, c, 1, n, n, n, false, false, 0, 0);
                 }));
   } else if (dtype == "float32") {

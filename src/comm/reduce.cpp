@@ -59,11 +59,11 @@ void reduce_f32(ReduceOp op, const void* const* rows, int n, void* out, size_t c
 }
 
 void reduce_bf16(ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
-  auto* o = static_cast<uint16_t*>(out);
+  auto* o = static_cast<bfloat16*>(out);
   for (size_t i = 0; i < count; ++i) {
-    float acc = bf16_to_f32(static_cast<const uint16_t*>(rows[0])[i]);
+    float acc = bf16_to_f32(static_cast<const bfloat16*>(rows[0])[i]);
     for (int k = 1; k < n; ++k)
-      acc = combine<float>(op, acc, bf16_to_f32(static_cast<const uint16_t*>(rows[k])[i]));
+      acc = combine<float>(op, acc, bf16_to_f32(static_cast<const bfloat16*>(rows[k])[i]));
     if (op == ReduceOp::avg) acc /= static_cast<float>(n);
     o[i] = f32_to_bf16(acc);
   }

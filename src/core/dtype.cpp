@@ -139,7 +139,7 @@ float e5m2_to_f32(uint8_t bits) { return static_cast<float>(decode(bits, kE5M2))
 double load_as_double(const void* data, DType t, size_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const bfloat16*>(data)[i]);
     case DType::f16: return decode(static_cast<const uint16_t*>(data)[i], kF16);
     case DType::f8e4m3: return decode(static_cast<const uint8_t*>(data)[i], kE4M3);
     case DType::f8e5m2: return decode(static_cast<const uint8_t*>(data)[i], kE5M2);
@@ -165,7 +165,7 @@ void store_from_double(void* data, DType t, size_t i, double v) {
   switch (t) {
     // double -> float rounds to nearest even in the default FP environment.
     case DType::f32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
-    case DType::bf16: static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(encode(v, kBF16)); return;
+    case DType::bf16: static_cast<bfloat16*>(data)[i] = static_cast<bfloat16>(encode(v, kBF16)); return;
     case DType::f16: static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(encode(v, kF16)); return;
     case DType::f8e4m3: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE4M3)); return;
     case DType::f8e5m2: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE5M2)); return;
@@ -182,12 +182,12 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
   }
   if (src_type == DType::f32 && dst_type == DType::bf16) {
     const auto* s = static_cast<const float*>(src);
-    auto* d = static_cast<uint16_t*>(dst);
+    auto* d = static_cast<bfloat16*>(dst);
     for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
     return;
   }
   if (src_type == DType::bf16 && dst_type == DType::f32) {
-    const auto* s = static_cast<const uint16_t*>(src);
+    const auto* s = static_cast<const bfloat16*>(src);
     auto* d = static_cast<float*>(dst);
     for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
     return;

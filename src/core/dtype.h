@@ -21,18 +21,23 @@ std::string_view dtype_name(DType t);
 DType parse_dtype(std::string_view name);
 bool is_floating(DType t);
 
+// The C++ element type of a bf16 tensor (kernels compute on it in f32), and
+// the one representation of a bf16 value: a distinct 16-bit scalar type (its
+// bits: static_cast<uint16_t>), so loops over it vectorize like integer loops.
+enum class bfloat16 : uint16_t {};
+
 // Scalar conversions. All round to nearest, ties to even. The bf16 pair is
 // inline and branch-free so that loops over it vectorize.
-[[gnu::always_inline]] inline uint16_t f32_to_bf16(float x) {
+[[gnu::always_inline]] inline bfloat16 f32_to_bf16(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;  // keep the sign, set the quiet bit
-  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+  return static_cast<bfloat16>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
-[[gnu::always_inline]] inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-// The C++ element type of a bf16 tensor (kernels compute on it in f32): a
-// distinct 16-bit scalar type, so loops over it vectorize like integer loops.
-enum class bfloat16 : uint16_t {};
+[[gnu::always_inline]] inline float bf16_to_f32(bfloat16 x) {
+  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
+}
+// f16 values travel as their raw bits.
 uint16_t f32_to_f16(float x);  // overflow -> inf (IEEE)
 float f16_to_f32(uint16_t bits);
 uint8_t f32_to_e4m3(float x);  // saturates to +-448; NaN -> NaN

@@ -15,9 +15,10 @@
 
 namespace meshtrain {
 
-// The C++ element type that stores a dtype (16-bit floats as raw bits).
+// The C++ element type that stores a dtype (f16 and fp8 have none).
 template <typename T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
+template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::bf16; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };

@@ -63,18 +63,18 @@ TEST(DType, SizesNamesAndParsing) {
 }
 
 TEST(DType, Bf16RoundsToNearestEven) {
-  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(1.0f)), 0x3F80);
   // Exactly halfway between 0x3F80 and 0x3F81: ties to the even 0x3F80.
-  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x3F808000u)), 0x3F80);
+  EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(std::bit_cast<float>(0x3F808000u))), 0x3F80);
   // Halfway between 0x3F81 and 0x3F82: ties to the even 0x3F82.
-  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x3F818000u)), 0x3F82);
-  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x3F808001u)), 0x3F81);
+  EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(std::bit_cast<float>(0x3F818000u))), 0x3F82);
+  EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(std::bit_cast<float>(0x3F808001u))), 0x3F81);
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::max())),
             std::numeric_limits<float>::infinity());
   // The fast path and the generic double path agree.
   for (float x : sample_floats(1.0f, 20000)) {
-    uint16_t generic = 0;
+    bfloat16 generic{};
     store_from_double(&generic, DType::bf16, 0, x);
     ASSERT_EQ(f32_to_bf16(x), generic) << x;
   }

@@ -230,7 +230,7 @@ TEST(Bf16Kernels, AdamWWithBf16MomentsTracksFloat32Moments) {
     kernels::cpu::adamw(p32.data<float>().data(), grad.data<const float>().data(), m32.data<float>().data(),
                         v32.data<float>().data(), n, lr, 0.9, 0.95, 1e-8, 0.1, step);
     kernels::cpu::adamw(p16.data<float>().data(), grad.data<const float>().data(),
-                        static_cast<bfloat16*>(m16.raw()), static_cast<bfloat16*>(v16.raw()), n, lr, 0.9, 0.95, 1e-8,
+                        m16.data<bfloat16>().data(), v16.data<bfloat16>().data(), n, lr, 0.9, 0.95, 1e-8,
                         0.1, step);
   }
   double worst = 0;
@@ -249,10 +249,10 @@ namespace {
 std::vector<bfloat16> random_bf16(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.5f, 1.5f);
   std::vector<bfloat16> x(n);
-  for (auto& e : x) e = static_cast<bfloat16>(f32_to_bf16(u(rng)));
+  for (auto& e : x) e = f32_to_bf16(u(rng));
   return x;
 }
-double widen(bfloat16 x) { return bf16_to_f32(static_cast<uint16_t>(x)); }
+double widen(bfloat16 x) { return bf16_to_f32(x); }
 }  // namespace
 
 // Every packing with odd sizes (k's zero pad, the column mask at n = 37 > 32,

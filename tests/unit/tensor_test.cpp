@@ -29,6 +29,14 @@ TEST(Tensor, TypedAccessChecksDtype) {
   EXPECT_THROW(t.reshape({5}), InvalidArgument);
 }
 
+TEST(Tensor, TypedAccessToBf16) {
+  Tensor t = Tensor::zeros({3}, DType::bf16);
+  t.data<bfloat16>()[1] = f32_to_bf16(1.5f);
+  EXPECT_EQ(t.get(1), 1.5);
+  EXPECT_THROW(t.data<float>(), InvalidArgument);
+  EXPECT_THROW(Tensor::zeros({3}, DType::f32).data<bfloat16>(), InvalidArgument);
+}
+
 TEST(Tensor, CloneIsIndependentAndCopiesShare) {
   Tensor a = Tensor::zeros({4}, DType::i64);
   Tensor shared = a;

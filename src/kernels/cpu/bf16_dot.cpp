@@ -63,7 +63,7 @@ bool set_bf16_dot_enabled(bool enabled) { return g_enabled.exchange(enabled && c
 
 namespace {
 uint32_t bits(bfloat16 x) { return static_cast<uint16_t>(x); }
-uint32_t bits(float x) { return f32_to_bf16(x); }
+uint32_t bits(float x) { return bits(f32_to_bf16(x)); }
 uint32_t pair_word(uint32_t low, uint32_t high) { return low | high << 16; }
 
 // From f32, 16 values at a time with the CPU's own rounding (vcvtneps2bf16:

@@ -36,7 +36,7 @@ memory::desc view(int64_t batch, int64_t rows, int64_t cols, bool transposed, in
 
 }  // namespace
 
-void matmul_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t batch, int64_t m, int64_t n, int64_t k,
+void matmul_bf16(const bfloat16* a, const bfloat16* b, bfloat16* c, int64_t batch, int64_t m, int64_t n, int64_t k,
                  bool ta, bool tb, int64_t a_stride, int64_t b_stride) {
   Dnnl& d = dnnl_state();
   const bool shared_b = b_stride == 0;
@@ -54,7 +54,7 @@ void matmul_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t batc
     }
     prim = &it->second;
   }
-  memory A(a_md, d.engine, const_cast<uint16_t*>(a)), B(b_md, d.engine, const_cast<uint16_t*>(b)), C(c_md, d.engine, c);
+  memory A(a_md, d.engine, const_cast<bfloat16*>(a)), B(b_md, d.engine, const_cast<bfloat16*>(b)), C(c_md, d.engine, c);
   prim->execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
   d.stream.wait();
 }

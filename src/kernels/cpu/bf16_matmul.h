@@ -5,9 +5,11 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace meshtrain::kernels::cpu {
 
-void matmul_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t batch, int64_t m, int64_t n, int64_t k,
+void matmul_bf16(const bfloat16* a, const bfloat16* b, bfloat16* c, int64_t batch, int64_t m, int64_t n, int64_t k,
                  bool transpose_a, bool transpose_b, int64_t a_stride, int64_t b_stride);
 
 }  // namespace meshtrain::kernels::cpu

@@ -21,11 +21,11 @@ using meshtrain::bfloat16;
 
 template <typename T> using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-[[gnu::always_inline]] inline float load(bfloat16 x) { return bf16_to_f32(static_cast<uint16_t>(x)); }
+[[gnu::always_inline]] inline float load(bfloat16 x) { return bf16_to_f32(x); }
 inline float load(float x) { return x; }
 inline double load(double x) { return x; }
 template <typename T, typename V> [[gnu::always_inline]] inline T store(V v) {
-  if constexpr (std::is_same_v<T, bfloat16>) return static_cast<bfloat16>(f32_to_bf16(static_cast<float>(v)));
+  if constexpr (std::is_same_v<T, bfloat16>) return f32_to_bf16(static_cast<float>(v));
   else return static_cast<T>(v);
 }
 

@@ -12,7 +12,7 @@ void add_matmul_kernels(const AddKernel& add) {
     const int64_t b_stride = d.b_shared ? 0 : d.k * d.n;
     switch (a.in[0]->dtype()) {
       case DType::bf16:
-        return matmul_bf16(in_ptr<uint16_t>(a, 0), in_ptr<uint16_t>(a, 1), out_ptr<uint16_t>(a), d.batch, d.m, d.n, d.k,
+        return matmul_bf16(in_ptr<bfloat16>(a, 0), in_ptr<bfloat16>(a, 1), out_ptr<bfloat16>(a), d.batch, d.m, d.n, d.k,
                            ta, tb, d.m * d.k, b_stride);
       case DType::f32:
         return matmul(in_ptr<float>(a, 0), in_ptr<float>(a, 1), out_ptr<float>(a), d.batch, d.m, d.n, d.k, ta, tb,
