@@ -15,8 +15,8 @@
 #include "core/dtype.h"
 
 // Functions that run only where bf16_dot_enabled() carry this attribute, so
-// that the compiler may use AVX-512 in them (and only there: the build
-// targets x86-64-v3, because GCC 12 miscompiles some code with -mavx512f).
+// that the compiler may use AVX-512 in them (and only there: the note on
+// GCC 12 in CMakeLists.txt).
 #define MESHTRAIN_AVX512_BF16 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
 namespace meshtrain::kernels::cpu {

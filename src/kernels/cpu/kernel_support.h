@@ -15,8 +15,8 @@ namespace meshtrain::kernels::cpu {
 
 // The elementwise and row kernels are built twice, for x86-64-v3 (the
 // build's target) and for x86-64-v4 (AVX-512), and the loader picks the
-// clone that the CPU runs (GCC function multiversioning). Only these
-// functions get AVX-512: GCC 12 miscompiles some other code with it.
+// clone that the CPU runs (GCC function multiversioning). Why AVX-512 only
+// here and in bf16_dot.h: the note on GCC 12 in CMakeLists.txt.
 #define MESHTRAIN_AVX512_CLONES gnu::target_clones("default", "arch=x86-64-v4")
 
 // Loops over elements or rows run on OpenMP threads once they are big
