@@ -114,9 +114,11 @@ struct SearchSpace {
       if (is_sharding(s.code[m])) shards *= sizes[m];
     return total_bytes / shards;
   }
-  // (bytes of the collective's buffer, cost) of collective c on mesh dims.
+  // (bytes of the collective's buffer, cost) of collective c over a group
+  // of n ranks. A one-rank group holds the whole tensor under any
+  // placement: nothing moves, nothing is paid.
   std::pair<double, double> step(const State& before, StepOp c, int n, const LinkParams& link) const {
-    if (!c) return {0.0, 0.0};
+    if (!c || n == 1) return {0.0, 0.0};
     const double local = local_bytes(before);
     switch (*c) {
       case OpType::all_gather: return {local * n, model->all_gather_us(local * n, n, link)};
@@ -359,7 +361,8 @@ Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const Sh
   Plan plan;
   for (size_t i = 0; i < raw.size();) {
     const RawStep& first = raw[i];
-    const StepOp c = first.collective;
+    // On a one-rank mesh dim a change of placement is a relabelling: no collective.
+    const StepOp c = sp.sizes[first.mesh_dim] == 1 ? kLocal : first.collective;
     size_t j = i;
     // all_gather peels shards innermost first (mesh dims descending),
     // reduce_scatter appends them (ascending); all_reduce goes either way.

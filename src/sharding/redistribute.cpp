@@ -176,6 +176,7 @@ Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& 
       c.group_rank = c.group_rank * mesh.size(m) + coord[m];
       c.group_size *= mesh.size(m);
     }
+    if (c.group_size == 1) continue;  // a one-rank group holds the whole tensor under any placement
     if (!step.collective) {
       cur = local_step(cur, c);
       continue;

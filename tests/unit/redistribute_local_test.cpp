@@ -1,5 +1,6 @@
 // Redistribution on the local backend (threads): every legal pair of a
-// layout set on a 2x2 mesh, uneven shapes. The mpirun test covers more.
+// layout set on a 2x2 mesh, uneven shapes; a 2x1 mesh (a one-rank dim). The
+// mpirun test covers more.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -52,4 +53,37 @@ TEST(RedistributeLocal, PairsOn2x2x2) {
     }
   });
   EXPECT_GT(pairs.load(), 1000);
+}
+
+// A one-rank mesh dim holds the whole tensor under any placement: every pair
+// redistributes correctly, and no step on that dim is a collective or costs
+// anything.
+TEST(RedistributeLocal, OneRankMeshDimEmitsNothing) {
+  const sharding::DeviceMesh mesh({2, 1});
+  const auto layouts = mtest::layout_set(2, 2, 400);
+  comm::GroupOptions options;
+  options.timeout = std::chrono::seconds(20);
+  comm::LocalWorld world(2, options);
+  std::atomic<int> pairs{0}, one_rank_steps{0};
+  world.run([&](comm::ProcessGroup& pg) {
+    sharding::MeshGroups groups(mesh, pg.shared_from_this());
+    sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+    const std::vector<int64_t> shape{5, 8};
+    for (const auto& src : layouts)
+      for (const auto& dst : layouts) {
+        if (!mtest::legal_pair(src, dst)) continue;
+        if (!mtest::check_redistribute(groups, planner, shape, src, dst)) return;
+        if (pg.rank() != 0) continue;
+        ++pairs;
+        for (const auto& step : planner.plan(Shape(shape), 4, src, dst)->steps)
+          if (step.mesh_dims == std::vector<int>{1}) {
+            ++one_rank_steps;
+            EXPECT_FALSE(step.collective.has_value()) << src.to_string() << " -> " << dst.to_string();
+            EXPECT_EQ(step.cost_us, 0.0);
+            EXPECT_EQ(step.bytes, 0.0);
+          }
+      }
+  });
+  EXPECT_GT(pairs.load(), 100);
+  EXPECT_GT(one_rank_steps.load(), 50);
 }
