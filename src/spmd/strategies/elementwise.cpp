@@ -1,0 +1,48 @@
+// Strategies of the elementwise ops (graph/ops/elementwise.cpp): any tensor
+// dim sharded alike on every operand; Partial(sum) kept by the ops that are
+// linear in it.
+#include "spmd/strategies/families.h"
+
+namespace meshtrain::spmd::strategies {
+
+std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q) {
+  std::vector<DimStrategy> out;
+  for (int d = 0; d < static_cast<int>(q.out[0].shape.rank()); ++d)
+    out.push_back({std::vector<Placement>(q.out.size(), S(d)), std::vector<Placement>(q.in.size(), S(d))});
+  return out;
+}
+
+void add_elementwise_rules(const AddRule& add) {
+  for (const char* op : {"silu", "swiglu", "silu_backward", "swiglu_backward"}) add(op, same_shard_everywhere);
+  add("add", [](const StrategyQuery& q) {  // a sum of partial sums
+    auto out = same_shard_everywhere(q);
+    out.push_back({{P()}, {P(), P()}});
+    return out;
+  });
+  add("mul", [](const StrategyQuery& q) {  // linear in either factor
+    auto out = same_shard_everywhere(q);
+    out.push_back({{P()}, {P(), R()}});
+    out.push_back({{P()}, {R(), P()}});
+    return out;
+  });
+  add("scale", [](const StrategyQuery& q) {
+    auto out = same_shard_everywhere(q);
+    out.push_back({{P()}, {P()}});
+    return out;
+  });
+  add("scale_by", [](const StrategyQuery& q) {  // x * a one-element scalar
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.out[0].shape.rank()); ++d) out.push_back({{S(d)}, {S(d), R()}});
+    out.push_back({{P()}, {P(), R()}});
+    return out;
+  });
+  add("cast", [](const StrategyQuery& q) {
+    auto out = same_shard_everywhere(q);
+    // Widening is exact, so partial sums may be cast before they are reduced
+    // (bf16 gradients reduced in f32); narrowing would round each part.
+    if (dtype_size(q.out[0].dtype) >= dtype_size(q.in[0].dtype)) out.push_back({{P()}, {P()}});
+    return out;
+  });
+}
+
+}  // namespace meshtrain::spmd::strategies

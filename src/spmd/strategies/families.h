@@ -1,0 +1,24 @@
+// The strategy rules of the built-in op families, one file each under
+// spmd/strategies/ (the same families as graph/ops/), and what they share.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "spmd/strategy.h"
+
+namespace meshtrain::spmd::strategies {
+
+using AddRule = std::function<void(const std::string& op, StrategyRule rule)>;
+void add_elementwise_rules(const AddRule& add);
+void add_matmul_rules(const AddRule& add);
+
+inline Placement R() { return Placement::replicate(); }
+inline Placement S(int dim) { return Placement::shard(dim); }
+inline Placement P() { return Placement::partial(sharding::ReduceOp::sum); }
+
+// Every input and output Shard(d), for each tensor dim d of the outputs
+// (pointwise ops on same-shape operands).
+std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q);
+
+}  // namespace meshtrain::spmd::strategies

@@ -1,0 +1,30 @@
+// Strategies of matmul (graph/ops/matmul.cpp), C = op(A) op(B) with A
+// [..., M, K] and B [K, N] shared over the batch or [..., K, N]: shard a
+// batch dim of both, M of A, N of B, or K of both (each rank's product is a
+// partial sum); or carry one operand's Partial(sum) through, the other
+// replicated.
+#include "graph/attrs.h"
+#include "spmd/strategies/families.h"
+
+namespace meshtrain::spmd::strategies {
+
+void add_matmul_rules(const AddRule& add) {
+  add("matmul", [](const StrategyQuery& q) {
+    const int ra = static_cast<int>(q.in[0].shape.rank()), rb = static_cast<int>(q.in[1].shape.rank());
+    const bool ta = q.attrs.get(graph::attr::transpose_a), tb = q.attrs.get(graph::attr::transpose_b);
+    const bool b_shared = rb == 2 && ra > 2;
+    const int a_m = ta ? ra - 1 : ra - 2, a_k = ta ? ra - 2 : ra - 1;
+    const int b_k = tb ? rb - 1 : rb - 2, b_n = tb ? rb - 2 : rb - 1;
+    const int out_m = ra - 2, out_n = ra - 1;
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < ra - 2; ++d) out.push_back({{S(d)}, {S(d), b_shared ? R() : S(d)}});
+    out.push_back({{S(out_m)}, {S(a_m), R()}});
+    out.push_back({{S(out_n)}, {R(), S(b_n)}});
+    out.push_back({{P()}, {S(a_k), S(b_k)}});
+    out.push_back({{P()}, {P(), R()}});
+    out.push_back({{P()}, {R(), P()}});
+    return out;
+  });
+}
+
+}  // namespace meshtrain::spmd::strategies

@@ -1,0 +1,46 @@
+// Sharding strategies: for each op, the placements its inputs may have on
+// one mesh dim and what its outputs then are (DTensor's single-dim
+// strategies; a layout on a mesh picks one per mesh dim). They attach to ops
+// by name, one file per op family under spmd/strategies/ (mirroring
+// graph/ops/); an op without a rule runs replicated, which is always legal.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/op_registry.h"
+#include "sharding/layout.h"
+
+namespace meshtrain::spmd {
+
+using sharding::Placement;
+
+// One mesh dim's choice for a node: each output's placement, and the
+// placement each input must have for the op to compute it locally.
+struct DimStrategy {
+  std::vector<Placement> outputs;
+  std::vector<Placement> inputs;
+  bool operator==(const DimStrategy&) const = default;
+  std::string to_string() const;  // "S(0), R -> S(0)"
+};
+
+// What a rule sees: the op, its operands' global shapes and dtypes, its attrs.
+struct StrategyQuery {
+  const graph::OpDef& op;
+  const graph::ValueInfos& in;
+  const graph::ValueInfos& out;
+  const graph::Attrs& attrs;
+};
+using StrategyRule = std::function<std::vector<DimStrategy>(const StrategyQuery& q)>;
+
+// The node's strategies on one mesh dim: its op's rule's, in the rule's
+// order, then all-Replicate unless the rule listed it. An op without a rule
+// has all-Replicate only.
+std::vector<DimStrategy> dim_strategies(const StrategyQuery& q);
+bool has_strategy_rule(const std::string& op);
+
+// Attaches a rule to an op defined outside graph/ops. Fails if it has one.
+void register_strategy_rule(const std::string& op, StrategyRule rule);
+
+}  // namespace meshtrain::spmd

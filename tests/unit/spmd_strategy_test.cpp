@@ -1,0 +1,217 @@
+// Every sharding strategy of every op that has a rule, checked numerically
+// (as DTensor's op tests do): on a mesh dim of 2 and of 3 ranks, each rank's
+// inputs are cut by the strategy's input placements (Shard by the torch.chunk
+// rule, uneven; Partial as random parts that sum to the value), the op runs
+// on each rank's local operands, and the outputs put back together by the
+// output placements must equal the op on the whole operands.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/shape.h"
+#include "graph/builder.h"
+#include "runtime/executor.h"
+#include "sched/schedule.h"
+#include "sharding/local_chunk.h"
+#include "spmd/strategy.h"
+#include "test_util.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+using sharding::Placement;
+
+namespace {
+
+struct OpCase {
+  std::string op;
+  std::vector<ValueInfo> inputs;
+  Attrs attrs;
+};
+
+Tensor random_like(const ValueInfo& v, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  Tensor t = Tensor::empty(v.shape, v.dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+std::vector<Tensor> run_op(const OpCase& c, const std::vector<Tensor>& inputs) {
+  Graph g;
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    ids.push_back(g.add_input(fmt::format("x{}", i), inputs[i].shape(), inputs[i].dtype()));
+  const std::vector<ValueId> outs = Builder(g).op_outputs(c.op, ids, c.attrs);
+  runtime::Executor ex(g, sched::make_schedule(g, outs));
+  for (size_t i = 0; i < inputs.size(); ++i) ex.bind(ids[i], inputs[i]);
+  ex.run();
+  std::vector<Tensor> result;
+  for (ValueId o : outs) result.push_back(ex.fetch(o).clone());
+  return result;
+}
+
+// Rank r's rows [start, start + length) of t along dim d.
+Tensor slice_dim(const Tensor& t, size_t d, int64_t start, int64_t length) {
+  std::vector<int64_t> dims = t.shape().dims();
+  dims[d] = length;
+  Tensor out = Tensor::empty(Shape(dims), t.dtype());
+  const AroundDim a = around_dim(t.shape(), d);
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t k = 0; k < length; ++k)
+      for (int64_t i = 0; i < a.inner; ++i)
+        out.set((o * length + k) * a.inner + i, t.get((o * a.dim + start + k) * a.inner + i));
+  return out;
+}
+
+// Each rank's part of `full` under placement p on a mesh dim of n ranks.
+std::vector<Tensor> split(const Tensor& full, const Placement& p, int n, std::mt19937& rng) {
+  std::vector<Tensor> parts;
+  if (p.is_replicate()) {
+    for (int r = 0; r < n; ++r) parts.push_back(full);
+  } else if (p.kind == Placement::Kind::shard) {
+    const auto sizes = sharding::torch_chunk_sizes(full.shape()[static_cast<size_t>(p.dim)], n);
+    int64_t start = 0;
+    for (int r = 0; r < n; ++r) {
+      parts.push_back(slice_dim(full, static_cast<size_t>(p.dim), start, sizes[static_cast<size_t>(r)]));
+      start += sizes[static_cast<size_t>(r)];
+    }
+  } else {
+    EXPECT_TRUE(p.is_partial() && p.reduce == sharding::ReduceOp::sum) << p.to_string();
+    Tensor last = full.clone();
+    for (int r = 0; r + 1 < n; ++r) {
+      parts.push_back(random_like({full.shape(), full.dtype()}, rng));
+      for (int64_t i = 0; i < full.numel(); ++i) last.set(i, last.get(i) - parts.back().get(i));
+    }
+    parts.push_back(last);
+  }
+  return parts;
+}
+
+// The whole value from every rank's part under placement p.
+Tensor combine(const std::vector<Tensor>& parts, const Placement& p) {
+  if (p.is_replicate()) {
+    for (size_t r = 1; r < parts.size(); ++r)
+      for (int64_t i = 0; i < parts[0].numel(); ++i) EXPECT_EQ(parts[r].get(i), parts[0].get(i)) << "replicas differ";
+    return parts[0];
+  }
+  if (p.is_partial()) {
+    Tensor sum = parts[0].clone();
+    for (size_t r = 1; r < parts.size(); ++r)
+      for (int64_t i = 0; i < sum.numel(); ++i) sum.set(i, sum.get(i) + parts[r].get(i));
+    return sum;
+  }
+  const auto d = static_cast<size_t>(p.dim);
+  std::vector<int64_t> dims = parts[0].shape().dims();
+  dims[d] = 0;
+  for (const Tensor& t : parts) dims[d] += t.shape()[d];
+  Tensor out = Tensor::empty(Shape(dims), parts[0].dtype());
+  const AroundDim a = around_dim(out.shape(), d);
+  int64_t start = 0;
+  for (const Tensor& t : parts) {
+    const int64_t len = t.shape()[d];
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t k = 0; k < len; ++k)
+        for (int64_t i = 0; i < a.inner; ++i) out.set((o * a.dim + start + k) * a.inner + i, t.get((o * len + k) * a.inner + i));
+    start += len;
+  }
+  return out;
+}
+
+// Checks every strategy of the case's op; returns how many were checked.
+int check_strategies(const OpCase& c, double tolerance) {
+  const OpDef& op = find_op(c.op);
+  std::mt19937 rng(3);
+  std::vector<Tensor> inputs;
+  ValueInfos in_infos;
+  for (const ValueInfo& v : c.inputs) {
+    inputs.push_back(random_like(v, rng));
+    in_infos.push_back(v);
+  }
+  const ValueInfos out_infos = op.infer(in_infos, c.attrs);
+  const std::vector<Tensor> want = run_op(c, inputs);
+  int checked = 0;
+  for (const auto& s : spmd::dim_strategies({op, in_infos, out_infos, c.attrs}))
+    for (int n : {2, 3}) {
+      SCOPED_TRACE(fmt::format("{} strategy {} on {} ranks", c.op, s.to_string(), n));
+      std::vector<std::vector<Tensor>> per_input;
+      for (size_t i = 0; i < inputs.size(); ++i) per_input.push_back(split(inputs[i], s.inputs[i], n, rng));
+      std::vector<std::vector<Tensor>> per_output(out_infos.size());
+      for (int r = 0; r < n; ++r) {
+        std::vector<Tensor> local;
+        for (size_t i = 0; i < inputs.size(); ++i) local.push_back(per_input[i][static_cast<size_t>(r)]);
+        const auto outs = run_op(c, local);
+        for (size_t k = 0; k < outs.size(); ++k) per_output[k].push_back(outs[k]);
+      }
+      for (size_t k = 0; k < out_infos.size(); ++k) {
+        const Tensor got = combine(per_output[k], s.outputs[k]);
+        if (got.shape() != want[k].shape()) {
+          ADD_FAILURE() << "output " << k << " comes back as " << got.shape().to_string() << ", not "
+                        << want[k].shape().to_string();
+          return checked;
+        }
+        double scale = 1e-30;
+        for (int64_t i = 0; i < got.numel(); ++i) scale = std::max(scale, std::fabs(want[k].get(i)));
+        for (int64_t i = 0; i < got.numel(); ++i)
+          if (std::fabs(got.get(i) - want[k].get(i)) > tolerance * scale) {
+            ADD_FAILURE() << "output " << k << " element " << i << ": " << got.get(i) << " vs " << want[k].get(i);
+            return checked;
+          }
+      }
+      ++checked;
+    }
+  return checked;
+}
+
+const DType f64 = DType::f64;
+
+}  // namespace
+
+TEST(SpmdStrategies, ElementwiseOps) {
+  const ValueInfo x{{5, 7}, f64};
+  int checked = 0;
+  for (const char* op : {"add", "mul"}) checked += check_strategies({op, {x, x}, {}}, 1e-13);
+  checked += check_strategies({"silu", {x}, {}}, 1e-13);
+  checked += check_strategies({"silu_backward", {x, x}, {}}, 1e-13);
+  checked += check_strategies({"swiglu", {x, x}, {}}, 1e-13);
+  checked += check_strategies({"swiglu_backward", {x, x, x}, {}}, 1e-13);
+  checked += check_strategies({"scale", {x}, {attr::alpha(-0.3)}}, 1e-13);
+  checked += check_strategies({"scale_by", {x, {{}, f64}}, {}}, 1e-13);
+  checked += check_strategies({"cast", {{{5, 7}, DType::f32}}, {attr::dtype(f64)}}, 1e-6);  // widening: P kept
+  checked += check_strategies({"cast", {x}, {attr::dtype(DType::f32)}}, 1e-6);
+  // S(0), S(1) and R for each; add + P.P; mul + P.R, R.P; scale, scale_by and
+  // the widening cast + P; each on 2 and 3 ranks.
+  EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3));
+}
+
+TEST(SpmdStrategies, NarrowingCastKeepsNoPartial) {
+  const ValueInfos in{{{5, 7}, f64}}, out{{{5, 7}, DType::f32}};
+  const Attrs attrs{attr::dtype(DType::f32)};
+  for (const auto& s : spmd::dim_strategies({find_op("cast"), in, out, attrs})) EXPECT_FALSE(s.outputs[0].is_partial());
+}
+
+TEST(SpmdStrategies, Matmul) {
+  int checked = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Attrs attrs{attr::transpose_a(ta), attr::transpose_b(tb)};
+      const ValueInfo a2{ta ? Shape{7, 5} : Shape{5, 7}, f64}, b2{tb ? Shape{9, 7} : Shape{7, 9}, f64};
+      checked += check_strategies({"matmul", {a2, b2}, attrs}, 1e-13);
+      const ValueInfo a3{ta ? Shape{3, 7, 5} : Shape{3, 5, 7}, f64}, b3{tb ? Shape{3, 9, 7} : Shape{3, 7, 9}, f64};
+      checked += check_strategies({"matmul", {a3, b3}, attrs}, 1e-13);
+      if (!ta) checked += check_strategies({"matmul", {a3, b2}, attrs}, 1e-13);  // weights shared over the batch
+    }
+  // 2-d: M, N, K, P.R, R.P, R = 6; batched: + 1 batch dim = 7; each on 2 and 3 ranks.
+  EXPECT_EQ(checked, 2 * (4 * 6 + 4 * 7 + 2 * 7));
+}
+
+TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
+  const ValueInfos in{{{5, 7}, f64}}, out{{{5, 7}, f64}};
+  const auto s = spmd::dim_strategies({find_op("softmax"), in, out, {}});
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].to_string(), "R -> R");
+  EXPECT_FALSE(spmd::has_strategy_rule("softmax"));
+  EXPECT_TRUE(spmd::has_strategy_rule("matmul"));
+  EXPECT_TRUE(mtest::contains(mtest::message_of([] { spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
+                                return std::vector<spmd::DimStrategy>{};
+                              }); }),
+                              "op 'matmul' already has a strategy rule"));
+}
