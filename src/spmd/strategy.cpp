@@ -15,7 +15,9 @@ namespace {
 NameRegistry<StrategyRule>& table() {
   static auto* t = [] {
     auto* tab = new NameRegistry<StrategyRule>;
-    for (auto add : {strategies::add_elementwise_rules, strategies::add_matmul_rules})
+    for (auto add : {strategies::add_elementwise_rules, strategies::add_matmul_rules, strategies::add_reduction_rules,
+                     strategies::add_shape_rules, strategies::add_embedding_rules, strategies::add_attention_rules,
+                     strategies::add_optimizer_rules})
       add([&](const std::string& op, StrategyRule r) {
         graph::find_op(op);  // a rule attaches to an op that exists
         MT_CHECK(tab->add(op, std::move(r)), "op '{}' has two strategy rules", op);

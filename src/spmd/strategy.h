@@ -21,6 +21,10 @@ using sharding::Placement;
 struct DimStrategy {
   std::vector<Placement> outputs;
   std::vector<Placement> inputs;
+  // Input tensor dims that must split evenly for the strategy to hold (say,
+  // attention heads, so each rank's query heads meet their own kv heads):
+  // {input index, tensor dim}.
+  std::vector<std::pair<int, int>> even_splits;
   bool operator==(const DimStrategy&) const = default;
   std::string to_string() const;  // "S(0), R -> S(0)"
 };

@@ -26,12 +26,15 @@ struct OpCase {
   std::string op;
   std::vector<ValueInfo> inputs;
   Attrs attrs;
+  int64_t id_bound = 2;           // i64 inputs (ids, step) are drawn from [1, id_bound)
+  std::vector<size_t> positive;   // inputs drawn from (0, 1) instead of (-1, 1)
 };
 
-Tensor random_like(const ValueInfo& v, std::mt19937& rng) {
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
+Tensor random_like(const ValueInfo& v, std::mt19937& rng, bool positive = false, int64_t id_bound = 2) {
+  std::uniform_real_distribution<double> u(positive ? 0.05 : -1.0, 1.0);
+  std::uniform_int_distribution<int64_t> id(1, id_bound - 1);
   Tensor t = Tensor::empty(v.shape, v.dtype);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v.dtype == DType::i64 ? static_cast<double>(id(rng)) : u(rng));
   return t;
 }
 
@@ -122,9 +125,10 @@ int check_strategies(const OpCase& c, double tolerance) {
   std::mt19937 rng(3);
   std::vector<Tensor> inputs;
   ValueInfos in_infos;
-  for (const ValueInfo& v : c.inputs) {
-    inputs.push_back(random_like(v, rng));
-    in_infos.push_back(v);
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const bool positive = std::find(c.positive.begin(), c.positive.end(), i) != c.positive.end();
+    inputs.push_back(random_like(c.inputs[i], rng, positive, c.id_bound));
+    in_infos.push_back(c.inputs[i]);
   }
   const ValueInfos out_infos = op.infer(in_infos, c.attrs);
   const std::vector<Tensor> want = run_op(c, inputs);
@@ -132,6 +136,9 @@ int check_strategies(const OpCase& c, double tolerance) {
   for (const auto& s : spmd::dim_strategies({op, in_infos, out_infos, c.attrs}))
     for (int n : {2, 3}) {
       SCOPED_TRACE(fmt::format("{} strategy {} on {} ranks", c.op, s.to_string(), n));
+      bool even = true;
+      for (const auto& [input, dim] : s.even_splits) even &= c.inputs[static_cast<size_t>(input)].shape[static_cast<size_t>(dim)] % n == 0;
+      if (!even) continue;  // the strategy does not hold here, and says so
       std::vector<std::vector<Tensor>> per_input;
       for (size_t i = 0; i < inputs.size(); ++i) per_input.push_back(split(inputs[i], s.inputs[i], n, rng));
       std::vector<std::vector<Tensor>> per_output(out_infos.size());
@@ -205,13 +212,61 @@ TEST(SpmdStrategies, Matmul) {
 
 TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
   const ValueInfos in{{{5, 7}, f64}}, out{{{5, 7}, f64}};
-  const auto s = spmd::dim_strategies({find_op("softmax"), in, out, {}});
+  const ValueInfos scalar{{{}, f64}};
+  const auto s = spmd::dim_strategies({find_op("mean"), in, scalar, {}});
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].to_string(), "R -> R");
-  EXPECT_FALSE(spmd::has_strategy_rule("softmax"));
+  EXPECT_FALSE(spmd::has_strategy_rule("mean"));
   EXPECT_TRUE(spmd::has_strategy_rule("matmul"));
   EXPECT_TRUE(mtest::contains(mtest::message_of([] { spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
                                 return std::vector<spmd::DimStrategy>{};
                               }); }),
                               "op 'matmul' already has a strategy rule"));
+}
+
+TEST(SpmdStrategies, ReductionAndRowOps) {
+  const ValueInfo x{{5, 7}, f64}, x3{{5, 3, 7}, f64}, w{{7}, f64};
+  int checked = check_strategies({"sum", {x}, {}}, 1e-13);                       // S(0), S(1), P, R
+  checked += check_strategies({"softmax", {x}, {}}, 1e-13);                     // S(0), R
+  checked += check_strategies({"softmax_backward", {x, x}, {}}, 1e-13);         // S(0), R
+  checked += check_strategies({"rms_norm", {x3, w}, {attr::eps(1e-5)}}, 1e-13);  // S(0), S(1), R
+  checked += check_strategies({"rms_norm_backward", {x3, w, x3}, {attr::eps(1e-5)}}, 1e-12);  // S(0), S(1), R
+  EXPECT_EQ(checked, 2 * (4 + 2 + 2 + 3 + 3));
+}
+
+TEST(SpmdStrategies, ShapeOps) {
+  int checked = check_strategies({"transpose", {{{5, 7, 3}, f64}}, {attr::dim0(0), attr::dim1(2)}}, 1e-14);  // 3 S, P, R
+  checked += check_strategies({"slice", {{{5, 7}, f64}}, {attr::dim(1), attr::start(2), attr::length(3)}}, 1e-14);  // S(0), P, R
+  checked += check_strategies(
+      {"slice_backward", {{{5, 3}, f64}}, {attr::dim(1), attr::start(2), attr::full_size(7)}}, 1e-14);  // S(0), P, R
+  checked += check_strategies({"concat", {{{5, 3}, f64}, {{5, 4}, f64}}, {attr::dim(1)}}, 1e-14);  // S(0), P, R
+  EXPECT_EQ(checked, 2 * (5 + 3 + 3 + 3));
+}
+
+TEST(SpmdStrategies, Embedding) {
+  const ValueInfo table{{11, 7}, f64}, ids{{5, 3}, DType::i64}, dout{{5, 3, 7}, f64};
+  int checked = check_strategies({"embedding", {table, ids}, {}, 11}, 1e-14);  // ids S(0), S(1); table S(1), P; R
+  checked += check_strategies({"embedding_backward", {ids, dout}, {attr::vocab(11)}, 11}, 1e-13);  // S(0), S(1), S(1) of dout, P, R
+  EXPECT_EQ(checked, 2 * (5 + 5));
+}
+
+TEST(SpmdStrategies, RopeAndAttention) {
+  const ValueInfo q{{3, 5, 12, 4}, f64}, kv{{3, 5, 6, 4}, f64}, lse{{3, 12, 5}, f64};
+  int checked = check_strategies({"rope", {q}, {attr::theta(10000.0), attr::inverse(false)}}, 1e-13);  // S(0), S(2), P, R
+  checked += check_strategies({"attention", {q, kv, kv}, {attr::scale(0.5)}}, 1e-13);  // batch, heads, R
+  checked += check_strategies({"attention_backward", {q, kv, kv, q, lse, q}, {attr::scale(0.5)}}, 1e-12);
+  EXPECT_EQ(checked, 2 * (4 + 3 + 3));
+  // Three kv heads do not split over two ranks: the heads strategy is skipped there, on three it holds.
+  const ValueInfo q6{{3, 5, 6, 4}, f64}, kv3{{3, 5, 3, 4}, f64};
+  EXPECT_EQ(check_strategies({"attention", {q6, kv3, kv3}, {attr::scale(0.5)}}, 1e-13), 2 + 1 + 2);
+}
+
+TEST(SpmdStrategies, AdamW) {
+  const ValueInfo p{{5, 7}, f64};
+  const OpCase c{"adamw",
+                 {p, p, p, p, {{}, f64}, {{}, DType::i64}},
+                 {attr::beta1(0.9), attr::beta2(0.95), attr::eps(1e-8), attr::weight_decay(0.1)},
+                 5,
+                 {3, 4}};  // v and lr positive
+  EXPECT_EQ(check_strategies(c, 1e-13), 2 * 3);  // S(0), S(1), R
 }

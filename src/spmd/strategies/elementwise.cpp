@@ -5,11 +5,21 @@
 
 namespace meshtrain::spmd::strategies {
 
-std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q) {
+namespace {
+std::vector<DimStrategy> same_shard_below(const StrategyQuery& q, int rank) {
   std::vector<DimStrategy> out;
-  for (int d = 0; d < static_cast<int>(q.out[0].shape.rank()); ++d)
+  for (int d = 0; d < rank; ++d)
     out.push_back({std::vector<Placement>(q.out.size(), S(d)), std::vector<Placement>(q.in.size(), S(d))});
   return out;
+}
+}  // namespace
+
+std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q) {
+  return same_shard_below(q, static_cast<int>(q.out[0].shape.rank()));
+}
+
+std::vector<DimStrategy> same_shard_but_last(const StrategyQuery& q) {
+  return same_shard_below(q, static_cast<int>(q.out[0].shape.rank()) - 1);
 }
 
 void add_elementwise_rules(const AddRule& add) {

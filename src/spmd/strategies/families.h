@@ -12,6 +12,11 @@ namespace meshtrain::spmd::strategies {
 using AddRule = std::function<void(const std::string& op, StrategyRule rule)>;
 void add_elementwise_rules(const AddRule& add);
 void add_matmul_rules(const AddRule& add);
+void add_reduction_rules(const AddRule& add);
+void add_shape_rules(const AddRule& add);
+void add_embedding_rules(const AddRule& add);
+void add_attention_rules(const AddRule& add);
+void add_optimizer_rules(const AddRule& add);
 
 inline Placement R() { return Placement::replicate(); }
 inline Placement S(int dim) { return Placement::shard(dim); }
@@ -20,5 +25,8 @@ inline Placement P() { return Placement::partial(sharding::ReduceOp::sum); }
 // Every input and output Shard(d), for each tensor dim d of the outputs
 // (pointwise ops on same-shape operands).
 std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q);
+// The same, for the tensor dims before the last only (row ops: the last dim
+// is what they reduce over).
+std::vector<DimStrategy> same_shard_but_last(const StrategyQuery& q);
 
 }  // namespace meshtrain::spmd::strategies

@@ -1,0 +1,30 @@
+// Strategies of the reduction and row ops (graph/ops/reduction.cpp). sum of
+// a shard is a partial sum. Row ops (softmax, rms_norm) reduce over the last
+// dim: any other dim may be sharded; rms_norm's weight gradient, summed over
+// rows, is then a partial sum.
+#include "spmd/strategies/families.h"
+
+namespace meshtrain::spmd::strategies {
+
+void add_reduction_rules(const AddRule& add) {
+  add("sum", [](const StrategyQuery& q) {
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
+    out.push_back({{P()}, {P()}});
+    return out;
+  });
+  for (const char* op : {"softmax", "softmax_backward"}) add(op, same_shard_but_last);
+  add("rms_norm", [](const StrategyQuery& q) {  // x, weight
+    std::vector<DimStrategy> out;
+    for (int d = 0; d + 1 < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{S(d)}, {S(d), R()}});
+    return out;
+  });
+  add("rms_norm_backward", [](const StrategyQuery& q) {  // x, weight, dy -> dx, dweight
+    std::vector<DimStrategy> out;
+    for (int d = 0; d + 1 < static_cast<int>(q.in[0].shape.rank()); ++d)
+      out.push_back({{S(d), P()}, {S(d), R(), S(d)}});
+    return out;
+  });
+}
+
+}  // namespace meshtrain::spmd::strategies
