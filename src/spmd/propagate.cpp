@@ -1,0 +1,182 @@
+#include "spmd/propagate.h"
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace meshtrain::spmd {
+
+namespace {
+
+using sharding::Placement;
+
+// Every full-mesh candidate: one of `per_dim` for each mesh dim, first dim
+// slowest, so the enumeration order (and the tie-break) is fixed.
+void for_each_combination(const std::vector<DimStrategy>& per_dim, int ndim,
+                          const std::function<void(const std::vector<const DimStrategy*>&)>& fn) {
+  std::vector<const DimStrategy*> chosen(static_cast<size_t>(ndim));
+  std::function<void(int)> rec = [&](int m) {
+    if (m == ndim) return fn(chosen);
+    for (const DimStrategy& s : per_dim) {
+      chosen[static_cast<size_t>(m)] = &s;
+      rec(m + 1);
+    }
+  };
+  rec(0);
+}
+
+// Whether every split a candidate requires to be even is: the dim divides by
+// the product of the mesh dims that shard it.
+bool splits_evenly(const std::vector<const DimStrategy*>& c, const sharding::DeviceMesh& mesh, const graph::ValueInfos& in) {
+  for (const DimStrategy* s : c)
+    for (const auto& [input, dim] : s->even_splits) {
+      int64_t shards = 1;
+      for (int m = 0; m < mesh.ndim(); ++m) {
+        const Placement& p = c[static_cast<size_t>(m)]->inputs[static_cast<size_t>(input)];
+        if (p.is_sharding() && p.dim == dim) shards *= mesh.size(m);
+      }
+      if (in[static_cast<size_t>(input)].shape[static_cast<size_t>(dim)] % shards != 0) return false;
+    }
+  return true;
+}
+
+Layout layout_of(const std::vector<const DimStrategy*>& c, bool output, size_t k) {
+  std::vector<Placement> ps;
+  for (const DimStrategy* s : c) ps.push_back(output ? s->outputs[k] : s->inputs[k]);
+  return Layout::from_placements(std::move(ps));
+}
+
+// A redistribution the planner can do: a Partial target only where the
+// source already has that Partial.
+bool reachable(const Layout& from, const Layout& to) {
+  for (int m = 0; m < to.mesh_ndim(); ++m)
+    if (to.placements[static_cast<size_t>(m)].is_partial() && !(from.placements[static_cast<size_t>(m)] == to.placements[static_cast<size_t>(m)]))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
+                   const std::map<graph::ValueId, Layout>& deliver, const PropagationOptions& options) {
+  const sharding::DeviceMesh& mesh = planner.mesh();
+  Sharding out;
+  const Layout replicated = Layout::from_placements(std::vector<Placement>(static_cast<size_t>(mesh.ndim())));
+  for (int i = 0; i < g.num_values(); ++i) {
+    const graph::ValueId v(i);
+    if (g.value(v).kind == graph::ValueKind::intermediate) continue;
+    const auto it = given.find(v);
+    const Layout& l = it == given.end() ? replicated : it->second;
+    MT_CHECK(l.mesh_ndim() == mesh.ndim(), "propagate: {} has layout {} for a {}-d mesh", g.describe_value(v),
+             l.to_string(), mesh.ndim());
+    l.validate(static_cast<int>(g.value(v).info.shape.rank()));
+    out.values[v] = l;
+  }
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    graph::ValueInfos in, outs;
+    for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
+    for (graph::ValueId v : node.outputs) outs.push_back(g.value(v).info);
+    const StrategyQuery q{*node.op, in, outs, node.attrs};
+    const std::vector<DimStrategy> per_dim = dim_strategies(q);
+    const double flops = graph::op_flops(*node.op, in, outs, node.attrs);
+    NodeSharding best;
+    double best_cost = std::numeric_limits<double>::infinity();
+    for_each_combination(per_dim, mesh.ndim(), [&](const std::vector<const DimStrategy*>& c) {
+      if (!splits_evenly(c, mesh, in)) return;
+      NodeSharding cand;
+      for (size_t k = 0; k < in.size(); ++k) {
+        const Layout& have = out.values.at(node.inputs[k]);
+        Layout want = layout_of(c, false, k);
+        if (!reachable(have, want)) return;
+        if (!(have == want))
+          cand.redistribute_us +=
+              planner.plan(in[k].shape, dtype_size(in[k].dtype), have, want)->total_cost_us;
+        cand.inputs.push_back(std::move(want));
+      }
+      // Each rank computes the share of the work its mesh coordinates split off.
+      double split = 1;
+      for (int m = 0; m < mesh.ndim(); ++m) {
+        const DimStrategy& s = *c[static_cast<size_t>(m)];
+        bool divides = false;
+        for (const Placement& p : s.outputs) divides |= !p.is_replicate();
+        split *= divides ? mesh.size(m) : 1;
+      }
+      cand.compute_us = flops / split / options.flops_per_us;
+      // An output delivered in a given layout (an updated parameter) costs its
+      // redistribution to it too, so a node does not pick a layout it must
+      // then undo.
+      double deliver_us = 0;
+      for (size_t k = 0; k < outs.size(); ++k) {
+        cand.outputs.push_back(layout_of(c, true, k));
+        const auto d = deliver.find(node.outputs[k]);
+        if (d == deliver.end() || d->second == cand.outputs.back()) continue;
+        if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;
+        deliver_us += planner.plan(outs[k].shape, dtype_size(outs[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
+      }
+      const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
+      if (cost < best_cost) {
+        best_cost = cost;
+        best = std::move(cand);
+      }
+    });
+    if (best_cost == std::numeric_limits<double>::infinity()) {
+      std::string asked;
+      for (graph::ValueId v : node.outputs)
+        if (const auto d = deliver.find(v); d != deliver.end())
+          asked += fmt::format(", whose output {} must be delivered as {}", g.describe_value(v), d->second.to_string());
+      throw InvalidArgument(fmt::format("propagate: no legal strategy for node {} ({}){}", n.index, node.op->name, asked));
+    }
+    best.has_rule = has_strategy_rule(node.op->name);
+    for (size_t k = 0; k < outs.size(); ++k) out.values[node.outputs[k]] = best.outputs[k];
+    out.nodes[n] = std::move(best);
+  }
+  for (graph::ValueId v : g.outputs()) {
+    const auto it = deliver.find(v);
+    const Layout& want = it == deliver.end() ? out.values.at(v) : it->second;
+    MT_CHECK(want.mesh_ndim() == mesh.ndim() && reachable(out.values.at(v), want),
+             "propagate: graph output {} comes out as {} and cannot be delivered as {}", g.describe_value(v),
+             out.values.at(v).to_string(), want.to_string());
+    out.outputs[v] = want;
+  }
+  return out;
+}
+
+std::string to_text(const graph::Graph& g, const Sharding& s) {
+  std::string text;
+  for (int i = 0; i < g.num_values(); ++i) {
+    const graph::ValueId v(i);
+    const graph::Value& val = g.value(v);
+    if (val.kind == graph::ValueKind::intermediate) continue;
+    text += fmt::format("{} %{}:{}: {}{} {}\n", val.kind == graph::ValueKind::input ? "input" : "param", i, val.name,
+                        dtype_name(val.info.dtype), val.info.shape.to_string(), s.values.at(v).to_string());
+  }
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    const NodeSharding& ns = s.nodes.at(n);
+    std::vector<std::string> outs, ins;
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const graph::ValueId v = node.outputs[k];
+      outs.push_back(fmt::format("%{}: {}{} {}", v.index, dtype_name(g.value(v).info.dtype),
+                                 g.value(v).info.shape.to_string(), ns.outputs[k].to_string()));
+    }
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const graph::ValueId v = node.inputs[k];
+      const Layout& have = s.values.at(v);
+      ins.push_back(have == ns.inputs[k] ? fmt::format("%{}", v.index)
+                                         : fmt::format("%{} {}->{}", v.index, have.to_string(), ns.inputs[k].to_string()));
+    }
+    text += fmt::format("{} = {}({}){}\n", fmt::join(outs, ", "), node.op->name, fmt::join(ins, ", "),
+                        ns.has_rule ? "" : "  # no strategy rule: replicated");
+  }
+  std::vector<std::string> outs;
+  for (const auto& [v, want] : s.outputs) {
+    const Layout& have = s.values.at(v);
+    outs.push_back(have == want ? fmt::format("%{}", v.index)
+                                : fmt::format("%{} {}->{}", v.index, have.to_string(), want.to_string()));
+  }
+  if (!outs.empty()) text += fmt::format("outputs {}\n", fmt::join(outs, ", "));
+  return text;
+}
+
+}  // namespace meshtrain::spmd

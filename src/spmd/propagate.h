@@ -1,0 +1,53 @@
+// Sharding propagation: a layout for every value of a graph, from the
+// layouts of its inputs and parameters (what a parallel plan assigns). Each
+// node, in order, takes the strategy (one DimStrategy per mesh dim) of least
+// cost: redistributing its inputs to the layouts the strategy needs (the
+// planner's cost) plus its compute on the shard it computes. Ties go to the
+// first candidate, so every rank propagates alike.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "sharding/planner.h"
+#include "spmd/strategy.h"
+
+namespace meshtrain::spmd {
+
+using sharding::Layout;
+
+struct NodeSharding {
+  std::vector<Layout> inputs;   // the layout each input is redistributed to
+  std::vector<Layout> outputs;  // the layout each output comes out in
+  double redistribute_us = 0;   // the planner's cost of those redistributions
+  double compute_us = 0;        // the node's FLOPs on its shard, at PropagationOptions::flops_per_us
+  bool has_rule = true;         // false: the op has no strategy rule and runs replicated
+};
+
+struct Sharding {
+  std::map<graph::ValueId, Layout> values;  // every value's layout as produced (inputs: as given)
+  std::map<graph::NodeId, NodeSharding> nodes;
+  // Graph outputs and the layout each is delivered in (a parameter's update
+  // in the parameter's layout, the loss replicated).
+  std::map<graph::ValueId, Layout> outputs;
+};
+
+struct PropagationOptions {
+  double flops_per_us = 1e5;  // compute speed for the compute term (100 GFLOP/s)
+};
+
+// `given`: the layouts of inputs and parameters; the others are Replicate.
+// `deliver`: layouts some graph outputs must be delivered in; the other
+// outputs stay as produced. Fails naming the node when no candidate is legal
+// (cannot happen while all-Replicate is one: every layout redistributes to
+// Replicate) or an output cannot be delivered as asked.
+Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
+                   const std::map<graph::ValueId, Layout>& deliver = {}, const PropagationOptions& options = {});
+
+// The graph as text (graph::to_text's lines) with each value's layout and,
+// where a node's inputs are redistributed, from which layout to which.
+std::string to_text(const graph::Graph& g, const Sharding& s);
+
+}  // namespace meshtrain::spmd
