@@ -19,7 +19,7 @@ struct AttrKey;
 
 // One attribute: a key's name and its value (the result of `key(value)`).
 struct Attr {
-  using Value = std::variant<bool, int64_t, double, std::vector<int64_t>, DType>;
+  using Value = std::variant<bool, int64_t, double, std::vector<int64_t>, DType, std::string>;
   std::string_view name;
   Value value;
 };
@@ -87,6 +87,13 @@ inline constexpr AttrKey<bool> inverse{"inverse"};  // rope: rotate by -angle (i
 inline constexpr AttrKey<double> scale{"scale"};    // attention's softmax scale
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
+// Collectives of a lowered (per-rank) graph: the mesh dims they run over,
+// this rank's group (global ranks, in group-rank order), the tensor's global
+// shape and its layouts before and after, the collective's buffer bytes per
+// rank (nccl-tests convention).
+inline constexpr AttrKey<std::vector<int64_t>> mesh_dims{"mesh_dims"}, group{"group"}, global_shape{"global_shape"};
+inline constexpr AttrKey<std::string> layout_before{"before"}, layout_after{"after"};
+inline constexpr AttrKey<double> comm_bytes{"bytes"};
 }  // namespace attr
 
 }  // namespace meshtrain::graph

@@ -23,6 +23,7 @@ std::string attr_value_text(const Attr::Value& v) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
         else if constexpr (std::is_same_v<T, DType>) return std::string(dtype_name(x));
+        else if constexpr (std::is_same_v<T, std::string>) return x;
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return fmt::format("[{}]", fmt::join(x, ", "));
         else return fmt::format("{}", x);
       },

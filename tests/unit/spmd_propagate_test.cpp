@@ -5,6 +5,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "sched/passes/dead_code.h"
+#include "spmd/lower.h"
 #include "spmd/propagate.h"
 #include "test_util.h"
 
@@ -132,4 +133,57 @@ TEST(Propagate, Errors) {
   });
   EXPECT_TRUE(mtest::contains(undeliverable, "no legal strategy for node 3 (sum), whose output sum.3: f32() must be delivered as P(max)"))
       << undeliverable;
+}
+
+// The lowered graph of each rank: local shapes by the torch.chunk rule
+// (uneven over 3 ranks) and one node per redistribution step, with its group.
+TEST(Lower, FsdpOnThreeRanksUneven) {
+  Mlp mlp;
+  const sharding::DeviceMesh mesh({3});
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const Layout s0 = Layout::parse("S(0)", 1);
+  std::map<ValueId, Layout> given{{mlp.x, s0}, {mlp.w1, s0}, {mlp.w2, s0}};
+  for (ValueId v : mlp.states) given[v] = s0;
+  std::map<ValueId, Layout> deliver{{mlp.loss, Layout::parse("R", 1)}};
+  for (ValueId u : mlp.updates) deliver[u] = s0;
+  const auto sharding = spmd::propagate(mlp.g, planner, given, deliver);
+  // Rank 2 holds rows 44..63 of x (64 = 22 + 22 + 20), 8 of w1's 24 rows and
+  // 2 of w2's 8 (3 + 3 + 2).
+  EXPECT_EQ(to_text(spmd::lower(mlp.g, sharding, planner, 2).graph),
+            "input %0:x: f32(20, 16)\n"
+            "param %1:w1: f32(8, 16)\n"
+            "param %2:w2: f32(2, 24)\n"
+            "input %3:lr: f64()\n"
+            "input %4:step: i64()\n"
+            "input %5:m1: f32(8, 16)\n"
+            "input %6:v1: f32(8, 16)\n"
+            "input %7:m2: f32(2, 24)\n"
+            "input %8:v2: f32(2, 24)\n"
+            "%9: f32(24, 16) = all_gather(%1:w1) {after=R, before=S(0), bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[24, 16]}  # forward\n"
+            "%10: f32(20, 24) = matmul(%0:x, %9) {transpose_a=false, transpose_b=true}  # forward\n"
+            "%11: f32(20, 24) = silu(%10)  # forward\n"
+            "%12: f32(8, 24) = all_gather(%2:w2) {after=R, before=S(0), bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[8, 24]}  # forward\n"
+            "%13: f32(20, 8) = matmul(%11, %12) {transpose_a=false, transpose_b=true}  # forward\n"
+            "%14: f32(64, 8) = all_gather(%13) {after=R, before=S(0), bytes=2048, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 8]}  # forward\n"
+            "%15: f32() = sum(%14)  # forward\n"
+            "%16: f32() = full() {dtype=f32, shape=[], value=1}  # backward\n"
+            "%17: f32(64, 8) = broadcast_scalar(%16) {shape=[64, 8]}  # backward\n"
+            "%18: f32(64, 2) = shard_locally(%17) {after=S(1), before=R, bytes=0, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 2]}  # backward\n"
+            "%19: f32(64, 24) = matmul(%18, %2:w2) {transpose_a=false, transpose_b=false}  # backward\n"
+            "%20: f32(20, 8) = shard_locally(%17) {after=S(0), before=R, bytes=0, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[20, 8]}  # backward\n"
+            "%21: f32(8, 24) = matmul(%20, %11) {transpose_a=true, transpose_b=false}  # backward\n"
+            "%22: f32(20, 24) = reduce_scatter(%19) {after=S(0), before=P(sum), bytes=6144, global_shape=[64, 24], group=[0, 1, 2], mesh_dims=[0], shape=[20, 24]}  # backward\n"
+            "%23: f32(20, 24) = silu_backward(%10, %22)  # backward\n"
+            "%24: f32(24, 16) = matmul(%23, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
+            "%25: f32(8, 16) = reduce_scatter(%24) {after=S(0), before=P(sum), bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[8, 16]}  # forward\n"
+            "%26: f32(8, 16), %27: f32(8, 16), %28: f32(8, 16) = adamw(%1:w1, %25, %5:m1, %6:v1, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "%29: f32(2, 24) = reduce_scatter(%21) {after=S(0), before=P(sum), bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[2, 24]}  # forward\n"
+            "%30: f32(2, 24), %31: f32(2, 24), %32: f32(2, 24) = adamw(%2:w2, %29, %7:m2, %8:v2, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "outputs %15, %26, %27, %28, %30, %31, %32\n");
+  const auto rank0 = spmd::lower(mlp.g, sharding, planner, 0);
+  EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.x)).info.shape, (Shape{22, 16}));
+  EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.w2)).info.shape, (Shape{3, 24}));
+  verify(rank0.graph);
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { spmd::lower(mlp.g, sharding, planner, 3); }),
+                              "rank 3 is outside the mesh (d0=3) of 3 ranks"));
 }

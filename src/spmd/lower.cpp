@@ -1,0 +1,112 @@
+#include "spmd/lower.h"
+
+#include "core/error.h"
+#include "graph/builder.h"
+#include "sharding/local_chunk.h"
+
+namespace meshtrain::spmd {
+
+namespace {
+
+struct Lowering {
+  const graph::Graph& g;
+  sharding::Planner& planner;
+  const sharding::DeviceMesh& mesh;
+  std::vector<int> coord;
+  LoweredGraph out;
+
+  Shape local_shape(const Shape& global, const Layout& l) const {
+    return sharding::local_chunk(global, l, mesh, coord).shape;
+  }
+
+  // This rank's group over `dims`: the ranks that share its coordinates on
+  // the other mesh dims, row-major over `dims`.
+  std::vector<int64_t> group(const std::vector<int>& dims) const {
+    std::vector<int64_t> ranks{mesh.rank_at(coord)};
+    for (int d : dims) {
+      std::vector<int64_t> next;
+      for (int64_t r : ranks) {
+        std::vector<int> c = mesh.coordinate(static_cast<int>(r));
+        for (int i = 0; i < mesh.size(d); ++i) {
+          c[static_cast<size_t>(d)] = i;
+          next.push_back(mesh.rank_at(c));
+        }
+      }
+      ranks = std::move(next);
+    }
+    return ranks;
+  }
+
+  // `local` (global value `v`'s local value in layout `have`) redistributed
+  // to `want`, one node per plan step.
+  graph::ValueId redistribute(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
+    if (have == want) return local;
+    const graph::ValueInfo& info = g.value(v).info;
+    const auto plan = planner.plan(info.shape, dtype_size(info.dtype), have, want);
+    graph::Builder b(out.graph);
+    for (const sharding::PlanStep& step : plan->steps) {
+      int group_size = 1;
+      for (int m : step.mesh_dims) group_size *= mesh.size(m);
+      if (group_size == 1) continue;  // a one-rank group: a relabelling
+      std::vector<int64_t> dims(step.mesh_dims.begin(), step.mesh_dims.end());
+      local = b.op(step.collective ? std::string(comm::op_type_name(*step.collective)) : "shard_locally", {local},
+                   {graph::attr::shape(local_shape(info.shape, step.after).dims()), graph::attr::mesh_dims(dims),
+                    graph::attr::group(group(step.mesh_dims)), graph::attr::layout_before(step.before.to_string()),
+                    graph::attr::layout_after(step.after.to_string()), graph::attr::global_shape(info.shape.dims()),
+                    graph::attr::comm_bytes(step.bytes)});
+    }
+    return local;
+  }
+};
+
+}  // namespace
+
+LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank) {
+  const sharding::DeviceMesh& mesh = planner.mesh();
+  MT_CHECK(rank >= 0 && rank < mesh.num_ranks(), "lower: rank {} is outside the mesh {} of {} ranks", rank,
+           mesh.describe(), mesh.num_ranks());
+  Lowering l{g, planner, mesh, mesh.coordinate(rank), {}};
+  l.out.rank = rank;
+  graph::Graph& local = l.out.graph;
+  for (int i = 0; i < g.num_values(); ++i) {
+    const graph::ValueId v(i);
+    const graph::Value& val = g.value(v);
+    if (val.kind == graph::ValueKind::intermediate) continue;
+    const Shape shape = l.local_shape(val.info.shape, s.values.at(v));
+    l.out.values[v] = val.kind == graph::ValueKind::input ? local.add_input(val.name, shape, val.info.dtype)
+                                                          : local.add_parameter(val.name, shape, val.info.dtype);
+  }
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    const NodeSharding& ns = s.nodes.at(n);
+    local.set_scope(node.scope);
+    local.set_phase(node.phase);
+    std::vector<graph::ValueId> inputs;
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const graph::ValueId v = node.inputs[k];
+      inputs.push_back(l.redistribute(v, l.out.values.at(v), s.values.at(v), ns.inputs[k]));
+    }
+    const graph::NodeId ln = local.add_node(node.op->name, inputs, node.attrs);
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const graph::ValueId v = node.outputs[k], lv = local.node(ln).outputs[k];
+      const Shape want = l.local_shape(g.value(v).info.shape, ns.outputs[k]);
+      MT_CHECK(local.value(lv).info.shape == want,
+               "lower: node {} ({}) on rank {} computes output {} as {}, but its layout {} gives {} there", n.index,
+               node.op->name, rank, k, local.value(lv).info.shape.to_string(), ns.outputs[k].to_string(),
+               want.to_string());
+      l.out.values[v] = lv;
+    }
+  }
+  local.set_scope("");
+  for (graph::ValueId v : g.outputs()) {  // in the global graph's order
+    if (const graph::NodeId p = g.value(v).producer; p.valid()) {
+      local.set_phase(g.node(p).phase);
+      local.set_scope(g.node(p).scope);
+    }
+    local.add_output(l.redistribute(v, l.out.values.at(v), s.values.at(v), s.outputs.at(v)));
+  }
+  local.set_scope("");
+  return std::move(l.out);
+}
+
+}  // namespace meshtrain::spmd

@@ -1,0 +1,28 @@
+// SPMD lowering: one rank's local graph from the global graph and its
+// sharding. Every value gets this rank's local shape (the torch.chunk rule,
+// so uneven shards need no padding); every redistribution the sharding asks
+// for becomes one node per step of the planner's plan (graph/ops/
+// collective.cpp), on this rank's groups. Any rank's graph can be lowered
+// on any machine, without running anything.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "graph/graph.h"
+#include "spmd/propagate.h"
+
+namespace meshtrain::spmd {
+
+struct LoweredGraph {
+  graph::Graph graph;                               // this rank's
+  std::map<graph::ValueId, graph::ValueId> values;  // global value -> its local value
+  int rank = 0;
+};
+
+// The graph outputs of the local graph are the global outputs, delivered in
+// the sharding's output layouts. Fails naming the node when an op's local
+// output shape differs from its layout's local shape.
+LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank);
+
+}  // namespace meshtrain::spmd
