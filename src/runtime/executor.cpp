@@ -7,16 +7,26 @@
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "sharding/redistribute.h"
 
 namespace meshtrain::runtime {
 
-Executor::Executor(const graph::Graph& g, graph::Schedule schedule) : g_(g), schedule_(std::move(schedule)) {
+Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups)
+    : g_(g), schedule_(std::move(schedule)), groups_(groups) {
   // Each step's kernel, FLOPs and bytes; every value it computes has a place.
   for (graph::NodeId n : schedule_.steps) {
     const graph::Node& node = g.node(n);
     MT_CHECK(!node.removed, "schedule: step node {} ({}) was removed from the graph", n.index, node.op->name);
-    const kernels::cpu::CpuKernel* kernel = node.op->is_view ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
-    MT_CHECK(node.op->is_view || kernel != nullptr, "op {} has no CPU kernel (attach one with register_cpu_kernel)",
+    if (is_collective(*node.op)) {
+      MT_CHECK(groups_ != nullptr, "node {} is a collective ({}) but the executor was given no mesh groups", n.index,
+               node.op->name);
+      step_collectives_.push_back(collective_step(node, groups_->mesh()));
+    } else {
+      step_collectives_.emplace_back();
+    }
+    const bool kernel_free = node.op->is_view || step_collectives_.back().has_value();
+    const kernels::cpu::CpuKernel* kernel = kernel_free ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
+    MT_CHECK(kernel_free || kernel != nullptr, "op {} has no CPU kernel (attach one with register_cpu_kernel)",
              node.op->name);
     for (graph::ValueId out : node.outputs)
       MT_CHECK(schedule_.memory.offsets.count(out) || schedule_.memory.view_of.count(out),
@@ -105,9 +115,18 @@ void Executor::run() {
     ++profiled_runs_;
   }
   for (size_t step = 0; step < schedule_.steps.size(); ++step) {
-    if (step_kernels_[step] == nullptr) continue;  // a view: aliased, nothing to compute
+    const auto& collective = step_collectives_[step];
+    if (step_kernels_[step] == nullptr && !collective) continue;  // a view: aliased, nothing to compute
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    (*step_kernels_[step])(kernel_args_[step]);
+    if (collective) {
+      const kernels::cpu::KernelArgs& a = kernel_args_[step];
+      const Tensor result = sharding::execute_step(*a.in[0], collective->global_shape, collective->step, *groups_);
+      MT_CHECK(result.shape() == a.out[0]->shape(), "{} step gave {}, the plan expects {}", g_.node(schedule_.steps[step]).op->name,
+               result.shape().to_string(), a.out[0]->shape().to_string());
+      if (result.raw() != a.out[0]->raw()) std::memcpy(a.out[0]->raw(), result.raw(), a.out[0]->nbytes());
+    } else {
+      (*step_kernels_[step])(kernel_args_[step]);
+    }
     if (profiling_)
       node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

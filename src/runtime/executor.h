@@ -1,6 +1,8 @@
 // Runs a graph on the CPU by following a Schedule (made by sched/): its steps
 // in order, each intermediate at its planned offset of one arena of the
-// planned size, allocated once, so a steady-state run allocates nothing.
+// planned size, allocated once, so a single-rank steady-state run allocates
+// nothing. A lowered (per-rank) graph's collective nodes run on the mesh
+// groups given.
 #pragma once
 
 #include <cstddef>
@@ -14,14 +16,17 @@
 #include "graph/op_registry.h"
 #include "graph/schedule.h"
 #include "kernels/cpu/op_kernels.h"
+#include "runtime/collectives.h"
+#include "sharding/device_mesh.h"
 
 namespace meshtrain::runtime {
 
 class Executor {
  public:
-  // Checks that every step has a CPU kernel and every value a step computes
-  // has its place in the plan; allocates the arena.
-  Executor(const graph::Graph& g, graph::Schedule schedule);
+  // Checks that every step has a CPU kernel (or is a collective, when
+  // `groups` is given) and every value a step computes has its place in the
+  // plan; allocates the arena. `groups` must outlive the executor.
+  Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups = nullptr);
 
   // Inputs and parameters: the tensor is used in place (shape and dtype checked).
   void bind(graph::ValueId value, Tensor tensor);
@@ -62,7 +67,9 @@ class Executor {
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
-  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views
+  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views and collectives
+  std::vector<std::optional<CollectiveStep>> step_collectives_;  // per step
+  sharding::MeshGroups* groups_ = nullptr;
   std::vector<kernels::cpu::KernelArgs> kernel_args_;  // per step; unused for views
   struct Copy {
     void* dst;

@@ -165,35 +165,34 @@ Tensor local_step(const Tensor& cur, StepContext& c) {
 
 }  // namespace
 
-Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups) {
+Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups) {
   const DeviceMesh& mesh = groups.mesh();
   const auto& coord = groups.coordinate();
-  Tensor cur = local;
-  for (const PlanStep& step : plan.steps) {
-    StepContext c{global_shape, step, groups, local_chunk(global_shape, step.before, mesh, coord).shape,
-                  local_chunk(global_shape, step.after, mesh, coord).shape, dtype_size(cur.dtype())};
-    for (int m : step.mesh_dims) {
-      c.group_rank = c.group_rank * mesh.size(m) + coord[m];
-      c.group_size *= mesh.size(m);
-    }
-    if (c.group_size == 1) continue;  // a one-rank group holds the whole tensor under any placement
-    if (!step.collective) {
-      cur = local_step(cur, c);
-      continue;
-    }
-    switch (*step.collective) {
-      case comm::OpType::all_gather: cur = all_gather_step(cur, c); break;
-      case comm::OpType::reduce_scatter: cur = reduce_scatter_step(cur, c); break;
-      case comm::OpType::all_to_all: cur = all_to_all_step(cur, c); break;
-      case comm::OpType::all_reduce: {
-        cur = cur.clone();
-        groups.merged_group(step.mesh_dims).all_reduce(cur, step.from.reduce)->wait();
-        break;
-      }
-      default:
-        throw Error(fmt::format("redistribute: a plan step cannot be a {}", comm::op_type_name(*step.collective)));
-    }
+  StepContext c{global_shape, step, groups, local_chunk(global_shape, step.before, mesh, coord).shape,
+                local_chunk(global_shape, step.after, mesh, coord).shape, dtype_size(local.dtype())};
+  for (int m : step.mesh_dims) {
+    c.group_rank = c.group_rank * mesh.size(m) + coord[m];
+    c.group_size *= mesh.size(m);
   }
+  if (c.group_size == 1) return local;  // a one-rank group holds the whole tensor under any placement
+  if (!step.collective) return local_step(local, c);
+  switch (*step.collective) {
+    case comm::OpType::all_gather: return all_gather_step(local, c);
+    case comm::OpType::reduce_scatter: return reduce_scatter_step(local, c);
+    case comm::OpType::all_to_all: return all_to_all_step(local, c);
+    case comm::OpType::all_reduce: {
+      Tensor out = local.clone();
+      groups.merged_group(step.mesh_dims).all_reduce(out, step.from.reduce)->wait();
+      return out;
+    }
+    default:
+      throw Error(fmt::format("redistribute: a plan step cannot be a {}", comm::op_type_name(*step.collective)));
+  }
+}
+
+Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups) {
+  Tensor cur = local;
+  for (const PlanStep& step : plan.steps) cur = execute_step(cur, global_shape, step, groups);
   return cur;
 }
 

@@ -14,6 +14,10 @@ namespace meshtrain::sharding {
 Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout& src,
                     const Layout& dst, MeshGroups& groups, Planner& planner);
 
+// Run one step of a plan on this rank's local tensor (a new tensor, or
+// `local` itself where the step's group has one rank).
+Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups);
+
 // Run an already planned sequence of steps.
 Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan,
                     MeshGroups& groups);

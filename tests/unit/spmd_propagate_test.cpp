@@ -2,61 +2,15 @@
 // text) for data parallel and FSDP-style parameters, and its errors.
 #include <gtest/gtest.h>
 
-#include "graph/autodiff.h"
-#include "graph/builder.h"
-#include "sched/passes/dead_code.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
+#include "mlp_step.h"
 #include "test_util.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
 using sharding::Layout;
 
-namespace {
-
-// loss = sum(silu(x w1^T) w2^T); AdamW on w1 and w2.
-struct Mlp {
-  Graph g;
-  ValueId x, w1, w2, loss;
-  std::vector<ValueId> states;   // m, v of w1 then of w2
-  std::vector<ValueId> updates;  // w1, m1, v1, w2, m2, v2 after the step
-  Mlp() {
-    Builder b(g);
-    x = g.add_input("x", {64, 16}, DType::f32);
-    w1 = g.add_parameter("w1", {24, 16}, DType::f32);
-    w2 = g.add_parameter("w2", {8, 24}, DType::f32);
-    loss = b.sum(b.matmul(b.silu(b.matmul(x, w1, false, true)), w2, false, true));
-    const auto grads = append_backward(g, loss, {w1, w2});
-    const ValueId lr = g.add_input("lr", {}, DType::f64), step = g.add_input("step", {}, DType::i64);
-    g.add_output(loss);
-    for (size_t i = 0; i < 2; ++i) {
-      const ValueId w = i == 0 ? w1 : w2;
-      const ValueId m = g.add_input(fmt::format("m{}", i + 1), g.value(w).info.shape, DType::f32);
-      const ValueId v = g.add_input(fmt::format("v{}", i + 1), g.value(w).info.shape, DType::f32);
-      states.insert(states.end(), {m, v});
-      for (ValueId u : b.adamw(w, grads[i], m, v, lr, step, 0.9, 0.95, 1e-8, 0.1)) {
-        g.add_output(u);
-        updates.push_back(u);
-      }
-    }
-    sched::remove_dead_nodes(g);  // the gradient of x
-  }
-  // Propagation on a 1-d mesh of 2 ranks, x sharded by batch, the parameters
-  // and their moments in `param_layout`, the loss delivered replicated.
-  std::string propagated(const std::string& param_layout) {
-    const sharding::DeviceMesh mesh({2});
-    sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-    const Layout p = Layout::parse(param_layout, 1);
-    std::map<ValueId, Layout> given{{x, Layout::parse("S(0)", 1)}, {w1, p}, {w2, p}};
-    for (ValueId v : states) given[v] = p;
-    std::map<ValueId, Layout> deliver{{loss, Layout::parse("R", 1)}};
-    for (ValueId u : updates) deliver[u] = p;
-    return spmd::to_text(g, spmd::propagate(g, planner, given, deliver));
-  }
-};
-
-}  // namespace
 
 // FSDP: each weight gathered before its forward use (%3, %5); each weight
 // gradient, a sum over the batch and so P(sum), reduce-scattered into the
@@ -64,7 +18,7 @@ struct Mlp {
 // rather than gathering w2 again, and is reduce-scattered by batch. The
 // gradient of the loss (%7, %8) is replicated: broadcast_scalar has no rule yet.
 TEST(Propagate, FsdpGathersWeightsAndReduceScattersGradients) {
-  Mlp mlp;
+  mtest::Mlp mlp;
   EXPECT_EQ(mlp.propagated("S(0)"),
             "input %0:x: f32(64, 16) S(0)\n"
             "param %1:w1: f32(24, 16) S(0)\n"
@@ -94,7 +48,7 @@ TEST(Propagate, FsdpGathersWeightsAndReduceScattersGradients) {
 // gradient all-reduced before the replicated AdamW (whose outputs must stay
 // replicated, so sharding AdamW and gathering the results costs more).
 TEST(Propagate, DdpAllReducesGradients) {
-  Mlp mlp;
+  mtest::Mlp mlp;
   EXPECT_EQ(mlp.propagated("R"),
             "input %0:x: f32(64, 16) S(0)\n"
             "param %1:w1: f32(24, 16) R\n"
@@ -121,7 +75,7 @@ TEST(Propagate, DdpAllReducesGradients) {
 }
 
 TEST(Propagate, Errors) {
-  Mlp mlp;
+  mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   EXPECT_TRUE(mtest::contains(mtest::message_of([&] { spmd::propagate(mlp.g, planner, {{mlp.x, Layout::parse("S(0)R", 2)}}); }),
@@ -138,15 +92,10 @@ TEST(Propagate, Errors) {
 // The lowered graph of each rank: local shapes by the torch.chunk rule
 // (uneven over 3 ranks) and one node per redistribution step, with its group.
 TEST(Lower, FsdpOnThreeRanksUneven) {
-  Mlp mlp;
+  mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({3});
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  const Layout s0 = Layout::parse("S(0)", 1);
-  std::map<ValueId, Layout> given{{mlp.x, s0}, {mlp.w1, s0}, {mlp.w2, s0}};
-  for (ValueId v : mlp.states) given[v] = s0;
-  std::map<ValueId, Layout> deliver{{mlp.loss, Layout::parse("R", 1)}};
-  for (ValueId u : mlp.updates) deliver[u] = s0;
-  const auto sharding = spmd::propagate(mlp.g, planner, given, deliver);
+  const auto sharding = mlp.propagate(planner, "S(0)");
   // Rank 2 holds rows 44..63 of x (64 = 22 + 22 + 20), 8 of w1's 24 rows and
   // 2 of w2's 8 (3 + 3 + 2).
   EXPECT_EQ(to_text(spmd::lower(mlp.g, sharding, planner, 2).graph),

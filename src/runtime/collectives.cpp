@@ -1,0 +1,33 @@
+#include "runtime/collectives.h"
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+
+namespace meshtrain::runtime {
+
+bool is_collective(const graph::OpDef& op) {
+  for (const char* name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "shard_locally"})
+    if (op.name == name) return true;
+  return false;
+}
+
+std::optional<CollectiveStep> collective_step(const graph::Node& node, const sharding::DeviceMesh& mesh) {
+  if (!is_collective(*node.op)) return std::nullopt;
+  CollectiveStep c;
+  sharding::PlanStep& s = c.step;
+  for (int64_t m : node.attrs.get(graph::attr::mesh_dims)) {
+    MT_CHECK(m >= 0 && m < mesh.ndim(), "{} node: mesh dim {} is outside the mesh {}", node.op->name, m, mesh.describe());
+    s.mesh_dims.push_back(static_cast<int>(m));
+  }
+  MT_CHECK(!s.mesh_dims.empty(), "{} node names no mesh dim", node.op->name);
+  s.before = sharding::Layout::parse(node.attrs.get(graph::attr::layout_before), mesh.ndim());
+  s.after = sharding::Layout::parse(node.attrs.get(graph::attr::layout_after), mesh.ndim());
+  s.from = s.before.placements[static_cast<size_t>(s.mesh_dims.front())];
+  s.to = s.after.placements[static_cast<size_t>(s.mesh_dims.front())];
+  if (node.op->name != "shard_locally") s.collective = comm::parse_op_type(node.op->name);
+  s.bytes = node.attrs.get(graph::attr::comm_bytes);
+  c.global_shape = Shape(node.attrs.get(graph::attr::global_shape));
+  return c;
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,23 @@
+// The collective nodes of a lowered graph (graph/ops/collective.cpp) as the
+// executor runs them: each node's attributes give back the plan step it
+// came from, which sharding::execute_step runs on the mesh groups.
+#pragma once
+
+#include <optional>
+
+#include "graph/graph.h"
+#include "sharding/planner.h"
+
+namespace meshtrain::runtime {
+
+struct CollectiveStep {
+  sharding::PlanStep step;
+  Shape global_shape;
+};
+
+// The step of a collective node, or nullopt for any other op. Fails naming
+// the node when its attributes do not fit the mesh.
+std::optional<CollectiveStep> collective_step(const graph::Node& node, const sharding::DeviceMesh& mesh);
+bool is_collective(const graph::OpDef& op);
+
+}  // namespace meshtrain::runtime
