@@ -13,7 +13,10 @@
 #include "runtime/executor.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
+#include "models/llama.h"
+#include "sched/pass.h"
 #include "spmd/lower.h"
+#include "train/train_step.h"
 
 namespace mtest {
 
@@ -71,34 +74,98 @@ std::vector<Tensor> run_single(const Graph& g, const Inputs& in) {
   return out;
 }
 
-// On this rank: lower the step laid out with `param_layout` on a 1-d mesh of
-// every rank of `pg`, run it, and compare. Returns the outputs compared.
-inline int check_lowered_step(comm::ProcessGroup& pg, const std::string& param_layout) {
-  Mlp mlp;
-  const Inputs in = make_inputs(mlp.g);
-  const std::vector<Tensor> want = run_single(mlp.g, in);
-  const sharding::DeviceMesh mesh({pg.size()});
-  int compared = 0;
+// On this rank: propagate `g` with `given` / `deliver` on `mesh` (every rank
+// of `pg`), lower it for this rank, run it on this rank's pieces of `in`
+// and compare every graph output with its piece of the single-rank run
+// `want`, within `tolerance` (relative, at least 1 absolute). Returns the
+// outputs compared.
+inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mesh, const Graph& g,
+                         const std::map<ValueId, Layout>& given, const std::map<ValueId, Layout>& deliver,
+                         const Inputs& in, const std::vector<Tensor>& want, double tolerance,
+                         const std::string& what) {
   sharding::MeshGroups groups(mesh, pg.shared_from_this());
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  const spmd::Sharding s = mlp.propagate(planner, param_layout);
-  const spmd::LoweredGraph lowered = spmd::lower(mlp.g, s, planner, pg.rank());
+  const spmd::Sharding s = spmd::propagate(g, planner, given, deliver);
+  const spmd::LoweredGraph lowered = spmd::lower(g, s, planner, pg.rank());
   const Graph& local = lowered.graph;
   runtime::Executor ex(local, sched::make_schedule(local, local.outputs()), &groups);
   for (const auto& [v, t] : in.values) ex.bind(lowered.values.at(v), local_piece(t, s.values.at(v), mesh, groups.coordinate()));
   ex.run();
-  for (size_t k = 0; k < mlp.g.outputs().size(); ++k) {
-    const ValueId v = mlp.g.outputs()[k];
+  int compared = 0;
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    const ValueId v = g.outputs()[k];
     const Tensor got = ex.fetch(local.outputs()[k]);
     const Tensor expect = local_piece(want[k], s.outputs.at(v), mesh, groups.coordinate());
-    EXPECT_EQ(got.shape(), expect.shape()) << mlp.g.describe_value(v);
+    EXPECT_EQ(got.shape(), expect.shape()) << g.describe_value(v);
     if (got.shape() != expect.shape()) continue;
     for (int64_t i = 0; i < got.numel(); ++i)
-      EXPECT_NEAR(got.get(i), expect.get(i), 1e-5 * std::max(1.0, std::fabs(expect.get(i))))
-          << mlp.g.describe_value(v) << " element " << i << " on rank " << pg.rank() << ", parameters " << param_layout;
+      EXPECT_NEAR(got.get(i), expect.get(i), tolerance * std::max(1.0, std::fabs(expect.get(i))))
+          << g.describe_value(v) << " element " << i << " on rank " << pg.rank() << ", " << what;
     ++compared;
   }
   return compared;
+}
+
+// The MLP step laid out with `param_layout` on a 1-d mesh of every rank of `pg`.
+inline int check_lowered_step(comm::ProcessGroup& pg, const std::string& param_layout) {
+  Mlp mlp;
+  const Inputs in = make_inputs(mlp.g);
+  const Layout p = Layout::parse(param_layout, 1);
+  std::map<ValueId, Layout> given{{mlp.x, Layout::parse("S(0)", 1)}, {mlp.w1, p}, {mlp.w2, p}};
+  for (ValueId v : mlp.states) given[v] = p;
+  std::map<ValueId, Layout> deliver{{mlp.loss, Layout::parse("R", 1)}};
+  for (ValueId u : mlp.updates) deliver[u] = p;
+  return check_lowered(pg, sharding::DeviceMesh({pg.size()}), mlp.g, given, deliver, in, run_single(mlp.g, in), 1e-5,
+                       "parameters " + param_layout);
+}
+
+// A whole Llama training step (train::build_train_step: forward, backward,
+// clipping, AdamW) of a tiny model, batch sharded, `param_layout` on the
+// parameters and their moments, on a 1-d mesh of every rank of `pg`.
+// The loss, grad_norm, and param, m, v of each of 21 parameters (9 per layer,
+// the embedding, the final norm and lm_head).
+inline constexpr int kLlamaStepOutputs = 2 + 3 * 21;
+inline int check_llama_step(comm::ProcessGroup& pg, const std::string& param_layout) {
+  models::LlamaConfig c;
+  c.dim = 8;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 12;
+  c.vocab_size = 11;
+  Graph g;
+  train::OptimizerConfig opt;
+  opt.lr = 1e-2;
+  const auto step = train::build_train_step(g, c, 4, 5, opt, 0.5);  // clipping active
+  sched::step_pipeline().run(g);
+  EXPECT_EQ(static_cast<int>(g.outputs().size()), kLlamaStepOutputs);
+  Inputs in;
+  std::mt19937 rng(23);
+  std::normal_distribution<double> normal(0.0, 0.3);
+  std::uniform_int_distribution<int64_t> token(0, c.vocab_size - 1);
+  for (int i = 0; i < g.num_values(); ++i) {
+    const ValueId v(i);
+    const Value& val = g.value(v);
+    if (val.kind == ValueKind::intermediate) continue;
+    Tensor t = Tensor::zeros(val.info.shape, val.info.dtype);
+    if (v == step.lr) t.set(0, 1e-2);
+    else if (v == step.step) t.set(0, 1);
+    else if (val.info.dtype == DType::i64)
+      for (int64_t k = 0; k < t.numel(); ++k) t.set(k, static_cast<double>(token(rng)));
+    else if (val.kind == ValueKind::parameter)
+      for (int64_t k = 0; k < t.numel(); ++k) t.set(k, normal(rng));
+    in.values[v] = t;
+  }
+  in.values.at(step.model.targets).set(3, -100);  // an ignored position
+  const Layout batch = Layout::parse("S(0)", 1), p = Layout::parse(param_layout, 1), r = Layout::parse("R", 1);
+  std::map<ValueId, Layout> given{{step.model.tokens, batch}, {step.model.targets, batch}};
+  for (const auto& [name, v] : step.model.params) given[v] = p;
+  for (const auto& [name, v] : step.exp_avg) given[v] = p;
+  for (const auto& [name, v] : step.exp_avg_sq) given[v] = p;
+  std::map<ValueId, Layout> deliver{{step.model.loss, r}, {step.grad_norm, r}};
+  for (const auto& [updated, buffer] : step.write_backs) deliver[updated] = p;
+  return check_lowered(pg, sharding::DeviceMesh({pg.size()}), g, given, deliver, in, run_single(g, in), 1e-5,
+                       "Llama step, parameters " + param_layout);
 }
 
 }  // namespace mtest

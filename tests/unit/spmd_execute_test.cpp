@@ -11,6 +11,8 @@
 #include "spmd_step_checks.h"
 
 using namespace meshtrain;
+using namespace meshtrain::graph;
+using sharding::Layout;
 
 namespace {
 
@@ -34,4 +36,24 @@ TEST(SpmdExecute, FsdpMatchesOneRank) {
 TEST(SpmdExecute, DdpMatchesOneRank) {
   check_distributed(2, "R");
   check_distributed(3, "R");
+}
+
+namespace {
+
+void check_llama(int ranks, const std::string& param_layout) {
+  SCOPED_TRACE(fmt::format("Llama step, {} ranks, parameters {}", ranks, param_layout));
+  comm::GroupOptions options;
+  options.timeout = std::chrono::seconds(30);
+  comm::LocalWorld world(ranks, options);
+  std::atomic<int> compared{0};
+  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, param_layout); });
+  EXPECT_EQ(compared.load(), ranks * mtest::kLlamaStepOutputs);
+}
+
+}  // namespace
+
+TEST(SpmdExecute, LlamaStepFsdpAndDdpMatchOneRank) {
+  check_llama(2, "S(0)");
+  check_llama(3, "S(0)");  // uneven: 11 vocab rows, batch 4 over 3
+  check_llama(2, "R");
 }

@@ -17,7 +17,9 @@ MatmulDims matmul_dims(const Shape& a, const Shape& b, bool ta, bool tb) {
   if (!shared)
     MT_CHECK(b.rank() == a.rank() && std::equal(a.dims().begin(), a.dims().end() - 2, b.dims().begin()),
              "batched operands need equal batch dims: {} and {}", a.to_string(), b.to_string());
-  return {a.numel() / (a.dim(-1) * a.dim(-2)), m, n, ka, shared};
+  int64_t batch = 1;  // the product of the leading dims (not numel / M K: either may be 0 on an empty shard)
+  for (size_t d = 0; d + 2 < a.rank(); ++d) batch *= a[d];
+  return {batch, m, n, ka, shared};
 }
 
 namespace {
@@ -41,8 +43,9 @@ std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::v
     // B is shared over the batch: fold the batch into the rows of A and dC.
     MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
     const int64_t k_dim = ai.shape.dim(-1), n_dim = bd.graph().value(dc).info.shape.dim(-1);
-    const ValueId a2 = bd.reshape(a, {ai.shape.numel() / k_dim, k_dim});
-    const ValueId g2 = bd.reshape(dc, {bd.graph().value(dc).info.shape.numel() / n_dim, n_dim});
+    const int64_t rows = around_dim(ai.shape, ai.shape.rank() - 1).outer;  // A's and dC's leading dims
+    const ValueId a2 = bd.reshape(a, {rows, k_dim});
+    const ValueId g2 = bd.reshape(dc, {rows, n_dim});
     db = tb ? bd.matmul(g2, a2, true, false) : bd.matmul(a2, g2, true, false);
   } else {
     db = tb ? bd.matmul(dc, a, true, ta) : bd.matmul(a, dc, !ta, false);
