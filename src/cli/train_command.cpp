@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "comm/mpi_backend.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -13,7 +14,9 @@ namespace meshtrain::cli {
 std::string train_help() {
   return fmt::format(
       "meshtrain train --config FILE [--section.key value ...]\n"
-      "Train a Llama on one rank from a TOML config; any key can be overridden on the command line\n"
+      "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
+      "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks; DDP, FSDP, HSDP)\n"
+      "and every rank runs its part; rank 0 prints and writes metrics and checkpoints\n"
       "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). --profile prints the time of each op after training\n"
       "(summed over all steps but the first), with GFLOP/s and GB/s by the ops' FLOP and byte counts. Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
@@ -63,14 +66,35 @@ int run_train(const std::vector<std::string>& args) {
     else overrides.emplace_back(key, value);
   }
   MT_CHECK(!config_path.empty(), "train: --config FILE is required\n{}", train_help());
-  train::Trainer trainer(train::load_config(config_path, overrides));
+  // Under mpirun every rank reads the same config and checks it the same way
+  // before any rank talks to another: rank 0 reports a bad one, and every
+  // rank exits.
+  const comm::LaunchedRank launched = comm::launched_rank();
+  train::TrainConfig config;
+  try {
+    config = train::load_config(config_path, overrides);
+    if (launched.size > 1) train::check_parallel_config(config, launched.size);
+  } catch (const std::exception&) {
+    if (launched.rank != 0) return 2;
+    throw;
+  }
+  comm::ProcessGroupPtr world;
+  if (launched.size > 1) world = comm::create_mpi_world();
+  train::Trainer trainer(std::move(config), world);
   const auto& c = trainer.config();
+  const bool printer = trainer.rank() == 0;
+  if (!printer) {
+    trainer.run(nullptr);
+    return 0;
+  }
   fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
              c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
              static_cast<double>(trainer.parameter_count()) / 1e6);
-  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, 1 rank, {} compute, {:.1f} GFLOP/step\n",
+  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, {} rank{}, {} compute, {:.1f} GFLOP/step{}\n",
              c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
-             c.training.max_grad_norm, dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9);
+             c.training.max_grad_norm, trainer.num_ranks(), trainer.num_ranks() > 1 ? "s" : "",
+             dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9, trainer.num_ranks() > 1 ? " on rank 0" : "");
+  if (trainer.num_ranks() > 1) fmt::print("layout: {}\n", trainer.layout_summary());
   std::fflush(stdout);
   trainer.set_profiling(profile);
   const auto summary = trainer.run(stdout);

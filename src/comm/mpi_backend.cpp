@@ -687,6 +687,18 @@ std::mutex& mpi_mutex() { return Engine::get().mu(); }
 
 void mpi_abort_job(int code) { Engine::get().abort_now(code); }
 
+LaunchedRank launched_rank() {
+  auto read = [](std::initializer_list<const char*> names) -> int {
+    for (const char* name : names)
+      if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+    return -1;
+  };
+  const int size = read({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"});
+  const int rank = read({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"});
+  if (size < 1 || rank < 0) return {};
+  return {size, rank};
+}
+
 bool mpi_initialized() {
   int initialized = 0;
   MPI_Initialized(&initialized);

@@ -24,6 +24,14 @@ std::mutex& mpi_mutex();
 // Whether MPI has been initialised in this process (a world was created).
 bool mpi_initialized();
 
+// The job's size and this process's rank as the launcher (mpirun, or a PMI
+// launcher) announces them in the environment, read without initialising
+// MPI: {1, 0} when the process was not launched as part of a job.
+struct LaunchedRank {
+  int size = 1, rank = 0;
+};
+LaunchedRank launched_rank();
+
 // The baseline meshtrain's collectives are measured against: the plain
 // blocking MPI call on MPI_COMM_WORLD, for f32 `in` (and `out` for all_gather,
 // reduce_scatter and all_to_all, sized as meshtrain's). all_reduce works in

@@ -1,6 +1,7 @@
 #include "sharding/local_chunk.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "comm/reduce.h"
 #include "core/error.h"
@@ -67,6 +68,29 @@ LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const De
   }
   chunk.shape = Shape(std::move(extents));
   return chunk;
+}
+
+Tensor local_piece(const Tensor& global, const Layout& layout, const DeviceMesh& mesh, const std::vector<int>& coord) {
+  const LocalChunk chunk = local_chunk(global.shape(), layout, mesh, coord);
+  const size_t rank = global.shape().rank();
+  std::vector<std::vector<int64_t>> idx;
+  for (size_t d = 0; d < rank; ++d)
+    idx.push_back(shard_indices(global.shape()[d], layout, static_cast<int>(d), mesh, coord));
+  Tensor out = Tensor::empty(chunk.shape, global.dtype());
+  const size_t elem = dtype_size(global.dtype());
+  const auto* src = static_cast<const std::byte*>(global.raw());
+  auto* dst = static_cast<std::byte*>(out.raw());
+  std::vector<int64_t> pos(rank, 0);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < rank; ++d) flat = flat * global.shape()[d] + idx[d][static_cast<size_t>(pos[d])];
+    std::memcpy(dst + static_cast<size_t>(i) * elem, src + static_cast<size_t>(flat) * elem, elem);
+    for (size_t d = rank; d-- > 0;) {
+      if (++pos[d] < chunk.shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  return out;
 }
 
 }  // namespace meshtrain::sharding

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/shape.h"
+#include "core/tensor.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
 
@@ -34,5 +35,10 @@ struct LocalChunk {
 };
 LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const DeviceMesh& mesh,
                        const std::vector<int>& coord);
+
+// The part of a whole (global) tensor that mesh coordinate `coord` holds
+// under `layout`, as a new tensor; a Partial placement takes the whole value
+// (the caller decides how a pending sum is split).
+Tensor local_piece(const Tensor& global, const Layout& layout, const DeviceMesh& mesh, const std::vector<int>& coord);
 
 }  // namespace meshtrain::sharding

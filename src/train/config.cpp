@@ -161,6 +161,13 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0"),
       string_key("metrics.file", [](TrainConfig& c) -> std::string& { return c.metrics.file; }),
       number_key<int64_t>("metrics.log_every", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos, "a positive integer"),
+      number_key<int64_t>("parallel.dp_replicate", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_replicate; }, pos, "a positive integer"),
+      number_key<int64_t>("parallel.dp_shard", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_shard; },
+                          [](int64_t v) { return v >= 1 || v == -1; }, "a positive integer or -1 (the ranks left over)"),
+      number_key<int64_t>("parallel.tp", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
+      bool_key("parallel.sequence_parallel", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; }),
+      bool_key("parallel.loss_parallel", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; }),
+      bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; }),
   };
   return table;
 }

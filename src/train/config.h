@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/llama.h"
+#include "parallel/plan.h"
 #include "train/train_step.h"
 
 namespace meshtrain::train {
@@ -41,6 +42,7 @@ struct TrainConfig {
     std::string file;
     int64_t log_every = 1;
   } metrics;
+  parallel::ParallelConfig parallel;  // used under mpirun
 
   // Learning rate of 1-based step `step`: linear warmup, then the decay.
   double lr_at(int64_t step) const;

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -9,21 +10,25 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "parallel/plan.h"
 #include "sched/pass.h"
+#include "sharding/local_chunk.h"
+#include "sharding/redistribute.h"
+#include "spmd/lower.h"
 #include "sched/schedule.h"
 #include "train/safetensors.h"
 
 namespace meshtrain::train {
 
-Trainer::Trainer(TrainConfig config)
-    : config_(std::move(config)), loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
+Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
+    : config_(std::move(config)),
+      world_(world && world->size() > 1 ? std::move(world) : nullptr),
+      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
   MT_CHECK(loader_.max_token() < config_.model.vocab_size,
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
   const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
   init_parameters();
-  tokens_ = Tensor::empty({B, T}, DType::i64);
-  targets_ = Tensor::empty({B, T}, DType::i64);
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
@@ -31,19 +36,82 @@ Trainer::Trainer(TrainConfig config)
       build_train_step(part.graph, config_.model, B, T, config_.optimizer, config_.training.max_grad_norm,
                        DType::f32, config_.training.dtype);
   sched::step_pipeline().run(part.graph);
-  auto& ex = *(part.executor =
-                   std::make_unique<runtime::Executor>(part.graph, sched::make_schedule(part.graph, part.graph.outputs())));
-  for (const auto& [from, to] : sg.write_backs) ex.write_back(from, to);
-  for (const auto& [name, v] : sg.model.params) {
-    ex.bind(v, params_.at(name));
-    const DType state = config_.optimizer.state_dtype;
-    ex.bind(sg.exp_avg.at(name), Tensor::zeros(params_.at(name).shape(), state));
-    ex.bind(sg.exp_avg_sq.at(name), Tensor::zeros(params_.at(name).shape(), state));
+  global_tokens_ = Tensor::empty({B, T}, DType::i64);
+  global_targets_ = Tensor::empty({B, T}, DType::i64);
+  if (world_) {
+    lay_out(part);
+    // This rank's shard of every parameter, cut from the same global initial weights.
+    for (const auto& [name, v] : sg.model.params)
+      params_[name] = sharding::local_piece(params_.at(name), sharding_.values.at(v), groups_->mesh(),
+                                            groups_->coordinate());
+  } else {
+    for (int i = 0; i < part.graph.num_values(); ++i) part.local_of[graph::ValueId(i)] = graph::ValueId(i);
   }
-  ex.bind(sg.model.tokens, tokens_);
-  ex.bind(sg.model.targets, targets_);
-  ex.bind(sg.lr, lr_);
-  ex.bind(sg.step, step_);
+  const graph::Graph& run_graph = world_ ? part.local : part.graph;
+  tokens_ = Tensor::empty(run_graph.value(part.local_of.at(sg.model.tokens)).info.shape, DType::i64);
+  targets_ = Tensor::empty(run_graph.value(part.local_of.at(sg.model.targets)).info.shape, DType::i64);
+  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
+                   run_graph, sched::make_schedule(run_graph, run_graph.outputs()), groups_.get()));
+  // A global output's value in the graph that runs: the output at the same place.
+  std::map<graph::ValueId, graph::ValueId> delivered;
+  for (size_t k = 0; k < part.graph.outputs().size(); ++k) delivered[part.graph.outputs()[k]] = run_graph.outputs()[k];
+  for (const auto& [from, to] : sg.write_backs) ex.write_back(delivered.at(from), part.local_of.at(to));
+  for (const auto& [name, v] : sg.model.params) {
+    const Tensor& p = params_.at(name);
+    ex.bind(part.local_of.at(v), p);
+    const DType state = config_.optimizer.state_dtype;
+    ex.bind(part.local_of.at(sg.exp_avg.at(name)), Tensor::zeros(p.shape(), state));
+    ex.bind(part.local_of.at(sg.exp_avg_sq.at(name)), Tensor::zeros(p.shape(), state));
+  }
+  ex.bind(part.local_of.at(sg.model.tokens), tokens_);
+  ex.bind(part.local_of.at(sg.model.targets), targets_);
+  ex.bind(part.local_of.at(sg.lr), lr_);
+  ex.bind(part.local_of.at(sg.step), step_);
+  // The loss and the gradient norm as the graph that runs delivers them.
+  loss_value_ = delivered.at(sg.model.loss);
+  grad_norm_value_ = delivered.at(sg.grad_norm);
+}
+
+sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size) {
+  const sharding::DeviceMesh mesh = parallel::make_mesh(config.parallel, world_size);
+  const int64_t dp = mesh.size(mesh.dim_index("dp_replicate")) * mesh.size(mesh.dim_index("dp_shard"));
+  MT_CHECK(config.data.batch_size % dp == 0,
+           "data.batch_size {} (the global batch, in sequences) must divide by the data-parallel degree {} "
+           "(parallel.dp_replicate x parallel.dp_shard)",
+           config.data.batch_size, dp);
+  return mesh;
+}
+
+void Trainer::lay_out(ModelPart& part) {
+  const TrainStepGraph& sg = part.step_graph;
+  const sharding::DeviceMesh mesh = check_parallel_config(config_, world_->size());
+  groups_ = std::make_unique<sharding::MeshGroups>(mesh, world_);
+  planner_ = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
+  parallel::StepRoles roles;
+  for (const auto& [name, v] : sg.model.params) {
+    roles.parameters.push_back(v);
+    roles.states.emplace_back(sg.exp_avg.at(name), v);
+    roles.states.emplace_back(sg.exp_avg_sq.at(name), v);
+  }
+  roles.batch_inputs = {sg.model.tokens, sg.model.targets};
+  roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
+  roles.updates = sg.write_backs;
+  const parallel::StepLayouts layouts = parallel::data_parallel_layouts(mesh, part.graph, roles);
+  sharding_ = spmd::propagate(part.graph, *planner_, layouts.given, layouts.deliver);
+  spmd::LoweredGraph lowered = spmd::lower(part.graph, sharding_, *planner_, world_->rank());
+  part.local = std::move(lowered.graph);
+  part.local_of = std::move(lowered.values);
+}
+
+std::string Trainer::layout_summary() const {
+  if (!world_) return "";
+  const ModelPart& part = *parts_.front();
+  std::string out = fmt::format("mesh {}: ", groups_->mesh().describe());
+  std::map<std::string, int> count;
+  for (const auto& [name, v] : part.step_graph.model.params) ++count[sharding_.values.at(v).to_string()];
+  for (const auto& [layout, n] : count) out += fmt::format("{} parameters {}; ", n, layout);
+  out += fmt::format("batch {}", sharding_.values.at(part.step_graph.model.tokens).to_string());
+  return out;
 }
 
 void Trainer::init_parameters() {
@@ -74,7 +142,19 @@ StepMetrics Trainer::step() {
   StepMetrics m;
   m.step = ++steps_done_;
   m.lr = config_.lr_at(m.step);
-  loader_.next(tokens_, targets_);
+  if (world_) {
+    // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
+    loader_.next(global_tokens_, global_targets_);
+    const auto chunk = sharding::local_chunk(global_tokens_.shape(), sharding_.values.at(loss_part().step_graph.model.tokens),
+                                             groups_->mesh(), groups_->coordinate());
+    const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
+    std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
+                tokens_.nbytes());
+    std::memcpy(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
+                targets_.nbytes());
+  } else {
+    loader_.next(tokens_, targets_);
+  }
   lr_.data<double>()[0] = m.lr;
   step_.data<int64_t>()[0] = m.step;
   for (auto& part : parts_) {
@@ -82,8 +162,8 @@ StepMetrics Trainer::step() {
     part->executor->run();
   }
   const ModelPart& last = loss_part();
-  m.loss = last.executor->fetch(last.step_graph.model.loss).get(0);
-  m.grad_norm = last.executor->fetch(last.step_graph.grad_norm).get(0);
+  m.loss = last.executor->fetch(loss_value_).get(0);
+  m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.peak_bytes = default_allocator().stats().peak_bytes;
@@ -105,17 +185,29 @@ std::vector<runtime::Executor::OpTime> Trainer::profile() const {
   return all;
 }
 
-void Trainer::save(const std::string& path) const { save_safetensors(path, params_); }
+void Trainer::save(const std::string& path) {
+  if (!world_) return save_safetensors(path, params_);
+  // Gather every parameter whole (a collective: every rank takes part); rank 0 writes.
+  const TrainStepGraph& sg = loss_part().step_graph;
+  const sharding::Layout replicated =
+      sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(groups_->mesh().ndim())));
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, v] : sg.model.params)
+    whole[name] = sharding::redistribute(params_.at(name), loss_part().graph.value(v).info.shape,
+                                         sharding_.values.at(v), replicated, *groups_, *planner_);
+  if (rank() == 0) save_safetensors(path, whole);
+}
 
 Trainer::Summary Trainer::run(std::FILE* progress) {
   std::ofstream metrics;
-  if (!config_.metrics.file.empty()) {
+  if (rank() != 0) progress = nullptr;  // rank 0 prints and writes for the job
+  if (!config_.metrics.file.empty() && rank() == 0) {
     const auto dir = std::filesystem::path(config_.metrics.file).parent_path();
     if (!dir.empty()) std::filesystem::create_directories(dir);
     metrics.open(config_.metrics.file);
     MT_CHECK(metrics.good(), "cannot write metrics file '{}'", config_.metrics.file);
   }
-  if (!config_.checkpoint.folder.empty()) std::filesystem::create_directories(config_.checkpoint.folder);
+  if (!config_.checkpoint.folder.empty() && rank() == 0) std::filesystem::create_directories(config_.checkpoint.folder);
   const bool live = progress && isatty(fileno(progress));
   auto checkpoint = [&](int64_t s) {
     const std::string path = fmt::format("{}/step_{:06d}.safetensors", config_.checkpoint.folder, s);

@@ -1,12 +1,19 @@
 // The trainer: builds the training-step graph for a config, initialises or
 // loads the weights, and runs steps with metrics, progress and checkpoints.
+// Given a world of several ranks (mpirun), it lays the step out on the mesh
+// of the [parallel] section (parallel/), propagates and lowers it (spmd/) and
+// runs this rank's graph: every rank computes the single-rank step's numbers
+// on its shards.
 #pragma once
 
 #include <cstdio>
 #include <map>
 #include <memory>
 
+#include "comm/process_group.h"
 #include "runtime/executor.h"
+#include "sharding/planner.h"
+#include "spmd/propagate.h"
 #include "train/config.h"
 #include "train/data.h"
 
@@ -18,9 +25,15 @@ struct StepMetrics {
   size_t peak_bytes = 0;
 };
 
+// Checks what a run on `world_size` ranks needs of the config (the
+// [parallel] degrees multiply to the rank count, the global batch divides by
+// the data-parallel degree) and returns the mesh. Throws naming the key.
+sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size);
+
 class Trainer {
  public:
-  explicit Trainer(TrainConfig config);
+  // `world`: the ranks to train on; null (or one rank) trains on this process alone.
+  explicit Trainer(TrainConfig config, comm::ProcessGroupPtr world = nullptr);
   StepMetrics step();  // one optimizer step on the next batch
   struct Summary {
     StepMetrics first, last;
@@ -29,9 +42,16 @@ class Trainer {
   // `progress` (a live line on a terminal), checkpoints at the interval and
   // at the end.
   Summary run(std::FILE* progress);
-  // Parameters by Hugging Face name (the live buffers).
+  // Parameters by Hugging Face name (the live buffers: this rank's shards
+  // when the step is laid out on several ranks).
   const std::map<std::string, Tensor>& parameters() const { return params_; }
-  void save(const std::string& path) const;
+  // Whole parameters to a safetensors file. On several ranks every rank
+  // must call it (the shards are gathered); rank 0 writes.
+  void save(const std::string& path);
+  int rank() const { return world_ ? world_->rank() : 0; }
+  int num_ranks() const { return world_ ? world_->size() : 1; }
+  // The mesh and each parameter's layout on it ("" on one rank).
+  std::string layout_summary() const;
   const TrainConfig& config() const { return config_; }
   size_t parameter_count() const;
   double flops_per_step() const;
@@ -46,17 +66,27 @@ class Trainer {
   // each step. Today there is one part, the whole model; pipeline stages
   // will each be one.
   struct ModelPart {
-    graph::Graph graph;
+    graph::Graph graph;  // the global step
     TrainStepGraph step_graph;
+    graph::Graph local;  // this rank's lowered step (several ranks only)
+    std::map<graph::ValueId, graph::ValueId> local_of;  // global value -> the one the executor runs
     std::unique_ptr<runtime::Executor> executor;
   };
   ModelPart& loss_part() { return *parts_.back(); }  // the part that computes the loss
 
+  void lay_out(ModelPart& part);  // several ranks: propagate and lower the part's step
+
   TrainConfig config_;
+  comm::ProcessGroupPtr world_;
+  std::unique_ptr<sharding::MeshGroups> groups_;
+  std::unique_ptr<sharding::Planner> planner_;
+  spmd::Sharding sharding_;
+  Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
   std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
   TokenLoader loader_;
   std::map<std::string, Tensor> params_;
   Tensor tokens_, targets_, lr_, step_;
+  graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
   int64_t steps_done_ = 0;
   bool profiling_ = false;
 };
