@@ -20,27 +20,7 @@
 
 namespace mtest {
 
-// This rank's piece of a global tensor under a layout (no partials).
-Tensor local_piece(const Tensor& global, const sharding::Layout& layout, const sharding::DeviceMesh& mesh,
-                   const std::vector<int>& coord) {
-  const auto chunk = sharding::local_chunk(global.shape(), layout, mesh, coord);
-  std::vector<std::vector<int64_t>> idx;
-  for (size_t d = 0; d < global.shape().rank(); ++d)
-    idx.push_back(sharding::shard_indices(global.shape()[d], layout, static_cast<int>(d), mesh, coord));
-  Tensor t = Tensor::empty(chunk.shape, global.dtype());
-  const size_t rank = global.shape().rank();
-  std::vector<int64_t> pos(rank, 0);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    int64_t flat = 0;
-    for (size_t d = 0; d < rank; ++d) flat = flat * global.shape()[d] + idx[d][static_cast<size_t>(pos[d])];
-    t.set(i, global.get(flat));
-    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
-      if (++pos[static_cast<size_t>(d)] < chunk.shape[static_cast<size_t>(d)]) break;
-      pos[static_cast<size_t>(d)] = 0;
-    }
-  }
-  return t;
-}
+using sharding::local_piece;
 
 struct Inputs {
   std::map<ValueId, Tensor> values;  // every input and parameter of the global graph
