@@ -1,5 +1,6 @@
 // The trainer: step-for-step parity with PyTorch (data/parity, produced by
-// tests/parity/make_reference.py), and clear errors for bad input.
+// tests/parity/make_reference.py), on one rank and laid out on two (FSDP,
+// DDP; the local backend), and clear errors for bad input.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/local_backend.h"
 #include "test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -43,11 +45,19 @@ train::TrainConfig parity_config(const nlohmann::json& ref, const std::string& c
   return c;
 }
 
-void check_parity(const std::string& case_name) {
+// Every step against the PyTorch reference; `world` lays the step out on
+// several ranks (null: one rank). Only rank 0 prints.
+void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nullptr,
+                  const std::string& layout = "") {
   std::ifstream in(kRoot + "/data/parity/" + case_name + ".json");
   ASSERT_TRUE(in.good()) << "missing reference " << case_name;
   const auto ref = nlohmann::json::parse(in);
-  train::Trainer trainer(parity_config(ref, case_name));
+  train::TrainConfig config = parity_config(ref, case_name);
+  if (layout == "ddp") {
+    config.parallel.dp_replicate = world->size();
+    config.parallel.dp_shard = 1;
+  }
+  train::Trainer trainer(std::move(config), world);
   double worst = 0;
   for (const auto& r : ref.at("steps")) {
     const auto m = trainer.step();
@@ -59,13 +69,25 @@ void check_parity(const std::string& case_name) {
     EXPECT_NEAR(m.grad_norm, r.at("grad_norm").get<double>(), 1e-3 * r.at("grad_norm").get<double>())
         << case_name << " step " << m.step;
   }
-  std::printf("%s: 20 steps, worst relative loss difference to PyTorch %.2e\n", case_name.c_str(), worst);
+  if (trainer.rank() == 0)
+    std::printf("%s%s: 20 steps, worst relative loss difference to PyTorch %.2e\n", case_name.c_str(),
+                world ? fmt::format(" on {} ranks ({})", world->size(), layout).c_str() : "", worst);
+}
+
+void check_parity_on_ranks(const std::string& case_name, int ranks, const std::string& layout) {
+  comm::GroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  comm::LocalWorld world(ranks, options);
+  world.run([&](comm::ProcessGroup& pg) { check_parity(case_name, pg.shared_from_this(), layout); });
 }
 
 }  // namespace
 
 TEST(Parity, MultiHeadUntiedMatchesPyTorchEveryStep) { check_parity("mha_untied"); }
 TEST(Parity, GroupedQueryTiedMatchesPyTorchEveryStep) { check_parity("gqa_tied"); }
+// Laid out on several ranks (threads of the local backend), the same steps match PyTorch too.
+TEST(Parity, FsdpOnTwoRanksMatchesPyTorchEveryStep) { check_parity_on_ranks("gqa_tied", 2, "fsdp"); }
+TEST(Parity, DdpOnTwoRanksMatchesPyTorchEveryStep) { check_parity_on_ranks("mha_untied", 2, "ddp"); }
 
 TEST(TrainErrors, DataFiles) {
   const std::string dir = scratch("data");
