@@ -86,10 +86,15 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
       const graph::ValueId v = node.inputs[k];
       inputs.push_back(l.redistribute(v, l.out.values.at(v), s.values.at(v), ns.inputs[k]));
     }
-    const graph::NodeId ln = local.add_node(node.op->name, inputs, node.attrs);
+    graph::ValueInfos local_out;
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const graph::ValueInfo& info = g.value(node.outputs[k]).info;
+      local_out.push_back({l.local_shape(info.shape, ns.outputs[k]), info.dtype});
+    }
+    const graph::NodeId ln = local.add_node(node.op->name, inputs, local_attrs(*node.op, node.attrs, local_out));
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       const graph::ValueId v = node.outputs[k], lv = local.node(ln).outputs[k];
-      const Shape want = l.local_shape(g.value(v).info.shape, ns.outputs[k]);
+      const Shape& want = local_out[k].shape;
       MT_CHECK(local.value(lv).info.shape == want,
                "lower: node {} ({}) on rank {} computes output {} as {}, but its layout {} gives {} there", n.index,
                node.op->name, rank, k, local.value(lv).info.shape.to_string(), ns.outputs[k].to_string(),

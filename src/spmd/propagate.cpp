@@ -29,13 +29,13 @@ void for_each_combination(const std::vector<DimStrategy>& per_dim, int ndim,
 // the product of the mesh dims that shard it.
 bool splits_evenly(const std::vector<const DimStrategy*>& c, const sharding::DeviceMesh& mesh, const graph::ValueInfos& in) {
   for (const DimStrategy* s : c)
-    for (const auto& [input, dim] : s->even_splits) {
+    for (const EvenSplit& e : s->even_splits) {
       int64_t shards = 1;
       for (int m = 0; m < mesh.ndim(); ++m) {
-        const Placement& p = c[static_cast<size_t>(m)]->inputs[static_cast<size_t>(input)];
-        if (p.is_sharding() && p.dim == dim) shards *= mesh.size(m);
+        const Placement& p = c[static_cast<size_t>(m)]->inputs[static_cast<size_t>(e.input)];
+        if (p.is_sharding() && p.dim == e.dim) shards *= mesh.size(m);
       }
-      if (in[static_cast<size_t>(input)].shape[static_cast<size_t>(dim)] % shards != 0) return false;
+      if (in[static_cast<size_t>(e.input)].shape[static_cast<size_t>(e.dim)] % (shards * e.multiple) != 0) return false;
     }
   return true;
 }

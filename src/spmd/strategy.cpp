@@ -53,6 +53,12 @@ std::vector<DimStrategy> dim_strategies(const StrategyQuery& q) {
 
 bool has_strategy_rule(const std::string& op) { return table().find(op) != nullptr; }
 
+graph::Attrs local_attrs(const graph::OpDef& op, const graph::Attrs& global, const graph::ValueInfos& local_out) {
+  graph::Attrs local = global;
+  if (op.name == "reshape") local.set(graph::attr::shape, local_out[0].shape.dims());
+  return local;
+}
+
 void register_strategy_rule(const std::string& op, StrategyRule rule) {
   MT_CHECK(static_cast<bool>(rule), "register_strategy_rule: empty rule for op '{}'", op);
   graph::find_op(op);

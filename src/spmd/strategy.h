@@ -16,15 +16,23 @@ namespace meshtrain::spmd {
 
 using sharding::Placement;
 
+// An input tensor dim that must split evenly for a strategy to hold: its
+// extent must divide by (the ranks sharding it) x `multiple`. Attention heads
+// (so each rank's query heads meet their own kv heads), or a reshape's split
+// dim (so each rank's rows stay whole rows of the output).
+struct EvenSplit {
+  int input = 0;
+  int dim = 0;
+  int64_t multiple = 1;
+  bool operator==(const EvenSplit&) const = default;
+};
+
 // One mesh dim's choice for a node: each output's placement, and the
 // placement each input must have for the op to compute it locally.
 struct DimStrategy {
   std::vector<Placement> outputs;
   std::vector<Placement> inputs;
-  // Input tensor dims that must split evenly for the strategy to hold (say,
-  // attention heads, so each rank's query heads meet their own kv heads):
-  // {input index, tensor dim}.
-  std::vector<std::pair<int, int>> even_splits;
+  std::vector<EvenSplit> even_splits;
   bool operator==(const DimStrategy&) const = default;
   std::string to_string() const;  // "S(0), R -> S(0)"
 };
@@ -46,5 +54,10 @@ bool has_strategy_rule(const std::string& op);
 
 // Attaches a rule to an op defined outside graph/ops. Fails if it has one.
 void register_strategy_rule(const std::string& op, StrategyRule rule);
+
+// The attributes of an op's local node, for ops whose attributes name global
+// sizes (reshape's target shape): from the global attributes and the local
+// output shapes the layouts give. Other ops keep their attributes.
+graph::Attrs local_attrs(const graph::OpDef& op, const graph::Attrs& global, const graph::ValueInfos& local_out);
 
 }  // namespace meshtrain::spmd

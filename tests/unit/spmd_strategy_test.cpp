@@ -38,12 +38,12 @@ Tensor random_like(const ValueInfo& v, std::mt19937& rng, bool positive = false,
   return t;
 }
 
-std::vector<Tensor> run_op(const OpCase& c, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> run_op(const OpCase& c, const std::vector<Tensor>& inputs, const Attrs* attrs = nullptr) {
   Graph g;
   std::vector<ValueId> ids;
   for (size_t i = 0; i < inputs.size(); ++i)
     ids.push_back(g.add_input(fmt::format("x{}", i), inputs[i].shape(), inputs[i].dtype()));
-  const std::vector<ValueId> outs = Builder(g).op_outputs(c.op, ids, c.attrs);
+  const std::vector<ValueId> outs = Builder(g).op_outputs(c.op, ids, attrs ? *attrs : c.attrs);
   runtime::Executor ex(g, sched::make_schedule(g, outs));
   for (size_t i = 0; i < inputs.size(); ++i) ex.bind(ids[i], inputs[i]);
   ex.run();
@@ -137,7 +137,8 @@ int check_strategies(const OpCase& c, double tolerance) {
     for (int n : {2, 3}) {
       SCOPED_TRACE(fmt::format("{} strategy {} on {} ranks", c.op, s.to_string(), n));
       bool even = true;
-      for (const auto& [input, dim] : s.even_splits) even &= c.inputs[static_cast<size_t>(input)].shape[static_cast<size_t>(dim)] % n == 0;
+      for (const auto& e : s.even_splits)
+        even &= c.inputs[static_cast<size_t>(e.input)].shape[static_cast<size_t>(e.dim)] % (n * e.multiple) == 0;
       if (!even) continue;  // the strategy does not hold here, and says so
       std::vector<std::vector<Tensor>> per_input;
       for (size_t i = 0; i < inputs.size(); ++i) per_input.push_back(split(inputs[i], s.inputs[i], n, rng));
@@ -145,7 +146,17 @@ int check_strategies(const OpCase& c, double tolerance) {
       for (int r = 0; r < n; ++r) {
         std::vector<Tensor> local;
         for (size_t i = 0; i < inputs.size(); ++i) local.push_back(per_input[i][static_cast<size_t>(r)]);
-        const auto outs = run_op(c, local);
+        // The local node's attributes, from the output shapes its placements give this rank.
+        ValueInfos local_out = out_infos;
+        for (size_t k = 0; k < out_infos.size(); ++k)
+          if (s.outputs[k].kind == Placement::Kind::shard) {
+            std::vector<int64_t> dims = out_infos[k].shape.dims();
+            const auto d = static_cast<size_t>(s.outputs[k].dim);
+            dims[d] = sharding::torch_chunk_sizes(dims[d], n)[static_cast<size_t>(r)];
+            local_out[k].shape = Shape(dims);
+          }
+        const Attrs attrs = spmd::local_attrs(op, c.attrs, local_out);
+        const auto outs = run_op(c, local, &attrs);
         for (size_t k = 0; k < outs.size(); ++k) per_output[k].push_back(outs[k]);
       }
       for (size_t k = 0; k < out_infos.size(); ++k) {
@@ -241,6 +252,18 @@ TEST(SpmdStrategies, ShapeOps) {
       {"slice_backward", {{{5, 3}, f64}}, {attr::dim(1), attr::start(2), attr::full_size(7)}}, 1e-14);  // S(0), P, R
   checked += check_strategies({"concat", {{{5, 3}, f64}, {{5, 4}, f64}}, {attr::dim(1)}}, 1e-14);  // S(0), P, R
   EXPECT_EQ(checked, 2 * (5 + 3 + 3 + 3));
+}
+
+TEST(SpmdStrategies, Reshape) {
+  auto reshape = [](Shape from, Shape to) {
+    return check_strategies({"reshape", {{from, f64}}, {attr::shape(to.dims())}}, 1e-14);
+  };
+  // Strategies checked, over 2 and 3 ranks; P and R always (4).
+  EXPECT_EQ(reshape({6, 4, 5}, {24, 5}), 2 + 2 + 4);      // 6 merges into 24 (6 splits evenly over 2 and 3); 5 stays
+  EXPECT_EQ(reshape({24, 5}, {6, 4, 5}), 2 + 2 + 4);      // 24 splits into 6 x 4 (6 even over 2 and 3); 5 stays
+  EXPECT_EQ(reshape({3, 5, 8}, {3, 5, 2, 4}), 2 + 2 + 1 + 4);  // 3, 5 stay; 8 splits into 2 x 4: even over 2 only
+  EXPECT_EQ(reshape({4, 6}, {2, 12}), 1 + 4);              // 4 splits into 2 x 2: even over 2 only; 6 is cut
+  EXPECT_EQ(reshape({2, 6}, {4, 3}), 1 + 4);               // 2 merges with part of 6 into 4: even over 2 only
 }
 
 TEST(SpmdStrategies, Embedding) {

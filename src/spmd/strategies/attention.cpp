@@ -13,7 +13,7 @@ void add_attention_rules(const AddRule& add) {
   });
   add("attention", [](const StrategyQuery&) {  // q, k, v -> out [B, T, Hq, D], lse [B, Hq, T]
     return std::vector<DimStrategy>{{{S(0), S(0)}, {S(0), S(0), S(0)}},
-                                    {{S(2), S(1)}, {S(2), S(2), S(2)}, {{1, 2}}}};
+                                    {{S(2), S(1)}, {S(2), S(2), S(2)}, {{1, 2}}}};  // kv heads (input 1, dim 2) even
   });
   add("attention_backward", [](const StrategyQuery&) {  // q, k, v, out, lse, dout -> dq, dk, dv
     return std::vector<DimStrategy>{{{S(0), S(0), S(0)}, {S(0), S(0), S(0), S(0), S(0), S(0)}},

@@ -18,7 +18,34 @@ std::vector<DimStrategy> shard_all_but(const StrategyQuery& q, int64_t skip) {
 }
 }  // namespace
 
+// reshape: input dim d_in keeps its shard in output dim d_out when the dims
+// before them hold the same number of elements and d_in maps to d_out whole,
+// or splits into d_out and dims after it (then d_out must split evenly, so
+// each rank's part is whole rows of the split), or merges with dims after it
+// into d_out (then d_in must split evenly). Partial sums pass through.
+std::vector<DimStrategy> reshape_strategies(const StrategyQuery& q) {
+  const Shape& in = q.in[0].shape;
+  const Shape& out = q.out[0].shape;
+  std::vector<DimStrategy> result;
+  int64_t in_prefix = 1;
+  for (size_t d_in = 0; d_in < in.rank(); in_prefix *= in[d_in], ++d_in) {
+    if (in[d_in] <= 1) continue;  // nothing to shard
+    int64_t out_prefix = 1;
+    for (size_t d_out = 0; d_out < out.rank() && out_prefix <= in_prefix; out_prefix *= out[d_out], ++d_out) {
+      if (out_prefix != in_prefix || out[d_out] <= 1) continue;
+      const int a = static_cast<int>(d_in), b = static_cast<int>(d_out);
+      if (in[d_in] == out[d_out]) result.push_back({{S(b)}, {S(a)}});
+      else if (in[d_in] % out[d_out] == 0) result.push_back({{S(b)}, {S(a)}, {{0, a, in[d_in] / out[d_out]}}});
+      else if (out[d_out] % in[d_in] == 0) result.push_back({{S(b)}, {S(a)}, {{0, a, 1}}});
+      break;
+    }
+  }
+  result.push_back({{P()}, {P()}});
+  return result;
+}
+
 void add_shape_rules(const AddRule& add) {
+  add("reshape", reshape_strategies);
   add("transpose", [](const StrategyQuery& q) {
     const auto d0 = static_cast<int>(q.attrs.get(graph::attr::dim0)), d1 = static_cast<int>(q.attrs.get(graph::attr::dim1));
     std::vector<DimStrategy> out;
