@@ -537,9 +537,9 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
         const auto sd = byte_displacements(op.desc.send_counts, elem, "all_to_all offset");
         const auto rc = byte_counts(op.desc.recv_counts, elem, "all_to_all block");
         const auto rd = byte_displacements(op.desc.recv_counts, elem, "all_to_all offset");
-        const bool equal = std::all_of(sc.begin(), sc.end(), [&](int x) { return x == sc[0]; }) &&
-                           sc == rc;
-        if (equal)
+        // Not decided from this rank's counts: a rank whose blocks happen to be
+        // equal (all empty, say) must still make the same call as its peers.
+        if (op.desc.equal_blocks)
           return MPI_Ialltoall(op.desc.in, sc[0], MPI_BYTE, op.desc.out, sc[0], MPI_BYTE,
                                op.group->comm, &reqs[0]);
         return MPI_Ialltoallv(op.desc.in, sc.data(), sd.data(), MPI_BYTE, op.desc.out, rc.data(),

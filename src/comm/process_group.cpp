@@ -274,6 +274,7 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
   check_tensor(output, "output", "all_to_all");
   check_same_dtype(input, output, "all_to_all");
   const int n = size();
+  const bool equal_blocks = send_counts.empty() && recv_counts.empty();
   if (send_counts.empty()) {
     MT_CHECK(input.numel() % n == 0,
              "all_to_all: input has {} elements, not divisible by the group size {}; pass "
@@ -297,6 +298,7 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
   OpDesc d = describe_op(OpType::all_to_all, input, output);
   d.send_counts = std::move(send_counts);
   d.recv_counts = std::move(recv_counts);
+  d.equal_blocks = equal_blocks;
   return issue(std::move(d));
 }
 

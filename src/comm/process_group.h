@@ -43,6 +43,11 @@ struct OpDesc {
   std::vector<int64_t> counts;       // all_gather / reduce_scatter: elements per rank
   std::vector<int64_t> send_counts;  // all_to_all: elements this rank sends to each rank
   std::vector<int64_t> recv_counts;  // all_to_all: elements this rank receives from each rank
+  // all_to_all called without counts: equal blocks on every rank, so a
+  // backend may use its equal-block call. With counts, the blocks may differ
+  // by rank (a rank may even send and receive nothing), and every rank must
+  // take the same call: the variable-block one.
+  bool equal_blocks = false;
   uint64_t seq = 0;
 
   // What every rank must agree on: seq, op, dtype, reduce op, root, element

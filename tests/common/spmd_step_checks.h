@@ -26,7 +26,7 @@ struct Inputs {
   std::map<ValueId, Tensor> values;  // every input and parameter of the global graph
 };
 
-Inputs make_inputs(const Graph& g) {
+inline Inputs make_inputs(const Graph& g) {
   std::mt19937 rng(17);
   std::normal_distribution<double> normal(0.0, 0.3);
   Inputs in;
@@ -45,7 +45,7 @@ Inputs make_inputs(const Graph& g) {
 }
 
 // The single-rank run: every graph output.
-std::vector<Tensor> run_single(const Graph& g, const Inputs& in) {
+inline std::vector<Tensor> run_single(const Graph& g, const Inputs& in) {
   runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
   for (const auto& [v, t] : in.values) ex.bind(v, t);
   ex.run();

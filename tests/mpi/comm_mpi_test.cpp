@@ -100,3 +100,19 @@ TEST(MpiErrors, RankOutsideTheGroup) {
   EXPECT_TRUE(contains(msg, "passed an invalid member list")) << msg;
   pg.barrier()->wait();
 }
+
+// The last rank holds nothing (an empty shard): its counts are all zero, so
+// equal, yet it must make the same variable-block call as its peers (it once
+// took the equal-block call and the job hung).
+TEST(MpiCollectives, AllToAllWithAnEmptyRank) {
+  ProcessGroup& pg = mpi_world();
+  const int n = pg.size(), me = pg.rank(), last = n - 1;
+  std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
+  for (int r = 0; r < last; ++r)
+    if (me != last) send[static_cast<size_t>(r)] = recv[static_cast<size_t>(r)] = 1;
+  Tensor in = Tensor::empty({me == last ? 0 : last}, DType::f32), out = Tensor::empty({me == last ? 0 : last}, DType::f32);
+  for (int r = 0; r < (me == last ? 0 : last); ++r) in.data<float>()[static_cast<size_t>(r)] = static_cast<float>(100 * me + r);
+  pg.all_to_all(in, out, send, recv)->wait();
+  for (int r = 0; r < (me == last ? 0 : last); ++r) EXPECT_EQ(out.data<float>()[static_cast<size_t>(r)], 100.0f * r + me);
+  pg.barrier()->wait();  // and the group goes on
+}
