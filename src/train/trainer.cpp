@@ -36,9 +36,9 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
       build_train_step(part.graph, config_.model, B, T, config_.optimizer, config_.training.max_grad_norm,
                        DType::f32, config_.training.dtype);
   sched::step_pipeline().run(part.graph);
-  global_tokens_ = Tensor::empty({B, T}, DType::i64);
-  global_targets_ = Tensor::empty({B, T}, DType::i64);
   if (world_) {
+    global_tokens_ = Tensor::empty({B, T}, DType::i64);
+    global_targets_ = Tensor::empty({B, T}, DType::i64);
     lay_out(part);
     // This rank's shard of every parameter, cut from the same global initial weights.
     for (const auto& [name, v] : sg.model.params)
