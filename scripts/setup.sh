@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 
 # ocl-icd-opencl-dev: Debian's libdnnl-dev only recommends it, but its CMake
 # package (dnnl-config.cmake) calls find_package(OpenCL) and fails without it.
+# python3: tests/mpi/train_parity_test.sh compares runs' metrics and
+# checkpoints with it (standard library only).
 packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
-          nlohmann-json3-dev libfmt-dev)
+          nlohmann-json3-dev libfmt-dev python3)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
