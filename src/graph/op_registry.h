@@ -35,6 +35,9 @@ struct OpDef {
   // The output is input 0's bytes under another shape (reshape): executors
   // alias the buffer, and the op has no kernel.
   bool is_view = false;
+  // A step of a redistribution in a lowered graph (graph/ops/collective.cpp):
+  // executors run it on the mesh groups, not with a kernel.
+  bool is_collective = false;
 };
 
 // An op's FLOPs and bytes for the given operands (0 FLOPs where the op has

@@ -5,14 +5,8 @@
 
 namespace meshtrain::runtime {
 
-bool is_collective(const graph::OpDef& op) {
-  for (const char* name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "shard_locally"})
-    if (op.name == name) return true;
-  return false;
-}
-
 std::optional<CollectiveStep> collective_step(const graph::Node& node, const sharding::DeviceMesh& mesh) {
-  if (!is_collective(*node.op)) return std::nullopt;
+  if (!node.op->is_collective) return std::nullopt;
   CollectiveStep c;
   sharding::PlanStep& s = c.step;
   for (int64_t m : node.attrs.get(graph::attr::mesh_dims)) {

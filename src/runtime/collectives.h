@@ -18,6 +18,5 @@ struct CollectiveStep {
 // The step of a collective node, or nullopt for any other op. Fails naming
 // the node when its attributes do not fit the mesh.
 std::optional<CollectiveStep> collective_step(const graph::Node& node, const sharding::DeviceMesh& mesh);
-bool is_collective(const graph::OpDef& op);
 
 }  // namespace meshtrain::runtime

@@ -17,7 +17,7 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
   for (graph::NodeId n : schedule_.steps) {
     const graph::Node& node = g.node(n);
     MT_CHECK(!node.removed, "schedule: step node {} ({}) was removed from the graph", n.index, node.op->name);
-    if (is_collective(*node.op)) {
+    if (node.op->is_collective) {
       MT_CHECK(groups_ != nullptr, "node {} is a collective ({}) but the executor was given no mesh groups", n.index,
                node.op->name);
       step_collectives_.push_back(collective_step(node, groups_->mesh()));

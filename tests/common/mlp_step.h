@@ -44,15 +44,21 @@ struct Mlp {
     }
     sched::remove_dead_nodes(g);  // the gradient of x
   }
-  // Propagation on a 1-d mesh of 2 ranks, x sharded by batch, the parameters
-  // and their moments in `param_layout`, the loss delivered replicated.
-  spmd::Sharding propagate(sharding::Planner& planner, const std::string& param_layout) {
+  // On a 1-d mesh: x sharded by batch, the parameters and their moments in
+  // `param_layout` (and their updates delivered so), the loss replicated.
+  struct Layouts {
+    std::map<ValueId, Layout> given, deliver;
+  };
+  Layouts layouts(const std::string& param_layout) const {
     const Layout p = Layout::parse(param_layout, 1);
-    std::map<ValueId, Layout> given{{x, Layout::parse("S(0)", 1)}, {w1, p}, {w2, p}};
-    for (ValueId v : states) given[v] = p;
-    std::map<ValueId, Layout> deliver{{loss, Layout::parse("R", 1)}};
-    for (ValueId u : updates) deliver[u] = p;
-    return spmd::propagate(g, planner, given, deliver);
+    Layouts l{{{x, Layout::parse("S(0)", 1)}, {w1, p}, {w2, p}}, {{loss, Layout::parse("R", 1)}}};
+    for (ValueId v : states) l.given[v] = p;
+    for (ValueId u : updates) l.deliver[u] = p;
+    return l;
+  }
+  spmd::Sharding propagate(sharding::Planner& planner, const std::string& param_layout) {
+    const Layouts l = layouts(param_layout);
+    return spmd::propagate(g, planner, l.given, l.deliver);
   }
   std::string propagated(const std::string& param_layout) {
     const sharding::DeviceMesh mesh({2});

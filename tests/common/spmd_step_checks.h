@@ -90,13 +90,9 @@ inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mes
 inline int check_lowered_step(comm::ProcessGroup& pg, const std::string& param_layout) {
   Mlp mlp;
   const Inputs in = make_inputs(mlp.g);
-  const Layout p = Layout::parse(param_layout, 1);
-  std::map<ValueId, Layout> given{{mlp.x, Layout::parse("S(0)", 1)}, {mlp.w1, p}, {mlp.w2, p}};
-  for (ValueId v : mlp.states) given[v] = p;
-  std::map<ValueId, Layout> deliver{{mlp.loss, Layout::parse("R", 1)}};
-  for (ValueId u : mlp.updates) deliver[u] = p;
-  return check_lowered(pg, sharding::DeviceMesh({pg.size()}), mlp.g, given, deliver, in, run_single(mlp.g, in), 1e-5,
-                       "parameters " + param_layout);
+  const Mlp::Layouts l = mlp.layouts(param_layout);
+  return check_lowered(pg, sharding::DeviceMesh({pg.size()}), mlp.g, l.given, l.deliver, in, run_single(mlp.g, in),
+                       1e-5, "parameters " + param_layout);
 }
 
 // A whole Llama training step (train::build_train_step: forward, backward,

@@ -23,6 +23,7 @@ void add_collective_ops(std::vector<OpDef>& ops) {
               at.get(attr::global_shape);
               return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}};
             },
+        .is_collective = true,
     });
 }
 
