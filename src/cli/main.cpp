@@ -57,7 +57,13 @@ int main(int argc, char** argv) {
 
   auto* train = app.add_subcommand("train", "Train a Llama from a TOML config: meshtrain train --config FILE "
                                              "[--section.key value ...] (meshtrain train --help lists the keys)");
-  train->prefix_command();  // everything after `train` is the trainer's own arguments
+  train->prefix_command();  // everything after `train` is the trainer's own arguments, --help too
+  train->set_help_flag();
+
+  auto* lower = app.add_subcommand("lower", "Print any rank's lowered training step without running it: meshtrain lower "
+                                             "--ranks N [--rank R] --config FILE [--section.key value ...]");
+  lower->prefix_command();
+  lower->set_help_flag();
 
   meshtrain::cli::LayoutCommand layout_cmd;
   auto* layout = app.add_subcommand(
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
     if (*bench_comm) return meshtrain::cli::run_comm_bench(comm_opts);
     if (*layout) return meshtrain::cli::run_layout(layout_cmd);
     if (*train) return meshtrain::cli::run_train(train->remaining());
+    if (*lower) return meshtrain::cli::run_lower(lower->remaining());
     if (*plan) return meshtrain::cli::run_plan(plan_cmd);
     if (*fr) {
       const auto report = meshtrain::comm::analyze_flight_records(fr_dir);

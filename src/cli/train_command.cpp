@@ -1,12 +1,18 @@
 #include "cli/train_command.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "comm/mpi_backend.h"
+#include "graph/graph.h"
+#include "spmd/lower.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -18,11 +24,30 @@ std::string train_help() {
       "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks; DDP, FSDP, HSDP)\n"
       "and every rank runs its part; rank 0 prints and writes metrics and checkpoints\n"
       "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). --profile prints the time of each op after training\n"
-      "(summed over all steps but the first), with GFLOP/s and GB/s by the ops' FLOP and byte counts. Keys: {}\n",
+      "(summed over all steps but the first), with GFLOP/s and GB/s by the ops' FLOP and byte counts.\n"
+      "--dump-graph FILE writes the step graph each rank runs as text (its lowered graph under mpirun: every\n"
+      "value's local shape and layout, every collective's group, mesh dims, bytes); a {{rank}} in FILE is\n"
+      "replaced by the rank, and without one only rank 0 writes. Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
 
+std::string lower_help() {
+  return "meshtrain lower --ranks N [--rank R] [--out FILE] --config FILE [--section.key value ...]\n"
+         "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
+         "would, and print rank R's lowered graph (default 0) without running anything: every value with its\n"
+         "local shape and layout, every collective with its group, mesh dims, layouts and bytes.\n";
+}
+
 namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  MT_CHECK(f.good(), "cannot write '{}'", path);
+  f << text;
+  f.close();
+  MT_CHECK(f.good(), "writing '{}' failed", path);
+}
+
 void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
   double total = 0;
   for (const auto& t : ops) total += t.seconds;
@@ -37,35 +62,102 @@ void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
     fmt::print("                     {:<22} {:>8} {:>10.1f} {:>6.1f}% {:>9.1f} {:>7.1f}\n", t.op, t.calls,
                t.seconds * 1e3, 100 * t.seconds / total, rate(t.flops, t.seconds), rate(t.bytes, t.seconds));
 }
-}  // namespace
 
-int run_train(const std::vector<std::string>& args) {
-  std::string config_path;
+// The words after a command: --help, flags without a value, options with one
+// (--key value or --key=value), the rest config overrides.
+struct CommandArgs {
+  bool help = false;
+  std::set<std::string> flags;
+  std::map<std::string, std::string> options;  // --config and the command's own
   std::vector<std::pair<std::string, std::string>> overrides;
-  bool profile = false;
+};
+
+CommandArgs parse_args(const std::string& command, const std::vector<std::string>& args,
+                       const std::set<std::string>& flags, const std::set<std::string>& options) {
+  CommandArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
-      fmt::print("{}", train_help());
-      return 0;
-    }
-    if (a == "--profile") {
-      profile = true;
+      out.help = true;
       continue;
     }
-    MT_CHECK(a.rfind("--", 0) == 0, "train: unexpected argument '{}'; options look like --config FILE or --section.key value", a);
+    MT_CHECK(a.rfind("--", 0) == 0, "{}: unexpected argument '{}'; options look like --config FILE or --section.key value",
+             command, a);
     std::string key = a.substr(2), value;
+    if (flags.count(key)) {
+      out.flags.insert(key);
+      continue;
+    }
     if (const auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else {
-      MT_CHECK(i + 1 < args.size(), "train: option --{} needs a value", key);
+      MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
       value = args[++i];
     }
-    if (key == "config") config_path = value;
-    else overrides.emplace_back(key, value);
+    if (key == "config" || options.count(key)) out.options[key] = value;
+    else out.overrides.emplace_back(key, value);
   }
-  MT_CHECK(!config_path.empty(), "train: --config FILE is required\n{}", train_help());
+  return out;
+}
+
+int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {
+  const auto it = a.options.find(key);
+  if (it == a.options.end()) return fallback;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MT_CHECK(used == it->second.size() && !it->second.empty(), "{}: --{} wants an integer, got '{}'", command, key,
+           it->second);
+  return v;
+}
+
+}  // namespace
+
+int run_lower(const std::vector<std::string>& args) {
+  const CommandArgs a = parse_args("lower", args, {}, {"ranks", "rank", "out"});
+  if (a.help) {
+    fmt::print("{}", lower_help());
+    return 0;
+  }
+  MT_CHECK(a.options.count("config"), "lower: --config FILE is required\n{}", lower_help());
+  MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}", lower_help());
+  const int64_t ranks = integer_option(a, "lower", "ranks", 1), rank = integer_option(a, "lower", "rank", 0);
+  MT_CHECK(ranks >= 1, "lower: --ranks {} must be at least 1", ranks);
+  MT_CHECK(rank >= 0 && rank < ranks, "lower: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
+  const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);
+  graph::Graph g;
+  const train::TrainStepGraph step = train::build_step(config, g);
+  std::string text;
+  if (ranks == 1) {
+    text = graph::to_text(g);
+  } else {
+    const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank));
+    text = fmt::format("# rank {} of mesh {}\n{}", rank, l.mesh().describe(), spmd::to_text(l.lowered, l.sharding));
+  }
+  if (const auto out = a.options.find("out"); out != a.options.end()) {
+    write_text(out->second, text);
+    fmt::print("lower: rank {} of {}: {} nodes to {}\n", rank, ranks, std::count(text.begin(), text.end(), '\n'), out->second);
+  } else {
+    fmt::print("{}", text);
+  }
+  return 0;
+}
+
+int run_train(const std::vector<std::string>& args) {
+  const CommandArgs a = parse_args("train", args, {"profile"}, {"dump-graph"});
+  if (a.help) {
+    fmt::print("{}", train_help());
+    return 0;
+  }
+  const bool profile = a.flags.count("profile") > 0;
+  MT_CHECK(a.options.count("config"), "train: --config FILE is required\n{}", train_help());
+  const std::string config_path = a.options.at("config");
+  const auto& overrides = a.overrides;
   // Under mpirun every rank reads the same config and checks it the same way
   // before any rank talks to another: rank 0 reports a bad one, and every
   // rank exits.
@@ -82,6 +174,12 @@ int run_train(const std::vector<std::string>& args) {
   if (launched.size > 1) world = comm::create_mpi_world();
   train::Trainer trainer(std::move(config), world);
   const auto& c = trainer.config();
+  if (const auto dump = a.options.find("dump-graph"); dump != a.options.end()) {
+    std::string path = dump->second;
+    const auto at = path.find("{rank}");
+    if (at != std::string::npos) path.replace(at, 6, std::to_string(trainer.rank()));
+    if (at != std::string::npos || trainer.rank() == 0) write_text(path, trainer.lowered_text());
+  }
   const bool printer = trainer.rank() == 0;
   if (!printer) {
     trainer.run(nullptr);

@@ -1,4 +1,5 @@
-// `meshtrain train --config FILE [--section.key value ...]`.
+// `meshtrain train --config FILE [--section.key value ...]`, and
+// `meshtrain lower`, which prints any rank's lowered step without running it.
 #pragma once
 
 #include <string>
@@ -9,5 +10,9 @@ namespace meshtrain::cli {
 // args: the words after `train`. Returns the exit code.
 int run_train(const std::vector<std::string>& args);
 std::string train_help();
+
+// args: the words after `lower`. Returns the exit code.
+int run_lower(const std::vector<std::string>& args);
+std::string lower_help();
 
 }  // namespace meshtrain::cli

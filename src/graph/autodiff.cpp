@@ -10,7 +10,7 @@
 namespace meshtrain::graph {
 
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
-  const ValueInfo& li = g.value(loss).info;
+  const ValueInfo li = g.value(loss).info;  // a copy: adding values moves the storage
   MT_CHECK(li.shape.numel() == 1, "autodiff needs a scalar loss, got {}", g.describe_value(loss));
   MT_CHECK(!g.insertion_point().valid(), "autodiff appends to the end of the graph; clear the insertion point first");
   const std::string saved_scope = g.scope();
@@ -48,7 +48,7 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<V
     g.set_scope(node.scope);
     for (size_t k = 0; k < grad_out.size(); ++k)  // rules may assume every output's gradient exists
       if (!grad_out[k].valid()) {
-        const ValueInfo& oi = g.value(node.outputs[k]).info;
+        const ValueInfo oi = g.value(node.outputs[k]).info;
         grad_out[k] = b.full(oi.shape, oi.dtype, 0.0);
       }
     const std::vector<ValueId> grad_in = node.op->backward(b, node, grad_out);

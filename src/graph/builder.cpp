@@ -1,5 +1,7 @@
 #include "graph/builder.h"
 
+#include "core/error.h"
+
 namespace meshtrain::graph {
 
 ValueId Builder::op(const std::string& name, const std::vector<ValueId>& inputs, const Attrs& attrs) {
@@ -31,7 +33,8 @@ ValueId Builder::silu(ValueId x) { return op("silu", {x}); }
 ValueId Builder::softmax(ValueId x) { return op("softmax", {x}); }
 ValueId Builder::rms_norm(ValueId x, ValueId w, double eps) { return op("rms_norm", {x, w}, {attr::eps(eps)}); }
 ValueId Builder::cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index) {
-  return op("cross_entropy", {logits, targets}, {attr::ignore_index(ignore_index)});
+  const ValueId count = op("count_valid", {targets}, {attr::ignore_index(ignore_index)});
+  return op("cross_entropy", {logits, targets, count}, {attr::ignore_index(ignore_index)});
 }
 ValueId Builder::embedding(ValueId table, ValueId ids) { return op("embedding", {table, ids}); }
 
@@ -40,8 +43,9 @@ ValueId Builder::softmax_backward(ValueId y, ValueId dy) { return op("softmax_ba
 std::vector<ValueId> Builder::rms_norm_backward(ValueId x, ValueId w, ValueId dy, double eps) {
   return op_outputs("rms_norm_backward", {x, w, dy}, {attr::eps(eps)});
 }
-ValueId Builder::cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, int64_t ignore_index) {
-  return op("cross_entropy_backward", {logits, targets, dloss}, {attr::ignore_index(ignore_index)});
+ValueId Builder::cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, ValueId count,
+                                       int64_t ignore_index) {
+  return op("cross_entropy_backward", {logits, targets, dloss, count}, {attr::ignore_index(ignore_index)});
 }
 ValueId Builder::embedding_backward(ValueId ids, ValueId dout, int64_t vocab) {
   return op("embedding_backward", {ids, dout}, {attr::vocab(vocab)});
@@ -56,7 +60,12 @@ ValueId Builder::slice(ValueId x, int dim, int64_t start, int64_t length) {
   return op("slice", {x}, {attr::dim(dim), attr::start(start), attr::length(length)});
 }
 ValueId Builder::concat(const std::vector<ValueId>& xs, int dim) { return op("concat", xs, {attr::dim(dim)}); }
-ValueId Builder::global_norm(const std::vector<ValueId>& xs) { return op("global_norm", xs); }
+ValueId Builder::global_norm(const std::vector<ValueId>& xs) {
+  MT_CHECK(!xs.empty(), "global_norm needs at least one tensor");
+  ValueId total = op("sum_squares", {xs[0]});
+  for (size_t i = 1; i < xs.size(); ++i) total = add(total, op("sum_squares", {xs[i]}));
+  return cast(op("sqrt", {total}), g_.value(xs[0]).info.dtype);
+}
 ValueId Builder::clip_coefficient(ValueId norm, double max_norm) {
   return op("clip_coefficient", {norm}, {attr::max_norm(max_norm)});
 }

@@ -32,6 +32,7 @@ class Builder {
   ValueId softmax(ValueId x);  // over the last dim
   ValueId rms_norm(ValueId x, ValueId weight, double eps);  // over the last dim
   // Mean over rows whose target != ignore_index; targets i64.
+  // The mean over the rows whose target is not ignore_index: count_valid, then cross_entropy.
   ValueId cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
   ValueId embedding(ValueId table, ValueId ids);  // ids i64 -> [..., dim]
 
@@ -43,7 +44,9 @@ class Builder {
   ValueId slice(ValueId x, int dim, int64_t start, int64_t length);
   ValueId concat(const std::vector<ValueId>& xs, int dim);
   // Optimizer-side ops (not differentiated).
-  ValueId global_norm(const std::vector<ValueId>& xs);          // sqrt(sum of squares of all elements)
+  // sqrt(sum of squares of all elements) in xs[0]'s dtype: sum_squares of each
+  // (f64), added, sqrt, cast, so each tensor's part can be summed where it lies.
+  ValueId global_norm(const std::vector<ValueId>& xs);
   ValueId clip_coefficient(ValueId norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
   ValueId scale_by(ValueId x, ValueId scalar);                      // x * scalar (a one-element tensor)
   // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.
@@ -54,7 +57,7 @@ class Builder {
   ValueId silu_backward(ValueId x, ValueId dy);
   ValueId softmax_backward(ValueId y, ValueId dy);
   std::vector<ValueId> rms_norm_backward(ValueId x, ValueId weight, ValueId dy, double eps);  // {dx, dweight}
-  ValueId cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, int64_t ignore_index);
+  ValueId cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, ValueId count, int64_t ignore_index);
   ValueId embedding_backward(ValueId ids, ValueId dout, int64_t vocab);
   std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId out, ValueId lse, ValueId dout, double scale);
   std::vector<ValueId> swiglu_backward(ValueId gate, ValueId up, ValueId dout);

@@ -198,20 +198,25 @@ std::string value_ref(const Graph& g, ValueId v) {
 }
 }  // namespace
 
-std::string to_text(const Graph& g) {
+std::string to_text(const Graph& g, const std::map<ValueId, std::string>& notes) {
+  auto note = [&](ValueId v) {
+    const auto it = notes.find(v);
+    return it == notes.end() ? std::string() : " " + it->second;
+  };
   std::string out;
   for (int i = 0; i < g.num_values(); ++i) {
     const ValueId v(i);
     const Value& val = g.value(v);
     if (val.kind == ValueKind::intermediate) continue;
-    out += fmt::format("{} %{}:{}: {}{}\n", val.kind == ValueKind::input ? "input" : "param", i, val.name,
-                       dtype_name(val.info.dtype), val.info.shape.to_string());
+    out += fmt::format("{} %{}:{}: {}{}{}\n", val.kind == ValueKind::input ? "input" : "param", i, val.name,
+                       dtype_name(val.info.dtype), val.info.shape.to_string(), note(v));
   }
   for (NodeId n : g.order()) {
     const Node& node = g.node(n);
     std::vector<std::string> outs, ins;
     for (ValueId v : node.outputs)
-      outs.push_back(fmt::format("%{}: {}{}", v.index, dtype_name(g.value(v).info.dtype), g.value(v).info.shape.to_string()));
+      outs.push_back(fmt::format("%{}: {}{}{}", v.index, dtype_name(g.value(v).info.dtype), g.value(v).info.shape.to_string(),
+                                 note(v)));
     for (ValueId v : node.inputs) ins.push_back(value_ref(g, v));
     const std::string attrs = node.attrs.to_string();
     out += fmt::format("{} = {}({}){}{}  # {}{}{}\n", fmt::join(outs, ", "), node.op->name, fmt::join(ins, ", "),

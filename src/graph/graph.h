@@ -14,6 +14,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -156,8 +157,9 @@ class InsertBefore {
 
 // The graph as text, one line per input, parameter and node in order, e.g.
 //   %3: f32(2, 4) = matmul(%0, %1) {transpose_a=false, transpose_b=true}  # layers.0.attention
-// Values print as %id (inputs and parameters with their names).
-std::string to_text(const Graph& g);
+// Values print as %id (inputs and parameters with their names). `notes`
+// adds a word after a value's type where it is defined (a layout).
+std::string to_text(const Graph& g, const std::map<ValueId, std::string>& notes = {});
 
 // Checks the graph's invariants: the order holds each live node once; every
 // input of a node is an input, a parameter or the output of a node earlier in

@@ -9,9 +9,10 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.tp >= 1, "parallel.tp must be >= 1, got {}", c.tp);
   MT_CHECK(c.dp_shard >= 1 || c.dp_shard == -1, "parallel.dp_shard must be >= 1 or -1 (the ranks left over), got {}",
            c.dp_shard);
-  MT_CHECK(c.tp == 1, "parallel.tp = {}: tensor parallelism is not implemented yet; use tp = 1", c.tp);
-  MT_CHECK(!c.sequence_parallel, "parallel.sequence_parallel needs parallel.tp > 1");
-  MT_CHECK(!c.loss_parallel, "parallel.loss_parallel needs parallel.tp > 1");
+  MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
+  MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
+  MT_CHECK(!c.sequence_parallel, "parallel.sequence_parallel is not implemented yet; use false");
+  MT_CHECK(!c.loss_parallel, "parallel.loss_parallel is not implemented yet; use false");
   MT_CHECK(c.reshard_after_forward,
            "parallel.reshard_after_forward = false (keeping gathered weights for backward) is not implemented yet");
   int64_t dp_shard = c.dp_shard;
@@ -27,25 +28,51 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
                               {"dp_replicate", "dp_shard", "tp"});
 }
 
-StepLayouts data_parallel_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles) {
+StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles) {
   using sharding::Layout;
   using sharding::Placement;
-  const int replicate = mesh.dim_index("dp_replicate"), shard = mesh.dim_index("dp_shard");
-  std::vector<Placement> batch(static_cast<size_t>(mesh.ndim())), param(static_cast<size_t>(mesh.ndim()));
-  batch[static_cast<size_t>(replicate)] = Placement::shard(0);
-  batch[static_cast<size_t>(shard)] = Placement::shard(0);
-  param[static_cast<size_t>(shard)] = Placement::shard(0);
-  const Layout batch_layout = Layout::from_placements(batch), param_layout = Layout::from_placements(param);
-  const Layout replicated = Layout::from_placements(std::vector<Placement>(static_cast<size_t>(mesh.ndim())));
+  const auto replicate = static_cast<size_t>(mesh.dim_index("dp_replicate")),
+             shard = static_cast<size_t>(mesh.dim_index("dp_shard")), tp = static_cast<size_t>(mesh.dim_index("tp"));
+  const auto ndim = static_cast<size_t>(mesh.ndim());
+  // A mesh dim of one rank splits nothing: its placement is Replicate, so
+  // layouts read as what they do.
+  auto split = [&](size_t mesh_dim, int tensor_dim) {
+    return mesh.size(static_cast<int>(mesh_dim)) > 1 ? Placement::shard(tensor_dim) : Placement::replicate();
+  };
+  std::vector<Placement> batch(ndim);
+  batch[replicate] = split(replicate, 0);
+  batch[shard] = split(shard, 0);
+  const Layout batch_layout = Layout::from_placements(batch);
+  const Layout replicated = Layout::from_placements(std::vector<Placement>(ndim));
+  auto layout_of_param = [&](graph::ValueId p) {
+    if (g.value(p).info.shape.rank() == 0) return replicated;  // nothing to shard
+    std::vector<Placement> placements(ndim);
+    placements[shard] = split(shard, 0);
+    const auto tp_dim = roles.tp_dims.find(p);
+    if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);
+    Layout l = Layout::from_placements(std::move(placements));
+    if (l.shard_sequence(0).size() == 2) {
+      l.order[tp] = 0;  // tp splits dim 0 first, then dp_shard each part
+      l.order[shard] = 1;
+    }
+    return l;
+  };
   StepLayouts out;
   for (graph::ValueId v : roles.batch_inputs) out.given[v] = batch_layout;
-  // A parameter of rank 0 (none today) could not be sharded: it stays replicated.
-  auto layout_of_param = [&](graph::ValueId p) { return g.value(p).info.shape.rank() > 0 ? param_layout : replicated; };
   for (graph::ValueId p : roles.parameters) out.given[p] = layout_of_param(p);
   for (const auto& [state, p] : roles.states) out.given[state] = layout_of_param(p);
   for (graph::ValueId v : roles.replicated_outputs) out.deliver[v] = replicated;
   for (const auto& [updated, buffer] : roles.updates) out.deliver[updated] = out.given.at(buffer);
   return out;
+}
+
+std::optional<int> llama_tp_dim(std::string_view name) {
+  auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
+  for (std::string_view by_output : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"})
+    if (has(by_output)) return 0;
+  for (std::string_view by_input : {"o_proj", "down_proj"})
+    if (has(by_input)) return 1;
+  return std::nullopt;
 }
 
 }  // namespace meshtrain::parallel

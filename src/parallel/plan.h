@@ -7,6 +7,8 @@
 #pragma once
 
 #include <map>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,7 +22,7 @@ namespace meshtrain::parallel {
 struct ParallelConfig {
   int64_t dp_replicate = 1;  // DDP: parameters replicated, gradients reduced
   int64_t dp_shard = -1;     // FSDP / ZeRO-3: parameters, gradients and states Shard(0); -1: the ranks left over
-  int64_t tp = 1;            // tensor parallel (not implemented yet: must be 1)
+  int64_t tp = 1;            // Megatron tensor parallel: weights split by output or input features
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false (keep gathered weights for backward) is not implemented yet
@@ -38,6 +40,7 @@ struct StepRoles {
   std::vector<graph::ValueId> batch_inputs;                        // [batch, ...]: split over data parallel
   std::vector<graph::ValueId> replicated_outputs;                  // loss, gradient norm
   std::vector<std::pair<graph::ValueId, graph::ValueId>> updates;  // updated value -> the parameter or state it replaces
+  std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
 };
 
 struct StepLayouts {
@@ -45,10 +48,22 @@ struct StepLayouts {
   std::map<graph::ValueId, sharding::Layout> deliver;  // outputs
 };
 
-// Data parallel plans (DDP, FSDP, HSDP by the mesh's dp dims): the batch
-// Shard(0) over dp_replicate and dp_shard; parameters and states Replicate
-// over dp_replicate and Shard(0) over dp_shard; replicated inputs and outputs
-// Replicate.
-StepLayouts data_parallel_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles);
+// The layouts of a training step on the mesh (dp_replicate, dp_shard, tp):
+// the batch Shard(0) over dp_replicate and dp_shard (DDP, FSDP, HSDP) and
+// Replicate over tp; each parameter and its states Replicate over
+// dp_replicate, Shard(0) over dp_shard and Shard(tp_dims[p]) over tp. Where
+// dp_shard and tp both split dim 0, tp splits first and FSDP shards each tp
+// rank's part (so gathering over dp_shard gives that part whole, as
+// torchtitan's strided shards do). Replicated outputs Replicate; updates
+// delivered as what they replace.
+StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles);
+
+// Megatron's split of a Hugging Face Llama parameter, by name: the tensor
+// dim tp splits. q/k/v/gate/up by output features (dim 0 of the [out, in]
+// weight) and o/down by input features (dim 1), so that attention heads and
+// MLP columns stay local and each block ends in one partial sum; the
+// embedding and lm_head tables by vocabulary rows (dim 0). Norm scales:
+// none (replicated).
+std::optional<int> llama_tp_dim(std::string_view name);
 
 }  // namespace meshtrain::parallel

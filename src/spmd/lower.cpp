@@ -82,19 +82,21 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
     local.set_scope(node.scope);
     local.set_phase(node.phase);
     std::vector<graph::ValueId> inputs;
+    graph::ValueInfos global_in;
+    std::vector<sharding::LocalChunk> in_chunks, out_chunks;
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       const graph::ValueId v = node.inputs[k];
       inputs.push_back(l.redistribute(v, l.out.values.at(v), s.values.at(v), ns.inputs[k]));
+      global_in.push_back(g.value(v).info);
+      in_chunks.push_back(sharding::local_chunk(global_in.back().shape, ns.inputs[k], mesh, l.coord));
     }
-    graph::ValueInfos local_out;
-    for (size_t k = 0; k < node.outputs.size(); ++k) {
-      const graph::ValueInfo& info = g.value(node.outputs[k]).info;
-      local_out.push_back({l.local_shape(info.shape, ns.outputs[k]), info.dtype});
-    }
-    const graph::NodeId ln = local.add_node(node.op->name, inputs, local_attrs(*node.op, node.attrs, local_out));
+    for (size_t k = 0; k < node.outputs.size(); ++k)
+      out_chunks.push_back(sharding::local_chunk(g.value(node.outputs[k]).info.shape, ns.outputs[k], mesh, l.coord));
+    const graph::NodeId ln =
+        local.add_node(node.op->name, inputs, local_attrs({*node.op, node.attrs, global_in, in_chunks, out_chunks}));
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       const graph::ValueId v = node.outputs[k], lv = local.node(ln).outputs[k];
-      const Shape& want = local_out[k].shape;
+      const Shape& want = out_chunks[k].shape;
       MT_CHECK(local.value(lv).info.shape == want,
                "lower: node {} ({}) on rank {} computes output {} as {}, but its layout {} gives {} there", n.index,
                node.op->name, rank, k, local.value(lv).info.shape.to_string(), ns.outputs[k].to_string(),
@@ -112,6 +114,12 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
   }
   local.set_scope("");
   return std::move(l.out);
+}
+
+std::string to_text(const LoweredGraph& lowered, const Sharding& s) {
+  std::map<graph::ValueId, std::string> notes;
+  for (const auto& [global, local] : lowered.values) notes[local] = s.values.at(global).to_string();
+  return graph::to_text(lowered.graph, notes);
 }
 
 }  // namespace meshtrain::spmd

@@ -25,4 +25,9 @@ struct LoweredGraph {
 // output shape differs from its layout's local shape.
 LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank);
 
+// The rank's graph as text (graph::to_text): every value with its local
+// shape, and where it stands for a global value, that value's layout; every
+// collective with its group, mesh dims, layouts before and after and bytes.
+std::string to_text(const LoweredGraph& lowered, const Sharding& s);
+
 }  // namespace meshtrain::spmd

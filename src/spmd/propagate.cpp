@@ -1,5 +1,8 @@
 #include "spmd/propagate.h"
 
+#include <algorithm>
+#include <set>
+
 #include <fmt/ranges.h>
 
 #include "core/error.h"
@@ -46,6 +49,37 @@ Layout layout_of(const std::vector<const DimStrategy*>& c, bool output, size_t k
   return Layout::from_placements(std::move(ps));
 }
 
+// The mesh dims that shard one tensor dim together (two or more), in the
+// order they apply, for each such tensor dim of `l`.
+std::vector<std::vector<int>> shard_sequences(const Layout& l) {
+  std::set<int> tensor_dims;
+  for (const Placement& p : l.placements)
+    if (p.is_sharding()) tensor_dims.insert(p.dim);
+  std::vector<std::vector<int>> out;
+  for (int d : tensor_dims)
+    if (std::vector<int> seq = l.shard_sequence(d); seq.size() >= 2) out.push_back(std::move(seq));
+  return out;
+}
+
+// Where several mesh dims shard one tensor dim of `l`, they apply in the
+// first of `preferred` over the same mesh dims (else in mesh-dim order).
+// A candidate orders all its operands so, after its inputs' current
+// layouts: every operand of an op sees the same shard order (a tp-then-FSDP
+// weight's gradient, moments and update stay tp-then-FSDP).
+void order_like(Layout& l, const std::vector<std::vector<int>>& preferred) {
+  for (const std::vector<int>& seq : shard_sequences(l)) {
+    std::vector<int> set = seq;
+    std::sort(set.begin(), set.end());
+    for (const std::vector<int>& p : preferred) {
+      std::vector<int> p_set = p;
+      std::sort(p_set.begin(), p_set.end());
+      if (p_set != set) continue;
+      for (size_t i = 0; i < p.size(); ++i) l.order[static_cast<size_t>(p[i])] = static_cast<int>(i);
+      break;
+    }
+  }
+}
+
 // A redistribution the planner can do: a Partial target only where the
 // source already has that Partial.
 bool reachable(const Layout& from, const Layout& to) {
@@ -85,9 +119,13 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     for_each_combination(per_dim, mesh.ndim(), [&](const std::vector<const DimStrategy*>& c) {
       if (!splits_evenly(c, mesh, in)) return;
       NodeSharding cand;
+      std::vector<std::vector<int>> preferred;
+      for (graph::ValueId v : node.inputs)
+        for (std::vector<int>& seq : shard_sequences(out.values.at(v))) preferred.push_back(std::move(seq));
       for (size_t k = 0; k < in.size(); ++k) {
         const Layout& have = out.values.at(node.inputs[k]);
         Layout want = layout_of(c, false, k);
+        order_like(want, preferred);
         if (!reachable(have, want)) return;
         if (!(have == want))
           cand.redistribute_us +=
@@ -109,6 +147,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       double deliver_us = 0;
       for (size_t k = 0; k < outs.size(); ++k) {
         cand.outputs.push_back(layout_of(c, true, k));
+        order_like(cand.outputs.back(), preferred);
         const auto d = deliver.find(node.outputs[k]);
         if (d == deliver.end() || d->second == cand.outputs.back()) continue;
         if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;

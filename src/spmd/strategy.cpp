@@ -12,20 +12,33 @@ namespace meshtrain::spmd {
 
 namespace {
 
-NameRegistry<StrategyRule>& table() {
+struct Tables {
+  NameRegistry<StrategyRule> strategies;
+  NameRegistry<LocalizeRule> localize;
+};
+
+Tables& tables() {
   static auto* t = [] {
-    auto* tab = new NameRegistry<StrategyRule>;
-    for (auto add : {strategies::add_elementwise_rules, strategies::add_matmul_rules, strategies::add_reduction_rules,
-                     strategies::add_shape_rules, strategies::add_embedding_rules, strategies::add_attention_rules,
-                     strategies::add_optimizer_rules})
-      add([&](const std::string& op, StrategyRule r) {
-        graph::find_op(op);  // a rule attaches to an op that exists
-        MT_CHECK(tab->add(op, std::move(r)), "op '{}' has two strategy rules", op);
-      });
+    auto* tab = new Tables;
+    const strategies::AddRule add{
+        [tab](const std::string& op, StrategyRule r) {
+          graph::find_op(op);  // a rule attaches to an op that exists
+          MT_CHECK(tab->strategies.add(op, std::move(r)), "op '{}' has two strategy rules", op);
+        },
+        [tab](const std::string& op, LocalizeRule r) {
+          graph::find_op(op);
+          MT_CHECK(tab->localize.add(op, std::move(r)), "op '{}' has two localize rules", op);
+        }};
+    for (auto add_family : {strategies::add_elementwise_rules, strategies::add_matmul_rules,
+                            strategies::add_reduction_rules, strategies::add_shape_rules,
+                            strategies::add_embedding_rules, strategies::add_attention_rules,
+                            strategies::add_optimizer_rules, strategies::add_loss_rules})
+      add_family(add);
     return tab;
   }();
   return *t;
 }
+NameRegistry<StrategyRule>& table() { return tables().strategies; }
 
 std::string placements_text(const std::vector<Placement>& ps) {
   std::vector<std::string> s;
@@ -53,10 +66,9 @@ std::vector<DimStrategy> dim_strategies(const StrategyQuery& q) {
 
 bool has_strategy_rule(const std::string& op) { return table().find(op) != nullptr; }
 
-graph::Attrs local_attrs(const graph::OpDef& op, const graph::Attrs& global, const graph::ValueInfos& local_out) {
-  graph::Attrs local = global;
-  if (op.name == "reshape") local.set(graph::attr::shape, local_out[0].shape.dims());
-  return local;
+graph::Attrs local_attrs(const LocalNode& node) {
+  const LocalizeRule* rule = tables().localize.find(node.op.name);
+  return rule ? (*rule)(node) : node.attrs;
 }
 
 void register_strategy_rule(const std::string& op, StrategyRule rule) {

@@ -11,6 +11,7 @@
 
 #include "graph/op_registry.h"
 #include "sharding/layout.h"
+#include "sharding/local_chunk.h"
 
 namespace meshtrain::spmd {
 
@@ -55,9 +56,22 @@ bool has_strategy_rule(const std::string& op);
 // Attaches a rule to an op defined outside graph/ops. Fails if it has one.
 void register_strategy_rule(const std::string& op, StrategyRule rule);
 
-// The attributes of an op's local node, for ops whose attributes name global
-// sizes (reshape's target shape): from the global attributes and the local
-// output shapes the layouts give. Other ops keep their attributes.
-graph::Attrs local_attrs(const graph::OpDef& op, const graph::Attrs& global, const graph::ValueInfos& local_out);
+// What lowering knows of a node on one rank: its global attributes and
+// operands, and the part of each operand this rank holds in the strategy
+// chosen and of each output (local shape, global offset).
+struct LocalNode {
+  const graph::OpDef& op;
+  const graph::Attrs& attrs;
+  const graph::ValueInfos& global_in;
+  const std::vector<sharding::LocalChunk>& in;
+  const std::vector<sharding::LocalChunk>& out;
+};
+// The attributes of an op's local node, for ops whose attributes name
+// global sizes or positions (reshape's target shape, a vocab-parallel
+// table's first row). It attaches to the op by name beside its strategy rule.
+using LocalizeRule = std::function<graph::Attrs(const LocalNode& node)>;
+
+// The local node's attributes: the op's localize rule's, or the global ones.
+graph::Attrs local_attrs(const LocalNode& node);
 
 }  // namespace meshtrain::spmd

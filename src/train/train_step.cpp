@@ -28,7 +28,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   g.add_output(s.model.loss);
   g.add_output(s.grad_norm);
   for (size_t i = 0; i < params.size(); ++i) {
-    const graph::ValueInfo& info = g.value(params[i]).info;
+    const graph::ValueInfo info = g.value(params[i]).info;  // a copy: adding inputs moves the value storage
     const DType state = opt.state_dtype == DType::bf16 ? DType::bf16 : info.dtype;
     const graph::ValueId m = g.add_input(names[i] + ".exp_avg", info.shape, state);
     const graph::ValueId v = g.add_input(names[i] + ".exp_avg_sq", info.shape, state);
@@ -43,6 +43,20 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   }
   g.set_phase(saved_phase);
   return s;
+}
+
+parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel) {
+  parallel::StepRoles roles;
+  for (const auto& [name, v] : sg.model.params) {
+    roles.parameters.push_back(v);
+    roles.states.emplace_back(sg.exp_avg.at(name), v);
+    roles.states.emplace_back(sg.exp_avg_sq.at(name), v);
+    if (const auto dim = parallel::llama_tp_dim(name); dim && tensor_parallel) roles.tp_dims[v] = *dim;
+  }
+  roles.batch_inputs = {sg.model.tokens, sg.model.targets};
+  roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
+  roles.updates = sg.write_backs;
+  return roles;
 }
 
 }  // namespace meshtrain::train

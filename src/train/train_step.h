@@ -8,6 +8,7 @@
 
 #include "graph/graph.h"
 #include "models/llama.h"
+#include "parallel/plan.h"
 
 namespace meshtrain::train {
 
@@ -38,5 +39,10 @@ struct TrainStepGraph {
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
                                 const OptimizerConfig& opt, double max_grad_norm, DType dtype = DType::f32,
                                 std::optional<DType> compute_dtype = std::nullopt);
+
+// What each value of the step is to a parallel plan: parameters (split over
+// tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer
+// states, the batch, the replicated outputs and the write-backs.
+parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel);
 
 }  // namespace meshtrain::train

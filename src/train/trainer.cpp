@@ -27,18 +27,15 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   MT_CHECK(loader_.max_token() < config_.model.vocab_size,
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
-  const int64_t B = config_.data.batch_size, T = config_.data.seq_len;
   init_parameters();
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
-  const TrainStepGraph& sg = part.step_graph =
-      build_train_step(part.graph, config_.model, B, T, config_.optimizer, config_.training.max_grad_norm,
-                       DType::f32, config_.training.dtype);
-  sched::step_pipeline().run(part.graph);
+  const TrainStepGraph& sg = part.step_graph = build_step(config_, part.graph);
   if (world_) {
-    global_tokens_ = Tensor::empty({B, T}, DType::i64);
-    global_targets_ = Tensor::empty({B, T}, DType::i64);
+    const Shape batch{config_.data.batch_size, config_.data.seq_len};
+    global_tokens_ = Tensor::empty(batch, DType::i64);
+    global_targets_ = Tensor::empty(batch, DType::i64);
     lay_out(part);
     // This rank's shard of every parameter, cut from the same global initial weights.
     for (const auto& [name, v] : sg.model.params)
@@ -79,29 +76,44 @@ sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_
            "data.batch_size {} (the global batch, in sequences) must divide by the data-parallel degree {} "
            "(parallel.dp_replicate x parallel.dp_shard)",
            config.data.batch_size, dp);
+  const int64_t tp = config.parallel.tp;
+  const models::LlamaConfig& m = config.model;
+  for (const auto& [key, n] : {std::pair{"model.n_heads", m.n_heads}, std::pair{"model.n_kv_heads", m.n_kv_heads},
+                               std::pair{"model.vocab_size", m.vocab_size}})
+    MT_CHECK(n % tp == 0, "{} {} must divide by parallel.tp {} (tensor parallelism splits it evenly)", key, n, tp);
   return mesh;
 }
 
-void Trainer::lay_out(ModelPart& part) {
-  const TrainStepGraph& sg = part.step_graph;
-  const sharding::DeviceMesh mesh = check_parallel_config(config_, world_->size());
-  groups_ = std::make_unique<sharding::MeshGroups>(mesh, world_);
-  planner_ = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
-  parallel::StepRoles roles;
-  for (const auto& [name, v] : sg.model.params) {
-    roles.parameters.push_back(v);
-    roles.states.emplace_back(sg.exp_avg.at(name), v);
-    roles.states.emplace_back(sg.exp_avg_sq.at(name), v);
-  }
-  roles.batch_inputs = {sg.model.tokens, sg.model.targets};
-  roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
-  roles.updates = sg.write_backs;
-  const parallel::StepLayouts layouts = parallel::data_parallel_layouts(mesh, part.graph, roles);
-  sharding_ = spmd::propagate(part.graph, *planner_, layouts.given, layouts.deliver);
-  spmd::LoweredGraph lowered = spmd::lower(part.graph, sharding_, *planner_, world_->rank());
-  part.local = std::move(lowered.graph);
-  part.local_of = std::move(lowered.values);
+TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
+  TrainStepGraph step = build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer,
+                                         config.training.max_grad_norm, DType::f32, config.training.dtype);
+  sched::step_pipeline().run(g);
+  return step;
 }
+
+StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
+                        int rank) {
+  const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
+  StepLayout out;
+  out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
+  const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
+  const parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel));
+  out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
+  out.lowered = spmd::lower(g, out.sharding, *out.planner, rank);
+  return out;
+}
+
+void Trainer::lay_out(ModelPart& part) {
+  StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank());
+  groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
+  lowered_text_ = spmd::to_text(l.lowered, l.sharding);
+  planner_ = std::move(l.planner);
+  sharding_ = std::move(l.sharding);
+  part.local = std::move(l.lowered.graph);
+  part.local_of = std::move(l.lowered.values);
+}
+
+std::string Trainer::lowered_text() const { return world_ ? lowered_text_ : graph::to_text(parts_.front()->graph); }
 
 std::string Trainer::layout_summary() const {
   if (!world_) return "";

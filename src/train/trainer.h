@@ -13,9 +13,11 @@
 #include "comm/process_group.h"
 #include "runtime/executor.h"
 #include "sharding/planner.h"
+#include "spmd/lower.h"
 #include "spmd/propagate.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/train_step.h"
 
 namespace meshtrain::train {
 
@@ -29,6 +31,22 @@ struct StepMetrics {
 // [parallel] degrees multiply to the rank count, the global batch divides by
 // the data-parallel degree) and returns the mesh. Throws naming the key.
 sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size);
+
+// The training step of a config as one global graph (forward, backward,
+// clipping, AdamW), after the step pass pipeline.
+TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g);
+
+// A step laid out on `world_size` ranks by the [parallel] plan: the mesh,
+// every value's and node's layout (spmd::propagate), and `rank`'s lowered
+// graph. Any rank's, on any machine: nothing runs.
+struct StepLayout {
+  std::unique_ptr<sharding::Planner> planner;  // on the mesh
+  spmd::Sharding sharding;
+  spmd::LoweredGraph lowered;
+  const sharding::DeviceMesh& mesh() const { return planner->mesh(); }
+};
+StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
+                        int rank);
 
 class Trainer {
  public:
@@ -52,6 +70,9 @@ class Trainer {
   int num_ranks() const { return world_ ? world_->size() : 1; }
   // The mesh and each parameter's layout on it ("" on one rank).
   std::string layout_summary() const;
+  // The step graph this rank runs as text: its lowered graph on several
+  // ranks (spmd::to_text), the global one on one.
+  std::string lowered_text() const;
   const TrainConfig& config() const { return config_; }
   size_t parameter_count() const;
   double flops_per_step() const;
@@ -81,6 +102,7 @@ class Trainer {
   std::unique_ptr<sharding::MeshGroups> groups_;
   std::unique_ptr<sharding::Planner> planner_;
   spmd::Sharding sharding_;
+  std::string lowered_text_;  // this rank's lowered step (several ranks only)
   Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
   std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
   TokenLoader loader_;

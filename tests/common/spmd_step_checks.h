@@ -14,6 +14,7 @@
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
 #include "models/llama.h"
+#include "parallel/plan.h"
 #include "sched/pass.h"
 #include "spmd/lower.h"
 #include "train/train_step.h"
@@ -66,6 +67,7 @@ inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mes
   sharding::MeshGroups groups(mesh, pg.shared_from_this());
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding s = spmd::propagate(g, planner, given, deliver);
+  if (std::getenv("MT_DUMP") && pg.rank() == 0) fmt::print("{}\n", spmd::to_text(g, s));
   const spmd::LoweredGraph lowered = spmd::lower(g, s, planner, pg.rank());
   const Graph& local = lowered.graph;
   runtime::Executor ex(local, sched::make_schedule(local, local.outputs()), &groups);
@@ -96,17 +98,19 @@ inline int check_lowered_step(comm::ProcessGroup& pg, const std::string& param_l
 }
 
 // A whole Llama training step (train::build_train_step: forward, backward,
-// clipping, AdamW) of a tiny model, batch sharded, `param_layout` on the
-// parameters and their moments, on a 1-d mesh of every rank of `pg`.
-// The loss, grad_norm, and param, m, v of each of 21 parameters (9 per layer,
-// the embedding, the final norm and lm_head).
+// clipping, AdamW) of a tiny model (8 query heads over 4 kv heads, 11 vocab
+// rows so every split of them is uneven), laid out by the parallel plan of
+// `parallel` (parallel::step_layouts with Megatron's Llama tp dims) on the
+// mesh it makes of every rank of `pg`. The loss, grad_norm, and param, m, v
+// of each of 21 parameters (9 per layer, the embedding, the final norm and
+// lm_head).
 inline constexpr int kLlamaStepOutputs = 2 + 3 * 21;
-inline int check_llama_step(comm::ProcessGroup& pg, const std::string& param_layout) {
+inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel) {
   models::LlamaConfig c;
-  c.dim = 8;
+  c.dim = 16;
   c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
   c.ffn_dim = 12;
   c.vocab_size = 11;
   Graph g;
@@ -133,15 +137,16 @@ inline int check_llama_step(comm::ProcessGroup& pg, const std::string& param_lay
     in.values[v] = t;
   }
   in.values.at(step.model.targets).set(3, -100);  // an ignored position
-  const Layout batch = Layout::parse("S(0)", 1), p = Layout::parse(param_layout, 1), r = Layout::parse("R", 1);
-  std::map<ValueId, Layout> given{{step.model.tokens, batch}, {step.model.targets, batch}};
-  for (const auto& [name, v] : step.model.params) given[v] = p;
-  for (const auto& [name, v] : step.exp_avg) given[v] = p;
-  for (const auto& [name, v] : step.exp_avg_sq) given[v] = p;
-  std::map<ValueId, Layout> deliver{{step.model.loss, r}, {step.grad_norm, r}};
-  for (const auto& [updated, buffer] : step.write_backs) deliver[updated] = p;
-  return check_lowered(pg, sharding::DeviceMesh({pg.size()}), g, given, deliver, in, run_single(g, in), 1e-5,
-                       "Llama step, parameters " + param_layout);
+  const sharding::DeviceMesh mesh = parallel::make_mesh(parallel, pg.size());
+  const parallel::StepLayouts l =
+      parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1));
+  return check_lowered(pg, mesh, g, l.given, l.deliver, in, run_single(g, in), 1e-5,
+                       fmt::format("Llama step on mesh {}", mesh.describe()));
 }
+
+// Parallel configs by name, for tests.
+inline parallel::ParallelConfig fsdp() { return {}; }
+inline parallel::ParallelConfig ddp(int64_t ranks) { return {.dp_replicate = ranks, .dp_shard = 1}; }
+inline parallel::ParallelConfig tp(int64_t tp) { return {.tp = tp}; }
 
 }  // namespace mtest

@@ -12,9 +12,9 @@ TEST(SpmdMpi, FsdpStepMatchesOneRank) { EXPECT_EQ(mtest::check_lowered_step(mtes
 TEST(SpmdMpi, DdpStepMatchesOneRank) { EXPECT_EQ(mtest::check_lowered_step(mtest::mpi_world(), "R"), 7); }
 
 TEST(SpmdMpi, LlamaStepFsdpMatchesOneRank) {
-  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), "S(0)"), mtest::kLlamaStepOutputs);
+  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), mtest::fsdp()), mtest::kLlamaStepOutputs);
 }
 
 TEST(SpmdMpi, LlamaStepDdpMatchesOneRank) {
-  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), "R"), mtest::kLlamaStepOutputs);
+  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), mtest::ddp(mtest::mpi_world().size())), mtest::kLlamaStepOutputs);
 }

@@ -40,20 +40,28 @@ TEST(SpmdExecute, DdpMatchesOneRank) {
 
 namespace {
 
-void check_llama(int ranks, const std::string& param_layout) {
-  SCOPED_TRACE(fmt::format("Llama step, {} ranks, parameters {}", ranks, param_layout));
+void check_llama(int ranks, const parallel::ParallelConfig& config) {
+  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {}", ranks, config.dp_replicate,
+                           config.dp_shard, config.tp));
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
   std::atomic<int> compared{0};
-  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, param_layout); });
+  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, config); });
   EXPECT_EQ(compared.load(), ranks * mtest::kLlamaStepOutputs);
 }
 
 }  // namespace
 
 TEST(SpmdExecute, LlamaStepFsdpAndDdpMatchOneRank) {
-  check_llama(2, "S(0)");
-  check_llama(3, "S(0)");  // uneven: 11 vocab rows, batch 4 over 3
-  check_llama(2, "R");
+  check_llama(2, mtest::fsdp());
+  check_llama(3, mtest::fsdp());  // uneven: 11 vocab rows, batch 4 over 3
+  check_llama(2, mtest::ddp(2));
+}
+
+TEST(SpmdExecute, LlamaStepTensorParallelMatchesOneRank) {
+  check_llama(2, mtest::tp(2));  // 11 vocab rows: 6 and 5
+  check_llama(4, mtest::tp(4));
+  check_llama(4, {.dp_shard = 2, .tp = 2});  // FSDP 2 x TP 2
+  check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2});
 }

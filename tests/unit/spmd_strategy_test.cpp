@@ -97,9 +97,12 @@ Tensor combine(const std::vector<Tensor>& parts, const Placement& p) {
     return parts[0];
   }
   if (p.is_partial()) {
+    EXPECT_TRUE(p.reduce == sharding::ReduceOp::sum || p.reduce == sharding::ReduceOp::avg) << p.to_string();
+    const double scale = p.reduce == sharding::ReduceOp::avg ? 1.0 / static_cast<double>(parts.size()) : 1.0;
     Tensor sum = parts[0].clone();
     for (size_t r = 1; r < parts.size(); ++r)
       for (int64_t i = 0; i < sum.numel(); ++i) sum.set(i, sum.get(i) + parts[r].get(i));
+    for (int64_t i = 0; i < sum.numel(); ++i) sum.set(i, sum.get(i) * scale);
     return sum;
   }
   const auto d = static_cast<size_t>(p.dim);
@@ -146,16 +149,16 @@ int check_strategies(const OpCase& c, double tolerance) {
       for (int r = 0; r < n; ++r) {
         std::vector<Tensor> local;
         for (size_t i = 0; i < inputs.size(); ++i) local.push_back(per_input[i][static_cast<size_t>(r)]);
-        // The local node's attributes, from the output shapes its placements give this rank.
-        ValueInfos local_out = out_infos;
-        for (size_t k = 0; k < out_infos.size(); ++k)
-          if (s.outputs[k].kind == Placement::Kind::shard) {
-            std::vector<int64_t> dims = out_infos[k].shape.dims();
-            const auto d = static_cast<size_t>(s.outputs[k].dim);
-            dims[d] = sharding::torch_chunk_sizes(dims[d], n)[static_cast<size_t>(r)];
-            local_out[k].shape = Shape(dims);
-          }
-        const Attrs attrs = spmd::local_attrs(op, c.attrs, local_out);
+        // The local node's attributes, from the parts its placements give this rank.
+        const sharding::DeviceMesh line({n});
+        auto chunks = [&](const ValueInfos& infos, const std::vector<Placement>& ps) {
+          std::vector<sharding::LocalChunk> out;
+          for (size_t k = 0; k < infos.size(); ++k)
+            out.push_back(sharding::local_chunk(infos[k].shape, sharding::Layout::from_placements({ps[k]}), line, {r}));
+          return out;
+        };
+        const auto in_chunks = chunks(in_infos, s.inputs), out_chunks = chunks(out_infos, s.outputs);
+        const Attrs attrs = spmd::local_attrs({op, c.attrs, in_infos, in_chunks, out_chunks});
         const auto outs = run_op(c, local, &attrs);
         for (size_t k = 0; k < outs.size(); ++k) per_output[k].push_back(outs[k]);
       }
@@ -195,9 +198,10 @@ TEST(SpmdStrategies, ElementwiseOps) {
   checked += check_strategies({"scale_by", {x, {{}, f64}}, {}}, 1e-13);
   checked += check_strategies({"cast", {{{5, 7}, DType::f32}}, {attr::dtype(f64)}}, 1e-6);  // widening: P kept
   checked += check_strategies({"cast", {x}, {attr::dtype(DType::f32)}}, 1e-6);
+  checked += check_strategies({"sqrt", {x}, {}, 2, {0}}, 1e-13);
   // S(0), S(1) and R for each; add + P.P; mul + P.R, R.P; scale, scale_by and
   // the widening cast + P; each on 2 and 3 ranks.
-  EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3));
+  EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3 + 3));
 }
 
 TEST(SpmdStrategies, NarrowingCastKeepsNoPartial) {
@@ -224,10 +228,11 @@ TEST(SpmdStrategies, Matmul) {
 TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
   const ValueInfos in{{{5, 7}, f64}}, out{{{5, 7}, f64}};
   const ValueInfos scalar{{{}, f64}};
-  const auto s = spmd::dim_strategies({find_op("mean"), in, scalar, {}});
+  const Attrs clip{attr::max_norm(1.0)};
+  const auto s = spmd::dim_strategies({find_op("clip_coefficient"), scalar, scalar, clip});
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].to_string(), "R -> R");
-  EXPECT_FALSE(spmd::has_strategy_rule("mean"));
+  EXPECT_FALSE(spmd::has_strategy_rule("clip_coefficient"));
   EXPECT_TRUE(spmd::has_strategy_rule("matmul"));
   EXPECT_TRUE(mtest::contains(mtest::message_of([] { spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
                                 return std::vector<spmd::DimStrategy>{};
@@ -238,11 +243,13 @@ TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
 TEST(SpmdStrategies, ReductionAndRowOps) {
   const ValueInfo x{{5, 7}, f64}, x3{{5, 3, 7}, f64}, w{{7}, f64};
   int checked = check_strategies({"sum", {x}, {}}, 1e-13);                       // S(0), S(1), P, R
+  checked += check_strategies({"sum_squares", {x}, {}}, 1e-13);                 // S(0), S(1), R
+  checked += check_strategies({"mean", {{{6, 7}, f64}}, {}}, 1e-13);  // S(0) even on 2 and 3, S(1) on neither, P, R
   checked += check_strategies({"softmax", {x}, {}}, 1e-13);                     // S(0), R
   checked += check_strategies({"softmax_backward", {x, x}, {}}, 1e-13);         // S(0), R
   checked += check_strategies({"rms_norm", {x3, w}, {attr::eps(1e-5)}}, 1e-13);  // S(0), S(1), R
   checked += check_strategies({"rms_norm_backward", {x3, w, x3}, {attr::eps(1e-5)}}, 1e-12);  // S(0), S(1), R
-  EXPECT_EQ(checked, 2 * (4 + 2 + 2 + 3 + 3));
+  EXPECT_EQ(checked, 2 * (4 + 3 + 3 + 2 + 2 + 3 + 3));
 }
 
 TEST(SpmdStrategies, ShapeOps) {
@@ -268,9 +275,22 @@ TEST(SpmdStrategies, Reshape) {
 
 TEST(SpmdStrategies, Embedding) {
   const ValueInfo table{{11, 7}, f64}, ids{{5, 3}, DType::i64}, dout{{5, 3, 7}, f64};
-  int checked = check_strategies({"embedding", {table, ids}, {}, 11}, 1e-14);  // ids S(0), S(1); table S(1), P; R
-  checked += check_strategies({"embedding_backward", {ids, dout}, {attr::vocab(11)}, 11}, 1e-13);  // S(0), S(1), S(1) of dout, P, R
-  EXPECT_EQ(checked, 2 * (5 + 5));
+  // ids S(0), S(1); table S(1), S(0) (vocab-parallel, 11 rows uneven), P; R
+  int checked = check_strategies({"embedding", {table, ids}, {}, 11}, 1e-14);
+  // S(0), S(1), S(1) of dout, rows S(0), P, R
+  checked += check_strategies({"embedding_backward", {ids, dout}, {attr::vocab(11)}, 11}, 1e-13);
+  EXPECT_EQ(checked, 2 * (6 + 6));
+}
+
+TEST(SpmdStrategies, Loss) {
+  // Ids drawn from [1, 7): ignore_index 1 leaves some rows out of the mean.
+  const ValueInfo logits{{5, 3, 7}, f64}, targets{{5, 3}, DType::i64}, count{{}, f64}, dloss{{}, f64};
+  const Attrs ignore{attr::ignore_index(1)};
+  int checked = check_strategies({"count_valid", {targets}, ignore, 7}, 0);  // S(0), S(1), R
+  // Any positive count: it is the divisor every rank is given.
+  checked += check_strategies({"cross_entropy", {logits, targets, count}, ignore, 7, {2}}, 1e-13);  // rows S(0), S(1); R
+  checked += check_strategies({"cross_entropy_backward", {logits, targets, dloss, count}, ignore, 7, {3}}, 1e-13);
+  EXPECT_EQ(checked, 2 * (3 + 3 + 3));
 }
 
 TEST(SpmdStrategies, RopeAndAttention) {

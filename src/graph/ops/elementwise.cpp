@@ -103,6 +103,15 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
   });
 
   ops.push_back({
+      .name = "sqrt",  // not differentiated (the gradient norm)
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            check_float(in[0], "sqrt input");
+            return ValueInfos{in[0]};
+          },
+      .flops = elementwise_flops(1),
+  });
+  ops.push_back({
       .name = "silu",
       .infer =
           [](const ValueInfos& in, const Attrs&) {

@@ -34,7 +34,7 @@ Shape with_last_two(const Shape& batch_from, int64_t a, int64_t b) {
 std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
   const ValueId a = node.inputs[0], b = node.inputs[1], dc = g[0];
   const bool ta = node.attrs.get(attr::transpose_a), tb = node.attrs.get(attr::transpose_b);
-  const ValueInfo& ai = bd.graph().value(a).info;
+  const ValueInfo ai = bd.graph().value(a).info;  // a copy: adding nodes moves the value storage
   const bool shared = bd.graph().value(b).info.shape.rank() == 2 && ai.shape.rank() > 2;
   // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC.
   const ValueId da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);

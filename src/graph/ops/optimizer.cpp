@@ -1,27 +1,11 @@
-// Optimizer-side ops (not differentiated): the global gradient norm,
-// PyTorch's clipping coefficient and the fused AdamW update.
+// Optimizer-side ops (not differentiated): PyTorch's clipping coefficient
+// and the fused AdamW update. (The gradient norm is Builder::global_norm.)
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 
 namespace meshtrain::graph::ops {
 
 void add_optimizer_ops(std::vector<OpDef>& ops) {
-  ops.push_back({
-      .name = "global_norm",
-      .num_inputs = OpDef::kVariadic,
-      .infer =
-          [](const ValueInfos& in, const Attrs&) {
-            MT_CHECK(!in.empty(), "global_norm needs at least one tensor");
-            for (const auto& v : in) check_float(v, "global_norm input");
-            return ValueInfos{{Shape{}, in[0].dtype}};
-          },
-      .flops =
-          [](const ValueInfos& in, const ValueInfos&, const Attrs&) {
-            double n = 0;
-            for (const auto& v : in) n += 2 * numel(v);
-            return n;
-          },
-  });
   ops.push_back({
       .name = "clip_coefficient",
       .infer =

@@ -1,4 +1,4 @@
-// Reductions: over all elements (sum, mean) and over the last dim (softmax, RMSNorm).
+// Reductions: over all elements (sum, sum_squares, mean) and over the last dim (softmax, RMSNorm).
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 
@@ -20,6 +20,16 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
   });
 
   ops.push_back({
+      .name = "sum_squares",  // x -> the sum of its squared elements, accumulated and returned in f64
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            check_float(in[0], "sum_squares input");
+            return ValueInfos{{Shape{}, DType::f64}};
+          },
+      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return 2 * numel(in[0]); },
+  });
+
+  ops.push_back({
       .name = "mean",
       .infer =
           [](const ValueInfos& in, const Attrs&) {
@@ -29,7 +39,7 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
           },
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
-            const Shape& s = b.graph().value(n.inputs[0]).info.shape;
+            const Shape s = b.graph().value(n.inputs[0]).info.shape;  // a copy: adding nodes moves the values
             return std::vector<ValueId>{b.scale(b.broadcast_scalar(g[0], s), 1.0 / static_cast<double>(s.numel()))};
           },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]); },

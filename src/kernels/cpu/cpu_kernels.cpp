@@ -195,8 +195,7 @@ template <typename T>
   using A = Acc<T>;
   check_targets<T>(targets, rows, vocab, ignore_index);
   double total = 0;
-  int64_t counted = 0;
-#pragma omp parallel for reduction(+ : total, counted) if (rows * vocab > kParallelElements)
+#pragma omp parallel for reduction(+ : total) if (rows * vocab > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = targets[r];
     if (t == ignore_index) continue;
@@ -208,17 +207,14 @@ template <typename T>
 #pragma omp simd reduction(+ : z)
     for (int64_t i = 0; i < vocab; ++i) z += exp_of(load(lr[i]) - max);
     total += std::log(static_cast<double>(z)) + static_cast<double>(max) - static_cast<double>(load(lr[t]));
-    ++counted;
   }
-  return counted ? total / static_cast<double>(counted) : 0.0;
+  return total;
 }
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] void cross_entropy_backward(const T* logits, const int64_t* targets, double dloss, T* dlogits, int64_t rows,
+[[MESHTRAIN_AVX512_CLONES]] void cross_entropy_backward(const T* logits, const int64_t* targets, double scale, T* dlogits, int64_t rows,
                             int64_t vocab, int64_t ignore_index) {
   using A = Acc<T>;
-  int64_t counted = 0;
-  for (int64_t r = 0; r < rows; ++r) counted += targets[r] != ignore_index;
-  const auto g = static_cast<A>(counted ? dloss / static_cast<double>(counted) : 0.0);
+  const auto g = static_cast<A>(scale);
 #pragma omp parallel for if (rows * vocab > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     T* dr = dlogits + r * vocab;
@@ -233,28 +229,40 @@ template <typename T>
   }
 }
 
-template <typename T> void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t vocab, int64_t dim) {
+template <typename T>
+void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t rows, int64_t dim, int64_t first_row,
+               int64_t total_rows) {
   for (int64_t i = 0; i < n; ++i)
-    MT_CHECK(ids[i] >= 0 && ids[i] < vocab, "embedding: id {} at position {} is outside the table's {} rows", ids[i],
-             i, vocab);
+    MT_CHECK(ids[i] >= 0 && ids[i] < total_rows, "embedding: id {} at position {} is outside the table's {} rows",
+             ids[i], i, total_rows);
 #pragma omp parallel for if (n * dim > kParallelElements)
-  for (int64_t i = 0; i < n; ++i) std::copy(table + ids[i] * dim, table + (ids[i] + 1) * dim, out + i * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = ids[i] - first_row;
+    if (row >= 0 && row < rows) std::copy(table + row * dim, table + (row + 1) * dim, out + i * dim);
+    else std::fill(out + i * dim, out + (i + 1) * dim, T(0));  // another rank's row
+  }
 }
 template <typename T>
-void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t vocab, int64_t dim) {
+void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t rows, int64_t dim,
+                        int64_t first_row) {
   using A = Acc<T>;
-  // Positions grouped by id, so each table row is summed once in Acc (in
-  // position order) and rounded once, and threads own whole rows.
+  // Positions grouped by row, so each table row is summed once in Acc (in
+  // position order) and rounded once, and threads own whole rows. Ids of
+  // rows outside this table part are another rank's.
+  auto row_of = [&](int64_t i) { return ids[i] - first_row; };
+  auto here = [&](int64_t i) { return row_of(i) >= 0 && row_of(i) < rows; };
   int64_t* order = scratch<int64_t>(static_cast<size_t>(n), 0);
-  int64_t* start = scratch<int64_t>(static_cast<size_t>(vocab) + 1, 1);  // first position of each id
-  int64_t* next = scratch<int64_t>(static_cast<size_t>(vocab), 2);
-  std::fill(start, start + vocab + 1, 0);
-  for (int64_t i = 0; i < n; ++i) ++start[ids[i] + 1];
-  std::partial_sum(start, start + vocab + 1, start);
-  std::copy(start, start + vocab, next);
-  for (int64_t i = 0; i < n; ++i) order[next[ids[i]]++] = i;
-#pragma omp parallel for schedule(dynamic, 16) if (vocab * dim > kParallelElements)
-  for (int64_t row = 0; row < vocab; ++row) {
+  int64_t* start = scratch<int64_t>(static_cast<size_t>(rows) + 1, 1);  // first position of each row
+  int64_t* next = scratch<int64_t>(static_cast<size_t>(rows), 2);
+  std::fill(start, start + rows + 1, 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (here(i)) ++start[row_of(i) + 1];
+  std::partial_sum(start, start + rows + 1, start);
+  std::copy(start, start + rows, next);
+  for (int64_t i = 0; i < n; ++i)
+    if (here(i)) order[next[row_of(i)]++] = i;
+#pragma omp parallel for schedule(dynamic, 16) if (rows * dim > kParallelElements)
+  for (int64_t row = 0; row < rows; ++row) {
     A* acc = scratch<A>(static_cast<size_t>(dim), 0);
     std::fill(acc, acc + dim, A(0));
     for (int64_t p = start[row]; p < start[row + 1]; ++p) {
@@ -384,8 +392,8 @@ template void matmul<double>(const double*, const double*, double*, int64_t, int
   template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);            \
   template double cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                         \
   template void cross_entropy_backward<T>(const T*, const int64_t*, double, T*, int64_t, int64_t, int64_t);      \
-  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                           \
-  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);                 \
+  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);                           \
+  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);                 \
   template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                         \
   template void swiglu<T>(const T*, const T*, T*, int64_t);                                                      \
   template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                               \

@@ -58,17 +58,25 @@ template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, 
 template <typename T>
 void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps);
 
-// Mean over non-ignored rows of -log softmax(logits)[target]; targets are int64.
+// Sum over non-ignored rows of -log softmax(logits)[target], in double;
+// targets are int64. Backward: dlogits = (softmax - onehot(target)) * scale
+// on those rows, zero on ignored ones.
 template <typename T>
 double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index);
 template <typename T>
-void cross_entropy_backward(const T* logits, const int64_t* targets, double dloss, T* dlogits, int64_t rows,
+void cross_entropy_backward(const T* logits, const int64_t* targets, double scale, T* dlogits, int64_t rows,
                             int64_t vocab, int64_t ignore_index);
 
-// out[i, :] = table[ids[i], :]; backward accumulates rows into dtable.
-template <typename T> void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t vocab, int64_t dim);
+// out[i, :] = table[ids[i] - first_row, :] for a table holding rows
+// [first_row, first_row + rows) of `total_rows` (a vocab-parallel part;
+// the whole table: 0 and rows); zeros for another part's ids. Backward
+// accumulates the rows of this part into dtable.
 template <typename T>
-void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t vocab, int64_t dim);
+void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t rows, int64_t dim, int64_t first_row,
+               int64_t total_rows);
+template <typename T>
+void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n, int64_t rows, int64_t dim,
+                        int64_t first_row);
 
 // Rotary embedding, Hugging Face Llama's rotate-half convention, on x
 // [B, T, H, D] at positions 0..T-1: out = x * cos + rotate_half(x) * sin,

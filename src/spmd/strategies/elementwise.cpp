@@ -23,7 +23,7 @@ std::vector<DimStrategy> same_shard_but_last(const StrategyQuery& q) {
 }
 
 void add_elementwise_rules(const AddRule& add) {
-  for (const char* op : {"silu", "swiglu", "silu_backward", "swiglu_backward"}) add(op, same_shard_everywhere);
+  for (const char* op : {"sqrt", "silu", "swiglu", "silu_backward", "swiglu_backward"}) add(op, same_shard_everywhere);
   add("add", [](const StrategyQuery& q) {  // a sum of partial sums
     auto out = same_shard_everywhere(q);
     out.push_back({{P()}, {P(), P()}});

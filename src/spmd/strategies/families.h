@@ -9,7 +9,13 @@
 
 namespace meshtrain::spmd::strategies {
 
-using AddRule = std::function<void(const std::string& op, StrategyRule rule)>;
+// Attaches a family's rules to its ops by name: add(op, strategy rule);
+// add.localize(op, localize rule).
+struct AddRule {
+  std::function<void(const std::string& op, StrategyRule rule)> strategy;
+  std::function<void(const std::string& op, LocalizeRule rule)> localize;
+  void operator()(const std::string& op, StrategyRule rule) const { strategy(op, std::move(rule)); }
+};
 void add_elementwise_rules(const AddRule& add);
 void add_matmul_rules(const AddRule& add);
 void add_reduction_rules(const AddRule& add);
@@ -17,6 +23,7 @@ void add_shape_rules(const AddRule& add);
 void add_embedding_rules(const AddRule& add);
 void add_attention_rules(const AddRule& add);
 void add_optimizer_rules(const AddRule& add);
+void add_loss_rules(const AddRule& add);
 
 inline Placement R() { return Placement::replicate(); }
 inline Placement S(int dim) { return Placement::shard(dim); }

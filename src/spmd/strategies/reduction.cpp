@@ -1,5 +1,6 @@
-// Strategies of the reduction and row ops (graph/ops/reduction.cpp). sum of
-// a shard is a partial sum. Row ops (softmax, rms_norm) reduce over the last
+// Strategies of the reduction and row ops (graph/ops/reduction.cpp). sum
+// and sum_squares of a shard are partial sums; mean of an even shard is a
+// partial average. Row ops (softmax, rms_norm) reduce over the last
 // dim: any other dim may be sharded; rms_norm's weight gradient, summed over
 // rows, is then a partial sum.
 #include "spmd/strategies/families.h"
@@ -11,6 +12,18 @@ void add_reduction_rules(const AddRule& add) {
     std::vector<DimStrategy> out;
     for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
     out.push_back({{P()}, {P()}});
+    return out;
+  });
+  add("sum_squares", [](const StrategyQuery& q) {
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
+    return out;
+  });
+  add("mean", [](const StrategyQuery& q) {
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d)
+      out.push_back({{Placement::partial(sharding::ReduceOp::avg)}, {S(d)}, {{0, d, 1}}});  // equal parts
+    out.push_back({{P()}, {P()}});  // the mean of a sum is the sum of the means
     return out;
   });
   for (const char* op : {"softmax", "softmax_backward"}) add(op, same_shard_but_last);

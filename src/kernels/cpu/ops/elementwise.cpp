@@ -1,4 +1,6 @@
 // CPU kernels of the elementwise ops (graph/ops/elementwise.cpp).
+#include <cmath>
+
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {
@@ -42,6 +44,9 @@ void add_elementwise_kernels(const AddKernel& add) {
       using T = decltype(z);
       cpu::fill(static_cast<double>(cpu::load(*in_ptr<T>(a, 0))), out_ptr<T>(a), a.out[0]->numel());
     });
+  });
+  add("sqrt", [](const KernelArgs& a) {
+    for (int64_t i = 0; i < a.out[0]->numel(); ++i) a.out[0]->set(i, std::sqrt(a.in[0]->get(i)));
   });
   add("silu", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {

@@ -7,15 +7,16 @@ void add_embedding_kernels(const AddKernel& add) {
   add("embedding", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      embedding(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), a.in[1]->numel(), a.in[0]->shape().dim(0),
-                a.in[0]->shape().dim(1));
+      const int64_t rows = a.in[0]->shape().dim(0);
+      embedding(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), a.in[1]->numel(), rows, a.in[0]->shape().dim(1),
+                a.attrs.get_or(graph::attr::start, int64_t{0}), a.attrs.get_or(graph::attr::full_size, rows));
     });
   });
   add("embedding_backward", [](const KernelArgs& a) {
     by_float_type(a.in[1]->dtype(), [&](auto z) {
       using T = decltype(z);
       embedding_backward(in_ptr<int64_t>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.in[0]->numel(),
-                         a.out[0]->shape().dim(0), a.out[0]->shape().dim(1));
+                         a.out[0]->shape().dim(0), a.out[0]->shape().dim(1), a.attrs.get_or(graph::attr::start, int64_t{0}));
     });
   });
 }

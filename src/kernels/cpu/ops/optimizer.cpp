@@ -8,15 +8,6 @@
 namespace meshtrain::kernels::cpu::ops {
 
 void add_optimizer_kernels(const AddKernel& add) {
-  add("global_norm", [](const KernelArgs& a) {
-    double total = 0;
-    for (const Tensor* x : a.in)
-      by_float_type(x->dtype(), [&](auto z) {
-        using T = decltype(z);
-        total += sum_squares(static_cast<const T*>(x->raw()), x->numel());
-      });
-    a.out[0]->set(0, std::sqrt(total));
-  });
   add("clip_coefficient", [](const KernelArgs& a) {
     // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to at most 1.
     a.out[0]->set(0, std::min(1.0, a.attrs.get(attr::max_norm) / (a.in[0]->get(0) + 1e-6)));

@@ -10,6 +10,12 @@ void add_reduction_kernels(const AddKernel& add) {
       *out_ptr<T>(a) = store<T>(sum(in_ptr<T>(a, 0), a.in[0]->numel()));
     });
   });
+  add("sum_squares", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      *out_ptr<double>(a) = sum_squares(in_ptr<T>(a, 0), a.in[0]->numel());
+    });
+  });
   add("mean", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
