@@ -61,6 +61,7 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   {
     graph::ScopeGuard scope(g, "tok_embeddings");
     h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+    m.residual.push_back(h);
   }
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -69,6 +70,7 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
     {
       graph::ScopeGuard scope(g, "attention_norm");
       x = b.rms_norm(h, use(p + "input_layernorm.weight"), c.norm_eps);
+      m.normed.push_back(x);
     }
     {
       graph::ScopeGuard scope(g, "attention");
@@ -77,21 +79,25 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
       const auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
       attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
       h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
+      m.residual.push_back(h);
     }
     {
       graph::ScopeGuard scope(g, "ffn_norm");
       y = b.rms_norm(h, use(p + "post_attention_layernorm.weight"), c.norm_eps);
+      m.normed.push_back(y);
     }
     {
       graph::ScopeGuard scope(g, "feed_forward");
       act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
       h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+      m.residual.push_back(h);
     }
   }
   graph::ValueId logits;
   {
     graph::ScopeGuard scope(g, "norm");
     h = b.rms_norm(h, use("model.norm.weight"), c.norm_eps);
+    m.normed.push_back(h);
   }
   {
     graph::ScopeGuard scope(g, "output");

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "graph/graph.h"
 #include "models/parameters.h"
@@ -32,6 +33,12 @@ struct LlamaGraph {
   graph::ValueId targets;  // i64 [B, T]; -100 is ignored
   graph::ValueId loss;     // mean cross-entropy
   std::map<std::string, graph::ValueId> params;  // Hugging Face name -> parameter value
+  // The residual stream [B, T, D]: the embedding's output and each block's
+  // sum after attention and after the MLP (what a parallel plan lays out
+  // between blocks).
+  std::vector<graph::ValueId> residual;
+  // The RMSNorm outputs [B, T, D] that feed attention, the MLP and the LM head.
+  std::vector<graph::ValueId> normed;
 };
 
 // Forward graph for batches of B sequences of T tokens. Parameters are

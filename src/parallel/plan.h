@@ -41,6 +41,8 @@ struct StepRoles {
   std::vector<graph::ValueId> replicated_outputs;                  // loss, gradient norm
   std::vector<std::pair<graph::ValueId, graph::ValueId>> updates;  // updated value -> the parameter or state it replaces
   std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
+  std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
+  std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
 };
 
 struct StepLayouts {
@@ -54,9 +56,16 @@ struct StepLayouts {
 // dp_replicate, Shard(0) over dp_shard and Shard(tp_dims[p]) over tp. Where
 // dp_shard and tp both split dim 0, tp splits first and FSDP shards each tp
 // rank's part (so gathering over dp_shard gives that part whole, as
-// torchtitan's strided shards do). Replicated outputs Replicate; updates
-// delivered as what they replace.
-StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles);
+// torchtitan's strided shards do). Over tp (Megatron), each block's input is
+// pinned Replicate (every rank starts from the whole activations, as
+// torchtitan's PrepareModuleInput asks) and the residual stream Replicate
+// (each block ends in one all_reduce) or, with `sequence_parallel`,
+// Shard(1) (the norms and residual adds on a part of the sequence;
+// all_gather before a block, reduce_scatter after); over dp both lie like
+// the batch.
+// Replicated outputs Replicate; updates delivered as what they replace.
+StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
+                         bool sequence_parallel = false);
 
 // Megatron's split of a Hugging Face Llama parameter, by name: the tensor
 // dim tp splits. q/k/v/gate/up by output features (dim 0 of the [out, in]

@@ -101,7 +101,8 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
                "lower: node {} ({}) on rank {} computes output {} as {}, but its layout {} gives {} there", n.index,
                node.op->name, rank, k, local.value(lv).info.shape.to_string(), ns.outputs[k].to_string(),
                want.to_string());
-      l.out.values[v] = lv;
+      // A pinned value: redistributed from the node's output layout at once.
+      l.out.values[v] = l.redistribute(v, lv, ns.outputs[k], s.values.at(v));
     }
   }
   local.set_scope("");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include <fmt/ranges.h>
 
@@ -96,15 +97,20 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
   const sharding::DeviceMesh& mesh = planner.mesh();
   Sharding out;
   const Layout replicated = Layout::from_placements(std::vector<Placement>(static_cast<size_t>(mesh.ndim())));
+  std::map<graph::ValueId, Layout> pinned;
+  for (const auto& [v, l] : given) {
+    MT_CHECK(v.valid() && v.index < g.num_values(), "propagate: a layout is given for value {}, which is not in the graph",
+             v.index);
+    MT_CHECK(l.mesh_ndim() == mesh.ndim(), "propagate: {} has layout {} for a {}-d mesh", g.describe_value(v),
+             l.to_string(), mesh.ndim());
+    l.validate(static_cast<int>(g.value(v).info.shape.rank()));
+    if (g.value(v).kind == graph::ValueKind::intermediate) pinned[v] = l;
+  }
   for (int i = 0; i < g.num_values(); ++i) {
     const graph::ValueId v(i);
     if (g.value(v).kind == graph::ValueKind::intermediate) continue;
     const auto it = given.find(v);
-    const Layout& l = it == given.end() ? replicated : it->second;
-    MT_CHECK(l.mesh_ndim() == mesh.ndim(), "propagate: {} has layout {} for a {}-d mesh", g.describe_value(v),
-             l.to_string(), mesh.ndim());
-    l.validate(static_cast<int>(g.value(v).info.shape.rank()));
-    out.values[v] = l;
+    out.values[v] = it == given.end() ? replicated : it->second;
   }
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
@@ -141,17 +147,20 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
         split *= divides ? mesh.size(m) : 1;
       }
       cand.compute_us = flops / split / options.flops_per_us;
-      // An output delivered in a given layout (an updated parameter) costs its
-      // redistribution to it too, so a node does not pick a layout it must
-      // then undo.
+      // An output pinned or delivered in a given layout (the residual stream,
+      // an updated parameter) costs its redistribution to it too, so a node
+      // does not pick a layout it must then undo.
       double deliver_us = 0;
       for (size_t k = 0; k < outs.size(); ++k) {
         cand.outputs.push_back(layout_of(c, true, k));
         order_like(cand.outputs.back(), preferred);
-        const auto d = deliver.find(node.outputs[k]);
-        if (d == deliver.end() || d->second == cand.outputs.back()) continue;
-        if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;
-        deliver_us += planner.plan(outs[k].shape, dtype_size(outs[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
+        for (const std::map<graph::ValueId, Layout>* wanted : {&std::as_const(pinned), &deliver}) {
+          const auto d = wanted->find(node.outputs[k]);
+          if (d == wanted->end() || d->second == cand.outputs.back()) continue;
+          if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;
+          deliver_us +=
+              planner.plan(outs[k].shape, dtype_size(outs[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
+        }
       }
       const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
       if (cost < best_cost) {
@@ -167,7 +176,10 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       throw InvalidArgument(fmt::format("propagate: no legal strategy for node {} ({}){}", n.index, node.op->name, asked));
     }
     best.has_rule = has_strategy_rule(node.op->name);
-    for (size_t k = 0; k < outs.size(); ++k) out.values[node.outputs[k]] = best.outputs[k];
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const auto pin = pinned.find(node.outputs[k]);
+      out.values[node.outputs[k]] = pin == pinned.end() ? best.outputs[k] : pin->second;
+    }
     out.nodes[n] = std::move(best);
   }
   for (graph::ValueId v : g.outputs()) {
@@ -196,8 +208,10 @@ std::string to_text(const graph::Graph& g, const Sharding& s) {
     std::vector<std::string> outs, ins;
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       const graph::ValueId v = node.outputs[k];
-      outs.push_back(fmt::format("%{}: {}{} {}", v.index, dtype_name(g.value(v).info.dtype),
-                                 g.value(v).info.shape.to_string(), ns.outputs[k].to_string()));
+      const Layout& pinned_as = s.values.at(v);
+      outs.push_back(fmt::format("%{}: {}{} {}{}", v.index, dtype_name(g.value(v).info.dtype),
+                                 g.value(v).info.shape.to_string(), ns.outputs[k].to_string(),
+                                 pinned_as == ns.outputs[k] ? "" : "->" + pinned_as.to_string()));
     }
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       const graph::ValueId v = node.inputs[k];

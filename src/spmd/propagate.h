@@ -27,7 +27,9 @@ struct NodeSharding {
 };
 
 struct Sharding {
-  std::map<graph::ValueId, Layout> values;  // every value's layout as produced (inputs: as given)
+  // Every value's layout: inputs as given, a pinned value as pinned (its
+  // producer's output redistributed to it at once), others as produced.
+  std::map<graph::ValueId, Layout> values;
   std::map<graph::NodeId, NodeSharding> nodes;
   // Graph outputs and the layout each is delivered in (a parameter's update
   // in the parameter's layout, the loss replicated).
@@ -38,7 +40,11 @@ struct PropagationOptions {
   double flops_per_us = 1e5;  // compute speed for the compute term (100 GFLOP/s)
 };
 
-// `given`: the layouts of inputs and parameters; the others are Replicate.
+// `given`: the layouts of inputs and parameters (the others are Replicate),
+// and of any intermediate value the plan pins (Megatron's residual stream:
+// Replicate over tp, or Shard(1) under sequence parallelism): its producer
+// counts the redistribution to the pinned layout in its cost, and every
+// reader sees the pinned layout.
 // `deliver`: layouts some graph outputs must be delivered in; the other
 // outputs stay as produced. Fails naming the node when no candidate is legal
 // (cannot happen while all-Replicate is one: every layout redistributes to

@@ -54,6 +54,10 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel) {
     if (const auto dim = parallel::llama_tp_dim(name); dim && tensor_parallel) roles.tp_dims[v] = *dim;
   }
   roles.batch_inputs = {sg.model.tokens, sg.model.targets};
+  if (tensor_parallel) {
+    roles.residual_stream = sg.model.residual;
+    roles.block_inputs = sg.model.normed;
+  }
   roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
   roles.updates = sg.write_backs;
   return roles;

@@ -42,7 +42,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 
 // What each value of the step is to a parallel plan: parameters (split over
 // tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer
-// states, the batch, the replicated outputs and the write-backs.
+// states, the batch, the residual stream and block inputs (when
+// `tensor_parallel`), the
+// replicated outputs and the write-backs.
 parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel);
 
 }  // namespace meshtrain::train

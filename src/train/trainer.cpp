@@ -97,7 +97,8 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
-  const parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel));
+  const parallel::StepLayouts layouts =
+      parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel), config.parallel.sequence_parallel);
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank);
   return out;

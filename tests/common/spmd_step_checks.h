@@ -139,7 +139,7 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
   in.values.at(step.model.targets).set(3, -100);  // an ignored position
   const sharding::DeviceMesh mesh = parallel::make_mesh(parallel, pg.size());
   const parallel::StepLayouts l =
-      parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1));
+      parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel.sequence_parallel);
   return check_lowered(pg, mesh, g, l.given, l.deliver, in, run_single(g, in), 1e-5,
                        fmt::format("Llama step on mesh {}", mesh.describe()));
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# meshtrain train under mpirun against one rank: DDP 2, FSDP 2, HSDP 2x2 and
-# FSDP 3 (uneven parameter shards) on a small Llama, 20 steps with warmup, cosine decay,
+# meshtrain train under mpirun against one rank: DDP 2, FSDP 2 and 4, HSDP
+# 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence parallel, TP 4 and FSDP 3
+# (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
+# 20 steps with warmup, cosine decay,
 # weight decay and active clipping. Every step's loss and gradient norm must
 # match the single-rank run within 1e-5 relative; the gathered checkpoint
 # must match the single-rank one within 1e-4. Bad [parallel] input must fail
@@ -12,7 +14,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 cd "$src"
-model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
        --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1)
 run() {  # NAME NP [KEY VALUE ...]
   local name=$1 np=$2
@@ -62,6 +64,14 @@ run fsdp2 2
 compare fsdp2
 run hsdp 4 --parallel.dp_replicate 2 --parallel.dp_shard 2
 compare hsdp
+run fsdp4 4
+compare fsdp4
+run fsdp2_tp2 4 --parallel.tp 2
+compare fsdp2_tp2
+run ddp2_tp2_sp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true
+compare ddp2_tp2_sp
+run tp4 4 --parallel.dp_shard 1 --parallel.tp 4
+compare tp4
 # FSDP 3 needs a global batch that 3 divides: compare it with its own single-rank run.
 mv "$dir/one.jsonl" "$dir/one8.jsonl"; mv "$dir/one" "$dir/one8"
 run one 1 --data.batch_size 6
@@ -79,4 +89,16 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "odd batch: exit $rc"
 [ "$(grep -c 'data.batch_size 5 (the global batch, in sequences) must divide by the data-parallel degree 2' <<<"$out")" = 1 ] \
   || { echo "$out"; fail "the batch error is not printed exactly once"; }
+bad() {  # NP MESSAGE ARGS...: one message, every rank exits non-zero, no hang
+  local np=$1 message=$2
+  shift 2
+  out=$(timeout 60 $mpirun -np "$np" "$meshtrain" train "${model[@]}" "$@" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
+  [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
+}
+bad 3 'model.n_heads 8 must divide by parallel.tp 3' --parallel.tp 3
+bad 2 'model.n_kv_heads 3 must divide by parallel.tp 2' --parallel.tp 2 --model.n_heads 6 --model.n_kv_heads 3 --model.dim 48
+bad 2 'model.vocab_size 255 must divide by parallel.tp 2' --parallel.tp 2 --model.vocab_size 255
+bad 2 'parallel.sequence_parallel needs parallel.tp > 1' --parallel.sequence_parallel true
 echo "PASS"

@@ -41,8 +41,8 @@ TEST(SpmdExecute, DdpMatchesOneRank) {
 namespace {
 
 void check_llama(int ranks, const parallel::ParallelConfig& config) {
-  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {}", ranks, config.dp_replicate,
-                           config.dp_shard, config.tp));
+  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} sequence_parallel {}", ranks,
+                           config.dp_replicate, config.dp_shard, config.tp, config.sequence_parallel));
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
@@ -64,4 +64,9 @@ TEST(SpmdExecute, LlamaStepTensorParallelMatchesOneRank) {
   check_llama(4, mtest::tp(4));
   check_llama(4, {.dp_shard = 2, .tp = 2});  // FSDP 2 x TP 2
   check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2});
+}
+
+TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {
+  check_llama(2, {.tp = 2, .sequence_parallel = true});  // seq 5 over 2: 3 and 2
+  check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true});
 }
