@@ -9,7 +9,8 @@
 
 namespace meshtrain::graph {
 
-std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
+std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt,
+                                     std::map<ValueId, ValueId>* gradients) {
   const ValueInfo li = g.value(loss).info;  // a copy: adding values moves the storage
   MT_CHECK(li.shape.numel() == 1, "autodiff needs a scalar loss, got {}", g.describe_value(loss));
   MT_CHECK(!g.insertion_point().valid(), "autodiff appends to the end of the graph; clear the insertion point first");
@@ -57,6 +58,7 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<V
   }
   g.set_scope(saved_scope);
   g.set_phase(saved_phase);
+  if (gradients) gradients->insert(grad.begin(), grad.end());
   std::vector<ValueId> out;
   for (ValueId w : wrt) {
     auto it = grad.find(w);

@@ -2,6 +2,7 @@
 // graph, built from each op's backward rule.
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "graph/graph.h"
@@ -11,6 +12,9 @@ namespace meshtrain::graph {
 // The gradient value of each of `wrt` (none where the loss does not depend
 // on it). The backward nodes are appended in Phase::backward, each in the
 // scope of the forward node it differentiates.
-std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt);
+// `gradients`, when given, receives every value the loss depends on with its
+// (accumulated) gradient value (what a parallel plan lays out in the backward).
+std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt,
+                                     std::map<ValueId, ValueId>* gradients = nullptr);
 
 }  // namespace meshtrain::graph

@@ -36,6 +36,14 @@ ValueId Builder::cross_entropy(ValueId logits, ValueId targets, int64_t ignore_i
   const ValueId count = op("count_valid", {targets}, {attr::ignore_index(ignore_index)});
   return op("cross_entropy", {logits, targets, count}, {attr::ignore_index(ignore_index)});
 }
+ValueId Builder::cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index) {
+  const Attrs ignore{attr::ignore_index(ignore_index)};
+  const ValueId count = op("count_valid", {targets}, ignore);
+  const ValueId shift = op("row_max", {logits});
+  const ValueId sum_exp = op("sum_exp", {logits, shift});
+  const ValueId target_logit = op("pick", {logits, targets}, ignore);
+  return op("nll_mean", {logits, sum_exp, shift, target_logit, targets, count}, ignore);
+}
 ValueId Builder::embedding(ValueId table, ValueId ids) { return op("embedding", {table, ids}); }
 
 ValueId Builder::silu_backward(ValueId x, ValueId dy) { return op("silu_backward", {x, dy}); }

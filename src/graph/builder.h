@@ -34,6 +34,10 @@ class Builder {
   // Mean over rows whose target != ignore_index; targets i64.
   // The mean over the rows whose target is not ignore_index: count_valid, then cross_entropy.
   ValueId cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  // The same mean in parts that each sum over the vocabulary (row_max,
+  // sum_exp, pick, nll_mean; graph/ops/loss.cpp), for logits split by
+  // vocabulary; its gradient is one op (split_loss_backward).
+  ValueId cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index = -100);
   ValueId embedding(ValueId table, ValueId ids);  // ids i64 -> [..., dim]
 
   // Rotary embedding (HF rotate-half) of x [B, T, H, D] at positions 0..T-1.

@@ -39,7 +39,7 @@ std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& c) {
 }
 
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype,
-                       std::optional<DType> compute) {
+                       std::optional<DType> compute, bool split_loss) {
   const DType compute_dtype = compute.value_or(dtype);
   c.validate();
   MT_CHECK(batch > 0 && seq_len > 0, "batch {} and seq_len {} must be positive", batch, seq_len);
@@ -104,7 +104,9 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
     logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   }
   graph::ScopeGuard scope(g, "loss");
-  m.loss = b.cross_entropy(b.reshape(logits, {batch * seq_len, c.vocab_size}), b.reshape(m.targets, {batch * seq_len}));
+  m.logits = b.reshape(logits, {batch * seq_len, c.vocab_size});
+  const graph::ValueId targets = b.reshape(m.targets, {batch * seq_len});
+  m.loss = split_loss ? b.cross_entropy_split(m.logits, targets) : b.cross_entropy(m.logits, targets);
   return m;
 }
 

@@ -39,6 +39,7 @@ struct LlamaGraph {
   std::vector<graph::ValueId> residual;
   // The RMSNorm outputs [B, T, D] that feed attention, the MLP and the LM head.
   std::vector<graph::ValueId> normed;
+  graph::ValueId logits;  // [B * T, vocab], what the loss reads
 };
 
 // Forward graph for batches of B sequences of T tokens. Parameters are
@@ -48,8 +49,12 @@ struct LlamaGraph {
 // torchtitan's modules: "tok_embeddings", "layers.<i>.attention_norm",
 // "layers.<i>.attention", "layers.<i>.ffn_norm", "layers.<i>.feed_forward",
 // "norm", "output", "loss".
+// `split_loss`: the loss as Builder::cross_entropy_split (parts that each sum
+// over the vocabulary, for logits split by vocabulary) instead of the fused
+// cross_entropy; the same number.
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
-                       DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt);
+                       DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt,
+                       bool split_loss = false);
 
 // Every parameter by Hugging Face name: its shape, and Hugging Face Llama's
 // initialisation (normal(0, initializer_range 0.02) for weights, ones for the

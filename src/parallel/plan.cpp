@@ -11,7 +11,6 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            c.dp_shard);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
-  MT_CHECK(!c.loss_parallel, "parallel.loss_parallel is not implemented yet; use false");
   MT_CHECK(c.reshard_after_forward,
            "parallel.reshard_after_forward = false (keeping gathered weights for backward) is not implemented yet");
   int64_t dp_shard = c.dp_shard;
@@ -28,7 +27,7 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
 }
 
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
-                         bool sequence_parallel) {
+                         const ParallelConfig& config) {
   using sharding::Layout;
   using sharding::Placement;
   const auto replicate = static_cast<size_t>(mesh.dim_index("dp_replicate")),
@@ -59,10 +58,21 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   };
   StepLayouts out;
   for (graph::ValueId v : roles.batch_inputs) out.given[v] = batch_layout;
+  // A pinned activation, and its gradient in the backward.
+  auto pin = [&](graph::ValueId v, const Layout& l, const Layout& gradient) {
+    out.given[v] = l;
+    if (const auto it = roles.gradient_of.find(v); it != roles.gradient_of.end()) out.given[it->second] = gradient;
+  };
   std::vector<Placement> residual = batch;
-  if (sequence_parallel) residual[tp] = split(tp, 1);
-  for (graph::ValueId v : roles.residual_stream) out.given[v] = Layout::from_placements(residual);
-  for (graph::ValueId v : roles.block_inputs) out.given[v] = batch_layout;
+  if (config.sequence_parallel) residual[tp] = split(tp, 1);
+  const Layout residual_layout = Layout::from_placements(residual);
+  for (graph::ValueId v : roles.residual_stream) pin(v, residual_layout, residual_layout);
+  for (graph::ValueId v : roles.block_inputs) pin(v, batch_layout, residual_layout);
+  if (config.loss_parallel && roles.logits.valid()) {
+    std::vector<Placement> vocab_split = batch;  // rows: the batch's
+    vocab_split[tp] = split(tp, 1);
+    pin(roles.logits, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
+  }
   for (graph::ValueId p : roles.parameters) out.given[p] = layout_of_param(p);
   for (const auto& [state, p] : roles.states) out.given[state] = layout_of_param(p);
   for (graph::ValueId v : roles.replicated_outputs) out.deliver[v] = replicated;

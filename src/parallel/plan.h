@@ -43,6 +43,8 @@ struct StepRoles {
   std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
   std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
+  graph::ValueId logits;                        // [batch * seq, vocab]: what the loss reads
+  std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
 };
 
 struct StepLayouts {
@@ -62,10 +64,13 @@ struct StepLayouts {
 // (each block ends in one all_reduce) or, with `sequence_parallel`,
 // Shard(1) (the norms and residual adds on a part of the sequence;
 // all_gather before a block, reduce_scatter after); over dp both lie like
-// the batch.
-// Replicated outputs Replicate; updates delivered as what they replace.
+// the batch. With `loss_parallel` the logits are pinned split by vocabulary
+// over tp (no rank holds a row's whole vocabulary). Their gradients are
+// pinned alike, but a block input's as the residual stream (the backward
+// all_reduce, or reduce_scatter under sequence parallelism). Replicated
+// outputs Replicate; updates delivered as what they replace.
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
-                         bool sequence_parallel = false);
+                         const ParallelConfig& config = {});
 
 // Megatron's split of a Hugging Face Llama parameter, by name: the tensor
 // dim tp splits. q/k/v/gate/up by output features (dim 0 of the [out, in]

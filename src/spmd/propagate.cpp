@@ -14,6 +14,8 @@ namespace {
 
 using sharding::Placement;
 
+constexpr double kNodeUs = 1e-3;  // the least a redistribution costs
+
 // Every full-mesh candidate: one of `per_dim` for each mesh dim, first dim
 // slowest, so the enumeration order (and the tie-break) is fixed.
 void for_each_combination(const std::vector<DimStrategy>& per_dim, int ndim,
@@ -133,9 +135,12 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
         Layout want = layout_of(c, false, k);
         order_like(want, preferred);
         if (!reachable(have, want)) return;
+        // Each redistribution is a node, a copy at least (the planner prices a
+        // local shard at 0): of candidates that cost the same, the one that
+        // leaves its inputs as they are wins.
         if (!(have == want))
           cand.redistribute_us +=
-              planner.plan(in[k].shape, dtype_size(in[k].dtype), have, want)->total_cost_us;
+              planner.plan(in[k].shape, dtype_size(in[k].dtype), have, want)->total_cost_us + kNodeUs;
         cand.inputs.push_back(std::move(want));
       }
       // Each rank computes the share of the work its mesh coordinates split off.

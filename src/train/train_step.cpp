@@ -7,17 +7,17 @@ namespace meshtrain::train {
 
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
                                 const OptimizerConfig& opt, double max_grad_norm, DType dtype,
-                                std::optional<DType> compute_dtype) {
+                                std::optional<DType> compute_dtype, bool split_loss) {
   graph::Builder b(g);
   TrainStepGraph s;
-  s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype);
+  s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype, split_loss);
   std::vector<std::string> names;
   std::vector<graph::ValueId> params;
   for (const auto& [name, v] : s.model.params) {
     names.push_back(name);
     params.push_back(v);
   }
-  const std::vector<graph::ValueId> grads = graph::append_backward(g, s.model.loss, params);
+  const std::vector<graph::ValueId> grads = graph::append_backward(g, s.model.loss, params, &s.gradient_of);
   const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);
   graph::ScopeGuard scope(g, "optimizer");
@@ -57,6 +57,8 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel) {
   if (tensor_parallel) {
     roles.residual_stream = sg.model.residual;
     roles.block_inputs = sg.model.normed;
+    roles.logits = sg.model.logits;
+    roles.gradient_of = sg.gradient_of;
   }
   roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
   roles.updates = sg.write_backs;

@@ -86,7 +86,8 @@ sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_
 
 TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
   TrainStepGraph step = build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer,
-                                         config.training.max_grad_norm, DType::f32, config.training.dtype);
+                                         config.training.max_grad_norm, DType::f32, config.training.dtype,
+                                         config.parallel.loss_parallel);
   sched::step_pipeline().run(g);
   return step;
 }
@@ -98,7 +99,7 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   const parallel::StepLayouts layouts =
-      parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel), config.parallel.sequence_parallel);
+      parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel), config.parallel);
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank);
   return out;

@@ -105,7 +105,7 @@ inline int check_lowered_step(comm::ProcessGroup& pg, const std::string& param_l
 // of each of 21 parameters (9 per layer, the embedding, the final norm and
 // lm_head).
 inline constexpr int kLlamaStepOutputs = 2 + 3 * 21;
-inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel) {
+inline models::LlamaConfig tiny_llama() {
   models::LlamaConfig c;
   c.dim = 16;
   c.n_layers = 2;
@@ -113,11 +113,31 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
   c.n_kv_heads = 4;
   c.ffn_dim = 12;
   c.vocab_size = 11;
+  return c;
+}
+
+// The tiny Llama's step for a global batch of 4 sequences of 5 tokens, and its layouts under `parallel`.
+struct TinyLlamaStep {
   Graph g;
-  train::OptimizerConfig opt;
-  opt.lr = 1e-2;
-  const auto step = train::build_train_step(g, c, 4, 5, opt, 0.5);  // clipping active
-  sched::step_pipeline().run(g);
+  train::TrainStepGraph step;
+  sharding::DeviceMesh mesh;
+  parallel::StepLayouts layouts;
+  TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks)
+      : mesh(parallel::make_mesh(parallel, ranks)) {
+    train::OptimizerConfig opt;
+    opt.lr = 1e-2;
+    step = train::build_train_step(g, tiny_llama(), 4, 5, opt, 0.5, DType::f32, std::nullopt,
+                                   parallel.loss_parallel);  // clipping active
+    sched::step_pipeline().run(g);
+    layouts = parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel);
+  }
+};
+
+inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel) {
+  const models::LlamaConfig c = tiny_llama();
+  TinyLlamaStep tiny(parallel, pg.size());
+  const Graph& g = tiny.g;
+  const train::TrainStepGraph& step = tiny.step;
   EXPECT_EQ(static_cast<int>(g.outputs().size()), kLlamaStepOutputs);
   Inputs in;
   std::mt19937 rng(23);
@@ -137,11 +157,8 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
     in.values[v] = t;
   }
   in.values.at(step.model.targets).set(3, -100);  // an ignored position
-  const sharding::DeviceMesh mesh = parallel::make_mesh(parallel, pg.size());
-  const parallel::StepLayouts l =
-      parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel.sequence_parallel);
-  return check_lowered(pg, mesh, g, l.given, l.deliver, in, run_single(g, in), 1e-5,
-                       fmt::format("Llama step on mesh {}", mesh.describe()));
+  return check_lowered(pg, tiny.mesh, g, tiny.layouts.given, tiny.layouts.deliver, in, run_single(g, in), 1e-5,
+                       fmt::format("Llama step on mesh {}", tiny.mesh.describe()));
 }
 
 // Parallel configs by name, for tests.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshtrain train under mpirun against one rank: DDP 2, FSDP 2 and 4, HSDP
-# 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence parallel, TP 4 and FSDP 3
+# 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence and loss parallel, TP 4 and FSDP 3
 # (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
 # 20 steps with warmup, cosine decay,
 # weight decay and active clipping. Every step's loss and gradient norm must
@@ -68,8 +68,9 @@ run fsdp4 4
 compare fsdp4
 run fsdp2_tp2 4 --parallel.tp 2
 compare fsdp2_tp2
-run ddp2_tp2_sp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true
-compare ddp2_tp2_sp
+run ddp2_tp2_sp_lp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true \
+  --parallel.loss_parallel true
+compare ddp2_tp2_sp_lp
 run tp4 4 --parallel.dp_shard 1 --parallel.tp 4
 compare tp4
 # FSDP 3 needs a global batch that 3 divides: compare it with its own single-rank run.
@@ -101,4 +102,5 @@ bad 3 'model.n_heads 8 must divide by parallel.tp 3' --parallel.tp 3
 bad 2 'model.n_kv_heads 3 must divide by parallel.tp 2' --parallel.tp 2 --model.n_heads 6 --model.n_kv_heads 3 --model.dim 48
 bad 2 'model.vocab_size 255 must divide by parallel.tp 2' --parallel.tp 2 --model.vocab_size 255
 bad 2 'parallel.sequence_parallel needs parallel.tp > 1' --parallel.sequence_parallel true
+bad 2 'parallel.loss_parallel needs parallel.tp > 1' --parallel.loss_parallel true
 echo "PASS"

@@ -65,6 +65,39 @@ TEST(GradCheck, CrossEntropyWithIgnoredRows) {
   gradcheck({{{6, 11}}, targets}, [](Builder& b, const std::vector<ValueId>& x) { return b.cross_entropy(x[0], x[1]); });
 }
 
+TEST(GradCheck, SplitCrossEntropyWithIgnoredRows) {
+  // row_max, sum_exp, pick and nll_mean: the same loss as cross_entropy, in parts.
+  InputSpec targets{{6}, DType::i64, {3, 0, -100, 10, 7, -100}};
+  gradcheck({{{6, 11}}, targets},
+            [](Builder& b, const std::vector<ValueId>& x) { return b.cross_entropy_split(x[0], x[1]); });
+}
+
+TEST(CrossEntropy, SplitEqualsFused) {
+  Graph g;
+  Builder b(g);
+  const ValueId z = g.add_input("z", {4, 5}, DType::f64), t = g.add_input("t", {4}, DType::i64);
+  const ValueId fused = b.cross_entropy(z, t, -1), split = b.cross_entropy_split(z, t, -1);
+  const auto grads = append_backward(g, b.add(fused, b.scale(split, 0.0)), {z});
+  Graph g2;
+  Builder b2(g2);
+  const ValueId z2 = g2.add_input("z", {4, 5}, DType::f64), t2 = g2.add_input("t", {4}, DType::i64);
+  const auto grads2 = append_backward(g2, b2.cross_entropy_split(z2, t2, -1), {z2});
+  Tensor zt = Tensor::empty({4, 5}, DType::f64), tt = Tensor::empty({4}, DType::i64);
+  for (int64_t i = 0; i < 20; ++i) zt.set(i, std::sin(1.7 * static_cast<double>(i)) * 4);
+  const int64_t ts[] = {2, -1, 4, 0};
+  std::copy(ts, ts + 4, tt.data<int64_t>().begin());
+  runtime::Executor ex(g, sched::make_schedule(g, {fused, split, grads[0]}));
+  runtime::Executor ex2(g2, sched::make_schedule(g2, {grads2[0]}));
+  ex.bind(z, zt);
+  ex.bind(t, tt);
+  ex2.bind(z2, zt);
+  ex2.bind(t2, tt);
+  ex.run();
+  ex2.run();
+  EXPECT_NEAR(ex.fetch(split).get(0), ex.fetch(fused).get(0), 1e-14);
+  for (int64_t i = 0; i < 20; ++i) EXPECT_NEAR(ex2.fetch(grads2[0]).get(i), ex.fetch(grads[0]).get(i), 1e-15) << i;
+}
+
 TEST(GradCheck, EmbeddingWithRepeatedIds) {
   InputSpec ids{{2, 3}, DType::i64, {4, 1, 4, 0, 2, 4}};
   gradcheck({{{5, 3}}, ids}, [](Builder& b, const std::vector<ValueId>& x) { return b.embedding(x[0], x[1]); });

@@ -70,3 +70,33 @@ TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {
   check_llama(2, {.tp = 2, .sequence_parallel = true});  // seq 5 over 2: 3 and 2
   check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true});
 }
+
+// Loss parallel: on every rank, no value of the lowered step (forward or
+// backward) holds a row of the whole vocabulary (the logits, their gradient,
+// anything shaped like them); without it, the logits are gathered somewhere.
+TEST(SpmdExecute, LossParallelNeverHoldsWholeVocabularyRows) {
+  for (const bool loss_parallel : {true, false}) {
+    const parallel::ParallelConfig config{
+        .dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true, .loss_parallel = loss_parallel};
+    mtest::TinyLlamaStep tiny(config, 4);
+    sharding::Planner planner(tiny.mesh, sharding::CostModel::for_mesh(tiny.mesh));
+    const spmd::Sharding s = spmd::propagate(tiny.g, planner, tiny.layouts.given, tiny.layouts.deliver);
+    const int64_t vocab = mtest::tiny_llama().vocab_size;
+    int whole_rows = 0;
+    for (int rank = 0; rank < 4; ++rank) {
+      const Graph local = spmd::lower(tiny.g, s, planner, rank).graph;
+      for (int i = 0; i < local.num_values(); ++i) {
+        const Shape& shape = local.value(ValueId(i)).info.shape;
+        whole_rows += shape.rank() >= 2 && shape.dim(-1) == vocab;
+      }
+    }
+    if (loss_parallel) EXPECT_EQ(whole_rows, 0);
+    else EXPECT_GT(whole_rows, 0);  // the check can see them
+  }
+}
+
+TEST(SpmdExecute, LlamaStepLossParallelMatchesOneRank) {
+  check_llama(2, {.tp = 2, .loss_parallel = true});  // 11 vocab entries: 6 and 5
+  check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true, .loss_parallel = true});
+  check_llama(4, {.dp_shard = 2, .tp = 2, .loss_parallel = true});
+}

@@ -97,11 +97,13 @@ Tensor combine(const std::vector<Tensor>& parts, const Placement& p) {
     return parts[0];
   }
   if (p.is_partial()) {
-    EXPECT_TRUE(p.reduce == sharding::ReduceOp::sum || p.reduce == sharding::ReduceOp::avg) << p.to_string();
+    EXPECT_NE(p.reduce, sharding::ReduceOp::min) << p.to_string();
     const double scale = p.reduce == sharding::ReduceOp::avg ? 1.0 / static_cast<double>(parts.size()) : 1.0;
     Tensor sum = parts[0].clone();
     for (size_t r = 1; r < parts.size(); ++r)
-      for (int64_t i = 0; i < sum.numel(); ++i) sum.set(i, sum.get(i) + parts[r].get(i));
+      for (int64_t i = 0; i < sum.numel(); ++i)
+        sum.set(i, p.reduce == sharding::ReduceOp::max ? std::max(sum.get(i), parts[r].get(i))
+                                                       : sum.get(i) + parts[r].get(i));
     for (int64_t i = 0; i < sum.numel(); ++i) sum.set(i, sum.get(i) * scale);
     return sum;
   }
@@ -291,6 +293,21 @@ TEST(SpmdStrategies, Loss) {
   checked += check_strategies({"cross_entropy", {logits, targets, count}, ignore, 7, {2}}, 1e-13);  // rows S(0), S(1); R
   checked += check_strategies({"cross_entropy_backward", {logits, targets, dloss, count}, ignore, 7, {3}}, 1e-13);
   EXPECT_EQ(checked, 2 * (3 + 3 + 3));
+}
+
+TEST(SpmdStrategies, SplitLoss) {
+  // Logits of 11 vocabulary entries: split over 2 and 3 ranks unevenly.
+  const ValueInfo logits{{5, 3, 11}, f64}, rows{{5, 3}, f64}, targets{{5, 3}, DType::i64}, count{{}, f64};
+  const Attrs ignore{attr::ignore_index(1)};
+  int checked = check_strategies({"row_max", {logits}, {}}, 0);           // rows S(0), S(1); P(max); R
+  checked += check_strategies({"sum_exp", {logits, rows}, {}}, 1e-13);  // rows; vocab P; R
+  checked += check_strategies({"pick", {logits, targets}, ignore, 11}, 0);  // rows; vocab P; R
+  // rows (P); the unread logits split by vocabulary (R); R
+  checked += check_strategies({"nll_mean", {logits, rows, rows, rows, targets, count}, ignore, 11, {1, 5}}, 1e-13);
+  // rows; vocab (the target's gradient where its part lies); R
+  checked += check_strategies({"split_loss_backward", {logits, targets, rows, rows, count, count}, ignore, 11, {3, 5}},
+                              1e-13);
+  EXPECT_EQ(checked, 2 * (4 + 4 + 4 + 4 + 4));
 }
 
 TEST(SpmdStrategies, RopeAndAttention) {
