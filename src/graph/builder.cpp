@@ -32,13 +32,13 @@ ValueId Builder::transpose(ValueId a, int d0, int d1) { return op("transpose", {
 ValueId Builder::silu(ValueId x) { return op("silu", {x}); }
 ValueId Builder::softmax(ValueId x) { return op("softmax", {x}); }
 ValueId Builder::rms_norm(ValueId x, ValueId w, double eps) { return op("rms_norm", {x, w}, {attr::eps(eps)}); }
-ValueId Builder::cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index) {
-  const ValueId count = op("count_valid", {targets}, {attr::ignore_index(ignore_index)});
+ValueId Builder::cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index, ValueId count) {
+  if (!count.valid()) count = op("count_valid", {targets}, {attr::ignore_index(ignore_index)});
   return op("cross_entropy", {logits, targets, count}, {attr::ignore_index(ignore_index)});
 }
-ValueId Builder::cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index) {
+ValueId Builder::cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index, ValueId count) {
   const Attrs ignore{attr::ignore_index(ignore_index)};
-  const ValueId count = op("count_valid", {targets}, ignore);
+  if (!count.valid()) count = op("count_valid", {targets}, ignore);
   const ValueId shift = op("row_max", {logits});
   const ValueId sum_exp = op("sum_exp", {logits, shift});
   const ValueId target_logit = op("pick", {logits, targets}, ignore);

@@ -32,12 +32,14 @@ class Builder {
   ValueId softmax(ValueId x);  // over the last dim
   ValueId rms_norm(ValueId x, ValueId weight, double eps);  // over the last dim
   // Mean over rows whose target != ignore_index; targets i64.
-  // The mean over the rows whose target is not ignore_index: count_valid, then cross_entropy.
-  ValueId cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  // The mean over the rows whose target is not ignore_index: count_valid,
+  // then cross_entropy. `count` (f64 scalar): divide by it instead (the
+  // valid targets of a whole batch these rows are part of).
+  ValueId cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100, ValueId count = {});
   // The same mean in parts that each sum over the vocabulary (row_max,
   // sum_exp, pick, nll_mean; graph/ops/loss.cpp), for logits split by
   // vocabulary; its gradient is one op (split_loss_backward).
-  ValueId cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  ValueId cross_entropy_split(ValueId logits, ValueId targets, int64_t ignore_index = -100, ValueId count = {});
   ValueId embedding(ValueId table, ValueId ids);  // ids i64 -> [..., dim]
 
   // Rotary embedding (HF rotate-half) of x [B, T, H, D] at positions 0..T-1.

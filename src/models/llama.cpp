@@ -38,22 +38,42 @@ std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& c) {
   return params;
 }
 
+std::map<std::string, graph::ValueId> add_llama_parameters(graph::Graph& g, const LlamaConfig& c, DType dtype) {
+  std::map<std::string, graph::ValueId> params;
+  for (const auto& [name, spec] : llama_parameters(c)) params[name] = g.add_parameter(name, spec.shape, dtype);
+  return params;
+}
+
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int64_t seq_len, DType dtype,
                        std::optional<DType> compute, bool split_loss) {
-  const DType compute_dtype = compute.value_or(dtype);
   c.validate();
   MT_CHECK(batch > 0 && seq_len > 0, "batch {} and seq_len {} must be positive", batch, seq_len);
+  const auto params = add_llama_parameters(g, c, dtype);
+  const graph::ValueId tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
+  const graph::ValueId targets = g.add_input("targets", {batch, seq_len}, DType::i64);
+  return llama_forward(g, c, params, tokens, targets, {}, compute.value_or(dtype), split_loss);
+}
+
+LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<std::string, graph::ValueId>& params,
+                         graph::ValueId tokens, graph::ValueId targets, graph::ValueId count, DType compute_dtype,
+                         bool split_loss) {
+  c.validate();
+  const Shape batch_shape = g.value(tokens).info.shape;
+  MT_CHECK(batch_shape.rank() == 2 && g.value(targets).info.shape == batch_shape,
+           "llama_forward: tokens and targets must both be [batch, seq], got {} and {}", batch_shape.to_string(),
+           g.value(targets).info.shape.to_string());
+  const int64_t batch = batch_shape.dim(0), seq_len = batch_shape.dim(1);
   graph::Builder b(g);
   LlamaGraph m;
-  for (const auto& [name, spec] : llama_parameters(c)) m.params[name] = g.add_parameter(name, spec.shape, dtype);
-  m.tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
-  m.targets = g.add_input("targets", {batch, seq_len}, DType::i64);
+  m.params = params;
+  m.tokens = tokens;
+  m.targets = targets;
   const int64_t hd = c.head_dim();
   // A parameter as the compute sees it: a fresh copy per use when computing
   // in another dtype, so each use's gradient is accumulated in the master dtype.
   auto use = [&](const std::string& name) {
     const graph::ValueId p = m.params.at(name);
-    return compute_dtype == dtype ? p : b.cast(p, compute_dtype);
+    return compute_dtype == g.value(p).info.dtype ? p : b.cast(p, compute_dtype);
   };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
   auto linear = [&](graph::ValueId x, const std::string& w) { return b.matmul(x, use(w), false, true); };
@@ -104,9 +124,11 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
     logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   }
   graph::ScopeGuard scope(g, "loss");
-  m.logits = b.reshape(logits, {batch * seq_len, c.vocab_size});
-  const graph::ValueId targets = b.reshape(m.targets, {batch * seq_len});
-  m.loss = split_loss ? b.cross_entropy_split(m.logits, targets) : b.cross_entropy(m.logits, targets);
+  const graph::ValueId flat_logits = b.reshape(logits, {batch * seq_len, c.vocab_size});
+  const graph::ValueId flat_targets = b.reshape(m.targets, {batch * seq_len});
+  m.logits.push_back(flat_logits);
+  m.loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
+                      : b.cross_entropy(flat_logits, flat_targets, -100, count);
   return m;
 }
 

@@ -39,7 +39,7 @@ struct LlamaGraph {
   std::vector<graph::ValueId> residual;
   // The RMSNorm outputs [B, T, D] that feed attention, the MLP and the LM head.
   std::vector<graph::ValueId> normed;
-  graph::ValueId logits;  // [B * T, vocab], what the loss reads
+  std::vector<graph::ValueId> logits;  // [B * T, vocab], what the loss reads
 };
 
 // Forward graph for batches of B sequences of T tokens. Parameters are
@@ -55,6 +55,16 @@ struct LlamaGraph {
 LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch, int64_t seq_len,
                        DType dtype = DType::f32, std::optional<DType> compute_dtype = std::nullopt,
                        bool split_loss = false);
+
+// build_llama's parts: every parameter as a graph parameter of `dtype`, by
+// Hugging Face name; and the forward of a batch given as values (tokens and
+// targets [batch, seq]) on those parameters. `count`: the number of valid
+// targets the loss's mean is over (none: these targets'), so that the losses
+// of microbatches of one batch add up to the batch's mean.
+std::map<std::string, graph::ValueId> add_llama_parameters(graph::Graph& g, const LlamaConfig& config, DType dtype);
+LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& config,
+                         const std::map<std::string, graph::ValueId>& params, graph::ValueId tokens,
+                         graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss);
 
 // Every parameter by Hugging Face name: its shape, and Hugging Face Llama's
 // initialisation (normal(0, initializer_range 0.02) for weights, ones for the

@@ -68,10 +68,11 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   const Layout residual_layout = Layout::from_placements(residual);
   for (graph::ValueId v : roles.residual_stream) pin(v, residual_layout, residual_layout);
   for (graph::ValueId v : roles.block_inputs) pin(v, batch_layout, residual_layout);
-  if (config.loss_parallel && roles.logits.valid()) {
+  if (config.loss_parallel) {
     std::vector<Placement> vocab_split = batch;  // rows: the batch's
     vocab_split[tp] = split(tp, 1);
-    pin(roles.logits, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
+    for (graph::ValueId v : roles.logits)
+      pin(v, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
   }
   for (graph::ValueId p : roles.parameters) out.given[p] = layout_of_param(p);
   for (const auto& [state, p] : roles.states) out.given[state] = layout_of_param(p);

@@ -43,7 +43,7 @@ struct StepRoles {
   std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
   std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
-  graph::ValueId logits;                        // [batch * seq, vocab]: what the loss reads
+  std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
 };
 

@@ -32,6 +32,7 @@ struct TrainConfig {
     int64_t seed = 0;
     double max_grad_norm = 1.0;  // global gradient-norm clipping; 0: none
     DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
+    int64_t grad_accum_steps = 1;  // microbatches per step, their gradients summed
   } training;
   struct {
     std::string init_from;

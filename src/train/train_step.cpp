@@ -5,19 +5,69 @@
 
 namespace meshtrain::train {
 
+namespace {
+
+// Microbatch k of K of a [batch, seq] value: rows k, k + K, k + 2K, ...
+graph::ValueId microbatch(graph::Builder& b, graph::ValueId v, int64_t k, int64_t micro_batches) {
+  const Shape s = b.graph().value(v).info.shape;
+  const int64_t rows = s.dim(0) / micro_batches;
+  const graph::ValueId strided = b.reshape(v, {rows, micro_batches, s.dim(1)});
+  return b.reshape(b.slice(strided, 1, k, 1), {rows, s.dim(1)});
+}
+
+}  // namespace
+
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, double max_grad_norm, DType dtype,
-                                std::optional<DType> compute_dtype, bool split_loss) {
+                                const OptimizerConfig& opt, const StepOptions& options) {
+  const int64_t micro_batches = options.micro_batches;
+  MT_CHECK(micro_batches >= 1 && batch % micro_batches == 0,
+           "the batch of {} sequences does not split into {} microbatches of equal size", batch, micro_batches);
   graph::Builder b(g);
   TrainStepGraph s;
-  s.model = models::build_llama(g, model, batch, seq_len, dtype, compute_dtype, split_loss);
+  const DType compute = options.compute_dtype.value_or(options.dtype);
   std::vector<std::string> names;
-  std::vector<graph::ValueId> params;
-  for (const auto& [name, v] : s.model.params) {
-    names.push_back(name);
-    params.push_back(v);
+  std::vector<graph::ValueId> params, grads;
+  if (micro_batches == 1) {
+    s.model = models::build_llama(g, model, batch, seq_len, options.dtype, compute, options.split_loss);
+    for (const auto& [name, v] : s.model.params) {
+      names.push_back(name);
+      params.push_back(v);
+    }
+    grads = graph::append_backward(g, s.model.loss, params, &s.gradient_of);
+  } else {
+    model.validate();
+    MT_CHECK(seq_len > 0, "seq_len {} must be positive", seq_len);
+    const auto param_values = models::add_llama_parameters(g, model, options.dtype);
+    for (const auto& [name, v] : param_values) {
+      names.push_back(name);
+      params.push_back(v);
+    }
+    const graph::ValueId tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
+    const graph::ValueId targets = g.add_input("targets", {batch, seq_len}, DType::i64);
+    graph::ValueId count;
+    {
+      graph::ScopeGuard scope(g, "loss");
+      count = b.op("count_valid", {b.reshape(targets, {batch * seq_len})}, {graph::attr::ignore_index(-100)});
+    }
+    for (int64_t k = 0; k < micro_batches; ++k) {
+      const models::LlamaGraph m =
+          models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
+                                microbatch(b, targets, k, micro_batches), count, compute, options.split_loss);
+      const std::vector<graph::ValueId> micro_grads = graph::append_backward(g, m.loss, params, &s.gradient_of);
+      if (k == 0) {
+        s.model = m;
+        grads = micro_grads;
+        continue;
+      }
+      s.model.loss = b.add(s.model.loss, m.loss);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = b.add(grads[i], micro_grads[i]);
+      for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
+        (s.model.*member).insert((s.model.*member).end(), (m.*member).begin(), (m.*member).end());
+    }
+    s.model.tokens = tokens;
+    s.model.targets = targets;
   }
-  const std::vector<graph::ValueId> grads = graph::append_backward(g, s.model.loss, params, &s.gradient_of);
+  const double max_grad_norm = options.max_grad_norm;
   const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);
   graph::ScopeGuard scope(g, "optimizer");

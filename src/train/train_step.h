@@ -33,14 +33,25 @@ struct TrainStepGraph {
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
 };
 
-// Parameters, gradients and optimizer state are f32; compute_dtype bf16 runs
-// the forward and backward passes in bf16 (f32 master weights).
-// max_grad_norm: clip the global gradient norm to it before the update, as
-// torch.nn.utils.clip_grad_norm_ (<= 0: no clipping).
-// split_loss: see models::build_llama.
+// How a step is built beyond the model and the optimizer.
+struct StepOptions {
+  // Global gradient-norm clipping to this norm before the update, as
+  // torch.nn.utils.clip_grad_norm_ (<= 0: no clipping).
+  double max_grad_norm = 1.0;
+  DType dtype = DType::f32;  // parameters, gradients and optimizer state (the master dtype)
+  // The forward and backward in another dtype (bf16: each use of a
+  // parameter a bf16 copy, activations bf16, the loss f32).
+  std::optional<DType> compute_dtype;
+  bool split_loss = false;   // see models::build_llama
+  // Gradient accumulation: the batch's rows in this many microbatches (row i
+  // in microbatch i mod micro_batches, so each data-parallel rank's rows
+  // split alike), each's forward and backward in turn, their gradients
+  // summed; the loss is the batch's mean over all its valid targets.
+  int64_t micro_batches = 1;
+};
+
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, double max_grad_norm, DType dtype = DType::f32,
-                                std::optional<DType> compute_dtype = std::nullopt, bool split_loss = false);
+                                const OptimizerConfig& opt, const StepOptions& options = {});
 
 // What each value of the step is to a parallel plan: parameters (split over
 // tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer

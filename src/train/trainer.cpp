@@ -76,6 +76,11 @@ sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_
            "data.batch_size {} (the global batch, in sequences) must divide by the data-parallel degree {} "
            "(parallel.dp_replicate x parallel.dp_shard)",
            config.data.batch_size, dp);
+  const int64_t micro = config.training.grad_accum_steps;
+  MT_CHECK(config.data.batch_size % (dp * micro) == 0,
+           "data.batch_size {} must divide by the data-parallel degree {} x training.grad_accum_steps {}: each "
+           "data-parallel rank splits its {} sequences into {} microbatches",
+           config.data.batch_size, dp, micro, config.data.batch_size / dp, micro);
   const int64_t tp = config.parallel.tp;
   const models::LlamaConfig& m = config.model;
   for (const auto& [key, n] : {std::pair{"model.n_heads", m.n_heads}, std::pair{"model.n_kv_heads", m.n_kv_heads},
@@ -85,9 +90,13 @@ sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_
 }
 
 TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
-  TrainStepGraph step = build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer,
-                                         config.training.max_grad_norm, DType::f32, config.training.dtype,
-                                         config.parallel.loss_parallel);
+  StepOptions options;
+  options.max_grad_norm = config.training.max_grad_norm;
+  options.compute_dtype = config.training.dtype;
+  options.split_loss = config.parallel.loss_parallel;
+  options.micro_batches = config.training.grad_accum_steps;
+  TrainStepGraph step =
+      build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer, options);
   sched::step_pipeline().run(g);
   return step;
 }

@@ -122,20 +122,22 @@ struct TinyLlamaStep {
   train::TrainStepGraph step;
   sharding::DeviceMesh mesh;
   parallel::StepLayouts layouts;
-  TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks)
+  TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks, int64_t micro_batches = 1)
       : mesh(parallel::make_mesh(parallel, ranks)) {
     train::OptimizerConfig opt;
     opt.lr = 1e-2;
-    step = train::build_train_step(g, tiny_llama(), 4, 5, opt, 0.5, DType::f32, std::nullopt,
-                                   parallel.loss_parallel);  // clipping active
+    step = train::build_train_step(g, tiny_llama(), 4, 5, opt,
+                                   {.max_grad_norm = 0.5, .split_loss = parallel.loss_parallel,
+                                    .micro_batches = micro_batches});  // clipping active
     sched::step_pipeline().run(g);
     layouts = parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel);
   }
 };
 
-inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel) {
+inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel,
+                            int64_t micro_batches = 1) {
   const models::LlamaConfig c = tiny_llama();
-  TinyLlamaStep tiny(parallel, pg.size());
+  TinyLlamaStep tiny(parallel, pg.size(), micro_batches);
   const Graph& g = tiny.g;
   const train::TrainStepGraph& step = tiny.step;
   EXPECT_EQ(static_cast<int>(g.outputs().size()), kLlamaStepOutputs);

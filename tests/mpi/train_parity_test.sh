@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # meshtrain train under mpirun against one rank: DDP 2, FSDP 2 and 4, HSDP
-# 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence and loss parallel, TP 4 and FSDP 3
+# 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence and loss parallel, TP 4,
+# FSDP 2 with 2 microbatches of gradient accumulation, and FSDP 3
 # (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
 # 20 steps with warmup, cosine decay,
 # weight decay and active clipping. Every step's loss and gradient norm must
@@ -73,6 +74,9 @@ run ddp2_tp2_sp_lp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.
 compare ddp2_tp2_sp_lp
 run tp4 4 --parallel.dp_shard 1 --parallel.tp 4
 compare tp4
+# Gradient accumulation: each rank's 4 sequences in 2 microbatches, against the whole batch at once.
+run fsdp2_accum2 2 --training.grad_accum_steps 2
+compare fsdp2_accum2
 # FSDP 3 needs a global batch that 3 divides: compare it with its own single-rank run.
 mv "$dir/one.jsonl" "$dir/one8.jsonl"; mv "$dir/one" "$dir/one8"
 run one 1 --data.batch_size 6
@@ -103,4 +107,6 @@ bad 2 'model.n_kv_heads 3 must divide by parallel.tp 2' --parallel.tp 2 --model.
 bad 2 'model.vocab_size 255 must divide by parallel.tp 2' --parallel.tp 2 --model.vocab_size 255
 bad 2 'parallel.sequence_parallel needs parallel.tp > 1' --parallel.sequence_parallel true
 bad 2 'parallel.loss_parallel needs parallel.tp > 1' --parallel.loss_parallel true
+bad 2 'data.batch_size 8 must divide by the data-parallel degree 2 x training.grad_accum_steps 8' \
+  --training.grad_accum_steps 8
 echo "PASS"

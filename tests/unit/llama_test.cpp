@@ -121,13 +121,13 @@ struct SteadyStateAllocations {
 };
 
 std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32,
-                                 SteadyStateAllocations* allocations = nullptr) {
+                                 SteadyStateAllocations* allocations = nullptr, int64_t micro_batches = 1) {
   graph::Graph g;
   train::OptimizerConfig opt;
   opt.lr = 1e-2;
   opt.state_dtype = state;
   const double max_grad_norm = 1.0;
-  const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, max_grad_norm, DType::f32, compute);
+  const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
   sched::step_pipeline().run(g);  // as the trainer does
   runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
   for (const auto& [from, to] : s.write_backs) ex.write_back(from, to);
@@ -166,6 +166,15 @@ TEST(Llama, TrainingStepsLowerTheLoss) {
   const auto losses = train_losses(DType::f32, false, 30);
   EXPECT_NEAR(losses.front(), std::log(11.0), 0.5);  // near uniform at the start
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << "loss did not go down: " << losses.front() << " -> " << losses.back();
+}
+
+// Gradient accumulation: two microbatches of one row each, their gradients
+// summed, train as the batch of two rows does (the same loss, the same
+// update), step after step.
+TEST(Llama, GradientAccumulationMatchesTheWholeBatch) {
+  const auto whole = train_losses(DType::f32, false, 10);
+  const auto accumulated = train_losses(DType::f32, false, 10, DType::f32, nullptr, 2);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(accumulated[i], whole[i], 1e-5 * whole[i]) << "step " << i + 1;
 }
 
 // bf16 compute with f32 master weights: the same training run as f32, from

@@ -85,7 +85,7 @@ struct StepGraph {
     c.n_kv_heads = 2;
     c.ffn_dim = 48;
     c.vocab_size = 29;
-    s = train::build_train_step(g, c, 2, 8, {}, 1.0);
+    s = train::build_train_step(g, c, 2, 8, {}, {.max_grad_norm = 1.0});
     sched::step_pipeline().run(g);
   }
 };

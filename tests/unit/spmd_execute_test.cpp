@@ -40,14 +40,14 @@ TEST(SpmdExecute, DdpMatchesOneRank) {
 
 namespace {
 
-void check_llama(int ranks, const parallel::ParallelConfig& config) {
+void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micro_batches = 1) {
   SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} sequence_parallel {}", ranks,
                            config.dp_replicate, config.dp_shard, config.tp, config.sequence_parallel));
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
   std::atomic<int> compared{0};
-  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, config); });
+  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, config, micro_batches); });
   EXPECT_EQ(compared.load(), ranks * mtest::kLlamaStepOutputs);
 }
 
@@ -57,6 +57,11 @@ TEST(SpmdExecute, LlamaStepFsdpAndDdpMatchOneRank) {
   check_llama(2, mtest::fsdp());
   check_llama(3, mtest::fsdp());  // uneven: 11 vocab rows, batch 4 over 3
   check_llama(2, mtest::ddp(2));
+}
+
+TEST(SpmdExecute, LlamaStepWithGradientAccumulationMatchesOneRank) {
+  check_llama(2, mtest::fsdp(), 2);  // each rank's 2 rows in 2 microbatches
+  check_llama(4, {.dp_shard = 2, .tp = 2, .sequence_parallel = true, .loss_parallel = true}, 2);
 }
 
 TEST(SpmdExecute, LlamaStepTensorParallelMatchesOneRank) {

@@ -401,6 +401,8 @@ template void matmul<double>(const double*, const double*, double*, int64_t, int
   template void adamw<T, T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, int64_t);
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)
+template void copy_slice<int64_t>(const int64_t*, int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                  int64_t);  // ids: microbatches of tokens
 MESHTRAIN_INSTANTIATE(bfloat16)
 #undef MESHTRAIN_INSTANTIATE
 template void adamw<float, bfloat16>(float*, const float*, bfloat16*, bfloat16*, int64_t, double, double, double,

@@ -14,12 +14,14 @@ void add_shape_kernels(const AddKernel& add) {
                 static_cast<int>(a.attrs.get(attr::dim0)), static_cast<int>(a.attrs.get(attr::dim1)));
     });
   });
-  add("slice", [](const KernelArgs& a) {
+  add("slice", [](const KernelArgs& a) {  // float values, or i64 ids (a microbatch of tokens)
     const AroundDim s = around_dim(a.in[0]->shape(), static_cast<size_t>(a.attrs.get(attr::dim)));
-    const int64_t length = a.attrs.get(attr::length);
+    const int64_t length = a.attrs.get(attr::length), start = a.attrs.get(attr::start);
+    if (a.in[0]->dtype() == DType::i64)
+      return copy_slice(in_ptr<int64_t>(a, 0), out_ptr<int64_t>(a), s.outer, s.dim, length, start, 0, length, s.inner);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
-      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, length, a.attrs.get(attr::start), 0, length, s.inner);
+      copy_slice(in_ptr<T>(a, 0), out_ptr<T>(a), s.outer, s.dim, length, start, 0, length, s.inner);
     });
   });
   add("slice_backward", [](const KernelArgs& a) {
