@@ -73,7 +73,10 @@ LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<s
   // in another dtype, so each use's gradient is accumulated in the master dtype.
   auto use = [&](const std::string& name) {
     const graph::ValueId p = m.params.at(name);
-    return compute_dtype == g.value(p).info.dtype ? p : b.cast(p, compute_dtype);
+    if (compute_dtype == g.value(p).info.dtype) return p;
+    const graph::ValueId copy = b.cast(p, compute_dtype);
+    m.param_copies.emplace_back(copy, p);
+    return copy;
   };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
   auto linear = [&](graph::ValueId x, const std::string& w) { return b.matmul(x, use(w), false, true); };

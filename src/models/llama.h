@@ -40,6 +40,9 @@ struct LlamaGraph {
   // The RMSNorm outputs [B, T, D] that feed attention, the MLP and the LM head.
   std::vector<graph::ValueId> normed;
   std::vector<graph::ValueId> logits;  // [B * T, vocab], what the loss reads
+  // Each use of a parameter in the compute dtype, when it differs from the
+  // parameters': (the copy, the parameter).
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> param_copies;
 };
 
 // Forward graph for batches of B sequences of T tokens. Parameters are

@@ -45,6 +45,9 @@ struct StepRoles {
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
   std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  // (compute-dtype copy, parameter): the copy's gradient is reduced across
+  // data parallel in the compute dtype (bf16), before it is widened.
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> reduced_copies;
 };
 
 struct StepLayouts {
@@ -67,8 +70,11 @@ struct StepLayouts {
 // the batch. With `loss_parallel` the logits are pinned split by vocabulary
 // over tp (no rank holds a row's whole vocabulary). Their gradients are
 // pinned alike, but a block input's as the residual stream (the backward
-// all_reduce, or reduce_scatter under sequence parallelism). Replicated
-// outputs Replicate; updates delivered as what they replace.
+// all_reduce, or reduce_scatter under sequence parallelism). The gradient of
+// a reduced copy is pinned to its parameter's layout, so it is reduced in
+// the copy's dtype (else propagation widens partial sums first and reduces
+// in f32). Replicated outputs Replicate; updates delivered as what they
+// replace.
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
                          const ParallelConfig& config = {});
 

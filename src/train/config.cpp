@@ -156,6 +156,7 @@ const std::vector<Key>& keys() {
       number_key<double>("training.max_grad_norm", [](TrainConfig& c) -> double& { return c.training.max_grad_norm; }, nonnegf, "a number >= 0 (0: no clipping)"),
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
       choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
+      choice_key<DType>("training.reduce_dtype", [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       number_key<int64_t>("training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
                           "a positive integer (microbatches per step; data.batch_size must divide by it)"),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),
@@ -218,6 +219,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   for (const auto& [name, value] : overrides) apply_override(c, name, value);
   c.model.validate();
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
+  MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
+           "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);

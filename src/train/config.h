@@ -33,6 +33,7 @@ struct TrainConfig {
     double max_grad_norm = 1.0;  // global gradient-norm clipping; 0: none
     DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
     int64_t grad_accum_steps = 1;  // microbatches per step, their gradients summed
+    DType reduce_dtype = DType::f32;  // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
   } training;
   struct {
     std::string init_from;

@@ -63,6 +63,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
       for (size_t i = 0; i < grads.size(); ++i) grads[i] = b.add(grads[i], micro_grads[i]);
       for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
         (s.model.*member).insert((s.model.*member).end(), (m.*member).begin(), (m.*member).end());
+      s.model.param_copies.insert(s.model.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
     }
     s.model.tokens = tokens;
     s.model.targets = targets;
@@ -95,7 +96,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
   return s;
 }
 
-parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel) {
+parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {
   parallel::StepRoles roles;
   for (const auto& [name, v] : sg.model.params) {
     roles.parameters.push_back(v);
@@ -108,8 +109,9 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel) {
     roles.residual_stream = sg.model.residual;
     roles.block_inputs = sg.model.normed;
     roles.logits = sg.model.logits;
-    roles.gradient_of = sg.gradient_of;
   }
+  roles.gradient_of = sg.gradient_of;
+  if (reduce_in_compute_dtype) roles.reduced_copies = sg.model.param_copies;
   roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
   roles.updates = sg.write_backs;
   return roles;

@@ -56,7 +56,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 // What each value of the step is to a parallel plan: parameters (split over
 // tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer
 // states, the batch, the residual stream, block inputs and logits (when
-// `tensor_parallel`), the replicated outputs and the write-backs.
-parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel);
+// `tensor_parallel`), the replicated outputs and the write-backs; with
+// `reduce_in_compute_dtype`, the compute-dtype copies of parameters whose
+// gradients are reduced before they are widened.
+parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false);
 
 }  // namespace meshtrain::train

@@ -108,7 +108,9 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   const parallel::StepLayouts layouts =
-      parallel::step_layouts(mesh, g, step_roles(step, tensor_parallel), config.parallel);
+      parallel::step_layouts(mesh, g,
+                             step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32),
+                             config.parallel);
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank);
   return out;

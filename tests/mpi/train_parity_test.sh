@@ -3,11 +3,12 @@
 # 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence and loss parallel, TP 4,
 # FSDP 2 with 2 microbatches of gradient accumulation, and FSDP 3
 # (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
-# 20 steps with warmup, cosine decay,
-# weight decay and active clipping. Every step's loss and gradient norm must
-# match the single-rank run within 1e-5 relative; the gathered checkpoint
-# must match the single-rank one within 1e-4. Bad [parallel] input must fail
-# on every rank with one message.
+# 20 steps with warmup, cosine decay, weight decay and active clipping.
+# Every step's loss and gradient norm must match the single-rank run within
+# 1e-5 relative; the gathered checkpoint must match the single-rank one
+# within 1e-4. FSDP 2 x TP 2 in bf16 (gathered and reduced in bf16) must
+# track one rank's bf16 run within 2%. Bad [parallel] input must fail on
+# every rank with one message.
 # Usage: train_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -26,10 +27,13 @@ run() {  # NAME NP [KEY VALUE ...]
     --checkpoint.folder "$dir/$name" "$@" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name exited non-zero"; }
   tail -n 3 "$dir/$name.out"
 }
-compare() {  # NAME
-  python3 - "$dir/one.jsonl" "$dir/$1.jsonl" "$dir/one/step_000020.safetensors" "$dir/$1/step_000020.safetensors" "$1" <<'PY' || exit 1
+compare() {  # NAME [BASE [TOLERANCE CHECKPOINT_TOLERANCE]]: against BASE's run (default: one)
+  local base=${2:-one}
+  python3 - "$dir/$base.jsonl" "$dir/$1.jsonl" "$dir/$base/step_000020.safetensors" "$dir/$1/step_000020.safetensors" \
+    "$1" "${3:-1e-5}" "${4:-1e-4}" <<'PY' || exit 1
 import json, struct, sys
-one, other, ck_one, ck_other, name = sys.argv[1:]
+one, other, ck_one, ck_other, name, tolerance, ck_tolerance = sys.argv[1:]
+tolerance, ck_tolerance = float(tolerance), float(ck_tolerance)
 a = [json.loads(l) for l in open(one)]
 b = [json.loads(l) for l in open(other)]
 assert len(a) == len(b) == 20, f"{name}: {len(a)} and {len(b)} steps logged"
@@ -38,7 +42,7 @@ for x, y in zip(a, b):
     for key in ("loss", "grad_norm"):
         rel = abs(x[key] - y[key]) / abs(x[key])
         worst = max(worst, rel)
-        if rel > 1e-5:
+        if rel > tolerance:
             sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]} vs one rank's {x[key]} (relative {rel:.2e})")
 def tensors(path):
     raw = open(path, "rb").read()
@@ -53,7 +57,7 @@ def tensors(path):
 p, q = tensors(ck_one), tensors(ck_other)
 assert p.keys() == q.keys(), f"{name}: checkpoint tensors differ"
 dmax = max(abs(u - v) for k in p for u, v in zip(p[k], q[k]))
-if dmax > 1e-4:
+if dmax > ck_tolerance:
     sys.exit(f"FAIL: {name}: checkpoint differs from one rank's by {dmax:.2e}")
 print(f"{name}: 20 steps, worst relative difference {worst:.1e} (loss, grad_norm); checkpoint within {dmax:.1e}")
 PY
@@ -77,6 +81,10 @@ compare tp4
 # Gradient accumulation: each rank's 4 sequences in 2 microbatches, against the whole batch at once.
 run fsdp2_accum2 2 --training.grad_accum_steps 2
 compare fsdp2_accum2
+# bf16 compute (parameters gathered in bf16, gradients reduced in bf16) tracks one rank's bf16 run within 2%.
+run one_bf16 1 --training.dtype bfloat16
+run fsdp2_tp2_bf16 4 --parallel.tp 2 --training.dtype bfloat16 --training.reduce_dtype bfloat16
+compare fsdp2_tp2_bf16 one_bf16 2e-2 1e-2
 # FSDP 3 needs a global batch that 3 divides: compare it with its own single-rank run.
 mv "$dir/one.jsonl" "$dir/one8.jsonl"; mv "$dir/one" "$dir/one8"
 run one 1 --data.batch_size 6
