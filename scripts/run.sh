@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The main job: train the bundled small Llama (configs/debug.toml) on the
-# bundled text on 2 local ranks (FSDP: parameters, gradients and optimizer
-# states sharded over both) and print what it did; then the communication
-# benchmark on 4 local ranks (meshtrain's collectives next to plain MPI).
-# Extra arguments go to `meshtrain train` (e.g. --training.steps 100, or
-# --parallel.dp_replicate 2 --parallel.dp_shard 1 for DDP).
+# bundled text on 4 local ranks, FSDP 2 x TP 2 (weights split Megatron's way
+# over tp, and each tp part sharded over dp_shard with its gradients and
+# optimizer states), and print what each rank held and did; then the
+# communication benchmark on 4 local ranks (meshtrain's collectives next to
+# plain MPI). Extra arguments go to `meshtrain train` (e.g. --training.steps
+# 100, or --parallel.tp 1 for FSDP over all 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
-scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml "$@"
+scripts/mpirun.sh -np 4 build/meshtrain train --config configs/debug.toml --parallel.tp 2 "$@"
 echo
 scripts/mpirun.sh -np 4 build/meshtrain bench comm --max-bytes 16M

@@ -118,6 +118,39 @@ int64_t integer_option(const CommandArgs& a, const std::string& command, const s
 
 }  // namespace
 
+namespace {
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+std::string coordinate_text(const train::RankReport& r, const sharding::DeviceMesh& mesh) {
+  std::vector<std::string> parts;
+  for (int m = 0; m < mesh.ndim(); ++m)
+    if (mesh.size(m) > 1) parts.push_back(fmt::format("{} {}", mesh.names()[static_cast<size_t>(m)], r.coordinate[static_cast<size_t>(m)]));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// What each rank holds: its shards of the parameters, gradients and
+// optimizer states, against the whole model's.
+void print_held(const std::vector<train::RankReport>& reports, const train::Trainer& trainer) {
+  const double whole = static_cast<double>(trainer.parameter_count()) * 4;  // f32 master weights
+  fmt::print("each rank holds (MiB; the whole model's f32 parameters: {:.2f}):\n", mib(whole));
+  for (const auto& r : reports)
+    fmt::print("  rank {} ({}): parameters {:.2f} ({:.0f}%), gradients {:.2f}, optimizer states {:.2f}\n", r.rank,
+               coordinate_text(r, trainer.mesh()), mib(r.parameter_bytes), 100 * r.parameter_bytes / whole,
+               mib(r.gradient_bytes), mib(r.optimizer_state_bytes));
+}
+
+// What each rank did per step: its collectives and their bytes; its peak memory.
+void print_did(const std::vector<train::RankReport>& reports, const train::Trainer& trainer) {
+  fmt::print("each rank did per step:\n");
+  for (const auto& r : reports)
+    fmt::print("  rank {} ({}): {} collectives moving {:.2f} MiB, peak memory {:.1f} MiB\n", r.rank,
+               coordinate_text(r, trainer.mesh()), static_cast<int64_t>(r.collectives_per_step),
+               mib(r.collective_bytes_per_step), mib(r.peak_bytes));
+}
+
+}  // namespace
+
 int run_lower(const std::vector<std::string>& args) {
   const CommandArgs a = parse_args("lower", args, {}, {"ranks", "rank", "out"});
   if (a.help) {
@@ -171,7 +204,11 @@ int run_train(const std::vector<std::string>& args) {
     throw;
   }
   comm::ProcessGroupPtr world;
-  if (launched.size > 1) world = comm::create_mpi_world();
+  int threads = 0;
+  if (launched.size > 1) {
+    threads = train::set_threads_per_rank(launched.local_size);
+    world = comm::create_mpi_world();
+  }
   train::Trainer trainer(std::move(config), world);
   const auto& c = trainer.config();
   if (const auto dump = a.options.find("dump-graph"); dump != a.options.end()) {
@@ -181,8 +218,12 @@ int run_train(const std::vector<std::string>& args) {
     if (at != std::string::npos || trainer.rank() == 0) write_text(path, trainer.lowered_text());
   }
   const bool printer = trainer.rank() == 0;
+  const bool several = trainer.num_ranks() > 1;
+  // Collectives: every rank gathers the reports, rank 0 prints them.
+  const std::vector<train::RankReport> held = several ? trainer.rank_reports() : std::vector<train::RankReport>{};
   if (!printer) {
     trainer.run(nullptr);
+    trainer.rank_reports();
     return 0;
   }
   fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
@@ -190,15 +231,20 @@ int run_train(const std::vector<std::string>& args) {
              static_cast<double>(trainer.parameter_count()) / 1e6);
   fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, {} rank{}, {} compute, {:.1f} GFLOP/step{}\n",
              c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
-             c.training.max_grad_norm, trainer.num_ranks(), trainer.num_ranks() > 1 ? "s" : "",
-             dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9, trainer.num_ranks() > 1 ? " on rank 0" : "");
-  if (trainer.num_ranks() > 1) fmt::print("layout: {}\n", trainer.layout_summary());
+             c.training.max_grad_norm, trainer.num_ranks(), several ? "s" : "",
+             dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9, several ? " on rank 0" : "");
+  if (several) {
+    fmt::print("layout: {}; {} kernel thread{} per rank\n", trainer.layout_summary(), threads, threads > 1 ? "s" : "");
+    print_held(held, trainer);
+  }
   std::fflush(stdout);
   trainer.set_profiling(profile);
   const auto summary = trainer.run(stdout);
-  fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step, peak memory {:.1f} MiB\n",
+  fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
              summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
-             static_cast<double>(summary.last.peak_bytes) / (1 << 20));
+             several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
+             static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
+  if (several) print_did(trainer.rank_reports(), trainer);
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
   if (profile) print_profile(trainer.profile());
   return 0;

@@ -696,7 +696,8 @@ LaunchedRank launched_rank() {
   const int size = read({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"});
   const int rank = read({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"});
   if (size < 1 || rank < 0) return {};
-  return {size, rank};
+  const int local_size = read({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"});
+  return {size, rank, local_size >= 1 ? local_size : size};
 }
 
 bool mpi_initialized() {

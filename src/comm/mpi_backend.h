@@ -29,6 +29,7 @@ bool mpi_initialized();
 // MPI: {1, 0} when the process was not launched as part of a job.
 struct LaunchedRank {
   int size = 1, rank = 0;
+  int local_size = 1;  // ranks of the job on this host
 };
 LaunchedRank launched_rank();
 

@@ -5,11 +5,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "kernels/cpu/op_kernels.h"
 #include "parallel/plan.h"
 #include "sched/pass.h"
 #include "sharding/local_chunk.h"
@@ -67,6 +69,14 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   // The loss and the gradient norm as the graph that runs delivers them.
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
+}
+
+int set_threads_per_rank(int local_ranks) {
+  if (const char* set = std::getenv("OMP_NUM_THREADS"); set != nullptr && *set != '\0') return kernels::cpu::cpu_threads();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, std::min(kernels::cpu::available_cores(), cores / std::max(1, local_ranks)));
+  kernels::cpu::set_cpu_threads(threads);
+  return threads;
 }
 
 sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size) {
@@ -139,6 +149,48 @@ std::string Trainer::layout_summary() const {
   return out;
 }
 
+RankReport Trainer::own_report() const {
+  RankReport r;
+  r.rank = rank();
+  if (groups_) r.coordinate = groups_->coordinate();
+  const ModelPart& part = *parts_.front();
+  const graph::Graph& g = world_ ? part.local : part.graph;
+  auto bytes = [&](graph::ValueId v) { return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype)); };
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    if (node.op->name == "adamw") {  // param, grad, m, v, lr, step: each as this rank holds it
+      r.parameter_bytes += bytes(node.inputs[0]);
+      r.gradient_bytes += bytes(node.inputs[1]);
+      r.optimizer_state_bytes += bytes(node.inputs[2]) + bytes(node.inputs[3]);
+    }
+    if (node.op->is_collective) {
+      r.collectives_per_step += 1;
+      r.collective_bytes_per_step += node.attrs.get(graph::attr::comm_bytes);
+    }
+  }
+  r.peak_bytes = static_cast<double>(default_allocator().stats().peak_bytes);
+  return r;
+}
+
+std::vector<RankReport> Trainer::rank_reports() {
+  const RankReport own = own_report();
+  if (!world_) return {own};
+  // Every rank's numbers, gathered: [rank][field].
+  const std::vector<double> fields{own.parameter_bytes,      own.gradient_bytes,
+                                   own.optimizer_state_bytes, own.collectives_per_step,
+                                   own.collective_bytes_per_step, own.peak_bytes};
+  const auto per_rank = static_cast<int64_t>(fields.size());
+  Tensor mine = Tensor::empty({per_rank}, DType::f64), all = Tensor::empty({world_->size() * per_rank}, DType::f64);
+  std::copy(fields.begin(), fields.end(), mine.data<double>().begin());
+  world_->all_gather(mine, all)->wait();
+  std::vector<RankReport> reports;
+  for (int r = 0; r < world_->size(); ++r) {
+    const double* f = all.data<double>().data() + r * per_rank;
+    reports.push_back({r, groups_->mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5]});
+  }
+  return reports;
+}
+
 void Trainer::init_parameters() {
   const auto specs = models::llama_parameters(config_.model);
   if (config_.checkpoint.init_from.empty()) {
@@ -157,8 +209,8 @@ void Trainer::init_parameters() {
 }
 
 size_t Trainer::parameter_count() const {
-  size_t n = 0;
-  for (const auto& [name, t] : params_) n += static_cast<size_t>(t.numel());
+  size_t n = 0;  // the whole model's, whatever this rank holds
+  for (const auto& [name, spec] : models::llama_parameters(config_.model)) n += static_cast<size_t>(spec.shape.numel());
   return n;
 }
 
@@ -191,7 +243,7 @@ StepMetrics Trainer::step() {
   m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
-  m.peak_bytes = default_allocator().stats().peak_bytes;
+  m.peak_bytes = m.peak_bytes_max = default_allocator().stats().peak_bytes;
   MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
   return m;
 }
@@ -245,20 +297,33 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     last = step();
     if (s == 1) summary.first = last;
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
+    const int ranks = num_ranks();
+    if (log && world_) {  // every rank takes part
+      for (const RankReport& r : rank_reports())
+        last.peak_bytes_max = std::max(last.peak_bytes_max, static_cast<size_t>(r.peak_bytes));
+    }
     if (log && metrics.is_open()) {
-      metrics << nlohmann::ordered_json{{"step", last.step},        {"loss", last.loss},
-                                        {"lr", last.lr},            {"grad_norm", last.grad_norm},
-                                        {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
-                                        {"peak_bytes", last.peak_bytes},
-                                        {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6}}
-                     .dump()
-              << '\n';
+      nlohmann::ordered_json line{{"step", last.step},        {"loss", last.loss},
+                                  {"lr", last.lr},            {"grad_norm", last.grad_norm},
+                                  {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
+                                  {"peak_bytes", last.peak_bytes},
+                                  {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6}};
+      if (world_) {
+        line["ranks"] = ranks;
+        line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;
+        line["peak_bytes_max"] = last.peak_bytes_max;
+      }
+      metrics << line.dump() << '\n';
       metrics.flush();
     }
     if (progress && (live || log)) {
-      fmt::print(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}",
+      const std::string per_rank =
+          world_ ? fmt::format(" ({:.0f} per rank), peak {:.1f} MiB on the largest rank", last.tokens_per_s / ranks,
+                               static_cast<double>(last.peak_bytes_max) / (1 << 20))
+                 : "";
+      fmt::print(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
                  live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
-                 last.tokens_per_s, live ? "" : "\n");
+                 last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
       std::fflush(progress);
     }
     if (!config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 && s % config_.checkpoint.interval == 0 &&

@@ -23,8 +23,21 @@ namespace meshtrain::train {
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;
-  size_t peak_bytes = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;  // tokens/s: the whole job's
+  size_t peak_bytes = 0;  // this rank's
+  size_t peak_bytes_max = 0;  // the largest rank's (gathered at logged steps; else this rank's)
+};
+
+// What one rank holds and does each step: its mesh coordinate, the bytes of
+// its parameters, gradients (as the optimizer takes them) and optimizer
+// states, the collectives its step graph runs and the bytes they move, and
+// its peak memory so far.
+struct RankReport {
+  int rank = 0;
+  std::vector<int> coordinate;
+  double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
+  double collectives_per_step = 0, collective_bytes_per_step = 0;
+  double peak_bytes = 0;
 };
 
 // Checks what a run on `world_size` ranks needs of the config (the
@@ -48,6 +61,12 @@ struct StepLayout {
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank);
 
+// Under a launcher with `local_ranks` ranks on this host: the threads each
+// rank's kernels use, so the ranks share the cores instead of each spinning
+// up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x
+// slower). The user's OMP_NUM_THREADS wins when set. Returns the count.
+int set_threads_per_rank(int local_ranks);
+
 class Trainer {
  public:
   // `world`: the ranks to train on; null (or one rank) trains on this process alone.
@@ -58,7 +77,8 @@ class Trainer {
   };
   // All configured steps: metrics to config.metrics.file, progress to
   // `progress` (a live line on a terminal), checkpoints at the interval and
-  // at the end.
+  // at the end. On several ranks every rank runs it; rank 0 prints and
+  // writes, and the logged steps gather every rank's peak memory.
   Summary run(std::FILE* progress);
   // Parameters by Hugging Face name (the live buffers: this rank's shards
   // when the step is laid out on several ranks).
@@ -68,8 +88,12 @@ class Trainer {
   void save(const std::string& path);
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
+  const sharding::DeviceMesh& mesh() const { return groups_->mesh(); }  // several ranks only
   // The mesh and each parameter's layout on it ("" on one rank).
   std::string layout_summary() const;
+  // Every rank's report, in rank order (a collective on several ranks:
+  // every rank must call it; all get the list).
+  std::vector<RankReport> rank_reports();
   // The step graph this rank runs as text: its lowered graph on several
   // ranks (spmd::to_text), the global one on one.
   std::string lowered_text() const;
@@ -82,6 +106,7 @@ class Trainer {
 
  private:
   void init_parameters();
+  RankReport own_report() const;
 
   // A piece of the model with its own step graph and executor, run in order
   // each step. Today there is one part, the whole model; pipeline stages

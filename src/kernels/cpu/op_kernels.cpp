@@ -1,5 +1,10 @@
 #include "kernels/cpu/op_kernels.h"
 
+#include <omp.h>
+#include <sched.h>
+
+#include <thread>
+
 #include "core/error.h"
 #include "core/name_registry.h"
 #include "kernels/cpu/ops/families.h"
@@ -28,6 +33,19 @@ const CpuKernel* find_cpu_kernel(const std::string& op) { return table().find(op
 void register_cpu_kernel(const std::string& op, CpuKernel kernel) {
   MT_CHECK(static_cast<bool>(kernel), "register_cpu_kernel: empty kernel for op '{}'", op);
   MT_CHECK(table().add(op, std::move(kernel)), "register_cpu_kernel: op '{}' already has a CPU kernel", op);
+}
+
+void set_cpu_threads(int threads) {
+  MT_CHECK(threads >= 1, "set_cpu_threads: {} threads; at least 1", threads);
+  omp_set_num_threads(threads);
+}
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+int available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace meshtrain::kernels::cpu

@@ -30,4 +30,11 @@ const CpuKernel* find_cpu_kernel(const std::string& op);
 // test's). Fails if the op already has one.
 void register_cpu_kernel(const std::string& op, CpuKernel kernel);
 
+// The threads each kernel may use (OpenMP, which OpenBLAS's OpenMP build and
+// oneDNN share).
+void set_cpu_threads(int threads);
+int cpu_threads();
+// The cores this process may run on (its affinity mask).
+int available_cores();
+
 }  // namespace meshtrain::kernels::cpu
