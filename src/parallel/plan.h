@@ -70,8 +70,9 @@ struct StepLayouts {
 // the batch. With `loss_parallel` the logits are pinned split by vocabulary
 // over tp (no rank holds a row's whole vocabulary). Their gradients are
 // pinned alike, but a block input's as the residual stream (the backward
-// all_reduce, or reduce_scatter under sequence parallelism). The gradient of
-// a reduced copy is pinned to its parameter's layout, so it is reduced in
+// all_reduce, or reduce_scatter under sequence parallelism). A parameter's
+// gradient is pinned to the parameter's layout (reduced once, where the
+// norm, clipping and AdamW read it); so is the gradient of a reduced copy, so it is reduced in
 // the copy's dtype (else propagation widens partial sums first and reduces
 // in f32). Replicated outputs Replicate; updates delivered as what they
 // replace.

@@ -18,11 +18,24 @@ constexpr double kNodeUs = 1e-3;  // the least a redistribution costs
 
 // Every full-mesh candidate: one of `per_dim` for each mesh dim, first dim
 // slowest, so the enumeration order (and the tie-break) is fixed.
-void for_each_combination(const std::vector<DimStrategy>& per_dim, int ndim,
+// A mesh dim of one rank splits nothing: there a node only runs replicated,
+// so such dims never carry shards or partial sums.
+void for_each_combination(const std::vector<DimStrategy>& per_dim, const sharding::DeviceMesh& mesh,
                           const std::function<void(const std::vector<const DimStrategy*>&)>& fn) {
+  const int ndim = mesh.ndim();
+  auto all_replicate = [](const DimStrategy& s) {
+    auto replicate = [](const Placement& p) { return p.is_replicate(); };
+    return std::all_of(s.inputs.begin(), s.inputs.end(), replicate) &&
+           std::all_of(s.outputs.begin(), s.outputs.end(), replicate);
+  };
+  const DimStrategy& replicated = *std::find_if(per_dim.begin(), per_dim.end(), all_replicate);  // always listed
   std::vector<const DimStrategy*> chosen(static_cast<size_t>(ndim));
   std::function<void(int)> rec = [&](int m) {
     if (m == ndim) return fn(chosen);
+    if (mesh.size(m) == 1) {
+      chosen[static_cast<size_t>(m)] = &replicated;
+      return rec(m + 1);
+    }
     for (const DimStrategy& s : per_dim) {
       chosen[static_cast<size_t>(m)] = &s;
       rec(m + 1);
@@ -124,7 +137,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     const double flops = graph::op_flops(*node.op, in, outs, node.attrs);
     NodeSharding best;
     double best_cost = std::numeric_limits<double>::infinity();
-    for_each_combination(per_dim, mesh.ndim(), [&](const std::vector<const DimStrategy*>& c) {
+    for_each_combination(per_dim, mesh, [&](const std::vector<const DimStrategy*>& c) {
       if (!splits_evenly(c, mesh, in)) return;
       NodeSharding cand;
       std::vector<std::vector<int>> preferred;
