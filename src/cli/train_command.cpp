@@ -144,7 +144,7 @@ void print_held(const std::vector<train::RankReport>& reports, const train::Trai
 void print_did(const std::vector<train::RankReport>& reports, const train::Trainer& trainer) {
   fmt::print("each rank did per step:\n");
   for (const auto& r : reports)
-    fmt::print("  rank {} ({}): {} collectives moving {:.2f} MiB, peak memory {:.1f} MiB\n", r.rank,
+    fmt::print("  rank {} ({}): {} collectives moving {:.2f} MiB; peak memory {:.1f} MiB (with the final checkpoint)\n", r.rank,
                coordinate_text(r, trainer.mesh()), static_cast<int64_t>(r.collectives_per_step),
                mib(r.collective_bytes_per_step), mib(r.peak_bytes));
 }
