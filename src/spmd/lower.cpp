@@ -1,5 +1,9 @@
 #include "spmd/lower.h"
 
+#include <tuple>
+
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "graph/builder.h"
 #include "sharding/local_chunk.h"
@@ -121,6 +125,38 @@ std::string to_text(const LoweredGraph& lowered, const Sharding& s) {
   std::map<graph::ValueId, std::string> notes;
   for (const auto& [global, local] : lowered.values) notes[local] = s.values.at(global).to_string();
   return graph::to_text(lowered.graph, notes);
+}
+
+std::string collective_summary(const graph::Graph& local, const sharding::DeviceMesh& mesh) {
+  struct Total {
+    int count = 0;
+    double bytes = 0;
+  };
+  // (phase, op, mesh dims, group) -> total
+  std::map<std::tuple<int, std::string, std::vector<int64_t>, std::vector<int64_t>>, Total> totals;
+  Total all;
+  for (graph::NodeId n : local.order()) {
+    const graph::Node& node = local.node(n);
+    if (!node.op->is_collective) continue;
+    Total& t = totals[{static_cast<int>(node.phase), node.op->name, node.attrs.get(graph::attr::mesh_dims),
+                       node.attrs.get(graph::attr::group)}];
+    const double bytes = node.attrs.get(graph::attr::comm_bytes);
+    t.count += 1;
+    t.bytes += bytes;
+    all.count += 1;
+    all.bytes += bytes;
+  }
+  std::string text;
+  for (const auto& [key, t] : totals) {
+    const auto& [phase, op, dims, group] = key;
+    std::vector<std::string> names;
+    for (int64_t d : dims) names.push_back(mesh.names()[static_cast<size_t>(d)]);
+    text += fmt::format("# {:<9} {:<14} over {:<20} group {:<14} {:>4} x, {:>10.0f} bytes\n",
+                        graph::phase_name(static_cast<graph::Phase>(phase)), op, fmt::format("{}", fmt::join(names, "+")),
+                        fmt::format("{}", fmt::join(group, ",")), t.count, t.bytes);
+  }
+  text += fmt::format("# {} collectives, {:.0f} bytes\n", all.count, all.bytes);
+  return text;
 }
 
 }  // namespace meshtrain::spmd

@@ -30,4 +30,9 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
 // collective with its group, mesh dims, layouts before and after and bytes.
 std::string to_text(const LoweredGraph& lowered, const Sharding& s);
 
+// The collectives of a rank's graph by phase, op and group, each with the
+// count and the bytes they move, one "# " line each (the order: forward,
+// backward, optimizer; then op, mesh dims, group), then the totals.
+std::string collective_summary(const graph::Graph& local, const sharding::DeviceMesh& mesh);
+
 }  // namespace meshtrain::spmd

@@ -102,6 +102,16 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "odd batch: exit $rc"
 [ "$(grep -c 'data.batch_size 5 (the global batch, in sequences) must divide by the data-parallel degree 2' <<<"$out")" = 1 ] \
   || { echo "$out"; fail "the batch error is not printed exactly once"; }
+# What each rank runs is what `meshtrain lower` prints for it without running anything.
+timeout 120 $mpirun -np 4 "$meshtrain" train "${model[@]}" --parallel.tp 2 --training.steps 1 --metrics.file "" \
+  --checkpoint.folder "" --dump-graph "$dir/dump{rank}.txt" > "$dir/dump.out" 2>&1 || { cat "$dir/dump.out"; fail "--dump-graph run"; }
+for r in 0 1 2 3; do
+  [ -s "$dir/dump$r.txt" ] || fail "rank $r wrote no --dump-graph file"
+  "$meshtrain" lower --ranks 4 --rank $r "${model[@]}" --parallel.tp 2 | grep -v '^#' > "$dir/lower$r.txt"
+  diff -q "$dir/dump$r.txt" "$dir/lower$r.txt" > /dev/null || { diff "$dir/dump$r.txt" "$dir/lower$r.txt" | head; fail "rank $r: --dump-graph differs from meshtrain lower --rank $r"; }
+done
+cmp -s "$dir/dump0.txt" "$dir/dump1.txt" && fail "ranks 0 and 1 dumped the same graph (rank 1's groups differ)"
+echo "dump-graph: each of 4 ranks runs the graph meshtrain lower prints for it ($(grep -c '' "$dir/dump1.txt") lines)"
 bad() {  # NP MESSAGE ARGS...: one message, every rank exits non-zero, no hang
   local np=$1 message=$2
   shift 2
