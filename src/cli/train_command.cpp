@@ -21,13 +21,17 @@ std::string train_help() {
   return fmt::format(
       "meshtrain train --config FILE [--section.key value ...]\n"
       "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
-      "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks; DDP, FSDP, HSDP)\n"
-      "and every rank runs its part; rank 0 prints and writes metrics and checkpoints\n"
-      "(--optimizer.lr 1e-3 or --optimizer.lr=1e-3). --profile prints the time of each op after training\n"
-      "(summed over all steps but the first), with GFLOP/s and GB/s by the ops' FLOP and byte counts.\n"
+      "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks: DDP, FSDP, HSDP,\n"
+      "Megatron tensor parallel with sequence_parallel and loss_parallel) and every rank runs its part;\n"
+      "rank 0 prints and writes metrics and checkpoints (--optimizer.lr 1e-3 or --optimizer.lr=1e-3); each\n"
+      "rank's kernels get the host's cores divided by its ranks unless OMP_NUM_THREADS is set.\n"
+      "--profile prints the time of each op after training (summed over all steps but the first), with\n"
+      "GFLOP/s and GB/s by the ops' FLOP and byte counts.\n"
       "--dump-graph FILE writes the step graph each rank runs as text (its lowered graph under mpirun: every\n"
       "value's local shape and layout, every collective's group, mesh dims, bytes); a {{rank}} in FILE is\n"
-      "replaced by the rank, and without one only rank 0 writes. Keys: {}\n",
+      "replaced by the rank, and without one only rank 0 writes. --no-verify skips the fingerprint the ranks\n"
+      "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost).\n"
+      "Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
 
@@ -183,7 +187,7 @@ int run_lower(const std::vector<std::string>& args) {
 }
 
 int run_train(const std::vector<std::string>& args) {
-  const CommandArgs a = parse_args("train", args, {"profile"}, {"dump-graph"});
+  const CommandArgs a = parse_args("train", args, {"profile", "no-verify"}, {"dump-graph"});
   if (a.help) {
     fmt::print("{}", train_help());
     return 0;
@@ -208,7 +212,9 @@ int run_train(const std::vector<std::string>& args) {
   int threads = 0;
   if (launched.size > 1) {
     threads = train::set_threads_per_rank(launched.local_size);
-    world = comm::create_mpi_world();
+    comm::GroupOptions options;
+    options.verify = a.flags.count("no-verify") == 0;
+    world = comm::create_mpi_world(options);
   }
   train::Trainer trainer(std::move(config), world);
   const auto& c = trainer.config();

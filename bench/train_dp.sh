@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Data-parallel training speed on 2 local ranks x 1 thread, meshtrain vs
+# PyTorch DDP (gloo, 2 processes x 1 thread), same model and global batch as
+# bench/train.sh (Llama dim 256, 4 layers, 8 heads, vocab 256, seq 256,
+# global batch 8: 4 sequences per rank), measured in the same run, in rounds
+# that alternate the sides (this host varies by up to +-30% run to run):
+#   meshtrain DDP 2 / PyTorch DDP 2 (target >= 2x tokens/s),
+#   meshtrain FSDP 2 / meshtrain DDP 2 (target: within 10%),
+#   the cost per step of the cross-rank fingerprint check (meshtrain DDP 2
+#   with and without --no-verify).
+# PyTorch runs at its best: OpenBLAS threads 1 and 2 are timed under torch
+# threads 1 and the faster is the baseline (printed).
+# Usage: [ROUNDS=3] bench/train_dp.sh [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-10}
+[[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/train_dp.sh: STEPS must be a positive integer" >&2; exit 2; }
+/usr/bin/python3 -c 'import torch' 2>/dev/null || bench/train.sh 1 1 > /dev/null  # installs python3-torch, or says how
+[ -x build/meshtrain ] || scripts/setup.sh build
+source bench/bench_model.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bench_text "$work/text.txt"
+torch_ddp() {  # BLAS_THREADS: PyTorch DDP's JSON line
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$1 /usr/bin/python3 bench/torch_ddp_step.py "$bench_model" 1 "$steps" 2
+}
+ours() {  # ARGS...: meshtrain on 2 ranks x 1 thread; the median step time (s) of the last STEPS steps
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/mpirun.sh -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -np 2 \
+    build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 \
+    --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps $((steps + 3)) \
+    --checkpoint.folder "" --metrics.file "$work/m.jsonl" --metrics.log_every 1 "$@" > "$work/meshtrain.log" 2>&1 \
+    || { cat "$work/meshtrain.log" >&2; exit 1; }
+  tail -n "$steps" "$work/m.jsonl" |
+    python3 -c 'import sys,json; t=sorted(json.loads(l)["step_ms"] for l in sys.stdin); print(t[len(t)//2]/1000)'
+}
+blas=1 best=
+for b in 1 2; do
+  t=$(torch_ddp "$b" | python3 -c 'import sys,json; print(json.load(sys.stdin)["median_step_s"])')
+  echo "PyTorch DDP 2 x 1 thread, OpenBLAS threads $b: $t s/step"
+  if [ -z "$best" ] || python3 -c "import sys; sys.exit(not $t < $best)"; then best=$t blas=$b; fi
+done
+echo "PyTorch's fastest setting: torch.set_num_threads(1), OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=$blas"
+ddp=(--parallel.dp_replicate 2 --parallel.dp_shard 1)
+rows=()
+for round in $(seq "${ROUNDS:-3}"); do
+  torch=$(torch_ddp "$blas" | python3 -c 'import sys,json; print(json.load(sys.stdin)["median_step_s"])')
+  rows+=("$(ours "${ddp[@]}") $(ours) $(ours "${ddp[@]}" --no-verify) $torch")
+done
+python3 - "$(nproc)" "${rows[@]}" <<'PY'
+import statistics, sys
+cores, rows = sys.argv[1], [tuple(map(float, r.split())) for r in sys.argv[2:]]
+tokens = 8 * 256
+med = lambda i: statistics.median(r[i] for r in rows)
+ratio = lambda f: statistics.median(f(r) for r in rows)
+print(f"{len(rows)} rounds on {cores} cores, global batch 8 x 256 tokens; median step time per round:")
+for name, i in (("meshtrain DDP 2", 0), ("meshtrain FSDP 2", 1), ("meshtrain DDP 2 --no-verify", 2), ("PyTorch DDP 2 (gloo)", 3)):
+    print(f"  {name:<28} {med(i) * 1e3:7.1f} ms  {tokens / med(i):7.0f} tokens/s   rounds: " +
+          " ".join(f"{r[i] * 1e3:.0f}" for r in rows))
+print(f"meshtrain DDP 2 / PyTorch DDP 2: {ratio(lambda r: r[3] / r[0]):.2f}x tokens/s (target >= 2x)")
+print(f"meshtrain FSDP 2 / meshtrain DDP 2: {ratio(lambda r: r[0] / r[1]):.2f}x tokens/s (target >= 0.90)")
+print(f"fingerprint check: {ratio(lambda r: (r[0] - r[2]) / r[0]) * 100:+.1f}% of a DDP 2 step (on by default while < 2%)")
+PY
