@@ -174,7 +174,7 @@ int run_lower(const std::vector<std::string>& args) {
     text = graph::to_text(g);
   } else {
     const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank));
-    text = fmt::format("# rank {} of mesh {}\n{}{}", rank, l.mesh().describe(), spmd::to_text(l.lowered, l.sharding),
+    text = fmt::format("# rank {} of mesh {}\n{}{}", rank, l.mesh().describe(), spmd::to_text(g, l.lowered, l.sharding),
                        spmd::collective_summary(l.lowered.graph, l.mesh()));
   }
   if (const auto out = a.options.find("out"); out != a.options.end()) {

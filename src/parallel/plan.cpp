@@ -11,8 +11,6 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            c.dp_shard);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
-  MT_CHECK(c.reshard_after_forward,
-           "parallel.reshard_after_forward = false (keeping gathered weights for backward) is not implemented yet");
   int64_t dp_shard = c.dp_shard;
   if (dp_shard == -1) {
     MT_CHECK(world_size % (c.dp_replicate * c.tp) == 0,

@@ -25,12 +25,11 @@ struct ParallelConfig {
   int64_t tp = 1;            // Megatron tensor parallel: weights split by output or input features
   bool sequence_parallel = false;
   bool loss_parallel = false;
-  bool reshard_after_forward = true;  // false (keep gathered weights for backward) is not implemented yet
+  bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
 };
 
 // The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks. Throws naming
-// the [parallel] key when the degrees do not multiply to the world size or
-// ask for what is not implemented.
+// the [parallel] key when the degrees do not multiply to the world size.
 sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
 
 // The values of a training step a plan lays out.

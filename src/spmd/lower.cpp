@@ -17,7 +17,18 @@ struct Lowering {
   sharding::Planner& planner;
   const sharding::DeviceMesh& mesh;
   std::vector<int> coord;
+  LowerOptions options;
   LoweredGraph out;
+  std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> kept;  // (parameter, layout) -> gathered
+
+  // A parameter, or a parameter's copy in another dtype (a cast of one).
+  bool is_weight(graph::ValueId v) const {
+    const graph::Value& val = g.value(v);
+    if (val.kind == graph::ValueKind::parameter) return true;
+    if (!val.producer.valid()) return false;
+    const graph::Node& p = g.node(val.producer);
+    return p.op->name == "cast" && g.value(p.inputs[0]).kind == graph::ValueKind::parameter;
+  }
 
   Shape local_shape(const Shape& global, const Layout& l) const {
     return sharding::local_chunk(global, l, mesh, coord).shape;
@@ -45,6 +56,15 @@ struct Lowering {
   // to `want`, one node per plan step.
   graph::ValueId redistribute(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
     if (have == want) return local;
+    if (!options.reshard_after_forward && is_weight(v)) {
+      const auto key = std::make_pair(v, want.to_string());
+      if (const auto it = kept.find(key); it != kept.end()) return it->second;
+      return kept[key] = redistribute_now(v, local, have, want);
+    }
+    return redistribute_now(v, local, have, want);
+  }
+
+  graph::ValueId redistribute_now(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
     const graph::ValueInfo& info = g.value(v).info;
     const auto plan = planner.plan(info.shape, dtype_size(info.dtype), have, want);
     graph::Builder b(out.graph);
@@ -65,11 +85,12 @@ struct Lowering {
 
 }  // namespace
 
-LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank) {
+LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank,
+                   const LowerOptions& options) {
   const sharding::DeviceMesh& mesh = planner.mesh();
   MT_CHECK(rank >= 0 && rank < mesh.num_ranks(), "lower: rank {} is outside the mesh {} of {} ranks", rank,
            mesh.describe(), mesh.num_ranks());
-  Lowering l{g, planner, mesh, mesh.coordinate(rank), {}};
+  Lowering l{g, planner, mesh, mesh.coordinate(rank), options, {}, {}};
   l.out.rank = rank;
   graph::Graph& local = l.out.graph;
   for (int i = 0; i < g.num_values(); ++i) {
@@ -121,9 +142,12 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
   return std::move(l.out);
 }
 
-std::string to_text(const LoweredGraph& lowered, const Sharding& s) {
+std::string to_text(const graph::Graph& g, const LoweredGraph& lowered, const Sharding& s) {
   std::map<graph::ValueId, std::string> notes;
   for (const auto& [global, local] : lowered.values) notes[local] = s.values.at(global).to_string();
+  for (const auto& [n, ns] : s.nodes)
+    if (!ns.has_rule)
+      for (graph::ValueId v : g.node(n).outputs) notes[lowered.values.at(v)] += " (replicated: no strategy rule)";
   return graph::to_text(lowered.graph, notes);
 }
 

@@ -20,15 +20,26 @@ struct LoweredGraph {
   int rank = 0;
 };
 
+struct LowerOptions {
+  // false: FSDP keeps a parameter gathered from its first use to its last
+  // (forward to backward), one redistribution per parameter (and per bf16
+  // copy of one) and layout; true: gathered again at each use, so the
+  // gathered weights are freed between forward and backward.
+  bool reshard_after_forward = true;
+};
+
 // The graph outputs of the local graph are the global outputs, delivered in
 // the sharding's output layouts. Fails naming the node when an op's local
 // output shape differs from its layout's local shape.
-LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank);
+LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& planner, int rank,
+                   const LowerOptions& options = {});
 
 // The rank's graph as text (graph::to_text): every value with its local
-// shape, and where it stands for a global value, that value's layout; every
-// collective with its group, mesh dims, layouts before and after and bytes.
-std::string to_text(const LoweredGraph& lowered, const Sharding& s);
+// shape, and where it stands for a global value, that value's layout (and
+// "replicated: no strategy rule" for the outputs of ops that have none);
+// every collective with its group, mesh dims, layouts before and after and
+// bytes. `g`: the global graph `lowered` was lowered from.
+std::string to_text(const graph::Graph& g, const LoweredGraph& lowered, const Sharding& s);
 
 // The collectives of a rank's graph by phase, op and group, each with the
 // count and the bytes they move, one "# " line each (the order: forward,

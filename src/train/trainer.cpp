@@ -122,14 +122,15 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
                              step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32),
                              config.parallel);
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
-  out.lowered = spmd::lower(g, out.sharding, *out.planner, rank);
+  out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
+                            {.reshard_after_forward = config.parallel.reshard_after_forward});
   return out;
 }
 
 void Trainer::lay_out(ModelPart& part) {
   StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank());
   groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
-  lowered_text_ = spmd::to_text(l.lowered, l.sharding);
+  lowered_text_ = spmd::to_text(part.graph, l.lowered, l.sharding);
   planner_ = std::move(l.planner);
   sharding_ = std::move(l.sharding);
   part.local = std::move(l.lowered.graph);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meshtrain train under mpirun against one rank: DDP 2, FSDP 2 and 4, HSDP
 # 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence and loss parallel, TP 4,
-# FSDP 2 with 2 microbatches of gradient accumulation, and FSDP 3
+# FSDP 2 with reshard_after_forward false, FSDP 2 with 2 microbatches of
+# gradient accumulation, and FSDP 3
 # (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
 # 20 steps with warmup, cosine decay, weight decay and active clipping.
 # Every step's loss and gradient norm must match the single-rank run within
@@ -78,6 +79,9 @@ run ddp2_tp2_sp_lp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.
 compare ddp2_tp2_sp_lp
 run tp4 4 --parallel.dp_shard 1 --parallel.tp 4
 compare tp4
+# FSDP 2 keeping the gathered weights from forward to backward.
+run fsdp2_keep 2 --parallel.reshard_after_forward false
+compare fsdp2_keep
 # Gradient accumulation: each rank's 4 sequences in 2 microbatches, against the whole batch at once.
 run fsdp2_accum2 2 --training.grad_accum_steps 2
 compare fsdp2_accum2
