@@ -33,7 +33,7 @@ class Llama(torch.nn.Module):
         return forward({n.replace("/", "."): p for n, p in self.params.items()}, self.cfg, tokens, targets)
 
 
-def run(rank, world, cfg, threads, steps, port, out):
+def run(rank, world, cfg, threads, steps, port, out, dtype):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(threads)
@@ -43,6 +43,8 @@ def run(rank, world, cfg, threads, steps, port, out):
     rows = B // world
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, cfg["vocab_size"], (B * T * (steps + 4) + 1,), generator=g)
+    # bfloat16: PyTorch's CPU autocast (bf16 compute, f32 weights and gradients), as meshtrain's bf16 mode.
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     times = []
     for step in range(steps + 3):
         chunk = data[step * B * T: (step + 1) * B * T + 1]
@@ -51,7 +53,8 @@ def run(rank, world, cfg, threads, steps, port, out):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model(tokens[mine], targets[mine])
+        with autocast:
+            loss = model(tokens[mine], targets[mine])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -60,16 +63,17 @@ def run(rank, world, cfg, threads, steps, port, out):
         times = sorted(times[3:])
         with open(out, "w") as f:
             json.dump({"median_step_s": times[len(times) // 2], "tokens_per_step": B * T, "ranks": world,
-                       "threads": threads, "torch": torch.__version__, **blas_info()}, f)
+                       "threads": threads, "dtype": dtype, "torch": torch.__version__, **blas_info()}, f)
     dist.destroy_process_group()
 
 
 def main():
     cfg = json.loads(sys.argv[1])
     threads, steps, world = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    dtype = sys.argv[5] if len(sys.argv) > 5 else "float32"
     out = f"/tmp/torch_ddp_{os.getpid()}.json"
     port = 29500 + os.getpid() % 1000
-    mp.spawn(run, args=(world, cfg, threads, steps, port, out), nprocs=world, join=True)
+    mp.spawn(run, args=(world, cfg, threads, steps, port, out, dtype), nprocs=world, join=True)
     print(open(out).read())
     os.remove(out)
 

@@ -10,11 +10,14 @@
 #   with and without --no-verify).
 # PyTorch runs at its best: OpenBLAS threads 1 and 2 are timed under torch
 # threads 1 and the faster is the baseline (printed).
-# Usage: [ROUNDS=3] bench/train_dp.sh [STEPS]
+# Usage: [ROUNDS=3] bench/train_dp.sh [STEPS] [float32|bfloat16]
+# (bfloat16: meshtrain's training.dtype bfloat16, PyTorch's CPU autocast.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-10}
+dtype=${2:-float32}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/train_dp.sh: STEPS must be a positive integer" >&2; exit 2; }
+[[ $dtype == float32 || $dtype == bfloat16 ]] || { echo "bench/train_dp.sh: dtype must be float32 or bfloat16, not '$dtype'" >&2; exit 2; }
 /usr/bin/python3 -c 'import torch' 2>/dev/null || bench/train.sh 1 1 > /dev/null  # installs python3-torch, or says how
 [ -x build/meshtrain ] || scripts/setup.sh build
 source bench/bench_model.sh
@@ -22,13 +25,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
 torch_ddp() {  # BLAS_THREADS: PyTorch DDP's JSON line
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$1 /usr/bin/python3 bench/torch_ddp_step.py "$bench_model" 1 "$steps" 2
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$1 /usr/bin/python3 bench/torch_ddp_step.py "$bench_model" 1 "$steps" 2 "$dtype"
 }
 ours() {  # ARGS...: meshtrain on 2 ranks x 1 thread; the median step time (s) of the last STEPS steps
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/mpirun.sh -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -np 2 \
     build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 \
     --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps $((steps + 3)) \
-    --checkpoint.folder "" --metrics.file "$work/m.jsonl" --metrics.log_every 1 "$@" > "$work/meshtrain.log" 2>&1 \
+    --checkpoint.folder "" --metrics.file "$work/m.jsonl" --metrics.log_every 1 --training.dtype "$dtype" "$@" \
+    > "$work/meshtrain.log" 2>&1 \
     || { cat "$work/meshtrain.log" >&2; exit 1; }
   tail -n "$steps" "$work/m.jsonl" |
     python3 -c 'import sys,json; t=sorted(json.loads(l)["step_ms"] for l in sys.stdin); print(t[len(t)//2]/1000)'
@@ -46,13 +50,13 @@ for round in $(seq "${ROUNDS:-3}"); do
   torch=$(torch_ddp "$blas" | python3 -c 'import sys,json; print(json.load(sys.stdin)["median_step_s"])')
   rows+=("$(ours "${ddp[@]}") $(ours) $(ours "${ddp[@]}" --no-verify) $torch")
 done
-python3 - "$(nproc)" "${rows[@]}" <<'PY'
+python3 - "$(nproc)" "$dtype" "${rows[@]}" <<'PY'
 import statistics, sys
-cores, rows = sys.argv[1], [tuple(map(float, r.split())) for r in sys.argv[2:]]
+cores, dtype, rows = sys.argv[1], sys.argv[2], [tuple(map(float, r.split())) for r in sys.argv[3:]]
 tokens = 8 * 256
 med = lambda i: statistics.median(r[i] for r in rows)
 ratio = lambda f: statistics.median(f(r) for r in rows)
-print(f"{len(rows)} rounds on {cores} cores, global batch 8 x 256 tokens; median step time per round:")
+print(f"{len(rows)} rounds on {cores} cores, {dtype}, global batch 8 x 256 tokens; median step time per round:")
 for name, i in (("meshtrain DDP 2", 0), ("meshtrain FSDP 2", 1), ("meshtrain DDP 2 --no-verify", 2), ("PyTorch DDP 2 (gloo)", 3)):
     print(f"  {name:<28} {med(i) * 1e3:7.1f} ms  {tokens / med(i):7.0f} tokens/s   rounds: " +
           " ".join(f"{r[i] * 1e3:.0f}" for r in rows))
