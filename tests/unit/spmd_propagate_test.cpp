@@ -14,9 +14,10 @@ using sharding::Layout;
 
 // FSDP: each weight gathered before its forward use (%3, %5); each weight
 // gradient, a sum over the batch and so P(sum), reduce-scattered into the
-// shard AdamW updates (%13, %10). dH (%9) contracts over w2's sharded rows
-// rather than gathering w2 again, and is reduce-scattered by batch. The
-// gradient of the loss (%7, %8) is replicated: broadcast_scalar has no rule yet.
+// shard AdamW updates (%13, %10). The loss's gradient is broadcast straight
+// into the batch's shards (%8); dH (%9) gathers w2 again (768 bytes) rather
+// than contracting over its sharded rows and reduce-scattering the [64, 24]
+// result (6144).
 TEST(Propagate, FsdpGathersWeightsAndReduceScattersGradients) {
   mtest::Mlp mlp;
   EXPECT_EQ(mlp.propagated("S(0)"),
@@ -33,11 +34,11 @@ TEST(Propagate, FsdpGathersWeightsAndReduceScattersGradients) {
             "%4: f32(64, 24) S(0) = silu(%3)\n"
             "%5: f32(64, 8) S(0) = matmul(%4, %2 S(0)->R)\n"
             "%6: f32() R = sum(%5 S(0)->R)\n"
-            "%7: f32() R = full()  # no strategy rule: replicated\n"
-            "%8: f32(64, 8) R = broadcast_scalar(%7)  # no strategy rule: replicated\n"
-            "%9: f32(64, 24) P(sum) = matmul(%8 R->S(1), %2)\n"
-            "%10: f32(8, 24) P(sum) = matmul(%8 R->S(0), %4)\n"
-            "%11: f32(64, 24) S(0) = silu_backward(%3, %9 P(sum)->S(0))\n"
+            "%7: f32() R = full()\n"
+            "%8: f32(64, 8) S(0) = broadcast_scalar(%7)\n"
+            "%9: f32(64, 24) S(0) = matmul(%8, %2 S(0)->R)\n"
+            "%10: f32(8, 24) P(sum) = matmul(%8, %4)\n"
+            "%11: f32(64, 24) S(0) = silu_backward(%3, %9)\n"
             "%13: f32(24, 16) P(sum) = matmul(%11, %0)\n"
             "%18: f32(24, 16) S(0), %19: f32(24, 16) S(0), %20: f32(24, 16) S(0) = adamw(%1, %13 P(sum)->S(0), %16, %17, %14, %15)\n"
             "%23: f32(8, 24) S(0), %24: f32(8, 24) S(0), %25: f32(8, 24) S(0) = adamw(%2, %10 P(sum)->S(0), %21, %22, %14, %15)\n"
@@ -63,10 +64,10 @@ TEST(Propagate, DdpAllReducesGradients) {
             "%4: f32(64, 24) S(0) = silu(%3)\n"
             "%5: f32(64, 8) S(0) = matmul(%4, %2)\n"
             "%6: f32() R = sum(%5 S(0)->R)\n"
-            "%7: f32() R = full()  # no strategy rule: replicated\n"
-            "%8: f32(64, 8) R = broadcast_scalar(%7)  # no strategy rule: replicated\n"
-            "%9: f32(64, 24) S(0) = matmul(%8 R->S(0), %2)\n"
-            "%10: f32(8, 24) P(sum) = matmul(%8 R->S(0), %4)\n"
+            "%7: f32() R = full()\n"
+            "%8: f32(64, 8) S(0) = broadcast_scalar(%7)\n"
+            "%9: f32(64, 24) S(0) = matmul(%8, %2)\n"
+            "%10: f32(8, 24) P(sum) = matmul(%8, %4)\n"
             "%11: f32(64, 24) S(0) = silu_backward(%3, %9)\n"
             "%13: f32(24, 16) P(sum) = matmul(%11, %0)\n"
             "%18: f32(24, 16) R, %19: f32(24, 16) R, %20: f32(24, 16) R = adamw(%1, %13 P(sum)->R, %16, %17, %14, %15)\n"
@@ -116,19 +117,18 @@ TEST(Lower, FsdpOnThreeRanksUneven) {
             "%14: f32(64, 8) = all_gather(%13) {after=R, before=S(0), bytes=2048, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 8]}  # forward\n"
             "%15: f32() = sum(%14)  # forward\n"
             "%16: f32() = full() {dtype=f32, shape=[], value=1}  # backward\n"
-            "%17: f32(64, 8) = broadcast_scalar(%16) {shape=[64, 8]}  # backward\n"
-            "%18: f32(64, 2) = shard_locally(%17) {after=S(1), before=R, bytes=0, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 2]}  # backward\n"
+            "%17: f32(20, 8) = broadcast_scalar(%16) {shape=[20, 8]}  # backward\n"
+            "%18: f32(64, 2) = all_to_all(%17) {after=S(1), before=S(0), bytes=682.6666666666666, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 2]}  # backward\n"
             "%19: f32(64, 24) = matmul(%18, %2:w2) {transpose_a=false, transpose_b=false}  # backward\n"
-            "%20: f32(20, 8) = shard_locally(%17) {after=S(0), before=R, bytes=0, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[20, 8]}  # backward\n"
-            "%21: f32(8, 24) = matmul(%20, %11) {transpose_a=true, transpose_b=false}  # backward\n"
-            "%22: f32(20, 24) = reduce_scatter(%19) {after=S(0), before=P(sum), bytes=6144, global_shape=[64, 24], group=[0, 1, 2], mesh_dims=[0], shape=[20, 24]}  # backward\n"
-            "%23: f32(20, 24) = silu_backward(%10, %22)  # backward\n"
-            "%24: f32(24, 16) = matmul(%23, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
-            "%25: f32(8, 16) = reduce_scatter(%24) {after=S(0), before=P(sum), bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[8, 16]}  # forward\n"
-            "%26: f32(8, 16), %27: f32(8, 16), %28: f32(8, 16) = adamw(%1:w1, %25, %5:m1, %6:v1, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
-            "%29: f32(2, 24) = reduce_scatter(%21) {after=S(0), before=P(sum), bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[2, 24]}  # forward\n"
-            "%30: f32(2, 24), %31: f32(2, 24), %32: f32(2, 24) = adamw(%2:w2, %29, %7:m2, %8:v2, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
-            "outputs %15, %26, %27, %28, %30, %31, %32\n");
+            "%20: f32(8, 24) = matmul(%17, %11) {transpose_a=true, transpose_b=false}  # backward\n"
+            "%21: f32(20, 24) = reduce_scatter(%19) {after=S(0), before=P(sum), bytes=6144, global_shape=[64, 24], group=[0, 1, 2], mesh_dims=[0], shape=[20, 24]}  # backward\n"
+            "%22: f32(20, 24) = silu_backward(%10, %21)  # backward\n"
+            "%23: f32(24, 16) = matmul(%22, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
+            "%24: f32(8, 16) = reduce_scatter(%23) {after=S(0), before=P(sum), bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[8, 16]}  # forward\n"
+            "%25: f32(8, 16), %26: f32(8, 16), %27: f32(8, 16) = adamw(%1:w1, %24, %5:m1, %6:v1, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "%28: f32(2, 24) = reduce_scatter(%20) {after=S(0), before=P(sum), bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[2, 24]}  # forward\n"
+            "%29: f32(2, 24), %30: f32(2, 24), %31: f32(2, 24) = adamw(%2:w2, %28, %7:m2, %8:v2, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "outputs %15, %25, %26, %27, %29, %30, %31\n");
   const auto rank0 = spmd::lower(mlp.g, sharding, planner, 0);
   EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.x)).info.shape, (Shape{22, 16}));
   EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.w2)).info.shape, (Shape{3, 24}));

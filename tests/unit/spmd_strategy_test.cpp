@@ -201,9 +201,11 @@ TEST(SpmdStrategies, ElementwiseOps) {
   checked += check_strategies({"cast", {{{5, 7}, DType::f32}}, {attr::dtype(f64)}}, 1e-6);  // widening: P kept
   checked += check_strategies({"cast", {x}, {attr::dtype(DType::f32)}}, 1e-6);
   checked += check_strategies({"sqrt", {x}, {}, 2, {0}}, 1e-13);
+  checked += check_strategies({"full", {}, {attr::shape({5, 7}), attr::dtype(f64), attr::value(0.5)}}, 0);  // S(0), S(1), R
+  checked += check_strategies({"broadcast_scalar", {{{}, f64}}, {attr::shape({5, 7})}}, 0);  // S(0), S(1), P, R
   // S(0), S(1) and R for each; add + P.P; mul + P.R, R.P; scale, scale_by and
   // the widening cast + P; each on 2 and 3 ranks.
-  EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3 + 3));
+  EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3 + 3 + 3 + 4));
 }
 
 TEST(SpmdStrategies, NarrowingCastKeepsNoPartial) {
@@ -230,11 +232,12 @@ TEST(SpmdStrategies, Matmul) {
 TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
   const ValueInfos in{{{5, 7}, f64}}, out{{{5, 7}, f64}};
   const ValueInfos scalar{{{}, f64}};
-  const Attrs clip{attr::max_norm(1.0)};
-  const auto s = spmd::dim_strategies({find_op("clip_coefficient"), scalar, scalar, clip});
+  const auto s = spmd::dim_strategies({find_op("shard_locally"), in, out, {}});
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].to_string(), "R -> R");
-  EXPECT_FALSE(spmd::has_strategy_rule("clip_coefficient"));
+  EXPECT_FALSE(spmd::has_strategy_rule("shard_locally"));  // lowering's own op: never propagated
+  for (const char* op : {"full", "broadcast_scalar", "clip_coefficient", "sum_squares", "count_valid"})
+    EXPECT_TRUE(spmd::has_strategy_rule(op)) << op;
   EXPECT_TRUE(spmd::has_strategy_rule("matmul"));
   EXPECT_TRUE(mtest::contains(mtest::message_of([] { spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
                                 return std::vector<spmd::DimStrategy>{};

@@ -1,6 +1,8 @@
 // Strategies of the elementwise ops (graph/ops/elementwise.cpp): any tensor
 // dim sharded alike on every operand; Partial(sum) kept by the ops that are
-// linear in it.
+// linear in it. A constant (full) or a broadcast scalar is built in any
+// dim's shard (its local shape by localize).
+#include "graph/attrs.h"
 #include "spmd/strategies/families.h"
 
 namespace meshtrain::spmd::strategies {
@@ -46,6 +48,26 @@ void add_elementwise_rules(const AddRule& add) {
     out.push_back({{P()}, {P(), R()}});
     return out;
   });
+  // full (no inputs) and broadcast_scalar (one scalar): the output in any
+  // dim's shard; a broadcast partial sum stays one.
+  auto shard_built = [](const StrategyQuery& q) {
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.out[0].shape.rank()); ++d)
+      out.push_back({{S(d)}, std::vector<Placement>(q.in.size(), R())});
+    return out;
+  };
+  add("full", shard_built);
+  add("broadcast_scalar", [shard_built](const StrategyQuery& q) {
+    auto out = shard_built(q);
+    out.push_back({{P()}, {P()}});
+    return out;
+  });
+  for (const char* op : {"full", "broadcast_scalar"})
+    add.localize(op, [](const LocalNode& n) {  // the local shape
+      graph::Attrs local = n.attrs;
+      local.set(graph::attr::shape, n.out[0].shape.dims());
+      return local;
+    });
   add("cast", [](const StrategyQuery& q) {
     auto out = same_shard_everywhere(q);
     // Widening is exact, so partial sums may be cast before they are reduced
