@@ -44,28 +44,28 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
       params_[name] = sharding::local_piece(params_.at(name), sharding_.values.at(v), groups_->mesh(),
                                             groups_->coordinate());
   } else {
-    for (int i = 0; i < part.graph.num_values(); ++i) part.local_of[graph::ValueId(i)] = graph::ValueId(i);
+    for (int i = 0; i < part.graph.num_values(); ++i) part.lowered.values[graph::ValueId(i)] = graph::ValueId(i);
   }
-  const graph::Graph& run_graph = world_ ? part.local : part.graph;
-  tokens_ = Tensor::empty(run_graph.value(part.local_of.at(sg.model.tokens)).info.shape, DType::i64);
-  targets_ = Tensor::empty(run_graph.value(part.local_of.at(sg.model.targets)).info.shape, DType::i64);
+  const graph::Graph& run_graph = part.running();
+  tokens_ = Tensor::empty(run_graph.value(part.run_value(sg.model.tokens)).info.shape, DType::i64);
+  targets_ = Tensor::empty(run_graph.value(part.run_value(sg.model.targets)).info.shape, DType::i64);
   auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
                    run_graph, sched::make_schedule(run_graph, run_graph.outputs()), groups_.get()));
   // A global output's value in the graph that runs: the output at the same place.
   std::map<graph::ValueId, graph::ValueId> delivered;
   for (size_t k = 0; k < part.graph.outputs().size(); ++k) delivered[part.graph.outputs()[k]] = run_graph.outputs()[k];
-  for (const auto& [from, to] : sg.write_backs) ex.write_back(delivered.at(from), part.local_of.at(to));
+  for (const auto& [from, to] : sg.write_backs) ex.write_back(delivered.at(from), part.run_value(to));
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
-    ex.bind(part.local_of.at(v), p);
+    ex.bind(part.run_value(v), p);
     const DType state = config_.optimizer.state_dtype;
-    ex.bind(part.local_of.at(sg.exp_avg.at(name)), Tensor::zeros(p.shape(), state));
-    ex.bind(part.local_of.at(sg.exp_avg_sq.at(name)), Tensor::zeros(p.shape(), state));
+    ex.bind(part.run_value(sg.exp_avg.at(name)), Tensor::zeros(p.shape(), state));
+    ex.bind(part.run_value(sg.exp_avg_sq.at(name)), Tensor::zeros(p.shape(), state));
   }
-  ex.bind(part.local_of.at(sg.model.tokens), tokens_);
-  ex.bind(part.local_of.at(sg.model.targets), targets_);
-  ex.bind(part.local_of.at(sg.lr), lr_);
-  ex.bind(part.local_of.at(sg.step), step_);
+  ex.bind(part.run_value(sg.model.tokens), tokens_);
+  ex.bind(part.run_value(sg.model.targets), targets_);
+  ex.bind(part.run_value(sg.lr), lr_);
+  ex.bind(part.run_value(sg.step), step_);
   // The loss and the gradient norm as the graph that runs delivers them.
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
@@ -130,14 +130,15 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
 void Trainer::lay_out(ModelPart& part) {
   StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank());
   groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
-  lowered_text_ = spmd::to_text(part.graph, l.lowered, l.sharding);
   planner_ = std::move(l.planner);
   sharding_ = std::move(l.sharding);
-  part.local = std::move(l.lowered.graph);
-  part.local_of = std::move(l.lowered.values);
+  part.lowered = std::move(l.lowered);
 }
 
-std::string Trainer::lowered_text() const { return world_ ? lowered_text_ : graph::to_text(parts_.front()->graph); }
+std::string Trainer::lowered_text() const {
+  const ModelPart& part = *parts_.front();
+  return world_ ? spmd::to_text(part.graph, part.lowered, sharding_) : graph::to_text(part.graph);
+}
 
 std::string Trainer::layout_summary() const {
   if (!world_) return "";
@@ -155,7 +156,7 @@ RankReport Trainer::own_report() const {
   r.rank = rank();
   if (groups_) r.coordinate = groups_->coordinate();
   const ModelPart& part = *parts_.front();
-  const graph::Graph& g = world_ ? part.local : part.graph;
+  const graph::Graph& g = part.running();
   auto bytes = [&](graph::ValueId v) { return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype)); };
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);

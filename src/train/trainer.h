@@ -114,9 +114,12 @@ class Trainer {
   struct ModelPart {
     graph::Graph graph;  // the global step
     TrainStepGraph step_graph;
-    graph::Graph local;  // this rank's lowered step (several ranks only)
-    std::map<graph::ValueId, graph::ValueId> local_of;  // global value -> the one the executor runs
+    // This rank's lowered step (several ranks only; its graph empty on one)
+    // and, always, each global value's value in the graph that runs.
+    spmd::LoweredGraph lowered;
     std::unique_ptr<runtime::Executor> executor;
+    const graph::Graph& running() const { return lowered.graph.num_values() > 0 ? lowered.graph : graph; }
+    graph::ValueId run_value(graph::ValueId global) const { return lowered.values.at(global); }
   };
   ModelPart& loss_part() { return *parts_.back(); }  // the part that computes the loss
 
@@ -127,7 +130,6 @@ class Trainer {
   std::unique_ptr<sharding::MeshGroups> groups_;
   std::unique_ptr<sharding::Planner> planner_;
   spmd::Sharding sharding_;
-  std::string lowered_text_;  // this rank's lowered step (several ranks only)
   Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
   std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
   TokenLoader loader_;

@@ -5,6 +5,8 @@
 // the vocabulary, so that logits split by vocabulary never need gathering
 // (Megatron's vocab-parallel cross-entropy): row_max, sum_exp of the logits
 // shifted by it, pick of the target's logit, nll_mean of the three.
+#include <string_view>
+
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 
@@ -21,9 +23,15 @@ ValueInfo rows_info(const ValueInfo& x, const char* what) {
   return {Shape(dims), accumulator_dtype(x.dtype)};
 }
 
-void check_rows(const ValueInfo& row_value, const ValueInfo& rows, const char* what) {
+void check_rows(const ValueInfo& row_value, const ValueInfo& rows, std::string_view what) {
   MT_CHECK(row_value.shape == rows.shape, "{} must be {} (one per row), got {}", what, rows.shape.to_string(),
            row_value.shape.to_string());
+}
+
+// The divisor of a mean over valid targets (count_valid's output).
+void check_count(const ValueInfo& count) {
+  MT_CHECK(count.shape.numel() == 1 && count.dtype == DType::f64, "count must be one f64 element, got {}{}",
+           dtype_name(count.dtype), count.shape.to_string());
 }
 
 void add_split_loss_ops(std::vector<OpDef>& ops) {
@@ -66,10 +74,8 @@ void add_split_loss_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             const ValueInfo rows = rows_info(in[0], "nll_mean logits");
-            for (size_t k = 1; k < 5; ++k)
-              MT_CHECK(in[k].shape == rows.shape, "nll_mean: input {} must be {} (one per row), got {}", k,
-                       rows.shape.to_string(), in[k].shape.to_string());
-            MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::f64, "count must be one f64 element");
+            for (size_t k = 1; k < 5; ++k) check_rows(in[k], rows, fmt::format("nll_mean input {}", k));
+            check_count(in[5]);
             at.get(attr::ignore_index);
             return ValueInfos{{Shape{}, rows.dtype}};
           },
@@ -112,8 +118,7 @@ void add_loss_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs& at) {
             check_float(in[0], "cross_entropy logits");
             MT_CHECK(in[1].dtype == DType::i64, "targets must be i64, got {}", dtype_name(in[1].dtype));
-            MT_CHECK(in[2].shape.numel() == 1 && in[2].dtype == DType::f64, "count must be one f64 element, got {}{}",
-                     dtype_name(in[2].dtype), in[2].shape.to_string());
+            check_count(in[2]);
             MT_CHECK(in[0].shape.rank() >= 1 && in[0].shape.numel() == in[1].shape.numel() * in[0].shape.dim(-1),
                      "logits {} must be targets {} plus a vocabulary dim", in[0].shape.to_string(),
                      in[1].shape.to_string());

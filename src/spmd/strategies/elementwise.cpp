@@ -7,14 +7,12 @@
 
 namespace meshtrain::spmd::strategies {
 
-namespace {
 std::vector<DimStrategy> same_shard_below(const StrategyQuery& q, int rank) {
   std::vector<DimStrategy> out;
   for (int d = 0; d < rank; ++d)
     out.push_back({std::vector<Placement>(q.out.size(), S(d)), std::vector<Placement>(q.in.size(), S(d))});
   return out;
 }
-}  // namespace
 
 std::vector<DimStrategy> same_shard_everywhere(const StrategyQuery& q) {
   return same_shard_below(q, static_cast<int>(q.out[0].shape.rank()));
@@ -62,12 +60,7 @@ void add_elementwise_rules(const AddRule& add) {
     out.push_back({{P()}, {P()}});
     return out;
   });
-  for (const char* op : {"full", "broadcast_scalar"})
-    add.localize(op, [](const LocalNode& n) {  // the local shape
-      graph::Attrs local = n.attrs;
-      local.set(graph::attr::shape, n.out[0].shape.dims());
-      return local;
-    });
+  for (const char* op : {"full", "broadcast_scalar"}) add.localize(op, with_local_shape);
   add("cast", [](const StrategyQuery& q) {
     auto out = same_shard_everywhere(q);
     // Widening is exact, so partial sums may be cast before they are reduced

@@ -5,9 +5,17 @@
 // its rows hold and zeros for the rest. The table's gradient, summed over the
 // ids, is a partial sum when the ids are sharded, sharded by columns when
 // the incoming gradient is, and by rows when each rank keeps its own rows'.
+#include "graph/attrs.h"
 #include "spmd/strategies/families.h"
 
 namespace meshtrain::spmd::strategies {
+
+graph::Attrs with_part_of_input0(const LocalNode& n, int dim) {
+  graph::Attrs local = n.attrs;
+  local.set(graph::attr::start, n.in[0].offset[static_cast<size_t>(dim)]);
+  local.set(graph::attr::full_size, n.global_in[0].shape.dim(dim));
+  return local;
+}
 
 void add_embedding_rules(const AddRule& add) {
   add("embedding", [](const StrategyQuery& q) {  // table [V, D], ids [...] -> [..., D]
@@ -20,12 +28,7 @@ void add_embedding_rules(const AddRule& add) {
     return out;
   });
   // The table's part on this rank: its first row and the whole table's rows.
-  add.localize("embedding", [](const LocalNode& n) {
-    graph::Attrs local = n.attrs;
-    local.set(graph::attr::start, n.in[0].offset[0]);
-    local.set(graph::attr::full_size, n.global_in[0].shape.dim(0));
-    return local;
-  });
+  add.localize("embedding", [](const LocalNode& n) { return with_part_of_input0(n, 0); });
   add("embedding_backward", [](const StrategyQuery& q) {  // ids [...], dout [..., D] -> dtable [V, D]
     const int ids_rank = static_cast<int>(q.in[0].shape.rank());
     std::vector<DimStrategy> out;

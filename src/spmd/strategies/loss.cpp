@@ -10,64 +10,28 @@
 
 namespace meshtrain::spmd::strategies {
 
-void add_split_loss_rules(const AddRule& add);
-
-void add_loss_rules(const AddRule& add) {
-  add_split_loss_rules(add);
-  add("count_valid", [](const StrategyQuery& q) {  // targets -> count
-    std::vector<DimStrategy> out;
-    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
-    return out;
-  });
-  add("cross_entropy", [](const StrategyQuery& q) {  // logits [..., V], targets [...], count -> loss
-    std::vector<DimStrategy> out;
-    for (int d = 0; d < static_cast<int>(q.in[1].shape.rank()); ++d) out.push_back({{P()}, {S(d), S(d), R()}});
-    return out;
-  });
-  add("cross_entropy_backward", [](const StrategyQuery& q) {  // logits, targets, dloss, count -> dlogits
-    std::vector<DimStrategy> out;
-    for (int d = 0; d < static_cast<int>(q.in[1].shape.rank()); ++d) out.push_back({{S(d)}, {S(d), S(d), R(), R()}});
-    return out;
-  });
-}
-
 namespace {
-// Every row dim d of rows-shaped values: each operand S(d).
-std::vector<DimStrategy> by_rows(const StrategyQuery& q, int row_rank) {
-  std::vector<DimStrategy> out;
-  for (int d = 0; d < row_rank; ++d)
-    out.push_back({std::vector<Placement>(q.out.size(), S(d)), std::vector<Placement>(q.in.size(), S(d))});
-  return out;
-}
+
 int row_rank(const StrategyQuery& q) { return static_cast<int>(q.in[0].shape.rank()) - 1; }  // of logits [..., V]
 
-// A vocab-parallel part's first vocabulary index and the whole size, from
-// the logits' part (input `k`) or the gradient's (output `k`).
-graph::Attrs with_vocab_part(const LocalNode& n, const sharding::LocalChunk& part, int64_t total) {
-  graph::Attrs local = n.attrs;
-  local.set(graph::attr::start, part.offset.back());
-  local.set(graph::attr::full_size, total);
-  return local;
+// The part of the vocabulary this rank's logits hold.
+graph::Attrs with_vocab_part(const LocalNode& n) {
+  return with_part_of_input0(n, static_cast<int>(n.global_in[0].shape.rank()) - 1);
 }
-}  // namespace
 
 void add_split_loss_rules(const AddRule& add) {
   add("row_max", [](const StrategyQuery& q) {
-    auto out = by_rows(q, row_rank(q));
+    auto out = same_shard_below(q, row_rank(q));
     out.push_back({{Placement::partial(sharding::ReduceOp::max)}, {S(row_rank(q))}});
     return out;
   });
-  add("sum_exp", [](const StrategyQuery& q) {  // logits, shift
-    auto out = by_rows(q, row_rank(q));
-    out.push_back({{P()}, {S(row_rank(q)), R()}});
-    return out;
-  });
-  add("pick", [](const StrategyQuery& q) {  // logits, targets
-    auto out = by_rows(q, row_rank(q));
-    out.push_back({{P()}, {S(row_rank(q)), R()}});
-    return out;
-  });
-  add.localize("pick", [](const LocalNode& n) { return with_vocab_part(n, n.in[0], n.global_in[0].shape.dim(-1)); });
+  for (const char* op : {"sum_exp", "pick"})  // logits, shift / targets
+    add(op, [](const StrategyQuery& q) {
+      auto out = same_shard_below(q, row_rank(q));
+      out.push_back({{P()}, {S(row_rank(q)), R()}});
+      return out;
+    });
+  add.localize("pick", with_vocab_part);
   add("nll_mean", [](const StrategyQuery& q) {  // logits, sum_exp, shift, target logit, targets, count -> loss
     std::vector<DimStrategy> out;
     for (int d = 0; d < row_rank(q); ++d) out.push_back({{P()}, {S(d), S(d), S(d), S(d), S(d), R()}});
@@ -81,8 +45,24 @@ void add_split_loss_rules(const AddRule& add) {
     out.push_back({{S(row_rank(q))}, {S(row_rank(q)), R(), R(), R(), R(), R()}});
     return out;
   });
-  add.localize("split_loss_backward",
-               [](const LocalNode& n) { return with_vocab_part(n, n.in[0], n.global_in[0].shape.dim(-1)); });
+  add.localize("split_loss_backward", with_vocab_part);
+}
+
+}  // namespace
+
+void add_loss_rules(const AddRule& add) {
+  add_split_loss_rules(add);
+  add("count_valid", partial_sum_of_shards);  // targets -> count
+  add("cross_entropy", [](const StrategyQuery& q) {  // logits [..., V], targets [...], count -> loss
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < row_rank(q); ++d) out.push_back({{P()}, {S(d), S(d), R()}});
+    return out;
+  });
+  add("cross_entropy_backward", [](const StrategyQuery& q) {  // logits, targets, dloss, count -> dlogits
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < row_rank(q); ++d) out.push_back({{S(d)}, {S(d), S(d), R(), R()}});
+    return out;
+  });
 }
 
 }  // namespace meshtrain::spmd::strategies

@@ -7,18 +7,19 @@
 
 namespace meshtrain::spmd::strategies {
 
+std::vector<DimStrategy> partial_sum_of_shards(const StrategyQuery& q) {
+  std::vector<DimStrategy> out;
+  for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
+  return out;
+}
+
 void add_reduction_rules(const AddRule& add) {
   add("sum", [](const StrategyQuery& q) {
-    std::vector<DimStrategy> out;
-    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
-    out.push_back({{P()}, {P()}});
+    auto out = partial_sum_of_shards(q);
+    out.push_back({{P()}, {P()}});  // a sum of partial sums
     return out;
   });
-  add("sum_squares", [](const StrategyQuery& q) {
-    std::vector<DimStrategy> out;
-    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{P()}, {S(d)}});
-    return out;
-  });
+  add("sum_squares", partial_sum_of_shards);
   add("mean", [](const StrategyQuery& q) {
     std::vector<DimStrategy> out;
     for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d)

@@ -44,13 +44,15 @@ std::vector<DimStrategy> reshape_strategies(const StrategyQuery& q) {
   return result;
 }
 
+graph::Attrs with_local_shape(const LocalNode& n) {
+  graph::Attrs local = n.attrs;
+  local.set(graph::attr::shape, n.out[0].shape.dims());
+  return local;
+}
+
 void add_shape_rules(const AddRule& add) {
   add("reshape", reshape_strategies);
-  add.localize("reshape", [](const LocalNode& n) {  // the local target shape
-    graph::Attrs local = n.attrs;
-    local.set(graph::attr::shape, n.out[0].shape.dims());
-    return local;
-  });
+  add.localize("reshape", with_local_shape);
   add("transpose", [](const StrategyQuery& q) {
     const auto d0 = static_cast<int>(q.attrs.get(graph::attr::dim0)), d1 = static_cast<int>(q.attrs.get(graph::attr::dim1));
     std::vector<DimStrategy> out;

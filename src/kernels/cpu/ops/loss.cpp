@@ -9,13 +9,11 @@ namespace meshtrain::kernels::cpu::ops {
 
 namespace {
 
-// The part of the vocabulary a logits tensor holds: its first index and the
-// whole vocabulary's size (a vocab-parallel part's, set by lowering).
-struct VocabPart {
-  int64_t start = 0, total = 0;
-};
-VocabPart vocab_part(const KernelArgs& a, int64_t local_vocab) {
-  return {a.attrs.get_or(attr::start, int64_t{0}), a.attrs.get_or(attr::full_size, local_vocab)};
+// 1 / the whole batch's count of valid targets (input `k`): a part of the
+// rows' sum times it is that part's share of the mean.
+double per_token(const KernelArgs& a, size_t k) {
+  const double count = a.in[k]->get(0);
+  return count > 0 ? 1.0 / count : 0.0;
 }
 
 void check_target(int64_t t, int64_t row, int64_t ignore, int64_t vocab) {
@@ -54,7 +52,7 @@ void add_split_loss_kernels(const AddKernel& add) {
   });
   add("pick", [](const KernelArgs& a) {
     const auto [rows, vocab] = rows_of(*a.in[0]);
-    const VocabPart part = vocab_part(a, vocab);
+    const TablePart part = table_part(a, vocab);
     const int64_t ignore = a.attrs.get(attr::ignore_index);
     const int64_t* targets = in_ptr<int64_t>(a, 1);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
@@ -71,17 +69,16 @@ void add_split_loss_kernels(const AddKernel& add) {
   add("nll_mean", [](const KernelArgs& a) {  // logits (unread), sum_exp, shift, target logit, targets, count
     const int64_t ignore = a.attrs.get(attr::ignore_index), rows = a.in[1]->numel();
     const int64_t* targets = in_ptr<int64_t>(a, 4);
-    const double count = a.in[5]->get(0);
     double total = 0;
     for (int64_t r = 0; r < rows; ++r)
       if (targets[r] != ignore) total += std::log(a.in[1]->get(r)) + a.in[2]->get(r) - a.in[3]->get(r);
-    a.out[0]->set(0, count > 0 ? total / count : 0.0);
+    a.out[0]->set(0, total * per_token(a, 5));
   });
   add("split_loss_backward", [](const KernelArgs& a) {  // logits, targets, shift, sum_exp, dloss, count
     const auto [rows, vocab] = rows_of(*a.in[0]);
-    const int64_t start = a.attrs.get_or(attr::start, int64_t{0}), ignore = a.attrs.get(attr::ignore_index);
+    const int64_t start = table_part(a, vocab).start, ignore = a.attrs.get(attr::ignore_index);
     const int64_t* targets = in_ptr<int64_t>(a, 1);
-    const double count = a.in[5]->get(0), per_token = count > 0 ? a.in[4]->get(0) / count : 0.0;
+    const double scale = a.in[4]->get(0) * per_token(a, 5);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       const T* x = in_ptr<T>(a, 0);
@@ -93,7 +90,7 @@ void add_split_loss_kernels(const AddKernel& add) {
           std::fill(dr, dr + vocab, store<T>(0.0));
           continue;
         }
-        const auto g = static_cast<Acc<T>>(per_token);
+        const auto g = static_cast<Acc<T>>(scale);
         for (int64_t v = 0; v < vocab; ++v) dr[v] = store<T>(exp_of(load(x[r * vocab + v]) - shift[r]) / sum_exp[r] * g);
         if (const int64_t t = targets[r] - start; t >= 0 && t < vocab)  // this part holds the target
           dr[t] = store<T>(load(dr[t]) - g);
@@ -113,12 +110,7 @@ void add_loss_kernels(const AddKernel& add) {
     for (int64_t i = 0; i < n; ++i) counted += targets[i] != ignore;
     a.out[0]->set(0, static_cast<double>(counted));
   });
-  // The sum over this part's rows divided by the count of the whole batch's.
-  auto per_token = [](const KernelArgs& a, size_t count_input) {
-    const double count = a.in[count_input]->get(0);
-    return count > 0 ? 1.0 / count : 0.0;
-  };
-  add("cross_entropy", [per_token](const KernelArgs& a) {
+  add("cross_entropy", [](const KernelArgs& a) {
     const auto [rows, vocab] = rows_of(*a.in[0]);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
@@ -127,7 +119,7 @@ void add_loss_kernels(const AddKernel& add) {
           per_token(a, 2));
     });
   });
-  add("cross_entropy_backward", [per_token](const KernelArgs& a) {
+  add("cross_entropy_backward", [](const KernelArgs& a) {
     const auto [rows, vocab] = rows_of(*a.in[0]);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
