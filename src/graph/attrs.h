@@ -94,6 +94,8 @@ inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"w
 inline constexpr AttrKey<std::vector<int64_t>> mesh_dims{"mesh_dims"}, group{"group"}, global_shape{"global_shape"};
 inline constexpr AttrKey<std::string> layout_before{"before"}, layout_after{"after"};
 inline constexpr AttrKey<double> comm_bytes{"bytes"};
+// Elements of a started collective's staging buffer (its second output).
+inline constexpr AttrKey<int64_t> buffer_elements{"buffer"};
 }  // namespace attr
 
 }  // namespace meshtrain::graph

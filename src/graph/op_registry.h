@@ -38,6 +38,9 @@ struct OpDef {
   // A step of a redistribution in a lowered graph (graph/ops/collective.cpp):
   // executors run it on the mesh groups, not with a kernel.
   bool is_collective = false;
+  // Waits for the collective that produced input 0 (graph/ops/collective.cpp);
+  // its output is input 0 (a view), readable once the collective completed.
+  bool is_wait = false;
 };
 
 // An op's FLOPs and bytes for the given operands (0 FLOPs where the op has

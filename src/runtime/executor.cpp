@@ -14,15 +14,27 @@ namespace meshtrain::runtime {
 Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups)
     : g_(g), schedule_(std::move(schedule)), groups_(groups) {
   // Each step's kernel, FLOPs and bytes; every value it computes has a place.
+  std::map<graph::NodeId, int> step_of;
   for (graph::NodeId n : schedule_.steps) {
+    step_of[n] = static_cast<int>(step_of.size());
     const graph::Node& node = g.node(n);
     MT_CHECK(!node.removed, "schedule: step node {} ({}) was removed from the graph", n.index, node.op->name);
     if (node.op->is_collective) {
       MT_CHECK(groups_ != nullptr, "node {} is a collective ({}) but the executor was given no mesh groups", n.index,
                node.op->name);
       step_collectives_.push_back(collective_step(node, groups_->mesh()));
+      // Groups over merged mesh dims are made collectively: make them now, in the same order on every rank.
+      groups_->merged_group(step_collectives_.back()->step.mesh_dims);
     } else {
       step_collectives_.emplace_back();
+    }
+    started_by_.push_back(-1);
+    if (node.op->is_wait) {
+      const auto start = step_of.find(g.value(node.inputs[0]).producer);
+      MT_CHECK(start != step_of.end() && g.node(start->first).op->is_collective,
+               "schedule: wait node {} waits for {}, which is not a collective started before it", n.index,
+               g.describe_value(node.inputs[0]));
+      started_by_.back() = start->second;
     }
     const bool kernel_free = node.op->is_view || step_collectives_.back().has_value();
     const kernels::cpu::CpuKernel* kernel = kernel_free ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
@@ -100,6 +112,7 @@ void Executor::prepare_run() {
     for (graph::ValueId v : node.outputs) outs.push_back(&step_tensors_.emplace_back(tensor_of(v)));
     kernel_args_.push_back(kernels::cpu::KernelArgs{std::move(ins), std::move(outs), node.attrs});
   }
+  in_flight_.assign(schedule_.steps.size(), {});
   write_back_copies_.clear();
   for (const auto& [from, to] : write_backs_) {
     Tensor dst = tensor_of(to);
@@ -116,14 +129,15 @@ void Executor::run() {
   }
   for (size_t step = 0; step < schedule_.steps.size(); ++step) {
     const auto& collective = step_collectives_[step];
-    if (step_kernels_[step] == nullptr && !collective) continue;  // a view: aliased, nothing to compute
+    if (step_kernels_[step] == nullptr && !collective && started_by_[step] < 0) continue;  // a view: aliased
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (collective) {
       const kernels::cpu::KernelArgs& a = kernel_args_[step];
-      const Tensor result = sharding::execute_step(*a.in[0], collective->global_shape, collective->step, *groups_);
-      MT_CHECK(result.shape() == a.out[0]->shape(), "{} step gave {}, the plan expects {}", g_.node(schedule_.steps[step]).op->name,
-               result.shape().to_string(), a.out[0]->shape().to_string());
-      if (result.raw() != a.out[0]->raw()) std::memcpy(a.out[0]->raw(), result.raw(), a.out[0]->nbytes());
+      in_flight_[step] = sharding::start_step(*a.in[0], *a.out[0], a.out.size() > 1 ? *a.out[1] : *a.out[0],
+                                              collective->global_shape, collective->step, *groups_);
+      if (a.out.size() == 1) in_flight_[step].complete();  // shard_locally: nothing to wait for
+    } else if (started_by_[step] >= 0) {
+      in_flight_[static_cast<size_t>(started_by_[step])].complete();
     } else {
       (*step_kernels_[step])(kernel_args_[step]);
     }

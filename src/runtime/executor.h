@@ -2,7 +2,8 @@
 // in order, each intermediate at its planned offset of one arena of the
 // planned size, allocated once, so a single-rank steady-state run allocates
 // nothing. A lowered (per-rank) graph's collective nodes run on the mesh
-// groups given.
+// groups given: each collective starts where it is in the schedule and is
+// completed by its wait node, so kernels run while it is in flight.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include "graph/schedule.h"
 #include "kernels/cpu/op_kernels.h"
 #include "runtime/collectives.h"
+#include "sharding/redistribute.h"
 #include "sharding/device_mesh.h"
 
 namespace meshtrain::runtime {
@@ -69,6 +71,8 @@ class Executor {
   std::vector<Tensor> step_tensors_;
   std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views and collectives
   std::vector<std::optional<CollectiveStep>> step_collectives_;  // per step
+  std::vector<int> started_by_;  // per step: for a wait, the step that started its collective; else -1
+  std::vector<sharding::InFlightStep> in_flight_;  // per collective step: started, not yet waited for
   sharding::MeshGroups* groups_ = nullptr;
   std::vector<kernels::cpu::KernelArgs> kernel_args_;  // per step; unused for views
   struct Copy {

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "sched/passes/dead_code.h"
+#include "sched/passes/sink_waits.h"
 
 namespace meshtrain::sched {
 
@@ -35,6 +36,16 @@ std::vector<std::string> PassPipeline::pass_names() const {
 PassPipeline step_pipeline() {
   PassPipeline p("step");
   p.add({"remove_dead_nodes", remove_dead_nodes});
+  return p;
+}
+
+}  // namespace meshtrain::sched
+
+namespace meshtrain::sched {
+
+PassPipeline lowered_step_pipeline() {
+  PassPipeline p("lowered_step");
+  p.add({"sink_waits", sink_waits});
   return p;
 }
 

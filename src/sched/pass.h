@@ -42,4 +42,8 @@ class PassPipeline {
 // The passes every training step's graph goes through before it is scheduled.
 PassPipeline step_pipeline();
 
+// The passes a rank's lowered step goes through (spmd::lower's output)
+// before it is scheduled: waits sunk to where results are first read.
+PassPipeline lowered_step_pipeline();
+
 }  // namespace meshtrain::sched

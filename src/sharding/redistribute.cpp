@@ -55,13 +55,22 @@ Shape with_dim(const Shape& shape, int d, int64_t len) {
 }
 
 struct StepContext {
-  const Shape& global_shape;
   const PlanStep& step;
-  MeshGroups& groups;
   Shape before_shape, after_shape;
   size_t elem;
   int group_rank = 0;
   int group_size = 1;
+  StepContext(const Shape& global_shape, const PlanStep& s, const DeviceMesh& mesh, const std::vector<int>& coord,
+              size_t elem_size)
+      : step(s),
+        before_shape(local_chunk(global_shape, s.before, mesh, coord).shape),
+        after_shape(local_chunk(global_shape, s.after, mesh, coord).shape),
+        elem(elem_size) {
+    for (int m : s.mesh_dims) {
+      group_rank = group_rank * mesh.size(m) + coord[static_cast<size_t>(m)];
+      group_size *= mesh.size(m);
+    }
+  }
   // Positions, within the parent list along dim d, of member j's part.
   std::vector<int64_t> member_rows(int64_t parent_len, const Placement& p, int j) const {
     // Merged steps only happen where the nested split equals a flat one.
@@ -83,111 +92,179 @@ std::vector<int64_t> block_counts(const Shape& shape, int d, const std::vector<s
   return counts;
 }
 
-// One flat buffer of blocks, block j = rows[j] of `cur` along dim d.
-Tensor pack_blocks(const Tensor& cur, const Shape& shape, int d, size_t elem,
+// Whether the blocks, one per member in member order, are already the
+// tensor's bytes in order (nothing before dim d, each member's rows a run
+// following the previous member's), so a collective reads or writes it as is.
+bool blocks_in_place(const Shape& shape, int d, const std::vector<std::vector<int64_t>>& rows) {
+  if (around(shape, d, 1).outer != 1) return false;
+  int64_t next = 0;
+  for (const auto& r : rows)
+    for (int64_t row : r)
+      if (row != next++) return false;
+  return true;
+}
+
+// Blocks j = rows[j] of `cur` along dim d, one after another into `dst`.
+void pack_blocks(const Tensor& cur, const Shape& shape, int d, size_t elem,
+                 const std::vector<std::vector<int64_t>>& rows, std::byte* dst) {
+  for (const auto& r : rows) {
+    take_rows(static_cast<const std::byte*>(cur.raw()), shape, d, elem, r, dst);
+    dst += with_dim(shape, d, static_cast<int64_t>(r.size())).numel() * static_cast<int64_t>(elem);
+  }
+}
+
+// The inverse: block j of `blocks` (counts[j] elements) goes to rows[j] of `out` along dim d.
+void unpack_blocks(const std::byte* blocks, const std::vector<int64_t>& counts, Tensor& out, int d, size_t elem,
                    const std::vector<std::vector<int64_t>>& rows) {
-  Tensor packed = Tensor::empty({cur.numel()}, cur.dtype());
-  int64_t offset = 0;
   for (size_t j = 0; j < rows.size(); ++j) {
-    take_rows(static_cast<const std::byte*>(cur.raw()), shape, d, elem, rows[j],
-              static_cast<std::byte*>(packed.raw()) + offset * static_cast<int64_t>(elem));
-    offset += with_dim(shape, d, static_cast<int64_t>(rows[j].size())).numel();
+    put_rows(blocks, static_cast<std::byte*>(out.raw()), out.shape(), d, elem, rows[j]);
+    blocks += counts[j] * static_cast<int64_t>(elem);
   }
-  return packed;
 }
 
-// The inverse: block j of `blocks` (counts[j] elements) goes to rows[j] of a new tensor of `shape` along dim d.
-Tensor unpack_blocks(const Tensor& blocks, const std::vector<int64_t>& counts, const Shape& shape, int d,
-                     size_t elem, const std::vector<std::vector<int64_t>>& rows) {
-  Tensor out = Tensor::empty(shape, blocks.dtype());
-  int64_t offset = 0;
-  for (size_t j = 0; j < rows.size(); ++j) {
-    put_rows(static_cast<const std::byte*>(blocks.raw()) + offset * static_cast<int64_t>(elem),
-             static_cast<std::byte*>(out.raw()), shape, d, elem, rows[j]);
-    offset += counts[j];
-  }
-  return out;
+Tensor flat(const Tensor& t) { return t.reshape({t.numel()}); }
+
+// A view of `n` elements of `buffer` from element `offset`.
+Tensor part_of(const Tensor& buffer, int64_t offset, int64_t n) {
+  return Tensor::view(static_cast<std::byte*>(const_cast<void*>(buffer.raw())) +
+                          offset * static_cast<int64_t>(dtype_size(buffer.dtype())),
+                      {n}, buffer.dtype());
 }
 
-Tensor all_gather_step(const Tensor& cur, StepContext& c) {
+InFlightStep start_all_gather(const Tensor& cur, Tensor& out, const Tensor& buffer, const StepContext& c,
+                              comm::ProcessGroup& group) {
   const int d = c.step.from.dim;
-  const auto rows = rows_by_member(c, c.after_shape[d], c.step.from);
-  const auto counts = block_counts(c.before_shape, d, rows);
-  Tensor gathered = Tensor::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})}, cur.dtype());
-  c.groups.merged_group(c.step.mesh_dims).all_gather(cur.reshape({cur.numel()}), gathered, counts)->wait();
-  return unpack_blocks(gathered, counts, c.after_shape, d, c.elem, rows);
+  auto rows = rows_by_member(c, c.after_shape[d], c.step.from);
+  auto counts = block_counts(c.before_shape, d, rows);
+  if (blocks_in_place(c.after_shape, d, rows)) {
+    Tensor target = flat(out);
+    return {group.all_gather(flat(cur), target, counts), {}};
+  }
+  Tensor target = buffer;
+  InFlightStep s{group.all_gather(flat(cur), target, counts), {}};
+  s.finish = [out, buffer, d, elem = c.elem, counts = std::move(counts), rows = std::move(rows)]() mutable {
+    unpack_blocks(static_cast<const std::byte*>(buffer.raw()), counts, out, d, elem, rows);
+  };
+  return s;
 }
 
-Tensor reduce_scatter_step(const Tensor& cur, StepContext& c) {
+InFlightStep start_reduce_scatter(const Tensor& cur, Tensor& out, const Tensor& buffer, const StepContext& c,
+                                  comm::ProcessGroup& group) {
   const int d = c.step.to.dim;
   const auto rows = rows_by_member(c, c.before_shape[d], c.step.to);
-  Tensor out = Tensor::empty(c.after_shape, cur.dtype());
-  Tensor flat = out.reshape({out.numel()});
-  c.groups.merged_group(c.step.mesh_dims)
-      .reduce_scatter(pack_blocks(cur, c.before_shape, d, c.elem, rows), flat, c.step.from.reduce,
-                      block_counts(c.before_shape, d, rows))
-      ->wait();
-  return out;
+  Tensor send = flat(cur);
+  if (!blocks_in_place(c.before_shape, d, rows)) {
+    pack_blocks(cur, c.before_shape, d, c.elem, rows, static_cast<std::byte*>(const_cast<void*>(buffer.raw())));
+    send = buffer;
+  }
+  Tensor target = flat(out);
+  return {group.reduce_scatter(send, target, c.step.from.reduce, block_counts(c.before_shape, d, rows)), {}};
 }
 
-Tensor all_to_all_step(const Tensor& cur, StepContext& c) {
+InFlightStep start_all_to_all(const Tensor& cur, Tensor& out, const Tensor& buffer, const StepContext& c,
+                              comm::ProcessGroup& group) {
   const int a = c.step.from.dim, b = c.step.to.dim;
   // To member j: its part of dim b, with all of my part of dim a.
   const auto b_rows = rows_by_member(c, c.before_shape[b], c.step.to);
   // From member j: its part of dim a, with my part of dim b.
-  const auto a_rows = rows_by_member(c, c.after_shape[a], c.step.from);
-  const auto recv_counts = block_counts(c.after_shape, a, a_rows);
-  Tensor received = Tensor::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, cur.dtype());
-  c.groups.merged_group(c.step.mesh_dims)
-      .all_to_all(pack_blocks(cur, c.before_shape, b, c.elem, b_rows), received,
-                  block_counts(c.before_shape, b, b_rows), recv_counts)
-      ->wait();
-  return unpack_blocks(received, recv_counts, c.after_shape, a, c.elem, a_rows);
+  auto a_rows = rows_by_member(c, c.after_shape[a], c.step.from);
+  auto recv_counts = block_counts(c.after_shape, a, a_rows);
+  const Tensor send = part_of(buffer, 0, c.before_shape.numel());
+  Tensor received = part_of(buffer, c.before_shape.numel(), c.after_shape.numel());
+  pack_blocks(cur, c.before_shape, b, c.elem, b_rows, static_cast<std::byte*>(const_cast<void*>(send.raw())));
+  InFlightStep s{group.all_to_all(send, received, block_counts(c.before_shape, b, b_rows), recv_counts), {}};
+  s.finish = [out, received, a, elem = c.elem, counts = std::move(recv_counts), rows = std::move(a_rows)]() mutable {
+    unpack_blocks(static_cast<const std::byte*>(received.raw()), counts, out, a, elem, rows);
+  };
+  return s;
 }
 
-Tensor local_step(const Tensor& cur, StepContext& c) {
+InFlightStep start_all_reduce(const Tensor& cur, Tensor& out, const StepContext& c, comm::ProcessGroup& group) {
+  if (out.raw() != cur.raw()) std::memcpy(out.raw(), cur.raw(), out.nbytes());
+  return {group.all_reduce(out, c.step.from.reduce), {}};
+}
+
+void local_step(const Tensor& cur, Tensor& out, const StepContext& c) {
   const PlanStep& s = c.step;
   if (s.to.is_partial()) {
     // R -> P: the group must reduce back to the value. Sum: group rank 0
     // keeps it and the others hold zero (exact; PyTorch divides by n, which
     // rounds). avg, max, min: every rank keeps it.
-    Tensor out = cur.clone();
     if (s.to.reduce == ReduceOp::sum && c.group_rank != 0) std::memset(out.raw(), 0, out.nbytes());
-    return out;
+    else if (out.raw() != cur.raw()) std::memcpy(out.raw(), cur.raw(), out.nbytes());
+    return;
   }
   // R -> S / SS: keep this rank's part of the dim.
   const int d = s.to.dim;
   const auto rows = c.member_rows(c.before_shape[d], s.to, c.group_rank);
-  Tensor out = Tensor::empty(c.after_shape, cur.dtype());
   take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows, static_cast<std::byte*>(out.raw()));
-  return out;
 }
 
 }  // namespace
 
-Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups) {
-  const DeviceMesh& mesh = groups.mesh();
-  const auto& coord = groups.coordinate();
-  StepContext c{global_shape, step, groups, local_chunk(global_shape, step.before, mesh, coord).shape,
-                local_chunk(global_shape, step.after, mesh, coord).shape, dtype_size(local.dtype())};
-  for (int m : step.mesh_dims) {
-    c.group_rank = c.group_rank * mesh.size(m) + coord[m];
-    c.group_size *= mesh.size(m);
-  }
-  if (c.group_size == 1) return local;  // a one-rank group holds the whole tensor under any placement
-  if (!step.collective) return local_step(local, c);
+StepBuffers step_buffers(const Shape& global_shape, const PlanStep& step, const DeviceMesh& mesh,
+                         const std::vector<int>& coord) {
+  const StepContext c(global_shape, step, mesh, coord, 1);
+  if (c.group_size == 1 || !step.collective) return {};
   switch (*step.collective) {
-    case comm::OpType::all_gather: return all_gather_step(local, c);
-    case comm::OpType::reduce_scatter: return reduce_scatter_step(local, c);
-    case comm::OpType::all_to_all: return all_to_all_step(local, c);
-    case comm::OpType::all_reduce: {
-      Tensor out = local.clone();
-      groups.merged_group(step.mesh_dims).all_reduce(out, step.from.reduce)->wait();
-      return out;
+    case comm::OpType::all_gather: {
+      const int d = step.from.dim;
+      const bool in_place = blocks_in_place(c.after_shape, d, rows_by_member(c, c.after_shape[d], step.from));
+      return {in_place ? 0 : c.after_shape.numel(), true};
     }
+    case comm::OpType::reduce_scatter: {
+      const int d = step.to.dim;
+      const bool in_place = blocks_in_place(c.before_shape, d, rows_by_member(c, c.before_shape[d], step.to));
+      return {in_place ? 0 : c.before_shape.numel(), in_place};
+    }
+    case comm::OpType::all_to_all: return {c.before_shape.numel() + c.after_shape.numel(), false};
+    default: return {};  // all_reduce: on the output, which starts as a copy of the input
+  }
+}
+
+void InFlightStep::complete() {
+  if (work) work->wait();
+  if (finish) finish();
+}
+
+InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
+                        const PlanStep& step, MeshGroups& groups) {
+  const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));
+  MT_CHECK(local.shape() == c.before_shape && out.shape() == c.after_shape && out.dtype() == local.dtype(),
+           "redistribution step {} -> {}: expects {} in and {} out on this rank, got {} and {}",
+           step.before.to_string(), step.after.to_string(), c.before_shape.to_string(), c.after_shape.to_string(),
+           local.describe(), out.describe());
+  const StepBuffers need = step_buffers(global_shape, step, groups.mesh(), groups.coordinate());
+  MT_CHECK(buffer.numel() >= need.buffer_elements && (need.buffer_elements == 0 || buffer.dtype() == local.dtype()),
+           "redistribution step {} -> {}: needs a buffer of {} {} elements, got {}", step.before.to_string(),
+           step.after.to_string(), need.buffer_elements, dtype_name(local.dtype()), buffer.describe());
+  if (c.group_size == 1) {  // a one-rank group holds the whole tensor under any placement
+    if (out.raw() != local.raw()) std::memcpy(out.raw(), local.raw(), out.nbytes());
+    return {};
+  }
+  if (!step.collective) {
+    local_step(local, out, c);
+    return {};
+  }
+  comm::ProcessGroup& group = groups.merged_group(step.mesh_dims);
+  switch (*step.collective) {
+    case comm::OpType::all_gather: return start_all_gather(local, out, buffer, c, group);
+    case comm::OpType::reduce_scatter: return start_reduce_scatter(local, out, buffer, c, group);
+    case comm::OpType::all_to_all: return start_all_to_all(local, out, buffer, c, group);
+    case comm::OpType::all_reduce: return start_all_reduce(local, out, c, group);
     default:
       throw Error(fmt::format("redistribute: a plan step cannot be a {}", comm::op_type_name(*step.collective)));
   }
+}
+
+Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups) {
+  const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));
+  if (c.group_size == 1) return local;
+  Tensor out = Tensor::empty(c.after_shape, local.dtype());
+  const Tensor buffer =
+      Tensor::empty({step_buffers(global_shape, step, groups.mesh(), groups.coordinate()).buffer_elements}, local.dtype());
+  start_step(local, out, buffer, global_shape, step, groups).complete();
+  return out;
 }
 
 Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups) {

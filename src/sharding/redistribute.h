@@ -3,6 +3,9 @@
 // collectives on the mesh groups. Every rank calls it with the same layouts.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include "core/tensor.h"
 #include "sharding/device_mesh.h"
 #include "sharding/planner.h"
@@ -17,6 +20,34 @@ Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout
 // Run one step of a plan on this rank's local tensor (a new tensor, or
 // `local` itself where the step's group has one rank).
 Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups);
+
+// What one step needs on a rank besides its input and output, known before
+// it runs: a flat staging buffer of the input's dtype (where the blocks the
+// collective sends or receives are not the tensor's bytes in order), and
+// whether the collective reads the input until it completes (so the input
+// must stay untouched until then).
+struct StepBuffers {
+  int64_t buffer_elements = 0;
+  bool reads_input_until_done = false;
+};
+StepBuffers step_buffers(const Shape& global_shape, const PlanStep& step, const DeviceMesh& mesh,
+                         const std::vector<int>& coord);
+
+// A started step: complete() waits for its collective (if any) and then puts
+// what arrived in place. Until then the output, the buffer and (where
+// step_buffers says so) the input belong to the collective.
+struct InFlightStep {
+  comm::WorkPtr work;             // null for a local step, which is done at start
+  std::function<void()> finish;   // empty when the collective writes the output itself
+  void complete();
+};
+
+// Starts one step of a plan: `out` (this rank's local shape under step.after)
+// holds the result once complete() has run; `buffer` has at least
+// step_buffers(...).buffer_elements elements. Every rank starts the same
+// steps in the same order.
+InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
+                        const PlanStep& step, MeshGroups& groups);
 
 // Run an already planned sequence of steps.
 Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan,

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "graph/builder.h"
 #include "sharding/local_chunk.h"
+#include "sharding/redistribute.h"
 
 namespace meshtrain::spmd {
 
@@ -73,11 +74,22 @@ struct Lowering {
       for (int m : step.mesh_dims) group_size *= mesh.size(m);
       if (group_size == 1) continue;  // a one-rank group: a relabelling
       std::vector<int64_t> dims(step.mesh_dims.begin(), step.mesh_dims.end());
-      local = b.op(step.collective ? std::string(comm::op_type_name(*step.collective)) : "shard_locally", {local},
-                   {graph::attr::shape(local_shape(info.shape, step.after).dims()), graph::attr::mesh_dims(dims),
-                    graph::attr::group(group(step.mesh_dims)), graph::attr::layout_before(step.before.to_string()),
-                    graph::attr::layout_after(step.after.to_string()), graph::attr::global_shape(info.shape.dims()),
-                    graph::attr::comm_bytes(step.bytes)});
+      graph::Attrs attrs{graph::attr::shape(local_shape(info.shape, step.after).dims()), graph::attr::mesh_dims(dims),
+                         graph::attr::group(group(step.mesh_dims)), graph::attr::layout_before(step.before.to_string()),
+                         graph::attr::layout_after(step.after.to_string()), graph::attr::global_shape(info.shape.dims()),
+                         graph::attr::comm_bytes(step.bytes)};
+      if (!step.collective) {
+        local = b.op("shard_locally", {local}, attrs);
+        continue;
+      }
+      // Started here, waited on at once; sched's sink_waits moves the wait to where the result is first read.
+      const sharding::StepBuffers need = sharding::step_buffers(info.shape, step, mesh, coord);
+      attrs.set(graph::attr::buffer_elements, need.buffer_elements);
+      const graph::NodeId start =
+          out.graph.add_node(std::string(comm::op_type_name(*step.collective)), {local}, attrs);
+      std::vector<graph::ValueId> wait_inputs = out.graph.node(start).outputs;
+      if (need.reads_input_until_done) wait_inputs.push_back(local);
+      local = b.op("wait", wait_inputs);
     }
     return local;
   }

@@ -124,6 +124,7 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
                             {.reshard_after_forward = config.parallel.reshard_after_forward});
+  sched::lowered_step_pipeline().run(out.lowered.graph);
   return out;
 }
 

@@ -68,7 +68,8 @@ inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mes
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding s = spmd::propagate(g, planner, given, deliver);
   if (std::getenv("MT_DUMP") && pg.rank() == 0) fmt::print("{}\n", spmd::to_text(g, s));
-  const spmd::LoweredGraph lowered = spmd::lower(g, s, planner, pg.rank());
+  spmd::LoweredGraph lowered = spmd::lower(g, s, planner, pg.rank());
+  sched::lowered_step_pipeline().run(lowered.graph);  // waits sunk, as the trainer runs it
   const Graph& local = lowered.graph;
   runtime::Executor ex(local, sched::make_schedule(local, local.outputs()), &groups);
   for (const auto& [v, t] : in.values) ex.bind(lowered.values.at(v), local_piece(t, s.values.at(v), mesh, groups.coordinate()));

@@ -12,6 +12,7 @@
 #include "sched/memory_plan.h"
 #include "sched/pass.h"
 #include "sched/passes/dead_code.h"
+#include "sched/passes/sink_waits.h"
 #include "sched/schedule.h"
 #include "test_util.h"
 #include "train/train_step.h"
@@ -49,6 +50,36 @@ TEST(DeadCode, RemovesWhatNoOutputNeeds) {
   EXPECT_FALSE(sched::remove_dead_nodes(g));  // nothing left to do
 }
 
+// A started collective of a lowered graph on mesh dims `dims`, waited on at once.
+static ValueId all_reduce_now(Graph& g, ValueId x, int64_t dim) {
+  const Attrs attrs{attr::shape({4}), attr::mesh_dims({dim}), attr::group({0, 1}), attr::layout_before("P(sum)"),
+                    attr::layout_after("R"), attr::global_shape({4}), attr::buffer_elements(0)};
+  const NodeId start = g.add_node("all_reduce", {x}, attrs);
+  return g.only_output(g.add_node("wait", g.node(start).outputs));
+}
+
+// Each wait moves to just before its result's first reader, never below the
+// wait of a later collective over the same mesh dims; starts stay put.
+TEST(SinkWaits, WaitsMoveToTheFirstReaderInOrderPerGroup) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {4}, DType::f32);
+  const ValueId r1 = all_reduce_now(g, b.silu(x), 0);
+  const ValueId a = b.silu(x);
+  const ValueId r2 = all_reduce_now(g, a, 1);
+  const ValueId c = b.silu(a);  // reads neither result
+  const ValueId d = b.mul(r2, c);
+  const ValueId r3 = all_reduce_now(g, c, 0);
+  g.add_output(b.add(b.add(r1, r3), d));
+  EXPECT_TRUE(sched::sink_waits(g));
+  verify(g);
+  std::vector<std::string> ops;
+  for (NodeId n : g.order()) ops.push_back(g.node(n).op->name + "%" + std::to_string(g.node(n).outputs[0].index));
+  EXPECT_EQ(fmt::format("{}", fmt::join(ops, " ")),
+            "silu%1 all_reduce%2 silu%5 all_reduce%6 silu%9 wait%8 mul%10 all_reduce%11 wait%4 wait%13 add%14 add%15");
+  EXPECT_FALSE(sched::sink_waits(g));  // already where they belong
+}
+
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
   Graph g;
   Builder b(g);
@@ -65,6 +96,7 @@ TEST(PassPipeline, VerifiesAfterEachChangingPass) {
   EXPECT_TRUE(contains(message_of([&] { p.run(g); }), "pipeline test: after pass reverse_order: verify: node"));
   EXPECT_EQ(p.pass_names(), (std::vector<std::string>{"noop", "reverse_order"}));
   EXPECT_EQ(sched::step_pipeline().pass_names(), (std::vector<std::string>{"remove_dead_nodes"}));
+  EXPECT_EQ(sched::lowered_step_pipeline().pass_names(), (std::vector<std::string>{"sink_waits"}));
 }
 
 namespace {
