@@ -77,9 +77,14 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   for (graph::ValueId v : roles.replicated_outputs) out.deliver[v] = replicated;
   // FSDP's gradients: each parameter's reduced once, into its parameter's
   // layout (reduce_scatter over dp_shard, all_reduce over dp_replicate),
-  // where the norm, the clipping and AdamW then read it.
-  for (graph::ValueId p : roles.parameters)
+  // where the norm, the clipping and AdamW then read it. The clipped
+  // gradient AdamW reads stays there too (computed on the same shard,
+  // never gathered for the update).
+  for (graph::ValueId p : roles.parameters) {
     if (const auto it = roles.gradient_of.find(p); it != roles.gradient_of.end()) out.given[it->second] = out.given.at(p);
+    if (const auto it = roles.applied_gradient_of.find(p); it != roles.applied_gradient_of.end())
+      out.given[it->second] = out.given.at(p);
+  }
   for (const auto& [copy, p] : roles.reduced_copies)
     if (const auto it = roles.gradient_of.find(copy); it != roles.gradient_of.end()) out.given[it->second] = out.given.at(p);
   for (const auto& [updated, buffer] : roles.updates) out.deliver[updated] = out.given.at(buffer);

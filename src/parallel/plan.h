@@ -44,6 +44,7 @@ struct StepRoles {
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
   std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient its update reads
   // (compute-dtype copy, parameter): the copy's gradient is reduced across
   // data parallel in the compute dtype (bf16), before it is widened.
   std::vector<std::pair<graph::ValueId, graph::ValueId>> reduced_copies;
@@ -71,7 +72,8 @@ struct StepLayouts {
 // pinned alike, but a block input's as the residual stream (the backward
 // all_reduce, or reduce_scatter under sequence parallelism). A parameter's
 // gradient is pinned to the parameter's layout (reduced once, where the
-// norm, clipping and AdamW read it); so is the gradient of a reduced copy, so it is reduced in
+// norm, clipping and AdamW read it), and so is the clipped gradient AdamW
+// reads (never gathered for the update); so is the gradient of a reduced copy, so it is reduced in
 // the copy's dtype (else propagation widens partial sums first and reduces
 // in f32). Replicated outputs Replicate; updates delivered as what they
 // replace.

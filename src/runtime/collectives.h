@@ -1,6 +1,7 @@
 // The collective nodes of a lowered graph (graph/ops/collective.cpp) as the
 // executor runs them: each node's attributes give back the plan step it
-// came from, which sharding::execute_step runs on the mesh groups.
+// came from, which sharding::start_step starts on the mesh groups (its wait
+// node completes it).
 #pragma once
 
 #include <optional>

@@ -154,7 +154,7 @@ std::vector<Executor::OpTime> Executor::profile() const {
   std::map<std::string, OpTime> by_op;
   for (size_t step = 0; step < node_seconds_.size(); ++step) {
     const graph::Node& node = g_.node(schedule_.steps[step]);
-    if (node.op->is_view) continue;  // never run, so never timed
+    if (node.op->is_view && !node.op->is_wait) continue;  // never run, so never timed
     OpTime& t = by_op[node.op->name];
     t.op = node.op->name;
     t.calls += profiled_runs_;

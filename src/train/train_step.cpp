@@ -86,6 +86,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     s.exp_avg[names[i]] = m;
     s.exp_avg_sq[names[i]] = v;
     const graph::ValueId grad = coef.valid() ? b.scale_by(grads[i], coef) : grads[i];
+    s.applied_gradient_of[params[i]] = grad;
     const auto updated = b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
     for (int k = 0; k < 3; ++k) {
       g.add_output(updated[static_cast<size_t>(k)]);
@@ -111,6 +112,7 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, b
     roles.logits = sg.model.logits;
   }
   roles.gradient_of = sg.gradient_of;
+  roles.applied_gradient_of = sg.applied_gradient_of;
   if (reduce_in_compute_dtype) roles.reduced_copies = sg.model.param_copies;
   roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
   roles.updates = sg.write_backs;

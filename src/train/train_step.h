@@ -31,6 +31,7 @@ struct TrainStepGraph {
   // and every updated value.
   std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs;
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient AdamW reads
 };
 
 // How a step is built beyond the model and the optimizer.

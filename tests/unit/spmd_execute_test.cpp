@@ -105,3 +105,27 @@ TEST(SpmdExecute, LlamaStepLossParallelMatchesOneRank) {
   check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true, .loss_parallel = true});
   check_llama(4, {.dp_shard = 2, .tp = 2, .loss_parallel = true});
 }
+
+// DDP's lowered step moves each gradient once (an all_reduce over the
+// replicas, into the replicated layout AdamW reads) and nothing else of a
+// parameter's size: the clipped gradient is pinned to its parameter's layout,
+// so no rank clips a shard of it and gathers it back for the update.
+TEST(SpmdExecute, DdpReducesEachGradientOnceAndGathersNothing) {
+  mtest::TinyLlamaStep tiny(mtest::ddp(2), 2);
+  sharding::Planner planner(tiny.mesh, sharding::CostModel::for_mesh(tiny.mesh));
+  const spmd::Sharding s = spmd::propagate(tiny.g, planner, tiny.layouts.given, tiny.layouts.deliver);
+  double param_bytes = 0;
+  for (const ValueId p : tiny.g.parameters())
+    param_bytes += static_cast<double>(tiny.g.value(p).info.shape.numel() * dtype_size(tiny.g.value(p).info.dtype));
+  for (int rank = 0; rank < 2; ++rank) {
+    const Graph local = spmd::lower(tiny.g, s, planner, rank).graph;
+    double reduced_bytes = 0;
+    for (const NodeId n : local.order()) {
+      const Node& node = local.node(n);
+      if (!node.op->is_collective || node.op->name == "shard_locally") continue;
+      EXPECT_EQ(node.op->name, "all_reduce") << "rank " << rank << ": " << node.op->name << " in a DDP step";
+      if (!node.attrs.get(attr::global_shape).empty()) reduced_bytes += node.attrs.get(attr::comm_bytes);
+    }
+    EXPECT_EQ(reduced_bytes, param_bytes) << "rank " << rank;
+  }
+}
