@@ -12,6 +12,9 @@
 
 namespace meshtrain::kernels::cpu {
 
+void throw_gemm_failure(int status, int64_t m, int64_t n, int64_t k) {
+  throw Error(fmt::format("oneDNN sgemm of {} x {} x {} (m, n, k) failed with status {}", m, n, k, status));
+}
 
 template <typename T>
 void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,

@@ -1,9 +1,10 @@
-// Helpers shared by the CPU kernel files (not a public API): BLAS GEMM on
-// row-major buffers, a vectorizable exp, per-thread scratch, and the size
+// Helpers shared by the CPU kernel files (not a public API): GEMM on
+// row-major buffers (f32 through oneDNN, f64 through OpenBLAS), a vectorizable exp, per-thread scratch, and the size
 // at which loops go parallel.
 #pragma once
 
 #include <cblas.h>
+#include <dnnl.h>
 
 #include <algorithm>
 #include <bit>
@@ -12,6 +13,8 @@
 #include <vector>
 
 namespace meshtrain::kernels::cpu {
+
+[[noreturn]] void throw_gemm_failure(int status, int64_t m, int64_t n, int64_t k);  // cpu_kernels.cpp
 
 // The elementwise and row kernels are built twice, for x86-64-v3 (the
 // build's target) and for x86-64-v4 (AVX-512), and the loader picks the
@@ -23,11 +26,15 @@ namespace meshtrain::kernels::cpu {
 // enough to pay for it.
 constexpr int64_t kParallelElements = 1 << 14;
 
-// C (m x n) = or += op(A) op(B), row-major, contiguous.
+// C (m x n) = or += op(A) op(B), row-major, contiguous. f32 runs on oneDNN's
+// sgemm, which JITs for the CPU it finds (AVX-512 where there is one):
+// Debian's OpenBLAS 0.3.21 takes a CPU it does not know (AMD Zen 5) for a
+// Haswell and runs AVX2 kernels at half the speed (bench/gemm_peak). Inside
+// a parallel region oneDNN runs on the calling thread only.
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, bool acc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? m : k), b,
-              static_cast<int>(tb ? k : n), acc ? 1.0f : 0.0f, c, static_cast<int>(n));
+  const dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n,
+                                          acc ? 1.0f : 0.0f, c, n);
+  if (status != dnnl_success) throw_gemm_failure(status, m, n, k);
 }
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c, bool acc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
