@@ -1,8 +1,8 @@
 // The machine's GEMM peak as meshtrain sees it: the best of a few large
-// GEMMs (2048^3) in GFLOP/s, through the same libraries a training step uses:
-// OpenBLAS for f32 (`gemm_peak` or `gemm_peak float32`), oneDNN for bf16
+// GEMMs (2048^3) in GFLOP/s, through the same library a training step uses,
+// oneDNN, for f32 (`gemm_peak` or `gemm_peak float32`) and bf16
 // (`gemm_peak bfloat16`). Used by bench/train.sh, which also asks it for the
-// core type OpenBLAS picked in this process (`gemm_peak --blas-core`).
+// core type OpenBLAS (PyTorch's f32 GEMM) picks here (`gemm_peak --blas-core`).
 #include <chrono>
 #include <cstdio>
 #include <string>

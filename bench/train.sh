@@ -9,7 +9,9 @@
 # script first times every pair of torch.set_num_threads in {1, THREADS} and
 # OpenBLAS threads in {1, THREADS} and compares against the fastest (printed).
 # Both sides run under the caller's OPENBLAS_CORETYPE (printed, with the core
-# type OpenBLAS then picked in each process).
+# type OpenBLAS then picked in each process; meshtrain's f32 and bf16 GEMMs
+# are oneDNN's, so it affects PyTorch: OPENBLAS_CORETYPE=SkylakeX gives it
+# AVX-512 kernels on a CPU OpenBLAS does not know).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-$(nproc)}
@@ -83,7 +85,8 @@ for i, (o, t, r) in enumerate(zip(ours, theirs, ratios), 1):
 t0 = theirs[0]
 coretype = os.environ.get("OPENBLAS_CORETYPE")
 print(f"both sides under OPENBLAS_CORETYPE={coretype if coretype is not None else '(unset: OpenBLAS picks by CPU)'}; "
-      f"OpenBLAS core picked: meshtrain {our_core}, PyTorch {t0.get('blas_core', 'not OpenBLAS')} ({t0['blas']})")
+      f"OpenBLAS core picked: PyTorch {t0.get('blas_core', 'not OpenBLAS')} ({t0['blas']}), meshtrain {our_core} "
+      f"(its f64 GEMM only: f32 and bf16 run on oneDNN)")
 print(f"{t0['dtype']}, {tokens} tokens/step; meshtrain {threads} threads, PyTorch torch threads {t0['threads']} + "
       f"OpenBLAS threads {blas_threads}: meshtrain {tokens/statistics.median(ours):.0f} tok/s, "
       f"PyTorch {t0['torch']} {tokens/statistics.median(t['median_step_s'] for t in theirs):.0f} tok/s (medians of "
@@ -91,7 +94,6 @@ print(f"{t0['dtype']}, {tokens} tokens/step; meshtrain {threads} threads, PyTorc
 torch_rss = max(t["max_rss_bytes"] for t in theirs)
 print(f"peak resident memory: meshtrain {peak/2**20:.0f} MiB, PyTorch {torch_rss/2**20:.0f} MiB "
       f"(ratio {peak/torch_rss:.2f})")
-lib = "oneDNN" if t0["dtype"] == "bfloat16" else "OpenBLAS"
 print(f"a step reaches {gflops:.1f} GFLOP/s (op FLOP counts) = {100*gflops/peak_gemm:.0f}% of this machine's "
-      f"{t0['dtype']} GEMM peak ({peak_gemm:.1f} GFLOP/s, 2048^3 {lib})")
+      f"{t0['dtype']} GEMM peak ({peak_gemm:.1f} GFLOP/s, 2048^3 oneDNN, meshtrain's GEMM)")
 PY
