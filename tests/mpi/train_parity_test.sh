@@ -9,7 +9,8 @@
 # 1e-5 relative; the gathered checkpoint must match the single-rank one
 # within 1e-4. FSDP 2 x TP 2 in bf16 (gathered and reduced in bf16) must
 # track one rank's bf16 run within 2%. Bad [parallel] input must fail on
-# every rank with one message.
+# every rank with one message. FSDP 2 x TP 2 from the committed PyTorch
+# reference's weights matches its losses within 1e-4.
 # Usage: train_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -94,6 +95,40 @@ mv "$dir/one.jsonl" "$dir/one8.jsonl"; mv "$dir/one" "$dir/one8"
 run one 1 --data.batch_size 6
 run fsdp3 3 --data.batch_size 6
 compare fsdp3
+# Against PyTorch (the committed reference, tests/parity/make_reference.py): FSDP 2 x TP 2 on 4 processes
+# from the reference's initial weights, every step's loss within 1e-4 and gradient norm within 1e-3.
+ref=data/parity/mha_untied.json
+mapfile -t ref_args < <(python3 - "$ref" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+keys = {"seq_len": "data.seq_len", "batch_size": "data.batch_size", "lr": "optimizer.lr", "beta1": "optimizer.beta1",
+        "beta2": "optimizer.beta2", "eps": "optimizer.eps", "weight_decay": "optimizer.weight_decay",
+        "warmup_steps": "lr_scheduler.warmup_steps", "decay": "lr_scheduler.decay",
+        "min_lr_ratio": "lr_scheduler.min_lr_ratio", "max_grad_norm": "training.max_grad_norm", "steps": "training.steps"}
+text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+for k, v in r["model"].items(): print(f"--model.{k}"); print(text(v))
+for k, v in r["train"].items(): print(f"--{keys[k]}"); print(text(v))
+PY
+)
+timeout 300 $mpirun -np 4 "$meshtrain" train --config configs/debug.toml "${ref_args[@]}" --parallel.tp 2 \
+  --data.path data/parity/text.txt --checkpoint.init_from data/parity/mha_untied.safetensors --checkpoint.folder "" \
+  --metrics.file "$dir/torch_ref.jsonl" --metrics.log_every 1 > "$dir/torch_ref.out" 2>&1 \
+  || { cat "$dir/torch_ref.out"; fail "FSDP 2 x TP 2 from the PyTorch reference's weights exited non-zero"; }
+python3 - "$ref" "$dir/torch_ref.jsonl" <<'PY' || exit 1
+import json, sys
+ref = json.load(open(sys.argv[1]))["steps"]
+ours = [json.loads(l) for l in open(sys.argv[2])]
+assert len(ours) == len(ref) == 20, f"{len(ours)} steps logged, the reference has {len(ref)}"
+worst = 0.0
+for r, m in zip(ref, ours):
+    rel = abs(m["loss"] - r["loss"]) / abs(r["loss"])
+    worst = max(worst, rel)
+    if rel > 1e-4:
+        sys.exit(f"FAIL: FSDP 2 x TP 2 step {r['step']} loss {m['loss']} vs PyTorch's {r['loss']} (relative {rel:.2e})")
+    if abs(m["grad_norm"] - r["grad_norm"]) > 1e-3 * r["grad_norm"]:
+        sys.exit(f"FAIL: FSDP 2 x TP 2 step {r['step']} grad_norm {m['grad_norm']} vs PyTorch's {r['grad_norm']}")
+print(f"FSDP 2 x TP 2 (4 processes) vs PyTorch: 20 steps, worst relative loss difference {worst:.1e}")
+PY
 # Bad input: one message (from rank 0), every rank exits non-zero, no hang.
 out=$(timeout 60 $mpirun -np 2 "$meshtrain" train "${model[@]}" --parallel.dp_shard 3 2>&1)
 rc=$?
