@@ -45,8 +45,11 @@ struct StepRoles {
   std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
   std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient its update reads
-  // (compute-dtype copy, parameter): the copy's gradient is reduced across
-  // data parallel in the compute dtype (bf16), before it is widened.
+  // (compute-dtype copy, parameter): each copy lies like its parameter (the
+  // cast runs on the parameter's shard, and FSDP gathers the copy).
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> copies;
+  // Those of `copies` whose gradient is reduced across data parallel in the
+  // compute dtype (bf16), before it is widened.
   std::vector<std::pair<graph::ValueId, graph::ValueId>> reduced_copies;
 };
 

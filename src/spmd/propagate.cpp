@@ -105,6 +105,10 @@ bool reachable(const Layout& from, const Layout& to) {
   return true;
 }
 
+bool has_partial(const Layout& l) {
+  return std::any_of(l.placements.begin(), l.placements.end(), [](const Placement& p) { return p.is_partial(); });
+}
+
 }  // namespace
 
 Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
@@ -148,6 +152,9 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
         Layout want = layout_of(c, false, k);
         order_like(want, preferred);
         if (!reachable(have, want)) return;
+        // A value pinned as a pending sum is read as it is: its reduction
+        // belongs after this node (bf16 gradients widened, then reduced).
+        if (!(have == want) && pinned.count(node.inputs[k]) && has_partial(have)) return;
         // Each redistribution is a node, a copy at least (the planner prices a
         // local shard at 0): of candidates that cost the same, the one that
         // leaves its inputs as they are wins.

@@ -44,7 +44,9 @@ struct PropagationOptions {
 // and of any intermediate value the plan pins (Megatron's residual stream:
 // Replicate over tp, or Shard(1) under sequence parallelism): its producer
 // counts the redistribution to the pinned layout in its cost, and every
-// reader sees the pinned layout.
+// reader sees the pinned layout. A value pinned as a pending sum (Partial)
+// is read as it is: no reader may reduce it (its reduction belongs to a
+// later op, e.g. after a bf16 gradient is widened to f32).
 // `deliver`: layouts some graph outputs must be delivered in; the other
 // outputs stay as produced. Fails naming the node when no candidate is legal
 // (cannot happen while all-Replicate is one: every layout redistributes to

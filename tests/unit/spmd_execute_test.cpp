@@ -9,6 +9,7 @@
 
 #include "comm/local_backend.h"
 #include "spmd_step_checks.h"
+#include "train/trainer.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
@@ -128,4 +129,35 @@ TEST(SpmdExecute, DdpReducesEachGradientOnceAndGathersNothing) {
     }
     EXPECT_EQ(reduced_bytes, param_bytes) << "rank " << rank;
   }
+}
+
+// bf16 compute: each gradient is reduced in training.reduce_dtype, f32 by
+// default (the bf16 gradient is widened while it is still a pending sum),
+// bf16 when asked; under DDP and FSDP alike.
+TEST(SpmdExecute, Bf16GradientsAreReducedInTheReduceDtype) {
+  for (const char* layout : {"ddp", "fsdp"})
+    for (const DType reduce : {DType::f32, DType::bf16}) {
+      train::TrainConfig c;
+      c.model = mtest::tiny_llama();
+      c.data.batch_size = 4;
+      c.data.seq_len = 5;
+      c.training.dtype = DType::bf16;
+      c.training.reduce_dtype = reduce;
+      if (std::string(layout) == "ddp") c.parallel = mtest::ddp(2);
+      Graph g;
+      const train::TrainStepGraph step = train::build_step(c, g);
+      const train::StepLayout l = train::lay_out_step(c, g, step, 2, 0);
+      const Graph& local = l.lowered.graph;
+      int reductions = 0;
+      for (const NodeId n : local.order()) {
+        const Node& node = local.node(n);
+        const bool reduces = node.op->name == "all_reduce" || node.op->name == "reduce_scatter";
+        if (!reduces || node.attrs.get(attr::global_shape).size() != 2) continue;  // weights' gradients
+        ++reductions;
+        EXPECT_EQ(local.value(node.inputs[0]).info.dtype, reduce)
+            << layout << ", reduce_dtype " << dtype_name(reduce) << ": " << node.op->name << " of "
+            << local.describe_value(node.inputs[0]);
+      }
+      EXPECT_GT(reductions, 0) << layout;
+    }
 }
