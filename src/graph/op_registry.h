@@ -41,6 +41,9 @@ struct OpDef {
   // Waits for the collective that produced input 0 (graph/ops/collective.cpp);
   // its output is input 0 (a view), readable once the collective completed.
   bool is_wait = false;
+  // Output 0 may take input 0's bytes when nothing reads the input after
+  // this node (the memory plan decides; an all_reduce then runs in place).
+  bool may_overwrite_input = false;
 };
 
 // An op's FLOPs and bytes for the given operands (0 FLOPs where the op has

@@ -80,10 +80,22 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
   ArenaPlanner arena;
   for (size_t step = 0; step < steps.size(); ++step) {
     const graph::Node& node = g.node(steps[step]);
+    // An op that may write its result over its input takes the input's
+    // range when this step is the input's last reader (an all_reduce in place).
+    ValueId handed_over;
+    if (node.op->may_overwrite_input && !node.inputs.empty()) {
+      const ValueId in = plan.storage_of(node.inputs[0]);
+      const ValueId out = node.outputs[0];
+      if (g.value(in).producer.valid() && !fetched.count(in) && last_use.at(in) == step &&
+          nbytes(g.value(in).info) == nbytes(g.value(out).info)) {
+        plan.offsets[out] = plan.offsets.at(in);
+        handed_over = in;
+      }
+    }
     for (ValueId out : node.outputs)
-      if (!plan.view_of.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
+      if (!plan.view_of.count(out) && !plan.offsets.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
     auto release_if_done = [&](ValueId v) {
-      if (!g.value(v).producer.valid() || fetched.count(v)) return;
+      if (!g.value(v).producer.valid() || fetched.count(v) || v == handed_over) return;
       auto it = last_use.find(v);
       if (it == last_use.end() || it->second == step) arena.release(plan.offsets.at(v), nbytes(g.value(v).info));
     };

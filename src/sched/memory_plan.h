@@ -17,7 +17,9 @@ inline constexpr size_t kArenaAlignment = 64;
 // free ranges (growing it when nothing fits), and its range is freed after
 // the last step that reads it — unless it is among `fetches`, which live to
 // the end of the run. Views (reshape) get no storage: they share their
-// input's. Inputs and parameters are not in the arena.
+// input's. An op marked may_overwrite_input (all_reduce) gets its input's
+// range for its first output when it is that input's last reader. Inputs and
+// parameters are not in the arena.
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                               const std::vector<graph::ValueId>& fetches);
 

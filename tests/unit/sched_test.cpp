@@ -80,6 +80,23 @@ TEST(SinkWaits, WaitsMoveToTheFirstReaderInOrderPerGroup) {
   EXPECT_FALSE(sched::sink_waits(g));  // already where they belong
 }
 
+// An all_reduce takes its input's bytes where it is the input's last reader,
+// and gets its own where the input is read after it.
+TEST(MemoryPlan, AllReduceRunsInPlaceWhereItsInputDies) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {4}, DType::f32);
+  const ValueId dying = b.silu(x), kept = b.silu(x);
+  const ValueId r1 = all_reduce_now(g, dying, 0);
+  const ValueId r2 = all_reduce_now(g, kept, 0);
+  g.add_output(b.add(b.add(r1, r2), kept));
+  const graph::MemoryPlan plan = sched::make_schedule(g, g.outputs()).memory;
+  const auto start_of = [&](ValueId waited) { return g.node(g.value(waited).producer).inputs[0]; };
+  EXPECT_EQ(plan.offsets.at(plan.storage_of(r1)), plan.offsets.at(dying));
+  EXPECT_NE(plan.offsets.at(plan.storage_of(r2)), plan.offsets.at(kept));
+  EXPECT_EQ(plan.storage_of(r1), start_of(r1));  // the wait's output is a view of the started result
+}
+
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
   Graph g;
   Builder b(g);

@@ -2,7 +2,8 @@
 // step of the planner's plan. all_gather, reduce_scatter, all_reduce and
 // all_to_all communicate over the group of the mesh dims they name, and run
 // asynchronously: the node starts the collective, writing into its outputs
-// (the result and a staging buffer, empty where the blocks need no packing),
+// (the result and a staging buffer, empty where the blocks need no packing;
+// an all_reduce takes its input's bytes where nothing reads them after it),
 // and a `wait` node completes it where the result is first needed. wait's
 // inputs are the result, the buffer and, where the collective reads it until
 // it completes, the collective's input, so that all of them stay alive and
@@ -29,7 +30,7 @@ void read_collective_attrs(const Attrs& at) {
 }  // namespace
 
 void add_collective_ops(std::vector<OpDef>& ops) {
-  for (const char* name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
+  for (const std::string name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
     ops.push_back({
         .name = name,
         .infer =
@@ -40,6 +41,7 @@ void add_collective_ops(std::vector<OpDef>& ops) {
               return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}, {Shape({buffer}), in[0].dtype}};
             },
         .is_collective = true,
+        .may_overwrite_input = name == "all_reduce",  // reduced in place where its input dies
     });
   ops.push_back({
       .name = "shard_locally",
