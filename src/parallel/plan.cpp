@@ -1,7 +1,5 @@
 #include "parallel/plan.h"
 
-#include <set>
-
 #include "core/error.h"
 
 namespace meshtrain::parallel {
@@ -88,23 +86,21 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
       out.given[it->second] = out.given.at(p);
   }
   // A parameter's compute-dtype copy lies like the parameter (cast on the
-  // shard, gathered in bf16). Its gradient is reduced in that dtype where
-  // `reduced_copies` says so; otherwise it stays a pending sum over data
-  // parallel until it is widened, and the parameter's gradient is reduced
-  // in the parameter's dtype (propagation would reduce the narrower one).
+  // shard, gathered in bf16). Its gradient is reduced in that dtype when
+  // asked; otherwise it stays a pending sum over data parallel until it is
+  // widened, and the parameter's gradient is reduced in the parameter's
+  // dtype (propagation would reduce the narrower one).
   auto pending_over_dp = [&](const Layout& l) {
     std::vector<Placement> placements = l.placements;
     for (size_t d : {replicate, shard})
       if (mesh.size(static_cast<int>(d)) > 1) placements[d] = Placement::partial();
     return Layout::from_placements(std::move(placements));
   };
-  std::set<graph::ValueId> reduced_in_copy_dtype;
-  for (const auto& [copy, p] : roles.reduced_copies) reduced_in_copy_dtype.insert(copy);
   for (const auto& [copy, p] : roles.copies) {
     const Layout& param = out.given.at(p);
     out.given[copy] = param;
     if (const auto it = roles.gradient_of.find(copy); it != roles.gradient_of.end())
-      out.given[it->second] = reduced_in_copy_dtype.count(copy) ? param : pending_over_dp(param);
+      out.given[it->second] = roles.reduce_copies_in_compute_dtype ? param : pending_over_dp(param);
   }
   for (const auto& [updated, buffer] : roles.updates) out.deliver[updated] = out.given.at(buffer);
   return out;

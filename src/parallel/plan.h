@@ -48,9 +48,9 @@ struct StepRoles {
   // (compute-dtype copy, parameter): each copy lies like its parameter (the
   // cast runs on the parameter's shard, and FSDP gathers the copy).
   std::vector<std::pair<graph::ValueId, graph::ValueId>> copies;
-  // Those of `copies` whose gradient is reduced across data parallel in the
-  // compute dtype (bf16), before it is widened.
-  std::vector<std::pair<graph::ValueId, graph::ValueId>> reduced_copies;
+  // The copies' gradients are reduced across data parallel in the compute
+  // dtype (bf16), before they are widened; false: widened, then reduced.
+  bool reduce_copies_in_compute_dtype = false;
 };
 
 struct StepLayouts {
@@ -76,10 +76,11 @@ struct StepLayouts {
 // all_reduce, or reduce_scatter under sequence parallelism). A parameter's
 // gradient is pinned to the parameter's layout (reduced once, where the
 // norm, clipping and AdamW read it), and so is the clipped gradient AdamW
-// reads (never gathered for the update); so is the gradient of a reduced copy, so it is reduced in
-// the copy's dtype (else propagation widens partial sums first and reduces
-// in f32). Replicated outputs Replicate; updates delivered as what they
-// replace.
+// reads (never gathered for the update). A compute-dtype copy lies like its
+// parameter; its gradient is pinned to the parameter's layout too when
+// reduce_copies_in_compute_dtype (reduced in bf16, then widened), else as a
+// pending sum over data parallel (widened, then reduced in f32). Replicated
+// outputs Replicate; updates delivered as what they replace.
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
                          const ParallelConfig& config = {});
 

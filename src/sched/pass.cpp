@@ -39,10 +39,6 @@ PassPipeline step_pipeline() {
   return p;
 }
 
-}  // namespace meshtrain::sched
-
-namespace meshtrain::sched {
-
 PassPipeline lowered_step_pipeline() {
   PassPipeline p("lowered_step");
   p.add({"sink_waits", sink_waits});

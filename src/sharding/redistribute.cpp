@@ -124,8 +124,12 @@ void unpack_blocks(const std::byte* blocks, const std::vector<int64_t>& counts, 
 
 Tensor flat(const Tensor& t) { return t.reshape({t.numel()}); }
 
-// A view of `n` elements of `buffer` from element `offset`.
-Tensor part_of(const Tensor& buffer, int64_t offset, int64_t n) {
+// A view of `n` elements of the staging buffer from element `offset`; fails
+// when the buffer the caller gave is too small or of another dtype.
+Tensor staging(const Tensor& buffer, int64_t offset, int64_t n, const Tensor& cur, const StepContext& c) {
+  MT_CHECK(buffer.numel() >= offset + n && buffer.dtype() == cur.dtype(),
+           "redistribution step {} -> {}: needs a buffer of {} {} elements, got {}", c.step.before.to_string(),
+           c.step.after.to_string(), offset + n, dtype_name(cur.dtype()), buffer.describe());
   return Tensor::view(static_cast<std::byte*>(const_cast<void*>(buffer.raw())) +
                           offset * static_cast<int64_t>(dtype_size(buffer.dtype())),
                       {n}, buffer.dtype());
@@ -140,10 +144,10 @@ InFlightStep start_all_gather(const Tensor& cur, Tensor& out, const Tensor& buff
     Tensor target = flat(out);
     return {group.all_gather(flat(cur), target, counts), {}};
   }
-  Tensor target = buffer;
+  Tensor target = staging(buffer, 0, c.after_shape.numel(), cur, c);
   InFlightStep s{group.all_gather(flat(cur), target, counts), {}};
-  s.finish = [out, buffer, d, elem = c.elem, counts = std::move(counts), rows = std::move(rows)]() mutable {
-    unpack_blocks(static_cast<const std::byte*>(buffer.raw()), counts, out, d, elem, rows);
+  s.finish = [out, target, d, elem = c.elem, counts = std::move(counts), rows = std::move(rows)]() mutable {
+    unpack_blocks(static_cast<const std::byte*>(target.raw()), counts, out, d, elem, rows);
   };
   return s;
 }
@@ -154,8 +158,8 @@ InFlightStep start_reduce_scatter(const Tensor& cur, Tensor& out, const Tensor& 
   const auto rows = rows_by_member(c, c.before_shape[d], c.step.to);
   Tensor send = flat(cur);
   if (!blocks_in_place(c.before_shape, d, rows)) {
-    pack_blocks(cur, c.before_shape, d, c.elem, rows, static_cast<std::byte*>(const_cast<void*>(buffer.raw())));
-    send = buffer;
+    send = staging(buffer, 0, c.before_shape.numel(), cur, c);
+    pack_blocks(cur, c.before_shape, d, c.elem, rows, static_cast<std::byte*>(send.raw()));
   }
   Tensor target = flat(out);
   return {group.reduce_scatter(send, target, c.step.from.reduce, block_counts(c.before_shape, d, rows)), {}};
@@ -169,9 +173,9 @@ InFlightStep start_all_to_all(const Tensor& cur, Tensor& out, const Tensor& buff
   // From member j: its part of dim a, with my part of dim b.
   auto a_rows = rows_by_member(c, c.after_shape[a], c.step.from);
   auto recv_counts = block_counts(c.after_shape, a, a_rows);
-  const Tensor send = part_of(buffer, 0, c.before_shape.numel());
-  Tensor received = part_of(buffer, c.before_shape.numel(), c.after_shape.numel());
-  pack_blocks(cur, c.before_shape, b, c.elem, b_rows, static_cast<std::byte*>(const_cast<void*>(send.raw())));
+  Tensor send = staging(buffer, 0, c.before_shape.numel(), cur, c);
+  Tensor received = staging(buffer, c.before_shape.numel(), c.after_shape.numel(), cur, c);
+  pack_blocks(cur, c.before_shape, b, c.elem, b_rows, static_cast<std::byte*>(send.raw()));
   InFlightStep s{group.all_to_all(send, received, block_counts(c.before_shape, b, b_rows), recv_counts), {}};
   s.finish = [out, received, a, elem = c.elem, counts = std::move(recv_counts), rows = std::move(a_rows)]() mutable {
     unpack_blocks(static_cast<const std::byte*>(received.raw()), counts, out, a, elem, rows);
@@ -234,10 +238,6 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
            "redistribution step {} -> {}: expects {} in and {} out on this rank, got {} and {}",
            step.before.to_string(), step.after.to_string(), c.before_shape.to_string(), c.after_shape.to_string(),
            local.describe(), out.describe());
-  const StepBuffers need = step_buffers(global_shape, step, groups.mesh(), groups.coordinate());
-  MT_CHECK(buffer.numel() >= need.buffer_elements && (need.buffer_elements == 0 || buffer.dtype() == local.dtype()),
-           "redistribution step {} -> {}: needs a buffer of {} {} elements, got {}", step.before.to_string(),
-           step.after.to_string(), need.buffer_elements, dtype_name(local.dtype()), buffer.describe());
   if (c.group_size == 1) {  // a one-rank group holds the whole tensor under any placement
     if (out.raw() != local.raw()) std::memcpy(out.raw(), local.raw(), out.nbytes());
     return {};

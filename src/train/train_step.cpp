@@ -114,7 +114,7 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, b
   roles.gradient_of = sg.gradient_of;
   roles.applied_gradient_of = sg.applied_gradient_of;
   roles.copies = sg.model.param_copies;
-  if (reduce_in_compute_dtype) roles.reduced_copies = sg.model.param_copies;
+  roles.reduce_copies_in_compute_dtype = reduce_in_compute_dtype;
   roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
   roles.updates = sg.write_backs;
   return roles;

@@ -17,16 +17,19 @@ bool sink_waits(graph::Graph& g) {
     size_t start;   // position of the node that started its collective
     size_t before;  // it goes just before the node at this position (order.size(): at the end)
   };
+  // The first node that reads each value, in one sweep.
+  std::map<graph::ValueId, size_t> first_reader;
+  for (size_t i = order.size(); i-- > 0;)
+    for (graph::ValueId in : g.node(order[i]).inputs) first_reader[in] = i;
   // Per group of mesh dims, its waits in the order their collectives start.
   std::map<std::vector<int64_t>, std::vector<Wait>> by_group;
   for (graph::NodeId n : order) {
     const graph::Node& node = g.node(n);
     if (!node.op->is_wait) continue;
-    const graph::Node& start = g.node(g.value(node.inputs[0]).producer);
-    size_t first_reader = order.size();
-    for (graph::NodeId user : g.users(node.outputs[0])) first_reader = std::min(first_reader, position.at(user));
-    by_group[start.attrs.get(graph::attr::mesh_dims)].push_back(
-        {n, position.at(g.value(node.inputs[0]).producer), first_reader});
+    const graph::NodeId start = g.value(node.inputs[0]).producer;
+    const auto reader = first_reader.find(node.outputs[0]);
+    by_group[g.node(start).attrs.get(graph::attr::mesh_dims)].push_back(
+        {n, position.at(start), reader == first_reader.end() ? order.size() : reader->second});
   }
   std::vector<Wait> waits;
   for (auto& [dims, group] : by_group) {
