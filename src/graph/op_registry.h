@@ -41,9 +41,15 @@ struct OpDef {
   // Waits for the collective that produced input 0 (graph/ops/collective.cpp);
   // its output is input 0 (a view), readable once the collective completed.
   bool is_wait = false;
-  // Output 0 may take input 0's bytes when nothing reads the input after
-  // this node (the memory plan decides; an all_reduce then runs in place).
-  bool may_overwrite_input = false;
+  // Outputs that may take an input's bytes when nothing reads that input
+  // after this node: the kernel still gives the right result when the two
+  // are one buffer. The memory plan decides (an all_reduce then runs in
+  // place; AdamW updates the parameter and its moments where they lie).
+  struct InPlace {
+    int output;
+    int input;
+  };
+  std::vector<InPlace> in_place;
 };
 
 // An op's FLOPs and bytes for the given operands (0 FLOPs where the op has

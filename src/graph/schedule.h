@@ -14,10 +14,12 @@ namespace meshtrain::graph {
 
 // Where the intermediates of a run live: one arena of `peak_bytes`, each
 // computed value at an offset (reused once its last reader has run); a view
-// (reshape) shares the storage of the value it views.
+// (reshape) shares the storage of the value it views, and so does a value
+// computed in place over an input it updates (AdamW's new parameter in the
+// parameter's own tensor).
 struct MemoryPlan {
   std::map<ValueId, size_t> offsets;    // computed value -> byte offset in the arena
-  std::map<ValueId, ValueId> view_of;   // view value -> the value that owns its storage
+  std::map<ValueId, ValueId> view_of;   // view or in-place value -> the value that owns its storage
   size_t peak_bytes = 0;                // the arena's size
   // The value whose storage `v` uses: itself unless it is a view.
   ValueId storage_of(ValueId v) const {
@@ -26,9 +28,19 @@ struct MemoryPlan {
   }
 };
 
+// After a run, input `to` holds the value computed as `from` (a parameter
+// or optimizer state the step updates).
+struct Update {
+  ValueId from;
+  ValueId to;
+};
+
 struct Schedule {
   std::vector<NodeId> steps;     // the nodes to run, in order
   std::vector<ValueId> fetches;  // values readable after a run; their storage is never reused
+  // Written in place where the memory plan could (memory.storage_of(from) ==
+  // to), else copied into `to` after the run.
+  std::vector<Update> updates;
   MemoryPlan memory;
 };
 

@@ -68,16 +68,6 @@ bool Executor::is_fetched(graph::ValueId value) const {
   return std::find(schedule_.fetches.begin(), schedule_.fetches.end(), value) != schedule_.fetches.end();
 }
 
-void Executor::write_back(graph::ValueId from, graph::ValueId to) {
-  MT_CHECK(is_fetched(from),
-           "write_back: {} is not fetched by this executor", g_.describe_value(from));
-  MT_CHECK(!g_.value(to).producer.valid(), "write_back: {} is not an input or parameter", g_.describe_value(to));
-  MT_CHECK(g_.value(from).info == g_.value(to).info, "write_back: {} and {} differ in shape or dtype",
-           g_.describe_value(from), g_.describe_value(to));
-  write_backs_.emplace_back(from, to);
-  run_ready_ = false;
-}
-
 Tensor Executor::tensor_of(graph::ValueId value) const {
   if (const graph::ValueId r = schedule_.memory.storage_of(value); r != value) {
     const Tensor storage = tensor_of(r);
@@ -113,10 +103,11 @@ void Executor::prepare_run() {
     kernel_args_.push_back(kernels::cpu::KernelArgs{std::move(ins), std::move(outs), node.attrs});
   }
   in_flight_.assign(schedule_.steps.size(), {});
-  write_back_copies_.clear();
-  for (const auto& [from, to] : write_backs_) {
-    Tensor dst = tensor_of(to);
-    write_back_copies_.push_back({dst.raw(), tensor_of(from).raw(), dst.nbytes()});
+  update_copies_.clear();
+  for (const graph::Update& u : schedule_.updates) {
+    if (schedule_.memory.storage_of(u.from) == u.to) continue;  // computed in place
+    Tensor dst = tensor_of(u.to);
+    update_copies_.push_back({dst.raw(), tensor_of(u.from).raw(), dst.nbytes()});
   }
   run_ready_ = true;
 }
@@ -144,7 +135,7 @@ void Executor::run() {
     if (profiling_)
       node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  for (const Copy& c : write_back_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
+  for (const Copy& c : update_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
 }
 
 double Executor::flops() const { return std::accumulate(step_flops_.begin(), step_flops_.end(), 0.0); }

@@ -30,12 +30,10 @@ class Executor {
   // plan; allocates the arena. `groups` must outlive the executor.
   Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups = nullptr);
 
-  // Inputs and parameters: the tensor is used in place (shape and dtype checked).
+  // Inputs and parameters: the tensor is used in place (shape and dtype
+  // checked). A run leaves the schedule's updates in the tensors bound to
+  // their `to` (written there in place, or copied after the run).
   void bind(graph::ValueId value, Tensor tensor);
-  // After each run, copy computed value `from` into the tensor bound to
-  // `to` (a parameter or optimizer state updated by the step). `from` must
-  // be among the fetches.
-  void write_back(graph::ValueId from, graph::ValueId to);
   void run();
   // A fetched value after run(): a view into the arena (valid until the next run) or the bound tensor.
   Tensor fetch(graph::ValueId value) const;
@@ -63,9 +61,10 @@ class Executor {
   graph::Schedule schedule_;
   std::vector<double> step_flops_, step_bytes_;  // per step
   std::map<graph::ValueId, Tensor> bound_;       // inputs and parameters
-  std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs_;
   // What a run needs, built on the first run after a bind and kept, so that
-  // a steady-state run creates no tensors and no vectors: per step its kernel's arguments (over step_tensors_), and the write-backs.
+  // a steady-state run creates no tensors and no vectors: per step its
+  // kernel's arguments (over step_tensors_), and the copies of the updates
+  // not made in place.
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
@@ -80,7 +79,7 @@ class Executor {
     const void* src;
     size_t bytes;
   };
-  std::vector<Copy> write_back_copies_;
+  std::vector<Copy> update_copies_;
   bool profiling_ = false;
   std::vector<double> node_seconds_;  // per step, while profiling
   int64_t profiled_runs_ = 0;

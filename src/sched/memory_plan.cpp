@@ -63,7 +63,7 @@ size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.nu
 }  // namespace
 
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
-                              const std::vector<graph::ValueId>& fetches) {
+                              const std::vector<graph::ValueId>& fetches, const std::vector<graph::Update>& updates) {
   using graph::ValueId;
   graph::MemoryPlan plan;
   // View ops (reshape) alias their input: a value's storage is its root's.
@@ -80,22 +80,29 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
   ArenaPlanner arena;
   for (size_t step = 0; step < steps.size(); ++step) {
     const graph::Node& node = g.node(steps[step]);
-    // An op that may write its result over its input takes the input's
-    // range when this step is the input's last reader (an all_reduce in place).
-    ValueId handed_over;
-    if (node.op->may_overwrite_input && !node.inputs.empty()) {
-      const ValueId in = plan.storage_of(node.inputs[0]);
-      const ValueId out = node.outputs[0];
-      if (g.value(in).producer.valid() && !fetched.count(in) && last_use.at(in) == step &&
-          nbytes(g.value(in).info) == nbytes(g.value(out).info)) {
+    // An output the op may compute over an input takes that input's
+    // storage when this step is the input's last reader and reads it once.
+    std::set<ValueId> handed_over;
+    for (const graph::OpDef::InPlace& pair : node.op->in_place) {
+      const ValueId in = plan.storage_of(node.inputs.at(static_cast<size_t>(pair.input)));
+      const ValueId out = node.outputs.at(static_cast<size_t>(pair.output));
+      const auto reads = std::count_if(node.inputs.begin(), node.inputs.end(),
+                                       [&](ValueId v) { return plan.storage_of(v) == in; });
+      if (reads != 1 || last_use.at(in) != step || fetched.count(in) ||
+          nbytes(g.value(in).info) != nbytes(g.value(out).info))
+        continue;
+      if (g.value(in).producer.valid()) {  // an intermediate: its arena range
         plan.offsets[out] = plan.offsets.at(in);
-        handed_over = in;
+        handed_over.insert(in);
+      } else if (std::any_of(updates.begin(), updates.end(),
+                             [&](const graph::Update& u) { return u.from == out && u.to == in; })) {
+        plan.view_of[out] = in;  // the input's own tensor, which this output updates
       }
     }
     for (ValueId out : node.outputs)
       if (!plan.view_of.count(out) && !plan.offsets.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
     auto release_if_done = [&](ValueId v) {
-      if (!g.value(v).producer.valid() || fetched.count(v) || v == handed_over) return;
+      if (!g.value(v).producer.valid() || fetched.count(v) || handed_over.count(v)) return;
       auto it = last_use.find(v);
       if (it == last_use.end() || it->second == step) arena.release(plan.offsets.at(v), nbytes(g.value(v).info));
     };

@@ -17,10 +17,14 @@ inline constexpr size_t kArenaAlignment = 64;
 // free ranges (growing it when nothing fits), and its range is freed after
 // the last step that reads it — unless it is among `fetches`, which live to
 // the end of the run. Views (reshape) get no storage: they share their
-// input's. An op marked may_overwrite_input (all_reduce) gets its input's
-// range for its first output when it is that input's last reader. Inputs and
+// input's. Where an op may compute an output in place over an input
+// (OpDef::in_place) and is that input's last reader, the output takes the
+// input's range (an all_reduce in place) or, where the input is a graph
+// input that `updates` says this output updates, the input's own tensor
+// (AdamW's new parameter, written over the parameter). Inputs and
 // parameters are not in the arena.
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
-                              const std::vector<graph::ValueId>& fetches);
+                              const std::vector<graph::ValueId>& fetches,
+                              const std::vector<graph::Update>& updates = {});
 
 }  // namespace meshtrain::sched

@@ -8,7 +8,10 @@
 
 namespace meshtrain::sched {
 
-// Fails if a fetch is not a value of the graph.
-graph::Schedule make_schedule(const graph::Graph& g, std::vector<graph::ValueId> fetches);
+// `updates`: inputs the run updates (each `from` is also fetched). Fails if
+// a fetch is not a value of the graph, or an update's `to` is not an input
+// of `from`'s shape and dtype.
+graph::Schedule make_schedule(const graph::Graph& g, std::vector<graph::ValueId> fetches,
+                              std::vector<graph::Update> updates = {});
 
 }  // namespace meshtrain::sched

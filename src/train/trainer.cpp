@@ -49,12 +49,13 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   const graph::Graph& run_graph = part.running();
   tokens_ = Tensor::empty(run_graph.value(part.run_value(sg.model.tokens)).info.shape, DType::i64);
   targets_ = Tensor::empty(run_graph.value(part.run_value(sg.model.targets)).info.shape, DType::i64);
-  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
-                   run_graph, sched::make_schedule(run_graph, run_graph.outputs()), groups_.get()));
   // A global output's value in the graph that runs: the output at the same place.
   std::map<graph::ValueId, graph::ValueId> delivered;
   for (size_t k = 0; k < part.graph.outputs().size(); ++k) delivered[part.graph.outputs()[k]] = run_graph.outputs()[k];
-  for (const auto& [from, to] : sg.write_backs) ex.write_back(delivered.at(from), part.run_value(to));
+  std::vector<graph::Update> updates;  // parameters and moments, updated in place where the plan can
+  for (const auto& [from, to] : sg.write_backs) updates.push_back({delivered.at(from), part.run_value(to)});
+  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
+                   run_graph, sched::make_schedule(run_graph, run_graph.outputs(), std::move(updates)), groups_.get()));
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
     ex.bind(part.run_value(v), p);

@@ -129,8 +129,9 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
   const double max_grad_norm = 1.0;
   const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
   sched::step_pipeline().run(g);  // as the trainer does
-  runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
-  for (const auto& [from, to] : s.write_backs) ex.write_back(from, to);
+  std::vector<graph::Update> updates;
+  for (const auto& [from, to] : s.write_backs) updates.push_back({from, to});
+  runtime::Executor ex(g, sched::make_schedule(g, g.outputs(), updates));
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.2f);
   for (const auto& [name, v] : s.model.params) {

@@ -35,6 +35,7 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
             return ValueInfos{in[0], in[2], in[3]};  // param, m, v after the step
           },
       .flops = elementwise_flops(12),
+      .in_place = {{0, 0}, {1, 2}, {2, 3}},  // param, m and v updated where they lie
   });
 }
 

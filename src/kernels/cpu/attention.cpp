@@ -53,7 +53,7 @@ int64_t keys_in_block(int64_t i0, int64_t rows, int64_t j0) { return std::min(kK
 int64_t visible_keys(int64_t i, int64_t j0, int64_t n) { return std::clamp<int64_t>(i - j0 + 1, 0, n); }
 
 template <typename T>
-void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
+[[MESHTRAIN_AVX512_CLONES]] void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
                int64_t d, double scale) {
   using A = Acc<T>;
   const int64_t group = hq / hkv;
@@ -86,9 +86,7 @@ void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, 
               std::fill(sr, sr + n, A(0));
               continue;
             }
-            A block_max = row_max[r];
-#pragma omp simd reduction(max : block_max)
-            for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj]);
+            const A block_max = max_of(sr, visible, row_max[r]);
             const A correction = exp_of(row_max[r] - block_max);
             A block_total = 0;
 #pragma omp simd reduction(+ : block_total)
@@ -111,7 +109,7 @@ void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, 
 }
 
 template <typename T>
-void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
+[[MESHTRAIN_AVX512_CLONES]] void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
                         T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
   using A = Acc<T>;
   const int64_t group = hq / hkv;

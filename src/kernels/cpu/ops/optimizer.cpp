@@ -15,10 +15,11 @@ void add_optimizer_kernels(const AddKernel& add) {
   add("adamw", [](const KernelArgs& a) {
     const int64_t step = static_cast<const int64_t*>(a.in[5]->raw())[0];
     MT_CHECK(step >= 1, "adamw: step must be >= 1 (bias correction), got {}", step);
-    // The graph is functional: update copies (the trainer writes them back).
-    std::memcpy(a.out[0]->raw(), a.in[0]->raw(), a.in[0]->nbytes());  // param
-    std::memcpy(a.out[1]->raw(), a.in[2]->raw(), a.in[2]->nbytes());  // m
-    std::memcpy(a.out[2]->raw(), a.in[3]->raw(), a.in[3]->nbytes());  // v
+    // The graph is functional: the update goes into the outputs, which the
+    // memory plan may have put over the inputs themselves (OpDef::in_place).
+    constexpr std::pair<int, int> kUpdated[] = {{0, 0}, {1, 2}, {2, 3}};  // (output, input): param, m, v
+    for (auto [out, in] : kUpdated)
+      if (a.out[out]->raw() != a.in[in]->raw()) std::memcpy(a.out[out]->raw(), a.in[in]->raw(), a.in[in]->nbytes());
     const double lr = static_cast<const double*>(a.in[4]->raw())[0];
     auto run = [&](auto param_type, auto state_type) {
       using T = decltype(param_type);
