@@ -106,6 +106,7 @@ class Engine {
   }
 
   std::mutex& mu() { return mu_; }
+  void set_background_progress(bool on) { background_progress_.store(on); }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
   std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
@@ -245,7 +246,7 @@ class Engine {
       // that communication advances while the caller computes); otherwise
       // wake rarely, for dump requests and deadlines: every wake-up steals the
       // core from a rank that is busy-polling its own wait.
-      const bool background = active_count_.load() > 0 && !waiter_polling;
+      const bool background = background_progress_.load() && active_count_.load() > 0 && !waiter_polling;
       std::this_thread::sleep_for(background ? microseconds(50) : milliseconds(10));
     }
   }
@@ -412,6 +413,7 @@ class Engine {
   std::list<std::unique_ptr<MpiOp>> active_;
   std::list<std::unique_ptr<MpiOp>> abandoned_;  // of aborted groups, see abort_group
   std::atomic<int> active_count_{0};
+  std::atomic<bool> background_progress_{true};
   std::atomic<Clock::rep> last_wait_poll_ns_{0};
   std::thread progress_thread_;
   std::shared_ptr<FlightRecorder> recorder_;
@@ -666,6 +668,7 @@ class MpiGroup final : public ProcessGroup {
 ProcessGroupPtr create_mpi_world(GroupOptions options) {
   Engine& engine = Engine::get();
   engine.init();
+  engine.set_background_progress(options.background_progress);
   auto comm = std::make_shared<GroupComm>();
   {
     std::lock_guard lock(engine.mu());

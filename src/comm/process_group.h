@@ -26,6 +26,13 @@ struct GroupOptions {
   // disagreement, instead of hanging or computing garbage. Costs one small
   // all_gather per collective; turn off only for measured hot paths.
   bool verify = true;
+  // Collectives advance while the caller computes: a progress thread polls
+  // those nobody waits on every 50 us. Where the rank has no core to spare
+  // (as many compute threads as cores) every wake-up takes the core from
+  // the compute; off, collectives advance whenever one starts or is waited
+  // on (and every 10 ms). The MPI backend's setting is per process: the
+  // world's options decide it.
+  bool background_progress = true;
 };
 
 // One operation, validated, as a backend receives it. Sizes are in elements.
