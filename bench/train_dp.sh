@@ -6,8 +6,11 @@
 # that alternate the sides (this host varies by up to +-30% run to run):
 #   meshtrain DDP 2 / PyTorch DDP 2 (target >= 2x tokens/s),
 #   meshtrain FSDP 2 / meshtrain DDP 2 (target: within 10%),
-#   the cost per step of the cross-rank fingerprint check (meshtrain DDP 2
-#   with and without --no-verify).
+#   the cost per step of the cross-rank fingerprint check, two ways: end to
+#   end (meshtrain DDP 2 with and without --no-verify; within this host's
+#   noise) and measured apart (the check's cost per collective, from
+#   `meshtrain bench comm` on a 4 KiB all_reduce with and without it, times
+#   the collectives a DDP 2 step runs).
 # PyTorch runs at its best: OpenBLAS threads 1 and 2 (and, on an AVX-512
 # CPU, OpenBLAS's AVX-512 kernels) are timed under torch threads 1 and the
 # fastest is the baseline (printed).
@@ -54,15 +57,24 @@ for b in 1 2; do
 done
 echo "PyTorch's fastest setting: torch.set_num_threads(1), OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=$blas," \
   "OPENBLAS_CORETYPE=${core:-(its own pick)}"
+check_us() {  # [--no-verify]: meshtrain's 4 KiB all_reduce on 2 ranks, us (median of 21 rounds)
+  scripts/mpirun.sh -np 2 build/meshtrain bench comm --ops all_reduce --min-bytes 4K --max-bytes 4K --rounds 21 \
+    --iters 200 --json "$@" | python3 -c 'import sys,json; print(json.load(sys.stdin)["results"][0]["time_us"])'
+}
 ddp=(--parallel.dp_replicate 2 --parallel.dp_shard 1)
 rows=()
 for round in $(seq "${ROUNDS:-3}"); do
   torch=$(torch_ddp "$blas" "$core" | python3 -c 'import sys,json; print(json.load(sys.stdin)["median_step_s"])')
   rows+=("$(ours "${ddp[@]}") $(ours) $(ours "${ddp[@]}" --no-verify) $torch")
 done
-python3 - "$(nproc)" "$dtype" "${rows[@]}" <<'PY'
+# The collectives a DDP 2 step runs, from the last run's log (--no-verify runs the same ones).
+collectives=$(sed -n 's/.*rank 0 ([^)]*): \([0-9]*\) collectives moving.*/\1/p' "$work/meshtrain.log")
+checked=$(check_us) unchecked=$(check_us --no-verify)
+python3 - "$(nproc)" "$dtype" "$collectives" "$checked" "$unchecked" "${rows[@]}" <<'PY'
 import statistics, sys
-cores, dtype, rows = sys.argv[1], sys.argv[2], [tuple(map(float, r.split())) for r in sys.argv[3:]]
+cores, dtype = sys.argv[1], sys.argv[2]
+collectives, checked_us, unchecked_us = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+rows = [tuple(map(float, r.split())) for r in sys.argv[6:]]
 tokens = 8 * 256
 med = lambda i: statistics.median(r[i] for r in rows)
 ratio = lambda f: statistics.median(f(r) for r in rows)
@@ -72,5 +84,10 @@ for name, i in (("meshtrain DDP 2", 0), ("meshtrain FSDP 2", 1), ("meshtrain DDP
           " ".join(f"{r[i] * 1e3:.0f}" for r in rows))
 print(f"meshtrain DDP 2 / PyTorch DDP 2: {ratio(lambda r: r[3] / r[0]):.2f}x tokens/s (target >= 2x)")
 print(f"meshtrain FSDP 2 / meshtrain DDP 2: {ratio(lambda r: r[0] / r[1]):.2f}x tokens/s (target >= 0.90)")
-print(f"fingerprint check: {ratio(lambda r: (r[0] - r[2]) / r[0]) * 100:+.1f}% of a DDP 2 step (on by default while < 2%)")
+print(f"fingerprint check, end to end: {ratio(lambda r: (r[0] - r[2]) / r[0]) * 100:+.1f}% of a DDP 2 step "
+      "(the median over rounds of (DDP 2 - DDP 2 --no-verify) / DDP 2; this host's noise is larger)")
+per_step_ms = collectives * (checked_us - unchecked_us) / 1e3
+print(f"fingerprint check, measured apart: 4 KiB all_reduce {checked_us:.1f} us with it, {unchecked_us:.1f} us without: "
+      f"{checked_us - unchecked_us:+.1f} us x {collectives} collectives per DDP 2 step = {per_step_ms:.2f} ms, "
+      f"{per_step_ms / med(0) / 10:.2f}% of a {med(0) * 1e3:.0f} ms step (on by default while < 2%)")
 PY
