@@ -6,8 +6,9 @@
 // recomputes the scores block by block from the saved log-sum-exp.
 //
 // Two implementations of the same blocks:
-// - attention_blocked: any element type; operands widened to Acc<T>, block
-//   products through single-threaded BLAS inside the OpenMP tasks.
+// - attention_blocked: any element type; block products through
+//   single-threaded BLAS inside the OpenMP tasks, on Q, K, V and dO where
+//   they lie (f32, f64) or on copies widened to f32 (bf16).
 // - attention_bf16_dot: bf16 on CPUs with AVX512_BF16; operands stay bf16,
 //   block products through gemm_bf16_pairs with f32 accumulation, and P and
 //   dS are rounded to bf16 before their products, as FlashAttention does.
@@ -26,20 +27,32 @@ namespace {
 constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 512;
 
-// Copy one head's [T, D] rows of x (row stride `stride`) into packed scratch.
-template <typename T, typename A> void gather_head(const T* x, int64_t stride, int64_t t, int64_t d, A* dst) {
-  for (int64_t j = 0; j < t; ++j)
-    for (int64_t c = 0; c < d; ++c) dst[j * d + c] = load(x[j * stride + c]);
-}
-
-// Load `rows` query rows (row stride `stride`) scaled by sc into packed scratch.
-template <typename T, typename A> void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A sc, A* dst) {
+// Copy `rows` rows of x (row stride `stride`), d elements each, into packed scratch, widened.
+template <typename T, typename A> void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]) * sc;
+    for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]);
 }
 
-// The inverse: store `rows` x d accumulators, element (r, c) at
-// acc[r * row_step + c * col_step], times sc into rows of dst (row stride `stride`).
+// Rows of one head as the block products read them: x itself where T is
+// already the accumulation type A (a GEMM takes the row stride), else a
+// widened packed copy in scratch slot `slot`.
+template <typename A> struct HeadRows {
+  const A* data;
+  int64_t stride;
+  const A* row(int64_t r) const { return data + r * stride; }
+};
+template <typename A, typename T> HeadRows<A> head_rows(const T* x, int64_t stride, int64_t rows, int64_t d, int slot) {
+  if constexpr (std::is_same_v<T, A>) {
+    return {x, stride};
+  } else {
+    A* dst = scratch<A>(static_cast<size_t>(rows * d), slot);
+    gather_rows(x, stride, rows, d, dst);
+    return {dst, d};
+  }
+}
+
+// Store `rows` x d accumulators, element (r, c) at acc[r * row_step + c *
+// col_step], times sc into rows of dst (row stride `stride`).
 template <typename T, typename A>
 void scatter_rows(const A* acc, int64_t row_step, int64_t col_step, int64_t rows, int64_t d, A sc, T* dst,
                   int64_t stride) {
@@ -52,40 +65,42 @@ int64_t keys_in_block(int64_t i0, int64_t rows, int64_t j0) { return std::min(kK
 // Keys of that block visible to query i (causal: j <= i).
 int64_t visible_keys(int64_t i, int64_t j0, int64_t n) { return std::clamp<int64_t>(i - j0 + 1, 0, n); }
 
+// Scores are unscaled in the products: the scale is applied where the
+// softmax reads them, and dS carries it into dQ and dK.
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
-               int64_t d, double scale) {
+[[MESHTRAIN_AVX512_CLONES]] void attention_blocked(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b,
+                                                   int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
   using A = Acc<T>;
   const int64_t group = hq / hkv;
   const auto neg_inf = -std::numeric_limits<A>::infinity();
+  const auto sc = static_cast<A>(scale);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < hq; ++h) {
-      const int64_t hk = h / group;
-      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
-      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
-      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 2);
+      const int64_t kv_offset = (bi * t * hkv + h / group) * d;
+      const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
+      const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
       A* o = scratch<A>(static_cast<size_t>(kQueryBlock * d), 3);
       A* s = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 4);
       A row_max[kQueryBlock], row_total[kQueryBlock];
-      gather_head(k + (bi * t * hkv + hk) * d, hkv * d, t, d, ks);
-      gather_head(v + (bi * t * hkv + hk) * d, hkv * d, t, d, vs);
       for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
         const int64_t rows = std::min(kQueryBlock, t - i0);
-        gather_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, static_cast<A>(scale), qs);
+        const HeadRows<A> qs = head_rows<A>(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, 2);
         std::fill(o, o + rows * d, A(0));
         std::fill(row_max, row_max + rows, neg_inf);
         std::fill(row_total, row_total + rows, A(0));
         for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
           const int64_t n = keys_in_block(i0, rows, j0);
-          gemm(false, true, rows, n, d, qs, ks + j0 * d, s, false);  // S = Qs K^T
-          for (int64_t r = 0; r < rows; ++r) {
+          gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, s, n, false);  // S = Q K^T
+          for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (unnormalized), in place
             A* sr = s + r * n;
             const int64_t visible = visible_keys(i0 + r, j0, n);
             if (visible == 0) {
               std::fill(sr, sr + n, A(0));
               continue;
             }
+#pragma omp simd
+            for (int64_t jj = 0; jj < visible; ++jj) sr[jj] *= sc;
             const A block_max = max_of(sr, visible, row_max[r]);
             const A correction = exp_of(row_max[r] - block_max);
             A block_total = 0;
@@ -96,7 +111,7 @@ template <typename T>
             row_max[r] = block_max;
             for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
           }
-          gemm(false, false, rows, d, n, s, vs + j0 * d, o, true);  // O += P V
+          gemm(false, false, rows, d, n, s, n, vs.row(j0), vs.stride, o, d, true);  // O += P V
         }
         for (int64_t r = 0; r < rows; ++r) {
           T* dst = out + ((bi * t + i0 + r) * hq + h) * d;
@@ -109,66 +124,68 @@ template <typename T>
 }
 
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
-                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+[[MESHTRAIN_AVX512_CLONES]] void attention_backward_blocked(const T* q, const T* k, const T* v, const T* out,
+                                                            const Acc<T>* lse, const T* dout, T* dq, T* dk, T* dv,
+                                                            int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d,
+                                                            double scale) {
   using A = Acc<T>;
   const int64_t group = hq / hkv;
+  const auto sc = static_cast<A>(scale);
   // One task per (batch, key/value head): it owns those dK, dV rows and the
   // dQ rows of its query heads, so tasks never write the same memory.
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t hk = 0; hk < hkv; ++hk) {
       const int64_t kv_offset = (bi * t * hkv + hk) * d;
-      A* ks = scratch<A>(static_cast<size_t>(t * d), 0);
-      A* vs = scratch<A>(static_cast<size_t>(t * d), 1);
+      const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
+      const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
       A* dk_acc = scratch<A>(static_cast<size_t>(t * d), 2);
       A* dv_acc = scratch<A>(static_cast<size_t>(t * d), 3);
-      A* qs = scratch<A>(static_cast<size_t>(kQueryBlock * d), 4);      // the block's queries, scaled
-      A* dos = scratch<A>(static_cast<size_t>(kQueryBlock * d), 5);     // the block's dO
-      A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ / scale
+      A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ
       A* p = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 7);
       A* ds = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 8);
       A row_lse[kQueryBlock], row_delta[kQueryBlock];
-      gather_head(k + kv_offset, hkv * d, t, d, ks);
-      gather_head(v + kv_offset, hkv * d, t, d, vs);
       std::fill(dk_acc, dk_acc + t * d, A(0));
       std::fill(dv_acc, dv_acc + t * d, A(0));
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
         for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
           const int64_t rows = std::min(kQueryBlock, t - i0);
           const int64_t first_row = (bi * t + i0) * hq + h;
-          gather_rows(q + first_row * d, hq * d, rows, d, static_cast<A>(scale), qs);
-          gather_rows(dout + first_row * d, hq * d, rows, d, A(1), dos);
+          const HeadRows<A> qs = head_rows<A>(q + first_row * d, hq * d, rows, d, 4);
+          const HeadRows<A> dos = head_rows<A>(dout + first_row * d, hq * d, rows, d, 5);
           for (int64_t r = 0; r < rows; ++r) {
             const T* o_row = out + (first_row + r * hq) * d;
+            const A* do_row = dos.row(r);
             A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
 #pragma omp simd reduction(+ : delta)
-            for (int64_t c = 0; c < d; ++c) delta += dos[r * d + c] * load(o_row[c]);
+            for (int64_t c = 0; c < d; ++c) delta += do_row[c] * load(o_row[c]);
             row_delta[r] = delta;
             row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
           }
           std::fill(dq_acc, dq_acc + rows * d, A(0));
           for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
             const int64_t n = keys_in_block(i0, rows, j0);
-            gemm(false, true, rows, n, d, qs, ks + j0 * d, p, false);   // S = Qs K^T
-            gemm(false, true, rows, n, d, dos, vs + j0 * d, ds, false);  // dP = dO V^T
-            // P = exp(S - lse) and dS = P * (dP - delta), zero where masked.
+            gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, p, n, false);     // S = Q K^T
+            gemm(false, true, rows, n, d, dos.data, dos.stride, vs.row(j0), vs.stride, ds, n, false);  // dP = dO V^T
+            // P = exp(S scale - lse) and dS = scale P (dP - delta), zero where masked.
             for (int64_t r = 0; r < rows; ++r) {
-              A* pr = p + r * n;
-              A* dsr = ds + r * n;
+              A* __restrict pr = p + r * n;
+              A* __restrict dsr = ds + r * n;
               const int64_t visible = visible_keys(i0 + r, j0, n);
+              const A lse_r = row_lse[r], delta_r = row_delta[r];
+#pragma omp simd
               for (int64_t jj = 0; jj < visible; ++jj) {
-                pr[jj] = exp_of(pr[jj] - row_lse[r]);
-                dsr[jj] = pr[jj] * (dsr[jj] - row_delta[r]);
+                pr[jj] = exp_of(pr[jj] * sc - lse_r);
+                dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
               }
               std::fill(pr + visible, pr + n, A(0));
               std::fill(dsr + visible, dsr + n, A(0));
             }
-            gemm(true, false, n, d, rows, p, dos, dv_acc + j0 * d, true);   // dV += P^T dO
-            gemm(true, false, n, d, rows, ds, qs, dk_acc + j0 * d, true);   // dK += dS^T Qs (Qs carries the scale)
-            gemm(false, false, rows, d, n, ds, ks + j0 * d, dq_acc, true);  // dQ += dS K
+            gemm(true, false, n, d, rows, p, n, dos.data, dos.stride, dv_acc + j0 * d, d, true);  // dV += P^T dO
+            gemm(true, false, n, d, rows, ds, n, qs.data, qs.stride, dk_acc + j0 * d, d, true);   // dK += dS^T Q
+            gemm(false, false, rows, d, n, ds, n, ks.row(j0), ks.stride, dq_acc, d, true);        // dQ += dS K
           }
-          scatter_rows(dq_acc, d, 1, rows, d, static_cast<A>(scale), dq + first_row * d, hq * d);
+          scatter_rows(dq_acc, d, 1, rows, d, A(1), dq + first_row * d, hq * d);
         }
       scatter_rows(dk_acc, d, 1, t, d, A(1), dk + kv_offset, hkv * d);
       scatter_rows(dv_acc, d, 1, t, d, A(1), dv + kv_offset, hkv * d);

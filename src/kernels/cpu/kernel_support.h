@@ -26,20 +26,28 @@ namespace meshtrain::kernels::cpu {
 // enough to pay for it.
 constexpr int64_t kParallelElements = 1 << 14;
 
-// C (m x n) = or += op(A) op(B), row-major, contiguous. f32 runs on oneDNN's
-// sgemm, which JITs for the CPU it finds (AVX-512 where there is one):
-// Debian's OpenBLAS 0.3.21 takes a CPU it does not know (AMD Zen 5) for a
-// Haswell and runs AVX2 kernels at half the speed (bench/gemm_peak). Inside
-// a parallel region oneDNN runs on the calling thread only.
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, bool acc) {
-  const dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n,
-                                          acc ? 1.0f : 0.0f, c, n);
+// C (m x n) = or += op(A) op(B), row-major, rows lda, ldb and ldc elements
+// apart. f32 runs on oneDNN's sgemm, which JITs for the CPU it finds
+// (AVX-512 where there is one): Debian's OpenBLAS 0.3.21 takes a CPU it does
+// not know (AMD Zen 5) for a Haswell and runs AVX2 kernels at half the speed
+// (bench/gemm_peak). Inside a parallel region oneDNN runs on the calling
+// thread only.
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool acc) {
+  const dnnl_status_t status =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, acc ? 1.0f : 0.0f, c, ldc);
   if (status != dnnl_success) throw_gemm_failure(status, m, n, k);
 }
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c, bool acc) {
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
+                 int64_t ldb, double* c, int64_t ldc, bool acc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? m : k), b,
-              static_cast<int>(tb ? k : n), acc ? 1.0 : 0.0, c, static_cast<int>(n));
+              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+              acc ? 1.0 : 0.0, c, static_cast<int>(ldc));
+}
+// The same on contiguous operands.
+template <typename A>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, const A* b, A* c, bool acc) {
+  gemm(ta, tb, m, n, k, a, ta ? m : k, b, tb ? k : n, c, n, acc);
 }
 
 // exp for float, branch-free so that loops over it vectorize: Cephes' expf
