@@ -31,6 +31,9 @@ std::string train_help() {
       "value's local shape and layout, every collective's group, mesh dims, bytes); a {{rank}} in FILE is\n"
       "replaced by the rank, and without one only rank 0 writes. --no-verify skips the fingerprint the ranks\n"
       "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost).\n"
+      "--trace FILE writes the last step's measured timeline as a Chrome trace (Perfetto, chrome://tracing):\n"
+      "per rank a compute track, every kernel, collective start and wait, and a communication track, each\n"
+      "collective from its start to the end of its wait; each rank's times from its own start of the step.\n"
       "Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
@@ -188,7 +191,7 @@ int run_lower(const std::vector<std::string>& args) {
 }
 
 int run_train(const std::vector<std::string>& args) {
-  const CommandArgs a = parse_args("train", args, {"profile", "no-verify"}, {"dump-graph"});
+  const CommandArgs a = parse_args("train", args, {"profile", "no-verify"}, {"dump-graph", "trace"});
   if (a.help) {
     fmt::print("{}", train_help());
     return 0;
@@ -230,9 +233,14 @@ int run_train(const std::vector<std::string>& args) {
   const bool several = trainer.num_ranks() > 1;
   // Collectives: every rank gathers the reports, rank 0 prints them.
   const std::vector<train::RankReport> held = several ? trainer.rank_reports() : std::vector<train::RankReport>{};
+  const auto trace_path = a.options.find("trace");
+  trainer.set_tracing(trace_path != a.options.end());
+  if (trace_path != a.options.end() && trainer.rank() == 0)
+    write_text(trace_path->second, "");  // a path that cannot be written fails now, not after training
   if (!printer) {
     trainer.run(nullptr);
     trainer.rank_reports();
+    if (trace_path != a.options.end()) trainer.trace();  // gathered to rank 0
     return 0;
   }
   fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
@@ -257,6 +265,11 @@ int run_train(const std::vector<std::string>& args) {
              several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
              static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
   if (several) print_did(trainer.rank_reports(), trainer);
+  if (trace_path != a.options.end()) {
+    write_text(trace_path->second, trainer.trace());
+    fmt::print("trace of step {}: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", c.training.steps,
+               trace_path->second);
+  }
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
   if (profile) print_profile(trainer.profile());
   return 0;

@@ -35,6 +35,14 @@ struct Update {
   ValueId to;
 };
 
+// When one node of a schedule ran (measured by an executor), in
+// microseconds from a common origin.
+struct NodeSpan {
+  NodeId node;
+  double begin_us = 0;
+  double end_us = 0;
+};
+
 struct Schedule {
   std::vector<NodeId> steps;     // the nodes to run, in order
   std::vector<ValueId> fetches;  // values readable after a run; their storage is never reused

@@ -113,15 +113,25 @@ void Executor::prepare_run() {
 }
 
 void Executor::run() {
+  using Clock = std::chrono::steady_clock;
   if (!run_ready_) prepare_run();
   if (profiling_) {
     node_seconds_.resize(schedule_.steps.size(), 0.0);
     ++profiled_runs_;
   }
+  const bool timing = profiling_ || tracing_;
+  const auto run_begin = Clock::now();
+  const auto us_since_begin = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t - run_begin).count();
+  };
+  if (tracing_) {
+    trace_.clear();
+    trace_.reserve(schedule_.steps.size());
+  }
   for (size_t step = 0; step < schedule_.steps.size(); ++step) {
     const auto& collective = step_collectives_[step];
     if (step_kernels_[step] == nullptr && !collective && started_by_[step] < 0) continue;  // a view: aliased
-    const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const auto t0 = timing ? Clock::now() : Clock::time_point{};
     if (collective) {
       const kernels::cpu::KernelArgs& a = kernel_args_[step];
       in_flight_[step] = sharding::start_step(*a.in[0], *a.out[0], a.out.size() > 1 ? *a.out[1] : *a.out[0],
@@ -132,8 +142,11 @@ void Executor::run() {
     } else {
       (*step_kernels_[step])(kernel_args_[step]);
     }
-    if (profiling_)
-      node_seconds_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (timing) {
+      const auto t1 = Clock::now();
+      if (profiling_) node_seconds_[step] += std::chrono::duration<double>(t1 - t0).count();
+      if (tracing_) trace_.push_back({schedule_.steps[step], us_since_begin(t0), us_since_begin(t1)});
+    }
   }
   for (const Copy& c : update_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
 }

@@ -53,6 +53,13 @@ class Executor {
   void set_profiling(bool on) { profiling_ = on; }
   std::vector<OpTime> profile() const;  // slowest op first
 
+  // The timeline of the last run made while tracing is on: every step that
+  // ran (views excluded), in order, from the steady clock (microseconds
+  // since the run began). A collective's start and its wait are steps of
+  // their own: the collective is in flight from the one to the other.
+  void set_tracing(bool on) { tracing_ = on; }
+  const std::vector<graph::NodeSpan>& trace() const { return trace_; }
+
  private:
   Tensor tensor_of(graph::ValueId value) const;
   bool is_fetched(graph::ValueId value) const;
@@ -81,6 +88,8 @@ class Executor {
   };
   std::vector<Copy> update_copies_;
   bool profiling_ = false;
+  bool tracing_ = false;
+  std::vector<graph::NodeSpan> trace_;
   std::vector<double> node_seconds_;  // per step, while profiling
   int64_t profiled_runs_ = 0;
   // The arena: one block of raw bytes from the default allocator.

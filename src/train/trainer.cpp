@@ -18,6 +18,7 @@
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
 #include "sched/schedule.h"
+#include "sched/trace.h"
 #include "train/safetensors.h"
 
 namespace meshtrain::train {
@@ -245,6 +246,7 @@ StepMetrics Trainer::step() {
   step_.data<int64_t>()[0] = m.step;
   for (auto& part : parts_) {
     part->executor->set_profiling(profiling_ && m.step > 1);
+    part->executor->set_tracing(tracing_ && m.step == config_.training.steps);
     part->executor->run();
   }
   const ModelPart& last = loss_part();
@@ -261,6 +263,31 @@ double Trainer::flops_per_step() const {
   double total = 0;
   for (const auto& part : parts_) total += part->executor->flops();
   return total;
+}
+
+std::string Trainer::trace() {
+  const ModelPart& part = loss_part();  // the only part today
+  const std::string mine = sched::chrome_trace_events(part.running(), part.executor->trace(), rank());
+  if (!world_) return sched::chrome_trace({mine});
+  // Every rank's events: their lengths, then the text in 4-byte words.
+  Tensor length = Tensor::empty({1}, DType::i64), lengths = Tensor::empty({world_->size()}, DType::i64);
+  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
+  world_->all_gather(length, lengths)->wait();
+  std::vector<int64_t> words;
+  for (int64_t n : lengths.data<int64_t>()) words.push_back((n + 3) / 4);
+  int64_t total = 0;
+  for (int64_t w : words) total += w;
+  Tensor text = Tensor::zeros({words[static_cast<size_t>(rank())]}, DType::i32);
+  std::memcpy(text.raw(), mine.data(), mine.size());
+  Tensor all = Tensor::empty({total}, DType::i32);
+  world_->all_gather(text, all, words)->wait();
+  std::vector<std::string> events;
+  const char* at = static_cast<const char*>(all.raw());
+  for (int r = 0; r < world_->size(); ++r) {
+    events.emplace_back(at, static_cast<size_t>(lengths.data<int64_t>()[static_cast<size_t>(r)]));
+    at += words[static_cast<size_t>(r)] * 4;
+  }
+  return sched::chrome_trace(events);
 }
 
 std::vector<runtime::Executor::OpTime> Trainer::profile() const {

@@ -106,6 +106,12 @@ class Trainer {
   double flops_per_step() const;
   // Time every op of the steps after the first (the first warms caches); see profile().
   void set_profiling(bool on) { profiling_ = on; }
+  // Record the timeline of the last step (see trace()).
+  void set_tracing(bool on) { tracing_ = on; }
+  // The last step's timeline as a Chrome trace document (Perfetto,
+  // chrome://tracing), every rank's, each from its own start of the step.
+  // Under mpirun every rank calls it (it gathers); set_tracing(true) first.
+  std::string trace();
   std::vector<runtime::Executor::OpTime> profile() const;  // every part's, slowest op first
 
  private:
@@ -142,6 +148,7 @@ class Trainer {
   graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
   int64_t steps_done_ = 0;
   bool profiling_ = false;
+  bool tracing_ = false;
 };
 
 }  // namespace meshtrain::train

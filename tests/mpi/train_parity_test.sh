@@ -143,7 +143,8 @@ rc=$?
   || { echo "$out"; fail "the batch error is not printed exactly once"; }
 # What each rank runs is what `meshtrain lower` prints for it without running anything.
 timeout 120 $mpirun -np 4 "$meshtrain" train "${model[@]}" --parallel.tp 2 --training.steps 1 --metrics.file "" \
-  --checkpoint.folder "" --dump-graph "$dir/dump{rank}.txt" > "$dir/dump.out" 2>&1 || { cat "$dir/dump.out"; fail "--dump-graph run"; }
+  --checkpoint.folder "" --dump-graph "$dir/dump{rank}.txt" --trace "$dir/trace.json" > "$dir/dump.out" 2>&1 \
+  || { cat "$dir/dump.out"; fail "--dump-graph run"; }
 for r in 0 1 2 3; do
   [ -s "$dir/dump$r.txt" ] || fail "rank $r wrote no --dump-graph file"
   "$meshtrain" lower --ranks 4 --rank $r "${model[@]}" --parallel.tp 2 | grep -v '^#' > "$dir/lower$r.txt"
@@ -151,6 +152,19 @@ for r in 0 1 2 3; do
 done
 cmp -s "$dir/dump0.txt" "$dir/dump1.txt" && fail "ranks 0 and 1 dumped the same graph (rank 1's groups differ)"
 echo "dump-graph: each of 4 ranks runs the graph meshtrain lower prints for it ($(grep -c '' "$dir/dump1.txt") lines)"
+# --trace: one document with every rank's step, each collective of rank r's graph on its communication track.
+waits=$(for r in 0 1 2 3; do grep -c ' = wait(' "$dir/dump$r.txt"; done | tr '\n' ' ')
+python3 - "$dir/trace.json" $waits <<'PY' || fail "--trace"
+import collections, json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+for rank, waits in enumerate(map(int, sys.argv[2:])):
+    mine = [e for e in events if e["pid"] == rank]
+    phases = collections.Counter(e["ph"] for e in mine)
+    assert phases["b"] == phases["e"] == waits, (rank, phases, waits)
+    assert phases["X"] > waits, (rank, phases)
+    assert all(e["dur"] >= 0 for e in mine if e["ph"] == "X")
+print(f"trace: 4 ranks, {len(events)} events, every collective from its start to its wait")
+PY
 bad() {  # NP MESSAGE ARGS...: one message, every rank exits non-zero, no hang
   local np=$1 message=$2
   shift 2

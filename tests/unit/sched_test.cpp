@@ -5,6 +5,9 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "graph/op_registry.h"
@@ -14,6 +17,7 @@
 #include "sched/passes/dead_code.h"
 #include "sched/passes/sink_waits.h"
 #include "sched/schedule.h"
+#include "sched/trace.h"
 #include "test_util.h"
 #include "train/train_step.h"
 
@@ -149,6 +153,66 @@ TEST(MemoryPlan, AdamwUpdatesItsStateInPlaceWhereNothingReadsItAfter) {
       EXPECT_NE(want.get(0), fresh[static_cast<size_t>(k == 0 ? 0 : k + 1)].get(0));  // it did change
     }
   }
+}
+
+// The trace of a step: every node that ran on the compute track at its
+// time, and each collective on the communication track from its start to
+// the end of its wait; the ranks' events merge into one document.
+TEST(Trace, ComputeAndCommunicationTracksFromTheSpans) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {4}, DType::f32);
+  const ValueId y = b.silu(x);
+  const ValueId r = all_reduce_now(g, y, 0);
+  g.add_output(b.add(r, y));
+  std::vector<NodeSpan> spans;
+  double t = 0;
+  for (NodeId n : g.order()) {  // silu 0-10, all_reduce 10-20, wait 20-30, add 30-40
+    spans.push_back({n, t, t + 10});
+    t += 10;
+  }
+  const nlohmann::json rank1 = nlohmann::json::parse(sched::chrome_trace_events(g, spans, 1));
+  std::vector<std::string> compute;
+  for (const auto& e : rank1)
+    if (e["ph"] == "X") {
+      EXPECT_EQ(e["pid"], 1);
+      compute.push_back(fmt::format("{}@{}+{}", e["name"].get<std::string>(), e["ts"].get<double>(), e["dur"].get<double>()));
+    }
+  EXPECT_EQ(compute, (std::vector<std::string>{"silu@0+10", "all_reduce@10+10", "wait@20+10", "add@30+10"}));
+  std::vector<std::string> communication;
+  for (const auto& e : rank1)
+    if (e["ph"] == "b" || e["ph"] == "e")
+      communication.push_back(fmt::format("{}{}@{}", e["ph"].get<std::string>(), e["name"].get<std::string>(), e["ts"].get<double>()));
+  EXPECT_EQ(communication, (std::vector<std::string>{"ball_reduce@10", "eall_reduce@30"}));  // in flight until its wait ended
+  const nlohmann::json doc = nlohmann::json::parse(sched::chrome_trace({sched::chrome_trace_events(g, spans, 0),
+                                                                         sched::chrome_trace_events(g, spans, 1)}));
+  EXPECT_EQ(doc["traceEvents"].size(), 2 * rank1.size());
+  EXPECT_TRUE(contains(message_of([&] { sched::chrome_trace_events(g, {{NodeId(99), 0, 1}}, 0); }), "node 99 is not in the graph"));
+}
+
+// An executor tracing its run records every step that ran, views left out,
+// in order and inside the run.
+TEST(Trace, ExecutorRecordsEveryStepThatRan) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {2, 3}, DType::f32);
+  const ValueId y = b.reshape(b.silu(x), {3, 2});
+  g.add_output(b.scale(y, 2.0));
+  runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
+  ex.bind(x, Tensor::zeros({2, 3}, DType::f32));
+  ex.run();
+  EXPECT_TRUE(ex.trace().empty());  // only while tracing is on
+  ex.set_tracing(true);
+  ex.run();
+  std::vector<std::string> ops;
+  double last_end = 0;
+  for (const NodeSpan& s : ex.trace()) {
+    ops.push_back(g.node(s.node).op->name);
+    EXPECT_LE(last_end, s.begin_us);
+    EXPECT_LE(s.begin_us, s.end_us);
+    last_end = s.end_us;
+  }
+  EXPECT_EQ(ops, (std::vector<std::string>{"silu", "scale"}));
 }
 
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
