@@ -17,6 +17,7 @@
 #include "sched/passes/dead_code.h"
 #include "sched/passes/sink_waits.h"
 #include "sched/schedule.h"
+#include "sched/estimate.h"
 #include "sched/trace.h"
 #include "test_util.h"
 #include "train/train_step.h"
@@ -213,6 +214,50 @@ TEST(Trace, ExecutorRecordsEveryStepThatRan) {
     last_end = s.end_us;
   }
   EXPECT_EQ(ops, (std::vector<std::string>{"silu", "scale"}));
+}
+
+// The estimate of a step: a matmul's roofline by hand, and a collective in
+// flight on its group's stream while the compute stream runs on, its wait
+// holding the compute stream for what the matmul did not hide.
+TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
+  const ValueId y = b.silu(x);
+  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
+                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
+                    attr::comm_bytes(64.0 * 64 * 4)};
+  const NodeId start = g.add_node("all_reduce", {y}, attrs);
+  const ValueId z = b.matmul(x, x, false, false);
+  const NodeId wait = g.add_node("wait", g.node(start).outputs);
+  g.add_output(b.add(g.only_output(wait), z));
+  sched::DeviceProfile device{.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10, .compute_efficiency = 1,
+                              .memory_efficiency = 1};
+  device.comm.links = {{.latency_us = 1, .bandwidth_gbps = 1}};
+  device.comm.launch_us = 2;
+  const NodeId matmul = g.value(z).producer;
+  // 2 * 64^3 FLOPs at 100 GFLOP/s (5.24 us) outlast 3 * 16 KiB at 10 GB/s (4.92 us).
+  EXPECT_NEAR(sched::node_us(g, matmul, device), 2.0 * 64 * 64 * 64 / 100e3, 1e-9);
+  // all_reduce of 16 KiB over 2 ranks: launch 2 + 2 hops x 1 us + 16 KiB x 2 (n-1)/n at 1 GiB/s.
+  const double reduce_us = 2 + 2 + 16384.0 / (1 << 30) * 1e6;
+  EXPECT_NEAR(sched::node_us(g, start, device), reduce_us, 1e-9);
+  const sched::StepEstimate e = sched::estimate_step(g, sched::make_schedule(g, g.outputs()), device);
+  const double silu_us = sched::node_us(g, g.value(y).producer, device);
+  const double add_us = sched::node_us(g, g.value(g.outputs()[0]).producer, device);
+  const double matmul_us = sched::node_us(g, matmul, device);
+  EXPECT_NEAR(e.exposed_us, reduce_us - matmul_us, 1e-9);
+  EXPECT_NEAR(e.step_us, silu_us + reduce_us + add_us, 1e-9);
+  EXPECT_NEAR(e.compute_us, silu_us + matmul_us + add_us, 1e-9);
+  EXPECT_NEAR(e.communication_us, reduce_us, 1e-9);
+  ASSERT_EQ(e.timeline.size(), 5u);
+  EXPECT_EQ(e.timeline[3].node, wait);
+  EXPECT_NEAR(e.timeline[3].end_us, silu_us + reduce_us, 1e-9);
+  // The estimated timeline draws like a measured one.
+  const nlohmann::json events = nlohmann::json::parse(sched::chrome_trace_events(g, e.timeline, 0));
+  EXPECT_EQ(std::count_if(events.begin(), events.end(), [](const auto& ev) { return ev["ph"] == "b"; }), 1);
+  device.comm.links.clear();
+  EXPECT_TRUE(contains(message_of([&] { sched::estimate_step(g, sched::make_schedule(g, g.outputs()), device); }),
+                       "the device profile's cost model has links for 0 dims"));
 }
 
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
