@@ -214,11 +214,13 @@ int run_train(const std::vector<std::string>& args) {
   }
   comm::ProcessGroupPtr world;
   int threads = 0;
+  bool background_progress = true;
   if (launched.size > 1) {
     threads = train::set_threads_per_rank(launched.local_size);
+    background_progress = train::spare_core_for_progress(threads, launched.local_size);
     comm::GroupOptions options;
     options.verify = a.flags.count("no-verify") == 0;
-    options.background_progress = train::spare_core_for_progress(threads, launched.local_size);
+    options.background_progress = background_progress;
     world = comm::create_mpi_world(options);
   }
   train::Trainer trainer(std::move(config), world);
@@ -252,9 +254,7 @@ int run_train(const std::vector<std::string>& args) {
              dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9, several ? " on rank 0" : "");
   if (several) {
     fmt::print("layout: {}; {} kernel thread{} per rank{}\n", trainer.layout_summary(), threads, threads > 1 ? "s" : "",
-               train::spare_core_for_progress(threads, launched.local_size)
-                   ? ""
-                   : " (no core to spare: collectives advance where they start and are waited on)");
+               background_progress ? "" : " (no core to spare: collectives advance where they start and are waited on)");
     print_held(held, trainer);
   }
   std::fflush(stdout);

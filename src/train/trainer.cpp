@@ -73,15 +73,20 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   grad_norm_value_ = delivered.at(sg.grad_norm);
 }
 
-bool spare_core_for_progress(int threads, int local_ranks) {
-  const int cores = std::min(kernels::cpu::available_cores(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  return static_cast<int64_t>(threads) * std::max(1, local_ranks) < cores;
+namespace {
+// The cores one of `local_ranks` ranks on this host may use: its share of
+// the host's, and no more than its affinity mask allows.
+int cores_per_rank(int local_ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, std::min(kernels::cpu::available_cores(), cores / std::max(1, local_ranks)));
 }
+}  // namespace
+
+bool spare_core_for_progress(int threads, int local_ranks) { return threads < cores_per_rank(local_ranks); }
 
 int set_threads_per_rank(int local_ranks) {
   if (const char* set = std::getenv("OMP_NUM_THREADS"); set != nullptr && *set != '\0') return kernels::cpu::cpu_threads();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = std::max(1, std::min(kernels::cpu::available_cores(), cores / std::max(1, local_ranks)));
+  const int threads = cores_per_rank(local_ranks);
   kernels::cpu::set_cpu_threads(threads);
   return threads;
 }

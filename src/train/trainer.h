@@ -66,9 +66,10 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
 // up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x
 // slower). The user's OMP_NUM_THREADS wins when set. Returns the count.
 int set_threads_per_rank(int local_ranks);
-// Whether this host's cores exceed what its `local_ranks` ranks of
-// `threads` kernel threads each keep busy: a core to spare for background
-// communication progress (comm::GroupOptions::background_progress).
+// Whether a rank of `threads` kernel threads, one of `local_ranks` on this
+// host, has a core beyond them (of its share of the host's, within its
+// affinity mask) for background communication progress
+// (comm::GroupOptions::background_progress).
 bool spare_core_for_progress(int threads, int local_ranks);
 
 class Trainer {

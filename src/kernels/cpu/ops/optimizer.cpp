@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "graph/op_registry.h"
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {
@@ -15,10 +16,11 @@ void add_optimizer_kernels(const AddKernel& add) {
   add("adamw", [](const KernelArgs& a) {
     const int64_t step = static_cast<const int64_t*>(a.in[5]->raw())[0];
     MT_CHECK(step >= 1, "adamw: step must be >= 1 (bias correction), got {}", step);
-    // The graph is functional: the update goes into the outputs, which the
-    // memory plan may have put over the inputs themselves (OpDef::in_place).
-    constexpr std::pair<int, int> kUpdated[] = {{0, 0}, {1, 2}, {2, 3}};  // (output, input): param, m, v
-    for (auto [out, in] : kUpdated)
+    // The graph is functional: the update goes into the outputs (param, m,
+    // v), which the memory plan may have put over the inputs they update
+    // (the op's in_place pairs); the others start as copies of their inputs.
+    static const std::vector<graph::OpDef::InPlace>& updated = graph::find_op("adamw").in_place;
+    for (const auto [out, in] : updated)
       if (a.out[out]->raw() != a.in[in]->raw()) std::memcpy(a.out[out]->raw(), a.in[in]->raw(), a.in[in]->nbytes());
     const double lr = static_cast<const double*>(a.in[4]->raw())[0];
     auto run = [&](auto param_type, auto state_type) {
