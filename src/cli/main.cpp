@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_comm.h"
+#include "cli/estimate_command.h"
 #include "cli/layout_commands.h"
 #include "cli/train_command.h"
 #include "comm/fr_analyze.h"
@@ -65,6 +66,13 @@ int main(int argc, char** argv) {
   lower->prefix_command();
   lower->set_help_flag();
 
+  auto* estimate = app.add_subcommand(
+      "estimate", "Estimate a training step's memory, time, tokens/s and MFU for an N-rank job on a hardware profile "
+                  "without running it: meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--json] "
+                  "[--trace FILE]");
+  estimate->prefix_command();
+  estimate->set_help_flag();
+
   meshtrain::cli::LayoutCommand layout_cmd;
   auto* layout = app.add_subcommand(
       "layout", "Print every rank's mesh coordinate, local shape and global offset for a tensor layout");
@@ -109,6 +117,7 @@ int main(int argc, char** argv) {
     if (*layout) return meshtrain::cli::run_layout(layout_cmd);
     if (*train) return meshtrain::cli::run_train(train->remaining());
     if (*lower) return meshtrain::cli::run_lower(lower->remaining());
+    if (*estimate) return meshtrain::cli::run_estimate(estimate->remaining());
     if (*plan) return meshtrain::cli::run_plan(plan_cmd);
     if (*fr) {
       const auto report = meshtrain::comm::analyze_flight_records(fr_dir);

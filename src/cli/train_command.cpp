@@ -1,5 +1,7 @@
 #include "cli/train_command.h"
 
+#include "cli/command_args.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -48,14 +50,6 @@ std::string lower_help() {
 
 namespace {
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  MT_CHECK(f.good(), "cannot write '{}'", path);
-  f << text;
-  f.close();
-  MT_CHECK(f.good(), "writing '{}' failed", path);
-}
-
 void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
   double total = 0;
   for (const auto& t : ops) total += t.seconds;
@@ -69,59 +63,6 @@ void print_profile(const std::vector<runtime::Executor::OpTime>& ops) {
   for (const auto& t : ops)
     fmt::print("                     {:<22} {:>8} {:>10.1f} {:>6.1f}% {:>9.1f} {:>7.1f}\n", t.op, t.calls,
                t.seconds * 1e3, 100 * t.seconds / total, rate(t.flops, t.seconds), rate(t.bytes, t.seconds));
-}
-
-// The words after a command: --help, flags without a value, options with one
-// (--key value or --key=value), the rest config overrides.
-struct CommandArgs {
-  bool help = false;
-  std::set<std::string> flags;
-  std::map<std::string, std::string> options;  // --config and the command's own
-  std::vector<std::pair<std::string, std::string>> overrides;
-};
-
-CommandArgs parse_args(const std::string& command, const std::vector<std::string>& args,
-                       const std::set<std::string>& flags, const std::set<std::string>& options) {
-  CommandArgs out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      out.help = true;
-      continue;
-    }
-    MT_CHECK(a.rfind("--", 0) == 0, "{}: unexpected argument '{}'; options look like --config FILE or --section.key value",
-             command, a);
-    std::string key = a.substr(2), value;
-    if (flags.count(key)) {
-      out.flags.insert(key);
-      continue;
-    }
-    if (const auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else {
-      MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
-      value = args[++i];
-    }
-    if (key == "config" || options.count(key)) out.options[key] = value;
-    else out.overrides.emplace_back(key, value);
-  }
-  return out;
-}
-
-int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {
-  const auto it = a.options.find(key);
-  if (it == a.options.end()) return fallback;
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(it->second, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MT_CHECK(used == it->second.size() && !it->second.empty(), "{}: --{} wants an integer, got '{}'", command, key,
-           it->second);
-  return v;
 }
 
 }  // namespace

@@ -15,44 +15,32 @@ graph::ValueInfos infos(const graph::Graph& g, const std::vector<graph::ValueId>
   return out;
 }
 
-double collective_us(const graph::Node& node, const DeviceProfile& device) {
-  std::vector<int> dims;
-  for (int64_t d : node.attrs.get(graph::attr::mesh_dims)) {
-    MT_CHECK(d >= 0 && static_cast<size_t>(d) < device.comm.links.size(),
-             "estimate: a {} runs over mesh dim {}, but the device profile's cost model has links for {} dims",
-             node.op->name, d, device.comm.links.size());
-    dims.push_back(static_cast<int>(d));
-  }
-  const sharding::LinkParams link = device.comm.merged_link(dims);
-  const double bytes = node.attrs.get(graph::attr::comm_bytes);
-  const int n = static_cast<int>(node.attrs.get(graph::attr::group).size());
-  if (n <= 1) return 0;
-  const std::string& op = node.op->name;
-  if (op == "all_gather") return device.comm.all_gather_us(bytes, n, link);
-  if (op == "reduce_scatter") return device.comm.reduce_scatter_us(bytes, n, link);
-  if (op == "all_reduce") return device.comm.all_reduce_us(bytes, n, link);
-  if (op == "all_to_all") return device.comm.all_to_all_us(bytes, n, link);
-  MT_CHECK(false, "estimate: no cost rule for collective {}", op);
-  return 0;
+double collective_us(const graph::Node& node, const HardwareProfile& hardware) {
+  return hardware.collective_us(collective_kind(node.op->name), node.attrs.get(graph::attr::comm_bytes),
+                                node.attrs.get(graph::attr::group));
 }
 }  // namespace
 
-double node_us(const graph::Graph& g, graph::NodeId id, const DeviceProfile& device) {
+double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device) {
   const graph::Node& node = g.node(id);
   if (node.op->is_view) return 0;  // views and waits run nothing
+  const HardwareProfile& hw = device.hardware;
   const graph::ValueInfos in = infos(g, node.inputs), out = infos(g, node.outputs);
+  const double share = hw.rank_share(device.world_size);
   const double bytes = graph::op_bytes(*node.op, in, out, node.attrs);
-  const double memory_us = bytes / (device.memory_gbps * device.memory_efficiency) * 1e-3;
-  if (node.op->is_collective) return node.outputs.size() > 1 ? collective_us(node, device) : memory_us;
-  MT_CHECK(device.peak_gflops_f32 > 0 && device.memory_gbps > 0,
-           "estimate: device profile '{}' needs a positive f32 peak and memory bandwidth", device.name);
-  const bool bf16 = !out.empty() && out[0].dtype == DType::bf16 && device.peak_gflops_bf16 > 0;
-  const double peak = bf16 ? device.peak_gflops_bf16 : device.peak_gflops_f32;
+  const double memory_us = bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;
+  if (node.op->is_collective) return node.outputs.size() > 1 ? collective_us(node, hw) : memory_us;
+  MT_CHECK(hw.peak_gflops_f32 > 0 && hw.memory_gbps > 0,
+           "estimate: hardware profile '{}' needs a positive f32 peak and memory bandwidth", hw.name);
+  const bool bf16 = !out.empty() && out[0].dtype == DType::bf16 && hw.peak_gflops_bf16 > 0;
+  const double peak = (bf16 ? hw.peak_gflops_bf16 : hw.peak_gflops_f32) * share;
+  const auto own = hw.op_efficiency.find(node.op->name);
+  const double efficiency = own != hw.op_efficiency.end() ? own->second : hw.compute_efficiency;
   const double flops = graph::op_flops(*node.op, in, out, node.attrs);
-  return std::max(flops / (peak * device.compute_efficiency) * 1e-3, memory_us);
+  return std::max(flops / (peak * efficiency) * 1e-3, memory_us);
 }
 
-StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedule, const DeviceProfile& device) {
+StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedule, const RankDevice& device) {
   StepEstimate e;
   double now = 0;                                         // the compute stream
   std::map<std::vector<int64_t>, double> stream_free_at;  // per group of mesh dims: its FIFO stream

@@ -62,6 +62,21 @@ LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const De
       chunk.offset.push_back(0);
       continue;
     }
+    // Plain shards keep a contiguous range: chunk its start and length (a
+    // dim of millions must not become a vector of its indices per call).
+    const std::vector<int> sequence = layout.shard_sequence(static_cast<int>(d));
+    if (std::all_of(sequence.begin(), sequence.end(),
+                    [&](int m) { return layout.placements[static_cast<size_t>(m)].kind == Placement::Kind::shard; })) {
+      int64_t start = 0, length = global_shape[d];
+      for (int m : sequence) {
+        const auto sizes = torch_chunk_sizes(length, mesh.size(m));
+        start += comm::displacements(sizes)[static_cast<size_t>(coord[static_cast<size_t>(m)])];
+        length = sizes[static_cast<size_t>(coord[static_cast<size_t>(m)])];
+      }
+      extents.push_back(length);
+      chunk.offset.push_back(length == 0 ? global_shape[d] : start);
+      continue;
+    }
     const auto idx = shard_indices(global_shape[d], layout, static_cast<int>(d), mesh, coord);
     extents.push_back(static_cast<int64_t>(idx.size()));
     chunk.offset.push_back(idx.empty() ? global_shape[d] : idx[0]);

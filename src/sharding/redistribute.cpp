@@ -104,6 +104,13 @@ bool blocks_in_place(const Shape& shape, int d, const std::vector<std::vector<in
   return true;
 }
 
+// blocks_in_place of the members' rows split by `p`, without listing them
+// where p is a plain shard (its members' rows are runs in member order).
+bool split_in_place(const StepContext& c, const Shape& shape, int d, const Placement& p) {
+  if (p.kind == Placement::Kind::shard) return around(shape, d, 1).outer == 1;
+  return blocks_in_place(shape, d, rows_by_member(c, shape[d], p));
+}
+
 // Blocks j = rows[j] of `cur` along dim d, one after another into `dst`.
 void pack_blocks(const Tensor& cur, const Shape& shape, int d, size_t elem,
                  const std::vector<std::vector<int64_t>>& rows, std::byte* dst) {
@@ -213,12 +220,12 @@ StepBuffers step_buffers(const Shape& global_shape, const PlanStep& step, const 
   switch (*step.collective) {
     case comm::OpType::all_gather: {
       const int d = step.from.dim;
-      const bool in_place = blocks_in_place(c.after_shape, d, rows_by_member(c, c.after_shape[d], step.from));
+      const bool in_place = split_in_place(c, c.after_shape, d, step.from);
       return {in_place ? 0 : c.after_shape.numel(), true};
     }
     case comm::OpType::reduce_scatter: {
       const int d = step.to.dim;
-      const bool in_place = blocks_in_place(c.before_shape, d, rows_by_member(c, c.before_shape[d], step.to));
+      const bool in_place = split_in_place(c, c.before_shape, d, step.to);
       return {in_place ? 0 : c.before_shape.numel(), in_place};
     }
     case comm::OpType::all_to_all: return {c.before_shape.numel() + c.after_shape.numel(), false};

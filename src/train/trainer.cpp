@@ -50,13 +50,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   const graph::Graph& run_graph = part.running();
   tokens_ = Tensor::empty(run_graph.value(part.run_value(sg.model.tokens)).info.shape, DType::i64);
   targets_ = Tensor::empty(run_graph.value(part.run_value(sg.model.targets)).info.shape, DType::i64);
-  // A global output's value in the graph that runs: the output at the same place.
-  std::map<graph::ValueId, graph::ValueId> delivered;
-  for (size_t k = 0; k < part.graph.outputs().size(); ++k) delivered[part.graph.outputs()[k]] = run_graph.outputs()[k];
-  std::vector<graph::Update> updates;  // parameters and moments, updated in place where the plan can
-  for (const auto& [from, to] : sg.write_backs) updates.push_back({delivered.at(from), part.run_value(to)});
   auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
-                   run_graph, sched::make_schedule(run_graph, run_graph.outputs(), std::move(updates)), groups_.get()));
+                   run_graph, schedule_step(part.graph, sg, run_graph, part.lowered.values), groups_.get()));
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
     ex.bind(part.run_value(v), p);
@@ -69,8 +64,23 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   ex.bind(part.run_value(sg.lr), lr_);
   ex.bind(part.run_value(sg.step), step_);
   // The loss and the gradient norm as the graph that runs delivers them.
+  const auto delivered = delivered_outputs(part.graph, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
+}
+
+std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running) {
+  std::map<graph::ValueId, graph::ValueId> delivered;
+  for (size_t k = 0; k < global.outputs().size(); ++k) delivered[global.outputs()[k]] = running.outputs()[k];
+  return delivered;
+}
+
+graph::Schedule schedule_step(const graph::Graph& global, const TrainStepGraph& step, const graph::Graph& running,
+                              const std::map<graph::ValueId, graph::ValueId>& values) {
+  const auto delivered = delivered_outputs(global, running);
+  std::vector<graph::Update> updates;  // parameters and moments, updated in place where the plan can
+  for (const auto& [from, to] : step.write_backs) updates.push_back({delivered.at(from), values.at(to)});
+  return sched::make_schedule(running, running.outputs(), std::move(updates));
 }
 
 namespace {

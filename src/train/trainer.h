@@ -61,6 +61,16 @@ struct StepLayout {
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank);
 
+// A global output's value in the graph that runs (the lowered graph, or
+// the global one on one rank): the output at the same place.
+std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running);
+// The schedule a rank runs: `running` (the lowered step, or the global one;
+// `values` maps each global value to its value there) with every output
+// fetched and the parameters and moments updated in place where the memory
+// plan can.
+graph::Schedule schedule_step(const graph::Graph& global, const TrainStepGraph& step, const graph::Graph& running,
+                              const std::map<graph::ValueId, graph::ValueId>& values);
+
 // Under a launcher with `local_ranks` ranks on this host: the threads each
 // rank's kernels use, so the ranks share the cores instead of each spinning
 // up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x

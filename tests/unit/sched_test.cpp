@@ -231,15 +231,17 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
   const ValueId z = b.matmul(x, x, false, false);
   const NodeId wait = g.add_node("wait", g.node(start).outputs);
   g.add_output(b.add(g.only_output(wait), z));
-  sched::DeviceProfile device{.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10, .compute_efficiency = 1,
-                              .memory_efficiency = 1};
-  device.comm.links = {{.latency_us = 1, .bandwidth_gbps = 1}};
-  device.comm.launch_us = 2;
+  sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
+                                        .compute_efficiency = 1, .memory_efficiency = 1},
+                           .world_size = 2};
+  device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
+  const auto all_reduce_over_2 = std::pair{sched::CollectiveKind::all_reduce, 2};
+  device.hardware.measured.tables[all_reduce_over_2] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
   const NodeId matmul = g.value(z).producer;
   // 2 * 64^3 FLOPs at 100 GFLOP/s (5.24 us) outlast 3 * 16 KiB at 10 GB/s (4.92 us).
   EXPECT_NEAR(sched::node_us(g, matmul, device), 2.0 * 64 * 64 * 64 / 100e3, 1e-9);
-  // all_reduce of 16 KiB over 2 ranks: launch 2 + 2 hops x 1 us + 16 KiB x 2 (n-1)/n at 1 GiB/s.
-  const double reduce_us = 2 + 2 + 16384.0 / (1 << 30) * 1e6;
+  // all_reduce of 16 KiB over 2 ranks, on the measured line from 4 us at 0 B to 1028 us at 1 MiB.
+  const double reduce_us = 4 + 16;
   EXPECT_NEAR(sched::node_us(g, start, device), reduce_us, 1e-9);
   const sched::StepEstimate e = sched::estimate_step(g, sched::make_schedule(g, g.outputs()), device);
   const double silu_us = sched::node_us(g, g.value(y).producer, device);
@@ -255,9 +257,10 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
   // The estimated timeline draws like a measured one.
   const nlohmann::json events = nlohmann::json::parse(sched::chrome_trace_events(g, e.timeline, 0));
   EXPECT_EQ(std::count_if(events.begin(), events.end(), [](const auto& ev) { return ev["ph"] == "b"; }), 1);
-  device.comm.links.clear();
+  device.hardware.measured.tables.clear();
+  device.hardware.measured.tables[{sched::CollectiveKind::all_reduce, 4}] = {{0.0, 1.0}};
   EXPECT_TRUE(contains(message_of([&] { sched::estimate_step(g, sched::make_schedule(g, g.outputs()), device); }),
-                       "the device profile's cost model has links for 0 dims"));
+                       "no all_reduce over 2 ranks (measured over: 4)"));
 }
 
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {

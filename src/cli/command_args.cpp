@@ -1,0 +1,61 @@
+#include "cli/command_args.h"
+
+#include <fstream>
+
+#include "core/error.h"
+
+namespace meshtrain::cli {
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  MT_CHECK(f.good(), "cannot write '{}'", path);
+  f << text;
+  f.close();
+  MT_CHECK(f.good(), "writing '{}' failed", path);
+}
+
+CommandArgs parse_args(const std::string& command, const std::vector<std::string>& args,
+                       const std::set<std::string>& flags, const std::set<std::string>& options) {
+  CommandArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out.help = true;
+      continue;
+    }
+    MT_CHECK(a.rfind("--", 0) == 0, "{}: unexpected argument '{}'; options look like --config FILE or --section.key value",
+             command, a);
+    std::string key = a.substr(2), value;
+    if (flags.count(key)) {
+      out.flags.insert(key);
+      continue;
+    }
+    if (const auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
+      value = args[++i];
+    }
+    if (key == "config" || options.count(key)) out.options[key] = value;
+    else out.overrides.emplace_back(key, value);
+  }
+  return out;
+}
+
+int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {
+  const auto it = a.options.find(key);
+  if (it == a.options.end()) return fallback;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MT_CHECK(used == it->second.size() && !it->second.empty(), "{}: --{} wants an integer, got '{}'", command, key,
+           it->second);
+  return v;
+}
+
+}  // namespace meshtrain::cli

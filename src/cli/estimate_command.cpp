@@ -1,0 +1,147 @@
+#include "cli/estimate_command.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include "cli/command_args.h"
+#include "core/error.h"
+#include "sched/trace.h"
+#include "train/estimate.h"
+
+namespace meshtrain::cli {
+
+std::string estimate_help() {
+  return fmt::format(
+      "meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--rank R] [--json] [--trace FILE]\n"
+      "                   [--section.key value ...]\n"
+      "Cost the config's training step for an N-rank job without running it: the step is built, laid out on the\n"
+      "mesh of its [parallel] keys and lowered for rank R (default 0; the torch.chunk rule gives rank 0 the\n"
+      "largest shards) exactly as `mpirun -np N meshtrain train` would, then scheduled. Nothing is allocated and\n"
+      "no rank is contacted: the lowered graph holds every collective the rank would run.\n"
+      "Prints the rank's peak memory (what the executor allocates: the step's inputs and the memory plan's arena)\n"
+      "with what is live at the peak by kind, the step time (a compute stream and one communication stream per\n"
+      "group of mesh dims: each node by the roofline of its FLOPs and bytes on the profile, each collective by\n"
+      "the profile's cost model), the communication the compute does not hide (exposed), tokens/s per device\n"
+      "and MFU = F x tokens/s per device / the device's peak in the compute dtype, where F is torchtitan's\n"
+      "FLOPs per token: 6 x (parameters - token embedding) + 12 x layers x heads x head_dim x seq_len.\n"
+      "--hardware: a built-in profile ({}) or a profile file (TOML; see docs/architecture.md).\n"
+      "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
+      "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
+      fmt::join(sched::builtin_hardware_names(), ", "));
+}
+
+namespace {
+
+double gib(double bytes) { return bytes / (1ull << 30); }
+
+std::string amount(double bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.2f} GiB", gib(bytes)) : fmt::format("{:.1f} MiB", bytes / (1 << 20));
+}
+
+std::string duration(double us) {
+  return us >= 1e6 ? fmt::format("{:.3f} s", us * 1e-6) : us >= 1e3 ? fmt::format("{:.2f} ms", us * 1e-3)
+                                                                     : fmt::format("{:.1f} us", us);
+}
+
+double max_resident_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+}  // namespace
+
+int run_estimate(const std::vector<std::string>& args) {
+  const CommandArgs a = parse_args("estimate", args, {"json"}, {"ranks", "rank", "hardware", "trace"});
+  if (a.help) {
+    fmt::print("{}", estimate_help());
+    return 0;
+  }
+  for (const char* required : {"config", "ranks", "hardware"})
+    MT_CHECK(a.options.count(required), "estimate: --{} is required\n{}", required, estimate_help());
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t ranks = integer_option(a, "estimate", "ranks", 1), rank = integer_option(a, "estimate", "rank", 0);
+  MT_CHECK(ranks >= 1 && ranks <= (1 << 20), "estimate: --ranks {} must be between 1 and 1048576", ranks);
+  MT_CHECK(rank >= 0 && rank < ranks, "estimate: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
+  const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
+  const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);
+  const auto trace_path = a.options.find("trace");
+  if (trace_path != a.options.end()) write_text(trace_path->second, "");  // fails now if it cannot be written
+  const train::TrainingEstimate e =
+      train::estimate_training(config, static_cast<int>(ranks), static_cast<int>(rank), hardware,
+                               trace_path != a.options.end());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double resident = max_resident_bytes();
+  const bool fits = hardware.memory_gib <= 0 || gib(e.memory.peak_bytes) <= hardware.memory_gib;
+  const auto& m = config.model;
+
+  if (trace_path != a.options.end()) write_text(trace_path->second, e.trace);
+  if (a.flags.count("json")) {
+    nlohmann::json kinds = nlohmann::json::object();
+    for (const auto& [kind, bytes] : e.memory.at_peak) kinds[sched::memory_kind_name(kind)] = bytes;
+    kinds["arena unused"] = e.memory.arena_unused_at_peak;
+    const nlohmann::json doc{
+        {"ranks", e.world_size},
+        {"rank", e.rank},
+        {"mesh", e.mesh},
+        {"hardware", hardware.name},
+        {"nodes", e.nodes},
+        {"collectives", e.collectives},
+        {"collective_bytes", e.collective_bytes},
+        {"memory",
+         {{"peak_bytes", e.memory.peak_bytes},
+          {"input_bytes", e.memory.input_bytes},
+          {"arena_bytes", e.memory.arena_bytes},
+          {"at_peak", kinds},
+          {"peak_step", e.memory.peak_step},
+          {"device_bytes", hardware.memory_gib * (1ull << 30)},
+          {"fits", fits}}},
+        {"time",
+         {{"step_us", e.time.step_us},
+          {"compute_us", e.time.compute_us},
+          {"communication_us", e.time.communication_us},
+          {"exposed_us", e.time.exposed_us}}},
+        {"tokens_per_step", e.tokens_per_step},
+        {"tokens_per_s_per_device", e.tokens_per_s_per_device},
+        {"flops_per_token", e.flops_per_token},
+        {"peak_gflops", e.peak_gflops},
+        {"mfu", e.mfu},
+        {"estimate_seconds", seconds},
+        {"max_resident_bytes", resident}};
+    fmt::print("{}\n", doc.dump(1));
+  } else {
+    fmt::print("meshtrain estimate: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}; batch {} x seq {} "
+               "({:.0f} tokens/step), {} compute\n",
+               m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size, config.data.batch_size,
+               config.data.seq_len, e.tokens_per_step, dtype_name(config.training.dtype));
+    fmt::print("job: {} rank{} of {} ({}){}; rank {}'s step: {} nodes, {} collectives moving {} per step\n", ranks,
+               ranks > 1 ? "s" : "", hardware.name, hardware.description,
+               e.mesh.empty() ? "" : fmt::format(", mesh {}", e.mesh), e.rank, e.nodes, e.collectives,
+               amount(e.collective_bytes));
+    fmt::print("memory: peak {}{} (inputs {}, arena {}); live at the peak:\n", amount(e.memory.peak_bytes),
+               hardware.memory_gib > 0
+                   ? fmt::format(" of the device's {:.1f} GiB{}", hardware.memory_gib, fits ? "" : ": DOES NOT FIT")
+                   : "",
+               amount(e.memory.input_bytes), amount(e.memory.arena_bytes));
+    for (const auto& [kind, bytes] : e.memory.at_peak)
+      fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", sched::memory_kind_name(kind), amount(bytes),
+                 100 * bytes / e.memory.peak_bytes);
+    fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", amount(e.memory.arena_unused_at_peak),
+               100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
+    fmt::print("time: step {}: compute {}, communication {} of which exposed {}\n", duration(e.time.step_us),
+               duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us));
+    fmt::print("throughput: {:.0f} tokens/s per device; {:.2f} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
+               "{:.1f} TFLOP/s\n",
+               e.tokens_per_s_per_device, e.flops_per_token * 1e-9, 100 * e.mfu, e.peak_gflops * 1e-3);
+    fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, amount(resident));
+    if (trace_path != a.options.end())
+      fmt::print("estimated trace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", trace_path->second);
+  }
+  return 0;
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,44 @@
+// What a collective costs on a machine, two ways: NCCL's analytical model
+// (its tuning.cc: ring and tree algorithms, each with the LL, LL128 and
+// Simple protocols, intra- and inter-host latencies and bandwidths; the time
+// is the fastest of the combinations, as NCCL picks), and a table measured
+// on the machine itself (`meshtrain bench comm`), interpolated.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace meshtrain::sched {
+
+enum class CollectiveKind { all_gather, reduce_scatter, all_reduce, all_to_all };
+CollectiveKind collective_kind(const std::string& op);  // from the op's name; fails for others
+const char* collective_name(CollectiveKind kind);
+
+// The machine as NCCL's model sees it.
+struct NcclLinks {
+  enum class Arch { volta, ampere, hopper, blackwell };
+  Arch arch = Arch::hopper;
+  double intra_bus_gbps = 370;  // a GPU's bus bandwidth within a host (NVLink), GB/s, all channels
+  double inter_gbps = 50;       // a GPU's network bandwidth across hosts (its NIC), GB/s
+  int channels = 16;            // for the per-channel caps
+  bool amd_host = false;        // the host CPU (NCCL's network overhead and LL caps across hosts)
+};
+
+// Microseconds for a collective of `bytes` (NCCL's nBytes: the whole
+// gathered buffer of an all_gather, the whole input of a reduce_scatter, the
+// buffer of an all_reduce or all_to_all) over `ranks` ranks on `hosts` hosts.
+double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int hosts, const NcclLinks& links);
+
+// Measured times: per collective and group size, (bytes, microseconds)
+// points in increasing bytes. Between points the time is interpolated
+// linearly; below the first it is the first's; beyond the last it grows at
+// the bandwidth of the last two.
+struct MeasuredCollectives {
+  std::map<std::pair<CollectiveKind, int>, std::vector<std::pair<double, double>>> tables;
+  // Fails naming the group sizes measured when `ranks` is not one of them.
+  double us(CollectiveKind kind, double bytes, int ranks) const;
+};
+
+}  // namespace meshtrain::sched

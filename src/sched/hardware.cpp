@@ -1,0 +1,248 @@
+#include "sched/hardware.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace meshtrain::sched {
+
+double HardwareProfile::rank_share(int world_size) const {
+  return shared_host ? 1.0 / std::max(1, std::min(world_size, devices_per_host)) : 1.0;
+}
+
+double HardwareProfile::collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group) const {
+  const int ranks = static_cast<int>(group.size());
+  if (ranks <= 1) return 0;
+  if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks);
+  std::set<int64_t> hosts;
+  for (int64_t r : group) hosts.insert(r / devices_per_host);
+  return nccl_collective_us(kind, bytes, ranks, static_cast<int>(hosts.size()), nccl);
+}
+
+namespace {
+
+// Sources of the built-in figures:
+// - H100 SXM5 80 GB and H200 SXM 141 GB: NVIDIA's datasheets (dense bf16
+//   989.4 TFLOP/s, f32 66.9 TFLOP/s; HBM3 3.35 TB/s, HBM3e 4.8 TB/s);
+//   NVLink 4 within a host of 8 and 400 Gb/s InfiniBand per GPU across
+//   hosts, as PyTorch's comm_analysis defaults them for Hopper (370 GB/s bus
+//   bandwidth, 50 GB/s), 16 channels, Intel hosts (DGX H100).
+// - attention at 35% of the bf16 peak: "FlashAttention-2 achieves only 35%
+//   utilization on H100" (FlashAttention-3, arXiv 2407.08608), the kernel
+//   PyTorch's SDPA ran in torchtitan's 2024 benchmarks.
+// - cpu-2core: the project's development machine (an AMD EPYC VM with 2
+//   cores), calibrated with bench/calibrate.sh: its GEMM peak and each op's
+//   measured rate, and meshtrain's own collectives over 2 and 4 ranks.
+constexpr const char* kBuiltins[] = {
+    R"(name = "h100-sxm"
+description = "NVIDIA H100 SXM5 80 GB, 8 per host on NVLink 4, 400 Gb/s InfiniBand per GPU across hosts"
+[device]
+peak_gflops_f32 = 66900
+peak_gflops_bf16 = 989400
+memory_gbps = 3350
+memory_gib = 74.5
+compute_efficiency = 0.75
+memory_efficiency = 0.75
+devices_per_host = 8
+[device.op_efficiency]
+attention = 0.35
+attention_backward = 0.35
+[collectives]
+model = "nccl"
+arch = "hopper"
+intra_bus_gbps = 370
+inter_gbps = 50
+channels = 16
+)",
+    R"(name = "h200"
+description = "NVIDIA H200 SXM 141 GB, 8 per host on NVLink 4, 400 Gb/s InfiniBand per GPU across hosts"
+[device]
+peak_gflops_f32 = 66900
+peak_gflops_bf16 = 989400
+memory_gbps = 4800
+memory_gib = 131.3
+compute_efficiency = 0.75
+memory_efficiency = 0.75
+devices_per_host = 8
+[device.op_efficiency]
+attention = 0.35
+attention_backward = 0.35
+[collectives]
+model = "nccl"
+arch = "hopper"
+intra_bus_gbps = 370
+inter_gbps = 50
+channels = 16
+)",
+};
+
+struct Reader {
+  const toml::table& root;
+  std::string origin;
+  std::set<std::string> used;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw InvalidArgument(fmt::format("hardware profile {}: {} {}", origin, key, what));
+  }
+  const toml::node* find(const std::string& key) {
+    used.insert(key);
+    return root.at_path(key).node();
+  }
+  double number(const std::string& key, double fallback, bool positive = false) {
+    const toml::node* n = find(key);
+    if (!n) return fallback;
+    const auto v = n->value<double>();
+    if (!v || (positive && *v <= 0) || *v < 0) fail(key, positive ? "must be a positive number" : "must be a number >= 0");
+    return *v;
+  }
+  std::string text(const std::string& key, const std::string& fallback) {
+    const toml::node* n = find(key);
+    if (!n) return fallback;
+    const auto v = n->value<std::string>();
+    if (!v) fail(key, "must be a string");
+    return *v;
+  }
+  bool flag(const std::string& key, bool fallback) {
+    const toml::node* n = find(key);
+    if (!n) return fallback;
+    const auto v = n->value<bool>();
+    if (!v) fail(key, "must be true or false");
+    return *v;
+  }
+  std::vector<double> numbers(const toml::table& t, const std::string& key, const std::string& where) {
+    const toml::array* a = t[key].as_array();
+    if (!a) fail(where + "." + key, "must be an array of numbers");
+    std::vector<double> out;
+    for (const auto& e : *a) {
+      const auto v = e.value<double>();
+      if (!v || *v < 0) fail(where + "." + key, "must hold numbers >= 0");
+      out.push_back(*v);
+    }
+    return out;
+  }
+};
+
+// Every key of the document that the reader did not ask for.
+void unknown_keys(const toml::table& t, const std::string& prefix, const std::set<std::string>& used,
+                  std::vector<std::string>& out) {
+  for (const auto& [k, v] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (used.count(key)) continue;
+    if (const toml::table* sub = v.as_table()) unknown_keys(*sub, key, used, out);
+    else out.push_back(key);
+  }
+}
+
+}  // namespace
+
+HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    throw InvalidArgument(fmt::format("hardware profile {}: {}", origin, e.description()));
+  }
+  Reader r{root, origin, {}};
+  HardwareProfile p;
+  p.name = r.text("name", "");
+  if (p.name.empty()) r.fail("name", "is required (a string)");
+  p.description = r.text("description", "");
+  p.peak_gflops_f32 = r.number("device.peak_gflops_f32", 0, true);
+  if (!r.root.at_path("device.peak_gflops_f32")) r.fail("device.peak_gflops_f32", "is required");
+  p.peak_gflops_bf16 = r.number("device.peak_gflops_bf16", 0);
+  p.memory_gbps = r.number("device.memory_gbps", 0, true);
+  if (!r.root.at_path("device.memory_gbps")) r.fail("device.memory_gbps", "is required");
+  p.memory_gib = r.number("device.memory_gib", 0);
+  p.compute_efficiency = r.number("device.compute_efficiency", p.compute_efficiency, true);
+  p.memory_efficiency = r.number("device.memory_efficiency", p.memory_efficiency, true);
+  p.devices_per_host = static_cast<int>(r.number("device.devices_per_host", p.devices_per_host, true));
+  p.shared_host = r.flag("device.shared_host", false);
+  r.used.insert("device.op_efficiency");
+  if (const toml::table* ops = root.at_path("device.op_efficiency").as_table())
+    for (const auto& [op, v] : *ops) {
+      const auto e = v.value<double>();
+      if (!e || *e <= 0) r.fail(fmt::format("device.op_efficiency.{}", op.str()), "must be a positive number");
+      p.op_efficiency[std::string(op.str())] = *e;
+    }
+  const std::string model = r.text("collectives.model", "nccl");
+  if (model == "nccl") {
+    p.collectives = HardwareProfile::CollectiveModel::nccl;
+    const std::string arch = r.text("collectives.arch", "hopper");
+    const std::map<std::string, NcclLinks::Arch> arches{{"volta", NcclLinks::Arch::volta},
+                                                        {"ampere", NcclLinks::Arch::ampere},
+                                                        {"hopper", NcclLinks::Arch::hopper},
+                                                        {"blackwell", NcclLinks::Arch::blackwell}};
+    if (!arches.count(arch)) r.fail("collectives.arch", fmt::format("'{}' is not volta, ampere, hopper or blackwell", arch));
+    p.nccl.arch = arches.at(arch);
+    p.nccl.intra_bus_gbps = r.number("collectives.intra_bus_gbps", p.nccl.intra_bus_gbps, true);
+    p.nccl.inter_gbps = r.number("collectives.inter_gbps", p.nccl.inter_gbps, true);
+    p.nccl.channels = static_cast<int>(r.number("collectives.channels", p.nccl.channels, true));
+    p.nccl.amd_host = r.flag("collectives.amd_host", false);
+  } else if (model == "measured") {
+    p.collectives = HardwareProfile::CollectiveModel::measured;
+    r.used.insert("collectives.table");
+    const toml::array* tables = root.at_path("collectives.table").as_array();
+    if (!tables || tables->empty()) r.fail("collectives.table", "must be an array of tables ([[collectives.table]]) with model = \"measured\"");
+    for (const auto& entry : *tables) {
+      const toml::table* t = entry.as_table();
+      if (!t) r.fail("collectives.table", "must hold tables");
+      for (const auto& [k, v] : *t)
+        if (k.str() != "op" && k.str() != "ranks" && k.str() != "bytes" && k.str() != "us")
+          r.fail(fmt::format("collectives.table.{}", k.str()), "unknown (a table has op, ranks, bytes and us)");
+      const auto op = (*t)["op"].value<std::string>();
+      const auto ranks = (*t)["ranks"].value<int64_t>();
+      if (!op) r.fail("collectives.table.op", "is required (all_gather, reduce_scatter, all_reduce, all_to_all)");
+      if (!ranks || *ranks < 2) r.fail("collectives.table.ranks", "must be an integer >= 2");
+      const CollectiveKind kind = collective_kind(*op);
+      const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),
+                                us = r.numbers(*t, "us", "collectives.table");
+      if (bytes.size() != us.size() || bytes.empty())
+        r.fail("collectives.table", fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
+      auto& points = p.measured.tables[{kind, static_cast<int>(*ranks)}];
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        if (i > 0 && bytes[i] <= bytes[i - 1])
+          r.fail("collectives.table.bytes", fmt::format("{} over {} ranks: sizes must increase", *op, *ranks));
+        points.emplace_back(bytes[i], us[i]);
+      }
+    }
+  } else {
+    r.fail("collectives.model", fmt::format("'{}' is not nccl or measured", model));
+  }
+  std::vector<std::string> unknown;
+  unknown_keys(root, "", r.used, unknown);
+  if (!unknown.empty()) r.fail(fmt::format("{}", fmt::join(unknown, ", ")), "unknown (see meshtrain estimate --help)");
+  return p;
+}
+
+std::vector<std::string> builtin_hardware_names() {
+  std::vector<std::string> names;
+  for (const char* text : kBuiltins) names.push_back(parse_hardware(text, "built-in").name);
+  return names;
+}
+
+HardwareProfile builtin_hardware(const std::string& name) {
+  for (const char* text : kBuiltins) {
+    HardwareProfile p = parse_hardware(text, "built-in");
+    if (p.name == name) return p;
+  }
+  throw InvalidArgument(fmt::format("no built-in hardware profile '{}' (built in: {}; or give a profile file)", name,
+                                    fmt::join(builtin_hardware_names(), ", ")));
+}
+
+HardwareProfile load_hardware(const std::string& name_or_path) {
+  for (const std::string& name : builtin_hardware_names())
+    if (name == name_or_path) return builtin_hardware(name);
+  std::ifstream f(name_or_path);
+  MT_CHECK(f.good(), "--hardware '{}' is neither a built-in profile ({}) nor a readable file", name_or_path,
+           fmt::join(builtin_hardware_names(), ", "));
+  std::stringstream text;
+  text << f.rdbuf();
+  return parse_hardware(text.str(), name_or_path);
+}
+
+}  // namespace meshtrain::sched

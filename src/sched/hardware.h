@@ -1,0 +1,56 @@
+// A machine as the estimator sees it: each device's compute and memory
+// peaks, the fraction of them kernels reach, its memory capacity, how many
+// devices share a host, and what its collectives cost (NCCL's model, or a
+// table measured on the machine). Profiles are TOML; some are built in.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sched/collective_cost.h"
+
+namespace meshtrain::sched {
+
+struct HardwareProfile {
+  std::string name, description;
+  double peak_gflops_f32 = 0;   // a device's dense f32 peak, GFLOP/s
+  double peak_gflops_bf16 = 0;  // its dense bf16 peak (0: as f32)
+  double memory_gbps = 0;       // its memory bandwidth, GB/s
+  double memory_gib = 0;        // its memory capacity, GiB (0: unknown)
+  // The fractions of the peaks kernels reach: every op's compute by default
+  // (PyTorch's roofline uses 0.75), ops named in `op_efficiency` their own.
+  double compute_efficiency = 0.75;
+  double memory_efficiency = 0.75;
+  std::map<std::string, double> op_efficiency;
+  int devices_per_host = 8;
+  // The ranks on a host share one device (CPU cores): each rank gets the
+  // peaks divided by the ranks on its host.
+  bool shared_host = false;
+  enum class CollectiveModel { nccl, measured } collectives = CollectiveModel::nccl;
+  NcclLinks nccl;
+  MeasuredCollectives measured;
+
+  // A collective's time over `group` (global ranks), `bytes` as
+  // nccl_collective_us counts them.
+  double collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group) const;
+  // The share of a device one rank of a `world_size`-rank job gets (1 unless shared_host).
+  double rank_share(int world_size) const;
+};
+
+// The built-in profiles' names, and one of them; fails listing them.
+std::vector<std::string> builtin_hardware_names();
+HardwareProfile builtin_hardware(const std::string& name);
+// A profile from TOML text or a file; errors name the key. Keys:
+//   name, description
+//   [device] peak_gflops_f32, peak_gflops_bf16, memory_gbps, memory_gib,
+//            compute_efficiency, memory_efficiency, devices_per_host, shared_host
+//   [device.op_efficiency] <op> = fraction
+//   [collectives] model = "nccl" | "measured"
+//     nccl: arch (volta|ampere|hopper|blackwell), intra_bus_gbps, inter_gbps, channels, amd_host
+//     measured: [[collectives.table]] op, ranks, bytes = [...], us = [...]
+HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin);
+// NAME of a built-in profile, or the path of a profile file.
+HardwareProfile load_hardware(const std::string& name_or_path);
+
+}  // namespace meshtrain::sched

@@ -1,0 +1,166 @@
+// Estimating a step without running it: NCCL's collective cost model against
+// hand-worked examples, measured tables, hardware profiles as TOML, and the
+// memory estimate of a schedule against the memory plan and by-hand byte
+// counts.
+#include <gtest/gtest.h>
+
+#include "graph/builder.h"
+#include "sched/collective_cost.h"
+#include "sched/hardware.h"
+#include "sched/memory_estimate.h"
+#include "sched/schedule.h"
+#include "test_util.h"
+#include "train/estimate.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+using mtest::contains;
+using mtest::message_of;
+
+namespace {
+sched::NcclLinks hopper_320() {
+  sched::NcclLinks links;
+  links.arch = sched::NcclLinks::Arch::hopper;
+  links.intra_bus_gbps = 320;  // 16 channels x 20 GB/s
+  links.channels = 16;
+  return links;
+}
+}  // namespace
+
+// 256 MiB all_reduce over 8 ranks of one host: ring with the Simple protocol
+// wins, 8.4 us + 2(n-1) hops x 3.4 us + 2(n-1)/n x bytes at 320 GB/s.
+TEST(CollectiveCost, NcclPicksRingSimpleForALargeAllReduce) {
+  const double bytes = 256.0 * (1 << 20);
+  const double ring_simple = 8.4 + 14 * 3.4 + bytes * 14 / 8 / (1000 * 320);
+  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 8, 1, hopper_320()), ring_simple, 1e-6);
+}
+
+// At 64 KiB the low-latency protocol wins: LL's bus bandwidth is capped at
+// 141 GB/s on Hopper, its hops cost 0.6 us.
+TEST(CollectiveCost, NcclPicksRingLLForASmallAllReduce) {
+  const double bytes = 65536;
+  const double ring_ll = 6.6 + 14 * 0.6 + bytes * 14 / 8 / (1000 * 141);
+  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 8, 1, hopper_320()), ring_ll, 1e-6);
+  // An all_gather of the same buffer takes n - 1 steps, not 2(n - 1).
+  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_gather, bytes, 8, 1, hopper_320()),
+              6.6 + 7 * 0.6 + bytes * 7 / 8 / (1000 * 141), 1e-6);
+  EXPECT_EQ(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 1, 1, hopper_320()), 0);
+}
+
+// Across hosts the network's bandwidth and latency take over.
+TEST(CollectiveCost, AcrossHostsCostsMoreThanWithinOne) {
+  const double bytes = 1 << 30;
+  const auto links = hopper_320();
+  const double one_host = sched::nccl_collective_us(sched::CollectiveKind::reduce_scatter, bytes, 8, 1, links);
+  const double two_hosts = sched::nccl_collective_us(sched::CollectiveKind::reduce_scatter, bytes, 16, 2, links);
+  // Ring/Simple over 2 hosts: the NIC at 50 GB/s x 0.77 + 0.23/7 efficiency.
+  const double bw = 50 * (0.77 + 0.23 / 7);
+  const double latency = 8.4 + 14 * 3.4 /* max(3.4, 3 x 1 us overhead) */ + 1 * 14.0;
+  EXPECT_NEAR(two_hosts, latency + bytes * 15 / 16 / (1000 * bw), 1e-6);
+  EXPECT_GT(two_hosts, 5 * one_host);
+}
+
+TEST(CollectiveCost, MeasuredTableInterpolates) {
+  sched::MeasuredCollectives m;
+  m.tables[{sched::CollectiveKind::all_gather, 4}] = {{1000, 10}, {3000, 30}, {5000, 40}};
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4), 10);    // below the first point: its time
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 2000, 4), 20);  // between points: the line
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 4), 60);  // beyond: the last two's slope
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 1), 0);
+  EXPECT_TRUE(contains(message_of([&] { m.us(sched::CollectiveKind::all_gather, 10, 2); }),
+                       "no all_gather over 2 ranks (measured over: 4)"));
+}
+
+TEST(Hardware, BuiltinsAndFiles) {
+  const auto names = sched::builtin_hardware_names();
+  ASSERT_GE(names.size(), 2u);
+  const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
+  EXPECT_EQ(h100.peak_gflops_bf16, 989400);
+  EXPECT_EQ(h100.devices_per_host, 8);
+  EXPECT_EQ(h100.op_efficiency.at("attention"), 0.35);
+  // Ranks 0..7 share a host; 0 and 8 do not.
+  EXPECT_LT(h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 1}),
+            h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 8}));
+  EXPECT_TRUE(contains(message_of([] { sched::builtin_hardware("tpu"); }), "no built-in hardware profile 'tpu'"));
+  const std::string measured = R"(name = "mine"
+[device]
+peak_gflops_f32 = 100
+memory_gbps = 20
+shared_host = true
+devices_per_host = 4
+[collectives]
+model = "measured"
+[[collectives.table]]
+op = "all_reduce"
+ranks = 2
+bytes = [0, 1000]
+us = [5, 15]
+)";
+  const sched::HardwareProfile p = sched::parse_hardware(measured, "test");
+  EXPECT_EQ(p.collective_us(sched::CollectiveKind::all_reduce, 500, {0, 1}), 10);
+  EXPECT_EQ(p.rank_share(2), 0.5);  // 2 ranks share the host
+  EXPECT_EQ(p.rank_share(16), 0.25);
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware("colour = 1\n" + measured, "test"); }),
+                       "colour unknown"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "colour = 1\n", "test"); }),
+                       "collectives.table.colour unknown"));
+  EXPECT_TRUE(contains(message_of([] { sched::parse_hardware("name = \"x\"\n[device]\nmemory_gbps = 1\n", "f.toml"); }),
+                       "hardware profile f.toml: device.peak_gflops_f32 is required"));
+}
+
+// The memory estimate of a schedule: what the executor allocates is the
+// inputs and the plan's arena; at the peak, the live values by kind.
+TEST(MemoryEstimate, PeakIsTheInputsAndTheArenaWithWhatIsLiveByKind) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 64}, DType::f32);  // 16 KiB
+  const ValueId w = g.add_parameter("w", {64, 64}, DType::f32);
+  const ValueId h = b.matmul(x, w, false, false);  // 16 KiB
+  const ValueId a = b.silu(h);                     // 16 KiB, h still read below
+  g.add_output(b.add(a, h));                       // 16 KiB: h, a and the sum live together
+  const Schedule s = sched::make_schedule(g, g.outputs());
+  const sched::MemoryEstimate e = sched::estimate_memory(g, s);
+  const double kib16 = 16384;
+  EXPECT_EQ(e.input_bytes, 2 * kib16);
+  EXPECT_EQ(e.arena_bytes, static_cast<double>(s.memory.peak_bytes));
+  EXPECT_EQ(e.peak_bytes, e.input_bytes + e.arena_bytes);
+  ASSERT_EQ(e.live_bytes.size(), 3u);
+  EXPECT_EQ(e.live_bytes, (std::vector<double>{3 * kib16, 4 * kib16, 5 * kib16}));
+  EXPECT_EQ(e.peak_step, 2u);
+  EXPECT_EQ(e.at_peak.at(sched::MemoryKind::parameters), kib16);
+  EXPECT_EQ(e.at_peak.at(sched::MemoryKind::other), kib16);  // the input x
+  EXPECT_EQ(e.at_peak.at(sched::MemoryKind::activations), 3 * kib16);
+  double sum = e.arena_unused_at_peak;
+  for (const auto& [kind, bytes] : e.at_peak) sum += bytes;
+  EXPECT_EQ(sum, e.peak_bytes);
+  // A caller's kinds win.
+  const sched::MemoryEstimate mine = sched::estimate_memory(g, s, [&](ValueId v) -> std::optional<sched::MemoryKind> {
+    if (v == h) return sched::MemoryKind::gradients;
+    return std::nullopt;
+  });
+  EXPECT_EQ(mine.at_peak.at(sched::MemoryKind::gradients), kib16);
+  EXPECT_EQ(mine.at_peak.at(sched::MemoryKind::activations), 2 * kib16);
+}
+
+// A training step's estimate on one rank: its inputs are the f32 parameters,
+// their two f32 moments and the batch, counted by hand from the config.
+TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 64};
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
+  const train::TrainingEstimate e = train::estimate_training(c, 1, 0, h100);
+  double params = 0;
+  for (const auto& [name, spec] : models::llama_parameters(c.model)) params += static_cast<double>(spec.shape.numel());
+  const double batch = 2 * (2 * 16 * 8) + 8 + 8;  // tokens and targets (i64), lr (f64) and step (i64)
+  EXPECT_EQ(e.memory.input_bytes, 4 * params + 8 * params + batch);
+  EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::parameters), 4 * params);
+  EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::optimizer_states), 8 * params);
+  EXPECT_GT(e.time.step_us, 0);
+  EXPECT_EQ(e.collectives, 0u);
+  // torchtitan's FLOPs per token: 6 x non-embedding parameters + 12 L H Q T.
+  EXPECT_EQ(e.flops_per_token, 6 * (params - 64 * 32) + 12.0 * 2 * 4 * 8 * 16);
+  EXPECT_NEAR(e.mfu, e.flops_per_token * e.tokens_per_s_per_device / (h100.peak_gflops_f32 * 1e9), 1e-12);
+  EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 3, 0, h100); }), "parallel"));
+}
