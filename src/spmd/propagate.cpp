@@ -109,6 +109,27 @@ bool has_partial(const Layout& l) {
   return std::any_of(l.placements.begin(), l.placements.end(), [](const Placement& p) { return p.is_partial(); });
 }
 
+// The bandwidth part of the cheapest plan that reduces every Partial of `l`
+// away (to Replicate, or to a shard of the first dim): the plan's cost less
+// that of the same plan moving no bytes. Only the bytes count, because
+// pending sums add up before one reduction pays the latency (a gradient
+// norm's partial sums of squares).
+double reduction_bandwidth_us(sharding::Planner& planner, const graph::ValueInfo& v, const Layout& l) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<Placement> targets{Placement::replicate()};
+  if (v.shape.rank() > 0) targets.push_back(Placement::shard(0));
+  for (const Placement& target : targets) {
+    std::vector<Placement> placements = l.placements;
+    for (Placement& p : placements)
+      if (p.is_partial()) p = target;
+    const Layout reduced = Layout::from_placements(std::move(placements));
+    const double cost = planner.plan(v.shape, dtype_size(v.dtype), l, reduced)->total_cost_us;
+    const double latency = planner.plan(v.shape, 0, l, reduced)->total_cost_us;
+    best = std::min(best, cost - latency);
+  }
+  return std::max(0.0, best);
+}
+
 }  // namespace
 
 Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
@@ -179,13 +200,23 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       for (size_t k = 0; k < outs.size(); ++k) {
         cand.outputs.push_back(layout_of(c, true, k));
         order_like(cand.outputs.back(), preferred);
+        bool wanted_as_is = false;
         for (const std::map<graph::ValueId, Layout>* wanted : {&std::as_const(pinned), &deliver}) {
           const auto d = wanted->find(node.outputs[k]);
-          if (d == wanted->end() || d->second == cand.outputs.back()) continue;
+          if (d == wanted->end()) continue;
+          wanted_as_is = true;
+          if (d->second == cand.outputs.back()) continue;
           if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;
           deliver_us +=
               planner.plan(outs[k].shape, dtype_size(outs[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
         }
+        // A pending sum is reduced by some later reader: it costs at least
+        // its cheapest reduction, so a node does not trade a small input
+        // redistribution for a sum as large as its output (an LM head split
+        // over its contraction makes every rank a partial sum of all the
+        // logits).
+        if (!wanted_as_is && has_partial(cand.outputs.back()))
+          deliver_us += reduction_bandwidth_us(planner, outs[k], cand.outputs.back());
       }
       const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
       if (cost < best_cost) {

@@ -2,6 +2,7 @@
 // text) for data parallel and FSDP-style parameters, and its errors.
 #include <gtest/gtest.h>
 
+#include "graph/builder.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
 #include "mlp_step.h"
@@ -75,6 +76,29 @@ TEST(Propagate, DdpAllReducesGradients) {
             "outputs %6, %18, %19, %20, %23, %24, %25\n");
 }
 
+// An LM head under FSDP: 32768 tokens [32768, 256] split by rows, the
+// vocabulary's weight [32768, 256] by rows. Splitting the contraction (both
+// inputs all_to_all'd to S(1): 8 MiB each moves 6) looks cheaper than
+// gathering either input (24 MiB received), but leaves every rank a pending
+// sum of all the logits [32768, 32768] (4 GiB) that a reader must reduce:
+// the reduction's bytes count, and one input is gathered instead.
+TEST(Propagate, APendingSumCostsItsReduction) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {32768, 256}, DType::f32);
+  const ValueId w = g.add_parameter("w", {32768, 256}, DType::f32);
+  const ValueId logits = b.matmul(x, w, false, true);
+  g.add_output(logits);
+  const sharding::DeviceMesh mesh({4});
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const spmd::Sharding s =
+      spmd::propagate(g, planner, {{x, Layout::parse("S(0)", 1)}, {w, Layout::parse("S(0)", 1)}});
+  const spmd::NodeSharding& matmul = s.nodes.at(g.value(logits).producer);
+  const std::string layouts = matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+  EXPECT_TRUE(layouts == "S(0) R" || layouts == "R S(0)") << layouts;
+  EXPECT_NE(s.values.at(logits).to_string(), "P(sum)");
+}
+
 TEST(Propagate, Errors) {
   mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
@@ -121,21 +145,19 @@ TEST(Lower, FsdpOnThreeRanksUneven) {
             "%21: f32() = sum(%20)  # forward\n"
             "%22: f32() = full() {dtype=f32, shape=[], value=1}  # backward\n"
             "%23: f32(20, 8) = broadcast_scalar(%22) {shape=[20, 8]}  # backward\n"
-            "%24: f32(64, 2), %25: f32(288) = all_to_all(%23) {after=S(1), before=S(0), buffer=288, bytes=682.6666666666666, global_shape=[64, 8], group=[0, 1, 2], mesh_dims=[0], shape=[64, 2]}  # backward\n"
-            "%26: f32(64, 2) = wait(%24, %25)  # backward\n"
-            "%27: f32(64, 24) = matmul(%26, %2:w2) {transpose_a=false, transpose_b=false}  # backward\n"
+            "%24: f32(8, 24), %25: f32(0) = all_gather(%2:w2) {after=R, before=S(0), buffer=0, bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[8, 24]}  # backward\n"
+            "%26: f32(8, 24) = wait(%24, %25, %2:w2)  # backward\n"
+            "%27: f32(20, 24) = matmul(%23, %26) {transpose_a=false, transpose_b=false}  # backward\n"
             "%28: f32(8, 24) = matmul(%23, %13) {transpose_a=true, transpose_b=false}  # backward\n"
-            "%29: f32(20, 24), %30: f32(0) = reduce_scatter(%27) {after=S(0), before=P(sum), buffer=0, bytes=6144, global_shape=[64, 24], group=[0, 1, 2], mesh_dims=[0], shape=[20, 24]}  # backward\n"
-            "%31: f32(20, 24) = wait(%29, %30, %27)  # backward\n"
-            "%32: f32(20, 24) = silu_backward(%12, %31)  # backward\n"
-            "%33: f32(24, 16) = matmul(%32, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
-            "%34: f32(8, 16), %35: f32(0) = reduce_scatter(%33) {after=S(0), before=P(sum), buffer=0, bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[8, 16]}  # forward\n"
-            "%36: f32(8, 16) = wait(%34, %35, %33)  # forward\n"
-            "%37: f32(8, 16), %38: f32(8, 16), %39: f32(8, 16) = adamw(%1:w1, %36, %5:m1, %6:v1, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
-            "%40: f32(2, 24), %41: f32(0) = reduce_scatter(%28) {after=S(0), before=P(sum), buffer=0, bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[2, 24]}  # forward\n"
-            "%42: f32(2, 24) = wait(%40, %41, %28)  # forward\n"
-            "%43: f32(2, 24), %44: f32(2, 24), %45: f32(2, 24) = adamw(%2:w2, %42, %7:m2, %8:v2, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
-            "outputs %21, %37, %38, %39, %43, %44, %45\n");
+            "%29: f32(20, 24) = silu_backward(%12, %27)  # backward\n"
+            "%30: f32(24, 16) = matmul(%29, %0:x) {transpose_a=true, transpose_b=false}  # backward\n"
+            "%31: f32(8, 16), %32: f32(0) = reduce_scatter(%30) {after=S(0), before=P(sum), buffer=0, bytes=1536, global_shape=[24, 16], group=[0, 1, 2], mesh_dims=[0], shape=[8, 16]}  # forward\n"
+            "%33: f32(8, 16) = wait(%31, %32, %30)  # forward\n"
+            "%34: f32(8, 16), %35: f32(8, 16), %36: f32(8, 16) = adamw(%1:w1, %33, %5:m1, %6:v1, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "%37: f32(2, 24), %38: f32(0) = reduce_scatter(%28) {after=S(0), before=P(sum), buffer=0, bytes=768, global_shape=[8, 24], group=[0, 1, 2], mesh_dims=[0], shape=[2, 24]}  # forward\n"
+            "%39: f32(2, 24) = wait(%37, %38, %28)  # forward\n"
+            "%40: f32(2, 24), %41: f32(2, 24), %42: f32(2, 24) = adamw(%2:w2, %39, %7:m2, %8:v2, %3:lr, %4:step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1}  # forward\n"
+            "outputs %21, %34, %35, %36, %40, %41, %42\n");
   const auto rank0 = spmd::lower(mlp.g, sharding, planner, 0);
   EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.x)).info.shape, (Shape{22, 16}));
   EXPECT_EQ(rank0.graph.value(rank0.values.at(mlp.w2)).info.shape, (Shape{3, 24}));
