@@ -16,6 +16,10 @@ struct CommBenchOptions {
   int iters = 0;          // per round; 0: chosen per size (5..50)
   bool verify = true;     // meshtrain's cross-rank fingerprint check
   bool json = false;
+  // Run the collectives in groups of this many ranks, all groups at once
+  // (a mesh dim of that size inside a larger job); 0: the whole world. No
+  // MPI baseline then.
+  int group_size = 0;
 };
 
 // Run under mpirun; rank 0 prints. Returns the process exit code.

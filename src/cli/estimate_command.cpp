@@ -28,7 +28,12 @@ std::string estimate_help() {
       "the profile's cost model), the communication the compute does not hide (exposed), tokens/s per device\n"
       "and MFU = F x tokens/s per device / the device's peak in the compute dtype, where F is torchtitan's\n"
       "FLOPs per token: 6 x (parameters - token embedding) + 12 x layers x heads x head_dim x seq_len.\n"
-      "--hardware: a built-in profile ({}) or a profile file (TOML; see docs/architecture.md).\n"
+      "--hardware: a built-in profile ({}) or a profile file (TOML): name, description; [device]\n"
+      "peak_gflops_f32, peak_gflops_bf16, memory_gbps, memory_gib, compute_efficiency, memory_efficiency (0.75\n"
+      "each by default, PyTorch's roofline), devices_per_host, shared_host (CPU ranks sharing one host's peaks);\n"
+      "[device.op_efficiency] OP = fraction; [collectives] model = \"nccl\" (arch, intra_bus_gbps, inter_gbps,\n"
+      "channels, amd_host) or \"measured\" ([[collectives.table]] op, ranks, world, bytes = [...], us = [...]).\n"
+      "bench/calibrate.sh writes one for the machine it runs on.\n"
       "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
       "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
       fmt::join(sched::builtin_hardware_names(), ", "));
@@ -134,9 +139,11 @@ int run_estimate(const std::vector<std::string>& args) {
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
     fmt::print("time: step {}: compute {}, communication {} of which exposed {}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us));
-    fmt::print("throughput: {:.0f} tokens/s per device; {:.2f} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
-               "{:.1f} TFLOP/s\n",
-               e.tokens_per_s_per_device, e.flops_per_token * 1e-9, 100 * e.mfu, e.peak_gflops * 1e-3);
+    fmt::print("throughput: {:.0f} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
+               "{}\n",
+               e.tokens_per_s_per_device, e.flops_per_token * 1e-9, 100 * e.mfu,
+               e.peak_gflops >= 1e3 ? fmt::format("{:.1f} TFLOP/s", e.peak_gflops * 1e-3)
+                                    : fmt::format("{:.1f} GFLOP/s (the rank's share)", e.peak_gflops));
     fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, amount(resident));
     if (trace_path != a.options.end())
       fmt::print("estimated trace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", trace_path->second);

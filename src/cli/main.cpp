@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_flag("!--no-verify", comm_opts.verify,
                        "Skip meshtrain's cross-rank fingerprint check (on by default)");
+  bench_comm->add_option("--group-size", comm_opts.group_size,
+                         "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
+                         "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
+      ->capture_default_str();
   bench_comm->add_flag("--json", comm_opts.json, "Print one JSON document instead of a table");
 
   std::string fr_dir;

@@ -108,24 +108,35 @@ double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int host
   return best;
 }
 
-double MeasuredCollectives::us(CollectiveKind kind, double bytes, int ranks) const {
+double MeasuredCollectives::us(CollectiveKind kind, double bytes, int ranks, int world) const {
   if (ranks == 1) return 0;
-  const auto it = tables.find({kind, ranks});
-  if (it == tables.end() || it->second.empty()) {
-    std::vector<int> measured;
-    for (const auto& [key, points] : tables)
-      if (key.first == kind) measured.push_back(key.second);
+  const std::vector<std::pair<double, double>>* points = nullptr;
+  int distance = 0;
+  std::vector<int> measured;
+  for (const auto& [key, table] : tables) {
+    if (key.kind != kind) continue;
+    measured.push_back(key.ranks);
+    if (key.ranks != ranks || table.empty()) continue;
+    const int d = std::abs(key.world - world);
+    if (!points || d < distance) {
+      points = &table;
+      distance = d;
+    }
+  }
+  if (!points) {
+    std::sort(measured.begin(), measured.end());
+    measured.erase(std::unique(measured.begin(), measured.end()), measured.end());
     MT_CHECK(false,
              "the profile's measured collectives have no {} over {} ranks (measured over: {}); calibrate with "
              "bench/calibrate.sh on that many ranks",
              collective_name(kind), ranks, measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
   }
-  const auto& points = it->second;
-  if (bytes <= points.front().first || points.size() == 1) return points.front().second;
+  const auto& p = *points;
+  if (bytes <= p.front().first || p.size() == 1) return p.front().second;
   size_t hi = 1;
-  while (hi + 1 < points.size() && points[hi].first < bytes) ++hi;
-  const auto& [b0, t0] = points[hi - 1];
-  const auto& [b1, t1] = points[hi];
+  while (hi + 1 < p.size() && p[hi].first < bytes) ++hi;
+  const auto& [b0, t0] = p[hi - 1];
+  const auto& [b1, t1] = p[hi];
   return t0 + (t1 - t0) * (bytes - b0) / (b1 - b0);  // beyond the last point: the last two's slope
 }
 

@@ -31,14 +31,23 @@ struct NcclLinks {
 // buffer of an all_reduce or all_to_all) over `ranks` ranks on `hosts` hosts.
 double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int hosts, const NcclLinks& links);
 
-// Measured times: per collective and group size, (bytes, microseconds)
-// points in increasing bytes. Between points the time is interpolated
-// linearly; below the first it is the first's; beyond the last it grows at
-// the bandwidth of the last two.
+// Measured times: per collective, group size and the job's ranks on the
+// host when measured (0: not said), (bytes, microseconds) points in
+// increasing bytes. Between points the time is interpolated linearly; below
+// the first it is the first's; beyond the last it grows at the bandwidth of
+// the last two.
 struct MeasuredCollectives {
-  std::map<std::pair<CollectiveKind, int>, std::vector<std::pair<double, double>>> tables;
-  // Fails naming the group sizes measured when `ranks` is not one of them.
-  double us(CollectiveKind kind, double bytes, int ranks) const;
+  struct Key {
+    CollectiveKind kind;
+    int ranks = 0;  // the group's
+    int world = 0;  // the job's, all on the host; 0: any
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, std::vector<std::pair<double, double>>> tables;
+  // The table measured in a job of `world` ranks, else the one measured in
+  // the job size nearest it. Fails naming the group sizes measured when
+  // `ranks` is not one of them.
+  double us(CollectiveKind kind, double bytes, int ranks, int world = 0) const;
 };
 
 }  // namespace meshtrain::sched

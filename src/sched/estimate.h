@@ -5,7 +5,9 @@
 // group of mesh dims. A collective starts when the compute stream reaches
 // its start node and its group's earlier collectives are done; its wait
 // holds the compute stream until it completes, and that hold is the step's
-// exposed communication.
+// exposed communication. On a shared host (CPU ranks) the cores that compute
+// also move a collective's bytes: it runs on the compute stream where it
+// starts, all of it exposed.
 #pragma once
 
 #include <string>

@@ -12,13 +12,14 @@
 namespace meshtrain::sched {
 
 double HardwareProfile::rank_share(int world_size) const {
-  return shared_host ? 1.0 / std::max(1, std::min(world_size, devices_per_host)) : 1.0;
+  return shared_host ? 1.0 / std::max(1, world_size) : 1.0;
 }
 
-double HardwareProfile::collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group) const {
+double HardwareProfile::collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group,
+                                      int world_size) const {
   const int ranks = static_cast<int>(group.size());
   if (ranks <= 1) return 0;
-  if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks);
+  if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks, world_size);
   std::set<int64_t> hosts;
   for (int64_t r : group) hosts.insert(r / devices_per_host);
   return nccl_collective_us(kind, bytes, ranks, static_cast<int>(hosts.size()), nccl);
@@ -26,59 +27,10 @@ double HardwareProfile::collective_us(CollectiveKind kind, double bytes, const s
 
 namespace {
 
-// Sources of the built-in figures:
-// - H100 SXM5 80 GB and H200 SXM 141 GB: NVIDIA's datasheets (dense bf16
-//   989.4 TFLOP/s, f32 66.9 TFLOP/s; HBM3 3.35 TB/s, HBM3e 4.8 TB/s);
-//   NVLink 4 within a host of 8 and 400 Gb/s InfiniBand per GPU across
-//   hosts, as PyTorch's comm_analysis defaults them for Hopper (370 GB/s bus
-//   bandwidth, 50 GB/s), 16 channels, Intel hosts (DGX H100).
-// - attention at 35% of the bf16 peak: "FlashAttention-2 achieves only 35%
-//   utilization on H100" (FlashAttention-3, arXiv 2407.08608), the kernel
-//   PyTorch's SDPA ran in torchtitan's 2024 benchmarks.
-// - cpu-2core: the project's development machine (an AMD EPYC VM with 2
-//   cores), calibrated with bench/calibrate.sh: its GEMM peak and each op's
-//   measured rate, and meshtrain's own collectives over 2 and 4 ranks.
+// The built-in profiles: configs/hardware/*.toml, embedded at build time
+// (src/CMakeLists.txt), each file saying where its figures come from.
 constexpr const char* kBuiltins[] = {
-    R"(name = "h100-sxm"
-description = "NVIDIA H100 SXM5 80 GB, 8 per host on NVLink 4, 400 Gb/s InfiniBand per GPU across hosts"
-[device]
-peak_gflops_f32 = 66900
-peak_gflops_bf16 = 989400
-memory_gbps = 3350
-memory_gib = 74.5
-compute_efficiency = 0.75
-memory_efficiency = 0.75
-devices_per_host = 8
-[device.op_efficiency]
-attention = 0.35
-attention_backward = 0.35
-[collectives]
-model = "nccl"
-arch = "hopper"
-intra_bus_gbps = 370
-inter_gbps = 50
-channels = 16
-)",
-    R"(name = "h200"
-description = "NVIDIA H200 SXM 141 GB, 8 per host on NVLink 4, 400 Gb/s InfiniBand per GPU across hosts"
-[device]
-peak_gflops_f32 = 66900
-peak_gflops_bf16 = 989400
-memory_gbps = 4800
-memory_gib = 131.3
-compute_efficiency = 0.75
-memory_efficiency = 0.75
-devices_per_host = 8
-[device.op_efficiency]
-attention = 0.35
-attention_backward = 0.35
-[collectives]
-model = "nccl"
-arch = "hopper"
-intra_bus_gbps = 370
-inter_gbps = 50
-channels = 16
-)",
+#include "sched/builtin_hardware.inc"
 };
 
 struct Reader {
@@ -192,18 +144,21 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const toml::table* t = entry.as_table();
       if (!t) r.fail("collectives.table", "must hold tables");
       for (const auto& [k, v] : *t)
-        if (k.str() != "op" && k.str() != "ranks" && k.str() != "bytes" && k.str() != "us")
-          r.fail(fmt::format("collectives.table.{}", k.str()), "unknown (a table has op, ranks, bytes and us)");
+        if (k.str() != "op" && k.str() != "ranks" && k.str() != "world" && k.str() != "bytes" && k.str() != "us")
+          r.fail(fmt::format("collectives.table.{}", k.str()), "unknown (a table has op, ranks, world, bytes and us)");
       const auto op = (*t)["op"].value<std::string>();
       const auto ranks = (*t)["ranks"].value<int64_t>();
       if (!op) r.fail("collectives.table.op", "is required (all_gather, reduce_scatter, all_reduce, all_to_all)");
       if (!ranks || *ranks < 2) r.fail("collectives.table.ranks", "must be an integer >= 2");
+      const int64_t world = (*t)["world"].value<int64_t>().value_or(0);
+      if (world != 0 && (world < *ranks || world % *ranks != 0))
+        r.fail("collectives.table.world", fmt::format("{} must be a multiple of ranks {}", world, *ranks));
       const CollectiveKind kind = collective_kind(*op);
       const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),
                                 us = r.numbers(*t, "us", "collectives.table");
       if (bytes.size() != us.size() || bytes.empty())
         r.fail("collectives.table", fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
-      auto& points = p.measured.tables[{kind, static_cast<int>(*ranks)}];
+      auto& points = p.measured.tables[{kind, static_cast<int>(*ranks), static_cast<int>(world)}];
       for (size_t i = 0; i < bytes.size(); ++i) {
         if (i > 0 && bytes[i] <= bytes[i - 1])
           r.fail("collectives.table.bytes", fmt::format("{} over {} ranks: sizes must increase", *op, *ranks));

@@ -24,17 +24,17 @@ struct HardwareProfile {
   double memory_efficiency = 0.75;
   std::map<std::string, double> op_efficiency;
   int devices_per_host = 8;
-  // The ranks on a host share one device (CPU cores): each rank gets the
-  // peaks divided by the ranks on its host.
+  // The job's ranks all run on this one host and share its peaks (CPU
+  // cores): each of N ranks gets 1/N of them.
   bool shared_host = false;
   enum class CollectiveModel { nccl, measured } collectives = CollectiveModel::nccl;
   NcclLinks nccl;
   MeasuredCollectives measured;
 
-  // A collective's time over `group` (global ranks), `bytes` as
-  // nccl_collective_us counts them.
-  double collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group) const;
-  // The share of a device one rank of a `world_size`-rank job gets (1 unless shared_host).
+  // A collective's time over `group` (global ranks) in a job of
+  // `world_size` ranks, `bytes` as nccl_collective_us counts them.
+  double collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
+  // The share of the peaks one rank of a `world_size`-rank job gets (1 unless shared_host).
   double rank_share(int world_size) const;
 };
 
@@ -48,7 +48,8 @@ HardwareProfile builtin_hardware(const std::string& name);
 //   [device.op_efficiency] <op> = fraction
 //   [collectives] model = "nccl" | "measured"
 //     nccl: arch (volta|ampere|hopper|blackwell), intra_bus_gbps, inter_gbps, channels, amd_host
-//     measured: [[collectives.table]] op, ranks, bytes = [...], us = [...]
+//     measured: [[collectives.table]] op, ranks, world (the job's ranks when
+//               measured; optional), bytes = [...], us = [...]
 HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin);
 // NAME of a built-in profile, or the path of a profile file.
 HardwareProfile load_hardware(const std::string& name_or_path);

@@ -193,7 +193,7 @@ RankReport Trainer::own_report() const {
       r.collective_bytes_per_step += node.attrs.get(graph::attr::comm_bytes);
     }
   }
-  r.peak_bytes = static_cast<double>(default_allocator().stats().peak_bytes);
+  r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
   return r;
 }
 
@@ -243,6 +243,9 @@ StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m;
   m.step = ++steps_done_;
+  // The step's own peak from here; the peak so far is kept beside it.
+  peak_before_step_ = std::max(peak_before_step_, default_allocator().stats().peak_bytes);
+  default_allocator().reset_peak();
   m.lr = config_.lr_at(m.step);
   if (world_) {
     // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
@@ -269,7 +272,8 @@ StepMetrics Trainer::step() {
   m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
-  m.peak_bytes = m.peak_bytes_max = default_allocator().stats().peak_bytes;
+  m.step_peak_bytes = default_allocator().stats().peak_bytes;
+  m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
   MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
   return m;
 }
@@ -358,6 +362,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                   {"lr", last.lr},            {"grad_norm", last.grad_norm},
                                   {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
                                   {"peak_bytes", last.peak_bytes},
+                                  {"step_peak_bytes", last.step_peak_bytes},
                                   {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6}};
       if (world_) {
         line["ranks"] = ranks;

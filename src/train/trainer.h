@@ -24,7 +24,8 @@ namespace meshtrain::train {
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;  // tokens/s: the whole job's
-  size_t peak_bytes = 0;  // this rank's
+  size_t peak_bytes = 0;  // this rank's, since it started
+  size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
   size_t peak_bytes_max = 0;  // the largest rank's (gathered at logged steps; else this rank's)
 };
 
@@ -160,6 +161,7 @@ class Trainer {
   int64_t steps_done_ = 0;
   bool profiling_ = false;
   bool tracing_ = false;
+  size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
 };
 
 }  // namespace meshtrain::train

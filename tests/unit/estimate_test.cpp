@@ -11,6 +11,7 @@
 #include "sched/schedule.h"
 #include "test_util.h"
 #include "train/estimate.h"
+#include "train/trainer.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
@@ -67,6 +68,12 @@ TEST(CollectiveCost, MeasuredTableInterpolates) {
   EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 2000, 4), 20);  // between points: the line
   EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 4), 60);  // beyond: the last two's slope
   EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 1), 0);
+  // Measured inside a job of 8 ranks (two groups of 4 at once): that table
+  // for a job of 8 or more, the other for smaller ones.
+  m.tables[{sched::CollectiveKind::all_gather, 4, 8}] = {{1000, 100}};
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 8), 100);
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 16), 100);
+  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 4), 10);
   EXPECT_TRUE(contains(message_of([&] { m.us(sched::CollectiveKind::all_gather, 10, 2); }),
                        "no all_gather over 2 ranks (measured over: 4)"));
 }
@@ -79,15 +86,14 @@ TEST(Hardware, BuiltinsAndFiles) {
   EXPECT_EQ(h100.devices_per_host, 8);
   EXPECT_EQ(h100.op_efficiency.at("attention"), 0.35);
   // Ranks 0..7 share a host; 0 and 8 do not.
-  EXPECT_LT(h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 1}),
-            h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 8}));
+  EXPECT_LT(h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 1}, 16),
+            h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 8}, 16));
   EXPECT_TRUE(contains(message_of([] { sched::builtin_hardware("tpu"); }), "no built-in hardware profile 'tpu'"));
   const std::string measured = R"(name = "mine"
 [device]
 peak_gflops_f32 = 100
 memory_gbps = 20
 shared_host = true
-devices_per_host = 4
 [collectives]
 model = "measured"
 [[collectives.table]]
@@ -97,9 +103,11 @@ bytes = [0, 1000]
 us = [5, 15]
 )";
   const sched::HardwareProfile p = sched::parse_hardware(measured, "test");
-  EXPECT_EQ(p.collective_us(sched::CollectiveKind::all_reduce, 500, {0, 1}), 10);
-  EXPECT_EQ(p.rank_share(2), 0.5);  // 2 ranks share the host
-  EXPECT_EQ(p.rank_share(16), 0.25);
+  EXPECT_EQ(p.collective_us(sched::CollectiveKind::all_reduce, 500, {0, 1}, 2), 10);
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
+                       "collectives.table.world 3 must be a multiple of ranks 2"));
+  EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
+  EXPECT_EQ(p.rank_share(16), 1.0 / 16);
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware("colour = 1\n" + measured, "test"); }),
                        "colour unknown"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "colour = 1\n", "test"); }),
@@ -163,4 +171,24 @@ TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
   EXPECT_EQ(e.flops_per_token, 6 * (params - 64 * 32) + 12.0 * 2 * 4 * 8 * 16);
   EXPECT_NEAR(e.mfu, e.flops_per_token * e.tokens_per_s_per_device / (h100.peak_gflops_f32 * 1e9), 1e-12);
   EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 3, 0, h100); }), "parallel"));
+}
+
+// What a step allocates, estimated without running it, against a real step
+// of the trainer on this rank: the same bytes, up to the allocator's
+// rounding of each block (512 B granules, 128 KiB above 1 MiB).
+TEST(TrainingEstimate, PeakIsWhatATrainerStepAllocates) {
+  train::TrainConfig c;
+  c.model = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 128, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 4;
+  c.data.seq_len = 32;
+  c.training.steps = 2;
+  const train::TrainingEstimate e = train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm"));
+  train::Trainer trainer(c);
+  trainer.step();
+  const double measured = static_cast<double>(trainer.step().step_peak_bytes);
+  // The arena is one block over 1 MiB: up to one 128 KiB granule more.
+  EXPECT_NEAR(measured, e.memory.peak_bytes, 0.01 * e.memory.peak_bytes + 128 * 1024)
+      << "estimated " << e.memory.peak_bytes;
+  EXPECT_GE(measured, e.memory.peak_bytes);  // rounding only adds
 }

@@ -235,8 +235,7 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
                                         .compute_efficiency = 1, .memory_efficiency = 1},
                            .world_size = 2};
   device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
-  const auto all_reduce_over_2 = std::pair{sched::CollectiveKind::all_reduce, 2};
-  device.hardware.measured.tables[all_reduce_over_2] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
+  device.hardware.measured.tables[{sched::CollectiveKind::all_reduce, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
   const NodeId matmul = g.value(z).producer;
   // 2 * 64^3 FLOPs at 100 GFLOP/s (5.24 us) outlast 3 * 16 KiB at 10 GB/s (4.92 us).
   EXPECT_NEAR(sched::node_us(g, matmul, device), 2.0 * 64 * 64 * 64 / 100e3, 1e-9);

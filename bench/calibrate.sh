@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A hardware profile of this machine for `meshtrain estimate`, from
+# measurements taken here: the GEMM peak (gemm_peak, all cores, f32 and
+# bf16), each compute-heavy op's rate and the memory-bound ops' bandwidth on
+# one rank of a 2-rank run of the benchmark model, a core each (`train
+# --profile`; as a share of the host's peak: rate x 2 / peak), and
+# meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
+# (`bench comm --group-size`, 4 KiB to 64 MiB). The job's ranks share this one host (shared_host): a rank of an
+# N-rank job gets 1/N of the peaks.
+# Usage: bench/calibrate.sh [OUT.toml] [NAME]   (default runs/hardware/local.toml, "local-cpu")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/hardware/local.toml}
+name=${2:-local-cpu}
+[ -x build/meshtrain ] && [ -x build/gemm_peak ] || scripts/setup.sh build
+source bench/bench_model.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+threads=$(nproc)
+echo "calibrate: GEMM peak on $threads cores" >&2
+OMP_NUM_THREADS=$threads build/gemm_peak float32 > "$work/f32"
+OMP_NUM_THREADS=$threads build/gemm_peak bfloat16 > "$work/bf16"
+echo "calibrate: op rates of one rank of 2 (one core each) training the benchmark model (f32, DDP)" >&2
+bench_text "$work/text.txt"
+scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
+  --model.n_kv_heads 8 --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps 12 \
+  --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile > "$work/profile.txt"
+# A group's time depends on the ranks sharing the host: a pair in a 4-rank
+# job waits for cores the other pair holds. Each (group, job) measured apart.
+for job in "2 2" "2 4" "4 4"; do
+  read -r group np <<< "$job"
+  echo "calibrate: meshtrain's collectives in groups of $group in a job of $np ranks" >&2
+  scripts/mpirun.sh -np "$np" build/meshtrain bench comm --ops all_gather,reduce_scatter,all_reduce,all_to_all \
+    --min-bytes 4K --max-bytes 64M --rounds 9 --group-size "$group" --json > "$work/comm_${group}_$np.json"
+done
+mkdir -p "$(dirname "$out")"
+python3 - "$work" "$name" "$(hostname)" "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$threads" > "$out" <<'PY'
+import json, re, sys, datetime
+work, name, host, cpu, threads = sys.argv[1:]
+def gflops(path):  # gemm_peak prints GFLOP/s
+    return float(open(path).read().split()[-1])
+f32, bf16 = gflops(f"{work}/f32"), gflops(f"{work}/bf16")
+# train --profile rows: op, calls, ms, share, GFLOP/s, GB/s
+ops = {}
+for line in open(f"{work}/profile.txt"):
+    m = re.match(r"^(?:profile \(steps 2\.\.\):)?\s+([a-z_]+)\s+(\d+)\s+([0-9.]+)\s+[0-9.]+%\s+([0-9.]+)\s+([0-9.]+)\s*$", line)
+    if m and m.group(1) != "op":
+        op, ms, gf, gb = m.group(1), float(m.group(3)), float(m.group(4)), float(m.group(5))
+        ops[op] = (ms * 1e-3, gf * ms * 1e-3, gb * ms * 1e-3)  # seconds, GFLOP, GB
+heavy = ["matmul", "attention", "attention_backward"]
+skip = {"wait", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"}  # communication: its own table
+light = [op for op in ops if op not in heavy and op not in skip and ops[op][2] > 0]
+share = 2  # the rank had one of the 2 ranks' share of the host
+memory_gbps = share * sum(ops[o][2] for o in light) / sum(ops[o][0] for o in light)
+print(f'name = "{name}"')
+print(f'description = "{cpu}, {threads} cores ({host}); calibrated by bench/calibrate.sh on {datetime.date.today()}"')
+print("[device]")
+print(f"peak_gflops_f32 = {f32:.1f}")
+print(f"peak_gflops_bf16 = {bf16:.1f}")
+print(f"memory_gbps = {memory_gbps:.2f}  # the memory-bound ops' bytes over their time, x 2 ranks")
+print("compute_efficiency = 1.0")
+print("memory_efficiency = 1.0")
+print("shared_host = true")
+print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
+for op in heavy:
+    if op in ops and ops[op][0] > 0:
+        print(f"{op} = {share * ops[op][1] / ops[op][0] / f32:.4f}")
+print("[collectives]")
+print('model = "measured"')
+for group, np_ in ((2, 2), (2, 4), (4, 4)):
+    rows = json.load(open(f"{work}/comm_{group}_{np_}.json"))["results"]
+    for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+        pts = sorted((r["bytes"], r["time_us"]) for r in rows if r["op"] == op)
+        if not pts:
+            continue
+        print("[[collectives.table]]")
+        print(f'op = "{op}"')
+        print(f"ranks = {group}")
+        print(f"world = {np_}")
+        print("bytes = [" + ", ".join(str(int(b)) for b, _ in pts) + "]")
+        print("us = [" + ", ".join(f"{t:.2f}" for _, t in pts) + "]")
+PY
+echo "calibrate: wrote $out" >&2
+cat "$out"
