@@ -127,8 +127,8 @@ double MeasuredCollectives::us(CollectiveKind kind, double bytes, int ranks, int
     std::sort(measured.begin(), measured.end());
     measured.erase(std::unique(measured.begin(), measured.end()), measured.end());
     MT_CHECK(false,
-             "the profile's measured collectives have no {} over {} ranks (measured over: {}); calibrate with "
-             "bench/calibrate.sh on that many ranks",
+             "the profile's measured collectives have no {} over {} ranks (measured over: {}); bench comm --group-size "
+             "measures other group sizes for the profile's tables",
              collective_name(kind), ranks, measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
   }
   const auto& p = *points;
