@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-
-#include <fmt/format.h>
 #include <limits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_backend.h"

@@ -9,7 +9,6 @@
 
 #include "cli/command_args.h"
 #include "core/error.h"
-#include "sched/trace.h"
 #include "train/estimate.h"
 
 namespace meshtrain::cli {

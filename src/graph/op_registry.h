@@ -38,6 +38,10 @@ struct OpDef {
   // A step of a redistribution in a lowered graph (graph/ops/collective.cpp):
   // executors run it on the mesh groups, not with a kernel.
   bool is_collective = false;
+  // A collective that communicates from its node until a `wait` node
+  // completes it (all_gather, reduce_scatter, all_reduce, all_to_all; not
+  // shard_locally, which runs at once).
+  bool starts_async = false;
   // Waits for the collective that produced input 0 (graph/ops/collective.cpp);
   // its output is input 0 (a view), readable once the collective completed.
   bool is_wait = false;

@@ -10,23 +10,16 @@
 
 namespace meshtrain::sched {
 
-CollectiveKind collective_kind(const std::string& op) {
-  if (op == "all_gather") return CollectiveKind::all_gather;
-  if (op == "reduce_scatter") return CollectiveKind::reduce_scatter;
-  if (op == "all_reduce") return CollectiveKind::all_reduce;
-  if (op == "all_to_all") return CollectiveKind::all_to_all;
-  MT_CHECK(false, "no collective cost rule for op '{}' (all_gather, reduce_scatter, all_reduce, all_to_all)", op);
-  return CollectiveKind::all_reduce;
-}
+namespace {
+constexpr comm::OpType kCosted[] = {comm::OpType::all_gather, comm::OpType::reduce_scatter, comm::OpType::all_reduce,
+                                    comm::OpType::all_to_all};
+}  // namespace
 
-const char* collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::all_to_all: return "all_to_all";
-  }
-  return "?";
+comm::OpType costed_collective(std::string_view op) {
+  for (comm::OpType type : kCosted)
+    if (comm::op_type_name(type) == op) return type;
+  MT_CHECK(false, "no collective cost rule for op '{}' (all_gather, reduce_scatter, all_reduce, all_to_all)", op);
+  return comm::OpType::all_reduce;
 }
 
 namespace {
@@ -53,9 +46,9 @@ constexpr double kTreeCorrection[3][24] = {
 
 int log2i(double x) { return x < 1 ? 0 : static_cast<int>(std::floor(std::log2(x))); }
 
-double algo_time_us(CollectiveKind kind, Algo algo, Proto proto, double bytes, int ranks, int hosts,
+double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int ranks, int hosts,
                     const NcclLinks& links) {
-  const bool all_reduce = kind == CollectiveKind::all_reduce;
+  const bool all_reduce = kind == comm::OpType::all_reduce;
   if (algo == kTree && !all_reduce) return std::numeric_limits<double>::infinity();
   if (proto == kLL128 && hosts > 1) return std::numeric_limits<double>::infinity();  // off across InfiniBand hosts
   const int arch = static_cast<int>(links.arch);
@@ -96,7 +89,9 @@ double algo_time_us(CollectiveKind kind, Algo algo, Proto proto, double bytes, i
 
 }  // namespace
 
-double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int hosts, const NcclLinks& links) {
+double nccl_collective_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links) {
+  MT_CHECK(std::find(std::begin(kCosted), std::end(kCosted), kind) != std::end(kCosted),
+           "nccl cost model: no cost rule for {}", comm::op_type_name(kind));
   MT_CHECK(ranks >= 1 && hosts >= 1 && hosts <= ranks, "nccl cost model: {} ranks on {} hosts", ranks, hosts);
   MT_CHECK(links.intra_bus_gbps > 0 && links.inter_gbps > 0 && links.channels > 0,
            "nccl cost model: bandwidths and channels must be positive");
@@ -108,7 +103,7 @@ double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int host
   return best;
 }
 
-double MeasuredCollectives::us(CollectiveKind kind, double bytes, int ranks, int world) const {
+double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int world) const {
   if (ranks == 1) return 0;
   const std::vector<std::pair<double, double>>* points = nullptr;
   int distance = 0;
@@ -129,7 +124,7 @@ double MeasuredCollectives::us(CollectiveKind kind, double bytes, int ranks, int
     MT_CHECK(false,
              "the profile's measured collectives have no {} over {} ranks (measured over: {}); bench comm --group-size "
              "measures other group sizes for the profile's tables",
-             collective_name(kind), ranks, measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
+             comm::op_type_name(kind), ranks, measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
   }
   const auto& p = *points;
   if (bytes <= p.front().first || p.size() == 1) return p.front().second;

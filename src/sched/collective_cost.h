@@ -6,15 +6,17 @@
 #pragma once
 
 #include <map>
-#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "comm/types.h"
+
 namespace meshtrain::sched {
 
-enum class CollectiveKind { all_gather, reduce_scatter, all_reduce, all_to_all };
-CollectiveKind collective_kind(const std::string& op);  // from the op's name; fails for others
-const char* collective_name(CollectiveKind kind);
+// The collective named `op` (all_gather, reduce_scatter, all_reduce or
+// all_to_all, the ones with a cost rule); fails for others.
+comm::OpType costed_collective(std::string_view op);
 
 // The machine as NCCL's model sees it.
 struct NcclLinks {
@@ -29,7 +31,7 @@ struct NcclLinks {
 // Microseconds for a collective of `bytes` (NCCL's nBytes: the whole
 // gathered buffer of an all_gather, the whole input of a reduce_scatter, the
 // buffer of an all_reduce or all_to_all) over `ranks` ranks on `hosts` hosts.
-double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int hosts, const NcclLinks& links);
+double nccl_collective_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links);
 
 // Measured times: per collective, group size and the job's ranks on the
 // host when measured (0: not said), (bytes, microseconds) points in
@@ -38,7 +40,7 @@ double nccl_collective_us(CollectiveKind kind, double bytes, int ranks, int host
 // the last two.
 struct MeasuredCollectives {
   struct Key {
-    CollectiveKind kind;
+    comm::OpType kind;
     int ranks = 0;  // the group's
     int world = 0;  // the job's, all on the host; 0: any
     auto operator<=>(const Key&) const = default;
@@ -47,7 +49,7 @@ struct MeasuredCollectives {
   // The table measured in a job of `world` ranks, else the one measured in
   // the job size nearest it. Fails naming the group sizes measured when
   // `ranks` is not one of them.
-  double us(CollectiveKind kind, double bytes, int ranks, int world = 0) const;
+  double us(comm::OpType kind, double bytes, int ranks, int world = 0) const;
 };
 
 }  // namespace meshtrain::sched

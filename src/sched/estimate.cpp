@@ -16,7 +16,7 @@ graph::ValueInfos infos(const graph::Graph& g, const std::vector<graph::ValueId>
 }
 
 double collective_us(const graph::Node& node, const RankDevice& device) {
-  return device.hardware.collective_us(collective_kind(node.op->name), node.attrs.get(graph::attr::comm_bytes),
+  return device.hardware.collective_us(costed_collective(node.op->name), node.attrs.get(graph::attr::comm_bytes),
                                        node.attrs.get(graph::attr::group), device.world_size);
 }
 }  // namespace
@@ -29,7 +29,7 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   const double share = hw.rank_share(device.world_size);
   const double bytes = graph::op_bytes(*node.op, in, out, node.attrs);
   const double memory_us = bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;
-  if (node.op->is_collective) return node.outputs.size() > 1 ? collective_us(node, device) : memory_us;
+  if (node.op->is_collective) return node.op->starts_async ? collective_us(node, device) : memory_us;
   MT_CHECK(hw.peak_gflops_f32 > 0 && hw.memory_gbps > 0,
            "estimate: hardware profile '{}' needs a positive f32 peak and memory bandwidth", hw.name);
   const bool bf16 = !out.empty() && out[0].dtype == DType::bf16 && hw.peak_gflops_bf16 > 0;
@@ -58,22 +58,20 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
       continue;
     }
     const double us = node_us(g, id, device);
-    if (node.op->is_collective && node.outputs.size() > 1 && device.hardware.shared_host) {
-      // CPU ranks sharing a host: the cores that compute also copy the
-      // collective's bytes, so nothing hides it.
-      e.timeline.push_back({id, now, now + us});
+    if (node.op->starts_async) {
       e.communication_us += us;
-      e.exposed_us += us;
-      now += us;
-      done_at[id] = now;
-      continue;
-    }
-    if (node.op->is_collective && node.outputs.size() > 1) {  // started here, in flight until its wait
-      double& free_at = stream_free_at[node.attrs.get(graph::attr::mesh_dims)];
-      const double begin = std::max(now, free_at);
-      free_at = done_at[id] = begin + us;
-      e.communication_us += us;
-      e.timeline.push_back({id, now, now});
+      if (device.hardware.shared_host) {
+        // CPU ranks sharing a host: the cores that compute also copy the
+        // collective's bytes, so nothing hides it.
+        e.timeline.push_back({id, now, now + us});
+        e.exposed_us += us;
+        now += us;
+        done_at[id] = now;
+      } else {  // in flight on its group's stream until its wait
+        double& free_at = stream_free_at[node.attrs.get(graph::attr::mesh_dims)];
+        free_at = done_at[id] = std::max(now, free_at) + us;
+        e.timeline.push_back({id, now, now});
+      }
       continue;
     }
     e.timeline.push_back({id, now, now + us});

@@ -15,7 +15,7 @@ double HardwareProfile::rank_share(int world_size) const {
   return shared_host ? 1.0 / std::max(1, world_size) : 1.0;
 }
 
-double HardwareProfile::collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group,
+double HardwareProfile::collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group,
                                       int world_size) const {
   const int ranks = static_cast<int>(group.size());
   if (ranks <= 1) return 0;
@@ -153,7 +153,7 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const int64_t world = (*t)["world"].value<int64_t>().value_or(0);
       if (world != 0 && (world < *ranks || world % *ranks != 0))
         r.fail("collectives.table.world", fmt::format("{} must be a multiple of ranks {}", world, *ranks));
-      const CollectiveKind kind = collective_kind(*op);
+      const comm::OpType kind = costed_collective(*op);
       const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),
                                 us = r.numbers(*t, "us", "collectives.table");
       if (bytes.size() != us.size() || bytes.empty())

@@ -33,7 +33,7 @@ struct HardwareProfile {
 
   // A collective's time over `group` (global ranks) in a job of
   // `world_size` ranks, `bytes` as nccl_collective_us counts them.
-  double collective_us(CollectiveKind kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
+  double collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
   // The share of the peaks one rank of a `world_size`-rank job gets (1 unless shared_host).
   double rank_share(int world_size) const;
 };

@@ -94,7 +94,7 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
   for (graph::NodeId n : schedule.steps) {
     const graph::Node& node = running.node(n);
     ++e.nodes;
-    if (node.op->is_collective && node.outputs.size() > 1) {
+    if (node.op->starts_async) {
       ++e.collectives;
       e.collective_bytes += node.attrs.get(graph::attr::comm_bytes);
     }

@@ -33,7 +33,7 @@ sched::NcclLinks hopper_320() {
 TEST(CollectiveCost, NcclPicksRingSimpleForALargeAllReduce) {
   const double bytes = 256.0 * (1 << 20);
   const double ring_simple = 8.4 + 14 * 3.4 + bytes * 14 / 8 / (1000 * 320);
-  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 8, 1, hopper_320()), ring_simple, 1e-6);
+  EXPECT_NEAR(sched::nccl_collective_us(comm::OpType::all_reduce, bytes, 8, 1, hopper_320()), ring_simple, 1e-6);
 }
 
 // At 64 KiB the low-latency protocol wins: LL's bus bandwidth is capped at
@@ -41,19 +41,19 @@ TEST(CollectiveCost, NcclPicksRingSimpleForALargeAllReduce) {
 TEST(CollectiveCost, NcclPicksRingLLForASmallAllReduce) {
   const double bytes = 65536;
   const double ring_ll = 6.6 + 14 * 0.6 + bytes * 14 / 8 / (1000 * 141);
-  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 8, 1, hopper_320()), ring_ll, 1e-6);
+  EXPECT_NEAR(sched::nccl_collective_us(comm::OpType::all_reduce, bytes, 8, 1, hopper_320()), ring_ll, 1e-6);
   // An all_gather of the same buffer takes n - 1 steps, not 2(n - 1).
-  EXPECT_NEAR(sched::nccl_collective_us(sched::CollectiveKind::all_gather, bytes, 8, 1, hopper_320()),
+  EXPECT_NEAR(sched::nccl_collective_us(comm::OpType::all_gather, bytes, 8, 1, hopper_320()),
               6.6 + 7 * 0.6 + bytes * 7 / 8 / (1000 * 141), 1e-6);
-  EXPECT_EQ(sched::nccl_collective_us(sched::CollectiveKind::all_reduce, bytes, 1, 1, hopper_320()), 0);
+  EXPECT_EQ(sched::nccl_collective_us(comm::OpType::all_reduce, bytes, 1, 1, hopper_320()), 0);
 }
 
 // Across hosts the network's bandwidth and latency take over.
 TEST(CollectiveCost, AcrossHostsCostsMoreThanWithinOne) {
   const double bytes = 1 << 30;
   const auto links = hopper_320();
-  const double one_host = sched::nccl_collective_us(sched::CollectiveKind::reduce_scatter, bytes, 8, 1, links);
-  const double two_hosts = sched::nccl_collective_us(sched::CollectiveKind::reduce_scatter, bytes, 16, 2, links);
+  const double one_host = sched::nccl_collective_us(comm::OpType::reduce_scatter, bytes, 8, 1, links);
+  const double two_hosts = sched::nccl_collective_us(comm::OpType::reduce_scatter, bytes, 16, 2, links);
   // Ring/Simple over 2 hosts: the NIC at 50 GB/s x 0.77 + 0.23/7 efficiency.
   const double bw = 50 * (0.77 + 0.23 / 7);
   const double latency = 8.4 + 14 * 3.4 /* max(3.4, 3 x 1 us overhead) */ + 1 * 14.0;
@@ -63,18 +63,18 @@ TEST(CollectiveCost, AcrossHostsCostsMoreThanWithinOne) {
 
 TEST(CollectiveCost, MeasuredTableInterpolates) {
   sched::MeasuredCollectives m;
-  m.tables[{sched::CollectiveKind::all_gather, 4}] = {{1000, 10}, {3000, 30}, {5000, 40}};
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4), 10);    // below the first point: its time
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 2000, 4), 20);  // between points: the line
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 4), 60);  // beyond: the last two's slope
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 9000, 1), 0);
+  m.tables[{comm::OpType::all_gather, 4}] = {{1000, 10}, {3000, 30}, {5000, 40}};
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 4), 10);    // below the first point: its time
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 2000, 4), 20);  // between points: the line
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 9000, 4), 60);  // beyond: the last two's slope
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 9000, 1), 0);
   // Measured inside a job of 8 ranks (two groups of 4 at once): that table
   // for a job of 8 or more, the other for smaller ones.
-  m.tables[{sched::CollectiveKind::all_gather, 4, 8}] = {{1000, 100}};
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 8), 100);
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 16), 100);
-  EXPECT_EQ(m.us(sched::CollectiveKind::all_gather, 10, 4, 4), 10);
-  EXPECT_TRUE(contains(message_of([&] { m.us(sched::CollectiveKind::all_gather, 10, 2); }),
+  m.tables[{comm::OpType::all_gather, 4, 8}] = {{1000, 100}};
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 4, 8), 100);
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 4, 16), 100);
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 4, 4), 10);
+  EXPECT_TRUE(contains(message_of([&] { m.us(comm::OpType::all_gather, 10, 2); }),
                        "no all_gather over 2 ranks (measured over: 4)"));
 }
 
@@ -86,8 +86,8 @@ TEST(Hardware, BuiltinsAndFiles) {
   EXPECT_EQ(h100.devices_per_host, 8);
   EXPECT_EQ(h100.op_efficiency.at("attention"), 0.35);
   // Ranks 0..7 share a host; 0 and 8 do not.
-  EXPECT_LT(h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 1}, 16),
-            h100.collective_us(sched::CollectiveKind::all_gather, 1e8, {0, 8}, 16));
+  EXPECT_LT(h100.collective_us(comm::OpType::all_gather, 1e8, {0, 1}, 16),
+            h100.collective_us(comm::OpType::all_gather, 1e8, {0, 8}, 16));
   EXPECT_TRUE(contains(message_of([] { sched::builtin_hardware("tpu"); }), "no built-in hardware profile 'tpu'"));
   const std::string measured = R"(name = "mine"
 [device]
@@ -103,7 +103,7 @@ bytes = [0, 1000]
 us = [5, 15]
 )";
   const sched::HardwareProfile p = sched::parse_hardware(measured, "test");
-  EXPECT_EQ(p.collective_us(sched::CollectiveKind::all_reduce, 500, {0, 1}, 2), 10);
+  EXPECT_EQ(p.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 2), 10);
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
                        "collectives.table.world 3 must be a multiple of ranks 2"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host

@@ -235,7 +235,7 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
                                         .compute_efficiency = 1, .memory_efficiency = 1},
                            .world_size = 2};
   device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
-  device.hardware.measured.tables[{sched::CollectiveKind::all_reduce, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
+  device.hardware.measured.tables[{comm::OpType::all_reduce, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
   const NodeId matmul = g.value(z).producer;
   // 2 * 64^3 FLOPs at 100 GFLOP/s (5.24 us) outlast 3 * 16 KiB at 10 GB/s (4.92 us).
   EXPECT_NEAR(sched::node_us(g, matmul, device), 2.0 * 64 * 64 * 64 / 100e3, 1e-9);
@@ -257,7 +257,7 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
   const nlohmann::json events = nlohmann::json::parse(sched::chrome_trace_events(g, e.timeline, 0));
   EXPECT_EQ(std::count_if(events.begin(), events.end(), [](const auto& ev) { return ev["ph"] == "b"; }), 1);
   device.hardware.measured.tables.clear();
-  device.hardware.measured.tables[{sched::CollectiveKind::all_reduce, 4}] = {{0.0, 1.0}};
+  device.hardware.measured.tables[{comm::OpType::all_reduce, 4}] = {{0.0, 1.0}};
   EXPECT_TRUE(contains(message_of([&] { sched::estimate_step(g, sched::make_schedule(g, g.outputs()), device); }),
                        "no all_reduce over 2 ranks (measured over: 4)"));
 }

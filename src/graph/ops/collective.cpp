@@ -41,6 +41,7 @@ void add_collective_ops(std::vector<OpDef>& ops) {
               return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}, {Shape({buffer}), in[0].dtype}};
             },
         .is_collective = true,
+        .starts_async = true,
         .in_place = name == "all_reduce" ? std::vector<OpDef::InPlace>{{0, 0}} : std::vector<OpDef::InPlace>{},  // reduced in place where its input dies
     });
   ops.push_back({
