@@ -174,24 +174,38 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   return p;
 }
 
+namespace {
+// The built-in profiles, parsed once.
+const std::vector<HardwareProfile>& builtins() {
+  static const std::vector<HardwareProfile> profiles = [] {
+    std::vector<HardwareProfile> out;
+    for (const char* text : kBuiltins) out.push_back(parse_hardware(text, "built-in"));
+    return out;
+  }();
+  return profiles;
+}
+
+const HardwareProfile* find_builtin(const std::string& name) {
+  for (const HardwareProfile& p : builtins())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+}  // namespace
+
 std::vector<std::string> builtin_hardware_names() {
   std::vector<std::string> names;
-  for (const char* text : kBuiltins) names.push_back(parse_hardware(text, "built-in").name);
+  for (const HardwareProfile& p : builtins()) names.push_back(p.name);
   return names;
 }
 
 HardwareProfile builtin_hardware(const std::string& name) {
-  for (const char* text : kBuiltins) {
-    HardwareProfile p = parse_hardware(text, "built-in");
-    if (p.name == name) return p;
-  }
+  if (const HardwareProfile* p = find_builtin(name)) return *p;
   throw InvalidArgument(fmt::format("no built-in hardware profile '{}' (built in: {}; or give a profile file)", name,
                                     fmt::join(builtin_hardware_names(), ", ")));
 }
 
 HardwareProfile load_hardware(const std::string& name_or_path) {
-  for (const std::string& name : builtin_hardware_names())
-    if (name == name_or_path) return builtin_hardware(name);
+  if (const HardwareProfile* p = find_builtin(name_or_path)) return *p;
   std::ifstream f(name_or_path);
   MT_CHECK(f.good(), "--hardware '{}' is neither a built-in profile ({}) nor a readable file", name_or_path,
            fmt::join(builtin_hardware_names(), ", "));
