@@ -98,6 +98,7 @@ int run_estimate(const std::vector<std::string>& args) {
         {"collective_bytes", e.collective_bytes},
         {"memory",
          {{"peak_bytes", e.memory.peak_bytes},
+          {"allocated_bytes", e.memory.allocated_bytes},
           {"input_bytes", e.memory.input_bytes},
           {"arena_bytes", e.memory.arena_bytes},
           {"at_peak", kinds},

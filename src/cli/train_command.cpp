@@ -118,7 +118,8 @@ int run_lower(const std::vector<std::string>& args) {
   if (ranks == 1) {
     text = graph::to_text(g);
   } else {
-    const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank));
+    const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank),
+                                                    train::scheduling_hardware(config));
     text = fmt::format("# rank {} of mesh {}\n{}{}", rank, l.mesh().describe(), spmd::to_text(g, l.lowered, l.sharding),
                        spmd::collective_summary(l.lowered.graph, l.mesh()));
   }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "core/error.h"
 #include "graph/op_registry.h"
@@ -15,6 +16,7 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
     : g_(g), schedule_(std::move(schedule)), groups_(groups) {
   // Each step's kernel, FLOPs and bytes; every value it computes has a place.
   std::map<graph::NodeId, int> step_of;
+  std::set<std::pair<std::vector<int>, sharding::CommStream>> group_streams;
   for (graph::NodeId n : schedule_.steps) {
     step_of[n] = static_cast<int>(step_of.size());
     const graph::Node& node = g.node(n);
@@ -23,8 +25,8 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
       MT_CHECK(groups_ != nullptr, "node {} is a collective ({}) but the executor was given no mesh groups", n.index,
                node.op->name);
       step_collectives_.push_back(collective_step(node, groups_->mesh()));
-      // Groups over merged mesh dims are made collectively: make them now, in the same order on every rank.
-      groups_->merged_group(step_collectives_.back()->step.mesh_dims);
+      const sharding::PlanStep& s = step_collectives_.back()->step;
+      group_streams.emplace(s.mesh_dims, s.collective ? sharding::comm_stream(*s.collective) : sharding::CommStream::main);
     } else {
       step_collectives_.emplace_back();
     }
@@ -50,6 +52,10 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
     step_flops_.push_back(graph::op_flops(*node.op, in, out, node.attrs));
     step_bytes_.push_back(graph::op_bytes(*node.op, in, out, node.attrs));
   }
+  // Groups over merged mesh dims, and further streams, are made collectively:
+  // make them now, in the same order on every rank (sorted, whatever order
+  // the schedule has).
+  for (const auto& [dims, stream] : group_streams) groups_->merged_group(dims, stream);
   arena_.reset(static_cast<std::byte*>(default_allocator().allocate(std::max<size_t>(schedule_.memory.peak_bytes, 1))));
 }
 

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "graph/op_registry.h"
 
 namespace meshtrain::sched {
 
@@ -20,6 +21,10 @@ comm::OpType costed_collective(std::string_view op) {
     if (comm::op_type_name(type) == op) return type;
   MT_CHECK(false, "no collective cost rule for op '{}' (all_gather, reduce_scatter, all_reduce, all_to_all)", op);
   return comm::OpType::all_reduce;
+}
+
+CollectiveStream collective_stream(const graph::Node& started) {
+  return {started.attrs.get(graph::attr::mesh_dims), sharding::comm_stream(costed_collective(started.op->name))};
 }
 
 namespace {

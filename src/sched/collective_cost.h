@@ -11,12 +11,24 @@
 #include <vector>
 
 #include "comm/types.h"
+#include "graph/graph.h"
+#include "sharding/device_mesh.h"
 
 namespace meshtrain::sched {
 
 // The collective named `op` (all_gather, reduce_scatter, all_reduce or
 // all_to_all, the ones with a cost rule); fails for others.
 comm::OpType costed_collective(std::string_view op);
+
+// The stream a started collective node runs on (sharding::comm_stream): its
+// group's mesh dims and the stream of its kind there. A stream runs its
+// collectives one after another, in the order they start.
+struct CollectiveStream {
+  std::vector<int64_t> mesh_dims;
+  sharding::CommStream stream = sharding::CommStream::main;
+  auto operator<=>(const CollectiveStream&) const = default;
+};
+CollectiveStream collective_stream(const graph::Node& started);
 
 // The machine as NCCL's model sees it.
 struct NcclLinks {

@@ -43,7 +43,7 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
 StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedule, const RankDevice& device) {
   StepEstimate e;
   double now = 0;                                         // the compute stream
-  std::map<std::vector<int64_t>, double> stream_free_at;  // per group of mesh dims: its FIFO stream
+  std::map<CollectiveStream, double> stream_free_at;  // per stream: when it is done
   std::map<graph::NodeId, double> done_at;                // started collective -> when it completes
   for (graph::NodeId id : schedule.steps) {
     const graph::Node& node = g.node(id);
@@ -68,7 +68,7 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
         now += us;
         done_at[id] = now;
       } else {  // in flight on its group's stream until its wait
-        double& free_at = stream_free_at[node.attrs.get(graph::attr::mesh_dims)];
+        double& free_at = stream_free_at[collective_stream(node)];
         free_at = done_at[id] = std::max(now, free_at) + us;
         e.timeline.push_back({id, now, now});
       }

@@ -1,9 +1,10 @@
 // Runtime estimate of one rank's step without running it: each node's time
 // on a hardware profile (compute: the roofline of its FLOPs and bytes;
 // collectives: the profile's cost of their group), and the step simulated in
-// schedule order as one compute stream and one communication stream per
-// group of mesh dims. A collective starts when the compute stream reaches
-// its start node and its group's earlier collectives are done; its wait
+// schedule order as one compute stream and the communication streams
+// (sched::collective_stream: per group of mesh dims, reduce_scatters apart).
+// A collective starts when the compute stream reaches its start node and
+// its stream's earlier collectives are done; its wait
 // holds the compute stream until it completes, and that hold is the step's
 // exposed communication. On a shared host (CPU ranks) the cores that compute
 // also move a collective's bytes: it runs on the compute stream where it

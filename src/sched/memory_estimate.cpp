@@ -1,6 +1,9 @@
 #include "sched/memory_estimate.h"
 
+#include <algorithm>
 #include <set>
+
+#include "core/allocator.h"
 
 #include "graph/op_registry.h"
 
@@ -44,12 +47,14 @@ MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& sch
   std::map<MemoryKind, double> input_kinds;
   for (ValueId v : inputs) {
     e.input_bytes += bytes(v);
+    e.allocated_bytes += static_cast<double>(CachingAllocator::block_size(static_cast<size_t>(bytes(v))));
     input_kinds[kind(v)] += bytes(v);
   }
   std::set<ValueId> fetched;
   for (ValueId v : schedule.fetches) fetched.insert(plan.storage_of(v));
   e.arena_bytes = static_cast<double>(plan.peak_bytes);
   e.peak_bytes = e.input_bytes + e.arena_bytes;
+  e.allocated_bytes += static_cast<double>(CachingAllocator::block_size(std::max<size_t>(plan.peak_bytes, 1)));
 
   std::map<ValueId, double> live;  // computed values holding arena ranges
   double live_sum = 0, most = -1;

@@ -22,6 +22,7 @@ struct MemoryEstimate {
   double input_bytes = 0;  // the graph's inputs (parameters, optimizer states, the batch): held throughout
   double arena_bytes = 0;  // the memory plan's arena, which holds every value the step computes
   double peak_bytes = 0;   // input_bytes + arena_bytes: what the executor allocates
+  double allocated_bytes = 0;  // the same in the blocks the allocator hands out (each rounded up)
   size_t peak_step = 0;    // the step of the schedule at which the most bytes are live
   // At peak_step: the inputs and the live computed values by kind, and
   // "arena_unused": the arena's bytes no live value holds there (first-fit

@@ -39,9 +39,11 @@ PassPipeline step_pipeline() {
   return p;
 }
 
-PassPipeline lowered_step_pipeline() {
+PassPipeline lowered_step_pipeline(std::optional<PrefetchOptions> prefetch) {
   PassPipeline p("lowered_step");
   p.add({"sink_waits", sink_waits});
+  if (prefetch)
+    p.add({"prefetch_collectives", [options = std::move(*prefetch)](graph::Graph& g) { return prefetch_collectives(g, options); }});
   return p;
 }
 

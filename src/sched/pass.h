@@ -6,10 +6,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "graph/graph.h"
+#include "sched/passes/prefetch_collectives.h"
 
 namespace meshtrain::sched {
 
@@ -43,7 +45,8 @@ class PassPipeline {
 PassPipeline step_pipeline();
 
 // The passes a rank's lowered step goes through (spmd::lower's output)
-// before it is scheduled: waits sunk to where results are first read.
-PassPipeline lowered_step_pipeline();
+// before it is scheduled: waits sunk to where results are first read, then,
+// given `prefetch`, collectives started early enough to hide them.
+PassPipeline lowered_step_pipeline(std::optional<PrefetchOptions> prefetch = std::nullopt);
 
 }  // namespace meshtrain::sched

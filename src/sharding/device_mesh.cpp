@@ -100,17 +100,24 @@ comm::ProcessGroup& MeshGroups::dim_group(int dim) const {
   return *dim_groups_[dim];
 }
 
-comm::ProcessGroup& MeshGroups::merged_group(const std::vector<int>& dims) {
-  if (dims.size() == 1) return dim_group(dims[0]);
-  auto it = merged_.find(dims);
+CommStream comm_stream(comm::OpType op) {
+  return op == comm::OpType::reduce_scatter ? CommStream::reduce : CommStream::main;
+}
+
+const char* comm_stream_name(CommStream stream) { return stream == CommStream::reduce ? "reduce" : "main"; }
+
+comm::ProcessGroup& MeshGroups::merged_group(const std::vector<int>& dims, CommStream stream) {
+  if (dims.size() == 1 && stream == CommStream::main) return dim_group(dims[0]);
+  auto it = merged_.find({dims, stream});
   if (it != merged_.end()) return *it->second;
   std::vector<std::string> names;
   for (int d : dims) {
     MT_CHECK(d >= 0 && d < mesh_.ndim(), "mesh dim {} out of range for mesh {}", d, mesh_.describe());
     names.push_back(mesh_.names()[d]);
   }
-  auto group = make_group(dims, fmt::format("{}", fmt::join(names, "+")));
-  return *merged_.emplace(dims, std::move(group)).first->second;
+  const std::string name = fmt::format("{}{}", fmt::join(names, "+"), stream == CommStream::reduce ? "/reduce" : "");
+  auto group = make_group(dims, name);
+  return *merged_.emplace(std::pair{dims, stream}, std::move(group)).first->second;
 }
 
 comm::ProcessGroupPtr MeshGroups::make_group(const std::vector<int>& dims, const std::string& name) {

@@ -1,6 +1,6 @@
 // DeviceMesh: ranks laid out row-major in an N-d array with named dims.
 // MeshGroups: the communication groups of a mesh (one per dim, and merged
-// dims on demand), built collectively on a world group.
+// dims and further streams on demand), built collectively on a world group.
 #pragma once
 
 #include <map>
@@ -37,6 +37,15 @@ class DeviceMesh {
 // Parse "4,2" into a mesh shape.
 std::vector<int> parse_mesh_shape(std::string_view text);
 
+// The streams a mesh group's collectives run on: gradients' reduce_scatters
+// on their own communicator (FSDP's reduce-scatter stream), so that the
+// all_gathers that bring parameters do not queue behind them; everything
+// else on the group's main one. Every rank issues each stream's collectives
+// in one order; collectives of different streams may overlap.
+enum class CommStream { main, reduce };
+CommStream comm_stream(comm::OpType op);
+const char* comm_stream_name(CommStream stream);
+
 class MeshGroups {
  public:
   // Collective over `world` (size must equal the mesh's rank count): creates
@@ -49,7 +58,7 @@ class MeshGroups {
   // The group over several mesh dims merged (group rank = row-major index
   // over `dims` in the given order). Created on first use: a collective over
   // the world, so every rank asks for the same dims in the same order.
-  comm::ProcessGroup& merged_group(const std::vector<int>& dims);
+  comm::ProcessGroup& merged_group(const std::vector<int>& dims, CommStream stream = CommStream::main);
   comm::ProcessGroup& world() const { return *world_; }
 
  private:
@@ -59,7 +68,7 @@ class MeshGroups {
   comm::ProcessGroupPtr world_;
   std::vector<int> coordinate_;
   std::vector<comm::ProcessGroupPtr> dim_groups_;
-  std::map<std::vector<int>, comm::ProcessGroupPtr> merged_;
+  std::map<std::pair<std::vector<int>, CommStream>, comm::ProcessGroupPtr> merged_;
 };
 
 }  // namespace meshtrain::sharding

@@ -253,7 +253,7 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
     local_step(local, out, c);
     return {};
   }
-  comm::ProcessGroup& group = groups.merged_group(step.mesh_dims);
+  comm::ProcessGroup& group = groups.merged_group(step.mesh_dims, comm_stream(*step.collective));
   switch (*step.collective) {
     case comm::OpType::all_gather: return start_all_gather(local, out, buffer, c, group);
     case comm::OpType::reduce_scatter: return start_reduce_scatter(local, out, buffer, c, group);

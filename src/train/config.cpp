@@ -171,6 +171,10 @@ const std::vector<Key>& keys() {
       bool_key("parallel.sequence_parallel", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; }),
       bool_key("parallel.loss_parallel", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; }),
       bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; }),
+      bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; }),
+      number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,
+                          "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
+      string_key("schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; }),
   };
   return table;
 }

@@ -45,6 +45,11 @@ struct TrainConfig {
     int64_t log_every = 1;
   } metrics;
   parallel::ParallelConfig parallel;  // used under mpirun
+  struct {
+    bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
+    int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
+    std::string hardware = "auto";  // the profile the passes cost the step on; auto: the one for where it runs
+  } schedule;
 
   // Learning rate of 1-based step `step`: linear warmup, then the decay.
   double lr_at(int64_t step) const;

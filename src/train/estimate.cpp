@@ -70,7 +70,7 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
   std::optional<StepLayout> layout;
   std::map<graph::ValueId, graph::ValueId> identity;
   if (world_size > 1) {
-    layout = lay_out_step(config, global, step, world_size, rank);
+    layout = lay_out_step(config, global, step, world_size, rank, hardware);
     e.mesh = layout->mesh().describe();
   } else {
     for (int i = 0; i < global.num_values(); ++i) identity[graph::ValueId(i)] = graph::ValueId(i);
@@ -91,6 +91,9 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
     if (gradients.count(v)) return sched::MemoryKind::gradients;
     return std::nullopt;
   });
+  const double budget = memory_budget_bytes(config);
+  const double needed = e.memory.allocated_bytes + batch_buffer_bytes(config, world_size);
+  MT_CHECK(budget <= 0 || needed <= budget, "{}", over_budget_message(config, needed, rank));
   for (graph::NodeId n : schedule.steps) {
     const graph::Node& node = running.node(n);
     ++e.nodes;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -17,6 +18,8 @@
 #include "sharding/local_chunk.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
+#include "sched/estimate.h"
+#include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
 #include "train/safetensors.h"
@@ -40,18 +43,26 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
     global_tokens_ = Tensor::empty(batch, DType::i64);
     global_targets_ = Tensor::empty(batch, DType::i64);
     lay_out(part);
-    // This rank's shard of every parameter, cut from the same global initial weights.
+    // This rank's shard of every parameter, cut from the same global initial
+    // weights, all before any is freed, from an empty cache: a shard served
+    // from a freed block up to twice its size would hold memory no step uses.
+    default_allocator().release_cache();
+    std::map<std::string, Tensor> shards;
     for (const auto& [name, v] : sg.model.params)
-      params_[name] = sharding::local_piece(params_.at(name), sharding_.values.at(v), groups_->mesh(),
-                                            groups_->coordinate());
+      shards[name] = sharding::local_piece(params_.at(name), sharding_.values.at(v), groups_->mesh(),
+                                           groups_->coordinate());
+    params_ = std::move(shards);
+    default_allocator().release_cache();
   } else {
     for (int i = 0; i < part.graph.num_values(); ++i) part.lowered.values[graph::ValueId(i)] = graph::ValueId(i);
   }
   const graph::Graph& run_graph = part.running();
   tokens_ = Tensor::empty(run_graph.value(part.run_value(sg.model.tokens)).info.shape, DType::i64);
   targets_ = Tensor::empty(run_graph.value(part.run_value(sg.model.targets)).info.shape, DType::i64);
-  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(
-                   run_graph, schedule_step(part.graph, sg, run_graph, part.lowered.values), groups_.get()));
+  graph::Schedule schedule = schedule_step(part.graph, sg, run_graph, part.lowered.values);
+  if (config_.schedule.memory_budget_mb > 0)
+    check_memory_budget(sched::estimate_memory(run_graph, schedule).allocated_bytes + batch_buffer_bytes(config_, num_ranks()));
+  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(run_graph, std::move(schedule), groups_.get()));
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
     ex.bind(part.run_value(v), p);
@@ -133,8 +144,31 @@ TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
   return step;
 }
 
+sched::HardwareProfile scheduling_hardware(const TrainConfig& config) {
+  return sched::load_hardware(config.schedule.hardware == "auto" ? "cpu-2core" : config.schedule.hardware);
+}
+
+double batch_buffer_bytes(const TrainConfig& config, int world_size) {
+  if (world_size <= 1) return 0;
+  const auto bytes = static_cast<size_t>(config.data.batch_size * config.data.seq_len) * sizeof(int64_t);
+  return 2.0 * static_cast<double>(CachingAllocator::block_size(bytes));
+}
+
+double memory_budget_bytes(const TrainConfig& config) {
+  return static_cast<double>(config.schedule.memory_budget_mb) * (1 << 20);
+}
+
+std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank) {
+  return fmt::format(
+      "schedule.memory_budget_mb {} is too small: rank {}'s step allocates {:.1f} MiB with no collective started "
+      "early; the smallest budget that fits is {} MiB (or lower the step's memory: fewer sequences per rank, more "
+      "dp_shard or tp)",
+      config.schedule.memory_budget_mb, rank, needed_bytes / (1 << 20),
+      static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))));
+}
+
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank) {
+                        int rank, const sched::HardwareProfile& hardware) {
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
@@ -146,12 +180,43 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
                             {.reshard_after_forward = config.parallel.reshard_after_forward});
-  sched::lowered_step_pipeline().run(out.lowered.graph);
+  std::optional<sched::PrefetchOptions> prefetch;
+  // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
+  if (config.schedule.reorder && !hardware.shared_host) {
+    const graph::Graph& running = out.lowered.graph;
+    const auto& values = out.lowered.values;
+    prefetch = sched::PrefetchOptions{
+        .node_us = [&running, device = sched::RankDevice{hardware, world_size}](
+                       graph::NodeId n) { return sched::node_us(running, n, device); },
+        .schedule_of = [&](const graph::Graph& r) { return schedule_step(g, step, r, values); },
+        .memory_budget_bytes = memory_budget_bytes(config),
+    };
+  }
+  sched::lowered_step_pipeline(std::move(prefetch)).run(out.lowered.graph);
   return out;
 }
 
+void Trainer::check_memory_budget(double needed_bytes) const {
+  const double budget = memory_budget_bytes(config_);
+  if (!world_) {
+    MT_CHECK(needed_bytes <= budget, "{}", over_budget_message(config_, needed_bytes, 0));
+    return;
+  }
+  // Every rank learns every rank's need, so that all of them stop together.
+  Tensor needs = Tensor::zeros({world_->size()}, DType::f64);
+  needs.data<double>()[static_cast<size_t>(world_->rank())] = needed_bytes;
+  world_->all_reduce(needs)->wait();
+  const std::span<double> need = needs.data<double>();
+  const auto most = static_cast<size_t>(std::max_element(need.begin(), need.end()) - need.begin());
+  if (need[most] <= budget) return;
+  // Rank 0 reports it and takes the job down; the others wait to be stopped.
+  if (world_->rank() != 0) world_->barrier()->wait();
+  throw InvalidArgument(over_budget_message(config_, need[most], static_cast<int>(most)));
+}
+
 void Trainer::lay_out(ModelPart& part) {
-  StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank());
+  StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank(),
+                              scheduling_hardware(config_));
   groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
   planner_ = std::move(l.planner);
   sharding_ = std::move(l.sharding);
@@ -194,6 +259,7 @@ RankReport Trainer::own_report() const {
     }
   }
   r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
+  r.step_peak_bytes = static_cast<double>(last_step_peak_);
   return r;
 }
 
@@ -203,7 +269,7 @@ std::vector<RankReport> Trainer::rank_reports() {
   // Every rank's numbers, gathered: [rank][field].
   const std::vector<double> fields{own.parameter_bytes,      own.gradient_bytes,
                                    own.optimizer_state_bytes, own.collectives_per_step,
-                                   own.collective_bytes_per_step, own.peak_bytes};
+                                   own.collective_bytes_per_step, own.peak_bytes, own.step_peak_bytes};
   const auto per_rank = static_cast<int64_t>(fields.size());
   Tensor mine = Tensor::empty({per_rank}, DType::f64), all = Tensor::empty({world_->size() * per_rank}, DType::f64);
   std::copy(fields.begin(), fields.end(), mine.data<double>().begin());
@@ -211,7 +277,7 @@ std::vector<RankReport> Trainer::rank_reports() {
   std::vector<RankReport> reports;
   for (int r = 0; r < world_->size(); ++r) {
     const double* f = all.data<double>().data() + r * per_rank;
-    reports.push_back({r, groups_->mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5]});
+    reports.push_back({r, groups_->mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5], f[6]});
   }
   return reports;
 }
@@ -272,7 +338,7 @@ StepMetrics Trainer::step() {
   m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
-  m.step_peak_bytes = default_allocator().stats().peak_bytes;
+  m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
   m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
   MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
   return m;
@@ -354,8 +420,10 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
     const int ranks = num_ranks();
     if (log && world_) {  // every rank takes part
-      for (const RankReport& r : rank_reports())
+      for (const RankReport& r : rank_reports()) {
         last.peak_bytes_max = std::max(last.peak_bytes_max, static_cast<size_t>(r.peak_bytes));
+        last.step_peak_bytes_max = std::max(last.step_peak_bytes_max, static_cast<size_t>(r.step_peak_bytes));
+      }
     }
     if (log && metrics.is_open()) {
       nlohmann::ordered_json line{{"step", last.step},        {"loss", last.loss},
@@ -368,6 +436,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
         line["ranks"] = ranks;
         line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;
         line["peak_bytes_max"] = last.peak_bytes_max;
+        line["step_peak_bytes_max"] = last.step_peak_bytes_max;
       }
       metrics << line.dump() << '\n';
       metrics.flush();

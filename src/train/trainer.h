@@ -12,6 +12,7 @@
 
 #include "comm/process_group.h"
 #include "runtime/executor.h"
+#include "sched/hardware.h"
 #include "sharding/planner.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
@@ -27,18 +28,20 @@ struct StepMetrics {
   size_t peak_bytes = 0;  // this rank's, since it started
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
   size_t peak_bytes_max = 0;  // the largest rank's (gathered at logged steps; else this rank's)
+  size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
 };
 
 // What one rank holds and does each step: its mesh coordinate, the bytes of
 // its parameters, gradients (as the optimizer takes them) and optimizer
 // states, the collectives its step graph runs and the bytes they move, and
-// its peak memory so far.
+// its peak memory so far and in its last step.
 struct RankReport {
   int rank = 0;
   std::vector<int> coordinate;
   double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
   double collectives_per_step = 0, collective_bytes_per_step = 0;
   double peak_bytes = 0;
+  double step_peak_bytes = 0;
 };
 
 // Checks what a run on `world_size` ranks needs of the config (the
@@ -59,8 +62,24 @@ struct StepLayout {
   spmd::LoweredGraph lowered;
   const sharding::DeviceMesh& mesh() const { return planner->mesh(); }
 };
+// The step laid out, lowered for `rank` and put through the lowered-step
+// passes; the reordering (config.schedule.reorder) costs the step on
+// `hardware` and keeps within config.schedule.memory_budget_mb.
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank);
+                        int rank, const sched::HardwareProfile& hardware);
+// The profile config.schedule.hardware names ("auto": cpu-2core, as the
+// executor runs on CPUs).
+sched::HardwareProfile scheduling_hardware(const TrainConfig& config);
+// What a trainer of `world_size` ranks holds beside its step: the global
+// batch (tokens and targets) it cuts its rows from, on several ranks.
+double batch_buffer_bytes(const TrainConfig& config, int world_size);
+// config.schedule.memory_budget_mb in bytes (0: none); a rank's step
+// allocation (sched::MemoryEstimate::allocated_bytes) and batch_buffer_bytes
+// must fit in it.
+double memory_budget_bytes(const TrainConfig& config);
+// The error for a step that needs `needed_bytes` (allocated) on `rank`, over
+// the budget: it names the smallest budget that fits.
+std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank);
 
 // A global output's value in the graph that runs (the lowered graph, or
 // the global one on one rank): the output at the same place.
@@ -145,6 +164,9 @@ class Trainer {
   };
   ModelPart& loss_part() { return *parts_.back(); }  // the part that computes the loss
 
+  // Fails on every rank where some rank's step would allocate more than
+  // config.schedule.memory_budget_mb (rank 0 says which and by how much).
+  void check_memory_budget(double needed_bytes) const;
   void lay_out(ModelPart& part);  // several ranks: propagate and lower the part's step
 
   TrainConfig config_;
@@ -162,6 +184,7 @@ class Trainer {
   bool profiling_ = false;
   bool tracing_ = false;
   size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
+  size_t last_step_peak_ = 0;    // the last step's peak
 };
 
 }  // namespace meshtrain::train

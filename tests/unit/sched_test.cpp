@@ -15,7 +15,9 @@
 #include "sched/memory_plan.h"
 #include "sched/pass.h"
 #include "sched/passes/dead_code.h"
+#include "sched/passes/prefetch_collectives.h"
 #include "sched/passes/sink_waits.h"
+#include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "sched/estimate.h"
 #include "sched/trace.h"
@@ -83,6 +85,88 @@ TEST(SinkWaits, WaitsMoveToTheFirstReaderInOrderPerGroup) {
   EXPECT_EQ(fmt::format("{}", fmt::join(ops, " ")),
             "silu%1 all_reduce%2 silu%5 all_reduce%6 silu%9 wait%8 mul%10 all_reduce%11 wait%4 wait%13 add%14 add%15");
   EXPECT_FALSE(sched::sink_waits(g));  // already where they belong
+}
+
+// Three layers of an FSDP forward: each layer's weight shard is cast to
+// bf16, all_gathered and waited on just before its matmul (as lowering
+// and sink_waits leave it).
+struct GatheredLayers {
+  Graph g;
+  std::vector<std::string> ops() const {
+    std::vector<std::string> out;
+    for (NodeId n : g.order()) out.push_back(g.node(n).op->name + "%" + std::to_string(g.node(n).outputs[0].index));
+    return out;
+  }
+};
+static void build_gathered_layers(GatheredLayers& l) {
+  Graph& g = l.g;
+  Builder b(g);
+  constexpr int64_t d = 256;  // weights of 128 KiB gathered: more than the allocator rounds to
+  ValueId h = g.add_input("x", {2, d}, DType::bf16);
+  for (int layer = 0; layer < 3; ++layer) {
+    const ValueId shard = b.cast(g.add_parameter(fmt::format("w{}", layer), {d / 2, d}, DType::f32), DType::bf16);
+    const Attrs attrs{attr::shape({d, d}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("S(0)"),
+                      attr::layout_after("R"), attr::global_shape({d, d}), attr::buffer_elements(0)};
+    const NodeId start = g.add_node("all_gather", {shard}, attrs);
+    std::vector<ValueId> wait_inputs = g.node(start).outputs;
+    wait_inputs.push_back(shard);
+    h = b.matmul(h, g.only_output(g.add_node("wait", wait_inputs)), false, true);
+  }
+  g.add_output(h);
+}
+
+static sched::PrefetchOptions layer_costs(const Graph& g, double gather_us, double budget = 0) {
+  return {.node_us = [&g, gather_us](NodeId n) { return g.node(n).op->name == "matmul" ? 10.0 : g.node(n).op->name == "all_gather" ? gather_us : 0.0; },
+          .schedule_of = [](const Graph& graph) { return sched::make_schedule(graph, graph.outputs()); },
+          .memory_budget_bytes = budget};
+}
+
+// Compute-bound (a gather takes 8 us, a matmul 10): each gather starts one
+// matmul ahead of its use, its cast with it — no earlier, which would only
+// hold the gathered weight longer.
+TEST(PrefetchCollectives, EachGatherStartsOneMatmulAheadWhenComputeHidesIt) {
+  GatheredLayers l;
+  build_gathered_layers(l);
+  const std::string before = fmt::format("{}", fmt::join(l.ops(), " "));
+  EXPECT_EQ(before,
+            "cast%2 all_gather%3 wait%5 matmul%6 cast%8 all_gather%9 wait%11 matmul%12 cast%14 all_gather%15 wait%17 "
+            "matmul%18");
+  EXPECT_TRUE(sched::prefetch_collectives(l.g, layer_costs(l.g, 8)));
+  verify(l.g);
+  EXPECT_EQ(fmt::format("{}", fmt::join(l.ops(), " ")),
+            "cast%2 all_gather%3 wait%5 cast%8 all_gather%9 matmul%6 wait%11 cast%14 all_gather%15 matmul%12 wait%17 "
+            "matmul%18");
+  EXPECT_FALSE(sched::prefetch_collectives(l.g, layer_costs(l.g, 8)));  // nothing left to gain
+}
+
+// Communication-bound (25 us a gather): the stream is the bottleneck, so a
+// gather is queued where the stream would otherwise fall idle — while the
+// previous layer computes — and not sooner.
+TEST(PrefetchCollectives, ABusyStreamIsKeptFedNotFlooded) {
+  GatheredLayers l;
+  build_gathered_layers(l);
+  EXPECT_TRUE(sched::prefetch_collectives(l.g, layer_costs(l.g, 25)));
+  EXPECT_EQ(fmt::format("{}", fmt::join(l.ops(), " ")),
+            "cast%2 all_gather%3 wait%5 cast%8 all_gather%9 matmul%6 wait%11 cast%14 all_gather%15 matmul%12 wait%17 "
+            "matmul%18");
+}
+
+// A budget no larger than what the step allocates as it is leaves the order
+// alone; one with room for the prefetched weights allows it, and what the
+// new order allocates stays within it.
+TEST(PrefetchCollectives, NeverAboveTheMemoryBudget) {
+  GatheredLayers base;
+  build_gathered_layers(base);
+  const auto allocated = [](const Graph& g) {
+    return sched::estimate_memory(g, sched::make_schedule(g, g.outputs())).allocated_bytes;
+  };
+  const double tight = allocated(base.g);
+  EXPECT_FALSE(sched::prefetch_collectives(base.g, layer_costs(base.g, 8, tight)));
+  GatheredLayers roomy;
+  build_gathered_layers(roomy);
+  const double budget = tight + 192 * 1024;  // room for one more gathered weight and its cast shard
+  EXPECT_TRUE(sched::prefetch_collectives(roomy.g, layer_costs(roomy.g, 8, budget)));
+  EXPECT_LE(allocated(roomy.g), budget);
 }
 
 // An all_reduce takes its input's bytes where it is the input's last reader,

@@ -146,7 +146,7 @@ TEST(SpmdExecute, Bf16GradientsAreReducedInTheReduceDtype) {
       if (std::string(layout) == "ddp") c.parallel = mtest::ddp(2);
       Graph g;
       const train::TrainStepGraph step = train::build_step(c, g);
-      const train::StepLayout l = train::lay_out_step(c, g, step, 2, 0);
+      const train::StepLayout l = train::lay_out_step(c, g, step, 2, 0, train::scheduling_hardware(c));
       const Graph& local = l.lowered.graph;
       int reductions = 0;
       for (const NodeId n : local.order()) {

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "graph/op_registry.h"
+#include "sched/collective_cost.h"
 
 namespace meshtrain::sched {
 
@@ -21,18 +22,18 @@ bool sink_waits(graph::Graph& g) {
   std::map<graph::ValueId, size_t> first_reader;
   for (size_t i = order.size(); i-- > 0;)
     for (graph::ValueId in : g.node(order[i]).inputs) first_reader[in] = i;
-  // Per group of mesh dims, its waits in the order their collectives start.
-  std::map<std::vector<int64_t>, std::vector<Wait>> by_group;
+  // Per stream, its waits in the order their collectives start.
+  std::map<CollectiveStream, std::vector<Wait>> by_stream;
   for (graph::NodeId n : order) {
     const graph::Node& node = g.node(n);
     if (!node.op->is_wait) continue;
     const graph::NodeId start = g.value(node.inputs[0]).producer;
     const auto reader = first_reader.find(node.outputs[0]);
-    by_group[g.node(start).attrs.get(graph::attr::mesh_dims)].push_back(
+    by_stream[collective_stream(g.node(start))].push_back(
         {n, position.at(start), reader == first_reader.end() ? order.size() : reader->second});
   }
   std::vector<Wait> waits;
-  for (auto& [dims, group] : by_group) {
+  for (auto& [stream, group] : by_stream) {
     std::sort(group.begin(), group.end(), [](const Wait& a, const Wait& b) { return a.start < b.start; });
     for (size_t k = group.size(); k-- > 1;) group[k - 1].before = std::min(group[k - 1].before, group[k].before);
     waits.insert(waits.end(), group.begin(), group.end());

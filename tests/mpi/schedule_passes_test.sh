@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The scheduling passes under mpirun change when collectives start, never a
+# result: on every layout of the parity test (DDP 2, FSDP 2, 3 and 4, HSDP
+# 2x2, FSDP 2 x TP 2 in f32 and bf16, DDP 2 x TP 2 with sequence and loss
+# parallel, TP 4, FSDP 2 without resharding and with 2 microbatches), the
+# losses and gradient norms of every step with the collectives reordered
+# are bitwise equal to those with the reordering off. The reordering is
+# decided on the H100 profile (--schedule.hardware h100-sxm), where it moves
+# collectives; on this machine's own profile (the cores that compute also
+# move the bytes) it has nothing to gain and moves none. Each layout's
+# lowered graph must differ between the two, so the comparison is never
+# vacuous.
+# Memory budget (FSDP 4): an impossible budget is one error, printed once,
+# naming the smallest budget that fits, and every rank exits non-zero; for a
+# sweep of budgets from that smallest one up, each rank's measured step
+# peak never exceeds the budget.
+# Usage: schedule_passes_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+set -u
+mpirun=$1 meshtrain=$2 src=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$src"
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
+       --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 6 --metrics.log_every 1
+       --checkpoint.folder "")
+run() {  # NAME NP [KEY VALUE ...]
+  local name=$1 np=$2
+  shift 2
+  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" "$@" \
+    > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+}
+layouts=(
+  "ddp2:2:--parallel.dp_replicate 2 --parallel.dp_shard 1"
+  "fsdp2:2:"
+  "fsdp3:3:--data.batch_size 6"
+  "fsdp4:4:"
+  "hsdp:4:--parallel.dp_replicate 2 --parallel.dp_shard 2"
+  "fsdp2_tp2:4:--parallel.tp 2"
+  "fsdp2_tp2_bf16:4:--parallel.tp 2 --training.dtype bfloat16 --training.reduce_dtype bfloat16"
+  "ddp2_tp2_sp_lp:4:--parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true --parallel.loss_parallel true"
+  "tp4:4:--parallel.dp_shard 1 --parallel.tp 4"
+  "fsdp2_keep:2:--parallel.reshard_after_forward false"
+  "fsdp2_accum2:2:--training.grad_accum_steps 2"
+)
+for layout in "${layouts[@]}"; do
+  IFS=: read -r name np flags <<< "$layout"
+  read -r -a extra <<< "$flags"
+  "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.reorder false > "$dir/${name}_off.txt"
+  "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.hardware h100-sxm > "$dir/${name}_on.txt"
+  moved=$(diff "$dir/${name}_off.txt" "$dir/${name}_on.txt" | grep -c '^>.*= [a-z_]*(.*mesh_dims')
+  [ "$moved" -gt 0 ] || fail "$name: reordering on the h100-sxm profile moved no collective"
+  run "${name}_off" "$np" "${extra[@]}" --schedule.reorder false
+  run "${name}_on" "$np" "${extra[@]}" --schedule.hardware h100-sxm
+  python3 - "$dir/${name}_off.jsonl" "$dir/${name}_on.jsonl" "$name" "$moved" <<'PY' || exit 1
+import json, sys
+off, on, name, moved = sys.argv[1:]
+a = [json.loads(l) for l in open(off)]
+b = [json.loads(l) for l in open(on)]
+assert len(a) == len(b) == 6, f"{name}: {len(a)} and {len(b)} steps logged"
+for x, y in zip(a, b):
+    for key in ("loss", "grad_norm"):
+        if x[key] != y[key]:
+            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} reordered vs {x[key]!r} not")
+print(f"{name}: {moved} collective lines moved; 6 steps, losses and gradient norms bitwise equal")
+PY
+done
+
+# Memory budget, FSDP 4 on the benchmark model (about 50 MiB a rank), the
+# reordering decided on the H100 profile, so that it has something to
+# spend the room on.
+model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
+       --data.batch_size 8 --training.steps 4 --metrics.log_every 1 --checkpoint.folder "" --schedule.hardware h100-sxm)
+out=$(timeout 60 $mpirun -np 4 "$meshtrain" train "${model[@]}" --schedule.memory_budget_mb 10 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "budget 10 MiB: exit $rc (expected a non-zero exit, not a hang)"; }
+[ "$(grep -c 'schedule.memory_budget_mb 10 is too small' <<<"$out")" = 1 ] || { echo "$out"; fail "the budget error is not printed exactly once"; }
+smallest=$(sed -n 's/.*the smallest budget that fits is \([0-9]*\) MiB.*/\1/p' <<<"$out" | head -1)
+[ -n "$smallest" ] || { echo "$out"; fail "the budget error names no smallest budget"; }
+echo "budget 10 MiB: one error, smallest budget that fits $smallest MiB"
+"$meshtrain" lower --ranks 4 "${model[@]}" --schedule.reorder false > "$dir/budget_off.txt"
+for budget in "$smallest" $((smallest + 1)) $((smallest + 2)) $((smallest + 3)) 0; do
+  "$meshtrain" lower --ranks 4 "${model[@]}" --schedule.memory_budget_mb "$budget" > "$dir/budget_$budget.txt"
+  moved=$(diff "$dir/budget_off.txt" "$dir/budget_$budget.txt" | grep -c '^>.*= [a-z_]*(.*mesh_dims')
+  run "budget_$budget" 4 --schedule.memory_budget_mb "$budget"
+  python3 - "$dir/budget_$budget.jsonl" "$budget" "$moved" <<'PY' || exit 1
+import json, sys
+path, budget, moved = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = [json.loads(l) for l in open(path)]
+peak = max(r["step_peak_bytes_max"] for r in rows) / 2**20
+if budget and peak > budget:
+    sys.exit(f"FAIL: budget {budget} MiB: a rank's step peaked at {peak:.3f} MiB")
+print(f"budget {budget or 'none'} MiB: {moved} collective lines moved, the largest rank's step peak {peak:.3f} MiB")
+PY
+done
+echo "PASS"
