@@ -108,6 +108,20 @@ void Graph::replace_uses(ValueId from, ValueId to) {
     if (out == from) out = to;
 }
 
+void Graph::replace_input(NodeId node, ValueId from, ValueId to) {
+  MT_CHECK(value(from).info == value(to).info, "replace_input: {} and {} differ in shape or dtype", describe_value(from),
+           describe_value(to));
+  for (ValueId& in : mutable_node(node).inputs)
+    if (in == from) in = to;
+}
+
+void Graph::set_recomputes(NodeId node, NodeId original) {
+  MT_CHECK(this->node(node).op == this->node(original).op && this->node(node).attrs == this->node(original).attrs,
+           "set_recomputes: node {} ({}) is not the same op with the same attributes as node {} ({})", node.index,
+           this->node(node).op->name, original.index, this->node(original).op->name);
+  mutable_node(node).recomputes = original;
+}
+
 void Graph::remove_node(NodeId id) {
   Node& n = mutable_node(id);
   MT_CHECK(!n.removed, "remove_node: node {} ({}) is already removed", id.index, n.op->name);
@@ -219,9 +233,11 @@ std::string to_text(const Graph& g, const std::map<ValueId, std::string>& notes)
                                  note(v)));
     for (ValueId v : node.inputs) ins.push_back(value_ref(g, v));
     const std::string attrs = node.attrs.to_string();
-    out += fmt::format("{} = {}({}){}{}  # {}{}{}\n", fmt::join(outs, ", "), node.op->name, fmt::join(ins, ", "),
+    const std::string again =
+        node.recomputes.valid() ? fmt::format(" (recomputes %{})", g.node(node.recomputes).outputs[0].index) : "";
+    out += fmt::format("{} = {}({}){}{}  # {}{}{}{}\n", fmt::join(outs, ", "), node.op->name, fmt::join(ins, ", "),
                        attrs.empty() ? "" : " ", attrs, phase_name(node.phase), node.scope.empty() ? "" : " ",
-                       node.scope);
+                       node.scope, again);
   }
   std::vector<std::string> outs;
   for (ValueId v : g.outputs()) outs.push_back(value_ref(g, v));

@@ -66,6 +66,10 @@ struct Node {
   std::string scope;  // dotted, e.g. "layers.3.attention"; "" at the top
   Phase phase = Phase::forward;
   bool removed = false;
+  // Activation checkpointing: the forward node this one runs again in
+  // backward (same op, attributes and inputs or their recomputations); it
+  // is laid out exactly as that one, so it computes the same bits.
+  NodeId recomputes;
 };
 
 class Graph {
@@ -86,6 +90,10 @@ class Graph {
   // computes `to` (which usually reads `from`). remove_node: fails while any
   // output is still used. set_order: a permutation of the live nodes.
   void replace_uses(ValueId from, ValueId to);
+  // Every input of `node` that is `from` becomes `to` (same shape and dtype).
+  void replace_input(NodeId node, ValueId from, ValueId to);
+  // Marks `node` as a recomputation of `original` (Node::recomputes): same op and attributes.
+  void set_recomputes(NodeId node, NodeId original);
   void remove_node(NodeId node);
   void set_order(std::vector<NodeId> order);
 

@@ -33,8 +33,10 @@ std::vector<std::string> PassPipeline::pass_names() const {
   return out;
 }
 
-PassPipeline step_pipeline() {
+PassPipeline step_pipeline(ActivationCheckpoint checkpoint) {
   PassPipeline p("step");
+  if (checkpoint != ActivationCheckpoint::none)
+    p.add({"checkpoint_activations", [checkpoint](graph::Graph& g) { return checkpoint_activations(g, checkpoint); }});
   p.add({"remove_dead_nodes", remove_dead_nodes});
   return p;
 }

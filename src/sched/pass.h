@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "sched/passes/checkpoint_activations.h"
 #include "sched/passes/prefetch_collectives.h"
 
 namespace meshtrain::sched {
@@ -41,8 +42,10 @@ class PassPipeline {
 #endif
 };
 
-// The passes every training step's graph goes through before it is scheduled.
-PassPipeline step_pipeline();
+// The passes every training step's graph goes through before it is laid
+// out and scheduled: activations checkpointed as `checkpoint` says, then
+// dead nodes removed.
+PassPipeline step_pipeline(ActivationCheckpoint checkpoint = ActivationCheckpoint::none);
 
 // The passes a rank's lowered step goes through (spmd::lower's output)
 // before it is scheduled: waits sunk to where results are first read, then,

@@ -21,6 +21,10 @@ struct Lowering {
   LowerOptions options;
   LoweredGraph out;
   std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> kept;  // (parameter, layout) -> gathered
+  // Resharding after forward, what one stretch of backward has gathered: a
+  // block's recomputed forward (activation checkpointing) and its backward
+  // share each weight's gather, as FSDP unshards a block once for both.
+  std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> gathered_in_backward;
 
   // A parameter, or a parameter's copy in another dtype (a cast of one).
   bool is_weight(graph::ValueId v) const {
@@ -57,10 +61,11 @@ struct Lowering {
   // to `want`, one node per plan step.
   graph::ValueId redistribute(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
     if (have == want) return local;
-    if (!options.reshard_after_forward && is_weight(v)) {
+    if (is_weight(v) && (!options.reshard_after_forward || out.graph.phase() == graph::Phase::backward)) {
+      auto& memo = options.reshard_after_forward ? gathered_in_backward : kept;
       const auto key = std::make_pair(v, want.to_string());
-      if (const auto it = kept.find(key); it != kept.end()) return it->second;
-      return kept[key] = redistribute_now(v, local, have, want);
+      if (const auto it = memo.find(key); it != memo.end()) return it->second;
+      return memo[key] = redistribute_now(v, local, have, want);
     }
     return redistribute_now(v, local, have, want);
   }
@@ -118,6 +123,7 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
     const NodeSharding& ns = s.nodes.at(n);
     local.set_scope(node.scope);
     local.set_phase(node.phase);
+    if (node.phase != graph::Phase::backward) l.gathered_in_backward.clear();
     std::vector<graph::ValueId> inputs;
     graph::ValueInfos global_in;
     std::vector<sharding::LocalChunk> in_chunks, out_chunks;

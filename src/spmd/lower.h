@@ -23,8 +23,10 @@ struct LoweredGraph {
 struct LowerOptions {
   // false: FSDP keeps a parameter gathered from its first use to its last
   // (forward to backward), one redistribution per parameter (and per bf16
-  // copy of one) and layout; true: gathered again at each use, so the
-  // gathered weights are freed between forward and backward.
+  // copy of one) and layout; true: gathered again at each use in forward,
+  // and once per stretch of backward (a block's recomputed forward and its
+  // backward share it), so the gathered weights are freed between forward
+  // and backward.
   bool reshard_after_forward = true;
 };
 

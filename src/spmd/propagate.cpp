@@ -154,6 +154,19 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
   }
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
+    if (node.recomputes.valid()) {
+      // Laid out as the node it recomputes, so it computes the same bits.
+      const graph::Node& original = g.node(node.recomputes);
+      const NodeSharding& as = out.nodes.at(node.recomputes);
+      for (size_t k = 0; k < node.inputs.size(); ++k)
+        MT_CHECK(reachable(out.values.at(node.inputs[k]), as.inputs[k]),
+                 "propagate: node {} ({}) recomputes node {}, but its input {} comes as {}, which cannot become {}",
+                 n.index, node.op->name, node.recomputes.index, k, out.values.at(node.inputs[k]).to_string(),
+                 as.inputs[k].to_string());
+      for (size_t k = 0; k < node.outputs.size(); ++k) out.values[node.outputs[k]] = out.values.at(original.outputs[k]);
+      out.nodes[n] = as;
+      continue;
+    }
     graph::ValueInfos in, outs;
     for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
     for (graph::ValueId v : node.outputs) outs.push_back(g.value(v).info);

@@ -8,6 +8,7 @@
 
 #include "models/llama.h"
 #include "parallel/plan.h"
+#include "sched/passes/checkpoint_activations.h"
 #include "train/train_step.h"
 
 namespace meshtrain::train {
@@ -45,6 +46,9 @@ struct TrainConfig {
     int64_t log_every = 1;
   } metrics;
   parallel::ParallelConfig parallel;  // used under mpirun
+  struct {
+    sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;  // none, full or selective
+  } activation_checkpoint;
   struct {
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget

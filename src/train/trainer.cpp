@@ -33,6 +33,9 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   MT_CHECK(loader_.max_token() < config_.model.vocab_size,
            "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
            config_.model.vocab_size);
+  // What the trainer holds is allocated fresh: a block cached from earlier
+  // work (another trainer in this process) may be up to twice the request.
+  default_allocator().release_cache();
   init_parameters();
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
@@ -140,7 +143,7 @@ TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
   options.micro_batches = config.training.grad_accum_steps;
   TrainStepGraph step =
       build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer, options);
-  sched::step_pipeline().run(g);
+  sched::step_pipeline(config.activation_checkpoint.mode).run(g);
   return step;
 }
 

@@ -9,7 +9,8 @@
 # collectives; on this machine's own profile (the cores that compute also
 # move the bytes) it has nothing to gain and moves none. Each layout's
 # lowered graph must differ between the two, so the comparison is never
-# vacuous.
+# vacuous. So must activation checkpointing (full and selective) on five of
+# them.
 # Memory budget (FSDP 4): an impossible budget is one error, printed once,
 # naming the smallest budget that fits, and every rank exits non-zero; for a
 # sweep of budgets from that smallest one up, each rank's measured step
@@ -64,6 +65,30 @@ for x, y in zip(a, b):
             sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} reordered vs {x[key]!r} not")
 print(f"{name}: {moved} collective lines moved; 6 steps, losses and gradient norms bitwise equal")
 PY
+done
+
+# Activation checkpointing (full and selective, with the reordering on): bitwise equal to neither.
+for layout in "${layouts[@]}"; do
+  IFS=: read -r name np flags <<< "$layout"
+  case $name in fsdp3|fsdp4|fsdp2_tp2|ddp2_tp2_sp_lp|fsdp2_accum2) ;; *) continue ;; esac
+  read -r -a extra <<< "$flags"
+  for mode in full selective; do
+    run "${name}_ac_$mode" "$np" "${extra[@]}" --schedule.hardware h100-sxm --activation_checkpoint.mode "$mode"
+    python3 - "$dir/${name}_off.jsonl" "$dir/${name}_ac_$mode.jsonl" "$dir/${name}_on.jsonl" "$name" "$mode" <<'PY' || exit 1
+import json, sys
+off, on, reordered, name, mode = sys.argv[1:]
+a = [json.loads(l) for l in open(off)]
+b = [json.loads(l) for l in open(on)]
+assert len(a) == len(b) == 6, f"{name}: {len(a)} and {len(b)} steps logged"
+for x, y in zip(a, b):
+    for key in ("loss", "grad_norm"):
+        if x[key] != y[key]:
+            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} with {mode} checkpointing vs {x[key]!r}")
+peak = lambda rows: max(r["step_peak_bytes_max"] for r in rows) / 2**20
+none = peak([json.loads(l) for l in open(reordered)])
+print(f"{name}, {mode} activation checkpointing: bitwise equal; largest rank step peak {peak(b):.2f} MiB (none: {none:.2f})")
+PY
+  done
 done
 
 # Memory budget, FSDP 4 on the benchmark model (about 50 MiB a rank), the

@@ -453,3 +453,52 @@ TEST(MemoryPlan, ExecutorRejectsAScheduleThatDoesNotPlaceAValue) {
   schedule.memory.offsets.clear();
   EXPECT_TRUE(contains(message_of([&] { runtime::Executor ex(g, schedule); }), "silu.0: f32(4) has no place in the memory plan"));
 }
+
+// What backward reads of a block's forward after checkpointing: under full,
+// only what the block keeps (its output, read by the next forward node
+// outside it, and values computed from parameters alone); under selective,
+// also its matmuls' and attention's outputs. Everything else backward needs
+// is recomputed in backward, by the same ops, before its first reader.
+TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
+  for (const auto mode : {sched::ActivationCheckpoint::full, sched::ActivationCheckpoint::selective}) {
+    SCOPED_TRACE(std::string(sched::activation_checkpoint_name(mode)));
+    StepGraph t;
+    const size_t before = t.g.num_nodes();
+    size_t recomputed_backward = 0;
+    const auto in_block = [](const Node& n) { return n.phase == Phase::forward && n.scope.rfind("layers.", 0) == 0; };
+    std::map<ValueId, int> forward_block_reads;  // block values read by backward before the pass
+    for (NodeId n : t.g.order())
+      for (ValueId in : t.g.node(n).inputs)
+        if (t.g.node(n).phase == Phase::backward && t.g.value(in).producer.valid() &&
+            in_block(t.g.node(t.g.value(in).producer)))
+          ++forward_block_reads[in];
+    EXPECT_TRUE(sched::checkpoint_activations(t.g, mode));
+    verify(t.g);
+    EXPECT_FALSE(sched::checkpoint_activations(t.g, sched::ActivationCheckpoint::none));
+    for (NodeId n : t.g.order()) {
+      const Node& node = t.g.node(n);
+      if (node.phase == Phase::backward && node.scope.rfind("layers.", 0) == 0 &&
+          (node.op->name == "rms_norm" || node.op->name == "swiglu" || node.op->name == "rope"))
+        ++recomputed_backward;  // forward ops, now run in backward
+      if (node.phase != Phase::backward) continue;
+      for (ValueId in : node.inputs) {
+        const NodeId p = t.g.value(in).producer;
+        if (!p.valid() || !in_block(t.g.node(p))) continue;
+        const Node& producer = t.g.node(p);
+        bool read_outside = false;  // by a forward node of another block or outside the blocks
+        for (NodeId u : t.g.users(in))
+          read_outside |= t.g.node(u).phase == Phase::forward && t.g.node(u).scope.substr(0, 8) != producer.scope.substr(0, 8);
+        const bool from_parameter = std::all_of(producer.inputs.begin(), producer.inputs.end(), [&](ValueId x) {
+          return t.g.value(x).kind == ValueKind::parameter;
+        });
+        const bool kept_by_selective = producer.op->name == "matmul" || producer.op->name == "attention";
+        EXPECT_TRUE(read_outside || from_parameter || (mode == sched::ActivationCheckpoint::selective && kept_by_selective))
+            << "backward node " << n.index << " (" << node.op->name << ") reads " << t.g.describe_value(in) << " of "
+            << producer.op->name << " in " << producer.scope;
+      }
+    }
+    EXPECT_GT(recomputed_backward, 0u);
+    EXPECT_GT(t.g.num_nodes(), before);
+    EXPECT_FALSE(forward_block_reads.empty());
+  }
+}
