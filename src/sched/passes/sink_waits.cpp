@@ -9,6 +9,10 @@
 
 namespace meshtrain::sched {
 
+namespace {
+constexpr size_t kInFlightPerStream = 2;
+}  // namespace
+
 bool sink_waits(graph::Graph& g) {
   const std::vector<graph::NodeId> order = g.order();
   std::map<graph::NodeId, size_t> position;
@@ -35,6 +39,11 @@ bool sink_waits(graph::Graph& g) {
   std::vector<Wait> waits;
   for (auto& [stream, group] : by_stream) {
     std::sort(group.begin(), group.end(), [](const Wait& a, const Wait& b) { return a.start < b.start; });
+    // At most kInFlightPerStream of a stream's collectives in flight: each is
+    // waited on before the one that many later starts (what it reads and
+    // writes is held until its wait).
+    for (size_t k = 0; k + kInFlightPerStream < group.size(); ++k)
+      group[k].before = std::min(group[k].before, group[k + kInFlightPerStream].start);
     for (size_t k = group.size(); k-- > 1;) group[k - 1].before = std::min(group[k - 1].before, group[k].before);
     waits.insert(waits.end(), group.begin(), group.end());
   }

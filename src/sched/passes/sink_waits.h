@@ -1,10 +1,12 @@
 // Overlap for a lowered graph: each collective's wait moves down to just
 // before the first node that reads its result, so the nodes in between run
-// while the collective is in flight. Starts stay where they are. A wait never
-// moves below the wait of a later collective on the same stream (mesh dims
-// and sharding::comm_stream), which bounds how many collectives (and the
-// inputs they hold) are in flight at once per stream; waits that meet keep
-// their collectives' order.
+// while the collective is in flight. Starts stay where they are. A wait
+// never moves below the start of the collective two later on the same
+// stream (mesh dims and sharding::comm_stream), nor below the wait of a
+// later one: at most two of a stream's collectives (and the buffers they
+// hold: a gradient's reduce_scatter holds the whole gradient) are in flight
+// at once, as FSDP keeps its reduce-scatters; waits that meet keep their
+// collectives' order.
 #pragma once
 
 #include "graph/graph.h"
