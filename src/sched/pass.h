@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "sched/passes/bucket_collectives.h"
 #include "sched/passes/checkpoint_activations.h"
 #include "sched/passes/prefetch_collectives.h"
 
@@ -48,8 +49,9 @@ class PassPipeline {
 PassPipeline step_pipeline(ActivationCheckpoint checkpoint = ActivationCheckpoint::none);
 
 // The passes a rank's lowered step goes through (spmd::lower's output)
-// before it is scheduled: waits sunk to where results are first read, then,
-// given `prefetch`, collectives started early enough to hide them.
-PassPipeline lowered_step_pipeline(std::optional<PrefetchOptions> prefetch = std::nullopt);
+// before it is scheduled: collectives bucketed as `buckets` says, waits
+// sunk to where results are first read, then, given `prefetch`, collectives
+// started early enough to hide them.
+PassPipeline lowered_step_pipeline(BucketOptions buckets = {}, std::optional<PrefetchOptions> prefetch = std::nullopt);
 
 }  // namespace meshtrain::sched

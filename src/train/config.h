@@ -8,6 +8,7 @@
 
 #include "models/llama.h"
 #include "parallel/plan.h"
+#include "sched/passes/bucket_collectives.h"
 #include "sched/passes/checkpoint_activations.h"
 #include "train/train_step.h"
 
@@ -50,6 +51,8 @@ struct TrainConfig {
     sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;  // none, full or selective
   } activation_checkpoint;
   struct {
+    sched::BucketMode bucket_mode = sched::BucketMode::per_block;  // none, per_block, size_cap or auto
+    double bucket_cap_mb = 25;      // size_cap: a bucket's bytes per rank
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
     std::string hardware = "auto";  // the profile the passes cost the step on; auto: the one for where it runs

@@ -195,7 +195,14 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
         .memory_budget_bytes = memory_budget_bytes(config),
     };
   }
-  sched::lowered_step_pipeline(std::move(prefetch)).run(out.lowered.graph);
+  sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
+                               .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
+                               .mesh_ndim = mesh.ndim()};
+  if (buckets.mode == sched::BucketMode::automatic)
+    buckets.step_us = [&, device = sched::RankDevice{hardware, world_size}](const graph::Graph& r) {
+      return sched::estimate_step(r, schedule_step(g, step, r, out.lowered.values), device).step_us;
+    };
+  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(out.lowered.graph);
   return out;
 }
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The scheduling passes under mpirun change when collectives start, never a
-# result: on every layout of the parity test (DDP 2, FSDP 2, 3 and 4, HSDP
-# 2x2, FSDP 2 x TP 2 in f32 and bf16, DDP 2 x TP 2 with sequence and loss
-# parallel, TP 4, FSDP 2 without resharding and with 2 microbatches), the
-# losses and gradient norms of every step with the collectives reordered
-# are bitwise equal to those with the reordering off. The reordering is
-# decided on the H100 profile (--schedule.hardware h100-sxm), where it moves
-# collectives; on this machine's own profile (the cores that compute also
-# move the bytes) it has nothing to gain and moves none. Each layout's
-# lowered graph must differ between the two, so the comparison is never
-# vacuous. So must activation checkpointing (full and selective) on five of
-# them.
+# The scheduling passes under mpirun change which collectives run and when,
+# never a result: on every layout of the parity test (DDP 2, FSDP 2, 3 and
+# 4, HSDP 2x2, FSDP 2 x TP 2 in f32 and bf16, DDP 2 x TP 2 with sequence and
+# loss parallel, TP 4, FSDP 2 without resharding and with 2 microbatches),
+# the losses and gradient norms of every step with the collectives bucketed
+# per block (the default) and reordered are bitwise equal to those with
+# neither. The reordering is decided on the H100 profile (--schedule.hardware
+# h100-sxm), where it moves collectives; on this machine's own profile (the
+# cores that compute also move the bytes) it has nothing to gain and moves
+# none. Each layout's lowered graph must differ between the two, so the
+# comparison is never vacuous. So must bucketing by size (1 MiB) and
+# automatic bucketing, and activation checkpointing (full and selective), on
+# five of them.
 # Memory budget (FSDP 4): an impossible budget is one error, printed once,
 # naming the smallest budget that fits, and every rank exits non-zero; for a
 # sweep of budgets from that smallest one up, each rank's measured step
@@ -31,6 +32,7 @@ run() {  # NAME NP [KEY VALUE ...]
   timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" "$@" \
     > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name exited non-zero"; }
 }
+no_passes=(--schedule.bucket_mode none --schedule.reorder false)
 layouts=(
   "ddp2:2:--parallel.dp_replicate 2 --parallel.dp_shard 1"
   "fsdp2:2:"
@@ -47,11 +49,11 @@ layouts=(
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np flags <<< "$layout"
   read -r -a extra <<< "$flags"
-  "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.reorder false > "$dir/${name}_off.txt"
+  "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" "${no_passes[@]}" > "$dir/${name}_off.txt"
   "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.hardware h100-sxm > "$dir/${name}_on.txt"
   moved=$(diff "$dir/${name}_off.txt" "$dir/${name}_on.txt" | grep -c '^>.*= [a-z_]*(.*mesh_dims')
-  [ "$moved" -gt 0 ] || fail "$name: reordering on the h100-sxm profile moved no collective"
-  run "${name}_off" "$np" "${extra[@]}" --schedule.reorder false
+  [ "$moved" -gt 0 ] || fail "$name: bucketing and reordering on the h100-sxm profile changed no collective"
+  run "${name}_off" "$np" "${extra[@]}" "${no_passes[@]}"
   run "${name}_on" "$np" "${extra[@]}" --schedule.hardware h100-sxm
   python3 - "$dir/${name}_off.jsonl" "$dir/${name}_on.jsonl" "$name" "$moved" <<'PY' || exit 1
 import json, sys
@@ -63,17 +65,24 @@ for x, y in zip(a, b):
     for key in ("loss", "grad_norm"):
         if x[key] != y[key]:
             sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} reordered vs {x[key]!r} not")
-print(f"{name}: {moved} collective lines moved; 6 steps, losses and gradient norms bitwise equal")
+print(f"{name}: {moved} collective lines differ; 6 steps, losses and gradient norms bitwise equal")
 PY
 done
 
-# Activation checkpointing (full and selective, with the reordering on): bitwise equal to neither.
+# Bucketing by size and automatic bucketing, and activation checkpointing
+# (full and selective), each with the reordering on: bitwise equal to no pass.
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np flags <<< "$layout"
-  case $name in fsdp3|fsdp4|fsdp2_tp2|ddp2_tp2_sp_lp|fsdp2_accum2) ;; *) continue ;; esac
+  case $name in fsdp3|fsdp4|hsdp|fsdp2_tp2|ddp2_tp2_sp_lp|fsdp2_accum2) ;; *) continue ;; esac
   read -r -a extra <<< "$flags"
-  for mode in full selective; do
-    run "${name}_ac_$mode" "$np" "${extra[@]}" --schedule.hardware h100-sxm --activation_checkpoint.mode "$mode"
+  for mode in size_cap auto full selective; do
+    case $mode in
+      size_cap|auto) pass=(--schedule.bucket_mode "$mode" --schedule.bucket_cap_mb 1) ;;
+      *) pass=(--activation_checkpoint.mode "$mode") ;;
+    esac
+    "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.hardware h100-sxm "${pass[@]}" > "$dir/${name}_$mode.txt"
+    cmp -s "$dir/${name}_off.txt" "$dir/${name}_$mode.txt" && fail "$name: $mode changed nothing"
+    run "${name}_ac_$mode" "$np" "${extra[@]}" --schedule.hardware h100-sxm "${pass[@]}"
     python3 - "$dir/${name}_off.jsonl" "$dir/${name}_ac_$mode.jsonl" "$dir/${name}_on.jsonl" "$name" "$mode" <<'PY' || exit 1
 import json, sys
 off, on, reordered, name, mode = sys.argv[1:]
@@ -83,10 +92,10 @@ assert len(a) == len(b) == 6, f"{name}: {len(a)} and {len(b)} steps logged"
 for x, y in zip(a, b):
     for key in ("loss", "grad_norm"):
         if x[key] != y[key]:
-            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} with {mode} checkpointing vs {x[key]!r}")
+            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} with {mode} vs {x[key]!r} with no pass")
 peak = lambda rows: max(r["step_peak_bytes_max"] for r in rows) / 2**20
 none = peak([json.loads(l) for l in open(reordered)])
-print(f"{name}, {mode} activation checkpointing: bitwise equal; largest rank step peak {peak(b):.2f} MiB (none: {none:.2f})")
+print(f"{name}, {mode}: bitwise equal; largest rank step peak {peak(b):.2f} MiB (per-block buckets: {none:.2f})")
 PY
   done
 done

@@ -14,6 +14,8 @@
 #include "runtime/executor.h"
 #include "sched/memory_plan.h"
 #include "sched/pass.h"
+#include "graph/ops/collective.h"
+#include "sched/passes/bucket_collectives.h"
 #include "sched/passes/dead_code.h"
 #include "sched/passes/prefetch_collectives.h"
 #include "sched/passes/sink_waits.h"
@@ -106,7 +108,8 @@ static void build_gathered_layers(GatheredLayers& l) {
   for (int layer = 0; layer < 3; ++layer) {
     const ValueId shard = b.cast(g.add_parameter(fmt::format("w{}", layer), {d / 2, d}, DType::f32), DType::bf16);
     const Attrs attrs{attr::shape({d, d}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("S(0)"),
-                      attr::layout_after("R"), attr::global_shape({d, d}), attr::buffer_elements(0)};
+                      attr::layout_after("R"), attr::global_shape({d, d}), attr::buffer_elements(0),
+                      attr::comm_bytes(static_cast<double>(d * d * 2))};
     const NodeId start = g.add_node("all_gather", {shard}, attrs);
     std::vector<ValueId> wait_inputs = g.node(start).outputs;
     wait_inputs.push_back(shard);
@@ -167,6 +170,66 @@ TEST(PrefetchCollectives, NeverAboveTheMemoryBudget) {
   const double budget = tight + 192 * 1024;  // room for one more gathered weight and its cast shard
   EXPECT_TRUE(sched::prefetch_collectives(roomy.g, layer_costs(roomy.g, 8, budget)));
   EXPECT_LE(allocated(roomy.g), budget);
+}
+
+// Per block, the three gathers become one: their casts move up, one pack,
+// one all_gather of every shard, waited on and unpacked before the first
+// matmul; the weights come out as they did.
+TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
+  GatheredLayers l;
+  build_gathered_layers(l);
+  EXPECT_TRUE(sched::bucket_collectives(l.g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
+  verify(l.g);
+  EXPECT_EQ(fmt::format("{}", fmt::join(l.ops(), " ")),
+            "cast%2 cast%8 cast%14 bucket_pack%19 all_gather%20 wait%22 bucket_unpack%23 matmul%6 matmul%12 matmul%18");
+  const Node& gather = l.g.node(l.g.value(ValueId(20)).producer);
+  EXPECT_EQ(gather.attrs.get(attr::shape), (std::vector<int64_t>{2, 3 * 128 * 256}));
+  EXPECT_EQ(gather.attrs.get(attr::layout_before), "S(0)");
+  EXPECT_EQ(gather.attrs.get(attr::comm_bytes), 3.0 * 256 * 256 * 2);
+  EXPECT_FALSE(sched::bucket_collectives(l.g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
+}
+
+// Under a cap of two gathers' bytes, the first two share a bucket and the
+// third, alone, stays as it was.
+TEST(BucketCollectives, SizeCapClosesABucketAtTheCap) {
+  GatheredLayers l;
+  build_gathered_layers(l);
+  EXPECT_TRUE(sched::bucket_collectives(
+      l.g, {.mode = sched::BucketMode::size_cap, .cap_bytes = 2.0 * 256 * 256 * 2, .mesh_ndim = 1}));
+  verify(l.g);
+  EXPECT_EQ(fmt::format("{}", fmt::join(l.ops(), " ")),
+            "cast%2 cast%8 bucket_pack%19 all_gather%20 wait%22 bucket_unpack%23 matmul%6 matmul%12 cast%14 "
+            "all_gather%15 wait%17 matmul%18");
+}
+
+// bucket_pack puts piece c of every member in row c; bucket_unpack takes
+// them back, by value.
+TEST(BucketCollectives, PackAndUnpackLayOutPiecesByRow) {
+  Graph g;
+  const ValueId a = g.add_input("a", {4}, DType::f32), b = g.add_input("b", {2, 3}, DType::f32);
+  const ValueId packed = g.only_output(g.add_node("bucket_pack", {a, b}, {attr::chunks(2)}));
+  EXPECT_EQ(g.value(packed).info.shape, Shape({2, 5}));
+  const NodeId unpack = g.add_node("bucket_unpack", {packed},
+                                   {attr::chunks(2), attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})}))});
+  g.add_output(packed);
+  for (ValueId v : g.node(unpack).outputs) g.add_output(v);
+  runtime::Executor ex(g, sched::make_schedule(g, g.outputs()), nullptr);
+  const auto filled = [](const Shape& shape, float first) {
+    Tensor t = Tensor::empty(shape, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[static_cast<size_t>(i)] = first + static_cast<float>(i);
+    return t;
+  };
+  const auto values = [](const Tensor& t) {
+    std::vector<double> out;
+    for (int64_t i = 0; i < t.numel(); ++i) out.push_back(t.get(i));
+    return out;
+  };
+  ex.bind(a, filled({4}, 0));
+  ex.bind(b, filled({2, 3}, 10));
+  ex.run();
+  EXPECT_EQ(values(ex.fetch(packed)), (std::vector<double>{0, 1, 10, 11, 12, 2, 3, 13, 14, 15}));
+  EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[0])), (std::vector<double>{0, 1, 2, 3}));
+  EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[1])), (std::vector<double>{10, 11, 12, 13, 14, 15}));
 }
 
 // An all_reduce takes its input's bytes where it is the input's last reader,

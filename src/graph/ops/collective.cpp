@@ -12,8 +12,17 @@
 // its share of a pending sum (R -> P), with no communication, at once. Each
 // node carries the layouts before and after, the global shape and its local
 // output shape (uneven shards differ by rank), so it runs without a plan.
+// bucket_pack lays several tensors out as one buffer for one collective
+// (sched's bucket_collectives), [chunks, elements / chunks]: each member cut
+// into `chunks` equal pieces, row c holding piece c of every member, so that
+// an all_gather joins, or a reduce_scatter splits, every member at once (a
+// row per rank: one block each); bucket_unpack takes them back out of such
+// rows (any number; its `chunks` says how many pieces each member has).
+#include "graph/ops/collective.h"
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
+
+#include <fmt/ranges.h>
 
 namespace meshtrain::graph::ops {
 
@@ -27,7 +36,36 @@ void read_collective_attrs(const Attrs& at) {
   at.get(attr::global_shape);
 }
 
+int64_t checked_chunks(const Attrs& at) {
+  const int64_t chunks = at.get(attr::chunks);
+  MT_CHECK(chunks >= 1, "a bucket's members are cut into {} chunks; at least 1", chunks);
+  return chunks;
+}
+
 }  // namespace
+
+std::vector<Shape> bucket_member_shapes(const Attrs& at) {
+  const std::vector<int64_t>& flat = at.get(attr::member_shapes);
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < flat.size();) {
+    const auto rank = static_cast<size_t>(flat[i]);
+    MT_CHECK(i + 1 + rank <= flat.size(), "bucket member shapes {}: member {} claims rank {} past the end",
+             fmt::join(flat, ","), shapes.size(), rank);
+    shapes.emplace_back(std::vector<int64_t>(flat.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                                             flat.begin() + static_cast<std::ptrdiff_t>(i + 1 + rank)));
+    i += 1 + rank;
+  }
+  return shapes;
+}
+
+std::vector<int64_t> bucket_member_shapes_attr(const std::vector<Shape>& shapes) {
+  std::vector<int64_t> flat;
+  for (const Shape& s : shapes) {
+    flat.push_back(static_cast<int64_t>(s.rank()));
+    flat.insert(flat.end(), s.dims().begin(), s.dims().end());
+  }
+  return flat;
+}
 
 void add_collective_ops(std::vector<OpDef>& ops) {
   for (const std::string name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
@@ -52,6 +90,42 @@ void add_collective_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}};
           },
       .is_collective = true,
+  });
+  ops.push_back({
+      .name = "bucket_pack",
+      .num_inputs = OpDef::kVariadic,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            const int64_t chunks = checked_chunks(at);
+            MT_CHECK(!in.empty(), "bucket_pack needs at least one member");
+            int64_t total = 0;
+            for (const ValueInfo& m : in) {
+              MT_CHECK(m.dtype == in[0].dtype, "bucket_pack: members of {} and {}: one dtype per bucket",
+                       dtype_name(in[0].dtype), dtype_name(m.dtype));
+              MT_CHECK(m.shape.numel() % chunks == 0, "bucket_pack: a member of {} elements does not cut into {} chunks",
+                       m.shape.numel(), chunks);
+              total += m.shape.numel();
+            }
+            return ValueInfos{{Shape({chunks, total / chunks}), in[0].dtype}};
+          },
+  });
+  ops.push_back({
+      .name = "bucket_unpack",
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            const int64_t chunks = checked_chunks(at);
+            ValueInfos out;
+            int64_t total = 0;
+            for (const Shape& s : bucket_member_shapes(at)) {
+              MT_CHECK(s.numel() % chunks == 0, "bucket_unpack: a member of {} elements does not cut into {} chunks",
+                       s.numel(), chunks);
+              out.push_back({s, in[0].dtype});
+              total += s.numel();
+            }
+            MT_CHECK(!out.empty() && in[0].shape.rank() == 2 && in[0].shape.numel() == total,
+                     "bucket_unpack: a bucket of {} for members of {} elements in all", in[0].shape.to_string(), total);
+            return out;
+          },
   });
   ops.push_back({
       .name = "wait",
