@@ -6,7 +6,11 @@
 # steps; the median over ROUNDS runs of each, the layouts alternating, as
 # this host's step times vary by +-30% from run to run) and peak memory
 # (what a step allocates: step_peak_bytes). Targets: step time within 10%,
-# peak memory within 5%.
+# peak memory within 5%. Two estimates of the time: `meshtrain estimate` on
+# the profile's roofline, and benchmark mode (schedule.estimate = benchmark),
+# which the training runs themselves make: each rank times every kernel of
+# its step before training, the ranks agree on the median, and the metrics
+# carry the estimated step beside the measured one (the median over rounds).
 # Usage: [ROUNDS=3] bench/estimate.sh [PROFILE] [STEPS] [float32|bfloat16]
 #   PROFILE: a built-in name or a profile file (default: cpu-2core, this
 #   project's development machine; bench/calibrate.sh makes one for yours).
@@ -32,22 +36,26 @@ for round in $(seq "$rounds"); do
     read -r -a flags <<< "${layout#*:}"
     [ "$round" -gt 1 ] || build/meshtrain estimate "${model[@]}" "${flags[@]}" --ranks 4 --hardware "$profile" --json > "$work/est_$name.json"
     scripts/mpirun.sh -np 4 build/meshtrain train "${model[@]}" "${flags[@]}" --training.steps $((steps + 3)) \
+      --schedule.estimate benchmark --schedule.hardware "$profile" \
       --metrics.file "$work/m_${name}_$round.jsonl" --metrics.log_every 1 > "$work/train.log"
   done
 done
 python3 - "$work" "$steps" "${layouts[@]%%:*}" <<'PY'
 import glob, json, statistics, sys
 work, steps, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print(f"{'layout':<10} {'est. ms':>9} {'measured ms (per round)':>34} {'ratio':>7}   {'est. MiB':>9} {'measured':>9} {'ratio':>7}")
+print(f"{'layout':<10} {'roofline':>9} {'ratio':>6} {'benchmark (per round)':>30} {'ratio':>6} {'measured ms (per round)':>34}   {'est. MiB':>9} {'measured':>9} {'ratio':>7}")
 for name in names:
     est = json.load(open(f"{work}/est_{name}.json"))
-    per_round, peak = [], 0
+    per_round, benchmark, peak = [], [], 0
     for path in sorted(glob.glob(f"{work}/m_{name}_*.jsonl")):
         rows = [json.loads(l) for l in open(path)][-steps:]
         per_round.append(statistics.median(r["step_ms"] for r in rows))
+        benchmark.append(rows[-1]["estimated_step_ms"])
         peak = max(peak, max(r["step_peak_bytes"] for r in rows) / 2**20)
     ms = statistics.median(per_round)
     est_ms, est_mib = est["time"]["step_us"] / 1e3, est["memory"]["peak_bytes"] / 2**20
+    bench_ms = statistics.median(benchmark)
     rounds = " ".join(f"{t:.0f}" for t in per_round)
-    print(f"{name:<10} {est_ms:9.1f} {ms:9.1f} ({rounds:>22}) {est_ms / ms:7.3f}   {est_mib:9.2f} {peak:9.2f} {est_mib / peak:7.3f}")
+    bench_rounds = " ".join(f"{t:.0f}" for t in benchmark)
+    print(f"{name:<10} {est_ms:9.1f} {est_ms / ms:6.3f} {bench_ms:7.1f} ({bench_rounds:>20}) {bench_ms / ms:6.3f} {ms:9.1f} ({rounds:>22})   {est_mib:9.2f} {peak:9.2f} {est_mib / peak:7.3f}")
 PY

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,8 @@
 #include "comm/mpi_backend.h"
 #include "comm/process_group.h"
 #include "core/error.h"
+#include "graph/attrs.h"
+#include "kernels/cpu/op_kernels.h"
 
 namespace meshtrain::cli {
 
@@ -58,6 +61,37 @@ void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
   }
 }
 
+// `members` collectives of one size as the trainer's bucketing runs them:
+// bucket_pack lays the members out one row per rank (piece c of every
+// member in row c), one collective moves the rows, bucket_unpack takes them
+// back (the same CPU kernels the bucketed step runs).
+struct Bucket {
+  std::vector<Buffers> members;
+  Buffers packed;
+  graph::Attrs pack_attrs, unpack_attrs;
+};
+
+Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
+  Bucket b;
+  for (int m = 0; m < members; ++m) b.members.push_back(make_buffers(op, elems, n));
+  b.packed = make_buffers(op, elems * members, n);
+  b.pack_attrs.set(graph::attr::chunks, int64_t{op == OpType::reduce_scatter ? n : 1});
+  b.unpack_attrs.set(graph::attr::chunks, int64_t{op == OpType::all_gather ? n : 1});
+  return b;
+}
+
+void run_bucket(comm::ProcessGroup& pg, OpType op, Bucket& b) {
+  static const kernels::cpu::CpuKernel& pack = *kernels::cpu::find_cpu_kernel("bucket_pack");
+  static const kernels::cpu::CpuKernel& unpack = *kernels::cpu::find_cpu_kernel("bucket_unpack");
+  kernels::cpu::KernelArgs packing{{}, {&b.packed.in}, b.pack_attrs};
+  for (const Buffers& m : b.members) packing.in.push_back(&m.in);
+  pack(packing);
+  run_meshtrain(pg, op, b.packed);
+  kernels::cpu::KernelArgs unpacking{{&b.packed.out}, {}, b.unpack_attrs};
+  for (Buffers& m : b.members) unpacking.out.push_back(&m.out);
+  unpack(unpacking);
+}
+
 // Mean seconds per iteration, the maximum over ranks (the slowest rank sets
 // the pace). `exclusive_mpi`: hold the MPI lock for the whole loop, so the
 // plain MPI calls run as in a program without meshtrain (its progress thread
@@ -103,6 +137,12 @@ int run_comm_bench(const CommBenchOptions& o) {
              "bench comm: --ops accepts all_reduce, all_gather, reduce_scatter, all_to_all; got '{}'", name);
     ops.push_back(op);
   }
+  const int members = std::max(1, o.bucket);
+  MT_CHECK(o.bucket >= 0, "bench comm: --bucket must be >= 0, got {}", o.bucket);
+  if (members > 1)
+    for (OpType op : ops)
+      MT_CHECK(op != OpType::all_to_all, "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
+               "collectives training buckets), not all_to_all");
   comm::GroupOptions group_options;
   group_options.verify = o.verify;
   auto world = comm::create_world("mpi", group_options);
@@ -122,8 +162,14 @@ int run_comm_bench(const CommBenchOptions& o) {
                "busBw; bandwidths in GB/s (1e9 B/s)\n",
                world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
                o.verify ? "on" : "off", o.rounds);
-    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}\n", "op", "size", "iters",
-               "time_us", "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio");
+    if (members > 1)
+      fmt::print("bucketed: {} collectives of each size packed into one (bucket_pack), one collective, unpacked "
+                 "(bucket_unpack); time = all {} of them; MPI: {} plain calls one by one (mpi_time_us, ratio) and one "
+                 "plain call on the packed bytes (one_call_us, ratio_1)\n",
+                 members, members, members);
+    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters",
+               "time_us", "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio",
+               members > 1 ? fmt::format(" {:>11} {:>7}", "one_call_us", "ratio_1") : "");
     std::fflush(stdout);
   }
   for (OpType op : ops) {
@@ -131,20 +177,31 @@ int run_comm_bench(const CommBenchOptions& o) {
       int64_t elems = bytes / 4;
       elems -= elems % n;  // every rank gets a whole block
       if (elems == 0) continue;
-      const int64_t used_bytes = elems * 4;
+      const int64_t used_bytes = elems * 4 * members;  // all the members' (one collective's without a bucket)
       const int iters = o.iters > 0 ? o.iters
                                     : static_cast<int>(std::clamp<int64_t>((64ll << 20) / used_bytes, 5, 50));
       Buffers b = make_buffers(op, elems, n);
-      run_meshtrain(*pg, op, b);  // warm-up both paths
+      std::optional<Bucket> bucket;
+      if (members > 1) bucket = make_bucket(op, elems, n, members);
+      // meshtrain: the collective, or the bucket of `members`; plain MPI:
+      // as many calls one by one, and (bucketed) one call on the packed bytes.
+      auto ours_once = [&] { bucket ? run_bucket(*pg, op, *bucket) : run_meshtrain(*pg, op, b); };
+      auto theirs_once = [&] {
+        for (int m = 0; m < members; ++m) comm::plain_mpi_collective(op, b.in, b.out);
+      };
+      auto fused_once = [&] { comm::plain_mpi_collective(op, bucket->packed.in, bucket->packed.out); };
+      ours_once();  // warm-up every path
       if (baseline) {
         std::lock_guard lock(comm::mpi_mutex());
-        comm::plain_mpi_collective(op, b.in, b.out);
+        theirs_once();
+        if (bucket) fused_once();
       }
-      std::vector<double> ours, theirs;
+      std::vector<double> ours, theirs, fused;
       for (int round = 0; round < o.rounds; ++round) {
-        ours.push_back(time_iterations(*pg, iters, false, [&] { run_meshtrain(*pg, op, b); }));
-        theirs.push_back(baseline ? time_iterations(*pg, iters, true, [&] { comm::plain_mpi_collective(op, b.in, b.out); })
+        ours.push_back(time_iterations(*pg, iters, false, ours_once));
+        theirs.push_back(baseline ? time_iterations(*pg, iters, true, theirs_once)
                                   : std::numeric_limits<double>::quiet_NaN());
+        if (bucket && baseline) fused.push_back(time_iterations(*pg, iters, true, fused_once));
       }
       // Paired estimate: rounds next to each other in time share the
       // machine's conditions, so the ratio is taken per round, then the median.
@@ -154,23 +211,34 @@ int run_comm_bench(const CommBenchOptions& o) {
       const double t = median(ours), tm = median(theirs);
       const double algbw = used_bytes / t / 1e9, busbw = algbw * bus_factor(op, n);
       const double mpi_busbw = used_bytes / tm / 1e9 * bus_factor(op, n);
+      std::vector<double> fused_ratios;
+      for (size_t k = 0; k < fused.size(); ++k) fused_ratios.push_back(fused[k] / ours[k]);
       if (!printer) continue;
-      results.push_back({{"op", comm::op_type_name(op)}, {"bytes", used_bytes}, {"iters", iters},
+      nlohmann::json row{{"op", comm::op_type_name(op)}, {"bytes", used_bytes / members}, {"iters", iters},
                          {"time_us", t * 1e6}, {"min_time_us", *std::min_element(ours.begin(), ours.end()) * 1e6},
                          {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
                          {"mpi_time_us", tm * 1e6}, {"mpi_busbw_gbs", mpi_busbw},
-                         {"ratio", ratio}});
+                         {"ratio", ratio}};
+      if (members > 1) {
+        row["members"] = members;
+        if (!fused.empty()) {
+          row["mpi_one_call_time_us"] = median(fused) * 1e6;
+          row["ratio_to_one_call"] = median(fused_ratios);
+        }
+      }
+      results.push_back(row);
       if (!o.json) {
-        fmt::print("{:<15} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}\n",
-                   comm::op_type_name(op), human_bytes(used_bytes), iters, t * 1e6, algbw, busbw,
-                   tm * 1e6, mpi_busbw, ratio);
+        fmt::print("{:<15} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}{}\n",
+                   comm::op_type_name(op), human_bytes(used_bytes / members), iters, t * 1e6, algbw, busbw,
+                   tm * 1e6, mpi_busbw, ratio,
+                   fused.empty() ? "" : fmt::format(" {:>11.1f} {:>7.3f}", median(fused) * 1e6, median(fused_ratios)));
         std::fflush(stdout);
       }
     }
   }
   if (printer && o.json) {
     nlohmann::json j{{"ranks", world->size()}, {"group_size", n}, {"dtype", "f32"}, {"verify", o.verify}, {"rounds", o.rounds},
-                     {"results", results}};
+                     {"bucket", members}, {"results", results}};
     fmt::print("{}\n", j.dump(1));
   }
   return 0;

@@ -20,6 +20,12 @@ struct CommBenchOptions {
   // (a mesh dim of that size inside a larger job); 0: the whole world. No
   // MPI baseline then.
   int group_size = 0;
+  // Time `bucket` collectives of each size at once, as the trainer's
+  // bucketing runs them: packed into one buffer (bucket_pack), one
+  // collective, unpacked (bucket_unpack); next to the same collectives as
+  // plain MPI calls one by one, and as one plain MPI call on the packed
+  // bytes. 0: one collective at a time.
+  int bucket = 0;
 };
 
 // Run under mpirun; rank 0 prints. Returns the process exit code.

@@ -33,6 +33,10 @@ std::string estimate_help() {
       "[device.op_efficiency] OP = fraction; [collectives] model = \"nccl\" (arch, intra_bus_gbps, inter_gbps,\n"
       "channels, amd_host) or \"measured\" ([[collectives.table]] op, ranks, world, bytes = [...], us = [...]).\n"
       "bench/calibrate.sh writes one for the machine it runs on.\n"
+      "--schedule.estimate benchmark (with a profile of this machine: shared_host) costs each compute node by its\n"
+      "kernel timed here on fresh tensors of its shapes instead (as a rank of the job would run it: its threads,\n"
+      "its share of the cores), reading and writing the times in --schedule.kernel_cache FILE when given; a\n"
+      "cache that `meshtrain train` wrote in benchmark mode holds the times its ranks measured side by side.\n"
       "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
       "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
       fmt::join(sched::builtin_hardware_names(), ", "));

@@ -47,6 +47,13 @@ int main(int argc, char** argv) {
                          "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
                          "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
       ->capture_default_str();
+  bench_comm->add_option("--bucket", comm_opts.bucket,
+                         "Time this many collectives of each size at once, bucketed as training buckets them "
+                         "(packed, one collective, unpacked; all_reduce, all_gather, reduce_scatter), next to the "
+                         "same collectives as plain MPI calls one by one and as one MPI call on the packed bytes "
+                         "(0: one at a time)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bench_comm->add_flag("--json", comm_opts.json, "Print one JSON document instead of a table");
 
   std::string fr_dir;

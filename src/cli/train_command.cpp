@@ -36,6 +36,10 @@ std::string train_help() {
       "--trace FILE writes the last step's measured timeline as a Chrome trace (Perfetto, chrome://tracing):\n"
       "per rank a compute track, every kernel, collective start and wait, and a communication track, each\n"
       "collective from its start to the end of its wait; each rank's times from its own start of the step.\n"
+      "The run ends with its step's estimate on the [schedule] hardware profile next to the measured median;\n"
+      "--schedule.estimate benchmark first times every kernel of the step on each rank (the ranks agree on the\n"
+      "median; --schedule.kernel_cache FILE keeps the times) and costs the scheduling passes and that estimate\n"
+      "with them instead of the profile's roofline.\n"
       "Keys: {}\n",
       fmt::join(train::config_keys(), ", "));
 }
@@ -150,6 +154,8 @@ int run_train(const std::vector<std::string>& args) {
   try {
     config = train::load_config(config_path, overrides);
     if (launched.size > 1) train::check_parallel_config(config, launched.size);
+    if (config.schedule.estimate == train::EstimateMode::benchmark)
+      train::check_benchmark_hardware(train::scheduling_hardware(config));
   } catch (const std::exception&) {
     if (launched.rank != 0) return 2;
     throw;
@@ -206,6 +212,14 @@ int run_train(const std::vector<std::string>& args) {
              summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
              several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
              static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
+  const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
+  if (trainer.estimated_step_ms() > 0)
+    fmt::print("estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps 2..{}), ratio {:.3f}\n",
+               hardware, c.schedule.estimate == train::EstimateMode::benchmark ? "kernels timed here" : "roofline",
+               trainer.estimated_step_ms(), summary.median_step_ms, c.training.steps,
+               summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
+  else
+    fmt::print("no estimate of this step on {}: {}\n", hardware, trainer.no_estimate_because());
   if (several) print_did(trainer.rank_reports(), trainer);
   if (trace_path != a.options.end()) {
     write_text(trace_path->second, trainer.trace());

@@ -30,6 +30,8 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   const double bytes = graph::op_bytes(*node.op, in, out, node.attrs);
   const double memory_us = bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;
   if (node.op->is_collective) return node.op->starts_async ? collective_us(node, device) : memory_us;
+  if (device.measured != nullptr)
+    if (const auto us = device.measured->find(kernel_key(g, id))) return *us;
   MT_CHECK(hw.peak_gflops_f32 > 0 && hw.memory_gbps > 0,
            "estimate: hardware profile '{}' needs a positive f32 peak and memory bandwidth", hw.name);
   const bool bf16 = !out.empty() && out[0].dtype == DType::bf16 && hw.peak_gflops_bf16 > 0;

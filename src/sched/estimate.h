@@ -17,6 +17,7 @@
 #include "graph/graph.h"
 #include "graph/schedule.h"
 #include "sched/hardware.h"
+#include "sched/kernel_times.h"
 
 namespace meshtrain::sched {
 
@@ -24,10 +25,14 @@ namespace meshtrain::sched {
 struct RankDevice {
   HardwareProfile hardware;
   int world_size = 1;
+  // Benchmark mode: compute nodes whose kernel_key is here take the measured
+  // time (already the rank's, sharing included) instead of the roofline.
+  const KernelTimes* measured = nullptr;
 };
 
-// One node's time on the rank's device, in microseconds: max(FLOPs at the
-// peak of its dtype, bytes at the memory bandwidth), each at its efficiency;
+// One node's time on the rank's device, in microseconds: its measured time
+// in benchmark mode, else max(FLOPs at the peak of its dtype, bytes at the
+// memory bandwidth), each at its efficiency;
 // 0 for views and waits; a collective's time over its group (shard_locally:
 // a copy).
 double node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& device);

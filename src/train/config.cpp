@@ -183,6 +183,9 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,
                           "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
       string_key("schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; }),
+      choice_key<EstimateMode>("schedule.estimate", [](TrainConfig& c) -> EstimateMode& { return c.schedule.estimate; },
+                               {{"roofline", EstimateMode::roofline}, {"benchmark", EstimateMode::benchmark}}),
+      string_key("schedule.kernel_cache", [](TrainConfig& c) -> std::string& { return c.schedule.kernel_cache; }),
   };
   return table;
 }

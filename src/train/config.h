@@ -16,6 +16,9 @@ namespace meshtrain::train {
 
 enum class LrDecay { none, linear, cosine };
 
+// How the scheduling passes and estimates cost a compute node ([schedule] estimate).
+enum class EstimateMode { roofline, benchmark };
+
 struct TrainConfig {
   models::LlamaConfig model;
   struct {
@@ -56,6 +59,10 @@ struct TrainConfig {
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
     std::string hardware = "auto";  // the profile the passes cost the step on; auto: the one for where it runs
+    // How compute nodes are costed: the profile's roofline, or (benchmark)
+    // each kernel timed on this machine and agreed across the ranks.
+    EstimateMode estimate = EstimateMode::roofline;
+    std::string kernel_cache;  // benchmark mode: a JSON file of kernel times read first and written back ("": none)
   } schedule;
 
   // Learning rate of 1-based step `step`: linear warmup, then the decay.

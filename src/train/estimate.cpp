@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "graph/op_registry.h"
 #include "sched/trace.h"
+#include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
 namespace meshtrain::train {
@@ -69,8 +70,21 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
   const TrainStepGraph step = build_step(config, global);
   std::optional<StepLayout> layout;
   std::map<graph::ValueId, graph::ValueId> identity;
+  // Benchmark mode: the cache's kernel times, the rest timed here as a rank
+  // of the job would run them (its threads, its share of the cores).
+  sched::KernelTimes kernel_times;
+  MeasureKernels measure;
+  if (config.schedule.estimate == EstimateMode::benchmark) {
+    check_benchmark_hardware(hardware);
+    if (!config.schedule.kernel_cache.empty()) kernel_times = sched::load_kernel_times(config.schedule.kernel_cache);
+    set_threads_per_rank(world_size);
+    measure = [&kernel_times, slowdown = shared_core_slowdown(world_size)](const graph::Graph& g) {
+      measure_kernels(g, kernel_times, slowdown);
+      return &kernel_times;
+    };
+  }
   if (world_size > 1) {
-    layout = lay_out_step(config, global, step, world_size, rank, hardware);
+    layout = lay_out_step(config, global, step, world_size, rank, hardware, measure);
     e.mesh = layout->mesh().describe();
   } else {
     for (int i = 0; i < global.num_values(); ++i) identity[graph::ValueId(i)] = graph::ValueId(i);
@@ -79,7 +93,8 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
   const auto& values = layout ? layout->lowered.values : identity;
   const graph::Schedule schedule = schedule_step(global, step, running, values);
 
-  const sched::RankDevice device{hardware, world_size};
+  const sched::RankDevice device{hardware, world_size, measure ? measure(running) : nullptr};
+  if (measure && !config.schedule.kernel_cache.empty()) sched::save_kernel_times(kernel_times, config.schedule.kernel_cache);
   e.time = sched::estimate_step(running, schedule, device);
   if (with_trace) e.trace = sched::chrome_trace({sched::chrome_trace_events(running, e.time.timeline, rank)});
   std::set<graph::ValueId> states;

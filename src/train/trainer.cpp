@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "kernels/cpu/op_kernels.h"
 #include "parallel/plan.h"
@@ -22,6 +23,7 @@
 #include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
+#include "train/kernel_benchmark.h"
 #include "train/safetensors.h"
 
 namespace meshtrain::train {
@@ -36,6 +38,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
+  if (config_.schedule.estimate == EstimateMode::benchmark) check_benchmark_hardware(scheduling_hardware(config_));
   init_parameters();
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
@@ -66,6 +69,17 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   if (config_.schedule.memory_budget_mb > 0)
     check_memory_budget(sched::estimate_memory(run_graph, schedule).allocated_bytes + batch_buffer_bytes(config_, num_ranks()));
   auto& ex = *(part.executor = std::make_unique<runtime::Executor>(run_graph, std::move(schedule), groups_.get()));
+  const bool benchmark = config_.schedule.estimate == EstimateMode::benchmark;
+  const sched::KernelTimes* measured = benchmark ? benchmark_kernels(run_graph) : nullptr;
+  try {  // a report, not a need: a profile without figures for this job leaves it out
+    estimated_step_us_ =
+        sched::estimate_step(run_graph, ex.schedule(), {scheduling_hardware(config_), num_ranks(), measured}).step_us;
+  } catch (const std::exception& e) {
+    no_estimate_because_ = e.what();
+  }
+  if (benchmark && rank() == 0 && !config_.schedule.kernel_cache.empty())
+    sched::save_kernel_times(kernel_times_, config_.schedule.kernel_cache);
+  default_allocator().release_cache();  // of the measurements
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
     ex.bind(part.run_value(v), p);
@@ -113,6 +127,19 @@ int set_threads_per_rank(int local_ranks) {
   const int threads = cores_per_rank(local_ranks);
   kernels::cpu::set_cpu_threads(threads);
   return threads;
+}
+
+double shared_core_slowdown(int local_ranks) {
+  const int cores = std::min(kernels::cpu::available_cores(),
+                             static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return std::max(1.0, static_cast<double>(local_ranks) * kernels::cpu::cpu_threads() / std::max(1, cores));
+}
+
+void check_benchmark_hardware(const sched::HardwareProfile& hardware) {
+  MT_CHECK(hardware.shared_host,
+           "schedule.estimate = \"benchmark\" times the kernels on this machine's CPUs, so schedule.hardware (or "
+           "--hardware) must be a profile of this machine (shared_host: cpu-2core, or one bench/calibrate.sh made); "
+           "'{}' is not. Use schedule.estimate = \"roofline\" for other hardware", hardware.name);
 }
 
 sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size) {
@@ -171,7 +198,7 @@ std::string over_budget_message(const TrainConfig& config, double needed_bytes, 
 }
 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware) {
+                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
@@ -183,14 +210,14 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
                             {.reshard_after_forward = config.parallel.reshard_after_forward});
+  const sched::RankDevice device{hardware, world_size, measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
   std::optional<sched::PrefetchOptions> prefetch;
   // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
   if (config.schedule.reorder && !hardware.shared_host) {
     const graph::Graph& running = out.lowered.graph;
     const auto& values = out.lowered.values;
     prefetch = sched::PrefetchOptions{
-        .node_us = [&running, device = sched::RankDevice{hardware, world_size}](
-                       graph::NodeId n) { return sched::node_us(running, n, device); },
+        .node_us = [&running, device](graph::NodeId n) { return sched::node_us(running, n, device); },
         .schedule_of = [&](const graph::Graph& r) { return schedule_step(g, step, r, values); },
         .memory_budget_bytes = memory_budget_bytes(config),
     };
@@ -199,7 +226,7 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
                                .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
                                .mesh_ndim = mesh.ndim()};
   if (buckets.mode == sched::BucketMode::automatic)
-    buckets.step_us = [&, device = sched::RankDevice{hardware, world_size}](const graph::Graph& r) {
+    buckets.step_us = [&, device](const graph::Graph& r) {
       return sched::estimate_step(r, schedule_step(g, step, r, out.lowered.values), device).step_us;
     };
   sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(out.lowered.graph);
@@ -224,9 +251,50 @@ void Trainer::check_memory_budget(double needed_bytes) const {
   throw InvalidArgument(over_budget_message(config_, need[most], static_cast<int>(most)));
 }
 
+const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
+  if (!kernel_cache_read_ && !config_.schedule.kernel_cache.empty())
+    kernel_times_ = sched::load_kernel_times(config_.schedule.kernel_cache);
+  kernel_cache_read_ = true;
+  // Each rank times its kernels alone on its threads, in turn (the others
+  // wait in a barrier), and scales them by how much the ranks of this host
+  // share its cores: timed side by side, a kernel's time would depend on
+  // what the other ranks happened to run at that moment.
+  const double slowdown = shared_core_slowdown(world_ ? std::max(1, comm::launched_rank().local_size) : 1);
+  std::string failure;
+  KernelBenchmark timed{};
+  for (int turn = 0; turn < num_ranks(); ++turn) {
+    if (world_) world_->barrier()->wait();
+    if (turn != rank()) continue;
+    try {
+      timed = measure_kernels(g, kernel_times_, slowdown);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (world_) {
+    // Every rank learns the lowest rank that failed, if any: it reports its
+    // error and takes the job down; the others wait for that.
+    Tensor reporter = Tensor::empty({1}, DType::f64);
+    reporter.data<double>()[0] = failure.empty() ? world_->size() : rank();
+    world_->all_reduce(reporter, comm::ReduceOp::min)->wait();
+    const auto first_failed = static_cast<int>(reporter.data<double>()[0]);
+    if (first_failed < world_->size() && first_failed != rank()) world_->barrier()->wait();
+  }
+  MT_CHECK(failure.empty(), "{}", failure);
+  if (world_) align_kernel_times(kernel_times_, measurable_kernels(g), *world_);
+  if (rank() == 0 && timed.measured > 0)
+    fmt::print(stderr, "benchmark mode: timed {} kernels in {:.1f} s ({} known{}){}\n", timed.measured, timed.seconds,
+               timed.known, config_.schedule.kernel_cache.empty() ? "" : " from " + config_.schedule.kernel_cache,
+               world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
+  return &kernel_times_;
+}
+
 void Trainer::lay_out(ModelPart& part) {
+  MeasureKernels measure;
+  if (config_.schedule.estimate == EstimateMode::benchmark)
+    measure = [this](const graph::Graph& lowered) { return benchmark_kernels(lowered); };
   StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank(),
-                              scheduling_hardware(config_));
+                              scheduling_hardware(config_), measure);
   groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
   planner_ = std::move(l.planner);
   sharding_ = std::move(l.sharding);
@@ -424,9 +492,11 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   };
   Summary summary;
   StepMetrics& last = summary.last;
+  std::vector<double> step_ms;  // after the first
   for (int64_t s = 1; s <= config_.training.steps; ++s) {
     last = step();
     if (s == 1) summary.first = last;
+    else step_ms.push_back(last.step_ms);
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
     const int ranks = num_ranks();
     if (log && world_) {  // every rank takes part
@@ -441,7 +511,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                   {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
                                   {"peak_bytes", last.peak_bytes},
                                   {"step_peak_bytes", last.step_peak_bytes},
-                                  {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6}};
+                                  {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6},
+                                  {"estimated_step_ms", estimated_step_ms()}};
       if (world_) {
         line["ranks"] = ranks;
         line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;
@@ -465,6 +536,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
         s != config_.training.steps)
       checkpoint(s);
   }
+  std::sort(step_ms.begin(), step_ms.end());
+  summary.median_step_ms = step_ms.empty() ? summary.first.step_ms : step_ms[(step_ms.size() - 1) / 2];
   if (progress && live) fmt::print(progress, "\n");
   if (!config_.checkpoint.folder.empty()) checkpoint(config_.training.steps);
   return summary;

@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 
 #include "comm/process_group.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
+#include "sched/kernel_times.h"
 #include "sharding/planner.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
@@ -65,8 +67,12 @@ struct StepLayout {
 // The step laid out, lowered for `rank` and put through the lowered-step
 // passes; the reordering (config.schedule.reorder) costs the step on
 // `hardware` and keeps within config.schedule.memory_budget_mb.
+// Benchmark mode: `measured_kernels` is called with the lowered graph before
+// the passes and returns the kernel times they cost compute nodes with (it
+// must outlive the call), or null for the roofline.
+using MeasureKernels = std::function<const sched::KernelTimes*(const graph::Graph& lowered)>;
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware);
+                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels = {});
 // The profile config.schedule.hardware names ("auto": cpu-2core, as the
 // executor runs on CPUs).
 sched::HardwareProfile scheduling_hardware(const TrainConfig& config);
@@ -96,6 +102,13 @@ graph::Schedule schedule_step(const graph::Graph& global, const TrainStepGraph& 
 // up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x
 // slower). The user's OMP_NUM_THREADS wins when set. Returns the count.
 int set_threads_per_rank(int local_ranks);
+// How much slower one of `local_ranks` ranks on this host runs a kernel than
+// the same threads alone on it: the ranks' threads over the cores (the
+// OpenMP threads set_threads_per_rank gives each), at least 1.
+double shared_core_slowdown(int local_ranks);
+// Benchmark mode times kernels on this machine's CPUs: the schedule's
+// hardware profile must describe it (shared_host); throws naming the key.
+void check_benchmark_hardware(const sched::HardwareProfile& hardware);
 // Whether a rank of `threads` kernel threads, one of `local_ranks` on this
 // host, has a core beyond them (of its share of the host's, within its
 // affinity mask) for background communication progress
@@ -109,6 +122,7 @@ class Trainer {
   StepMetrics step();  // one optimizer step on the next batch
   struct Summary {
     StepMetrics first, last;
+    double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one
   };
   // All configured steps: metrics to config.metrics.file, progress to
   // `progress` (a live line on a terminal), checkpoints at the interval and
@@ -133,6 +147,11 @@ class Trainer {
   // ranks (spmd::to_text), the global one on one.
   std::string lowered_text() const;
   const TrainConfig& config() const { return config_; }
+  // The step that runs, costed by sched::estimate_step on config.schedule.hardware
+  // (with this machine's kernel times in benchmark mode), in ms: what `meshtrain estimate` says of it.
+  // 0 when the profile cannot cost it (no_estimate_because() says why).
+  double estimated_step_ms() const { return estimated_step_us_ * 1e-3; }
+  const std::string& no_estimate_because() const { return no_estimate_because_; }
   size_t parameter_count() const;
   double flops_per_step() const;
   // Time every op of the steps after the first (the first warms caches); see profile().
@@ -168,6 +187,10 @@ class Trainer {
   // config.schedule.memory_budget_mb (rank 0 says which and by how much).
   void check_memory_budget(double needed_bytes) const;
   void lay_out(ModelPart& part);  // several ranks: propagate and lower the part's step
+  // Benchmark mode: times the kernels of `g` that kernel_times_ lacks (read
+  // from config.schedule.kernel_cache first) and, on several ranks, aligns
+  // them; every rank calls it. Returns kernel_times_.
+  const sched::KernelTimes* benchmark_kernels(const graph::Graph& g);
 
   TrainConfig config_;
   comm::ProcessGroupPtr world_;
@@ -183,6 +206,10 @@ class Trainer {
   int64_t steps_done_ = 0;
   bool profiling_ = false;
   bool tracing_ = false;
+  sched::KernelTimes kernel_times_;  // benchmark mode
+  bool kernel_cache_read_ = false;
+  double estimated_step_us_ = 0;     // sched::estimate_step of the step that runs
+  std::string no_estimate_because_;
   size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
   size_t last_step_peak_ = 0;    // the last step's peak
 };

@@ -12,6 +12,7 @@
 # comparison is never vacuous. So must bucketing by size (1 MiB) and
 # automatic bucketing, and activation checkpointing (full and selective), on
 # five of them.
+# Benchmark mode (FSDP 2 x TP 2): see below.
 # Memory budget (FSDP 4): an impossible budget is one error, printed once,
 # naming the smallest budget that fits, and every rank exits non-zero; for a
 # sweep of budgets from that smallest one up, each rank's measured step
@@ -99,6 +100,39 @@ print(f"{name}, {mode}: bitwise equal; largest rank step peak {peak(b):.2f} MiB 
 PY
   done
 done
+
+# Benchmark mode (schedule.estimate = benchmark, on this machine's profile):
+# every rank times the kernels and the ranks agree on the figures (rank 0
+# says so once), automatic bucketing decides on them, the cache is written,
+# and a second run reads it and times nothing; the losses and gradient norms
+# stay bitwise equal to no pass. With an H100 profile it is one error,
+# printed once, and every rank exits non-zero.
+bench=(--parallel.tp 2 --schedule.estimate benchmark --schedule.kernel_cache "$dir/kernels.json" --schedule.bucket_mode auto)
+run bench_timed 4 "${bench[@]}"
+[ "$(grep -c 'benchmark mode: timed [0-9]* kernels .*the median of 4 ranks' "$dir/bench_timed.out")" -ge 1 ] ||
+  { cat "$dir/bench_timed.out"; fail "benchmark mode: no line saying the kernels were timed and aligned"; }
+[ -s "$dir/kernels.json" ] || fail "benchmark mode wrote no kernel cache"
+run bench_cached 4 "${bench[@]}"
+grep -q 'benchmark mode: timed' "$dir/bench_cached.out" && { cat "$dir/bench_cached.out"; fail "benchmark mode timed kernels the cache has"; }
+python3 - "$dir/fsdp2_tp2_off.jsonl" "$dir/bench_timed.jsonl" "$dir/bench_cached.jsonl" <<'PY' || exit 1
+import json, sys
+off, *runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+for rows, what in zip(runs, ("timed", "cached")):
+    assert len(rows) == len(off) == 6, f"{what}: {len(rows)} steps logged"
+    for x, y in zip(off, rows):
+        for key in ("loss", "grad_norm"):
+            if x[key] != y[key]:
+                sys.exit(f"FAIL: benchmark mode ({what}) step {x['step']} {key}: {y[key]!r} vs {x[key]!r} with no pass")
+    if not all(r["estimated_step_ms"] > 0 for r in rows):
+        sys.exit(f"FAIL: benchmark mode ({what}): no estimated step time in the metrics")
+print(f"benchmark mode, FSDP 2 x TP 2: timed, then from the cache; bitwise equal to no pass; "
+      f"estimated step {runs[0][-1]['estimated_step_ms']:.1f} ms, measured {runs[0][-1]['step_ms']:.1f} ms")
+PY
+out=$(timeout 60 $mpirun -np 2 "$meshtrain" train "${model[@]}" --schedule.estimate benchmark --schedule.hardware h100-sxm 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "benchmark mode on h100-sxm: exit $rc (expected a non-zero exit, not a hang)"; }
+[ "$(grep -c 'schedule.estimate = "benchmark" times the kernels' <<<"$out")" = 1 ] || { echo "$out"; fail "the benchmark-mode hardware error is not printed exactly once"; }
+echo "benchmark mode on h100-sxm: one error, every rank exited"
 
 # Memory budget, FSDP 4 on the benchmark model (about 50 MiB a rank), the
 # reordering decided on the H100 profile, so that it has something to

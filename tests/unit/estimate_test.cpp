@@ -4,6 +4,11 @@
 // counts.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "comm/local_backend.h"
+
 #include "graph/builder.h"
 #include "sched/collective_cost.h"
 #include "sched/hardware.h"
@@ -11,6 +16,7 @@
 #include "sched/schedule.h"
 #include "test_util.h"
 #include "train/estimate.h"
+#include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -232,4 +238,112 @@ TEST(ActivationCheckpoint, SameResultsLessMemoryAsEstimated) {
     EXPECT_LT(peaks.at({micro_batches, Mode::full}), peaks.at({micro_batches, Mode::selective}));
     EXPECT_LT(peaks.at({micro_batches, Mode::selective}), peaks.at({micro_batches, Mode::none}));
   }
+}
+
+// Benchmark mode: a compute node whose kernel key has a measured time costs
+// that time, whatever the roofline says; one the table lacks keeps the
+// roofline. The key names the op, its shapes, dtypes and attributes.
+TEST(BenchmarkMode, MeasuredKernelTimesReplaceTheRoofline) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 32}, DType::f32), w = g.add_input("w", {32, 16}, DType::f32);
+  const ValueId y = b.matmul(x, w);
+  const NodeId mm = g.value(y).producer, relu_node = g.value(b.silu(y)).producer;
+  const std::string key = sched::kernel_key(g, mm);
+  EXPECT_EQ(key, "matmul((64, 32):f32, (32, 16):f32)->((64, 16):f32) {transpose_a=false, transpose_b=false}");
+  const sched::HardwareProfile cpu = sched::builtin_hardware("cpu-2core");
+  sched::KernelTimes times;
+  times.us[key] = 1234.5;
+  const sched::RankDevice roofline{cpu, 1}, measured{cpu, 1, &times};
+  EXPECT_EQ(sched::node_us(g, mm, measured), 1234.5);
+  EXPECT_NE(sched::node_us(g, mm, roofline), 1234.5);
+  EXPECT_EQ(sched::node_us(g, relu_node, measured), sched::node_us(g, relu_node, roofline));
+}
+
+// The kernels of a graph are timed once per key (two matmuls of one shape
+// share a figure), each a positive time; what the table has is not timed
+// again; the cache file round-trips, and a malformed one is an error naming it.
+TEST(BenchmarkMode, TimesEachKernelOnceAndCachesToAFile) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 32}, DType::f32), w = g.add_input("w", {32, 32}, DType::f32);
+  const ValueId y = b.matmul(b.matmul(x, w), w);
+  g.add_output(b.silu(y));
+  const std::vector<std::string> keys = train::measurable_kernels(g);
+  ASSERT_EQ(keys.size(), 2u);  // matmul (twice, one key) and silu
+  sched::KernelTimes times;
+  const train::KernelBenchmark first = train::measure_kernels(g, times);
+  EXPECT_EQ(first.measured, 2);
+  EXPECT_EQ(first.known, 0);
+  for (const std::string& key : keys) EXPECT_GT(times.find(key).value_or(0), 0) << key;
+  const train::KernelBenchmark again = train::measure_kernels(g, times);
+  EXPECT_EQ(again.measured, 0);
+  EXPECT_EQ(again.known, 2);
+
+  const std::string path = ::testing::TempDir() + "/kernel_cache_test.json";
+  sched::save_kernel_times(times, path);
+  EXPECT_EQ(sched::load_kernel_times(path).us, times.us);
+  EXPECT_TRUE(sched::load_kernel_times(path + ".absent").us.empty());
+  { std::ofstream(path) << "{\"kernels\": {\"matmul\": \"fast\"}}"; }
+  const std::string error = message_of([&] { sched::load_kernel_times(path); });
+  EXPECT_TRUE(contains(error, path) && contains(error, "delete it")) << error;
+  std::filesystem::remove(path);
+}
+
+// Alignment across ranks: every rank ends with the median of the ranks'
+// figures for each key (the lower middle one for an even count), so all
+// cost a kernel alike; a key only some ranks have takes the median of those.
+TEST(BenchmarkMode, RanksAgreeOnTheMedian) {
+  comm::LocalWorld world(4);
+  std::vector<sched::KernelTimes> after(4);
+  world.run([&](comm::ProcessGroup& pg) {
+    sched::KernelTimes times;
+    const int r = pg.rank();
+    times.us["shared"] = 10.0 * (r + 1);  // 10, 20, 30, 40: lower median 20
+    std::vector<std::string> keys{"shared"};
+    if (r % 2 == 1) {  // ranks 1 and 3 only: 100 and 300
+      times.us["odd"] = 100.0 * r;
+      keys.push_back("odd");
+    }
+    train::align_kernel_times(times, keys, pg);
+    after[static_cast<size_t>(r)] = times;
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(after[r].us.at("shared"), 20.0) << "rank " << r;
+    if (r % 2 == 1) {
+      EXPECT_EQ(after[r].us.at("odd"), 100.0) << "rank " << r;
+    }
+  }
+}
+
+// Benchmark mode costs this machine's kernels, so it needs a profile of this
+// machine: an H100 profile is refused with what to do instead. On one with
+// cached figures, `meshtrain estimate` takes them as they are.
+TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 64};
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  c.schedule.estimate = train::EstimateMode::benchmark;
+  const std::string refused = message_of([&] { train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
+  EXPECT_TRUE(contains(refused, "h100-sxm") && contains(refused, "roofline")) << refused;
+
+  c.schedule.kernel_cache = ::testing::TempDir() + "/estimate_kernel_cache.json";
+  std::filesystem::remove(c.schedule.kernel_cache);
+  const sched::HardwareProfile cpu = sched::builtin_hardware("cpu-2core");
+  const train::TrainingEstimate timed = train::estimate_training(c, 1, 0, cpu);
+  sched::KernelTimes cached = sched::load_kernel_times(c.schedule.kernel_cache);
+  ASSERT_FALSE(cached.us.empty());
+  // Every kernel costed 1 ms in the cache: the step is 1 ms per compute node that has a kernel.
+  for (auto& [key, us] : cached.us) us = 1000;
+  sched::save_kernel_times(cached, c.schedule.kernel_cache);
+  const train::TrainingEstimate from_cache = train::estimate_training(c, 1, 0, cpu);
+  graph::Graph g;
+  train::build_step(c, g);
+  size_t kernels = 0;
+  for (graph::NodeId n : g.order())
+    if (!g.node(n).op->is_view && !g.node(n).op->is_collective) ++kernels;
+  EXPECT_NEAR(from_cache.time.compute_us, 1000.0 * static_cast<double>(kernels), 1e-6);
+  EXPECT_GT(timed.time.step_us, 0);
+  std::filesystem::remove(c.schedule.kernel_cache);
 }

@@ -1,0 +1,81 @@
+#include "sched/kernel_times.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+
+namespace meshtrain::sched {
+
+namespace {
+std::string infos_text(const graph::Graph& g, const std::vector<graph::ValueId>& values) {
+  std::string out;
+  for (graph::ValueId v : values) {
+    const graph::ValueInfo& info = g.value(v).info;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{}:{}", info.shape.to_string(), dtype_name(info.dtype));
+  }
+  return out;
+}
+}  // namespace
+
+std::string kernel_key(const graph::Graph& g, graph::NodeId id) {
+  const graph::Node& node = g.node(id);
+  const std::string attrs = node.attrs.to_string();
+  return fmt::format("{}({})->({}){}{}", node.op->name, infos_text(g, node.inputs), infos_text(g, node.outputs),
+                     attrs.empty() ? "" : " ", attrs);
+}
+
+uint64_t kernel_key_hash(const std::string& key) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : key) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::optional<double> KernelTimes::find(const std::string& key) const {
+  const auto it = us.find(key);
+  if (it == us.end()) return std::nullopt;
+  return it->second;
+}
+
+KernelTimes load_kernel_times(const std::string& path) {
+  KernelTimes times;
+  if (!std::filesystem::exists(path)) return times;
+  std::ifstream f(path);
+  MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot be read", path);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    for (const auto& [key, us] : j.at("kernels").items()) {
+      MT_CHECK(us.is_number() && us.get<double>() >= 0, "entry '{}' is not a time >= 0", key);
+      times.us[key] = us.get<double>();
+    }
+  } catch (const std::exception& e) {
+    throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
+                                      "again", path, e.what()));
+  }
+  return times;
+}
+
+void save_kernel_times(const KernelTimes& times, const std::string& path) {
+  nlohmann::json kernels = nlohmann::json::object();
+  for (const auto& [key, us] : times.us) kernels[key] = us;
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream f(temporary);
+    MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot write {}", path, temporary);
+    f << nlohmann::json{{"kernels", kernels}}.dump(1) << "\n";
+    MT_CHECK(f.good(), "schedule.kernel_cache {}: writing {} failed", path, temporary);
+  }
+  std::filesystem::rename(temporary, target);
+}
+
+}  // namespace meshtrain::sched

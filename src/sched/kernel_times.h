@@ -1,0 +1,33 @@
+// Benchmark-mode compute times: each kernel's time, measured on the machine
+// for one op, input shapes, dtypes and attributes (its key), so the estimator
+// uses the measurement instead of the roofline for nodes it knows. Kept in
+// memory and, optionally, in a JSON file that later runs and `meshtrain
+// estimate` read (runtime/kernel_benchmark measures and aligns them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "graph/graph.h"
+
+namespace meshtrain::sched {
+
+// What a node's kernel time depends on: "op(in shapes:dtypes)->(out ...) {attrs}".
+std::string kernel_key(const graph::Graph& g, graph::NodeId node);
+// A stable 64-bit hash of a key (FNV-1a), the same in every process.
+uint64_t kernel_key_hash(const std::string& key);
+
+struct KernelTimes {
+  std::map<std::string, double> us;  // key -> microseconds per call
+  std::optional<double> find(const std::string& key) const;
+};
+
+// The cache file: {"kernels": {key: us, ...}}; an absent file is empty, an
+// unreadable or malformed one an error naming it.
+KernelTimes load_kernel_times(const std::string& path);
+// Written whole to a temporary beside it, then renamed (a crash leaves the old file).
+void save_kernel_times(const KernelTimes& times, const std::string& path);
+
+}  // namespace meshtrain::sched
