@@ -79,8 +79,11 @@ ValueId Builder::clip_coefficient(ValueId norm, double max_norm) {
 }
 ValueId Builder::scale_by(ValueId x, ValueId scalar) { return op("scale_by", {x, scalar}); }
 std::vector<ValueId> Builder::adamw(ValueId param, ValueId grad, ValueId m, ValueId v, ValueId lr, ValueId step,
-                                    double beta1, double beta2, double eps, double weight_decay) {
-  return op_outputs("adamw", {param, grad, m, v, lr, step},
+                                    double beta1, double beta2, double eps, double weight_decay,
+                                    ValueId apply_if_finite) {
+  std::vector<ValueId> inputs{param, grad, m, v, lr, step};
+  if (apply_if_finite.valid()) inputs.push_back(apply_if_finite);
+  return op_outputs("adamw", inputs,
                     {attr::beta1(beta1), attr::beta2(beta2), attr::eps(eps), attr::weight_decay(weight_decay)});
 }
 std::vector<ValueId> Builder::attention_backward(ValueId q, ValueId k, ValueId v, ValueId out, ValueId lse,

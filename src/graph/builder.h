@@ -56,8 +56,10 @@ class Builder {
   ValueId clip_coefficient(ValueId norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
   ValueId scale_by(ValueId x, ValueId scalar);                      // x * scalar (a one-element tensor)
   // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.
+  // `apply_if_finite` (a scalar, the step's gradient norm): where it is NaN
+  // or infinite, the outputs are the inputs unchanged (the step is skipped).
   std::vector<ValueId> adamw(ValueId param, ValueId grad, ValueId m, ValueId v, ValueId lr, ValueId step, double beta1, double beta2, double eps,
-                         double weight_decay);
+                         double weight_decay, ValueId apply_if_finite = {});
 
   // Backward helpers (ops in their own right, used by backward rules).
   ValueId silu_backward(ValueId x, ValueId dy);

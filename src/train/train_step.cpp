@@ -87,7 +87,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     s.exp_avg_sq[names[i]] = v;
     const graph::ValueId grad = coef.valid() ? b.scale_by(grads[i], coef) : grads[i];
     s.applied_gradient_of[params[i]] = grad;
-    const auto updated = b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
+    // A step whose gradient norm is not finite leaves the weights and moments as they were.
+    const auto updated =
+        b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, s.grad_norm);
     for (int k = 0; k < 3; ++k) {
       g.add_output(updated[static_cast<size_t>(k)]);
       s.write_backs.emplace_back(updated[static_cast<size_t>(k)], k == 0 ? params[i] : k == 1 ? m : v);

@@ -418,7 +418,14 @@ StepMetrics Trainer::step() {
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
   m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
-  MT_CHECK(std::isfinite(m.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or check the data", m.step, m.loss);
+  if (!std::isfinite(m.grad_norm))
+    throw NonFiniteStep(fmt::format(
+        "step {}: the gradient norm is {} (loss {}): the update was not applied, so the weights and optimizer state "
+        "are those after step {}; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, or check the "
+        "data", m.step, m.grad_norm, m.loss, m.step - 1, m.lr));
+  if (!std::isfinite(m.loss))
+    throw NonFiniteStep(fmt::format("step {}: the loss is {} with a finite gradient norm {} (the update was applied); "
+                                    "lower optimizer.lr or check the data", m.step, m.loss, m.grad_norm));
   return m;
 }
 
@@ -494,7 +501,17 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   StepMetrics& last = summary.last;
   std::vector<double> step_ms;  // after the first
   for (int64_t s = 1; s <= config_.training.steps; ++s) {
-    last = step();
+    try {
+      last = step();
+    } catch (const NonFiniteStep&) {
+      // Every rank sees the same loss and norm, so all get here together.
+      // The weights are still the last good step's: keep them, unless that
+      // step's checkpoint is already written, then report once.
+      const bool saved = config_.checkpoint.interval > 0 && (s - 1) % config_.checkpoint.interval == 0;
+      if (!config_.checkpoint.folder.empty() && s > 1 && !saved) checkpoint(s - 1);
+      if (world_ && rank() != 0) world_->barrier()->wait();  // rank 0 reports and takes the job down
+      throw;
+    }
     if (s == 1) summary.first = last;
     else step_ms.push_back(last.step_ms);
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;

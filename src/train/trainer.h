@@ -115,11 +115,21 @@ void check_benchmark_hardware(const sched::HardwareProfile& hardware);
 // (comm::GroupOptions::background_progress).
 bool spare_core_for_progress(int threads, int local_ranks);
 
+// A step whose loss or gradient norm is NaN or infinite: a step with a
+// non-finite gradient norm applied no update (AdamW skips it in the graph).
+class NonFiniteStep : public Error {
+ public:
+  using Error::Error;
+};
+
 class Trainer {
  public:
   // `world`: the ranks to train on; null (or one rank) trains on this process alone.
   explicit Trainer(TrainConfig config, comm::ProcessGroupPtr world = nullptr);
-  StepMetrics step();  // one optimizer step on the next batch
+  // One optimizer step on the next batch; throws NonFiniteStep when its
+  // loss or gradient norm is not finite (with a non-finite norm the weights
+  // and moments are left as they were).
+  StepMetrics step();
   struct Summary {
     StepMetrics first, last;
     double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one

@@ -3,6 +3,8 @@
 // DDP; the local backend), and clear errors for bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -188,4 +190,51 @@ TEST(TrainErrors, ConfigKeysAndValues) {
                        "config key optimizer.state_dtype: 'float16' is not one of float32, bfloat16"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "cannot read config"));
   std::filesystem::remove_all(dir);
+}
+
+// A diverging run: at a learning rate of 1e20 the first update throws the
+// weights far enough that the next step's gradient norm is not finite. That
+// step applies no update (AdamW skips it in the graph): the weights are
+// bitwise those after the last good step, the error says so, and run()
+// keeps them as that step's checkpoint before it stops.
+TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  c.optimizer.lr = 1e20;
+  c.lr_scheduler.warmup_steps = 0;
+  c.training.steps = 20;
+  {
+    train::Trainer trainer(c);
+    std::map<std::string, std::vector<float>> before;
+    std::string error;
+    for (int s = 1; s <= 20 && error.empty(); ++s) {
+      before.clear();
+      for (const auto& [name, t] : trainer.parameters())
+        before[name].assign(t.data<const float>().begin(), t.data<const float>().end());
+      try {
+        trainer.step();
+      } catch (const train::NonFiniteStep& e) {
+        error = e.what();
+      }
+    }
+    ASSERT_FALSE(error.empty()) << "20 steps at lr 1e20 stayed finite";
+    EXPECT_TRUE(contains(error, "the update was not applied")) << error;
+    for (const auto& [name, t] : trainer.parameters()) {
+      const std::vector<float> now(t.data<const float>().begin(), t.data<const float>().end());
+      EXPECT_EQ(0, std::memcmp(now.data(), before.at(name).data(), now.size() * sizeof(float))) << name;
+    }
+  }
+  c.checkpoint.folder = ::testing::TempDir() + "/nonfinite_ckpt";
+  std::filesystem::remove_all(c.checkpoint.folder);
+  train::Trainer trainer(c);
+  EXPECT_THROW(trainer.run(nullptr), train::NonFiniteStep);
+  std::vector<std::string> saved;
+  for (const auto& f : std::filesystem::directory_iterator(c.checkpoint.folder)) saved.push_back(f.path().filename());
+  ASSERT_EQ(saved.size(), 1u);  // the last good step's, nothing after it
+  for (const auto& [name, t] : train::load_safetensors(c.checkpoint.folder + "/" + saved[0]))
+    for (float x : t.data<const float>()) ASSERT_TRUE(std::isfinite(x)) << name << " in " << saved[0];
+  std::filesystem::remove_all(c.checkpoint.folder);
 }

@@ -1,5 +1,6 @@
 // Optimizer-side ops (not differentiated): PyTorch's clipping coefficient
-// and the fused AdamW update. (The gradient norm is Builder::global_norm.)
+// and the fused AdamW update, which skips the step (outputs = inputs) where
+// its optional seventh input, the gradient norm, is not finite. (The gradient norm is Builder::global_norm.)
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 
@@ -18,9 +19,11 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
 
   ops.push_back({
       .name = "adamw",
-      .num_inputs = 6,
+      .num_inputs = OpDef::kVariadic,  // param, grad, m, v, lr, step [, apply_if_finite]
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
+            MT_CHECK(in.size() == 6 || in.size() == 7,
+                     "adamw takes param, grad, m, v, lr, step and optionally apply_if_finite; got {} inputs", in.size());
             check_float(in[0], "adamw param");
             check_same(in[0], in[1]);
             // Moments: the param's dtype, or bf16 for f32 params (f32 math either way).
@@ -31,6 +34,8 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
                      in[0].dtype == DType::f32 ? " or bf16" : "", dtype_name(in[2].dtype));
             MT_CHECK(in[4].shape.numel() == 1 && in[4].dtype == DType::f64, "lr must be one f64 element");
             MT_CHECK(in[5].shape.numel() == 1 && in[5].dtype == DType::i64, "step must be one i64 element");
+            MT_CHECK(in.size() == 6 || (in[6].shape.numel() == 1 && is_floating(in[6].dtype)),
+                     "apply_if_finite must be one floating-point element");
             for (const AttrKey<double>& key : {attr::beta1, attr::beta2, attr::eps, attr::weight_decay}) at.get(key);
             return ValueInfos{in[0], in[2], in[3]};  // param, m, v after the step
           },

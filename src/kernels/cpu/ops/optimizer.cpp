@@ -22,6 +22,7 @@ void add_optimizer_kernels(const AddKernel& add) {
     static const std::vector<graph::OpDef::InPlace>& updated = graph::find_op("adamw").in_place;
     for (const auto [out, in] : updated)
       if (a.out[out]->raw() != a.in[in]->raw()) std::memcpy(a.out[out]->raw(), a.in[in]->raw(), a.in[in]->nbytes());
+    if (a.in.size() == 7 && !std::isfinite(a.in[6]->get(0))) return;  // a non-finite step: nothing changes
     const double lr = static_cast<const double*>(a.in[4]->raw())[0];
     auto run = [&](auto param_type, auto state_type) {
       using T = decltype(param_type);
