@@ -10,7 +10,13 @@ namespace meshtrain {
 
 class Shape {
  public:
+  // The most elements a shape may hold: its bytes at 8 per element (the
+  // widest dtype) times a few more still fit an int64, so byte counts and
+  // sums of them derived from a shape cannot overflow.
+  static constexpr int64_t kMaxElements = int64_t{1} << 56;
+
   Shape() = default;
+  // Throws for a negative extent or more than kMaxElements elements.
   Shape(std::initializer_list<int64_t> dims);
   explicit Shape(std::vector<int64_t> dims);
 

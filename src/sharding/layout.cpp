@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <map>
 
 #include "core/error.h"
@@ -52,7 +53,10 @@ struct Cursor {
     if (pos < text.size() && text[pos] == '-') ++pos;
     while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
     if (start == pos || (pos == start + 1 && text[start] == '-')) fail("expected an integer");
-    return std::stoi(std::string(text.substr(start, pos - start)));
+    int value = 0;
+    const auto [end, error] = std::from_chars(text.data() + start, text.data() + pos, value);
+    if (error != std::errc()) fail(fmt::format("{} is out of range", text.substr(start, pos - start)));
+    return value;
   }
   std::string word() {
     skip_space();

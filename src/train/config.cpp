@@ -1,6 +1,8 @@
 #include "train/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <numbers>
 
@@ -213,6 +215,8 @@ void apply_override(TrainConfig& config, const std::string& key, const std::stri
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
   TrainConfig c;
   toml::table doc;
+  MT_CHECK(std::filesystem::is_regular_file(path), "--config {}: {}; give the path of a TOML config file (configs/ "
+           "holds examples)", path, std::filesystem::exists(path) ? "is not a file" : "does not exist");
   try {
     doc = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
@@ -236,6 +240,14 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");
+  // The largest activation a step holds, batch x seq x the widest of dim,
+  // ffn_dim and vocab_size elements, must be addressable.
+  const int64_t widest = std::max({c.model.dim, c.model.ffn_dim, c.model.vocab_size});
+  const auto elements = static_cast<__int128>(c.data.batch_size) * c.data.seq_len * widest;
+  MT_CHECK(elements <= Shape::kMaxElements,
+           "config: data.batch_size {} x data.seq_len {} x {} (the widest of model.dim, model.ffn_dim and "
+           "model.vocab_size) is more elements than a step can hold (over 2^56); lower them",
+           c.data.batch_size, c.data.seq_len, widest);
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);

@@ -63,6 +63,7 @@ TEST(Layout, BadTextIsAClearError) {
   EXPECT_TRUE(contains(message_of([] { Layout::parse("R[0]", 1); }), "only shards take a [k]"));
   EXPECT_TRUE(contains(message_of([] { Layout::parse("P(sum)P(max)", 2).validate(1); }), "mixes partial reduce types"));
   EXPECT_TRUE(contains(message_of([] { Layout::parse("S(2)", 1).validate(2); }), "the tensor has 2 dims"));
+  EXPECT_TRUE(contains(message_of([] { Layout::parse("S(99999999999999)", 1); }), "99999999999999 is out of range"));
 }
 
 TEST(DeviceMesh, RowMajorCoordinatesAndValidation) {

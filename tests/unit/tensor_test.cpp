@@ -13,6 +13,11 @@ TEST(Shape, NumelDimAndErrors) {
   EXPECT_EQ(Shape{}.numel(), 1);
   EXPECT_THROW(s.dim(3), InvalidArgument);
   EXPECT_THROW((Shape{2, -1}), InvalidArgument);
+  // More elements than memory can address: an error, not a wrapped count.
+  EXPECT_THROW((Shape{1000000, 1000000, 1000000, 100}), InvalidArgument);
+  EXPECT_THROW((Shape{int64_t{1} << 32, int64_t{1} << 32}), InvalidArgument);
+  EXPECT_EQ((Shape{int64_t{1} << 40, 0}).numel(), 0);
+  EXPECT_EQ((Shape{int64_t{1} << 28, int64_t{1} << 28}).numel(), int64_t{1} << 56);
 }
 
 TEST(Tensor, TypedAccessChecksDtype) {

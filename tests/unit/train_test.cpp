@@ -188,7 +188,13 @@ TEST(TrainErrors, ConfigKeysAndValues) {
   EXPECT_EQ(train::load_config(path, {}).training.dtype, DType::f32);
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.state_dtype", "float16"}}); }),
                        "config key optimizer.state_dtype: 'float16' is not one of float32, bfloat16"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "cannot read config"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "none.toml: does not exist"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir, {}); }), "is not a file"));
+  // Sizes from the config that cannot be held are an error naming the keys, not an overflow.
+  const std::string huge = message_of([&] {
+    train::load_config(path, {{"data.batch_size", "4294967296"}, {"data.seq_len", "4294967296"}});
+  });
+  EXPECT_TRUE(contains(huge, "data.batch_size 4294967296 x data.seq_len 4294967296")) << huge;
   std::filesystem::remove_all(dir);
 }
 
