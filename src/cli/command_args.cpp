@@ -1,18 +1,12 @@
 #include "cli/command_args.h"
 
-#include <fstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace meshtrain::cli {
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  MT_CHECK(f.good(), "cannot write '{}'", path);
-  f << text;
-  f.close();
-  MT_CHECK(f.good(), "writing '{}' failed", path);
-}
+void write_text(const std::string& path, const std::string& text) { write_file_atomically(path, text); }
 
 CommandArgs parse_args(const std::string& command, const std::vector<std::string>& args,
                        const std::set<std::string>& flags, const std::set<std::string>& options) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -12,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "comm/mpi_backend.h"
 #include "graph/graph.h"
 #include "spmd/lower.h"
@@ -185,8 +187,13 @@ int run_train(const std::vector<std::string>& args) {
   const std::vector<train::RankReport> held = several ? trainer.rank_reports() : std::vector<train::RankReport>{};
   const auto trace_path = a.options.find("trace");
   trainer.set_tracing(trace_path != a.options.end());
-  if (trace_path != a.options.end() && trainer.rank() == 0)
-    write_text(trace_path->second, "");  // a path that cannot be written fails now, not after training
+  if (trace_path != a.options.end() && trainer.rank() == 0) {
+    train::check_output_path(trainer.config(), trace_path->second, "--trace");
+    check_writable_directory(std::filesystem::path(trace_path->second).parent_path().string().empty()
+                                 ? "."
+                                 : std::filesystem::path(trace_path->second).parent_path().string(),
+                             "the folder of --trace");  // fails now, not after training
+  }
   if (!printer) {
     trainer.run(nullptr);
     trainer.rank_reports();

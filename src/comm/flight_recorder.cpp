@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace meshtrain::comm {
 
@@ -129,16 +130,10 @@ std::string FlightRecorder::dump(const std::string& dir, const std::string& reas
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = fmt::format("{}/fr_rank{}.json", dir, world_rank_);
-  const std::string tmp = fmt::format("{}.{}.tmp", path, getpid());
   // A timeout and a peer's dump request can both dump at once: one at a time.
   std::lock_guard dump_lock(dump_mu_);
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error(fmt::format("cannot write flight recorder dump {}: {}", tmp,
-                                      ec ? ec.message() : "open failed"));
-    out << j.dump(1) << '\n';
-  }
-  std::filesystem::rename(tmp, path);
+  if (ec) throw Error(fmt::format("cannot write flight recorder dump {}: {}", path, ec.message()));
+  write_file_atomically(path, j.dump(1) + "\n");
   return path;
 }
 

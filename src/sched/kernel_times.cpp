@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
@@ -68,14 +69,7 @@ void save_kernel_times(const KernelTimes& times, const std::string& path) {
   for (const auto& [key, us] : times.us) kernels[key] = us;
   const std::filesystem::path target(path);
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream f(temporary);
-    MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot write {}", path, temporary);
-    f << nlohmann::json{{"kernels", kernels}}.dump(1) << "\n";
-    MT_CHECK(f.good(), "schedule.kernel_cache {}: writing {} failed", path, temporary);
-  }
-  std::filesystem::rename(temporary, target);
+  write_file_atomically(path, nlohmann::json{{"kernels", kernels}}.dump(1) + "\n");
 }
 
 }  // namespace meshtrain::sched

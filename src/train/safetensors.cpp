@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace meshtrain::train {
 
@@ -82,17 +83,12 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // the format pads the header to 8 bytes
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    MT_CHECK(out.good(), "cannot write '{}'", tmp);
-    const uint64_t len = text.size();
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : tensors) out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-    MT_CHECK(out.good(), "writing '{}' failed (disk full?)", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  AtomicFile out(path);
+  const uint64_t len = text.size();
+  out.write(&len, 8);
+  out.write(text);
+  for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+  out.commit();
 }
 
 }  // namespace meshtrain::train

@@ -13,6 +13,7 @@
 
 #include "comm/mpi_backend.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "kernels/cpu/op_kernels.h"
 #include "parallel/plan.h"
 #include "sched/pass.h"
@@ -127,6 +128,18 @@ int set_threads_per_rank(int local_ranks) {
   const int threads = cores_per_rank(local_ranks);
   kernels::cpu::set_cpu_threads(threads);
   return threads;
+}
+
+void check_output_path(const TrainConfig& config, const std::string& output, const std::string& what) {
+  const auto same = [&](const std::string& input) {
+    if (input.empty()) return false;
+    std::error_code ec;
+    if (std::filesystem::equivalent(output, input, ec)) return true;
+    return std::filesystem::weakly_canonical(output, ec) == std::filesystem::weakly_canonical(input, ec);
+  };
+  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"}, {config.checkpoint.init_from, "checkpoint.init_from"}})
+    MT_CHECK(!same(input), "{} {} is also {}: writing it would destroy the input; choose another path", what, output,
+             key);
 }
 
 double shared_core_slowdown(int local_ranks) {
@@ -484,13 +497,17 @@ void Trainer::save(const std::string& path) {
 Trainer::Summary Trainer::run(std::FILE* progress) {
   std::ofstream metrics;
   if (rank() != 0) progress = nullptr;  // rank 0 prints and writes for the job
+  // Where the results go is checked before any step: a folder that cannot
+  // be written is found now, not at the first save after the training.
   if (!config_.metrics.file.empty() && rank() == 0) {
+    check_output_path(config_, config_.metrics.file, "metrics.file");
     const auto dir = std::filesystem::path(config_.metrics.file).parent_path();
-    if (!dir.empty()) std::filesystem::create_directories(dir);
+    if (!dir.empty()) check_writable_directory(dir.string(), "the folder of metrics.file");
     metrics.open(config_.metrics.file);
     MT_CHECK(metrics.good(), "cannot write metrics file '{}'", config_.metrics.file);
   }
-  if (!config_.checkpoint.folder.empty() && rank() == 0) std::filesystem::create_directories(config_.checkpoint.folder);
+  if (!config_.checkpoint.folder.empty() && rank() == 0)
+    check_writable_directory(config_.checkpoint.folder, "checkpoint.folder");
   const bool live = progress && isatty(fileno(progress));
   auto checkpoint = [&](int64_t s) {
     const std::string path = fmt::format("{}/step_{:06d}.safetensors", config_.checkpoint.folder, s);
@@ -538,6 +555,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       }
       metrics << line.dump() << '\n';
       metrics.flush();
+      MT_CHECK(metrics.good(), "writing metrics file {} failed at step {} (the disk is full, or the file went away); "
+               "the steps before it are in the file", config_.metrics.file, s);
     }
     if (progress && (live || log)) {
       const std::string per_rank =

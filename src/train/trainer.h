@@ -106,6 +106,9 @@ int set_threads_per_rank(int local_ranks);
 // the same threads alone on it: the ranks' threads over the cores (the
 // OpenMP threads set_threads_per_rank gives each), at least 1.
 double shared_core_slowdown(int local_ranks);
+// Throws when `output` (the path of config key or option `what`) is one of
+// the run's inputs (data.path, checkpoint.init_from): writing it would destroy them.
+void check_output_path(const TrainConfig& config, const std::string& output, const std::string& what);
 // Benchmark mode times kernels on this machine's CPUs: the schedule's
 // hardware profile must describe it (shared_host); throws naming the key.
 void check_benchmark_hardware(const sched::HardwareProfile& hardware);

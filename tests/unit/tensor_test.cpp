@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/allocator.h"
+#include "core/file_io.h"
 #include "core/tensor.h"
+#include "test_util.h"
 
 using namespace meshtrain;
 
@@ -101,4 +106,29 @@ TEST(CachingAllocator, TensorsReturnBlocksToTheirAllocator) {
   EXPECT_EQ(alloc.stats().current_bytes, 0u);
   Tensor u = Tensor::zeros({200}, DType::f32, alloc);
   EXPECT_EQ(alloc.stats().cache_hits, 1u);
+}
+
+// A file is written whole or not at all: until commit the old file stays as
+// it was, an abandoned write leaves no temporary, and a path that cannot be
+// created is an error naming it.
+TEST(AtomicFile, WholeOrNothing) {
+  const std::string path = ::testing::TempDir() + "/atomic_file_test.txt";
+  write_file_atomically(path, "old");
+  {
+    AtomicFile file(path);
+    file.write("new, unfinished");
+    std::ifstream in(path);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "old");
+  }  // abandoned
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  {
+    std::ifstream in(path);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "old");
+  }
+  write_file_atomically(path, "new");
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new");
+  std::filesystem::remove(path);
+  const std::string error = mtest::message_of([] { write_file_atomically("/nonexistent-dir/x.json", "{}"); });
+  EXPECT_NE(error.find("writing /nonexistent-dir/x.json failed"), std::string::npos) << error;
 }

@@ -1,0 +1,84 @@
+#include "core/file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace meshtrain {
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temporary_(path_ + ".tmp") {
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create " + temporary_, errno);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
+  }
+}
+
+void AtomicFile::fail(const std::string& what, int error) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temporary_.c_str());
+  throw Error(fmt::format("writing {} failed: {}: {}{}; nothing was written under that name", path_, what,
+                          std::strerror(error), error == ENOSPC || error == EDQUOT ? " (the disk is full)" : ""));
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  MT_CHECK(fd_ >= 0, "AtomicFile {}: write after commit", path_);
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("write", n < 0 ? errno : EIO);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  MT_CHECK(fd_ >= 0, "AtomicFile {}: committed twice", path_);
+  if (::fsync(fd_) != 0) fail("flush to disk", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temporary_.c_str());
+    throw Error(fmt::format("writing {} failed: close: {}; nothing was written under that name", path_,
+                            std::strerror(error)));
+  }
+  if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary_.c_str());
+    throw Error(fmt::format("writing {} failed: rename from {}: {}; nothing was written under that name", path_,
+                            temporary_, std::strerror(error)));
+  }
+}
+
+void write_file_atomically(const std::string& path, std::string_view text) {
+  AtomicFile file(path);
+  file.write(text);
+  file.commit();
+}
+
+void check_writable_directory(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MT_CHECK(!ec, "{} {} cannot be created: {}", what, dir, ec.message());
+  const std::string probe = (std::filesystem::path(dir) / ".meshtrain_write_check").string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MT_CHECK(fd >= 0, "{} {} is not writable ({}); choose another or fix its permissions before training", what, dir,
+           std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace meshtrain

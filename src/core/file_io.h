@@ -1,0 +1,38 @@
+// Files written whole or not at all: the bytes go to a temporary beside the
+// file, are flushed to the disk and renamed over it. Any failure (opening,
+// a write on a full disk, the flush, the close, the rename) removes the
+// temporary and throws naming the file, and an earlier file of that name is
+// left as it was.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace meshtrain {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();  // not committed: the temporary is removed
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  void commit();  // flush to disk, close, rename over the path
+
+ private:
+  [[noreturn]] void fail(const std::string& what, int error);
+  std::string path_, temporary_;
+  int fd_ = -1;
+};
+
+// `text` as the whole of `path`, through an AtomicFile.
+void write_file_atomically(const std::string& path, std::string_view text);
+
+// Throws naming `what` (e.g. "checkpoint.folder") when a file cannot be
+// created in `dir` (made if missing): checked before work whose results go there.
+void check_writable_directory(const std::string& dir, const std::string& what);
+
+}  // namespace meshtrain

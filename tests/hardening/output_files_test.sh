@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# What `meshtrain train` writes fails loudly and loses nothing (issue 15,
+# class 2): on a full disk (a small tmpfs) a checkpoint is an error naming
+# it, with no partial file or temporary left and the earlier checkpoint
+# intact, and a metrics file that cannot grow is an error at that step; a
+# read-only checkpoint folder is found before the first step; an output
+# that is also the input (metrics file or trace = the data file) is refused
+# and the data file is untouched. The disk cases need to mount a tmpfs
+# (root); elsewhere they are skipped with a message.
+# Usage: output_files_test.sh MESHTRAIN SOURCE_DIR
+set -u
+meshtrain=$1 src=$2
+dir=$(mktemp -d)
+mounted=()
+cleanup() { for m in "${mounted[@]}"; do umount "$m" 2>/dev/null; done; rm -rf "$dir"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$src"
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
+       --model.ffn_dim 128 --data.seq_len 32 --data.batch_size 4 --metrics.file "")
+train() { timeout 120 "$meshtrain" train "${model[@]}" "$@" 2>&1; }
+
+# An output that is also the input.
+cp data/corpus.txt "$dir/data.txt"
+before=$(sha256sum < "$dir/data.txt")
+out=$(train --data.path "$dir/data.txt" --training.steps 2 --checkpoint.folder "" --metrics.file "$dir/data.txt")
+[ $? -ne 0 ] && grep -q 'metrics.file .* is also data.path' <<<"$out" || { echo "$out"; fail "metrics.file = data.path was not refused"; }
+out=$(train --data.path "$dir/data.txt" --training.steps 2 --checkpoint.folder "" --trace "$dir/./data.txt")
+[ $? -ne 0 ] && grep -q -- '--trace .* is also data.path' <<<"$out" || { echo "$out"; fail "--trace = data.path was not refused"; }
+[ "$(sha256sum < "$dir/data.txt")" = "$before" ] || fail "the data file changed"
+echo "an output equal to the input is refused; the data file is untouched"
+
+mount_tmpfs() {  # DIR SIZE [ro]
+  mkdir -p "$1"
+  mount -t tmpfs -o "size=$2${3:+,$3}" tmpfs "$1" 2>/dev/null || return 1
+  mounted+=("$1")
+}
+if ! mount_tmpfs "$dir/full" 256k; then
+  echo "SKIP the disk cases: cannot mount a tmpfs here (needs root)"
+  echo PASS
+  exit 0
+fi
+# A checkpoint (about 470 KiB here) on a 256 KiB disk.
+out=$(train --training.steps 2 --checkpoint.folder "$dir/full/ckpt")
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "a checkpoint on a full disk: exit $rc"; }
+grep -q 'writing .*step_000002.safetensors failed: write: .*(the disk is full); nothing was written' <<<"$out" ||
+  { echo "$out"; fail "no clear error for the checkpoint on a full disk"; }
+grep -q '^saved' <<<"$out" && { echo "$out"; fail "a checkpoint that failed was reported saved"; }
+[ -z "$(ls -A "$dir/full/ckpt")" ] || { ls -la "$dir/full/ckpt"; fail "a partial checkpoint or temporary was left"; }
+echo "checkpoint on a full disk: one clear error, nothing left under its name"
+
+# The same with an earlier checkpoint that fits: it stays as it was.
+mount_tmpfs "$dir/mid" 700k || fail "second tmpfs"
+train --training.steps 1 --checkpoint.folder "$dir/mid/ckpt" > /dev/null || fail "a first checkpoint that fits"
+first=$(sha256sum < "$dir/mid/ckpt/step_000001.safetensors")
+out=$(train --training.steps 2 --checkpoint.folder "$dir/mid/ckpt" --checkpoint.interval 1)
+[ $? -ne 0 ] || { echo "$out"; fail "the second checkpoint on a full disk did not fail"; }
+[ "$(sha256sum < "$dir/mid/ckpt/step_000001.safetensors")" = "$first" ] || fail "the earlier checkpoint changed"
+[ "$(ls -A "$dir/mid/ckpt")" = "step_000001.safetensors" ] || { ls -la "$dir/mid/ckpt"; fail "files left beside the earlier checkpoint"; }
+echo "a failed checkpoint leaves the earlier one intact"
+
+# A metrics file on a disk with no room left.
+mount_tmpfs "$dir/metrics" 64k || fail "third tmpfs"
+dd if=/dev/zero of="$dir/metrics/filler" bs=4k 2>/dev/null
+out=$(train --training.steps 3 --checkpoint.folder "" --metrics.file "$dir/metrics/m.jsonl")
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "metrics on a full disk: exit $rc"; }
+grep -q 'writing metrics file .*m.jsonl failed at step [0-9]' <<<"$out" || { echo "$out"; fail "no clear error for the metrics file"; }
+echo "metrics file on a full disk: an error at the step it failed"
+
+# A read-only checkpoint folder, found before the first step.
+mount_tmpfs "$dir/ro" 64k ro || fail "read-only tmpfs"
+out=$(train --training.steps 3 --checkpoint.folder "$dir/ro")
+[ $? -ne 0 ] && grep -q 'checkpoint.folder .* is not writable' <<<"$out" || { echo "$out"; fail "no error for a read-only checkpoint folder"; }
+grep -q '^step ' <<<"$out" && { echo "$out"; fail "training ran before the read-only folder was found"; }
+echo "read-only checkpoint folder: an error before the first step"
+echo PASS
