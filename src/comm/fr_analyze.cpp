@@ -24,6 +24,9 @@ std::string_view fr_finding_kind_name(FrFinding::Kind k) {
 
 namespace {
 
+// The largest world a dump may claim: far beyond any job, small enough to list.
+constexpr int kMaxFrWorld = 1 << 20;
+
 struct RankDump {
   int rank = 0;
   int world_size = 0;
@@ -40,8 +43,20 @@ RankDump load_dump(const std::filesystem::path& path) {
     RankDump d;
     d.rank = j.at("rank").get<int>();
     d.world_size = j.at("world_size").get<int>();
-    for (const auto& [name, g] : j.at("groups").items())
+    // Checked before anything is sized or looped by them.
+    const auto bad = [&](const std::string& what) {
+      return InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), what));
+    };
+    if (d.world_size < 1 || d.world_size > kMaxFrWorld)
+      throw bad(fmt::format("world_size {} is not in 1..{}", d.world_size, kMaxFrWorld));
+    if (d.rank < 0 || d.rank >= d.world_size)
+      throw bad(fmt::format("rank {} is outside its world of {}", d.rank, d.world_size));
+    for (const auto& [name, g] : j.at("groups").items()) {
       d.groups[name] = g.at("ranks").get<std::vector<int>>();
+      for (int member : d.groups[name])
+        if (member < 0 || member >= d.world_size)
+          throw bad(fmt::format("group '{}' names rank {}, outside the world of {}", name, member, d.world_size));
+    }
     d.entries = j.at("entries").get<std::vector<FrEntry>>();
     return d;
   } catch (const nlohmann::json::exception& e) {
@@ -91,16 +106,19 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
       if (!e.p2p && same_group(it->second, e.group, name, members)) seqs[e.seq] = &e;
   }
   if (by_rank.empty()) return std::nullopt;
-  uint64_t first = 0, last = 0;
-  for (const auto& [r, seqs] : by_rank) {
-    if (seqs.empty()) continue;
-    first = std::max(first, seqs.begin()->first);  // older entries may have left the ring
-    last = std::max(last, seqs.rbegin()->first);
-  }
+  uint64_t first = 0;
+  for (const auto& [r, seqs] : by_rank)
+    if (!seqs.empty()) first = std::max(first, seqs.begin()->first);  // older entries may have left the ring
+  // The seqs some rank recorded, from the first every rank still holds: a
+  // seq no rank holds tells nothing, and a dump's seq numbers (whatever
+  // their range) cost only as many steps as it has entries.
+  std::set<uint64_t> recorded;
+  for (const auto& [r, seqs] : by_rank)
+    for (auto it = seqs.lower_bound(std::max<uint64_t>(first, 1)); it != seqs.end(); ++it) recorded.insert(it->first);
   std::vector<int> no_dump;
   for (int r : members)
     if (!dumps.count(r)) no_dump.push_back(r);
-  for (uint64_t seq = std::max<uint64_t>(first, 1); seq <= last; ++seq) {
+  for (const uint64_t seq : recorded) {
     std::vector<int> absent;
     std::map<int, const FrEntry*> present;
     for (const auto& [r, seqs] : by_rank) {

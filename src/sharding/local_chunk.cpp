@@ -68,10 +68,11 @@ LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const De
     if (std::all_of(sequence.begin(), sequence.end(),
                     [&](int m) { return layout.placements[static_cast<size_t>(m)].kind == Placement::Kind::shard; })) {
       int64_t start = 0, length = global_shape[d];
-      for (int m : sequence) {
-        const auto sizes = torch_chunk_sizes(length, mesh.size(m));
-        start += comm::displacements(sizes)[static_cast<size_t>(coord[static_cast<size_t>(m)])];
-        length = sizes[static_cast<size_t>(coord[static_cast<size_t>(m)])];
+      for (int m : sequence) {  // torch_chunk_sizes' block of this coordinate, without listing all n
+        const int64_t n = mesh.size(m), i = coord[static_cast<size_t>(m)];
+        const int64_t chunk = (length + n - 1) / n;
+        start += std::min(chunk * i, length);
+        length = std::clamp<int64_t>(length - chunk * i, 0, chunk);
       }
       extents.push_back(length);
       chunk.offset.push_back(length == 0 ? global_shape[d] : start);

@@ -4,7 +4,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "collective_checks.h"
 #include "test_util.h"
@@ -220,4 +223,42 @@ TEST(FrAnalyze, NamesTheRankWithADifferentSize) {
   EXPECT_EQ(report.findings[0].seq, 2u);
   std::filesystem::remove_all(dir);
   EXPECT_THROW(analyze_flight_records(dir), InvalidArgument);  // gone: clear error
+}
+
+// The dump reader trusts nothing: seq numbers with a gap (a seq no rank
+// holds) and far apart cost nothing and crash nothing, and a dump that
+// claims an impossible world, a rank outside it or a group member outside
+// it is an error naming the file.
+TEST(FrAnalyze, MalformedDumpsAreErrorsNotCrashes) {
+  const std::string dir = fresh_dir("fr_malformed");
+  for (int r = 0; r < 2; ++r) {
+    FlightRecorder fr(r, 2);
+    fr.add_group("world", {0, 1});
+    for (uint64_t seq : {uint64_t{1}, uint64_t{3}, uint64_t{1} << 62}) {  // 2 is nobody's; then a huge jump
+      FrEntry e;
+      e.group = "world";
+      e.seq = seq;
+      e.op = OpType::all_reduce;
+      e.signature = "all_reduce f32 8";
+      fr.update(fr.record(e), FrState::completed);
+    }
+    fr.dump(dir, "test");
+  }
+  const FrReport report = analyze_flight_records(dir);
+  EXPECT_TRUE(report.ok()) << report.to_text();
+  const auto rewrite = [&](const std::string& key, const nlohmann::json& value) {
+    std::ifstream in(dir + "/fr_rank1.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j[key] = value;
+    std::ofstream(dir + "/fr_rank1.json") << j.dump();
+  };
+  rewrite("world_size", 2000000000);
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "world_size 2000000000 is not in 1.."));
+  rewrite("world_size", 2);
+  rewrite("rank", 7);
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank 7 is outside its world of 2"));
+  rewrite("rank", 1);
+  rewrite("groups", nlohmann::json{{"world", {{"ranks", {0, 5}}}}});
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "names rank 5, outside the world of 2"));
+  std::filesystem::remove_all(dir);
 }
