@@ -387,6 +387,11 @@ void Trainer::init_parameters() {
     MT_CHECK(it->second.shape() == spec.shape, "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}",
              path, name, it->second.shape().to_string(), spec.shape.to_string());
     params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
+    const std::span<const float> values = std::as_const(params_[name]).data<float>();
+    const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+    MT_CHECK(bad == values.end(), "checkpoint.init_from {}: tensor '{}' holds {} at element {}: the checkpoint is "
+             "damaged or was saved from a diverged run; start from an earlier one", path, name, *bad,
+             bad - values.begin());
   }
 }
 

@@ -148,6 +148,13 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
   config.checkpoint.init_from = dir + "/wrong.safetensors";
   EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }),
                        "tensor 'model.norm.weight' has shape (63), the model expects (64)"));
+  auto poisoned = weights;
+  poisoned["model.norm.weight"] = weights.at("model.norm.weight").to(DType::f32);
+  poisoned["model.norm.weight"].data<float>()[5] = std::nanf("");
+  train::save_safetensors(dir + "/nan.safetensors", poisoned);
+  config.checkpoint.init_from = dir + "/nan.safetensors";
+  EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }),
+                       "tensor 'model.norm.weight' holds nan at element 5: the checkpoint is damaged"));
   {
     std::ofstream f(dir + "/junk.safetensors", std::ios::binary);
     f << "not a safetensors file";
