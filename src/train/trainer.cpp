@@ -276,7 +276,13 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
   std::string failure;
   KernelBenchmark timed{};
   for (int turn = 0; turn < num_ranks(); ++turn) {
-    if (world_) world_->barrier()->wait();
+    if (world_) {
+      // Waiting, a rank sleeps rather than polls: a polling peer would take
+      // part of the core from the rank that is timing its kernels.
+      const comm::WorkPtr turn_begins = world_->barrier();
+      while (!turn_begins->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+      turn_begins->wait();  // its error, if it failed
+    }
     if (turn != rank()) continue;
     try {
       timed = measure_kernels(g, kernel_times_, slowdown);
