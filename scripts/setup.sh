@@ -12,15 +12,8 @@ cd "$(dirname "$0")/.."
 packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
           nlohmann-json3-dev libfmt-dev python3)
-missing=()
-for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source scripts/install-packages.sh
+install_missing_packages "${packages[@]}"
 
 build_dir=${1:-build}
 shift || true

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and run the whole test suite:
 #   1. Release build: unit tests, mpirun tests (2, 3 and 4 ranks), install test;
-#   2. Debug build with AddressSanitizer + UBSan: the unit tests again.
+#   2. Debug build with AddressSanitizer + UBSan: the unit tests again;
+#   3. the fuzzers of fuzz/ for 10 s each (scripts/fuzz.sh runs them longer).
 # Labels let parts run apart: ctest -L unit | mpi | install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,6 @@ echo "== Debug + AddressSanitizer/UBSan build: unit tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j "$jobs" --target unit_tests meshtrain
 (cd build-asan && ctest -L unit -j "$jobs" --output-on-failure)
+
+echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps), 10 s each"
+scripts/fuzz.sh 10

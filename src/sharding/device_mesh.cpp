@@ -14,6 +14,8 @@ DeviceMesh::DeviceMesh(std::vector<int> shape, std::vector<std::string> names)
   MT_CHECK(!shape_.empty(), "a device mesh needs at least one dimension");
   for (size_t d = 0; d < shape_.size(); ++d) {
     MT_CHECK(shape_[d] >= 1, "mesh dim {} has size {}; every mesh dim needs at least one rank", d, shape_[d]);
+    MT_CHECK(shape_[d] <= kMaxRanks / num_ranks_, "mesh ({}) has more than {} ranks; a mesh may have at most that many",
+             fmt::join(shape_, ", "), kMaxRanks);
     num_ranks_ *= shape_[d];
   }
   if (names_.empty())

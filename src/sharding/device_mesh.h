@@ -13,8 +13,11 @@ namespace meshtrain::sharding {
 
 class DeviceMesh {
  public:
-  // shape: ranks per dim (all >= 1); names: unique, one per dim, or empty
-  // for "d0", "d1", ...
+  // Far beyond any job, and small enough that rank numbers and counts fit an int.
+  static constexpr int kMaxRanks = 1 << 24;
+
+  // shape: ranks per dim (all >= 1, kMaxRanks in all at most); names:
+  // unique, one per dim, or empty for "d0", "d1", ...
   explicit DeviceMesh(std::vector<int> shape, std::vector<std::string> names = {});
 
   int ndim() const { return static_cast<int>(shape_.size()); }

@@ -31,12 +31,15 @@ std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Pla
   }
   MT_CHECK(p.kind == Placement::Kind::strided_shard, "split_indices on placement {}", p.to_string());
   std::vector<int64_t> out;
-  const auto pieces = torch_chunk_sizes(len, p.split_factor);
-  const auto piece_starts = comm::displacements(pieces);
-  for (int j = 0; j < p.split_factor; ++j) {
-    const auto parts = torch_chunk_sizes(pieces[j], n);
-    const int64_t start = piece_starts[j] + comm::displacements(parts)[i];
-    out.insert(out.end(), parent.begin() + start, parent.begin() + start + parts[i]);
+  // torch.chunk's pieces: full ones of `piece` elements, then what is left;
+  // a split factor beyond len leaves the rest empty (not visited).
+  const int64_t piece = (len + p.split_factor - 1) / p.split_factor;
+  for (int64_t start = 0; start < len; start += piece) {
+    const int64_t size = std::min(piece, len - start);
+    const int64_t part = (size + n - 1) / n;
+    const int64_t first = start + std::min(part * i, size);
+    const int64_t count = std::clamp<int64_t>(size - part * i, 0, part);
+    out.insert(out.end(), parent.begin() + first, parent.begin() + first + count);
   }
   return out;
 }
@@ -49,38 +52,63 @@ std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int t
   return idx;
 }
 
+namespace {
+
+// One split of a sequence of `parent_len` elements (a shard or strided shard
+// over n ranks, this rank's part i), in closed form: how many elements the
+// part holds and which parent position its p-th element is. So a local chunk
+// costs O(mesh dims), whatever the dim's size or the split factor.
+struct PartOfSplit {
+  int64_t parent_len = 0, n = 1, i = 0;
+  int64_t pieces_len = 0;  // strided: elements per full piece (torch.chunk); shard: parent_len (one piece)
+
+  // Rank i's run within a piece of `size` elements: its start and length.
+  int64_t start_in(int64_t size) const { return std::min((size + n - 1) / n * i, size); }
+  int64_t length_in(int64_t size) const {
+    const int64_t part = (size + n - 1) / n;
+    return std::clamp<int64_t>(size - part * i, 0, part);
+  }
+  int64_t full_pieces() const { return pieces_len == 0 ? 0 : parent_len / pieces_len; }
+  int64_t remainder() const { return parent_len - full_pieces() * pieces_len; }
+  int64_t count() const { return full_pieces() * length_in(pieces_len) + length_in(remainder()); }
+  int64_t parent_position(int64_t p) const {
+    const int64_t per_piece = length_in(pieces_len);
+    if (per_piece > 0 && p < full_pieces() * per_piece)
+      return p / per_piece * pieces_len + start_in(pieces_len) + p % per_piece;
+    return full_pieces() * pieces_len + start_in(remainder()) + (p - full_pieces() * per_piece);
+  }
+};
+
+PartOfSplit part_of_split(const Placement& p, int64_t parent_len, int n, int i) {
+  PartOfSplit s{parent_len, n, i, parent_len};
+  if (p.kind == Placement::Kind::strided_shard) s.pieces_len = (parent_len + p.split_factor - 1) / p.split_factor;
+  return s;
+}
+
+}  // namespace
+
 LocalChunk local_chunk(const Shape& global_shape, const Layout& layout, const DeviceMesh& mesh,
                        const std::vector<int>& coord) {
   MT_CHECK(layout.mesh_ndim() == mesh.ndim(), "layout {} has {} placements for mesh {}", layout.to_string(),
            layout.mesh_ndim(), mesh.describe());
+  MT_CHECK(static_cast<int>(coord.size()) == mesh.ndim(), "coordinate of {} dims on mesh {}", coord.size(),
+           mesh.describe());
   layout.validate(static_cast<int>(global_shape.rank()));
   std::vector<int64_t> extents;
   LocalChunk chunk;
   for (size_t d = 0; d < global_shape.rank(); ++d) {
-    if (layout.shard_sequence(static_cast<int>(d)).empty()) {
-      extents.push_back(global_shape[d]);
-      chunk.offset.push_back(0);
-      continue;
+    std::vector<PartOfSplit> splits;
+    int64_t length = global_shape[d];
+    for (int m : layout.shard_sequence(static_cast<int>(d))) {
+      splits.push_back(part_of_split(layout.placements[static_cast<size_t>(m)], length, mesh.size(m),
+                                     coord[static_cast<size_t>(m)]));
+      length = splits.back().count();
     }
-    // Plain shards keep a contiguous range: chunk its start and length (a
-    // dim of millions must not become a vector of its indices per call).
-    const std::vector<int> sequence = layout.shard_sequence(static_cast<int>(d));
-    if (std::all_of(sequence.begin(), sequence.end(),
-                    [&](int m) { return layout.placements[static_cast<size_t>(m)].kind == Placement::Kind::shard; })) {
-      int64_t start = 0, length = global_shape[d];
-      for (int m : sequence) {  // torch_chunk_sizes' block of this coordinate, without listing all n
-        const int64_t n = mesh.size(m), i = coord[static_cast<size_t>(m)];
-        const int64_t chunk = (length + n - 1) / n;
-        start += std::min(chunk * i, length);
-        length = std::clamp<int64_t>(length - chunk * i, 0, chunk);
-      }
-      extents.push_back(length);
-      chunk.offset.push_back(length == 0 ? global_shape[d] : start);
-      continue;
-    }
-    const auto idx = shard_indices(global_shape[d], layout, static_cast<int>(d), mesh, coord);
-    extents.push_back(static_cast<int64_t>(idx.size()));
-    chunk.offset.push_back(idx.empty() ? global_shape[d] : idx[0]);
+    extents.push_back(length);
+    // The first element's global index: its position, mapped up through every split.
+    int64_t first = 0;
+    for (size_t k = splits.size(); k-- > 0;) first = splits[k].parent_position(first);
+    chunk.offset.push_back(length == 0 ? global_shape[d] : first);
   }
   chunk.shape = Shape(std::move(extents));
   return chunk;

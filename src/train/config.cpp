@@ -243,8 +243,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   // The largest activation a step holds, batch x seq x the widest of dim,
   // ffn_dim and vocab_size elements, must be addressable.
   const int64_t widest = std::max({c.model.dim, c.model.ffn_dim, c.model.vocab_size});
-  const auto elements = static_cast<__int128>(c.data.batch_size) * c.data.seq_len * widest;
-  MT_CHECK(elements <= Shape::kMaxElements,
+  int64_t tokens = 0, elements = 0;
+  const bool overflow = __builtin_mul_overflow(c.data.batch_size, c.data.seq_len, &tokens) ||
+                        __builtin_mul_overflow(tokens, widest, &elements);
+  MT_CHECK(!overflow && elements <= Shape::kMaxElements,
            "config: data.batch_size {} x data.seq_len {} x {} (the widest of model.dim, model.ffn_dim and "
            "model.vocab_size) is more elements than a step can hold (over 2^56); lower them",
            c.data.batch_size, c.data.seq_len, widest);

@@ -19,12 +19,15 @@ std::vector<int64_t> read_llmc_shard(const std::string& path, uint64_t file_size
   MT_CHECK(header[0] == kShardMagic, "data file {}: bad magic {} (an llm.c token shard starts with {})", path,
            header[0], kShardMagic);
   MT_CHECK(header[1] == 1, "data file {}: llm.c shard version {} is not supported (expected 1)", path, header[1]);
+  MT_CHECK(header[2] >= 0, "data file {}: the llm.c header gives a token count of {}; a shard holds 0 or more", path,
+           header[2]);
   const auto count = static_cast<uint64_t>(header[2]);
   MT_CHECK(file_size >= sizeof(header) + 2 * count,
            "data file {} is truncated: the header says {} tokens ({} bytes) but only {} bytes follow it", path, count,
            2 * count, file_size - sizeof(header));
   std::vector<uint16_t> raw(count);
   in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(2 * count));
+  MT_CHECK(in.good() || count == 0, "data file {}: could not read its {} tokens", path, count);
   return {raw.begin(), raw.end()};
 }
 }  // namespace
@@ -39,6 +42,7 @@ TokenLoader::TokenLoader(const std::string& path, int64_t batch, int64_t seq_len
   } else {
     std::vector<unsigned char> bytes(size);
     in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+    MT_CHECK(in.good() || size == 0, "data file {}: could not read its {} bytes", path, size);
     tokens_.assign(bytes.begin(), bytes.end());
   }
   MT_CHECK(num_tokens() >= batch * seq_len + 1,

@@ -1,5 +1,6 @@
 #include "train/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -48,20 +49,34 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
     throw InvalidArgument(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
   }
   const uint64_t data_start = 8 + header_len;
+  MT_CHECK(j.is_object(), "{}: the header is not a JSON object of tensors", path);
   std::map<std::string, Tensor> tensors;
+  struct Extent {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Extent> extents;  // where each tensor's bytes lie, to find two that share bytes
   for (const auto& [name, info] : j.items()) {
     if (name == "__metadata__") continue;
     try {
       const DType dtype = dtype_from(info.at("dtype").get<std::string>(), path, name);
-      const Shape shape(info.at("shape").get<std::vector<int64_t>>());
+      const auto dims = info.at("shape").get<std::vector<int64_t>>();
+      Shape shape;
+      try {
+        shape = Shape(dims);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format("{}: tensor '{}' has an impossible shape: {}", path, name, e.what()));
+      }
       const auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
       MT_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1], "{}: tensor '{}' has bad data_offsets", path, name);
       const uint64_t bytes = offsets[1] - offsets[0];
       MT_CHECK(bytes == static_cast<uint64_t>(shape.numel()) * dtype_size(dtype),
                "{}: tensor '{}' {} needs {} bytes but data_offsets span {}", path, name, shape.to_string(),
                shape.numel() * static_cast<int64_t>(dtype_size(dtype)), bytes);
-      MT_CHECK(data_start + offsets[1] <= file_size, "{}: tensor '{}' ends at byte {} but the file has {} (truncated?)",
-               path, name, data_start + offsets[1], file_size);
+      MT_CHECK(offsets[1] <= file_size - data_start,
+               "{}: tensor '{}' ends at byte {} of the data but the file holds {} bytes of data (truncated?)", path,
+               name, offsets[1], file_size - data_start);
+      if (bytes > 0) extents.push_back({offsets[0], offsets[1], name});
       Tensor t = Tensor::empty(shape, dtype);
       in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
       in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes));
@@ -71,6 +86,11 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
       throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, e.what()));
     }
   }
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < extents.size(); ++i)
+    MT_CHECK(extents[i].begin >= extents[i - 1].end, "{}: tensors '{}' and '{}' overlap (data bytes {}..{} and {}..{})",
+             path, extents[i - 1].name, extents[i].name, extents[i - 1].begin, extents[i - 1].end, extents[i].begin,
+             extents[i].end);
   return tensors;
 }
 

@@ -146,6 +146,41 @@ TEST(Sharding, CliExampleUnevenNested) {
   }
 }
 
+// local_chunk computes each rank's extent and first index in closed form
+// (O(mesh dims)); shard_indices lists the indices one by one. They agree on
+// every dim size 0..40, mesh and layout with strided shards and orders here.
+TEST(Sharding, LocalChunkClosedFormAgreesWithTheIndexList) {
+  const std::vector<std::pair<std::vector<int>, std::vector<std::string>>> cases = {
+      {{4}, {"S(0)", "_S(0, 2)", "_S(0, 3)", "_S(0, 7)", "_S(0, 50)"}},
+      {{2, 3}, {"S(0)S(0)", "S(0)[1]S(0)[0]", "_S(0, 3)S(0)", "_S(0, 2)_S(0, 5)", "S(0)_S(0, 4)"}},
+      {{3, 2, 2}, {"S(0)S(0)S(0)", "S(0)[2]S(0)[0]S(0)[1]", "_S(0, 4)S(0)_S(0, 3)", "_S(0, 2)RS(0)"}}};
+  int checked = 0;
+  for (const auto& [shape, layouts] : cases) {
+    const DeviceMesh mesh(shape);
+    for (const auto& text : layouts) {
+      const Layout layout = Layout::parse(text, mesh.ndim());
+      for (int64_t dim = 0; dim <= 40; ++dim)
+        for (int r = 0; r < mesh.num_ranks(); ++r) {
+          const auto coord = mesh.coordinate(r);
+          const auto idx = shard_indices(dim, layout, 0, mesh, coord);
+          const auto chunk = local_chunk({dim}, layout, mesh, coord);
+          ASSERT_EQ(chunk.shape[0], static_cast<int64_t>(idx.size())) << text << " dim " << dim << " rank " << r;
+          ASSERT_EQ(chunk.offset[0], idx.empty() ? dim : idx[0]) << text << " dim " << dim << " rank " << r;
+          ++checked;
+        }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+  // A split factor or dim far beyond the ranks costs nothing extra; the ranks'
+  // parts still add up to the dim.
+  const DeviceMesh mesh({2, 3});
+  const int64_t dim = (int64_t{1} << 50) + 12345;
+  int64_t total = 0;
+  for (int r = 0; r < mesh.num_ranks(); ++r)
+    total += local_chunk({dim}, Layout::parse("_S(0, 20000004)S(0)", 2), mesh, mesh.coordinate(r)).shape[0];
+  EXPECT_EQ(total, dim);
+}
+
 // One-step costs from PyTorch's cost model (_collective_utils.py), mesh
 // (2,2,2), (8,8,8) f32, 8 devices per host; and mesh (4,), (1024,1024).
 TEST(CostModel, OneStepCostsMatchPyTorch) {
