@@ -1,31 +1,12 @@
 // libFuzzer target: the layout notation and what it means for one rank
-// (sharding::parse_mesh_shape, Layout::parse, local_chunk), as in
+// (sharding::parse_mesh_shape, Shape::parse, Layout::parse, local_chunk), as in
 // `meshtrain layout --mesh M --shape S --placements P`. Input: "M|S|P".
 // A layout it accepts must print and parse back to itself, and a rank's chunk
 // must lie inside the tensor and, for a small dim, agree with shard_indices.
-#include <charconv>
-
 #include "fuzz/fuzz_input.h"
 #include "sharding/local_chunk.h"
 
 using namespace meshtrain;
-
-namespace {
-std::vector<int64_t> parse_dims(std::string_view text) {
-  std::vector<int64_t> dims;
-  while (!text.empty()) {
-    const size_t comma = text.find(',');
-    const std::string_view item = text.substr(0, comma);
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    MT_CHECK(ec == std::errc() && end == item.data() + item.size(), "not a dim: {}", item);
-    dims.push_back(v);
-    if (comma == std::string_view::npos) break;
-    text.remove_prefix(comma + 1);
-  }
-  return dims;
-}
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input = fuzz::as_text(data, size);
@@ -35,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (bar2 == std::string_view::npos) return 0;
   fuzz::expect_result_or_clear_error([&] {
     const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(input.substr(0, bar1)));
-    const Shape shape(parse_dims(input.substr(bar1 + 1, bar2 - bar1 - 1)));
+    const Shape shape = Shape::parse(input.substr(bar1 + 1, bar2 - bar1 - 1));
     const auto layout = sharding::Layout::parse(input.substr(bar2 + 1), mesh.ndim());
     fuzz::require(sharding::Layout::parse(layout.to_string(), mesh.ndim()) == layout);
     const int rank = static_cast<int>(shape.rank());

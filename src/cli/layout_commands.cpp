@@ -14,15 +14,6 @@ namespace meshtrain::cli {
 
 namespace {
 
-Shape parse_shape(const std::string& text) {
-  std::vector<int64_t> dims;
-  for (int d : sharding::parse_mesh_shape(text)) {
-    MT_CHECK(d >= 0, "tensor shape '{}' has a negative size", text);
-    dims.push_back(d);
-  }
-  return Shape(std::move(dims));
-}
-
 // A plan step's collective as printed: its comm name, "none" for a local step.
 std::string_view collective_label(const sharding::PlanStep& s) {
   return s.collective ? comm::op_type_name(*s.collective) : "none";
@@ -40,7 +31,7 @@ sharding::LinkParams parse_link(const std::string& text, int& dim) {
 
 int run_layout(const LayoutCommand& c) {
   const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(c.mesh));
-  const auto shape = parse_shape(c.shape);
+  const auto shape = Shape::parse(c.shape, "--shape");
   const sharding::Layout layout = sharding::Layout::parse(c.placements, mesh.ndim());
   layout.validate(static_cast<int>(shape.rank()));
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
@@ -62,7 +53,7 @@ int run_layout(const LayoutCommand& c) {
 
 int run_plan(const PlanCommand& c) {
   const sharding::DeviceMesh mesh(sharding::parse_mesh_shape(c.mesh));
-  const auto shape = parse_shape(c.shape);
+  const auto shape = Shape::parse(c.shape, "--shape");
   const sharding::Layout from = sharding::Layout::parse(c.from, mesh.ndim());
   const sharding::Layout to = sharding::Layout::parse(c.to, mesh.ndim());
   MT_CHECK(c.devices_per_host >= 1, "--devices-per-host must be at least 1, got {}", c.devices_per_host);

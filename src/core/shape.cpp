@@ -1,5 +1,7 @@
 #include "core/shape.h"
 
+#include <charconv>
+
 #include <fmt/ranges.h>
 
 #include "core/error.h"
@@ -44,5 +46,32 @@ AroundDim around_dim(const std::vector<int64_t>& dims, size_t d) {
 }
 
 std::string Shape::to_string() const { return fmt::format("({})", fmt::join(dims_, ", ")); }
+
+std::vector<int64_t> parse_integer_list(std::string_view text, std::string_view what) {
+  std::vector<int64_t> values;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string_view item = text.substr(pos, comma - pos);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    MT_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size(),
+             "cannot read {} '{}': '{}' is not {} (expected comma-separated integers, e.g. 4,2)", what, text, item,
+             ec == std::errc::result_out_of_range ? "an integer below 2^63" : "an integer");
+    values.push_back(v);
+    pos = comma + 1;
+  }
+  return values;
+}
+
+Shape Shape::parse(std::string_view text, std::string_view what) {
+  auto dims = parse_integer_list(text, what);
+  for (int64_t d : dims) MT_CHECK(d >= 0, "{} '{}' has a negative size {}", what, text, d);
+  try {
+    return Shape(std::move(dims));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{} '{}': {}", what, text, e.what()));
+  }
+}
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace meshtrain {
@@ -27,12 +28,18 @@ class Shape {
   int64_t numel() const;
   const std::vector<int64_t>& dims() const { return dims_; }
   std::string to_string() const;  // "(2, 3)"
+  // "18,2" (as --shape takes it); throws naming `what` and the bad item.
+  static Shape parse(std::string_view text, std::string_view what = "shape");
 
   bool operator==(const Shape&) const = default;
 
  private:
   std::vector<int64_t> dims_;
 };
+
+// "4,2" as integers: comma-separated, nothing else; throws naming `what`,
+// the text and the item that is not an integer of int64 range.
+std::vector<int64_t> parse_integer_list(std::string_view text, std::string_view what);
 
 // Row-major extents seen as [outer, dim, inner] around dimension d: the
 // product of the extents before d, d's own, and the product of those after.

@@ -70,20 +70,10 @@ std::string DeviceMesh::describe() const {
 
 std::vector<int> parse_mesh_shape(std::string_view text) {
   std::vector<int> shape;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string part(text.substr(pos, comma - pos));
-    try {
-      size_t used = 0;
-      const int v = std::stoi(part, &used);
-      MT_CHECK(used == part.size(), "");
-      shape.push_back(v);
-    } catch (const std::exception&) {
-      throw InvalidArgument(fmt::format("cannot read mesh shape '{}': '{}' is not an integer (expected e.g. 4,2)",
-                                        text, part));
-    }
-    pos = comma + 1;
+  for (int64_t v : parse_integer_list(text, "mesh shape")) {
+    MT_CHECK(v >= 1 && v <= DeviceMesh::kMaxRanks, "mesh shape '{}': {} ranks along a dim is not in 1..{}", text, v,
+             DeviceMesh::kMaxRanks);
+    shape.push_back(static_cast<int>(v));
   }
   return shape;
 }

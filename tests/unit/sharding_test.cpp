@@ -77,6 +77,12 @@ TEST(DeviceMesh, RowMajorCoordinatesAndValidation) {
   EXPECT_TRUE(contains(message_of([] { DeviceMesh({}); }), "at least one dimension"));
   EXPECT_TRUE(contains(message_of([] { DeviceMesh({2, 2}, {"a"}); }), "got 1 names"));
   EXPECT_TRUE(contains(message_of([&] { m.coordinate(6); }), "rank 6 is outside mesh"));
+  // More ranks than an int counts: an error, not a wrapped count.
+  EXPECT_TRUE(contains(message_of([] { DeviceMesh({65536, 65536}); }), "more than 16777216 ranks"));
+  EXPECT_EQ(parse_mesh_shape("4,2"), (std::vector<int>{4, 2}));
+  EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("4,x"); }), "cannot read mesh shape '4,x': 'x' is not an integer"));
+  EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("99999999999"); }), "99999999999 ranks along a dim"));
+  EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("4,"); }), "'' is not an integer"));
 }
 
 TEST(Sharding, TorchChunkSizes) {

@@ -23,6 +23,20 @@ TEST(Shape, NumelDimAndErrors) {
   EXPECT_THROW((Shape{int64_t{1} << 32, int64_t{1} << 32}), InvalidArgument);
   EXPECT_EQ((Shape{int64_t{1} << 40, 0}).numel(), 0);
   EXPECT_EQ((Shape{int64_t{1} << 28, int64_t{1} << 28}).numel(), int64_t{1} << 56);
+  // --shape text: a dim of 2^40 is a dim, not "not an integer"; errors name the option.
+  EXPECT_EQ(Shape::parse("1099511627776,2"), (Shape{int64_t{1} << 40, 2}));
+  const auto message = [](const char* text) {
+    try {
+      Shape::parse(text, "--shape");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("8,-1"), "--shape '8,-1' has a negative size -1");
+  EXPECT_NE(message("8, 2").find("cannot read --shape '8, 2': ' 2' is not an integer"), std::string::npos);
+  EXPECT_NE(message("99999999999999999999").find("is not an integer below 2^63"), std::string::npos);
+  EXPECT_NE(message("1000000,1000000,1000000,100").find("--shape '1000000,1000000,1000000,100': "), std::string::npos);
 }
 
 TEST(Tensor, TypedAccessChecksDtype) {

@@ -109,6 +109,13 @@ TEST(TrainErrors, DataFiles) {
   }
   EXPECT_TRUE(contains(message_of([&] { train::TokenLoader(dir + "/cut.bin", 1, 4); }),
                        "is truncated: the header says 1000 tokens (2000 bytes) but only 20 bytes follow it"));
+  {  // found by fuzz/token_shard_fuzzer: a negative count was 2^64 - 1 tokens (std::length_error)
+    std::ofstream f(dir + "/negative.bin", std::ios::binary);
+    int32_t header[256] = {20240520, 1, -1};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  }
+  EXPECT_TRUE(contains(message_of([&] { train::TokenLoader(dir + "/negative.bin", 1, 4); }),
+                       "the llm.c header gives a token count of -1; a shard holds 0 or more"));
   std::filesystem::remove_all(dir);
 }
 
@@ -160,6 +167,34 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
     f << "not a safetensors file";
   }
   EXPECT_TRUE(contains(message_of([&] { train::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
+  // Headers that lie: two tensors on the same bytes, an end past the file
+  // (an offset near 2^64 must not wrap around), an impossible shape.
+  const auto write_with_header = [&](const std::string& name, const std::string& header, size_t data_bytes) {
+    std::ofstream f(dir + "/" + name, std::ios::binary);
+    const uint64_t len = header.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << header << std::string(data_bytes, '\0');
+    return dir + "/" + name;
+  };
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("overlap.safetensors",
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+  }), "tensors 'a' and 'b' overlap (data bytes 0..8 and 4..12)"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("wrap.safetensors",
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551615]}})", 8));
+  }), "needs 8 bytes but data_offsets span 7"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("far.safetensors",
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551600,18446744073709551608]}})", 8));
+  }), "tensor 'a' ends at byte 18446744073709551608 of the data but the file holds 8 bytes of data"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("shape.safetensors",
+        R"({"a":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,8]}})", 8));
+  }), "tensor 'a' has an impossible shape"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0));
+  }), "the header is not a JSON object of tensors"));
   // Round trip.
   train::save_safetensors(dir + "/copy.safetensors", weights);
   const auto back = train::load_safetensors(dir + "/copy.safetensors");
