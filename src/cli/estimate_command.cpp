@@ -143,9 +143,11 @@ int run_estimate(const std::vector<std::string>& args) {
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
     fmt::print("time: step {}: compute {}, communication {} of which exposed {}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us));
-    fmt::print("throughput: {:.0f} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
+    const double tokens_per_s = e.tokens_per_s_per_device;  // a step of hours still shows its rate
+    fmt::print("throughput: {} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
                "{}\n",
-               e.tokens_per_s_per_device, e.flops_per_token * 1e-9, 100 * e.mfu,
+               tokens_per_s >= 100 ? fmt::format("{:.0f}", tokens_per_s) : fmt::format("{:.3g}", tokens_per_s),
+               e.flops_per_token * 1e-9, 100 * e.mfu,
                e.peak_gflops >= 1e3 ? fmt::format("{:.1f} TFLOP/s", e.peak_gflops * 1e-3)
                                     : fmt::format("{:.1f} GFLOP/s (the rank's share)", e.peak_gflops));
     fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, amount(resident));
