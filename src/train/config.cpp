@@ -214,6 +214,7 @@ void apply_override(TrainConfig& config, const std::string& key, const std::stri
 
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
   TrainConfig c;
+  c.file = path;
   toml::table doc;
   MT_CHECK(std::filesystem::is_regular_file(path), "--config {}: {}; give the path of a TOML config file (configs/ "
            "holds examples)", path, std::filesystem::exists(path) ? "is not a file" : "does not exist");

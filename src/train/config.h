@@ -20,6 +20,7 @@ enum class LrDecay { none, linear, cosine };
 enum class EstimateMode { roofline, benchmark };
 
 struct TrainConfig {
+  std::string file;  // the TOML file it was read from (not a key; "" when built in code)
   models::LlamaConfig model;
   struct {
     std::string path;

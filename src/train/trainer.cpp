@@ -137,7 +137,8 @@ void check_output_path(const TrainConfig& config, const std::string& output, con
     if (std::filesystem::equivalent(output, input, ec)) return true;
     return std::filesystem::weakly_canonical(output, ec) == std::filesystem::weakly_canonical(input, ec);
   };
-  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"}, {config.checkpoint.init_from, "checkpoint.init_from"}})
+  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"}, {config.checkpoint.init_from, "checkpoint.init_from"},
+                                   {config.file, "the --config file"}})
     MT_CHECK(!same(input), "{} {} is also {}: writing it would destroy the input; choose another path", what, output,
              key);
 }

@@ -28,7 +28,12 @@ out=$(train --data.path "$dir/data.txt" --training.steps 2 --checkpoint.folder "
 out=$(train --data.path "$dir/data.txt" --training.steps 2 --checkpoint.folder "" --trace "$dir/./data.txt")
 [ $? -ne 0 ] && grep -q -- '--trace .* is also data.path' <<<"$out" || { echo "$out"; fail "--trace = data.path was not refused"; }
 [ "$(sha256sum < "$dir/data.txt")" = "$before" ] || fail "the data file changed"
-echo "an output equal to the input is refused; the data file is untouched"
+cp configs/debug.toml "$dir/config.toml"
+out=$(timeout 120 "$meshtrain" train "${model[@]:2}" --config "$dir/config.toml" --training.steps 2 --checkpoint.folder "" \
+      --metrics.file "$dir/config.toml" 2>&1)
+[ $? -ne 0 ] && grep -q 'metrics.file .* is also the --config file' <<<"$out" || { echo "$out"; fail "metrics.file = --config was not refused"; }
+cmp -s configs/debug.toml "$dir/config.toml" || fail "the config file changed"
+echo "an output equal to an input (data, config) is refused; the inputs are untouched"
 
 mount_tmpfs() {  # DIR SIZE [ro]
   mkdir -p "$1"
