@@ -1,5 +1,6 @@
 #include "sched/hardware.h"
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -33,6 +34,13 @@ constexpr const char* kBuiltins[] = {
 #include "sched/builtin_hardware.inc"
 };
 
+// A TOML value as its file shows it (1e-300, nan, "text"), for messages.
+std::string toml_value_text(const toml::node& n) {
+  std::ostringstream out;
+  n.visit([&](auto&& v) { out << v; });
+  return out.str();
+}
+
 struct Reader {
   const toml::table& root;
   std::string origin;
@@ -45,12 +53,25 @@ struct Reader {
     used.insert(key);
     return root.at_path(key).node();
   }
+  // Rates, sizes and fractions: finite, and within a range no device leaves
+  // (a bandwidth of 1e-300 GB/s would make every collective take forever).
+  static constexpr double kLargest = 1e12, kSmallestPositive = 1e-6;
   double number(const std::string& key, double fallback, bool positive = false) {
     const toml::node* n = find(key);
     if (!n) return fallback;
     const auto v = n->value<double>();
-    if (!v || (positive && *v <= 0) || *v < 0) fail(key, positive ? "must be a positive number" : "must be a number >= 0");
+    const bool ok = v && std::isfinite(*v) && *v <= kLargest && (positive ? *v >= kSmallestPositive : *v >= 0);
+    if (!ok)
+      fail(key, fmt::format("must be a number {} and at most {:g}, got {}", positive ? "of at least 1e-06" : ">= 0",
+                            kLargest, toml_value_text(*n)));
     return *v;
+  }
+  int integer(const std::string& key, int fallback, int most) {
+    const toml::node* n = find(key);
+    if (!n) return fallback;
+    const auto v = n->value<int64_t>();
+    if (!v || *v < 1 || *v > most) fail(key, fmt::format("must be an integer from 1 to {}, got {}", most, toml_value_text(*n)));
+    return static_cast<int>(*v);
   }
   std::string text(const std::string& key, const std::string& fallback) {
     const toml::node* n = find(key);
@@ -72,7 +93,8 @@ struct Reader {
     std::vector<double> out;
     for (const auto& e : *a) {
       const auto v = e.value<double>();
-      if (!v || *v < 0) fail(where + "." + key, "must hold numbers >= 0");
+      if (!v || !std::isfinite(*v) || *v < 0 || *v > kLargest)
+        fail(where + "." + key, fmt::format("must hold numbers from 0 to {:g}, not {}", kLargest, toml_value_text(e)));
       out.push_back(*v);
     }
     return out;
@@ -112,13 +134,15 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   p.memory_gib = r.number("device.memory_gib", 0);
   p.compute_efficiency = r.number("device.compute_efficiency", p.compute_efficiency, true);
   p.memory_efficiency = r.number("device.memory_efficiency", p.memory_efficiency, true);
-  p.devices_per_host = static_cast<int>(r.number("device.devices_per_host", p.devices_per_host, true));
+  p.devices_per_host = r.integer("device.devices_per_host", p.devices_per_host, 1 << 20);
   p.shared_host = r.flag("device.shared_host", false);
   r.used.insert("device.op_efficiency");
   if (const toml::table* ops = root.at_path("device.op_efficiency").as_table())
     for (const auto& [op, v] : *ops) {
       const auto e = v.value<double>();
-      if (!e || *e <= 0) r.fail(fmt::format("device.op_efficiency.{}", op.str()), "must be a positive number");
+      if (!e || !std::isfinite(*e) || *e < Reader::kSmallestPositive || *e > 100)
+        r.fail(fmt::format("device.op_efficiency.{}", op.str()),
+               fmt::format("must be a fraction of the peak above 0 (at most 100), got {}", toml_value_text(v)));
       p.op_efficiency[std::string(op.str())] = *e;
     }
   const std::string model = r.text("collectives.model", "nccl");
@@ -133,7 +157,7 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
     p.nccl.arch = arches.at(arch);
     p.nccl.intra_bus_gbps = r.number("collectives.intra_bus_gbps", p.nccl.intra_bus_gbps, true);
     p.nccl.inter_gbps = r.number("collectives.inter_gbps", p.nccl.inter_gbps, true);
-    p.nccl.channels = static_cast<int>(r.number("collectives.channels", p.nccl.channels, true));
+    p.nccl.channels = r.integer("collectives.channels", p.nccl.channels, 1024);
     p.nccl.amd_host = r.flag("collectives.amd_host", false);
   } else if (model == "measured") {
     p.collectives = HardwareProfile::CollectiveModel::measured;
@@ -149,9 +173,9 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const auto op = (*t)["op"].value<std::string>();
       const auto ranks = (*t)["ranks"].value<int64_t>();
       if (!op) r.fail("collectives.table.op", "is required (all_gather, reduce_scatter, all_reduce, all_to_all)");
-      if (!ranks || *ranks < 2) r.fail("collectives.table.ranks", "must be an integer >= 2");
+      if (!ranks || *ranks < 2 || *ranks > (1 << 20)) r.fail("collectives.table.ranks", "must be an integer from 2 to 2^20");
       const int64_t world = (*t)["world"].value<int64_t>().value_or(0);
-      if (world != 0 && (world < *ranks || world % *ranks != 0))
+      if (world != 0 && (world < *ranks || world % *ranks != 0 || world > (1 << 20)))
         r.fail("collectives.table.world", fmt::format("{} must be a multiple of ranks {}", world, *ranks));
       const comm::OpType kind = costed_collective(*op);
       const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),

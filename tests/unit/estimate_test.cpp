@@ -120,6 +120,18 @@ us = [5, 15]
                        "collectives.table.colour unknown"));
   EXPECT_TRUE(contains(message_of([] { sched::parse_hardware("name = \"x\"\n[device]\nmemory_gbps = 1\n", "f.toml"); }),
                        "hardware profile f.toml: device.peak_gflops_f32 is required"));
+  // Numbers no device has: errors naming the key and the value, not infinite times.
+  const std::string nccl = "name = \"x\"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 20\n[collectives]\n";
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(nccl + "intra_bus_gbps = 1e-300\n", "f.toml"); }),
+                       "collectives.intra_bus_gbps must be a number of at least 1e-06 and at most 1e+12, got 1e-300"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(nccl + "inter_gbps = nan\n", "f.toml"); }),
+                       "collectives.inter_gbps must be a number of at least 1e-06 and at most 1e+12, got nan"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(nccl + "channels = 1e30\n", "f.toml"); }),
+                       "collectives.channels must be an integer from 1 to 1024"));
+  std::string infinite = measured;
+  infinite.replace(infinite.find("us = [5, 15]"), 12, "us = [5, inf]");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(infinite, "t"); }),
+                       "must hold numbers from 0 to 1e+12, not inf"));
 }
 
 // The memory estimate of a schedule: what the executor allocates is the
