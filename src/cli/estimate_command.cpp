@@ -10,6 +10,7 @@
 #include "cli/command_args.h"
 #include "core/error.h"
 #include "train/estimate.h"
+#include "train/trainer.h"
 
 namespace meshtrain::cli {
 
@@ -73,7 +74,9 @@ int run_estimate(const std::vector<std::string>& args) {
     MT_CHECK(a.options.count(required), "estimate: --{} is required\n{}", required, estimate_help());
   const auto started = std::chrono::steady_clock::now();
   const int64_t ranks = integer_option(a, "estimate", "ranks", 1), rank = integer_option(a, "estimate", "rank", 0);
-  MT_CHECK(ranks >= 1 && ranks <= (1 << 20), "estimate: --ranks {} must be between 1 and 1048576", ranks);
+  MT_CHECK(ranks >= 1 && ranks <= train::kMaxLaidOutRanks,
+           "estimate: --ranks {} must be between 1 and {} (the estimate lists each group's ranks: its time and memory "
+           "grow with them)", ranks, train::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "estimate: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
   const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);

@@ -115,7 +115,8 @@ int run_lower(const std::vector<std::string>& args) {
   MT_CHECK(a.options.count("config"), "lower: --config FILE is required\n{}", lower_help());
   MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}", lower_help());
   const int64_t ranks = integer_option(a, "lower", "ranks", 1), rank = integer_option(a, "lower", "rank", 0);
-  MT_CHECK(ranks >= 1, "lower: --ranks {} must be at least 1", ranks);
+  MT_CHECK(ranks >= 1 && ranks <= train::kMaxLaidOutRanks, "lower: --ranks {} must be between 1 and {}", ranks,
+           train::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "lower: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
   const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);
   graph::Graph g;

@@ -71,6 +71,10 @@ struct StepLayout {
 // the passes and returns the kernel times they cost compute nodes with (it
 // must outlive the call), or null for the roofline.
 using MeasureKernels = std::function<const sched::KernelTimes*(const graph::Graph& lowered)>;
+// The most ranks a step is laid out for without running it (lower, estimate):
+// each collective node lists its group's ranks, so time and memory grow with
+// the groups (an 8B step on 2^17 ranks of FSDP: about 20 s and 1 GiB here).
+inline constexpr int64_t kMaxLaidOutRanks = int64_t{1} << 17;
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels = {});
 // The profile config.schedule.hardware names ("auto": cpu-2core, as the
