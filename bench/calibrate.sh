@@ -66,7 +66,7 @@ print("shared_host = true")
 print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
 for op in heavy:
     if op in ops and ops[op][0] > 0:
-        print(f"{op} = {share * ops[op][1] / ops[op][0] / f32:.4f}")
+        print(f"{op} = {min(1.0, share * ops[op][1] / ops[op][0] / f32):.4f}")  # a fraction: at most 1
 print("[collectives]")
 print('model = "measured"')
 for group, np_ in ((2, 2), (2, 4), (4, 4)):

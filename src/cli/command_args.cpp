@@ -24,10 +24,21 @@ CommandArgs parse_args(const std::string& command, const std::vector<std::string
       out.flags.insert(key);
       continue;
     }
-    if (const auto eq = key.find('='); eq != std::string::npos) {
+    const auto eq = key.find('=');
+    if (eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else {
+    }
+    MT_CHECK(!flags.count(key), "{}: --{} is a flag and takes no value (give --{} alone)", command, key, key);
+    // Options of the command, or config keys (section.key), which the config checks.
+    if (key != "config" && !options.count(key) && key.find('.') == std::string::npos) {
+      std::string known = "--config FILE";
+      for (const auto& o : options) known += ", --" + o + " VALUE";
+      for (const auto& f : flags) known += ", --" + f;
+      throw InvalidArgument(fmt::format("{}: unknown option --{} ({} takes {}, and config keys as --section.key "
+                                        "value)", command, key, command, known));
+    }
+    if (eq == std::string::npos) {
       MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
       value = args[++i];
     }

@@ -2,6 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -120,7 +123,29 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Every other mistake on the command line: exit code 2, as for any bad
+    // input, said once (under mpirun by the first process only).
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank != nullptr && std::string_view(rank) != "0") return 2;
+    std::string command;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg.starts_with("-")) continue;
+      for (const CLI::App* sub : app.get_subcommands({}))
+        if (sub->get_name() == arg) command = sub->get_name();
+      if (command.empty()) {
+        std::fprintf(stderr, "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
+                     "lower, estimate, layout, plan; meshtrain --help says what each does)\n", argv[i]);
+        return 2;
+      }
+      if (command == "bench" && i + 1 < argc && std::string_view(argv[i + 1]) == "comm") command = "bench comm";
+      break;
+    }
+    const std::string where = command.empty() ? "" : command + ": ";
+    std::fprintf(stderr, "meshtrain: error: %s%s\nRun `meshtrain %s--help` for the options.\n", where.c_str(),
+                 e.what(), command.empty() ? "" : (command + " ").c_str());
+    return 2;
   }
 
   try {

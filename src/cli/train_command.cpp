@@ -190,10 +190,7 @@ int run_train(const std::vector<std::string>& args) {
   trainer.set_tracing(trace_path != a.options.end());
   if (trace_path != a.options.end() && trainer.rank() == 0) {
     train::check_output_path(trainer.config(), trace_path->second, "--trace");
-    check_writable_directory(std::filesystem::path(trace_path->second).parent_path().string().empty()
-                                 ? "."
-                                 : std::filesystem::path(trace_path->second).parent_path().string(),
-                             "the folder of --trace");  // fails now, not after training
+    check_output_file(trace_path->second, "--trace");  // fails now, not after training
   }
   if (!printer) {
     trainer.run(nullptr);

@@ -4,12 +4,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "core/file_io.h"
 
 namespace meshtrain::comm {
@@ -45,24 +47,25 @@ void to_json(nlohmann::json& j, const FrEntry& e) {
 }
 
 void from_json(const nlohmann::json& j, FrEntry& e) {
-  e.id = j.at("id").get<uint64_t>();
+  constexpr int64_t kLargest = int64_t{1} << 62;  // counts, sequence numbers and times of any real run
+  e.id = static_cast<uint64_t>(json_integer(j, "id", 0, kLargest));
   e.group = j.at("group").get<std::string>();
-  e.seq = j.at("seq").get<uint64_t>();
+  e.seq = static_cast<uint64_t>(json_integer(j, "seq", 0, kLargest));
   e.p2p = j.at("p2p").get<bool>();
   e.op = parse_op_type(j.at("op").get<std::string>());
   e.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  e.in_numel = j.at("in_numel").get<int64_t>();
-  e.out_numel = j.at("out_numel").get<int64_t>();
+  e.in_numel = json_integer(j, "in_numel", 0, kLargest);
+  e.out_numel = json_integer(j, "out_numel", 0, kLargest);
   e.signature = j.at("signature").get<std::string>();
-  e.peer = j.at("peer").get<int>();
+  e.peer = static_cast<int>(json_integer(j, "peer", -1, std::numeric_limits<int>::max()));
   const auto state = j.at("state").get<std::string>();
   bool known = false;
   for (int i = 0; i < 4; ++i)
     if (kStateNames[i] == state) e.state = static_cast<FrState>(i), known = true;
   MT_CHECK(known, "flight recorder entry {} has unknown state '{}'", e.id, state);
-  e.time_created_us = j.at("time_created_us").get<int64_t>();
-  e.time_started_us = j.at("time_started_us").get<int64_t>();
-  e.time_completed_us = j.at("time_completed_us").get<int64_t>();
+  e.time_created_us = json_integer(j, "time_created_us", -kLargest, kLargest);
+  e.time_started_us = json_integer(j, "time_started_us", -kLargest, kLargest);
+  e.time_completed_us = json_integer(j, "time_completed_us", -kLargest, kLargest);
   e.error = j.value("error", "");
 }
 

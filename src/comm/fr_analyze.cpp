@@ -13,6 +13,7 @@
 
 #include "comm/flight_recorder.h"
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace meshtrain::comm {
 
@@ -37,30 +38,22 @@ struct RankDump {
 RankDump load_dump(const std::filesystem::path& path) {
   std::ifstream in(path);
   MT_CHECK(in.good(), "cannot open flight recorder dump {}", path.string());
-  nlohmann::json j;
   try {
+    nlohmann::json j;
     in >> j;
     RankDump d;
-    d.rank = j.at("rank").get<int>();
-    d.world_size = j.at("world_size").get<int>();
     // Checked before anything is sized or looped by them.
-    const auto bad = [&](const std::string& what) {
-      return InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), what));
-    };
-    if (d.world_size < 1 || d.world_size > kMaxFrWorld)
-      throw bad(fmt::format("world_size {} is not in 1..{}", d.world_size, kMaxFrWorld));
-    if (d.rank < 0 || d.rank >= d.world_size)
-      throw bad(fmt::format("rank {} is outside its world of {}", d.rank, d.world_size));
-    for (const auto& [name, g] : j.at("groups").items()) {
-      d.groups[name] = g.at("ranks").get<std::vector<int>>();
-      for (int member : d.groups[name])
-        if (member < 0 || member >= d.world_size)
-          throw bad(fmt::format("group '{}' names rank {}, outside the world of {}", name, member, d.world_size));
-    }
-    d.entries = j.at("entries").get<std::vector<FrEntry>>();
+    d.world_size = static_cast<int>(json_integer(j, "world_size", 1, kMaxFrWorld));
+    d.rank = static_cast<int>(json_integer(j, "rank", 0, d.world_size - 1));
+    MT_CHECK(j.contains("groups") && j["groups"].is_object(), "key 'groups' must be an object of groups");
+    for (const auto& [name, g] : j["groups"].items())
+      for (int64_t member : json_integer_list(g, "ranks", 0, d.world_size - 1))
+        d.groups[name].push_back(static_cast<int>(member));
+    MT_CHECK(j.contains("entries") && j["entries"].is_array(), "key 'entries' must be an array of entries");
+    d.entries = j["entries"].get<std::vector<FrEntry>>();
     return d;
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), e.what()));
+  } catch (const std::exception& e) {  // the JSON library's and ours: either way the file is named
+    throw InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), json_error_text(e)));
   }
 }
 
@@ -206,11 +199,20 @@ FrReport analyze_flight_records(const std::string& dir) {
   MT_CHECK(fs::is_directory(dir), "fr-analyze: '{}' is not a directory", dir);
   const std::regex name_re(R"(fr_rank(\d+)\.json)");
   std::map<int, RankDump> dumps;
+  std::map<int, std::string> file_of;  // rank -> the file that recorded it
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string fname = entry.path().filename().string();
     if (!std::regex_match(fname, m, name_re)) continue;
     RankDump d = load_dump(entry.path());
+    // Dumps of one job: one per rank, all of one world.
+    MT_CHECK(!file_of.count(d.rank), "fr-analyze: {} records rank {}, which {} also records; the folder must hold "
+             "one job's dumps, one per rank", fname, d.rank, file_of[d.rank]);
+    if (!dumps.empty())
+      MT_CHECK(d.world_size == dumps.begin()->second.world_size,
+               "fr-analyze: the dumps disagree on the world size ({} in {}, {} in {}); the folder must hold one "
+               "job's dumps", d.world_size, fname, dumps.begin()->second.world_size, file_of[dumps.begin()->first]);
+    file_of[d.rank] = fname;
     dumps[d.rank] = std::move(d);
   }
   MT_CHECK(!dumps.empty(), "fr-analyze: no flight recorder dumps (fr_rank<R>.json) in '{}'", dir);

@@ -13,6 +13,8 @@
 namespace meshtrain {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temporary_(path_ + ".tmp") {
+  MT_CHECK(!path_.empty(), "an output file was given an empty path; give the path of a file to write");
+  MT_CHECK(!std::filesystem::is_directory(path_), "cannot write {}: it is a folder; give the path of a file", path_);
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create " + temporary_, errno);
 }
@@ -79,6 +81,13 @@ void check_writable_directory(const std::string& dir, const std::string& what) {
            std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void check_output_file(const std::string& path, const std::string& what) {
+  MT_CHECK(!path.empty(), "{} is empty; give the path of a file to write", what);
+  MT_CHECK(!std::filesystem::is_directory(path), "{} {} is a folder; give the path of a file to write", what, path);
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  check_writable_directory(folder.empty() ? "." : folder.string(), "the folder of " + what);
 }
 
 }  // namespace meshtrain

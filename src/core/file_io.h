@@ -34,5 +34,8 @@ void write_file_atomically(const std::string& path, std::string_view text);
 // Throws naming `what` (e.g. "checkpoint.folder") when a file cannot be
 // created in `dir` (made if missing): checked before work whose results go there.
 void check_writable_directory(const std::string& dir, const std::string& what);
+// The same for a file to be written at `path`: a path that is not empty nor a
+// folder, in a folder where a file can be created.
+void check_output_file(const std::string& path, const std::string& what);
 
 }  // namespace meshtrain

@@ -10,6 +10,8 @@ namespace meshtrain::models {
 void LlamaConfig::validate() const {
   MT_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && n_kv_heads > 0 && ffn_dim > 0 && vocab_size > 0,
            "model: dim, n_layers, n_heads, n_kv_heads, ffn_dim and vocab_size must be positive");
+  MT_CHECK(n_layers <= kMaxLayers, "model: n_layers {} is more than {}: the step's graph holds every layer's nodes "
+           "(Llama 3.1 405B has 126 layers)", n_layers, kMaxLayers);
   MT_CHECK(dim % n_heads == 0, "model: dim {} must be divisible by n_heads {}", dim, n_heads);
   MT_CHECK(n_heads % n_kv_heads == 0, "model: n_heads {} must be a multiple of n_kv_heads {}", n_heads, n_kv_heads);
   MT_CHECK(head_dim() % 2 == 0, "model: head dim {} (dim / n_heads) must be even for rotary embeddings", head_dim());

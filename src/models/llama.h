@@ -15,6 +15,7 @@
 namespace meshtrain::models {
 
 struct LlamaConfig {
+  static constexpr int64_t kMaxLayers = 4096;  // the graph is built layer by layer: a bound on its size
   int64_t dim = 256;
   int64_t n_layers = 6;
   int64_t n_heads = 16;

@@ -1,6 +1,7 @@
 #include "sched/hardware.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "graph/op_registry.h"
 
 namespace meshtrain::sched {
 
@@ -65,6 +67,11 @@ struct Reader {
       fail(key, fmt::format("must be a number {} and at most {:g}, got {}", positive ? "of at least 1e-06" : ">= 0",
                             kLargest, toml_value_text(*n)));
     return *v;
+  }
+  double fraction(const std::string& key, double fallback) {  // of a peak: (0, 1]
+    const double v = number(key, fallback, true);
+    if (v > 1) fail(key, fmt::format("is a fraction of the peak, at most 1, got {}", v));
+    return v;
   }
   int integer(const std::string& key, int fallback, int most) {
     const toml::node* n = find(key);
@@ -132,17 +139,22 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   p.memory_gbps = r.number("device.memory_gbps", 0, true);
   if (!r.root.at_path("device.memory_gbps")) r.fail("device.memory_gbps", "is required");
   p.memory_gib = r.number("device.memory_gib", 0);
-  p.compute_efficiency = r.number("device.compute_efficiency", p.compute_efficiency, true);
-  p.memory_efficiency = r.number("device.memory_efficiency", p.memory_efficiency, true);
+  p.compute_efficiency = r.fraction("device.compute_efficiency", p.compute_efficiency);
+  p.memory_efficiency = r.fraction("device.memory_efficiency", p.memory_efficiency);
   p.devices_per_host = r.integer("device.devices_per_host", p.devices_per_host, 1 << 20);
   p.shared_host = r.flag("device.shared_host", false);
   r.used.insert("device.op_efficiency");
   if (const toml::table* ops = root.at_path("device.op_efficiency").as_table())
     for (const auto& [op, v] : *ops) {
+      const std::string key = fmt::format("device.op_efficiency.{}", op.str());
+      try {
+        graph::find_op(std::string(op.str()));
+      } catch (const InvalidArgument& e) {
+        r.fail(key, fmt::format("names no op: {}", e.what()));
+      }
       const auto e = v.value<double>();
-      if (!e || !std::isfinite(*e) || *e < Reader::kSmallestPositive || *e > 100)
-        r.fail(fmt::format("device.op_efficiency.{}", op.str()),
-               fmt::format("must be a fraction of the peak above 0 (at most 100), got {}", toml_value_text(v)));
+      if (!e || !std::isfinite(*e) || *e < Reader::kSmallestPositive || *e > 1)
+        r.fail(key, fmt::format("must be a fraction of the peak, above 0 and at most 1, got {}", toml_value_text(v)));
       p.op_efficiency[std::string(op.str())] = *e;
     }
   const std::string model = r.text("collectives.model", "nccl");
@@ -228,10 +240,12 @@ HardwareProfile builtin_hardware(const std::string& name) {
                                     fmt::join(builtin_hardware_names(), ", ")));
 }
 
-HardwareProfile load_hardware(const std::string& name_or_path) {
+HardwareProfile load_hardware(const std::string& name_or_path, const std::string& option) {
   if (const HardwareProfile* p = find_builtin(name_or_path)) return *p;
+  MT_CHECK(!std::filesystem::is_directory(name_or_path), "{} '{}' is a directory; give a built-in profile ({}) or a "
+           "profile file (TOML)", option, name_or_path, fmt::join(builtin_hardware_names(), ", "));
   std::ifstream f(name_or_path);
-  MT_CHECK(f.good(), "--hardware '{}' is neither a built-in profile ({}) nor a readable file", name_or_path,
+  MT_CHECK(f.good(), "{} '{}' is neither a built-in profile ({}) nor a readable file", option, name_or_path,
            fmt::join(builtin_hardware_names(), ", "));
   std::stringstream text;
   text << f.rdbuf();

@@ -51,7 +51,8 @@ HardwareProfile builtin_hardware(const std::string& name);
 //     measured: [[collectives.table]] op, ranks, world (the job's ranks when
 //               measured; optional), bytes = [...], us = [...]
 HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin);
-// NAME of a built-in profile, or the path of a profile file.
-HardwareProfile load_hardware(const std::string& name_or_path);
+// NAME of a built-in profile, or the path of a profile file; errors name
+// `option`, where the user gave it.
+HardwareProfile load_hardware(const std::string& name_or_path, const std::string& option = "--hardware");
 
 }  // namespace meshtrain::sched

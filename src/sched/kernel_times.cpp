@@ -1,6 +1,8 @@
 #include "sched/kernel_times.h"
 
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -8,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json_integer.h"
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
@@ -49,8 +52,10 @@ std::optional<double> KernelTimes::find(const std::string& key) const {
 KernelTimes load_kernel_times(const std::string& path) {
   KernelTimes times;
   if (!std::filesystem::exists(path)) return times;
+  MT_CHECK(std::filesystem::is_regular_file(path), "schedule.kernel_cache {}: is not a file; give the path of a JSON "
+           "file (it is made when absent)", path);
   std::ifstream f(path);
-  MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot be read", path);
+  MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot be read ({})", path, std::strerror(errno));
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
     for (const auto& [key, us] : j.at("kernels").items()) {
@@ -59,7 +64,7 @@ KernelTimes load_kernel_times(const std::string& path) {
     }
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
-                                      "again", path, e.what()));
+                                      "again", path, json_error_text(e)));
   }
   return times;
 }

@@ -1,6 +1,8 @@
 #include "train/data.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -34,8 +36,10 @@ std::vector<int64_t> read_llmc_shard(const std::string& path, uint64_t file_size
 
 TokenLoader::TokenLoader(const std::string& path, int64_t batch, int64_t seq_len) : batch_(batch), seq_len_(seq_len) {
   MT_CHECK(std::filesystem::exists(path), "data file '{}' does not exist", path);
+  MT_CHECK(std::filesystem::is_regular_file(path), "data file '{}' is not a file; give a .txt file or an llm.c .bin "
+           "token shard", path);
   std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in.good(), "cannot open data file '{}'", path);
+  MT_CHECK(in.good(), "cannot open data file '{}': {}", path, std::strerror(errno));
   const auto size = static_cast<uint64_t>(std::filesystem::file_size(path));
   if (std::filesystem::path(path).extension() == ".bin") {
     tokens_ = read_llmc_shard(path, size, in);

@@ -1,13 +1,16 @@
 #include "train/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "core/file_io.h"
 
 namespace meshtrain::train {
@@ -33,8 +36,10 @@ std::string_view name_of(DType t) {
 }  // namespace
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+  MT_CHECK(std::filesystem::exists(path), "safetensors file '{}' does not exist", path);
+  MT_CHECK(std::filesystem::is_regular_file(path), "'{}' is not a file; a safetensors file was expected", path);
   std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in.good(), "cannot open safetensors file '{}'", path);
+  MT_CHECK(in.good(), "cannot open safetensors file '{}': {}", path, std::strerror(errno));
   const auto file_size = static_cast<uint64_t>(std::filesystem::file_size(path));
   uint64_t header_len = 0;
   in.read(reinterpret_cast<char*>(&header_len), 8);
@@ -46,7 +51,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   try {
     j = nlohmann::json::parse(header);
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
+    throw InvalidArgument(fmt::format("{}: the header is not valid JSON: {}", path, json_error_text(e)));
   }
   const uint64_t data_start = 8 + header_len;
   MT_CHECK(j.is_object(), "{}: the header is not a JSON object of tensors", path);
@@ -58,17 +63,28 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   std::vector<Extent> extents;  // where each tensor's bytes lie, to find two that share bytes
   for (const auto& [name, info] : j.items()) {
     if (name == "__metadata__") continue;
+    std::string dtype_name;
+    std::vector<int64_t> dims, offset_list;
     try {
-      const DType dtype = dtype_from(info.at("dtype").get<std::string>(), path, name);
-      const auto dims = info.at("shape").get<std::vector<int64_t>>();
+      MT_CHECK(info.is_object() && info.contains("dtype") && info["dtype"].is_string(),
+               "it needs a \"dtype\" string, a \"shape\" and \"data_offsets\"");
+      dtype_name = info["dtype"].get<std::string>();
+      dims = json_integer_list(info, "shape", 0, Shape::kMaxElements);
+      offset_list = json_integer_list(info, "data_offsets", 0, std::numeric_limits<int64_t>::max());
+    } catch (const std::exception& e) {
+      throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, json_error_text(e)));
+    }
+    {
+      const DType dtype = dtype_from(dtype_name, path, name);
       Shape shape;
       try {
         shape = Shape(dims);
       } catch (const InvalidArgument& e) {
         throw InvalidArgument(fmt::format("{}: tensor '{}' has an impossible shape: {}", path, name, e.what()));
       }
-      const auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
-      MT_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1], "{}: tensor '{}' has bad data_offsets", path, name);
+      MT_CHECK(offset_list.size() == 2 && offset_list[0] <= offset_list[1],
+               "{}: tensor '{}' has bad data_offsets (two byte offsets, begin <= end)", path, name);
+      const std::vector<uint64_t> offsets(offset_list.begin(), offset_list.end());
       const uint64_t bytes = offsets[1] - offsets[0];
       MT_CHECK(bytes == static_cast<uint64_t>(shape.numel()) * dtype_size(dtype),
                "{}: tensor '{}' {} needs {} bytes but data_offsets span {}", path, name, shape.to_string(),
@@ -82,8 +98,6 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
       in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes));
       MT_CHECK(in.good(), "{}: could not read tensor '{}'", path, name);
       tensors.emplace(name, std::move(t));
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, e.what()));
     }
   }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });

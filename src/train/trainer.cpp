@@ -189,7 +189,8 @@ TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
 }
 
 sched::HardwareProfile scheduling_hardware(const TrainConfig& config) {
-  return sched::load_hardware(config.schedule.hardware == "auto" ? "cpu-2core" : config.schedule.hardware);
+  return sched::load_hardware(config.schedule.hardware == "auto" ? "cpu-2core" : config.schedule.hardware,
+                              "schedule.hardware");
 }
 
 double batch_buffer_bytes(const TrainConfig& config, int world_size) {
@@ -513,10 +514,9 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   // be written is found now, not at the first save after the training.
   if (!config_.metrics.file.empty() && rank() == 0) {
     check_output_path(config_, config_.metrics.file, "metrics.file");
-    const auto dir = std::filesystem::path(config_.metrics.file).parent_path();
-    if (!dir.empty()) check_writable_directory(dir.string(), "the folder of metrics.file");
+    check_output_file(config_.metrics.file, "metrics.file");
     metrics.open(config_.metrics.file);
-    MT_CHECK(metrics.good(), "cannot write metrics file '{}'", config_.metrics.file);
+    MT_CHECK(metrics.good(), "cannot write metrics file '{}': {}", config_.metrics.file, std::strerror(errno));
   }
   if (!config_.checkpoint.folder.empty() && rank() == 0)
     check_writable_directory(config_.checkpoint.folder, "checkpoint.folder");

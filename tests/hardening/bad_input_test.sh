@@ -50,13 +50,39 @@ expect_error "estimate: --ranks 131073 must be between 1 and 131072" estimate --
 expect_fast "29999  [29999]" layout --mesh 30000 --shape 8 --placements "S(0)"
 expect_fast "[1,1099511627776] [3,0]" layout --mesh 4 --shape 4,1099511627776 --placements "S(0)"
 expect_fast "[183251937962]   [733007757142]" layout --mesh 2,3 --shape 1099511627776 --placements "_S(0, 20000004)S(0)"
-# Messages that mislead (class 7).
+# Messages that mislead, and files that are folders (class 7).
 mkdir -p "$dir/a_folder"
 expect_error "is not a file" train --config "$dir/a_folder"
 expect_error "does not exist" train --config "$dir/missing.toml"
 printf 'name = "x"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 1e-300\n' >"$dir/slow.toml"
 expect_error "device.memory_gbps must be a number of at least 1e-06" estimate --config configs/debug.toml --ranks 2 \
   --hardware "$dir/slow.toml"
+
+small=(--config configs/debug.toml --training.steps 1 --model.n_layers 1 --model.dim 32 --model.n_heads 2
+       --model.n_kv_heads 2 --model.ffn_dim 64 --data.seq_len 16 --data.batch_size 2 --metrics.file ""
+       --checkpoint.folder "")
+expect_error "model: n_layers 2000000000 is more than 4096" lower --ranks 1 "${small[@]}" --model.n_layers 2000000000
+expect_error "data file '$dir/a_folder' is not a file" train "${small[@]}" --data.path "$dir/a_folder"
+expect_error "'$dir/a_folder' is not a file; a safetensors file was expected" train "${small[@]}" \
+  --checkpoint.init_from "$dir/a_folder"
+expect_error "--trace $dir/a_folder is a folder" train "${small[@]}" --trace "$dir/a_folder"
+expect_error "cannot write $dir/a_folder: it is a folder" lower --ranks 2 "${small[@]}" --out "$dir/a_folder"
+expect_error "--hardware '$dir/a_folder' is a directory" estimate --ranks 2 "${small[@]}" --hardware "$dir/a_folder"
+expect_error "schedule.hardware 'foo' is neither" lower --ranks 2 "${small[@]}" --schedule.hardware foo
+expect_error "--no-verify is a flag and takes no value" train "${small[@]}" --no-verify=1
+expect_error "lower: unknown option --json" lower --ranks 2 "${small[@]}" --json
+printf 'name = "x"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 10\ncompute_efficiency = 5\n' >"$dir/fast.toml"
+expect_error "device.compute_efficiency is a fraction of the peak, at most 1" estimate --ranks 2 "${small[@]}" \
+  --hardware "$dir/fast.toml"
+printf 'name = "x"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 10\n[device.op_efficiency]\nmatmull = 0.5\n' \
+  >"$dir/typo.toml"
+expect_error "device.op_efficiency.matmull names no op" estimate --ranks 2 "${small[@]}" --hardware "$dir/typo.toml"
+# The command line itself (CLI11's errors): exit code 2, the command named.
+expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
+expect_error "unknown command 'frobnicate'" frobnicate
+expect_error "meshtrain: error: fr-analyze:" fr-analyze
+expect_error "plan: Could not convert: --devices-per-host = abc" plan --mesh 2 --shape 8 --from R --to R \
+  --devices-per-host abc
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

@@ -253,12 +253,26 @@ TEST(FrAnalyze, MalformedDumpsAreErrorsNotCrashes) {
     std::ofstream(dir + "/fr_rank1.json") << j.dump();
   };
   rewrite("world_size", 2000000000);
-  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "world_size 2000000000 is not in 1.."));
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }),
+                       "world_size must be an integer from 1 to 1048576, got 2000000000"));
   rewrite("world_size", 2);
   rewrite("rank", 7);
-  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank 7 is outside its world of 2"));
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank must be an integer from 0 to 1, got 7"));
+  // Found by fuzz/fr_dump_fuzzer: a float where an integer belongs was cast with undefined behaviour.
+  rewrite("rank", 6.67e32);
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank must be an integer from 0 to 1, got 6.67e+32"));
   rewrite("rank", 1);
   rewrite("groups", nlohmann::json{{"world", {{"ranks", {0, 5}}}}});
-  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "names rank 5, outside the world of 2"));
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }),
+                       "'ranks' element must be an integer from 0 to 1, got 5"));
+  rewrite("groups", nlohmann::json::array());
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "key 'groups' must be an object of groups"));
+  // Dumps of two jobs, or two dumps of one rank: an error, not a report that drops one.
+  rewrite("groups", nlohmann::json{{"world", {{"ranks", {0, 1}}}}});
+  rewrite("world_size", 4);
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "the dumps disagree on the world size"));
+  rewrite("world_size", 2);
+  rewrite("rank", 0);
+  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "records rank 0, which fr_rank"));
   std::filesystem::remove_all(dir);
 }

@@ -183,14 +183,22 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
   EXPECT_TRUE(contains(message_of([&] {
     train::load_safetensors(write_with_header("wrap.safetensors",
         R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551615]}})", 8));
-  }), "needs 8 bytes but data_offsets span 7"));
+  }), "'data_offsets' element must be an integer from 0 to 9223372036854775807, got 18446744073709551608"));
   EXPECT_TRUE(contains(message_of([&] {
     train::load_safetensors(write_with_header("far.safetensors",
-        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551600,18446744073709551608]}})", 8));
-  }), "tensor 'a' ends at byte 18446744073709551608 of the data but the file holds 8 bytes of data"));
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[9223372036854775799,9223372036854775807]}})", 8));
+  }), "tensor 'a' ends at byte 9223372036854775807 of the data but the file holds 8 bytes of data"));
   EXPECT_TRUE(contains(message_of([&] {
     train::load_safetensors(write_with_header("shape.safetensors",
         R"({"a":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,8]}})", 8));
+  }), "tensor 'a' has a malformed header entry: 'shape' element must be an integer from 0 to"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("float.safetensors",
+        R"({"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}})", 8));
+  }), "'shape' element must be an integer from 0 to 72057594037927936, got 1e+30"));
+  EXPECT_TRUE(contains(message_of([&] {
+    train::load_safetensors(write_with_header("huge.safetensors",
+        R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8));
   }), "tensor 'a' has an impossible shape"));
   EXPECT_TRUE(contains(message_of([&] {
     train::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0));
