@@ -42,8 +42,9 @@ std::string train_help() {
       "--schedule.estimate benchmark first times every kernel of the step on each rank (the ranks agree on the\n"
       "median; --schedule.kernel_cache FILE keeps the times) and costs the scheduling passes and that estimate\n"
       "with them instead of the profile's roofline.\n"
-      "Keys: {}\n",
-      fmt::join(train::config_keys(), ", "));
+      "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n"
+      "The keys, their defaults (a config file's keys replace them) and their values:\n{}",
+      train::config_key_help());
 }
 
 std::string lower_help() {

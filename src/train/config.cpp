@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <numbers>
+#include <ranges>
 
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
@@ -34,6 +35,8 @@ struct Key {
   std::string name;  // "section.key"
   std::function<void(TrainConfig&, const toml::node&)> from_toml;
   std::function<void(TrainConfig&, const std::string&)> from_text;
+  std::string expects;                            // what a value must be, and what it means, for --help
+  std::function<std::string(TrainConfig&)> show;  // the value a config holds, as TOML writes it
 };
 
 std::string toml_text(const toml::node& n) {
@@ -71,28 +74,34 @@ Key number_key(std::string name, std::function<T&(TrainConfig&)> field, std::fun
             try {
               if constexpr (std::is_same_v<T, double>) v = std::stod(text, &used);
               else v = static_cast<T>(std::stoll(text, &used));
+            } catch (const std::out_of_range&) {
+              bad_value(name, text, std::is_same_v<T, double> ? "a number a double holds" : "an integer below 2^63");
             } catch (const std::exception&) {
               used = 0;
             }
             if (used == 0 || used != text.size())
               bad_value(name, text, std::is_same_v<T, double> ? "a number" : "an integer");
             set(c, v, text);
-          }};
+          },
+          constraint,
+          [field](TrainConfig& c) { return fmt::format("{}", field(c)); }};
 }
 
 // A key whose value is text: a TOML string, or the command-line text as is.
-Key text_key(std::string name, std::function<void(TrainConfig&, const std::string&)> set) {
+Key text_key(std::string name, std::function<void(TrainConfig&, const std::string&)> set, std::string expects,
+             std::function<std::string(TrainConfig&)> show) {
   return {name,
           [name, set](TrainConfig& c, const toml::node& n) {
             auto v = n.value<std::string>();
             if (!v) bad_value(name, toml_text(n), "a string");
             set(c, *v);
           },
-          set};
+          set, std::move(expects), std::move(show)};
 }
 
-Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field) {
-  return text_key(name, [field](TrainConfig& c, const std::string& v) { field(c) = v; });
+Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field, std::string expects) {
+  return text_key(name, [field](TrainConfig& c, const std::string& v) { field(c) = v; }, std::move(expects),
+                  [field](TrainConfig& c) { return fmt::format("\"{}\"", field(c)); });
 }
 
 // A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).
@@ -108,6 +117,10 @@ Key choice_key(std::string name, std::function<E&(TrainConfig&)> field, std::vec
       names.push_back(choice);
     }
     bad_value(name, v, fmt::format("one of {}", fmt::join(names, ", ")));
+  }, fmt::format("one of {}", fmt::join(choices | std::views::keys, ", ")), [field, choices](TrainConfig& c) {
+    for (const auto& [choice, value] : choices)
+      if (field(c) == value) return fmt::format("\"{}\"", choice);
+    return std::string("?");
   });
 }
 
@@ -121,7 +134,8 @@ Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
           [name, field](TrainConfig& c, const std::string& text) {
             if (text != "true" && text != "false") bad_value(name, text, "true or false");
             field(c) = text == "true";
-          }};
+          },
+          "true or false", [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
 const std::vector<Key>& keys() {
@@ -140,7 +154,7 @@ const std::vector<Key>& keys() {
       number_key<double>("model.norm_eps", [](TrainConfig& c) -> double& { return c.model.norm_eps; }, posf, "a positive number"),
       number_key<double>("model.rope_theta", [](TrainConfig& c) -> double& { return c.model.rope_theta; }, posf, "a positive number"),
       bool_key("model.tie_embeddings", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; }),
-      string_key("data.path", [](TrainConfig& c) -> std::string& { return c.data.path; }),
+      string_key("data.path", [](TrainConfig& c) -> std::string& { return c.data.path; }, "a .txt file (bytes as tokens) or an llm.c .bin token shard; required"),
       number_key<int64_t>("data.seq_len", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
       number_key<int64_t>("data.batch_size", [](TrainConfig& c) -> int64_t& { return c.data.batch_size; }, pos, "a positive integer"),
       number_key<double>("optimizer.lr", [](TrainConfig& c) -> double& { return c.optimizer.lr; }, nonnegf, "a number >= 0"),
@@ -161,11 +175,11 @@ const std::vector<Key>& keys() {
       choice_key<DType>("training.reduce_dtype", [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       number_key<int64_t>("training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
                           "a positive integer (microbatches per step; data.batch_size must divide by it)"),
-      string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }),
-      string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; }),
-      number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0"),
-      string_key("metrics.file", [](TrainConfig& c) -> std::string& { return c.metrics.file; }),
-      number_key<int64_t>("metrics.log_every", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos, "a positive integer"),
+      string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }, "a Hugging Face safetensors file the weights start from; \"\": the seeded initialisation"),
+      string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; }, "where checkpoints go, step_NNNNNN.safetensors; \"\": none"),
+      number_key<int64_t>("checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg, "an integer >= 0: a checkpoint every this many steps and one after the last; 0: only after the last"),
+      string_key("metrics.file", [](TrainConfig& c) -> std::string& { return c.metrics.file; }, "a JSON-lines file of every step's metrics; \"\": none"),
+      number_key<int64_t>("metrics.log_every", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos, "a positive integer: steps between progress lines"),
       number_key<int64_t>("parallel.dp_replicate", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_replicate; }, pos, "a positive integer"),
       number_key<int64_t>("parallel.dp_shard", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_shard; },
                           [](int64_t v) { return v >= 1 || v == -1; }, "a positive integer or -1 (the ranks left over)"),
@@ -184,10 +198,10 @@ const std::vector<Key>& keys() {
       bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; }),
       number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,
                           "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
-      string_key("schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; }),
+      string_key("schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; }, "the profile the passes cost the step on: auto (cpu-2core), a built-in name or a profile file"),
       choice_key<EstimateMode>("schedule.estimate", [](TrainConfig& c) -> EstimateMode& { return c.schedule.estimate; },
                                {{"roofline", EstimateMode::roofline}, {"benchmark", EstimateMode::benchmark}}),
-      string_key("schedule.kernel_cache", [](TrainConfig& c) -> std::string& { return c.schedule.kernel_cache; }),
+      string_key("schedule.kernel_cache", [](TrainConfig& c) -> std::string& { return c.schedule.kernel_cache; }, "benchmark mode: a JSON file of kernel times, read first and written back; \"\": none"),
   };
   return table;
 }
@@ -198,6 +212,13 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> names;
   for (const auto& k : keys()) names.push_back(k.name);
   return names;
+}
+
+std::string config_key_help() {
+  TrainConfig defaults;
+  std::string out;
+  for (const auto& k : keys()) out += fmt::format("  {} = {}  ({})\n", k.name, k.show(defaults), k.expects);
+  return out;
 }
 
 namespace {

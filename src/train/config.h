@@ -74,7 +74,9 @@ struct TrainConfig {
 void apply_override(TrainConfig& config, const std::string& key, const std::string& value);
 // Read `path` (TOML), then apply overrides ("section.key", "value") in order.
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
-// Every key, "section.key", for --help.
+// Every key, "section.key".
 std::vector<std::string> config_keys();
+// Every key with its default and what its value must be, a line each, for --help.
+std::string config_key_help();
 
 }  // namespace meshtrain::train

@@ -77,6 +77,8 @@ expect_error "device.compute_efficiency is a fraction of the peak, at most 1" es
 printf 'name = "x"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 10\n[device.op_efficiency]\nmatmull = 0.5\n' \
   >"$dir/typo.toml"
 expect_error "device.op_efficiency.matmull names no op" estimate --ranks 2 "${small[@]}" --hardware "$dir/typo.toml"
+expect_error "config key model.dim: '99999999999999999999' is not an integer below 2^63" train "${small[@]}" \
+  --model.dim 99999999999999999999
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate
