@@ -1,5 +1,7 @@
 #include "cli/layout_commands.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -22,8 +24,11 @@ std::string_view collective_label(const sharding::PlanStep& s) {
 sharding::LinkParams parse_link(const std::string& text, int& dim) {
   double lat = 0, bw = 0;
   char extra = 0;
-  MT_CHECK(std::sscanf(text.c_str(), "%d:%lf:%lf%c", &dim, &lat, &bw, &extra) == 3 && lat >= 0 && bw > 0,
+  MT_CHECK(std::sscanf(text.c_str(), "%d:%lf:%lf%c", &dim, &lat, &bw, &extra) == 3,
            "--link '{}': expected MESH_DIM:LATENCY_US:BANDWIDTH_GBPS, e.g. 0:2.7:25", text);
+  MT_CHECK(std::isfinite(lat) && lat >= 0 && std::isfinite(bw) && bw > 0,
+           "--link '{}': the latency must be a number >= 0 (microseconds) and the bandwidth a positive number "
+           "(GB/s), got {} and {}", text, lat, bw);
   return {lat, bw};
 }
 

@@ -52,7 +52,8 @@ std::string lower_help() {
          "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
          "would, and print rank R's lowered graph (default 0) without running anything: every value with its\n"
          "local shape and layout, every collective with its group, mesh dims, layouts and bytes (each starts\n"
-         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n";
+         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"
+         "--out FILE writes the graph to FILE instead and prints one line saying how many nodes it holds.\n";
 }
 
 namespace {

@@ -57,7 +57,19 @@ RankDump load_dump(const std::filesystem::path& path) {
   }
 }
 
-std::string rank_list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+// "0, 2, 5..9": runs of consecutive ranks as ranges, so a world of a million prints in a line.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j >= i + 2 ? fmt::format("{}..{}", ranks[i], ranks[j])
+                               : fmt::format("{}", fmt::join(ranks.begin() + static_cast<long>(i),
+                                                             ranks.begin() + static_cast<long>(j) + 1, ", ")));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
 
 // The ranks outside the largest class of equal values: the odd ones out.
 template <typename Key>

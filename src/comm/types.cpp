@@ -1,5 +1,7 @@
 #include "comm/types.h"
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 
 namespace meshtrain::comm {
@@ -23,7 +25,7 @@ std::string_view op_type_name(OpType op) { return kOpNames[static_cast<int>(op)]
 OpType parse_op_type(std::string_view name) {
   for (int i = 0; i < 8; ++i)
     if (kOpNames[i] == name) return static_cast<OpType>(i);
-  throw InvalidArgument(fmt::format("unknown collective '{}'", name));
+  throw InvalidArgument(fmt::format("unknown collective '{}' (the collectives: {})", name, fmt::join(kOpNames, ", ")));
 }
 
 bool is_p2p(OpType op) { return op == OpType::send || op == OpType::recv; }

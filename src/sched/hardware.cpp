@@ -189,7 +189,12 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const int64_t world = (*t)["world"].value<int64_t>().value_or(0);
       if (world != 0 && (world < *ranks || world % *ranks != 0 || world > (1 << 20)))
         r.fail("collectives.table.world", fmt::format("{} must be a multiple of ranks {}", world, *ranks));
-      const comm::OpType kind = costed_collective(*op);
+      comm::OpType kind{};
+      try {
+        kind = costed_collective(*op);
+      } catch (const InvalidArgument& e) {
+        r.fail("collectives.table.op", e.what());
+      }
       const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),
                                 us = r.numbers(*t, "us", "collectives.table");
       if (bytes.size() != us.size() || bytes.empty())

@@ -272,6 +272,11 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "config: data.batch_size {} x data.seq_len {} x {} (the widest of model.dim, model.ffn_dim and "
            "model.vocab_size) is more elements than a step can hold (over 2^56); lower them",
            c.data.batch_size, c.data.seq_len, widest);
+  // The largest weight, model.dim x the widest: addressable too.
+  int64_t weight_elements = 0;
+  MT_CHECK(!__builtin_mul_overflow(c.model.dim, widest, &weight_elements) && weight_elements <= Shape::kMaxElements,
+           "config: model.dim {} x {} (the widest of model.dim, model.ffn_dim and model.vocab_size) is more elements "
+           "than a weight can hold (over 2^56); lower them", c.model.dim, widest);
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);

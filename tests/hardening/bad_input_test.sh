@@ -79,6 +79,10 @@ printf 'name = "x"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 10\n[device.o
 expect_error "device.op_efficiency.matmull names no op" estimate --ranks 2 "${small[@]}" --hardware "$dir/typo.toml"
 expect_error "config key model.dim: '99999999999999999999' is not an integer below 2^63" train "${small[@]}" \
   --model.dim 99999999999999999999
+expect_error "config: model.dim 2000000000 x 2000000000 (the widest of" estimate --ranks 8 "${small[@]}" \
+  --hardware h100-sxm --model.dim 2000000000 --model.n_heads 1 --model.n_kv_heads 1
+expect_error "--link '0:-1:0': the latency must be a number >= 0" plan --mesh 2 --shape 8 --from "S(0)" --to R \
+  --link 0:-1:0
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate
