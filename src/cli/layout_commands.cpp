@@ -1,6 +1,7 @@
 #include "cli/layout_commands.h"
 
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,10 +64,14 @@ int run_plan(const PlanCommand& c) {
   const sharding::Layout to = sharding::Layout::parse(c.to, mesh.ndim());
   MT_CHECK(c.devices_per_host >= 1, "--devices-per-host must be at least 1, got {}", c.devices_per_host);
   sharding::CostModel model = sharding::CostModel::for_mesh(mesh, c.devices_per_host);
+  std::map<int, std::string> linked;  // mesh dim -> the --link that set it
   for (const auto& text : c.links) {
     int dim = -1;
     const auto link = parse_link(text, dim);
     MT_CHECK(dim >= 0 && dim < mesh.ndim(), "--link '{}': mesh dim {} is outside 0..{}", text, dim, mesh.ndim() - 1);
+    MT_CHECK(!linked.count(dim), "--link '{}' and --link '{}' both set mesh dim {}; give one per dim", linked[dim], text,
+             dim);
+    linked[dim] = text;
     model.links[dim] = link;
   }
   MT_CHECK(c.all_to_all_penalty_us >= 0, "--all-to-all-penalty-us must be >= 0, got {}", c.all_to_all_penalty_us);

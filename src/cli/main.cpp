@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
                    "Ranks per host: inner mesh dims within a host get intra-host links (87.7 GB/s, 0.6 us), "
                    "outer ones inter-host links (19.3 GB/s, 2.7 us)")
       ->capture_default_str();
-  plan->add_option("--link", plan_cmd.links, "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable)");
+  plan->add_option("--link", plan_cmd.links, "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable, once per dim)");
   plan->add_option("--all-to-all-penalty-us", plan_cmd.all_to_all_penalty_us,
                    "Extra cost of an all_to_all over an all_gather of the same bytes (PyTorch used 1.0 until 2026)")
       ->capture_default_str();

@@ -83,6 +83,8 @@ expect_error "config: model.dim 2000000000 x 2000000000 (the widest of" estimate
   --hardware h100-sxm --model.dim 2000000000 --model.n_heads 1 --model.n_kv_heads 1
 expect_error "--link '0:-1:0': the latency must be a number >= 0" plan --mesh 2 --shape 8 --from "S(0)" --to R \
   --link 0:-1:0
+expect_error "both set mesh dim 0; give one per dim" plan --mesh 2 --shape 8 --from "S(0)" --to R --link 0:1:1 \
+  --link 0:2:2
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate
