@@ -173,6 +173,7 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
       choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       choice_key<DType>("training.reduce_dtype", [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
+      bool_key("training.skip_nonfinite", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; }),
       number_key<int64_t>("training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
                           "a positive integer (microbatches per step; data.batch_size must divide by it)"),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }, "a Hugging Face safetensors file the weights start from; \"\": the seeded initialisation"),

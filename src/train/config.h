@@ -40,6 +40,9 @@ struct TrainConfig {
     DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
     int64_t grad_accum_steps = 1;  // microbatches per step, their gradients summed
     DType reduce_dtype = DType::f32;  // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
+    // A step whose gradient norm is NaN or infinite (no update applied):
+    // false stops the run naming it; true goes on, counting it in the metrics.
+    bool skip_nonfinite = false;
   } training;
   struct {
     std::string init_from;

@@ -431,7 +431,8 @@ StepMetrics Trainer::step() {
     loader_.next(tokens_, targets_);
   }
   lr_.data<double>()[0] = m.lr;
-  step_.data<int64_t>()[0] = m.step;
+  // AdamW's step count (its bias correction): the updates it has applied, this one included.
+  step_.data<int64_t>()[0] = updates_applied_ + 1;
   for (auto& part : parts_) {
     part->executor->set_profiling(profiling_ && m.step > 1);
     part->executor->set_tracing(tracing_ && m.step == config_.training.steps);
@@ -444,14 +445,19 @@ StepMetrics Trainer::step() {
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
   m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
-  if (!std::isfinite(m.grad_norm))
+  m.skipped_steps = m.step - 1 - updates_applied_;
+  if (!std::isfinite(m.grad_norm)) {
+    m.skipped_steps += 1;
     throw NonFiniteStep(fmt::format(
         "step {}: the gradient norm is {} (loss {}): the update was not applied, so the weights and optimizer state "
-        "are those after step {}; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, or check the "
-        "data", m.step, m.grad_norm, m.loss, m.step - 1, m.lr));
+        "are those of the step before; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, check "
+        "the data, or set training.skip_nonfinite = true to go on past such steps", m.step, m.grad_norm, m.loss,
+        m.lr), m, false);
+  }
+  ++updates_applied_;
   if (!std::isfinite(m.loss))
     throw NonFiniteStep(fmt::format("step {}: the loss is {} with a finite gradient norm {} (the update was applied); "
-                                    "lower optimizer.lr or check the data", m.step, m.loss, m.grad_norm));
+                                    "lower optimizer.lr or check the data", m.step, m.loss, m.grad_norm), m, true);
   return m;
 }
 
@@ -532,14 +538,21 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   for (int64_t s = 1; s <= config_.training.steps; ++s) {
     try {
       last = step();
-    } catch (const NonFiniteStep&) {
+    } catch (const NonFiniteStep& e) {
       // Every rank sees the same loss and norm, so all get here together.
-      // The weights are still the last good step's: keep them, unless that
-      // step's checkpoint is already written, then report once.
-      const bool saved = config_.checkpoint.interval > 0 && (s - 1) % config_.checkpoint.interval == 0;
-      if (!config_.checkpoint.folder.empty() && s > 1 && !saved) checkpoint(s - 1);
-      if (world_ && rank() != 0) world_->barrier()->wait();  // rank 0 reports and takes the job down
-      throw;
+      if (config_.training.skip_nonfinite && !e.update_applied) {  // counted, and on to the next step
+        last = e.metrics;
+        if (progress)
+          fmt::print(progress, "{}step {:>5}/{}  skipped: gradient norm {} (loss {}), no update; {} skipped so far\n",
+                     live ? "\n" : "", s, config_.training.steps, last.grad_norm, last.loss, last.skipped_steps);
+      } else {
+        // The weights are still the last good step's: keep them, unless that
+        // step's checkpoint is already written, then report once.
+        const bool saved = config_.checkpoint.interval > 0 && (s - 1) % config_.checkpoint.interval == 0;
+        if (!config_.checkpoint.folder.empty() && s > 1 && !saved) checkpoint(s - 1);
+        if (world_ && rank() != 0) world_->barrier()->wait();  // rank 0 reports and takes the job down
+        throw;
+      }
     }
     if (s == 1) summary.first = last;
     else step_ms.push_back(last.step_ms);
@@ -558,7 +571,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                   {"peak_bytes", last.peak_bytes},
                                   {"step_peak_bytes", last.step_peak_bytes},
                                   {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6},
-                                  {"estimated_step_ms", estimated_step_ms()}};
+                                  {"estimated_step_ms", estimated_step_ms()},
+                                  {"skipped_steps", last.skipped_steps}};
       if (world_) {
         line["ranks"] = ranks;
         line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;

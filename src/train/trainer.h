@@ -26,6 +26,7 @@ namespace meshtrain::train {
 
 struct StepMetrics {
   int64_t step = 0;
+  int64_t skipped_steps = 0;  // so far: steps whose non-finite gradient norm left the weights as they were
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;  // tokens/s: the whole job's
   size_t peak_bytes = 0;  // this rank's, since it started
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
@@ -123,10 +124,14 @@ void check_benchmark_hardware(const sched::HardwareProfile& hardware);
 bool spare_core_for_progress(int threads, int local_ranks);
 
 // A step whose loss or gradient norm is NaN or infinite: a step with a
-// non-finite gradient norm applied no update (AdamW skips it in the graph).
+// non-finite gradient norm applied no update (AdamW skips it in the graph);
+// training.skip_nonfinite lets run() go on past such a step.
 class NonFiniteStep : public Error {
  public:
-  using Error::Error;
+  NonFiniteStep(const std::string& what, const StepMetrics& step, bool applied)
+      : Error(what), metrics(step), update_applied(applied) {}
+  StepMetrics metrics;  // the step's, loss and norm as they came out
+  bool update_applied;  // false: the weights and moments are the previous step's
 };
 
 class Trainer {
@@ -221,6 +226,7 @@ class Trainer {
   Tensor tokens_, targets_, lr_, step_;
   graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
   int64_t steps_done_ = 0;
+  int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;
   bool tracing_ = false;
   sched::KernelTimes kernel_times_;  // benchmark mode

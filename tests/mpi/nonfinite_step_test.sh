@@ -3,7 +3,8 @@
 # gradient norm is not finite applies no update on any rank; the job stops
 # with one error saying so, printed once, every rank exiting non-zero (not
 # a hang); the last good step's weights are kept as its checkpoint, with
-# no later one, and every value in it is finite.
+# no later one, and every value in it is finite. With training.skip_nonfinite
+# the same run goes on to its last step, counting the skipped steps.
 # Usage: nonfinite_step_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -44,4 +45,15 @@ for name, t in header.items():
 print(f"checkpoint {sys.argv[1].rsplit('/', 1)[1]}: {count} values, all finite")
 PY
 echo "step $step: gradient norm not finite, one error, every rank exited $rc; $good kept"
+
+# training.skip_nonfinite = true: the same run goes on to its last step on every rank, counting the skips.
+out=$(timeout 120 $mpirun -np 2 "$meshtrain" train --config configs/debug.toml --model.dim 64 --model.n_layers 2 \
+  --model.n_heads 4 --model.n_kv_heads 2 --model.ffn_dim 128 --data.seq_len 32 --optimizer.lr 1e20 \
+  --lr_scheduler.warmup_steps 0 --training.steps 10 --training.skip_nonfinite true --checkpoint.folder "" \
+  --metrics.file "$dir/metrics.jsonl" --metrics.log_every 1 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out"; fail "skip_nonfinite: exit $rc"; }
+skipped=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["skipped_steps"])' "$dir/metrics.jsonl")
+[ "$skipped" = $((10 - step + 1)) ] || { echo "$out"; fail "skip_nonfinite: $skipped steps skipped, expected $((10 - step + 1))"; }
+echo "skip_nonfinite: all 10 steps ran on both ranks, $skipped skipped (from step $step on)"
 echo PASS

@@ -294,3 +294,52 @@ TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
     for (float x : t.data<const float>()) ASSERT_TRUE(std::isfinite(x)) << name << " in " << saved[0];
   std::filesystem::remove_all(c.checkpoint.folder);
 }
+
+// training.skip_nonfinite: a step whose gradient norm is not finite is
+// counted and passed over; the run goes on to its last step, the weights
+// stay those of the last applied update, and the metrics count the skips.
+TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  c.optimizer.lr = 1e20;
+  c.training.steps = 12;
+  c.training.skip_nonfinite = true;
+  c.metrics.file = ::testing::TempDir() + "/skip_nonfinite.jsonl";
+  // Where the first non-finite step comes and the weights before it, from a run that stops there.
+  std::map<std::string, std::vector<float>> good;
+  int64_t first_bad = 0;
+  {
+    train::TrainConfig stopping = c;
+    stopping.training.skip_nonfinite = false;
+    stopping.metrics.file.clear();
+    train::Trainer t(stopping);
+    for (int64_t s = 1; s <= c.training.steps && first_bad == 0; ++s) {
+      good.clear();
+      for (const auto& [name, p] : t.parameters()) good[name].assign(p.data<const float>().begin(), p.data<const float>().end());
+      try {
+        t.step();
+      } catch (const train::NonFiniteStep& e) {
+        ASSERT_FALSE(e.update_applied);
+        first_bad = s;
+      }
+    }
+  }
+  ASSERT_GT(first_bad, 0) << "no step became non-finite at lr 1e20";
+  train::Trainer trainer(c);
+  const auto summary = trainer.run(nullptr);  // no throw: every step runs
+  EXPECT_EQ(summary.last.step, c.training.steps);
+  // Every step from the first bad one stays non-finite here (the weights are
+  // those it failed on), so each is skipped, and nothing was applied since.
+  EXPECT_EQ(summary.last.skipped_steps, c.training.steps - first_bad + 1);
+  for (const auto& [name, p] : trainer.parameters())
+    EXPECT_EQ(0, std::memcmp(p.data<const float>().data(), good.at(name).data(), good.at(name).size() * sizeof(float)))
+        << name;
+  std::ifstream metrics(c.metrics.file);
+  std::string line, last_line;
+  while (std::getline(metrics, line)) last_line = line;
+  EXPECT_EQ(nlohmann::json::parse(last_line).at("skipped_steps").get<int64_t>(), c.training.steps - first_bad + 1);
+  std::filesystem::remove(c.metrics.file);
+}
