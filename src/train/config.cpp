@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <functional>
 #include <numbers>
-#include <ranges>
 
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
@@ -107,17 +106,18 @@ Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field
 // A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).
 template <typename E>
 Key choice_key(std::string name, std::function<E&(TrainConfig&)> field, std::vector<std::pair<std::string, E>> choices) {
-  return text_key(name, [name, field, choices](TrainConfig& c, const std::string& v) {
-    std::vector<std::string> names;
+  std::vector<std::string> names;
+  for (const auto& choice : choices) names.push_back(choice.first);
+  std::string expects = fmt::format("one of {}", fmt::join(names, ", "));
+  return text_key(name, [name, field, choices, expects](TrainConfig& c, const std::string& v) {
     for (const auto& [choice, value] : choices) {
       if (v == choice) {
         field(c) = value;
         return;
       }
-      names.push_back(choice);
     }
-    bad_value(name, v, fmt::format("one of {}", fmt::join(names, ", ")));
-  }, fmt::format("one of {}", fmt::join(choices | std::views::keys, ", ")), [field, choices](TrainConfig& c) {
+    bad_value(name, v, expects);
+  }, expects, [field, choices](TrainConfig& c) {
     for (const auto& [choice, value] : choices)
       if (field(c) == value) return fmt::format("\"{}\"", choice);
     return std::string("?");
