@@ -1,5 +1,7 @@
 #include "cli/train_command.h"
 
+#include <cstring>
+
 #include "cli/command_args.h"
 
 #include <algorithm>
@@ -42,6 +44,11 @@ std::string train_help() {
       "--schedule.estimate benchmark first times every kernel of the step on each rank (the ranks agree on the\n"
       "median; --schedule.kernel_cache FILE keeps the times) and costs the scheduling passes and that estimate\n"
       "with them instead of the profile's roofline.\n"
+      "SIGTERM, SIGINT or SIGUSR1 stops the run after the step that is running: the ranks agree on the step,\n"
+      "a checkpoint is saved when checkpoint.folder is set, and the exit status is 128 + the signal. Under\n"
+      "mpirun send SIGUSR1 to mpirun (it forwards it at once) or SIGTERM to every rank, as schedulers do;\n"
+      "SIGTERM or Ctrl-C to mpirun reaches the ranks only after OMPI_MCA_odls_base_sigkill_timeout seconds\n"
+      "(1 by default) with SIGKILL as long after, and mpirun prints nothing more of theirs.\n"
       "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n"
       "The keys, their defaults (a config file's keys replace them) and their values:\n{}",
       train::config_key_help());
@@ -194,9 +201,16 @@ int run_train(const std::vector<std::string>& args) {
     train::check_output_path(trainer.config(), trace_path->second, "--trace");
     check_output_file(trace_path->second, "--trace");  // fails now, not after training
   }
+  // Preemption or Ctrl-C (SIGTERM, SIGINT, SIGUSR1): a checkpoint after the
+  // step that is running, then exit 128 + the signal (--help says how under mpirun).
+  train::stop_at_step_end_on_signals(several);
   if (!printer) {
-    trainer.run(nullptr);
+    const auto summary = trainer.run(nullptr);
     trainer.rank_reports();
+    if (summary.stopped_by_signal != 0) {
+      trainer.wait_for_all_ranks();  // rank 0 has said so: a rank that exits non-zero ends the job under mpirun
+      return 128 + summary.stopped_by_signal;
+    }
     if (trace_path != a.options.end()) trainer.trace();  // gathered to rank 0
     return 0;
   }
@@ -215,6 +229,19 @@ int run_train(const std::vector<std::string>& args) {
   std::fflush(stdout);
   trainer.set_profiling(profile);
   const auto summary = trainer.run(stdout);
+  if (summary.stopped_by_signal != 0) {
+    if (several) trainer.rank_reports();  // every rank takes part, as they do after a full run
+    // Written as best it can be: after a signal the output may be non-blocking with nobody reading.
+    const std::string said = fmt::format(
+        "stopped by {} after step {} of {}: loss {:.4f}{}\n", train::signal_name(summary.stopped_by_signal),
+        summary.last.step, c.training.steps, summary.last.loss,
+        c.checkpoint.folder.empty() ? "; no checkpoint (checkpoint.folder is not set)"
+                                    : fmt::format("; weights saved in {}", c.checkpoint.folder));
+    std::fputs(said.c_str(), stdout);
+    std::fflush(stdout);
+    trainer.wait_for_all_ranks();
+    return 128 + summary.stopped_by_signal;
+  }
   fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
              summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
              several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <chrono>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "comm/mpi_backend.h"
@@ -381,6 +383,10 @@ std::vector<RankReport> Trainer::rank_reports() {
   return reports;
 }
 
+void Trainer::wait_for_all_ranks() {
+  if (world_) world_->barrier()->wait();
+}
+
 void Trainer::init_parameters() {
   const auto specs = models::llama_parameters(config_.model);
   if (config_.checkpoint.init_from.empty()) {
@@ -513,6 +519,51 @@ void Trainer::save(const std::string& path) {
   if (rank() == 0) save_safetensors(path, whole);
 }
 
+namespace {
+volatile std::sig_atomic_t stop_signal = 0;  // set by the handler, read at the end of each step
+volatile std::sig_atomic_t unblock_output_on_stop = 0;
+
+extern "C" void on_stop_signal(int signal) {
+  stop_signal = signal;
+  // mpirun stops reading its ranks' output when it is sent SIGTERM or SIGINT
+  // itself (it forwards SIGUSR1 and goes on reading).
+  if (unblock_output_on_stop == 0 || signal == SIGUSR1) return;
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {  // fcntl is async-signal-safe
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags != -1) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  }
+}
+
+// Progress is best effort: a line that cannot be written (a launcher that
+// stopped reading after a signal) is dropped, never an error or a stall.
+template <typename... Args>
+void say(std::FILE* out, fmt::format_string<Args...> format, Args&&... args) {
+  if (out == nullptr) return;
+  const std::string text = fmt::format(format, std::forward<Args>(args)...);
+  std::fwrite(text.data(), 1, text.size(), out);
+  std::fflush(out);
+  std::clearerr(out);
+}
+}  // namespace
+
+std::string signal_name(int signal) {
+  if (signal == SIGTERM) return "SIGTERM";
+  if (signal == SIGINT) return "SIGINT";
+  if (signal == SIGUSR1) return "SIGUSR1";
+  return strsignal(signal);
+}
+
+void stop_at_step_end_on_signals(bool under_launcher) {
+  unblock_output_on_stop = under_launcher ? 1 : 0;
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);  // mpirun forwards it to the ranks at once
+}
+
 Trainer::Summary Trainer::run(std::FILE* progress) {
   std::ofstream metrics;
   if (rank() != 0) progress = nullptr;  // rank 0 prints and writes for the job
@@ -526,11 +577,13 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   }
   if (!config_.checkpoint.folder.empty() && rank() == 0)
     check_writable_directory(config_.checkpoint.folder, "checkpoint.folder");
-  const bool live = progress && isatty(fileno(progress));
+  // A live line (carriage returns) on a terminal; not under mpirun, whose
+  // forwarded output runs such lines together.
+  const bool live = progress && isatty(fileno(progress)) && num_ranks() == 1;
   auto checkpoint = [&](int64_t s) {
     const std::string path = fmt::format("{}/step_{:06d}.safetensors", config_.checkpoint.folder, s);
     save(path);
-    if (progress) fmt::print(progress, "{}saved {}\n", live ? "\n" : "", path);
+    say(progress, "{}saved {}\n", live ? "\n" : "", path);
   };
   Summary summary;
   StepMetrics& last = summary.last;
@@ -542,9 +595,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       // Every rank sees the same loss and norm, so all get here together.
       if (config_.training.skip_nonfinite && !e.update_applied) {  // counted, and on to the next step
         last = e.metrics;
-        if (progress)
-          fmt::print(progress, "{}step {:>5}/{}  skipped: gradient norm {} (loss {}), no update; {} skipped so far\n",
-                     live ? "\n" : "", s, config_.training.steps, last.grad_norm, last.loss, last.skipped_steps);
+        say(progress, "{}step {:>5}/{}  skipped: gradient norm {} (loss {}), no update; {} skipped so far\n",
+            live ? "\n" : "", s, config_.training.steps, last.grad_norm, last.loss, last.skipped_steps);
       } else {
         // The weights are still the last good step's: keep them, unless that
         // step's checkpoint is already written, then report once.
@@ -589,19 +641,30 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
           world_ ? fmt::format(" ({:.0f} per rank), peak {:.1f} MiB on the largest rank", last.tokens_per_s / ranks,
                                static_cast<double>(last.peak_bytes_max) / (1 << 20))
                  : "";
-      fmt::print(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
-                 live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
-                 last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
-      std::fflush(progress);
+      say(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
+          live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
+          last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
     }
-    if (!config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 && s % config_.checkpoint.interval == 0 &&
-        s != config_.training.steps)
-      checkpoint(s);
+    const bool interval_checkpoint = !config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 &&
+                                     s % config_.checkpoint.interval == 0;
+    if (interval_checkpoint && s != config_.training.steps) checkpoint(s);
+    // A stop asked by a signal: the ranks may have seen it at different
+    // steps, so they agree (the largest signal number any rank got).
+    Tensor signal = Tensor::empty({1}, DType::f64);
+    signal.data<double>()[0] = stop_signal;
+    if (world_) world_->all_reduce(signal, comm::ReduceOp::max)->wait();
+    if (const int got = static_cast<int>(signal.data<double>()[0]); got != 0 && s < config_.training.steps) {
+      summary.stopped_by_signal = got;
+      say(progress, "{}stopping after step {} of {}: {} asked to stop\n", live ? "\n" : "", s, config_.training.steps,
+          signal_name(got));
+      if (!config_.checkpoint.folder.empty() && !interval_checkpoint) checkpoint(s);
+      break;
+    }
   }
   std::sort(step_ms.begin(), step_ms.end());
   summary.median_step_ms = step_ms.empty() ? summary.first.step_ms : step_ms[(step_ms.size() - 1) / 2];
-  if (progress && live) fmt::print(progress, "\n");
-  if (!config_.checkpoint.folder.empty()) checkpoint(config_.training.steps);
+  if (live) say(progress, "\n");
+  if (!config_.checkpoint.folder.empty() && summary.stopped_by_signal == 0) checkpoint(config_.training.steps);
   return summary;
 }
 

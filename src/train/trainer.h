@@ -134,6 +134,16 @@ class NonFiniteStep : public Error {
   bool update_applied;  // false: the weights and moments are the previous step's
 };
 
+// From now on SIGTERM, SIGINT and SIGUSR1 (preemption, Ctrl-C) ask a running
+// Trainer::run to stop at the end of its step: the ranks agree on it, save a
+// checkpoint when checkpoint.folder is set, and run() returns saying so.
+// `under_launcher`: stdout and stderr go through a launcher (mpirun) that
+// stops reading them once it is signalled itself; the signal makes them
+// non-blocking, so a rank drops lines rather than stall before its save.
+void stop_at_step_end_on_signals(bool under_launcher);
+// "SIGTERM", "SIGINT", "SIGUSR1", or the system's name of another signal.
+std::string signal_name(int signal);
+
 class Trainer {
  public:
   // `world`: the ranks to train on; null (or one rank) trains on this process alone.
@@ -145,10 +155,12 @@ class Trainer {
   struct Summary {
     StepMetrics first, last;
     double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one
+    int stopped_by_signal = 0;  // SIGTERM, SIGINT or SIGUSR1: the run stopped after step last.step (0: it ran every step)
   };
   // All configured steps: metrics to config.metrics.file, progress to
   // `progress` (a live line on a terminal), checkpoints at the interval and
-  // at the end. On several ranks every rank runs it; rank 0 prints and
+  // at the end, or fewer steps and a checkpoint after the last one run when
+  // a signal asked to stop (stop_at_step_end_on_signals). On several ranks every rank runs it; rank 0 prints and
   // writes, and the logged steps gather every rank's peak memory.
   Summary run(std::FILE* progress);
   // Parameters by Hugging Face name (the live buffers: this rank's shards
@@ -165,6 +177,8 @@ class Trainer {
   // Every rank's report, in rank order (a collective on several ranks:
   // every rank must call it; all get the list).
   std::vector<RankReport> rank_reports();
+  // Returns when every rank has called it (at once on one rank).
+  void wait_for_all_ranks();
   // The step graph this rank runs as text: its lowered graph on several
   // ranks (spmd::to_text), the global one on one.
   std::string lowered_text() const;
