@@ -1,0 +1,431 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "sharding/local_chunk.h"
+#include "train/safetensors.h"
+
+namespace meshtrain::train {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = "meshtrain checkpoint";
+constexpr const char* kMetadataFile = "metadata.json";
+
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
+
+int rank_of(const CheckpointRank& where) { return where.world ? where.world->rank() : 0; }
+int ranks_of(const CheckpointRank& where) { return where.world ? where.world->size() : 1; }
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "cannot read checkpoint file {}: {}", path, std::strerror(errno));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  MT_CHECK(!in.bad(), "reading checkpoint file {} failed: {}", path, std::strerror(errno));
+  return std::move(bytes).str();
+}
+
+// FNV-1a (64-bit) of the bytes: finds a flipped or lost byte, not an attacker.
+uint64_t checksum_of(std::string_view bytes) {
+  uint64_t h = 14695981039346656037ull;
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+// The global indices along every tensor dim that the rank at `coord` holds
+// (every index with no mesh), in its local storage order.
+std::vector<std::vector<int64_t>> held_indices(const Shape& shape, const sharding::Layout& layout,
+                                               const sharding::DeviceMesh* mesh, const std::vector<int>& coord) {
+  std::vector<std::vector<int64_t>> held(shape.rank());
+  for (int d = 0; d < static_cast<int>(shape.rank()); ++d) {
+    if (mesh == nullptr) {
+      held[static_cast<size_t>(d)].resize(static_cast<size_t>(shape[d]));
+      for (int64_t i = 0; i < shape[d]; ++i) held[static_cast<size_t>(d)][static_cast<size_t>(i)] = i;
+    } else {
+      held[static_cast<size_t>(d)] = sharding::shard_indices(shape[d], layout, d, *mesh, coord);
+    }
+  }
+  return held;
+}
+
+// A replicated tensor is written once: by the ranks at coordinate 0 on
+// every mesh dim it is replicated on.
+bool writes_piece(const sharding::Layout& layout, const std::vector<int>& coord) {
+  for (size_t m = 0; m < layout.placements.size(); ++m)
+    if (layout.placements[m].is_replicate() && coord[m] != 0) return false;
+  return true;
+}
+
+// Copies from `from` (holding global indices `have` per dim) every element
+// that `to` needs (`position[d][i]`: where global index i lies in `to` along
+// dim d, or -1); returns how many. Runs contiguous in both are one memcpy.
+int64_t copy_overlap(const Tensor& from, const std::vector<std::vector<int64_t>>& have, Tensor& to,
+                     const std::vector<std::vector<int64_t>>& position) {
+  const int rank = static_cast<int>(have.size());
+  const size_t element = dtype_size(to.dtype());
+  // Per dim, the (source, destination) positions of the indices both hold.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> pairs(static_cast<size_t>(rank));
+  for (int d = 0; d < rank; ++d) {
+    for (size_t k = 0; k < have[static_cast<size_t>(d)].size(); ++k) {
+      const int64_t at = position[static_cast<size_t>(d)][static_cast<size_t>(have[static_cast<size_t>(d)][k])];
+      if (at >= 0) pairs[static_cast<size_t>(d)].push_back({static_cast<int64_t>(k), at});
+    }
+    if (pairs[static_cast<size_t>(d)].empty()) return 0;
+  }
+  // Row-major strides (in elements) of both.
+  std::vector<int64_t> from_stride(static_cast<size_t>(rank), 1), to_stride(static_cast<size_t>(rank), 1);
+  for (int d = rank - 2; d >= 0; --d) {
+    from_stride[static_cast<size_t>(d)] = from_stride[static_cast<size_t>(d) + 1] * from.shape()[d + 1];
+    to_stride[static_cast<size_t>(d)] = to_stride[static_cast<size_t>(d) + 1] * to.shape()[d + 1];
+  }
+  const auto* src = static_cast<const std::byte*>(from.raw());
+  auto* dst = static_cast<std::byte*>(to.raw());
+  int64_t copied = 0;
+  if (rank == 0) {
+    std::memcpy(dst, src, element);
+    return 1;
+  }
+  // The innermost dim's pairs as runs consecutive in both.
+  std::vector<std::array<int64_t, 3>> runs;  // source, destination, length
+  for (const auto& [s, t] : pairs.back()) {
+    if (!runs.empty() && runs.back()[0] + runs.back()[2] == s && runs.back()[1] + runs.back()[2] == t)
+      ++runs.back()[2];
+    else
+      runs.push_back({s, t, 1});
+  }
+  std::vector<size_t> at(static_cast<size_t>(rank - 1), 0);  // an odometer over the outer dims' pairs
+  while (true) {
+    int64_t src_base = 0, dst_base = 0;
+    for (int d = 0; d + 1 < rank; ++d) {
+      src_base += pairs[static_cast<size_t>(d)][at[static_cast<size_t>(d)]].first * from_stride[static_cast<size_t>(d)];
+      dst_base += pairs[static_cast<size_t>(d)][at[static_cast<size_t>(d)]].second * to_stride[static_cast<size_t>(d)];
+    }
+    for (const auto& [s, t, n] : runs) {
+      std::memcpy(dst + static_cast<size_t>(dst_base + t) * element, src + static_cast<size_t>(src_base + s) * element,
+                  static_cast<size_t>(n) * element);
+      copied += n;
+    }
+    int d = rank - 2;
+    for (; d >= 0; --d) {
+      if (++at[static_cast<size_t>(d)] < pairs[static_cast<size_t>(d)].size()) break;
+      at[static_cast<size_t>(d)] = 0;
+    }
+    if (d < 0) break;
+  }
+  return copied;
+}
+
+// Every rank learns whether any failed; the lowest that did throws its
+// failure and takes the job down, the others wait for that.
+void fail_together(const std::string& failure, comm::ProcessGroup* world) {
+  if (world == nullptr) {
+    MT_CHECK(failure.empty(), "{}", failure);
+    return;
+  }
+  Tensor first = Tensor::empty({1}, DType::f64);
+  first.data<double>()[0] = failure.empty() ? world->size() : world->rank();
+  world->all_reduce(first, comm::ReduceOp::min)->wait();
+  const auto failed = static_cast<int>(first.data<double>()[0]);
+  if (failed == world->size()) return;
+  if (failed != world->rank()) {
+    world->barrier()->wait();  // until the failing rank ends the job
+    throw Error(fmt::format("rank {} failed to save or load a checkpoint (its error says why)", failed));
+  }
+  throw Error(failure);
+}
+
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// The mesh it was saved on; none when saved by one process.
+std::optional<sharding::DeviceMesh> mesh_from(const nlohmann::json& m, const std::string& path) {
+  if (m.at("shape").empty()) return std::nullopt;
+  std::vector<int> shape;
+  std::vector<std::string> names;
+  for (const auto& s : m.at("shape")) shape.push_back(s.get<int>());
+  for (const auto& n : m.at("names")) names.push_back(n.get<std::string>());
+  try {
+    return sharding::DeviceMesh(shape, names);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint {}: its mesh is not valid: {}", path, e.what()));
+  }
+}
+}  // namespace
+
+std::string checkpoint_folder_name(int64_t step) { return fmt::format("step_{:06d}", step); }
+
+std::string save_checkpoint(const std::string& folder, const CheckpointState& state,
+                            const std::vector<HeldTensor>& tensors, const CheckpointRank& where) {
+  const int rank = rank_of(where), ranks = ranks_of(where);
+  const std::string final_path = (fs::path(folder) / checkpoint_folder_name(state.step)).string();
+  const std::string partial = final_path + ".tmp";
+  std::string failure;
+  if (rank == 0) {
+    try {  // a partial folder of an earlier try goes
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+    } catch (const std::exception& e) {
+      failure = fmt::format("cannot make checkpoint folder {}: {}", partial, e.what());
+    }
+  }
+  fail_together(failure, where.world);  // also: the folder exists before any rank writes into it
+
+  // This rank's pieces, then the file's size and checksum as it reads back.
+  const std::string file = (fs::path(partial) / rank_file_name(rank)).string();
+  Tensor record = Tensor::zeros({2}, DType::i64);  // bytes, checksum
+  try {
+    std::map<std::string, Tensor> pieces;
+    for (const HeldTensor& t : tensors) {
+      MT_CHECK(where.mesh == nullptr || !t.layout.has_partial(),
+               "checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values are saved",
+               t.name, t.layout.to_string());
+      if (where.mesh == nullptr || writes_piece(t.layout, where.coordinate)) pieces[t.name] = t.local;
+    }
+    save_safetensors(file, pieces);
+    const std::string bytes = read_file_bytes(file);
+    record.data<int64_t>()[0] = static_cast<int64_t>(bytes.size());
+    const uint64_t sum = checksum_of(bytes);
+    std::memcpy(&record.data<int64_t>()[1], &sum, sizeof(sum));
+  } catch (const std::exception& e) {
+    failure = fmt::format("writing checkpoint {} failed: {}", final_path, e.what());
+  }
+  fail_together(failure, where.world);
+  Tensor records = Tensor::zeros({2 * ranks}, DType::i64);
+  if (where.world)
+    where.world->all_gather(record, records)->wait();
+  else
+    records = record;
+
+  if (rank == 0) {
+    try {
+      nlohmann::ordered_json meta;
+      meta["format"] = kFormat;
+      meta["version"] = kFormatVersion;
+      meta["step"] = state.step;
+      meta["updates_applied"] = state.updates_applied;
+      meta["data_cursor"] = state.data_cursor;
+      meta["config"] = state.config;
+      meta["mesh"] = where.mesh ? nlohmann::ordered_json{{"shape", where.mesh->shape()}, {"names", where.mesh->names()}}
+                                : nlohmann::ordered_json{{"shape", nlohmann::json::array()},
+                                                         {"names", nlohmann::json::array()}};
+      nlohmann::ordered_json files = nlohmann::ordered_json::array();
+      for (int r = 0; r < ranks; ++r) {
+        uint64_t sum = 0;
+        std::memcpy(&sum, &records.data<int64_t>()[static_cast<size_t>(2 * r + 1)], sizeof(sum));
+        files.push_back({{"file", rank_file_name(r)}, {"bytes", records.data<int64_t>()[static_cast<size_t>(2 * r)]},
+                         {"fnv1a64", hex(sum)}});
+      }
+      meta["files"] = files;
+      nlohmann::ordered_json described = nlohmann::ordered_json::object();
+      for (const HeldTensor& t : tensors) {
+          described[t.name] = {{"shape", t.global_shape.dims()},
+                             {"dtype", dtype_name(t.local.dtype())},
+                             {"layout", where.mesh ? t.layout.to_string() : ""}};
+      }
+      meta["tensors"] = described;
+      write_file_atomically((fs::path(partial) / kMetadataFile).string(), meta.dump(1) + "\n");
+      sync_directory(partial);
+      // The rename marks it complete; a step saved before (a run resumed
+      // from an earlier step) is replaced.
+      if (fs::exists(final_path)) fs::remove_all(final_path);
+      fs::rename(partial, final_path);
+      sync_directory(folder);
+    } catch (const std::exception& e) {
+      failure = fmt::format("completing checkpoint {} failed: {}", final_path, e.what());
+    }
+  }
+  fail_together(failure, where.world);
+  return final_path;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& folder) {
+  std::error_code ec;
+  if (folder.empty() || !fs::is_directory(folder, ec)) return std::nullopt;
+  static const std::regex name(R"(step_(\d{6,18}))");
+  std::optional<std::pair<int64_t, std::string>> newest;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    std::smatch m;
+    const std::string base = entry.path().filename().string();
+    if (!std::regex_match(base, m, name) || !fs::is_regular_file(entry.path() / kMetadataFile, ec)) continue;
+    const int64_t step = std::stoll(m[1].str());
+    if (!newest || step > newest->first) newest = {step, entry.path().string()};
+  }
+  if (!newest) return std::nullopt;
+  return newest->second;
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  const std::string meta_path = (fs::path(path) / kMetadataFile).string();
+  MT_CHECK(fs::is_regular_file(meta_path),
+           "checkpoint {} is not complete: it has no {} (a save that did not finish; load another step)", path,
+           kMetadataFile);
+  CheckpointInfo info;
+  info.path = path;
+  try {
+    info.metadata = nlohmann::json::parse(read_file_bytes(meta_path));
+    const auto& m = info.metadata;
+    MT_CHECK(m.at("format").get<std::string>() == kFormat, "it is not a meshtrain checkpoint");
+    MT_CHECK(m.at("version").get<int>() == kFormatVersion, "format version {} (this meshtrain reads {})",
+             m.at("version").get<int>(), kFormatVersion);
+    info.state.step = m.at("step").get<int64_t>();
+    info.state.updates_applied = m.at("updates_applied").get<int64_t>();
+    info.state.data_cursor = m.at("data_cursor").get<int64_t>();
+    MT_CHECK(info.state.step >= 0 && info.state.updates_applied >= 0 && info.state.updates_applied <= info.state.step &&
+             info.state.data_cursor >= 0, "step {}, updates_applied {} or data_cursor {} is out of range",
+             info.state.step, info.state.updates_applied, info.state.data_cursor);
+    info.state.config = m.at("config");
+    const auto mesh = mesh_from(m.at("mesh"), path);
+    const int ranks = mesh ? mesh->num_ranks() : 1;
+    const auto& files = m.at("files");
+    MT_CHECK(files.is_array() && static_cast<int>(files.size()) == ranks, "it lists {} files for a mesh of {} ranks",
+             files.size(), ranks);
+    for (size_t r = 0; r < files.size(); ++r) {
+      MT_CHECK(files[r].at("file").get<std::string>() == rank_file_name(static_cast<int>(r)),
+               "file {} is '{}', expected {}", r, files[r].at("file").get<std::string>(), rank_file_name(static_cast<int>(r)));
+      MT_CHECK(files[r].at("bytes").get<int64_t>() >= 8, "file {} has {} bytes", r, files[r].at("bytes").get<int64_t>());
+      MT_CHECK(std::regex_match(files[r].at("fnv1a64").get<std::string>(), std::regex("[0-9a-f]{16}")),
+               "file {}'s checksum is not 16 hex digits", r);
+    }
+    for (const auto& [name, t] : m.at("tensors").items()) {
+      for (const auto& s : t.at("shape")) MT_CHECK(s.get<int64_t>() >= 0, "tensor '{}' has a negative dim", name);
+      parse_dtype(t.at("dtype").get<std::string>());
+      if (mesh) sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).validate(
+          static_cast<int>(t.at("shape").size()));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("checkpoint {}: {} is damaged: {}", path, meta_path, e.what()));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint {}: {}: {}", path, meta_path, e.what()));
+  }
+  return info;
+}
+
+void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& tensors, const CheckpointRank& where) {
+  const auto& m = checkpoint.metadata;
+  const auto saved_mesh = mesh_from(m.at("mesh"), checkpoint.path);
+  const bool saved_whole = !saved_mesh;
+  std::string failure;
+  try {
+    // What each target needs: where every global index lies in its piece.
+    struct Need {
+      HeldTensor* tensor;
+      std::vector<std::vector<int64_t>> position;
+      sharding::Layout saved_layout;
+      int64_t filled = 0;
+    };
+    std::vector<Need> needs;
+    for (HeldTensor& t : tensors) {
+      MT_CHECK(m.at("tensors").contains(t.name), "checkpoint {} holds no tensor '{}': it is of another model",
+               checkpoint.path, t.name);
+      const auto& saved = m.at("tensors").at(t.name);
+      const std::vector<int64_t>& want = t.global_shape.dims();
+      const auto shape = saved.at("shape").get<std::vector<int64_t>>();
+      MT_CHECK(shape == want, "checkpoint {}: tensor '{}' has shape [{}], this run's is [{}]: the checkpoint is of "
+               "another model shape", checkpoint.path, t.name, fmt::join(shape, ", "), fmt::join(want, ", "));
+      const DType dtype = parse_dtype(saved.at("dtype").get<std::string>());
+      MT_CHECK(dtype == t.local.dtype(), "checkpoint {}: tensor '{}' is {}, this run holds it as {} (was "
+               "optimizer.state_dtype changed?)", checkpoint.path, t.name, dtype_name(dtype), dtype_name(t.local.dtype()));
+      Need n{&t, {}, saved_whole ? sharding::Layout{} : sharding::Layout::parse(saved.at("layout").get<std::string>(),
+                                                                                   saved_mesh->ndim())};
+      const auto held = held_indices(t.global_shape, t.layout, where.mesh, where.coordinate);
+      for (size_t d = 0; d < t.global_shape.rank(); ++d) {
+        std::vector<int64_t> position(static_cast<size_t>(t.global_shape[d]), -1);
+        const auto& h = held[d];
+        for (size_t k = 0; k < h.size(); ++k) position[static_cast<size_t>(h[k])] = static_cast<int64_t>(k);
+        n.position.push_back(std::move(position));
+      }
+      needs.push_back(std::move(n));
+    }
+    // Each saved file that holds something this rank needs, read once.
+    const auto& files = m.at("files");
+    for (int r = 0; r < (saved_whole ? 1 : saved_mesh->num_ranks()); ++r) {
+      const std::vector<int> coord = saved_whole ? std::vector<int>{} : saved_mesh->coordinate(r);
+      std::vector<Need*> from_here;
+      for (Need& n : needs)
+        if (saved_whole || writes_piece(n.saved_layout, coord)) from_here.push_back(&n);
+      if (from_here.empty()) continue;
+      const std::string path = (fs::path(checkpoint.path) / rank_file_name(r)).string();
+      const std::string bytes = read_file_bytes(path);
+      const auto& listed = files[static_cast<size_t>(r)];
+      MT_CHECK(static_cast<int64_t>(bytes.size()) == listed.at("bytes").get<int64_t>(),
+               "checkpoint file {} has {} bytes, its metadata says {}: it is truncated or was replaced", path,
+               bytes.size(), listed.at("bytes").get<int64_t>());
+      MT_CHECK(hex(checksum_of(bytes)) == listed.at("fnv1a64").get<std::string>(),
+               "checkpoint file {} is damaged: its checksum is {}, its metadata says {}", path, hex(checksum_of(bytes)),
+               listed.at("fnv1a64").get<std::string>());
+      const auto pieces = load_safetensors(path);
+      for (Need* n : from_here) {
+        HeldTensor& t = *n->tensor;
+        const auto it = pieces.find(t.name);
+        MT_CHECK(it != pieces.end(), "checkpoint file {} lacks tensor '{}', which its rank held", path, t.name);
+        const auto have = held_indices(t.global_shape, n->saved_layout, saved_whole ? nullptr : &*saved_mesh, coord);
+        int64_t count = 1;
+        for (const auto& h : have) count *= static_cast<int64_t>(h.size());
+        MT_CHECK(it->second.shape().numel() == count && it->second.dtype() == t.local.dtype(),
+                 "checkpoint file {}: tensor '{}' is {} {}, its layout says {} elements of {}", path, t.name,
+                 dtype_name(it->second.dtype()), it->second.shape().to_string(), count, dtype_name(t.local.dtype()));
+        n->filled += copy_overlap(it->second, have, t.local, n->position);
+      }
+    }
+    for (const Need& n : needs)
+      MT_CHECK(n.filled == n.tensor->local.shape().numel(), "checkpoint {}: tensor '{}': {} of its {} elements here "
+               "were found in the files", checkpoint.path, n.tensor->name, n.filled, n.tensor->local.shape().numel());
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  fail_together(failure, where.world);
+}
+
+std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkpoint) {
+  std::vector<HeldTensor> tensors;
+  for (const auto& [name, t] : checkpoint.metadata.at("tensors").items()) {
+    const Shape shape(t.at("shape").get<std::vector<int64_t>>());
+    tensors.push_back({name, shape, {}, Tensor::empty(shape, parse_dtype(t.at("dtype").get<std::string>()))});
+  }
+  load_checkpoint(checkpoint, tensors, {});
+  std::map<std::string, Tensor> whole;
+  for (HeldTensor& t : tensors) whole[t.name] = std::move(t.local);
+  return whole;
+}
+
+void keep_latest_checkpoints(const std::string& folder, int keep) {
+  if (keep <= 0) return;
+  static const std::regex name(R"(step_(\d{6,18}))");
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    std::smatch m;
+    const std::string base = entry.path().filename().string();
+    if (std::regex_match(base, m, name) && fs::is_regular_file(entry.path() / kMetadataFile, ec))
+      complete.push_back({std::stoll(m[1].str()), entry.path()});
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second, ec);
+}
+
+}  // namespace meshtrain::train

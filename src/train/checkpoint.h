@@ -1,0 +1,88 @@
+// Sharded training checkpoints. A checkpoint is a folder per step: each
+// rank's pieces of the tensors (parameters, AdamW moments) in its own
+// safetensors file, and metadata.json (written by rank 0) with the step, the
+// data cursor, the model, the mesh and every tensor's global shape and
+// layout, and each file's size and checksum. The folder is written as
+// step_N.tmp and renamed to step_N only once every rank's file is on disk:
+// a folder without that name is never loaded. Loading recomputes which
+// global indices each saved piece holds from its layout, so a checkpoint
+// saved on any mesh loads on any other (or on one process).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "sharding/device_mesh.h"
+#include "sharding/layout.h"
+
+namespace meshtrain::train {
+
+// Where this process stands: one process (no mesh), or a rank of a mesh.
+struct CheckpointRank {
+  const sharding::DeviceMesh* mesh = nullptr;  // null: one process, every tensor whole
+  std::vector<int> coordinate;                 // this rank's, on mesh
+  comm::ProcessGroup* world = nullptr;         // the mesh's ranks (null with no mesh)
+};
+
+// A tensor as this rank holds it: its piece of a global tensor under a layout.
+struct HeldTensor {
+  std::string name;
+  Shape global_shape;
+  sharding::Layout layout;  // on the CheckpointRank's mesh (ignored with none)
+  Tensor local;             // this rank's piece; filled in place by load_checkpoint
+};
+
+// What a checkpoint holds beside its tensors.
+struct CheckpointState {
+  int64_t step = 0;             // steps done
+  int64_t updates_applied = 0;  // the optimizer's updates (steps less those skipped)
+  int64_t data_cursor = 0;      // the data loader's position (every rank reads the global batch)
+  nlohmann::json config;        // the model and optimizer keys a resumed run must match
+};
+
+// "step_000010": the folder of a step's checkpoint.
+std::string checkpoint_folder_name(int64_t step);
+
+// Writes the checkpoint of state.step under `folder` (made if missing) and
+// returns its path. A collective on several ranks: every rank writes its
+// pieces (of a replicated tensor, only the ranks at coordinate 0 on the mesh
+// dims it is replicated on); rank 0 writes the metadata and renames the
+// folder once all have. A rank that fails makes every rank throw; nothing
+// under the final name is left.
+std::string save_checkpoint(const std::string& folder, const CheckpointState& state,
+                            const std::vector<HeldTensor>& tensors, const CheckpointRank& where);
+
+// The newest complete checkpoint (step_N with its metadata) in `folder`, or
+// none (no folder, or nothing complete in it).
+std::optional<std::string> latest_checkpoint(const std::string& folder);
+
+// A checkpoint's metadata, checked: what it holds and how it was laid out.
+struct CheckpointInfo {
+  std::string path;
+  CheckpointState state;
+  nlohmann::json metadata;
+};
+CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// Fills every tensor's `local` (its shape and dtype as this rank holds it)
+// from the checkpoint, whatever mesh and layout it was saved with. Throws
+// naming the file and what is wrong: a tensor the checkpoint lacks or holds
+// with another global shape or dtype, a missing or damaged file (size and
+// checksum are verified for every file read).
+void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& tensors, const CheckpointRank& where);
+
+// Every tensor of the checkpoint whole (for export), on this process alone.
+std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkpoint);
+
+// Deletes all but the newest `keep` complete checkpoints in `folder`
+// (keep <= 0: none deleted).
+void keep_latest_checkpoints(const std::string& folder, int keep);
+
+}  // namespace meshtrain::train
