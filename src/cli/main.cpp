@@ -70,6 +70,17 @@ int main(int argc, char** argv) {
   fr->add_option("dir", fr_dir, "Directory with the dumps")->required();
   fr->add_flag("--json", fr_json, "Print the report as JSON");
 
+  std::string export_checkpoint, export_out;
+  auto* export_cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's whole weights (saved on any number of ranks and layout) as one Hugging Face "
+      "safetensors file, Llama parameter names as Hugging Face's; the optimizer's moments are left out. "
+      "The checkpoint's files are verified (sizes, checksums) as they are read.");
+  export_cmd->add_option("--checkpoint", export_checkpoint,
+                         "A checkpoint folder (checkpoint.folder/step_NNNNNN), or a checkpoint.folder: its newest "
+                         "complete checkpoint")->required();
+  export_cmd->add_option("--out", export_out, "The .safetensors file to write (written whole or not at all)")->required();
+
   auto* train = app.add_subcommand("train", "Train a Llama from a TOML config: meshtrain train --config FILE "
                                              "[--section.key value ...] (meshtrain train --help lists the keys)");
   train->prefix_command();  // everything after `train` is the trainer's own arguments, --help too
@@ -136,7 +147,7 @@ int main(int argc, char** argv) {
         if (sub->get_name() == arg) command = sub->get_name();
       if (command.empty()) {
         std::fprintf(stderr, "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-                     "lower, estimate, layout, plan; meshtrain --help says what each does)\n", argv[i]);
+                     "export, lower, estimate, layout, plan; meshtrain --help says what each does)\n", argv[i]);
         return 2;
       }
       if (command == "bench" && i + 1 < argc && std::string_view(argv[i + 1]) == "comm") command = "bench comm";
@@ -153,6 +164,7 @@ int main(int argc, char** argv) {
     if (*layout) return meshtrain::cli::run_layout(layout_cmd);
     if (*train) return meshtrain::cli::run_train(train->remaining());
     if (*lower) return meshtrain::cli::run_lower(lower->remaining());
+    if (*export_cmd) return meshtrain::cli::run_export(export_checkpoint, export_out);
     if (*estimate) return meshtrain::cli::run_estimate(estimate->remaining());
     if (*plan) return meshtrain::cli::run_plan(plan_cmd);
     if (*fr) {

@@ -19,6 +19,7 @@
 #include "comm/mpi_backend.h"
 #include "graph/graph.h"
 #include "spmd/lower.h"
+#include "train/safetensors.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -235,33 +236,68 @@ int run_train(const std::vector<std::string>& args) {
     const std::string said = fmt::format(
         "stopped by {} after step {} of {}: loss {:.4f}{}\n", train::signal_name(summary.stopped_by_signal),
         summary.last.step, c.training.steps, summary.last.loss,
-        c.checkpoint.folder.empty() ? "; no checkpoint (checkpoint.folder is not set)"
-                                    : fmt::format("; weights saved in {}", c.checkpoint.folder));
+        c.checkpoint.folder.empty()
+            ? "; no checkpoint (checkpoint.folder is not set)"
+            : fmt::format("; checkpoint {}/{} (the run resumes from it)", c.checkpoint.folder,
+                          train::checkpoint_folder_name(summary.last.step)));
     std::fputs(said.c_str(), stdout);
     std::fflush(stdout);
     trainer.wait_for_all_ranks();
     return 128 + summary.stopped_by_signal;
   }
-  fmt::print("done: loss {:.4f} -> {:.4f} over {} steps, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
-             summary.first.loss, summary.last.loss, c.training.steps, summary.last.tokens_per_s,
-             several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
-             static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
-  const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
-  if (trainer.estimated_step_ms() > 0)
-    fmt::print("estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps 2..{}), ratio {:.3f}\n",
-               hardware, c.schedule.estimate == train::EstimateMode::benchmark ? "kernels timed here" : "roofline",
-               trainer.estimated_step_ms(), summary.median_step_ms, c.training.steps,
-               summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
+  if (summary.steps_run == 0)
+    fmt::print("nothing to train: {} is at step {}, training.steps is {} (raise it to train on)\n",
+               trainer.resumed_from(), trainer.steps_done(), c.training.steps);
   else
+    fmt::print("done: loss {:.4f} -> {:.4f} over {} steps{}, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
+               summary.first.loss, summary.last.loss, summary.steps_run,
+               trainer.resumed_from().empty() ? "" : fmt::format(" (resumed after step {})", summary.first.step - 1),
+               summary.last.tokens_per_s,
+               several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
+               static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
+  const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
+  if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0)
+    fmt::print("estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps {}..{}), ratio {:.3f}\n",
+               hardware, c.schedule.estimate == train::EstimateMode::benchmark ? "kernels timed here" : "roofline",
+               trainer.estimated_step_ms(), summary.median_step_ms, std::min(summary.first.step + 1, c.training.steps),
+               c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
+  else if (summary.steps_run > 0)
     fmt::print("no estimate of this step on {}: {}\n", hardware, trainer.no_estimate_because());
   if (several) print_did(trainer.rank_reports(), trainer);
   if (trace_path != a.options.end()) {
-    write_text(trace_path->second, trainer.trace());
-    fmt::print("trace of step {}: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", c.training.steps,
-               trace_path->second);
+    const std::string trace = trainer.trace();  // every rank takes part
+    if (summary.steps_run == 0) {
+      fmt::print("no trace: no step ran\n");
+    } else {
+      write_text(trace_path->second, trace);
+      fmt::print("trace of step {}: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", c.training.steps,
+                 trace_path->second);
+    }
   }
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
   if (profile) print_profile(trainer.profile());
+  return 0;
+}
+
+int run_export(const std::string& checkpoint, const std::string& out) {
+  std::string path = checkpoint;
+  if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "metadata.json")) {
+    const auto newest = train::latest_checkpoint(checkpoint);
+    MT_CHECK(newest.has_value() || std::filesystem::exists(std::filesystem::path(checkpoint) / "rank_00000.safetensors"),
+             "export: {} is neither a checkpoint (a folder step_NNNNNN with metadata.json) nor a folder holding a "
+             "complete one", checkpoint);
+    if (newest) path = *newest;
+  }
+  const train::CheckpointInfo info = train::read_checkpoint_info(path);
+  check_output_file(out, "--out");
+  std::map<std::string, Tensor> weights;
+  for (auto& [name, t] : train::load_checkpoint_whole(info))
+    if (!name.starts_with("optimizer.")) weights.emplace(name, std::move(t));
+  train::save_safetensors(out, weights);
+  size_t count = 0;
+  for (const auto& [name, t] : weights) count += static_cast<size_t>(t.shape().numel());
+  fmt::print("exported {} (step {}): {} tensors, {:.2f}M parameters, to {}\n", path, info.state.step, weights.size(),
+             static_cast<double>(count) / 1e6, out);
   return 0;
 }
 

@@ -136,25 +136,34 @@ int64_t copy_overlap(const Tensor& from, const std::vector<std::vector<int64_t>>
   return copied;
 }
 
-// Every rank learns whether any failed; the lowest that did throws its
-// failure and takes the job down, the others wait for that.
-void fail_together(const std::string& failure, comm::ProcessGroup* world) {
-  if (world == nullptr) {
-    MT_CHECK(failure.empty(), "{}", failure);
-    return;
-  }
+}  // namespace
+
+namespace {
+// The lowest rank whose `failure` is set, or the world's size when none is (a collective).
+int first_failed(const std::string& failure, comm::ProcessGroup* world) {
+  if (world == nullptr) return failure.empty() ? 1 : 0;
   Tensor first = Tensor::empty({1}, DType::f64);
   first.data<double>()[0] = failure.empty() ? world->size() : world->rank();
   world->all_reduce(first, comm::ReduceOp::min)->wait();
-  const auto failed = static_cast<int>(first.data<double>()[0]);
-  if (failed == world->size()) return;
-  if (failed != world->rank()) {
+  return static_cast<int>(first.data<double>()[0]);
+}
+
+void throw_failure(int failed, const std::string& failure, comm::ProcessGroup* world) {
+  const int me = world ? world->rank() : 0;
+  if (failed == (world ? world->size() : 1)) return;
+  if (failed != me) {
     world->barrier()->wait();  // until the failing rank ends the job
     throw Error(fmt::format("rank {} failed to save or load a checkpoint (its error says why)", failed));
   }
   throw Error(failure);
 }
+}  // namespace
 
+void fail_together(const std::string& failure, comm::ProcessGroup* world) {
+  throw_failure(first_failed(failure, world), failure, world);
+}
+
+namespace {
 void sync_directory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) return;
@@ -214,7 +223,16 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
   } catch (const std::exception& e) {
     failure = fmt::format("writing checkpoint {} failed: {}", final_path, e.what());
   }
-  fail_together(failure, where.world);
+  // Nothing of a failed save is left: the partial folder goes.
+  const auto remove_partial_and_fail = [&] {
+    const int failed = first_failed(failure, where.world);
+    if (failed != ranks && rank == 0) {
+      std::error_code ec;
+      fs::remove_all(partial, ec);
+    }
+    throw_failure(failed, failure, where.world);
+  };
+  remove_partial_and_fail();
   Tensor records = Tensor::zeros({2 * ranks}, DType::i64);
   if (where.world)
     where.world->all_gather(record, records)->wait();
@@ -259,7 +277,7 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
       failure = fmt::format("completing checkpoint {} failed: {}", final_path, e.what());
     }
   }
-  fail_together(failure, where.world);
+  remove_partial_and_fail();
   return final_path;
 }
 
@@ -403,9 +421,25 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
 
 std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkpoint) {
   std::vector<HeldTensor> tensors;
-  for (const auto& [name, t] : checkpoint.metadata.at("tensors").items()) {
-    const Shape shape(t.at("shape").get<std::vector<int64_t>>());
-    tensors.push_back({name, shape, {}, Tensor::empty(shape, parse_dtype(t.at("dtype").get<std::string>()))});
+  try {
+    // The files hold every element once at least: metadata that says more
+    // than they can hold is refused before anything that large is allocated.
+    int64_t stored = 0, wanted = 0;
+    for (const auto& f : checkpoint.metadata.at("files"))
+      stored += static_cast<int64_t>(fs::file_size(fs::path(checkpoint.path) / f.at("file").get<std::string>()));
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const auto& [name, t] : checkpoint.metadata.at("tensors").items()) {
+      shapes.emplace_back(name, Shape(t.at("shape").get<std::vector<int64_t>>()));
+      wanted += shapes.back().second.numel() *
+                static_cast<int64_t>(dtype_size(parse_dtype(t.at("dtype").get<std::string>())));
+      MT_CHECK(wanted <= stored, "its tensors need more bytes than its files hold ({}): the metadata is damaged",
+               stored);
+    }
+    for (const auto& [name, shape] : shapes)
+      tensors.push_back({name, shape, {},
+                         Tensor::empty(shape, parse_dtype(checkpoint.metadata.at("tensors").at(name).at("dtype").get<std::string>()))});
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint {}: {}", checkpoint.path, e.what()));
   }
   load_checkpoint(checkpoint, tensors, {});
   std::map<std::string, Tensor> whole;

@@ -81,6 +81,11 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
 // Every tensor of the checkpoint whole (for export), on this process alone.
 std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkpoint);
 
+// Every rank learns whether any rank's `failure` is set; the lowest such
+// rank throws it (and takes the job down), the others wait for that, so the
+// error is said once. With no world, throws `failure` if set.
+void fail_together(const std::string& failure, comm::ProcessGroup* world);
+
 // Deletes all but the newest `keep` complete checkpoints in `folder`
 // (keep <= 0: none deleted).
 void keep_latest_checkpoints(const std::string& folder, int keep);

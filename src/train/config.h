@@ -48,6 +48,9 @@ struct TrainConfig {
     std::string init_from;
     std::string folder;
     int64_t interval = 0;  // 0: only at the end (when folder is set)
+    int64_t load_step = 0;    // the step to resume from; 0: the newest complete checkpoint in folder
+    int64_t keep_latest_k = 0;  // checkpoints kept in folder; 0: all
+    std::string export_file;  // whole weights as Hugging Face safetensors after the last step; "": none
   } checkpoint;
   struct {
     std::string file;

@@ -56,6 +56,14 @@ TokenLoader::TokenLoader(const std::string& path, int64_t batch, int64_t seq_len
 
 int64_t TokenLoader::max_token() const { return tokens_.empty() ? -1 : *std::max_element(tokens_.begin(), tokens_.end()); }
 
+void TokenLoader::set_cursor(int64_t cursor) {
+  const int64_t n = batch_ * seq_len_;
+  MT_CHECK(cursor >= 0 && cursor % n == 0 && cursor + n + 1 <= num_tokens(),
+           "data cursor {} is not where a batch of {} tokens starts in {} tokens of data: the data file or "
+           "data.batch_size x data.seq_len changed since the checkpoint", cursor, n, num_tokens());
+  cursor_ = cursor;
+}
+
 void TokenLoader::next(Tensor& inputs, Tensor& targets) {
   const int64_t n = batch_ * seq_len_;
   auto in = inputs.data<int64_t>(), out = targets.data<int64_t>();

@@ -20,6 +20,10 @@ class TokenLoader {
   void next(Tensor& inputs, Tensor& targets);
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
   int64_t max_token() const;
+  // Where the next batch starts (a checkpoint keeps it); set_cursor throws
+  // for a position no batch of this loader starts at.
+  int64_t cursor() const { return cursor_; }
+  void set_cursor(int64_t cursor);
 
  private:
   std::vector<int64_t> tokens_;

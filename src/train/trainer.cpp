@@ -42,7 +42,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
   if (config_.schedule.estimate == EstimateMode::benchmark) check_benchmark_hardware(scheduling_hardware(config_));
-  init_parameters();
+  const std::optional<CheckpointInfo> resume_from = checkpoint_to_resume();
+  init_parameters(!resume_from);
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
@@ -87,8 +88,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
     const Tensor& p = params_.at(name);
     ex.bind(part.run_value(v), p);
     const DType state = config_.optimizer.state_dtype;
-    ex.bind(part.run_value(sg.exp_avg.at(name)), Tensor::zeros(p.shape(), state));
-    ex.bind(part.run_value(sg.exp_avg_sq.at(name)), Tensor::zeros(p.shape(), state));
+    ex.bind(part.run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
+    ex.bind(part.run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
   }
   ex.bind(part.run_value(sg.model.tokens), tokens_);
   ex.bind(part.run_value(sg.model.targets), targets_);
@@ -98,6 +99,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   const auto delivered = delivered_outputs(part.graph, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
+  if (resume_from) resume(*resume_from);
 }
 
 std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running) {
@@ -387,9 +389,9 @@ void Trainer::wait_for_all_ranks() {
   if (world_) world_->barrier()->wait();
 }
 
-void Trainer::init_parameters() {
+void Trainer::init_parameters(bool from_init_file) {
   const auto specs = models::llama_parameters(config_.model);
-  if (config_.checkpoint.init_from.empty()) {
+  if (config_.checkpoint.init_from.empty() || !from_init_file) {
     params_ = models::initial_parameters(specs, static_cast<uint64_t>(config_.training.seed));
     return;
   }
@@ -409,6 +411,95 @@ void Trainer::init_parameters() {
   }
 }
 
+namespace {
+// The keys a checkpoint must have been saved with to resume this run: the
+// model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
+nlohmann::json checkpoint_config(const TrainConfig& c) {
+  const models::LlamaConfig& m = c.model;
+  return {{"model.dim", m.dim},           {"model.n_layers", m.n_layers},     {"model.n_heads", m.n_heads},
+          {"model.n_kv_heads", m.n_kv_heads}, {"model.ffn_dim", m.ffn_dim},   {"model.vocab_size", m.vocab_size},
+          {"model.norm_eps", m.norm_eps}, {"model.rope_theta", m.rope_theta}, {"model.tie_embeddings", m.tie_embeddings},
+          {"optimizer.state_dtype", std::string(dtype_name(c.optimizer.state_dtype))}};
+}
+}  // namespace
+
+std::optional<CheckpointInfo> Trainer::checkpoint_to_resume() const {
+  const auto& ck = config_.checkpoint;
+  MT_CHECK(ck.load_step == 0 || !ck.folder.empty(),
+           "checkpoint.load_step {} needs checkpoint.folder, the folder that holds step {}", ck.load_step, ck.load_step);
+  if (ck.folder.empty()) return std::nullopt;
+  if (ck.load_step > 0) {
+    const std::string path = (std::filesystem::path(ck.folder) / checkpoint_folder_name(ck.load_step)).string();
+    if (!std::filesystem::is_directory(path)) {
+      const auto newest = latest_checkpoint(ck.folder);
+      throw InvalidArgument(fmt::format("checkpoint.load_step {}: there is no checkpoint {} ({}); set 0 for the newest",
+                                        ck.load_step, path, newest ? "the newest complete one is " + *newest
+                                                                   : "there is no complete one in " + ck.folder));
+    }
+    return read_checkpoint_info(path);
+  }
+  const auto newest = latest_checkpoint(ck.folder);
+  if (!newest) return std::nullopt;
+  return read_checkpoint_info(*newest);
+}
+
+void Trainer::resume(const CheckpointInfo& checkpoint) {
+  std::string failure;
+  try {
+    const nlohmann::json mine = checkpoint_config(config_);
+    for (const auto& [key, value] : mine.items()) {
+      const auto& saved = checkpoint.state.config;
+      MT_CHECK(saved.contains(key) && saved.at(key) == value,
+               "checkpoint {} was saved with {} = {}, this run has {}: resume with the same [model] keys and "
+               "optimizer.state_dtype, or train in another checkpoint.folder (meshtrain export makes a Hugging Face "
+               "file of it for checkpoint.init_from)", checkpoint.path, key,
+               saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
+    }
+    loader_.set_cursor(checkpoint.state.data_cursor);
+  } catch (const std::exception& e) {
+    failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
+  }
+  fail_together(failure, world_.get());
+  std::vector<HeldTensor> held = held_tensors();
+  load_checkpoint(checkpoint, held, checkpoint_rank());
+  steps_done_ = checkpoint.state.step;
+  updates_applied_ = checkpoint.state.updates_applied;
+  cursor_before_step_ = checkpoint.state.data_cursor;
+  resumed_from_ = checkpoint.path;
+}
+
+std::vector<HeldTensor> Trainer::held_tensors() {
+  const ModelPart& part = loss_part();
+  const TrainStepGraph& sg = part.step_graph;
+  std::vector<HeldTensor> held;
+  const auto layout = [&](graph::ValueId v) { return world_ ? sharding_.values.at(v) : sharding::Layout{}; };
+  for (const auto& [name, v] : sg.model.params) {
+    const Shape& shape = part.graph.value(v).info.shape;
+    held.push_back({name, shape, layout(v), params_.at(name)});
+    held.push_back({"optimizer.exp_avg." + name, shape, layout(sg.exp_avg.at(name)), exp_avg_.at(name)});
+    held.push_back({"optimizer.exp_avg_sq." + name, shape, layout(sg.exp_avg_sq.at(name)), exp_avg_sq_.at(name)});
+  }
+  return held;
+}
+
+CheckpointRank Trainer::checkpoint_rank() const {
+  if (!world_) return {};
+  return {&groups_->mesh(), groups_->coordinate(), world_.get()};
+}
+
+std::string Trainer::save_checkpoint(int64_t step) {
+  MT_CHECK(step == steps_done_ || step == steps_done_ - 1, "Trainer::save_checkpoint: step {} is neither the last "
+           "step done ({}) nor the one before", step, steps_done_);
+  const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
+  const std::string path = train::save_checkpoint(config_.checkpoint.folder,
+                                                  {step, updates_applied_, cursor, checkpoint_config(config_)},
+                                                  held_tensors(), checkpoint_rank());
+  if (rank() == 0)
+    keep_latest_checkpoints(config_.checkpoint.folder,
+                            static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
+  return path;
+}
+
 size_t Trainer::parameter_count() const {
   size_t n = 0;  // the whole model's, whatever this rank holds
   for (const auto& [name, spec] : models::llama_parameters(config_.model)) n += static_cast<size_t>(spec.shape.numel());
@@ -423,6 +514,7 @@ StepMetrics Trainer::step() {
   peak_before_step_ = std::max(peak_before_step_, default_allocator().stats().peak_bytes);
   default_allocator().reset_peak();
   m.lr = config_.lr_at(m.step);
+  cursor_before_step_ = loader_.cursor();
   if (world_) {
     // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
     loader_.next(global_tokens_, global_targets_);
@@ -572,23 +664,32 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   if (!config_.metrics.file.empty() && rank() == 0) {
     check_output_path(config_, config_.metrics.file, "metrics.file");
     check_output_file(config_.metrics.file, "metrics.file");
-    metrics.open(config_.metrics.file);
+    // A resumed run adds to the file (steps after the checkpoint that were
+    // logged before the stop appear again, as they are run again).
+    metrics.open(config_.metrics.file, resumed_from_.empty() ? std::ios::trunc : std::ios::app);
     MT_CHECK(metrics.good(), "cannot write metrics file '{}': {}", config_.metrics.file, std::strerror(errno));
   }
   if (!config_.checkpoint.folder.empty() && rank() == 0)
     check_writable_directory(config_.checkpoint.folder, "checkpoint.folder");
+  if (!config_.checkpoint.export_file.empty() && rank() == 0) {
+    check_output_path(config_, config_.checkpoint.export_file, "checkpoint.export");
+    check_output_file(config_.checkpoint.export_file, "checkpoint.export");
+  }
   // A live line (carriage returns) on a terminal; not under mpirun, whose
   // forwarded output runs such lines together.
   const bool live = progress && isatty(fileno(progress)) && num_ranks() == 1;
   auto checkpoint = [&](int64_t s) {
-    const std::string path = fmt::format("{}/step_{:06d}.safetensors", config_.checkpoint.folder, s);
-    save(path);
+    const std::string path = save_checkpoint(s);
     say(progress, "{}saved {}\n", live ? "\n" : "", path);
   };
   Summary summary;
   StepMetrics& last = summary.last;
   std::vector<double> step_ms;  // after the first
-  for (int64_t s = 1; s <= config_.training.steps; ++s) {
+  const int64_t start = steps_done_;  // 0, or the step resumed from (its state is saved already)
+  if (!resumed_from_.empty())
+    say(progress, "resumed from {}: step {} done, {} to go\n", resumed_from_, start,
+        std::max<int64_t>(0, config_.training.steps - start));
+  for (int64_t s = start + 1; s <= config_.training.steps; ++s) {
     try {
       last = step();
     } catch (const NonFiniteStep& e) {
@@ -598,15 +699,19 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
         say(progress, "{}step {:>5}/{}  skipped: gradient norm {} (loss {}), no update; {} skipped so far\n",
             live ? "\n" : "", s, config_.training.steps, last.grad_norm, last.loss, last.skipped_steps);
       } else {
-        // The weights are still the last good step's: keep them, unless that
-        // step's checkpoint is already written, then report once.
-        const bool saved = config_.checkpoint.interval > 0 && (s - 1) % config_.checkpoint.interval == 0;
-        if (!config_.checkpoint.folder.empty() && s > 1 && !saved) checkpoint(s - 1);
+        // Keep the state as it is (the last good step's when the update was
+        // not applied), unless that step's checkpoint is written already,
+        // then report once.
+        const int64_t kept = e.update_applied ? s : s - 1;
+        const bool saved = kept == start || (kept == s - 1 && config_.checkpoint.interval > 0 &&
+                                             kept % config_.checkpoint.interval == 0);
+        if (!config_.checkpoint.folder.empty() && !saved) checkpoint(kept);
         if (world_ && rank() != 0) world_->barrier()->wait();  // rank 0 reports and takes the job down
         throw;
       }
     }
-    if (s == 1) summary.first = last;
+    ++summary.steps_run;
+    if (s == start + 1) summary.first = last;
     else step_ms.push_back(last.step_ms);
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
     const int ranks = num_ranks();
@@ -664,7 +769,12 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   std::sort(step_ms.begin(), step_ms.end());
   summary.median_step_ms = step_ms.empty() ? summary.first.step_ms : step_ms[(step_ms.size() - 1) / 2];
   if (live) say(progress, "\n");
-  if (!config_.checkpoint.folder.empty() && summary.stopped_by_signal == 0) checkpoint(config_.training.steps);
+  if (summary.stopped_by_signal != 0) return summary;
+  if (!config_.checkpoint.folder.empty() && summary.steps_run > 0) checkpoint(config_.training.steps);
+  if (!config_.checkpoint.export_file.empty()) {
+    save(config_.checkpoint.export_file);
+    say(progress, "exported the weights to {}\n", config_.checkpoint.export_file);
+  }
   return summary;
 }
 

@@ -18,6 +18,7 @@
 #include "sharding/planner.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/train_step.h"
@@ -155,6 +156,7 @@ class Trainer {
   struct Summary {
     StepMetrics first, last;
     double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one
+    int64_t steps_run = 0;      // by this call: fewer than training.steps after a resume or a stop
     int stopped_by_signal = 0;  // SIGTERM, SIGINT or SIGUSR1: the run stopped after step last.step (0: it ran every step)
   };
   // All configured steps: metrics to config.metrics.file, progress to
@@ -166,9 +168,16 @@ class Trainer {
   // Parameters by Hugging Face name (the live buffers: this rank's shards
   // when the step is laid out on several ranks).
   const std::map<std::string, Tensor>& parameters() const { return params_; }
-  // Whole parameters to a safetensors file. On several ranks every rank
-  // must call it (the shards are gathered); rank 0 writes.
+  // Whole parameters to a Hugging Face safetensors file. On several ranks
+  // every rank must call it (the shards are gathered); rank 0 writes.
   void save(const std::string& path);
+  // The state after `step` (this rank's shards of the parameters and AdamW
+  // moments, the step, the data cursor) as a checkpoint folder in
+  // checkpoint.folder (train/checkpoint.h); every rank calls it. Returns its path.
+  std::string save_checkpoint(int64_t step);
+  // The checkpoint this trainer resumed from ("" when it started afresh) and its step.
+  const std::string& resumed_from() const { return resumed_from_; }
+  int64_t steps_done() const { return steps_done_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
   const sharding::DeviceMesh& mesh() const { return groups_->mesh(); }  // several ranks only
@@ -201,7 +210,13 @@ class Trainer {
   std::vector<runtime::Executor::OpTime> profile() const;  // every part's, slowest op first
 
  private:
-  void init_parameters();
+  void init_parameters(bool from_init_file);  // false: the seeded values (a checkpoint will replace them)
+  // The checkpoint to resume from: checkpoint.load_step's, or the newest
+  // complete one in checkpoint.folder; none to start afresh.
+  std::optional<CheckpointInfo> checkpoint_to_resume() const;
+  void resume(const CheckpointInfo& checkpoint);
+  std::vector<HeldTensor> held_tensors();  // parameters and moments, as this rank holds them
+  CheckpointRank checkpoint_rank() const;
   RankReport own_report() const;
 
   // A piece of the model with its own step graph and executor, run in order
@@ -237,6 +252,9 @@ class Trainer {
   std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
   TokenLoader loader_;
   std::map<std::string, Tensor> params_;
+  std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
+  std::string resumed_from_;
+  int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
   Tensor tokens_, targets_, lr_, step_;
   graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
   int64_t steps_done_ = 0;

@@ -21,9 +21,10 @@ rc=$?
 [ "$(grep -c 'the update was not applied' <<<"$out")" = 1 ] || { echo "$out"; fail "the non-finite step's error is not printed exactly once"; }
 step=$(sed -n 's/.*error: step \([0-9]*\): the gradient norm is.*/\1/p' <<<"$out")
 [ -n "$step" ] && [ "$step" -ge 2 ] || { echo "$out"; fail "no step named, or the first step diverged"; }
-good=$(printf 'step_%06d.safetensors' $((step - 1)))
+good=$(printf 'step_%06d' $((step - 1)))
 [ "$(ls "$dir/ckpt")" = "$good" ] || { ls "$dir/ckpt"; fail "expected only $good in the checkpoint folder"; }
-python3 - "$dir/ckpt/$good" <<'PY' || exit 1
+"$meshtrain" export --checkpoint "$dir/ckpt/$good" --out "$dir/good.safetensors" >/dev/null || fail "export of $good failed"
+python3 - "$dir/good.safetensors" <<'PY' || exit 1
 import json, math, struct, sys
 from array import array
 data = open(sys.argv[1], "rb").read()
@@ -42,7 +43,7 @@ for name, t in header.items():
     if bad:
         sys.exit(f"FAIL: {name} holds {bad} non-finite values")
     count += len(values)
-print(f"checkpoint {sys.argv[1].rsplit('/', 1)[1]}: {count} values, all finite")
+print(f"checkpoint exported: {count} values, all finite")
 PY
 echo "step $step: gradient norm not finite, one error, every rank exited $rc; $good kept"
 

@@ -6,8 +6,9 @@
 # (uneven parameter shards) on a small Llama (8 query heads over 4 kv heads),
 # 20 steps with warmup, cosine decay, weight decay and active clipping.
 # Every step's loss and gradient norm must match the single-rank run within
-# 1e-5 relative; the gathered checkpoint must match the single-rank one
-# within 1e-4. FSDP 2 x TP 2 in bf16 (gathered and reduced in bf16) must
+# 1e-5 relative; the gathered weights (checkpoint.export) must match the
+# single-rank ones within 1e-4, and each run's sharded checkpoint, put back
+# together by meshtrain export, must be those gathered weights bitwise. FSDP 2 x TP 2 in bf16 (gathered and reduced in bf16) must
 # track one rank's bf16 run within 2%. Bad [parallel] input must fail on
 # every rank with one message. FSDP 2 x TP 2 from the committed PyTorch
 # reference's weights matches its losses within 1e-4.
@@ -26,12 +27,18 @@ run() {  # NAME NP [KEY VALUE ...]
   local launch=()
   [ "$np" -gt 1 ] && launch=($mpirun -np "$np")
   timeout 300 "${launch[@]}" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" \
-    --checkpoint.folder "$dir/$name" "$@" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+    --checkpoint.folder "$dir/$name" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
+    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
   tail -n 3 "$dir/$name.out"
+  # The sharded checkpoint (every rank's pieces) put back together is the gathered export, bitwise.
+  "$meshtrain" export --checkpoint "$dir/$name" --out "$dir/$name.from_shards.safetensors" > /dev/null ||
+    fail "$name: export of its checkpoint failed"
+  cmp -s "$dir/$name.safetensors" "$dir/$name.from_shards.safetensors" ||
+    fail "$name: its sharded checkpoint exported differs from the weights gathered at the end"
 }
 compare() {  # NAME [BASE [TOLERANCE CHECKPOINT_TOLERANCE]]: against BASE's run (default: one)
   local base=${2:-one}
-  python3 - "$dir/$base.jsonl" "$dir/$1.jsonl" "$dir/$base/step_000020.safetensors" "$dir/$1/step_000020.safetensors" \
+  python3 - "$dir/$base.jsonl" "$dir/$1.jsonl" "$dir/$base.safetensors" "$dir/$1.safetensors" \
     "$1" "${3:-1e-5}" "${4:-1e-4}" <<'PY' || exit 1
 import json, struct, sys
 one, other, ck_one, ck_other, name, tolerance, ck_tolerance = sys.argv[1:]

@@ -13,6 +13,7 @@
 #include "comm/local_backend.h"
 #include "test_util.h"
 #include "train/safetensors.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -290,8 +291,12 @@ TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
   std::vector<std::string> saved;
   for (const auto& f : std::filesystem::directory_iterator(c.checkpoint.folder)) saved.push_back(f.path().filename());
   ASSERT_EQ(saved.size(), 1u);  // the last good step's, nothing after it
-  for (const auto& [name, t] : train::load_safetensors(c.checkpoint.folder + "/" + saved[0]))
-    for (float x : t.data<const float>()) ASSERT_TRUE(std::isfinite(x)) << name << " in " << saved[0];
+  const auto checkpoint = train::read_checkpoint_info(c.checkpoint.folder + "/" + saved[0]);
+  EXPECT_EQ(checkpoint.state.step, checkpoint.state.updates_applied);  // every step before it applied its update
+  for (const auto& [name, t] : train::load_checkpoint_whole(checkpoint)) {
+    const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+    for (float x : values.data<const float>()) ASSERT_TRUE(std::isfinite(x)) << name << " in " << saved[0];
+  }
   std::filesystem::remove_all(c.checkpoint.folder);
 }
 
@@ -342,4 +347,62 @@ TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
   while (std::getline(metrics, line)) last_line = line;
   EXPECT_EQ(nlohmann::json::parse(last_line).at("skipped_steps").get<int64_t>(), c.training.steps - first_bad + 1);
   std::filesystem::remove(c.metrics.file);
+}
+
+// Exact resume on one process: 10 steps, a checkpoint, a new Trainer that
+// resumes from it for 10 more: the losses and gradient norms of steps
+// 11..20 are bitwise those of 20 steps straight (weights, AdamW moments,
+// its step count and the data cursor all come back). A checkpoint of
+// another model is refused naming the key; load_step names what there is.
+TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  c.training.steps = 20;
+  c.lr_scheduler.warmup_steps = 3;
+  std::vector<train::StepMetrics> straight;
+  {
+    train::Trainer trainer(c);
+    for (int s = 1; s <= 20; ++s) straight.push_back(trainer.step());
+  }
+  c.checkpoint.folder = ::testing::TempDir() + "/resume_ckpt";
+  std::filesystem::remove_all(c.checkpoint.folder);
+  {
+    train::Trainer trainer(c);
+    EXPECT_EQ(trainer.resumed_from(), "");
+    for (int s = 1; s <= 10; ++s) trainer.step();
+    trainer.save_checkpoint(10);
+  }
+  {
+    train::Trainer trainer(c);
+    EXPECT_EQ(trainer.resumed_from(), c.checkpoint.folder + "/step_000010");
+    EXPECT_EQ(trainer.steps_done(), 10);
+    for (int s = 11; s <= 20; ++s) {
+      const train::StepMetrics m = trainer.step();
+      EXPECT_EQ(m.step, s);
+      EXPECT_EQ(m.loss, straight[static_cast<size_t>(s - 1)].loss) << "step " << s;
+      EXPECT_EQ(m.grad_norm, straight[static_cast<size_t>(s - 1)].grad_norm) << "step " << s;
+      EXPECT_EQ(m.lr, straight[static_cast<size_t>(s - 1)].lr) << "step " << s;
+    }
+  }
+  train::TrainConfig other = c;
+  other.model.norm_eps = 1e-6;
+  try {
+    train::Trainer trainer(other);
+    ADD_FAILURE() << "resumed a checkpoint of another model";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "was saved with model.norm_eps = 1e-05, this run has 1e-06")) << e.what();
+  }
+  other = c;
+  other.checkpoint.load_step = 7;
+  try {
+    train::Trainer trainer(other);
+    ADD_FAILURE() << "loaded a step that is not there";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "checkpoint.load_step 7: there is no checkpoint")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "the newest complete one is " + c.checkpoint.folder + "/step_000010")) << e.what();
+  }
+  std::filesystem::remove_all(c.checkpoint.folder);
 }

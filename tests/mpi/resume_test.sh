@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Exact resume and resharding on load: 20 steps straight with FSDP 2 x TP 2
+# on 4 ranks (a checkpoint at step 10 and 20, cosine decay with warmup),
+# then its step-10 checkpoint alone in a new checkpoint.folder, resumed to
+# step 20:
+#   - on the same layout: steps 11..20 bitwise the straight run's losses and
+#     gradient norms, and the step-20 checkpoint bitwise the straight one's;
+#   - with TP 4, DDP 2 and on one process: within 1e-5 relative.
+# Also: keep_latest_k, load_step, and a folder whose newest step was not
+# completed (step_N.tmp) resumes from the complete one before it.
+# Usage: resume_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+set -u
+mpirun=$1 meshtrain=$2 src=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$src"
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
+       --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1
+       --checkpoint.interval 10)
+run() {  # NAME NP [KEY VALUE ...]: trains in $dir/NAME, metrics to $dir/NAME.jsonl
+  local name=$1 np=$2
+  shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=($mpirun -np "$np")
+  timeout 300 "${launch[@]}" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" \
+    --checkpoint.folder "$dir/$name" "$@" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+}
+resume() {  # NAME NP [KEY VALUE ...]: from the straight run's step 10
+  mkdir -p "$dir/$1"
+  cp -r "$dir/straight/step_000010" "$dir/$1/"
+  run "$@"
+  grep -q "resumed from $dir/$1/step_000010: step 10 done, 10 to go" "$dir/$1.out" ||
+    { cat "$dir/$1.out"; fail "$1 did not resume from step 10"; }
+}
+compare() {  # NAME TOLERANCE (0: bitwise)
+  python3 - "$dir/straight.jsonl" "$dir/$1.jsonl" "$1" "$2" <<'PY' || exit 1
+import json, sys
+straight, resumed, name, tolerance = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+a = {x["step"]: x for x in map(json.loads, open(straight))}
+b = [json.loads(l) for l in open(resumed)]
+assert [x["step"] for x in b] == list(range(11, 21)), f"{name}: steps {[x['step'] for x in b]} logged, expected 11..20"
+worst = 0.0
+for y in b:
+    x = a[y["step"]]
+    for key in ("loss", "grad_norm"):
+        rel = abs(x[key] - y[key]) / abs(x[key])
+        worst = max(worst, rel)
+        if (tolerance == 0 and x[key] != y[key]) or rel > tolerance:
+            sys.exit(f"FAIL: {name} step {y['step']} {key}: {y[key]!r} vs the straight run's {x[key]!r}")
+print(f"{name}: steps 11..20 {'bitwise' if worst == 0 else f'within {worst:.1e} relative of'} the straight run's loss and grad_norm")
+PY
+}
+
+fsdp_tp=(--parallel.dp_shard 2 --parallel.tp 2)
+run straight 4 "${fsdp_tp[@]}"
+[ "$(ls "$dir/straight")" = "$(printf 'step_000010\nstep_000020')" ] || { ls "$dir/straight"; fail "expected step_000010 and step_000020"; }
+
+resume same 4 "${fsdp_tp[@]}"
+compare same 0
+diff -r "$dir/straight/step_000020" "$dir/same/step_000020" >/dev/null ||
+  fail "the resumed run's step-20 checkpoint differs from the straight run's"
+echo "same layout: the step-20 checkpoint is bitwise the straight run's"
+resume tp4 4 --parallel.dp_shard 1 --parallel.tp 4
+compare tp4 1e-5
+resume ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
+compare ddp2 1e-5
+resume one 1
+compare one 1e-5
+
+# A save that did not finish (step_000030.tmp) and a folder without metadata are passed over.
+mkdir -p "$dir/partial/step_000030.tmp" "$dir/partial/step_000040"
+cp -r "$dir/straight/step_000010" "$dir/partial/"
+run partial 2 --training.steps 12 --checkpoint.keep_latest_k 1
+grep -q "resumed from $dir/partial/step_000010" "$dir/partial.out" || { cat "$dir/partial.out"; fail "partial: not resumed from step 10"; }
+# keep_latest_k 1: only step 12 is left of the complete ones (the incomplete folders are not touched).
+[ "$(ls "$dir/partial" | tr '\n' ' ')" = "step_000012 step_000030.tmp step_000040 " ] ||
+  { ls "$dir/partial"; fail "keep_latest_k 1 left other checkpoints"; }
+echo "an unfinished save is passed over; keep_latest_k 1 keeps only the newest"
+
+# load_step: a step that is not there is an error naming the newest.
+out=$(timeout 60 "$meshtrain" train "${model[@]}" --metrics.file "" --checkpoint.folder "$dir/straight" \
+      --checkpoint.load_step 15 2>&1)
+[ $? -ne 0 ] && grep -q "checkpoint.load_step 15: there is no checkpoint .*step_000015 (the newest complete one is .*step_000020)" <<<"$out" ||
+  { echo "$out"; fail "load_step of a missing step"; }
+# A resumed run past training.steps trains nothing, and says so.
+out=$(timeout 60 "$meshtrain" train "${model[@]}" --metrics.file "" --checkpoint.folder "$dir/straight" 2>&1)
+[ $? -eq 0 ] && grep -q "nothing to train: .*step_000020 is at step 20, training.steps is 20" <<<"$out" ||
+  { echo "$out"; fail "resuming a finished run"; }
+echo "load_step of a missing step and a finished run: clear messages"
+echo PASS
