@@ -3,7 +3,8 @@
 #   1. Release build: unit tests, mpirun tests (2, 3 and 4 ranks), install test;
 #   2. Debug build with AddressSanitizer + UBSan: the unit tests again;
 #   3. the fuzzers of fuzz/ for 10 s each (scripts/fuzz.sh runs them longer).
-# Labels let parts run apart: ctest -L unit | mpi | install.
+# Labels let parts run apart: ctest -L unit | mpi | install; slow marks the
+# long ones (ctest -LE slow leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -18,5 +19,5 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESH
 cmake --build build-asan -j "$jobs" --target unit_tests meshtrain
 (cd build-asan && ctest -L unit -j "$jobs" --output-on-failure)
 
-echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles), 10 s each"
+echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles, checkpoints), 10 s each"
 scripts/fuzz.sh 10

@@ -188,51 +188,63 @@ std::optional<sharding::DeviceMesh> mesh_from(const nlohmann::json& m, const std
 
 std::string checkpoint_folder_name(int64_t step) { return fmt::format("step_{:06d}", step); }
 
-std::string save_checkpoint(const std::string& folder, const CheckpointState& state,
-                            const std::vector<HeldTensor>& tensors, const CheckpointRank& where) {
-  const int rank = rank_of(where), ranks = ranks_of(where);
-  const std::string final_path = (fs::path(folder) / checkpoint_folder_name(state.step)).string();
-  const std::string partial = final_path + ".tmp";
+PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointState& state,
+                                   const std::vector<HeldTensor>& tensors, const CheckpointRank& where) {
+  PendingCheckpoint save;
+  save.folder = folder;
+  save.final_path = (fs::path(folder) / checkpoint_folder_name(state.step)).string();
+  save.partial = save.final_path + ".tmp";
+  save.state = state;
+  save.where = where;
   std::string failure;
-  if (rank == 0) {
+  if (rank_of(where) == 0) {
     try {  // a partial folder of an earlier try goes
-      fs::remove_all(partial);
-      fs::create_directories(partial);
+      fs::remove_all(save.partial);
+      fs::create_directories(save.partial);
     } catch (const std::exception& e) {
-      failure = fmt::format("cannot make checkpoint folder {}: {}", partial, e.what());
+      failure = fmt::format("cannot make checkpoint folder {}: {}", save.partial, e.what());
     }
+  }
+  for (const HeldTensor& t : tensors) {
+    if (where.mesh != nullptr && t.layout.has_partial() && failure.empty())
+      failure = fmt::format("checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values "
+                            "are saved", t.name, t.layout.to_string());
+    save.described.push_back({t.name, t.global_shape, t.local.dtype(), where.mesh ? t.layout.to_string() : ""});
+    if (where.mesh == nullptr || writes_piece(t.layout, where.coordinate)) save.pieces[t.name] = t.local;
   }
   fail_together(failure, where.world);  // also: the folder exists before any rank writes into it
+  return save;
+}
 
-  // This rank's pieces, then the file's size and checksum as it reads back.
-  const std::string file = (fs::path(partial) / rank_file_name(rank)).string();
-  Tensor record = Tensor::zeros({2}, DType::i64);  // bytes, checksum
+void write_checkpoint_file(PendingCheckpoint& save) {
+  const std::string file = (fs::path(save.partial) / rank_file_name(rank_of(save.where))).string();
   try {
-    std::map<std::string, Tensor> pieces;
-    for (const HeldTensor& t : tensors) {
-      MT_CHECK(where.mesh == nullptr || !t.layout.has_partial(),
-               "checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values are saved",
-               t.name, t.layout.to_string());
-      if (where.mesh == nullptr || writes_piece(t.layout, where.coordinate)) pieces[t.name] = t.local;
-    }
-    save_safetensors(file, pieces);
-    const std::string bytes = read_file_bytes(file);
-    record.data<int64_t>()[0] = static_cast<int64_t>(bytes.size());
-    const uint64_t sum = checksum_of(bytes);
-    std::memcpy(&record.data<int64_t>()[1], &sum, sizeof(sum));
+    save_safetensors(file, save.pieces);
+    const std::string bytes = read_file_bytes(file);  // its size and checksum as it reads back
+    save.file_bytes = static_cast<int64_t>(bytes.size());
+    save.checksum = checksum_of(bytes);
   } catch (const std::exception& e) {
-    failure = fmt::format("writing checkpoint {} failed: {}", final_path, e.what());
+    save.failure = fmt::format("writing checkpoint {} failed: {}", save.final_path, e.what());
   }
+  save.pieces.clear();  // the snapshot's memory goes as soon as it is written
+}
+
+std::string complete_checkpoint(PendingCheckpoint& save) {
+  const CheckpointRank& where = save.where;
+  const int rank = rank_of(where), ranks = ranks_of(where);
   // Nothing of a failed save is left: the partial folder goes.
   const auto remove_partial_and_fail = [&] {
-    const int failed = first_failed(failure, where.world);
+    const int failed = first_failed(save.failure, where.world);
     if (failed != ranks && rank == 0) {
       std::error_code ec;
-      fs::remove_all(partial, ec);
+      fs::remove_all(save.partial, ec);
     }
-    throw_failure(failed, failure, where.world);
+    throw_failure(failed, save.failure, where.world);
   };
   remove_partial_and_fail();
+  Tensor record = Tensor::zeros({2}, DType::i64);  // bytes, checksum
+  record.data<int64_t>()[0] = save.file_bytes;
+  std::memcpy(&record.data<int64_t>()[1], &save.checksum, sizeof(save.checksum));
   Tensor records = Tensor::zeros({2 * ranks}, DType::i64);
   if (where.world)
     where.world->all_gather(record, records)->wait();
@@ -244,10 +256,10 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
       nlohmann::ordered_json meta;
       meta["format"] = kFormat;
       meta["version"] = kFormatVersion;
-      meta["step"] = state.step;
-      meta["updates_applied"] = state.updates_applied;
-      meta["data_cursor"] = state.data_cursor;
-      meta["config"] = state.config;
+      meta["step"] = save.state.step;
+      meta["updates_applied"] = save.state.updates_applied;
+      meta["data_cursor"] = save.state.data_cursor;
+      meta["config"] = save.state.config;
       meta["mesh"] = where.mesh ? nlohmann::ordered_json{{"shape", where.mesh->shape()}, {"names", where.mesh->names()}}
                                 : nlohmann::ordered_json{{"shape", nlohmann::json::array()},
                                                          {"names", nlohmann::json::array()}};
@@ -260,25 +272,29 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
       }
       meta["files"] = files;
       nlohmann::ordered_json described = nlohmann::ordered_json::object();
-      for (const HeldTensor& t : tensors) {
-          described[t.name] = {{"shape", t.global_shape.dims()},
-                             {"dtype", dtype_name(t.local.dtype())},
-                             {"layout", where.mesh ? t.layout.to_string() : ""}};
-      }
+      for (const auto& t : save.described)
+        described[t.name] = {{"shape", t.global_shape.dims()}, {"dtype", dtype_name(t.dtype)}, {"layout", t.layout}};
       meta["tensors"] = described;
-      write_file_atomically((fs::path(partial) / kMetadataFile).string(), meta.dump(1) + "\n");
-      sync_directory(partial);
+      write_file_atomically((fs::path(save.partial) / kMetadataFile).string(), meta.dump(1) + "\n");
+      sync_directory(save.partial);
       // The rename marks it complete; a step saved before (a run resumed
       // from an earlier step) is replaced.
-      if (fs::exists(final_path)) fs::remove_all(final_path);
-      fs::rename(partial, final_path);
-      sync_directory(folder);
+      if (fs::exists(save.final_path)) fs::remove_all(save.final_path);
+      fs::rename(save.partial, save.final_path);
+      sync_directory(save.folder);
     } catch (const std::exception& e) {
-      failure = fmt::format("completing checkpoint {} failed: {}", final_path, e.what());
+      save.failure = fmt::format("completing checkpoint {} failed: {}", save.final_path, e.what());
     }
   }
   remove_partial_and_fail();
-  return final_path;
+  return save.final_path;
+}
+
+std::string save_checkpoint(const std::string& folder, const CheckpointState& state,
+                            const std::vector<HeldTensor>& tensors, const CheckpointRank& where) {
+  PendingCheckpoint save = begin_checkpoint(folder, state, tensors, where);
+  write_checkpoint_file(save);
+  return complete_checkpoint(save);
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& folder) {
@@ -425,8 +441,13 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
     // The files hold every element once at least: metadata that says more
     // than they can hold is refused before anything that large is allocated.
     int64_t stored = 0, wanted = 0;
-    for (const auto& f : checkpoint.metadata.at("files"))
-      stored += static_cast<int64_t>(fs::file_size(fs::path(checkpoint.path) / f.at("file").get<std::string>()));
+    for (const auto& f : checkpoint.metadata.at("files")) {
+      const fs::path file = fs::path(checkpoint.path) / f.at("file").get<std::string>();
+      std::error_code error;
+      const auto size = fs::file_size(file, error);
+      MT_CHECK(!error, "cannot read checkpoint file {}: {}", file.string(), error.message());
+      stored += static_cast<int64_t>(size);
+    }
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const auto& [name, t] : checkpoint.metadata.at("tensors").items()) {
       shapes.emplace_back(name, Shape(t.at("shape").get<std::vector<int64_t>>()));

@@ -47,6 +47,33 @@ struct CheckpointState {
   nlohmann::json config;        // the model and optimizer keys a resumed run must match
 };
 
+// A save in three parts, so that the writing can run beside training:
+// begin_checkpoint (a collective: the step_N.tmp folder made, the tensors to
+// write listed), write_checkpoint_file (this rank's file; no collective, so
+// it may run on a thread of its own, on tensors nobody changes meanwhile),
+// complete_checkpoint (a collective: every rank's outcome agreed; rank 0
+// writes the metadata and renames the folder). save_checkpoint does all three.
+struct PendingCheckpoint {
+  struct Described {
+    std::string name;
+    Shape global_shape;
+    DType dtype;
+    std::string layout;  // "" with no mesh
+  };
+  std::string folder, final_path, partial;
+  CheckpointState state;
+  CheckpointRank where;
+  std::vector<Described> described;     // every tensor, for the metadata
+  std::map<std::string, Tensor> pieces;  // what this rank writes (emptied once written)
+  int64_t file_bytes = 0;
+  uint64_t checksum = 0;
+  std::string failure;  // of this rank's write
+};
+PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointState& state,
+                                   const std::vector<HeldTensor>& tensors, const CheckpointRank& where);
+void write_checkpoint_file(PendingCheckpoint& save);
+std::string complete_checkpoint(PendingCheckpoint& save);  // returns the checkpoint's path
+
 // "step_000010": the folder of a step's checkpoint.
 std::string checkpoint_folder_name(int64_t step);
 

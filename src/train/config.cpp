@@ -185,6 +185,7 @@ const std::vector<Key>& keys() {
                           "an integer >= 0: the step of checkpoint.folder to resume from; 0: the newest complete one"),
       number_key<int64_t>("checkpoint.keep_latest_k", [](TrainConfig& c) -> int64_t& { return c.checkpoint.keep_latest_k; }, nonneg,
                           "an integer >= 0: older checkpoints are deleted once this many are saved; 0: all kept"),
+      bool_key("checkpoint.async", [](TrainConfig& c) -> bool& { return c.checkpoint.async; }),
       string_key("checkpoint.export", [](TrainConfig& c) -> std::string& { return c.checkpoint.export_file; },
                  "a Hugging Face safetensors file of the whole weights written after the last step; \"\": none "
                  "(meshtrain export makes one from any checkpoint)"),

@@ -51,6 +51,7 @@ struct TrainConfig {
     int64_t load_step = 0;    // the step to resume from; 0: the newest complete checkpoint in folder
     int64_t keep_latest_k = 0;  // checkpoints kept in folder; 0: all
     std::string export_file;  // whole weights as Hugging Face safetensors after the last step; "": none
+    bool async = false;  // copy the state and write it on a thread of its own while training goes on
   } checkpoint;
   struct {
     std::string file;

@@ -490,14 +490,43 @@ CheckpointRank Trainer::checkpoint_rank() const {
 std::string Trainer::save_checkpoint(int64_t step) {
   MT_CHECK(step == steps_done_ || step == steps_done_ - 1, "Trainer::save_checkpoint: step {} is neither the last "
            "step done ({}) nor the one before", step, steps_done_);
+  finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const std::string path = train::save_checkpoint(config_.checkpoint.folder,
-                                                  {step, updates_applied_, cursor, checkpoint_config(config_)},
-                                                  held_tensors(), checkpoint_rank());
+  const CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_)};
+  std::vector<HeldTensor> held = held_tensors();
+  if (!config_.checkpoint.async) {
+    const std::string path = train::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
+    if (rank() == 0)
+      keep_latest_checkpoints(config_.checkpoint.folder,
+                              static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
+    return path;
+  }
+  // The stall: a copy of this rank's state in host memory; the thread writes it.
+  for (HeldTensor& t : held) t.local = t.local.clone();
+  pending_save_ = std::make_unique<PendingCheckpoint>(
+      begin_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank()));
+  save_written_ = false;
+  save_writer_ = std::thread([this] {
+    write_checkpoint_file(*pending_save_);
+    save_written_ = true;
+  });
+  return pending_save_->final_path;
+}
+
+std::string Trainer::finish_save() {
+  if (!pending_save_) return "";
+  if (save_writer_.joinable()) save_writer_.join();
+  std::unique_ptr<PendingCheckpoint> save = std::move(pending_save_);
+  const std::string path = complete_checkpoint(*save);
   if (rank() == 0)
     keep_latest_checkpoints(config_.checkpoint.folder,
                             static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
   return path;
+}
+
+Trainer::~Trainer() {
+  // A save still being written is left as its .tmp folder, never loaded.
+  if (save_writer_.joinable()) save_writer_.join();
 }
 
 size_t Trainer::parameter_count() const {
@@ -678,13 +707,24 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   // A live line (carriage returns) on a terminal; not under mpirun, whose
   // forwarded output runs such lines together.
   const bool live = progress && isatty(fileno(progress)) && num_ranks() == 1;
-  auto checkpoint = [&](int64_t s) {
-    const std::string path = save_checkpoint(s);
-    say(progress, "{}saved {}\n", live ? "\n" : "", path);
-  };
   Summary summary;
   StepMetrics& last = summary.last;
   std::vector<double> step_ms;  // after the first
+  auto checkpoint = [&](int64_t s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (const std::string done = finish_save(); !done.empty()) say(progress, "{}saved {}\n", live ? "\n" : "", done);
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::string path = save_checkpoint(s);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+    const double waited = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    summary.checkpoint_stall_ms += ms + waited;
+    if (save_pending())
+      say(progress, "{}saving {} on a thread: the loop stopped {:.1f} ms to copy the state{}\n", live ? "\n" : "",
+          path, ms, waited >= 0.05 ? fmt::format(" and {:.1f} ms for the save before", waited) : "");
+    else
+      say(progress, "{}saved {} ({:.1f} ms)\n", live ? "\n" : "", path, ms);
+  };
+
   const int64_t start = steps_done_;  // 0, or the step resumed from (its state is saved already)
   if (!resumed_from_.empty())
     say(progress, "resumed from {}: step {} done, {} to go\n", resumed_from_, start,
@@ -706,6 +746,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
         const bool saved = kept == start || (kept == s - 1 && config_.checkpoint.interval > 0 &&
                                              kept % config_.checkpoint.interval == 0);
         if (!config_.checkpoint.folder.empty() && !saved) checkpoint(kept);
+        if (const std::string done = finish_save(); !done.empty()) say(progress, "saved {}\n", done);
         if (world_ && rank() != 0) world_->barrier()->wait();  // rank 0 reports and takes the job down
         throw;
       }
@@ -753,12 +794,16 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     const bool interval_checkpoint = !config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 &&
                                      s % config_.checkpoint.interval == 0;
     if (interval_checkpoint && s != config_.training.steps) checkpoint(s);
-    // A stop asked by a signal: the ranks may have seen it at different
-    // steps, so they agree (the largest signal number any rank got).
-    Tensor signal = Tensor::empty({1}, DType::f64);
-    signal.data<double>()[0] = stop_signal;
-    if (world_) world_->all_reduce(signal, comm::ReduceOp::max)->wait();
-    if (const int got = static_cast<int>(signal.data<double>()[0]); got != 0 && s < config_.training.steps) {
+    // The ranks agree on two things they may see at different steps: a stop
+    // asked by a signal (the largest signal number any rank got) and, with
+    // a save on its threads, whether every rank's file is written.
+    Tensor agreed = Tensor::empty({2}, DType::f64);
+    agreed.data<double>()[0] = stop_signal;
+    agreed.data<double>()[1] = save_written() ? 0 : 1;
+    if (world_) world_->all_reduce(agreed, comm::ReduceOp::max)->wait();
+    if (save_pending() && agreed.data<double>()[1] == 0)
+      say(progress, "{}saved {}\n", live ? "\n" : "", finish_save());
+    if (const int got = static_cast<int>(agreed.data<double>()[0]); got != 0 && s < config_.training.steps) {
       summary.stopped_by_signal = got;
       say(progress, "{}stopping after step {} of {}: {} asked to stop\n", live ? "\n" : "", s, config_.training.steps,
           signal_name(got));
@@ -769,8 +814,10 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
   std::sort(step_ms.begin(), step_ms.end());
   summary.median_step_ms = step_ms.empty() ? summary.first.step_ms : step_ms[(step_ms.size() - 1) / 2];
   if (live) say(progress, "\n");
+  if (summary.stopped_by_signal == 0 && !config_.checkpoint.folder.empty() && summary.steps_run > 0)
+    checkpoint(config_.training.steps);
+  if (const std::string done = finish_save(); !done.empty()) say(progress, "saved {}\n", done);
   if (summary.stopped_by_signal != 0) return summary;
-  if (!config_.checkpoint.folder.empty() && summary.steps_run > 0) checkpoint(config_.training.steps);
   if (!config_.checkpoint.export_file.empty()) {
     save(config_.checkpoint.export_file);
     say(progress, "exported the weights to {}\n", config_.checkpoint.export_file);

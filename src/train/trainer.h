@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <atomic>
+#include <thread>
 
 #include "comm/process_group.h"
 #include "runtime/executor.h"
@@ -157,6 +159,7 @@ class Trainer {
     StepMetrics first, last;
     double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one
     int64_t steps_run = 0;      // by this call: fewer than training.steps after a resume or a stop
+    double checkpoint_stall_ms = 0;  // the loop stopped for checkpoints: the saves, or with async their copies
     int stopped_by_signal = 0;  // SIGTERM, SIGINT or SIGUSR1: the run stopped after step last.step (0: it ran every step)
   };
   // All configured steps: metrics to config.metrics.file, progress to
@@ -173,8 +176,19 @@ class Trainer {
   void save(const std::string& path);
   // The state after `step` (this rank's shards of the parameters and AdamW
   // moments, the step, the data cursor) as a checkpoint folder in
-  // checkpoint.folder (train/checkpoint.h); every rank calls it. Returns its path.
+  // checkpoint.folder (train/checkpoint.h); every rank calls it. Returns its
+  // path. With checkpoint.async the state is copied and written on a thread
+  // while training goes on: the folder is complete once finish_save() has
+  // returned it (run() calls it when every rank's writer is done, before the
+  // next save and at the end).
   std::string save_checkpoint(int64_t step);
+  // Waits for the save on its thread, if any, and completes it (a
+  // collective); returns its path, or "" when none was pending.
+  std::string finish_save();
+  // Whether this rank's save thread, if any, has written its file.
+  bool save_written() const { return pending_save_ == nullptr || save_written_; }
+  bool save_pending() const { return pending_save_ != nullptr; }
+  ~Trainer();
   // The checkpoint this trainer resumed from ("" when it started afresh) and its step.
   const std::string& resumed_from() const { return resumed_from_; }
   int64_t steps_done() const { return steps_done_; }
@@ -254,6 +268,9 @@ class Trainer {
   std::map<std::string, Tensor> params_;
   std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
   std::string resumed_from_;
+  std::unique_ptr<PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
+  std::thread save_writer_;
+  std::atomic<bool> save_written_{false};
   int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
   Tensor tokens_, targets_, lr_, step_;
   graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs

@@ -6,7 +6,7 @@
 #   - on the same layout: steps 11..20 bitwise the straight run's losses and
 #     gradient norms, and the step-20 checkpoint bitwise the straight one's;
 #   - with TP 4, DDP 2 and on one process: within 1e-5 relative.
-# Also: keep_latest_k, load_step, and a folder whose newest step was not
+# Also: checkpoint.async saves bitwise the same checkpoints; keep_latest_k, load_step, and a folder whose newest step was not
 # completed (step_N.tmp) resumes from the complete one before it.
 # Usage: resume_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
@@ -55,6 +55,14 @@ PY
 fsdp_tp=(--parallel.dp_shard 2 --parallel.tp 2)
 run straight 4 "${fsdp_tp[@]}"
 [ "$(ls "$dir/straight")" = "$(printf 'step_000010\nstep_000020')" ] || { ls "$dir/straight"; fail "expected step_000010 and step_000020"; }
+
+# checkpoint.async: the state copied at the step and written on a thread while training goes on is the same state.
+run async 4 "${fsdp_tp[@]}" --checkpoint.async true
+grep -q "saving $dir/async/step_000010 on a thread" "$dir/async.out" || { cat "$dir/async.out"; fail "async: no save on a thread"; }
+for step in step_000010 step_000020; do
+  diff -r "$dir/straight/$step" "$dir/async/$step" >/dev/null || fail "async: $step differs from the synchronous save"
+done
+echo "checkpoint.async: steps 10 and 20 bitwise the synchronous checkpoints"
 
 resume same 4 "${fsdp_tp[@]}"
 compare same 0

@@ -406,3 +406,40 @@ TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
   }
   std::filesystem::remove_all(c.checkpoint.folder);
 }
+
+// checkpoint.async: the state is copied at the step and written on a thread
+// while the next steps run (and change the weights); every checkpoint's file
+// is bitwise the one a save in the loop writes.
+TEST(Checkpointing, AsyncSaveWritesWhatTheSaveInTheLoopWrites) {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  c.training.steps = 12;
+  c.checkpoint.interval = 4;
+  const std::string root = ::testing::TempDir() + "/async_ckpt";
+  std::filesystem::remove_all(root);
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const bool async : {false, true}) {
+    train::TrainConfig run = c;
+    run.checkpoint.async = async;
+    run.checkpoint.folder = root + (async ? "/async" : "/sync");
+    train::Trainer trainer(run);
+    const auto summary = trainer.run(nullptr);
+    EXPECT_EQ(summary.last.step, 12);
+    EXPECT_GT(summary.checkpoint_stall_ms, 0);
+    EXPECT_FALSE(trainer.save_pending());
+  }
+  for (const char* step : {"step_000004", "step_000008", "step_000012"}) {
+    const std::string sync_file = root + "/sync/" + step + "/rank_00000.safetensors";
+    const std::string async_file = root + "/async/" + step + "/rank_00000.safetensors";
+    ASSERT_TRUE(std::filesystem::exists(async_file)) << async_file;
+    EXPECT_EQ(bytes(sync_file), bytes(async_file)) << step;
+    EXPECT_TRUE(std::filesystem::exists(root + "/async/" + step + "/metadata.json")) << step;
+  }
+  std::filesystem::remove_all(root);
+}
