@@ -42,13 +42,23 @@ std::string read_file_bytes(const std::string& path) {
 }
 
 // FNV-1a (64-bit) of the bytes: finds a flipped or lost byte, not an attacker.
-uint64_t checksum_of(std::string_view bytes) {
-  uint64_t h = 14695981039346656037ull;
-  for (const char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
+// Fed in pieces, the same as over the whole.
+struct Fnv1a {
+  uint64_t hash = 14695981039346656037ull;
+  void add(std::string_view bytes) {
+    uint64_t h = hash;
+    for (const char c : bytes) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ull;
+    }
+    hash = h;
   }
-  return h;
+};
+
+uint64_t checksum_of(std::string_view bytes) {
+  Fnv1a sum;
+  sum.add(bytes);
+  return sum.hash;
 }
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
@@ -219,10 +229,14 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointSt
 void write_checkpoint_file(PendingCheckpoint& save) {
   const std::string file = (fs::path(save.partial) / rank_file_name(rank_of(save.where))).string();
   try {
-    save_safetensors(file, save.pieces);
-    const std::string bytes = read_file_bytes(file);  // its size and checksum as it reads back
-    save.file_bytes = static_cast<int64_t>(bytes.size());
-    save.checksum = checksum_of(bytes);
+    Fnv1a sum;  // of the bytes as they are written
+    int64_t bytes = 0;
+    save_safetensors(file, save.pieces, [&](std::string_view piece) {
+      sum.add(piece);
+      bytes += static_cast<int64_t>(piece.size());
+    });
+    save.file_bytes = bytes;
+    save.checksum = sum.hash;
   } catch (const std::exception& e) {
     save.failure = fmt::format("writing checkpoint {} failed: {}", save.final_path, e.what());
   }

@@ -124,7 +124,7 @@ Key choice_key(std::string name, std::function<E&(TrainConfig&)> field, std::vec
   });
 }
 
-Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
+Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field, const std::string& meaning) {
   return {name,
           [name, field](TrainConfig& c, const toml::node& n) {
             auto v = n.value<bool>();
@@ -135,7 +135,7 @@ Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field) {
             if (text != "true" && text != "false") bad_value(name, text, "true or false");
             field(c) = text == "true";
           },
-          "true or false", [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }};
+          "true or false: " + meaning, [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
 const std::vector<Key>& keys() {
@@ -153,7 +153,8 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("model.vocab_size", [](TrainConfig& c) -> int64_t& { return c.model.vocab_size; }, pos, "a positive integer"),
       number_key<double>("model.norm_eps", [](TrainConfig& c) -> double& { return c.model.norm_eps; }, posf, "a positive number"),
       number_key<double>("model.rope_theta", [](TrainConfig& c) -> double& { return c.model.rope_theta; }, posf, "a positive number"),
-      bool_key("model.tie_embeddings", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; }),
+      bool_key("model.tie_embeddings", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; },
+               "the output projection is the token embedding's weight"),
       string_key("data.path", [](TrainConfig& c) -> std::string& { return c.data.path; }, "a .txt file (bytes as tokens) or an llm.c .bin token shard; required"),
       number_key<int64_t>("data.seq_len", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
       number_key<int64_t>("data.batch_size", [](TrainConfig& c) -> int64_t& { return c.data.batch_size; }, pos, "a positive integer"),
@@ -173,7 +174,8 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
       choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       choice_key<DType>("training.reduce_dtype", [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; }, {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
-      bool_key("training.skip_nonfinite", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; }),
+      bool_key("training.skip_nonfinite", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; },
+               "a step whose gradient norm is NaN or infinite is passed over (no update, counted in the metrics) instead of stopping the run"),
       number_key<int64_t>("training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
                           "a positive integer (microbatches per step; data.batch_size must divide by it)"),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }, "a Hugging Face safetensors file the weights start from, when there is no checkpoint to resume from; \"\": the seeded initialisation"),
@@ -185,7 +187,8 @@ const std::vector<Key>& keys() {
                           "an integer >= 0: the step of checkpoint.folder to resume from; 0: the newest complete one"),
       number_key<int64_t>("checkpoint.keep_latest_k", [](TrainConfig& c) -> int64_t& { return c.checkpoint.keep_latest_k; }, nonneg,
                           "an integer >= 0: older checkpoints are deleted once this many are saved; 0: all kept"),
-      bool_key("checkpoint.async", [](TrainConfig& c) -> bool& { return c.checkpoint.async; }),
+      bool_key("checkpoint.async", [](TrainConfig& c) -> bool& { return c.checkpoint.async; },
+               "the loop only copies the state (into buffers kept for it: a second copy of this rank's state in memory) and a thread writes it while training goes on"),
       string_key("checkpoint.export", [](TrainConfig& c) -> std::string& { return c.checkpoint.export_file; },
                  "a Hugging Face safetensors file of the whole weights written after the last step; \"\": none "
                  "(meshtrain export makes one from any checkpoint)"),
@@ -195,9 +198,12 @@ const std::vector<Key>& keys() {
       number_key<int64_t>("parallel.dp_shard", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_shard; },
                           [](int64_t v) { return v >= 1 || v == -1; }, "a positive integer or -1 (the ranks left over)"),
       number_key<int64_t>("parallel.tp", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
-      bool_key("parallel.sequence_parallel", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; }),
-      bool_key("parallel.loss_parallel", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; }),
-      bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; }),
+      bool_key("parallel.sequence_parallel", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; },
+               "the norms and residuals between tensor-parallel blocks are sharded along the sequence (Megatron SP)"),
+      bool_key("parallel.loss_parallel", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; },
+               "with tp > 1 the logits stay sharded over the vocabulary and the loss is computed on the shards, never gathered"),
+      bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; },
+               "FSDP gathers each weight again for backward, so the gathered weights are freed between forward and backward; false: kept from forward to backward"),
       choice_key<sched::ActivationCheckpoint>("activation_checkpoint.mode", [](TrainConfig& c) -> sched::ActivationCheckpoint& { return c.activation_checkpoint.mode; },
                                               {{"none", sched::ActivationCheckpoint::none}, {"full", sched::ActivationCheckpoint::full},
                                                {"selective", sched::ActivationCheckpoint::selective}}),
@@ -206,7 +212,8 @@ const std::vector<Key>& keys() {
                                      {"size_cap", sched::BucketMode::size_cap}, {"auto", sched::BucketMode::automatic}}),
       number_key<double>("schedule.bucket_cap_mb", [](TrainConfig& c) -> double& { return c.schedule.bucket_cap_mb; }, posf,
                          "a positive number (MiB of a bucket's collective buffers per rank)"),
-      bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; }),
+      bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; },
+               "collectives start early, so that compute hides them"),
       number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,
                           "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
       string_key("schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; }, "the profile the passes cost the step on: auto (cpu-2core), a built-in name or a profile file"),

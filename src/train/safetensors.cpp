@@ -108,7 +108,8 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   return tensors;
 }
 
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::function<void(std::string_view)>& written) {
   nlohmann::ordered_json header;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -118,10 +119,14 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // the format pads the header to 8 bytes
   AtomicFile out(path);
+  const auto put = [&](const void* data, size_t bytes) {
+    out.write(data, bytes);
+    if (written) written({static_cast<const char*>(data), bytes});
+  };
   const uint64_t len = text.size();
-  out.write(&len, 8);
-  out.write(text);
-  for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+  put(&len, 8);
+  put(text.data(), text.size());
+  for (const auto& [name, t] : tensors) put(t.raw(), t.nbytes());
   out.commit();
 }
 

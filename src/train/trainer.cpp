@@ -100,6 +100,10 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
   if (resume_from) resume(*resume_from);
+  // checkpoint.async copies the state into buffers of its own: made (and
+  // their pages touched) here, so that no save pays for that in the loop.
+  if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
+    for (const HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
 }
 
 std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running) {
@@ -501,8 +505,15 @@ std::string Trainer::save_checkpoint(int64_t step) {
                               static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
     return path;
   }
-  // The stall: a copy of this rank's state in host memory; the thread writes it.
-  for (HeldTensor& t : held) t.local = t.local.clone();
+  // The stall: a copy of this rank's state into the snapshot buffers (free:
+  // the save before is finished); the thread writes them.
+  for (HeldTensor& t : held) {
+    Tensor& copy = snapshot_[t.name];
+    if (!copy.defined() || copy.shape() != t.local.shape() || copy.dtype() != t.local.dtype())
+      copy = Tensor::empty(t.local.shape(), t.local.dtype());
+    std::memcpy(copy.raw(), t.local.raw(), t.local.nbytes());
+    t.local = copy;
+  }
   pending_save_ = std::make_unique<PendingCheckpoint>(
       begin_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank()));
   save_written_ = false;

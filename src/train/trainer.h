@@ -269,6 +269,7 @@ class Trainer {
   std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
   std::string resumed_from_;
   std::unique_ptr<PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
+  std::map<std::string, Tensor> snapshot_;           // checkpoint.async: the state as of the pending save
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};
   int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
