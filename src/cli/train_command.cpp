@@ -182,6 +182,7 @@ int run_train(const std::vector<std::string>& args) {
     comm::GroupOptions options;
     options.verify = a.flags.count("no-verify") == 0;
     options.background_progress = background_progress;
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeout_s * 1000));
     world = comm::create_mpi_world(options);
   }
   train::Trainer trainer(std::move(config), world);

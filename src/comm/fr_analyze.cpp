@@ -19,7 +19,8 @@ namespace meshtrain::comm {
 
 std::string_view fr_finding_kind_name(FrFinding::Kind k) {
   static constexpr std::string_view names[] = {"missing_rank",  "op_mismatch",    "dtype_mismatch",
-                                               "size_mismatch", "group_mismatch", "no_dump"};
+                                               "size_mismatch", "group_mismatch", "no_dump",
+                                               "stalled"};
   return names[static_cast<int>(k)];
 }
 
@@ -180,6 +181,36 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
     if (!minority(ops).empty()) return report(FrFinding::Kind::op_mismatch, minority(ops), "operation");
     if (!minority(dtypes).empty()) return report(FrFinding::Kind::dtype_mismatch, minority(dtypes), "dtype");
     if (!minority(sigs).empty()) return report(FrFinding::Kind::size_mismatch, minority(sigs), "sizes");
+  }
+  if (no_dump.empty()) {
+    // Every rank issued a collective and none finished it: the data never
+    // went through. A rank stalled inside it (stopped, swapped out) or the
+    // link failed; the dumps agree, so they cannot say which.
+    for (const uint64_t seq : recorded) {
+      std::vector<std::string> states;
+      bool all_unfinished = true;
+      for (const auto& [r, seqs] : by_rank) {
+        const auto it = seqs.find(seq);
+        if (it == seqs.end() || it->second->state == FrState::completed || it->second->state == FrState::failed) {
+          all_unfinished = false;
+          break;
+        }
+        states.push_back(fmt::format("rank {} {}", r, fr_state_name(it->second->state)));
+      }
+      if (!all_unfinished || by_rank.size() != members.size()) continue;
+      const FrEntry& e = *by_rank.begin()->second.at(seq);
+      FrFinding f;
+      f.kind = FrFinding::Kind::stalled;
+      f.group = name;
+      f.seq = seq;
+      f.time_us = e.time_created_us;
+      f.message = fmt::format(
+          "group '{}' seq {} {}: every rank issued it and none finished it ({}): a rank stalled inside it "
+          "(stopped, swapped out, starved of CPU) or the link between them failed; the dumps agree, so they "
+          "cannot name the rank: look for one that was stopped or slow",
+          name, seq, op_type_name(e.op), fmt::join(states, ", "));
+      return f;
+    }
   }
   if (!no_dump.empty()) {
     // Ranks without a dump: if the others are stuck in a collective of this

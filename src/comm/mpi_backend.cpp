@@ -237,6 +237,7 @@ class Engine {
         if (!waiter_polling) progress_locked();
         poll_signal_locked();
         const auto now = Clock::now();
+        report_unfinished_after_stop_signal_locked(now);
         for (auto& op : active_)
           if (!op->done && op->work->deadline() <= now) expired.push_back(op->work);
       }
@@ -249,6 +250,40 @@ class Engine {
       const bool background = background_progress_.load() && active_count_.load() > 0 && !waiter_polling;
       std::this_thread::sleep_for(background ? microseconds(50) : milliseconds(10));
     }
+  }
+
+  // After a stop signal (mpirun sends SIGTERM to every rank when one dies),
+  // a collective still unfinished kStopReportDelay later is named, with a
+  // flight-recorder dump, before mpirun's SIGKILL: it is the op a dead rank
+  // never joined. Once per process.
+  void report_unfinished_after_stop_signal_locked(Clock::time_point now) {
+    const int signal = noted_stop_signal();
+    if (signal == 0 || stop_reported_) return;
+    if (stop_seen_at_ == Clock::time_point{}) stop_seen_at_ = now;
+    if (now - stop_seen_at_ < kStopReportDelay) return;
+    stop_reported_ = true;
+    const MpiOp* oldest = nullptr;
+    for (const auto& op : active_)
+      if (!op->done && (oldest == nullptr || op->work->deadline() - op->work->info().timeout <
+                                                 oldest->work->deadline() - oldest->work->info().timeout))
+        oldest = op.get();
+    if (oldest == nullptr) return;
+    const WorkInfo& info = oldest->work->info();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - (oldest->work->deadline() - info.timeout));
+    std::string where;
+    try {
+      where = "; flight recorder dumped to " +
+              recorder_->dump(FlightRecorder::default_dump_dir(),
+                              fmt::format("{} unfinished {} ms after signal {}", info.describe(),
+                                          kStopReportDelay.count(), signal));
+    } catch (const std::exception& e) {
+      where = fmt::format("; the flight recorder could not be dumped: {}", e.what());
+    }
+    std::fprintf(stderr, "[meshtrain rank %d] %s has waited %lld ms for its other ranks and was still unfinished "
+                 "%lld ms after this rank got signal %d (%s): if a rank died (mpirun then stops the job and names "
+                 "it), this is the collective it never joined%s\n", world_rank_, info.describe().c_str(),
+                 static_cast<long long>(waited.count()), static_cast<long long>(kStopReportDelay.count()), signal,
+                 strsignal(signal), where.c_str());
   }
 
   // A peer timed out and asks every rank to write its flight recorder.
@@ -421,6 +456,8 @@ class Engine {
   MPI_Request signal_request_ = MPI_REQUEST_NULL;
   int signal_in_ = 0;
   Clock::time_point dump_requested_at_{};
+  Clock::time_point stop_seen_at_{};  // when the progress thread first saw a noted stop signal
+  bool stop_reported_ = false;
 };
 
 // ---- stage plans -----------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "comm/process_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <numeric>
 
@@ -421,5 +422,13 @@ ProcessGroupPtr create_world(std::string_view backend, GroupOptions options) {
   throw InvalidArgument(fmt::format("unknown communication backend '{}': available backends are {}",
                                     backend, fmt::join(kBackendNames, ", ")));
 }
+
+namespace {
+std::atomic<int> stop_signal_noted{0};
+static_assert(std::atomic<int>::is_always_lock_free, "note_stop_signal runs in a signal handler");
+}  // namespace
+
+void note_stop_signal(int signal) noexcept { stop_signal_noted.store(signal, std::memory_order_relaxed); }
+int noted_stop_signal() noexcept { return stop_signal_noted.load(std::memory_order_relaxed); }
 
 }  // namespace meshtrain::comm

@@ -156,6 +156,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+// A stop signal (SIGTERM, SIGINT) this process received, noted by its
+// handler (async-signal-safe). mpirun sends SIGTERM to every rank when one
+// dies, and SIGKILL a moment later: the mpi backend names a collective that
+// is still unfinished kStopReportDelay after the signal (the one the dead
+// rank never joined) and dumps its flight recorder, once.
+void note_stop_signal(int signal) noexcept;
+int noted_stop_signal() noexcept;  // 0: none
+inline constexpr std::chrono::milliseconds kStopReportDelay{400};
+
 // Backends known to create_world.
 inline constexpr std::string_view kBackendNames[] = {"mpi", "local"};
 

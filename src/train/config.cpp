@@ -204,6 +204,11 @@ const std::vector<Key>& keys() {
                "with tp > 1 the logits stay sharded over the vocabulary and the loss is computed on the shards, never gathered"),
       bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; },
                "FSDP gathers each weight again for backward, so the gathered weights are freed between forward and backward; false: kept from forward to backward"),
+      number_key<double>("comm.timeout_s", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },
+                         [](double v) { return v >= 0.1 && v <= 604800; },
+                         "seconds in [0.1, 604800]: a collective not finished after this long (a rank died or hangs) "
+                         "stops the job, naming it; every rank dumps its flight recorder to MESHTRAIN_FR_DIR "
+                         "(default ./meshtrain_fr) for meshtrain fr-analyze"),
       choice_key<sched::ActivationCheckpoint>("activation_checkpoint.mode", [](TrainConfig& c) -> sched::ActivationCheckpoint& { return c.activation_checkpoint.mode; },
                                               {{"none", sched::ActivationCheckpoint::none}, {"full", sched::ActivationCheckpoint::full},
                                                {"selective", sched::ActivationCheckpoint::selective}}),

@@ -59,6 +59,12 @@ struct TrainConfig {
   } metrics;
   parallel::ParallelConfig parallel;  // used under mpirun
   struct {
+    // A collective that has not finished after this long (a rank died or
+    // hangs) stops the job: the error names it, every rank dumps its flight
+    // recorder (MESHTRAIN_FR_DIR), and `meshtrain fr-analyze` names who never joined.
+    double timeout_s = 600;
+  } comm;
+  struct {
     sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;  // none, full or selective
   } activation_checkpoint;
   struct {

@@ -657,6 +657,9 @@ volatile std::sig_atomic_t unblock_output_on_stop = 0;
 
 extern "C" void on_stop_signal(int signal) {
   stop_signal = signal;
+  // A collective still waiting a moment later is named (mpirun sends
+  // SIGTERM when a rank dies, then SIGKILL).
+  if (signal != SIGUSR1) comm::note_stop_signal(signal);
   // mpirun stops reading its ranks' output when it is sent SIGTERM or SIGINT
   // itself (it forwards SIGUSR1 and goes on reading).
   if (unblock_output_on_stop == 0 || signal == SIGUSR1) return;

@@ -163,6 +163,36 @@ TEST(LocalTimeout, SkippedCollectiveTimesOutAndFrAnalyzeNamesTheRank) {
   std::filesystem::remove_all(dir);
 }
 
+// A rank that stalls inside a collective (stopped mid-transfer): every rank
+// issued it, none finished; the dumps agree, and the analysis says so
+// instead of "no mismatch".
+TEST(FlightRecorder, ACollectiveNoRankFinishedIsReportedAsStalled) {
+  const std::string dir = ::testing::TempDir() + "/fr_stalled";
+  std::filesystem::remove_all(dir);
+  for (int rank = 0; rank < 2; ++rank) {
+    FlightRecorder fr(rank, 2);
+    fr.add_group("world", {0, 1});
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      FrEntry e;
+      e.group = "world";
+      e.seq = seq;
+      e.op = OpType::all_gather;
+      e.signature = "n=8";
+      // seq 2 done on rank 0 only: not a stall; seq 3 unfinished everywhere.
+      fr.update(fr.record(e), seq == 1 || (seq == 2 && rank == 0) ? FrState::completed : FrState::started);
+    }
+    fr.dump(dir, "test");
+  }
+  const FrReport report = analyze_flight_records(dir);
+  ASSERT_FALSE(report.findings.empty()) << report.to_text();
+  EXPECT_EQ(report.findings.front().kind, FrFinding::Kind::stalled) << report.to_text();
+  EXPECT_EQ(report.findings.front().seq, 3u) << report.to_text();
+  EXPECT_TRUE(contains(report.to_text(), "seq 3 all_gather: every rank issued it and none finished it "
+                                         "(rank 0 started, rank 1 started)")) << report.to_text();
+  EXPECT_FALSE(report.ok());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FlightRecorder, RingKeepsTheLastEntries) {
   FlightRecorder fr(0, 1, 4);
   for (int i = 0; i < 10; ++i) {
