@@ -274,6 +274,7 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
       meta["updates_applied"] = save.state.updates_applied;
       meta["data_cursor"] = save.state.data_cursor;
       meta["config"] = save.state.config;
+      meta["run"] = save.state.run;
       meta["mesh"] = where.mesh ? nlohmann::ordered_json{{"shape", where.mesh->shape()}, {"names", where.mesh->names()}}
                                 : nlohmann::ordered_json{{"shape", nlohmann::json::array()},
                                                          {"names", nlohmann::json::array()}};

@@ -45,6 +45,10 @@ struct CheckpointState {
   int64_t updates_applied = 0;  // the optimizer's updates (steps less those skipped)
   int64_t data_cursor = 0;      // the data loader's position (every rank reads the global batch)
   nlohmann::json config;        // the model and optimizer keys a resumed run must match
+  // For the record (a resumed run does not need it): the LR schedule's keys
+  // and the LR of this step (a function of the step), the seed (nothing
+  // random is drawn after initialisation), the data file and batch shape.
+  nlohmann::json run = nlohmann::json::object();
 };
 
 // A save in three parts, so that the writing can run beside training:

@@ -425,6 +425,22 @@ nlohmann::json checkpoint_config(const TrainConfig& c) {
           {"model.norm_eps", m.norm_eps}, {"model.rope_theta", m.rope_theta}, {"model.tie_embeddings", m.tie_embeddings},
           {"optimizer.state_dtype", std::string(dtype_name(c.optimizer.state_dtype))}};
 }
+
+// What a checkpoint records of the run beside what a resume needs: the LR
+// schedule is a function of the step and these keys, every data-parallel
+// rank's rows follow from the one global cursor, and no random number is
+// drawn after the seeded initialisation (no dropout; data read in order).
+nlohmann::json run_record(const TrainConfig& c, int64_t step) {
+  const char* decay = c.lr_scheduler.decay == LrDecay::none     ? "none"
+                      : c.lr_scheduler.decay == LrDecay::linear ? "linear"
+                                                                : "cosine";
+  return {{"lr_schedule", {{"lr", c.optimizer.lr}, {"warmup_steps", c.lr_scheduler.warmup_steps}, {"decay", decay},
+                           {"min_lr_ratio", c.lr_scheduler.min_lr_ratio}, {"steps", c.training.steps},
+                           {"lr_of_this_step", step > 0 ? c.lr_at(step) : 0.0}}},
+          {"random", {{"seed", c.training.seed}, {"draws_after_initialisation", 0}}},
+          {"data", {{"path", c.data.path}, {"batch_size", c.data.batch_size}, {"seq_len", c.data.seq_len},
+                    {"cursor_is", "global: every data-parallel rank takes its rows of the global batch there"}}}};
+}
 }  // namespace
 
 std::optional<CheckpointInfo> Trainer::checkpoint_to_resume() const {
@@ -496,7 +512,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
            "step done ({}) nor the one before", step, steps_done_);
   finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_)};
+  const CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_), run_record(config_, step)};
   std::vector<HeldTensor> held = held_tensors();
   if (!config_.checkpoint.async) {
     const std::string path = train::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
