@@ -84,6 +84,15 @@ void check_parity_on_ranks(const std::string& case_name, int ranks, const std::s
   world.run([&](comm::ProcessGroup& pg) { check_parity(case_name, pg.shared_from_this(), layout); });
 }
 
+// A one-block Llama on the bundled text, 2 x 16 tokens a step: a step in milliseconds.
+train::TrainConfig tiny_config() {
+  train::TrainConfig c;
+  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
+  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 16;
+  return c;
+}
 }  // namespace
 
 TEST(Parity, MultiHeadUntiedMatchesPyTorchEveryStep) { check_parity("mha_untied"); }
@@ -255,11 +264,7 @@ TEST(TrainErrors, ConfigKeysAndValues) {
 // bitwise those after the last good step, the error says so, and run()
 // keeps them as that step's checkpoint before it stops.
 TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
-  train::TrainConfig c;
-  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
-  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
-  c.data.batch_size = 2;
-  c.data.seq_len = 16;
+  train::TrainConfig c = tiny_config();
   c.optimizer.lr = 1e20;
   c.lr_scheduler.warmup_steps = 0;
   c.training.steps = 20;
@@ -304,11 +309,7 @@ TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
 // counted and passed over; the run goes on to its last step, the weights
 // stay those of the last applied update, and the metrics count the skips.
 TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
-  train::TrainConfig c;
-  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
-  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
-  c.data.batch_size = 2;
-  c.data.seq_len = 16;
+  train::TrainConfig c = tiny_config();
   c.optimizer.lr = 1e20;
   c.training.steps = 12;
   c.training.skip_nonfinite = true;
@@ -355,11 +356,7 @@ TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
 // its step count and the data cursor all come back). A checkpoint of
 // another model is refused naming the key; load_step names what there is.
 TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
-  train::TrainConfig c;
-  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
-  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
-  c.data.batch_size = 2;
-  c.data.seq_len = 16;
+  train::TrainConfig c = tiny_config();
   c.training.steps = 20;
   c.lr_scheduler.warmup_steps = 3;
   std::vector<train::StepMetrics> straight;
@@ -411,11 +408,7 @@ TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
 // while the next steps run (and change the weights); every checkpoint's file
 // is bitwise the one a save in the loop writes.
 TEST(Checkpointing, AsyncSaveWritesWhatTheSaveInTheLoopWrites) {
-  train::TrainConfig c;
-  c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
-  c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
-  c.data.batch_size = 2;
-  c.data.seq_len = 16;
+  train::TrainConfig c = tiny_config();
   c.training.steps = 12;
   c.checkpoint.interval = 4;
   const std::string root = ::testing::TempDir() + "/async_ckpt";
