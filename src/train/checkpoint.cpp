@@ -433,11 +433,13 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
         const auto it = pieces.find(t.name);
         MT_CHECK(it != pieces.end(), "checkpoint file {} lacks tensor '{}', which its rank held", path, t.name);
         const auto have = held_indices(t.global_shape, n->saved_layout, saved_whole ? nullptr : &*saved_mesh, coord);
-        int64_t count = 1;
-        for (const auto& h : have) count *= static_cast<int64_t>(h.size());
-        MT_CHECK(it->second.shape().numel() == count && it->second.dtype() == t.local.dtype(),
-                 "checkpoint file {}: tensor '{}' is {} {}, its layout says {} elements of {}", path, t.name,
-                 dtype_name(it->second.dtype()), it->second.shape().to_string(), count, dtype_name(t.local.dtype()));
+        std::vector<int64_t> piece_dims;  // the piece's shape as its layout gives it
+        for (const auto& h : have) piece_dims.push_back(static_cast<int64_t>(h.size()));
+        const Shape piece(piece_dims);
+        MT_CHECK(it->second.shape() == piece && it->second.dtype() == t.local.dtype(),
+                 "checkpoint file {}: tensor '{}' is {} {}, its layout says {} {}", path, t.name,
+                 dtype_name(it->second.dtype()), it->second.shape().to_string(), dtype_name(t.local.dtype()),
+                 piece.to_string());
         n->filled += copy_overlap(it->second, have, t.local, n->position);
       }
     }
