@@ -11,8 +11,9 @@
 #      once, sends SIGTERM to the ranks after OMPI_MCA_odls_base_sigkill_timeout
 #      (here 5 s) and SIGKILL as long after: the checkpoint is saved in that
 #      time and no process is left.
-# Each time the checkpoint is the only one in the folder, and every file of
-# it bitwise the final checkpoint's of an uninterrupted run of as many steps.
+# Each time the checkpoint is the only one in the folder, its weight files
+# bitwise the final checkpoint's of an uninterrupted run of as many steps,
+# and its metadata the same but for the run's total step count.
 # Usage: preempt_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -61,8 +62,18 @@ same_weights_as_straight_run() {
   local saved=$1 steps=$2 runner=("${@:3}")
   "${runner[@]}" "$meshtrain" train "${model[@]}" --training.steps "$steps" --checkpoint.folder "$dir/straight" \
     >"$dir/straight.out" 2>&1 || { cat "$dir/straight.out"; fail "the straight run of $steps steps failed"; }
-  diff -r "$saved" "$dir/straight/$(basename "$saved")" >/dev/null ||
-    fail "$saved differs from an uninterrupted run of $steps steps"
+  local straight=$dir/straight/$(basename "$saved") f
+  [ "$(ls "$saved")" = "$(ls "$straight")" ] || fail "$saved holds other files than an uninterrupted run's"
+  for f in "$saved"/*.safetensors; do
+    cmp -s "$f" "$straight/${f##*/}" || fail "$f differs from an uninterrupted run of $steps steps"
+  done
+  # The metadata records the run's total step count (100000 here, $steps
+  # there) beside the step; all else in it is the same.
+  diff <(grep -v '^ *"steps": [0-9]*,$' "$saved/metadata.json") \
+       <(grep -v '^ *"steps": [0-9]*,$' "$straight/metadata.json") >/dev/null ||
+    fail "$saved/metadata.json differs from an uninterrupted run's in more than the total step count"
+  [ "$(grep -c '^ *"steps": [0-9]*,$' "$saved/metadata.json")" = 1 ] ||
+    fail "$saved/metadata.json does not record the total step count once"
   rm -rf "$dir/straight"
 }
 
