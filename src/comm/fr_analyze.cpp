@@ -20,7 +20,7 @@ namespace meshtrain::comm {
 std::string_view fr_finding_kind_name(FrFinding::Kind k) {
   static constexpr std::string_view names[] = {"missing_rank",  "op_mismatch",    "dtype_mismatch",
                                                "size_mismatch", "group_mismatch", "no_dump",
-                                               "stalled"};
+                                               "stalled",       "late"};
   return names[static_cast<int>(k)];
 }
 
@@ -32,6 +32,7 @@ constexpr int kMaxFrWorld = 1 << 20;
 struct RankDump {
   int rank = 0;
   int world_size = 0;
+  int64_t dumped_at_us = 0;  // 0 when the dump does not say
   std::map<std::string, std::vector<int>> groups;
   std::vector<FrEntry> entries;
 };
@@ -46,6 +47,7 @@ RankDump load_dump(const std::filesystem::path& path) {
     // Checked before anything is sized or looped by them.
     d.world_size = static_cast<int>(json_integer(j, "world_size", 1, kMaxFrWorld));
     d.rank = static_cast<int>(json_integer(j, "rank", 0, d.world_size - 1));
+    if (j.contains("dumped_at_us")) d.dumped_at_us = json_integer(j, "dumped_at_us", 0, INT64_MAX);
     MT_CHECK(j.contains("groups") && j["groups"].is_object(), "key 'groups' must be an object of groups");
     for (const auto& [name, g] : j["groups"].items())
       for (int64_t member : json_integer_list(g, "ranks", 0, d.world_size - 1))
@@ -101,6 +103,49 @@ bool same_group(const RankDump& d, const std::string& group, const std::string& 
   return it != d.groups.end() && it->second == members;
 }
 
+// Dumps are taken at different moments. A rank that gave up on a
+// collective (it timed out and dumped, or failed) while another finished
+// that collective only afterwards: the other rank joined too late (stopped,
+// slow, or held up before it), and what its dump shows after that moment
+// happened once the first had given up. Wall-clock times: across hosts they
+// are as good as the hosts' clocks agree, far finer than a timeout.
+std::optional<FrFinding> late_ranks(const std::string& name, uint64_t seq, const std::map<int, const FrEntry*>& present,
+                                    const std::map<int, RankDump>& dumps) {
+  std::map<int, int64_t> gave_up_at;  // rank -> when it stopped waiting
+  for (const auto& [r, e] : present) {
+    if (e->state == FrState::failed) gave_up_at[r] = e->time_completed_us;
+    else if (e->state != FrState::completed && dumps.at(r).dumped_at_us > 0) gave_up_at[r] = dumps.at(r).dumped_at_us;
+  }
+  if (gave_up_at.empty()) return std::nullopt;
+  const auto first_gave_up = std::min_element(gave_up_at.begin(), gave_up_at.end(),
+                                              [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::vector<int> late;
+  std::vector<std::string> how;
+  for (const auto& [r, e] : present)
+    if (e->state == FrState::completed && e->time_completed_us > first_gave_up->second) {
+      late.push_back(r);
+      how.push_back(fmt::format("rank {} issued it {} ms after rank {} and finished it {} ms after rank {} gave up",
+                                r, (e->time_created_us - present.at(first_gave_up->first)->time_created_us) / 1000,
+                                first_gave_up->first, (e->time_completed_us - first_gave_up->second) / 1000,
+                                first_gave_up->first));
+    }
+  if (late.empty()) return std::nullopt;
+  const FrEntry& waited = *present.at(first_gave_up->first);
+  FrFinding f;
+  f.kind = FrFinding::Kind::late;
+  f.group = name;
+  f.seq = seq;
+  f.culprits = late;
+  f.time_us = waited.time_created_us;
+  f.message = fmt::format(
+      "group '{}' seq {} {}: rank {} waited {} ms in it and gave up; {}: rank(s) {} joined too late (stopped, slow, "
+      "or held up before it), and what their dumps show after it happened once rank {} had given up",
+      name, seq, op_type_name(waited.op), first_gave_up->first,
+      (first_gave_up->second - waited.time_created_us) / 1000, fmt::join(how, "; "), rank_list(late),
+      first_gave_up->first);
+  return f;
+}
+
 std::optional<FrFinding> check_group(const std::string& name, const std::vector<int>& members,
                                      const std::map<int, RankDump>& dumps) {
   std::map<int, std::map<uint64_t, const FrEntry*>> by_rank;  // world rank -> seq -> entry
@@ -143,10 +188,12 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
       std::vector<std::string> lasts;
       for (int r : absent) {
         const auto& seqs = by_rank[r];
-        lasts.push_back(seqs.empty() ? fmt::format("rank {} has no collective on it", r)
-                                     : fmt::format("rank {} last issued seq {} {}", r,
-                                                   seqs.rbegin()->first,
-                                                   describe_entry(*seqs.rbegin()->second)));
+        std::string last = seqs.empty() ? fmt::format("rank {} has no collective on it", r)
+                                        : fmt::format("rank {} last issued seq {} {}", r, seqs.rbegin()->first,
+                                                      describe_entry(*seqs.rbegin()->second));
+        if (const int64_t dumped = dumps.at(r).dumped_at_us; dumped > 0 && dumped < issued)
+          last += fmt::format(" and dumped its record {} ms before this one was issued", (issued - dumped) / 1000);
+        lasts.push_back(std::move(last));
       }
       std::vector<int> joined;
       for (const auto& [r, e] : present) joined.push_back(r);
@@ -181,6 +228,7 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
     if (!minority(ops).empty()) return report(FrFinding::Kind::op_mismatch, minority(ops), "operation");
     if (!minority(dtypes).empty()) return report(FrFinding::Kind::dtype_mismatch, minority(dtypes), "dtype");
     if (!minority(sigs).empty()) return report(FrFinding::Kind::size_mismatch, minority(sigs), "sizes");
+    if (auto late = late_ranks(name, seq, present, dumps)) return late;
   }
   if (no_dump.empty()) {
     // Every rank issued a collective and none finished it: the data never

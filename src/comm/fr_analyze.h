@@ -12,7 +12,7 @@
 namespace meshtrain::comm {
 
 struct FrFinding {
-  enum class Kind { missing_rank, op_mismatch, dtype_mismatch, size_mismatch, group_mismatch, no_dump, stalled };
+  enum class Kind { missing_rank, op_mismatch, dtype_mismatch, size_mismatch, group_mismatch, no_dump, stalled, late };
   Kind kind = Kind::missing_rank;
   std::string group;
   uint64_t seq = 0;

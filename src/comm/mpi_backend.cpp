@@ -264,12 +264,11 @@ class Engine {
     stop_reported_ = true;
     const MpiOp* oldest = nullptr;
     for (const auto& op : active_)
-      if (!op->done && (oldest == nullptr || op->work->deadline() - op->work->info().timeout <
-                                                 oldest->work->deadline() - oldest->work->info().timeout))
+      if (!op->done && (oldest == nullptr || op->work->issued_at() < oldest->work->issued_at()))
         oldest = op.get();
     if (oldest == nullptr) return;
     const WorkInfo& info = oldest->work->info();
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - (oldest->work->deadline() - info.timeout));
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->work->issued_at());
     std::string where;
     try {
       where = "; flight recorder dumped to " +

@@ -1,10 +1,42 @@
 #include "comm/work.h"
 
+#include <atomic>
+#include <csignal>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
 
 namespace meshtrain::comm {
+
+namespace {
+
+std::atomic<Clock::rep> continued_at{0};  // Clock ticks since its epoch
+static_assert(std::atomic<Clock::rep>::is_always_lock_free, "set in a signal handler");
+
+extern "C" void on_continued(int) {
+  // steady_clock reads CLOCK_MONOTONIC (clock_gettime is async-signal-safe).
+  continued_at.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void watch_for_continuation() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGCONT, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction action {};
+    action.sa_handler = on_continued;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGCONT, &action, nullptr);
+  });
+}
+
+}  // namespace
+
+Clock::time_point last_continued() noexcept {
+  return Clock::time_point(Clock::duration(continued_at.load(std::memory_order_relaxed)));
+}
 
 std::string WorkInfo::describe() const {
   return fmt::format("{} ({}seq {}) on group '{}' ({} ranks)", op_type_name(op), p2p ? "p2p " : "",
@@ -15,7 +47,9 @@ Work::Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t rec
     : info_(std::move(info)),
       recorder_(std::move(recorder)),
       recorder_id_(recorder_id),
-      deadline_(Clock::now() + info_.timeout) {}
+      issued_at_(Clock::now()) {
+  watch_for_continuation();
+}
 
 bool Work::is_completed() {
   if (poller_) poller_();
@@ -35,7 +69,7 @@ std::exception_ptr Work::exception() {
 }
 
 void Work::check_deadline() {
-  if (Clock::now() < deadline_) return;
+  if (Clock::now() < deadline()) return;
   {
     std::lock_guard lock(mu_);
     if (done_) return;
@@ -61,9 +95,11 @@ bool Work::wait_until(Clock::time_point until) {
 }
 
 void Work::wait() {
-  if (!wait_until(deadline_)) {
+  while (!wait_until(deadline())) {
+    if (Clock::now() < deadline()) continue;  // this process was stopped and continued: the deadline moved
     check_deadline();
     wait_until(Clock::now() + std::chrono::seconds(5));  // the timeout handler fails the work
+    break;
   }
   std::lock_guard lock(mu_);
   if (!done_)
@@ -74,7 +110,7 @@ void Work::wait() {
 
 bool Work::wait_for(std::chrono::milliseconds d) {
   const auto until = Clock::now() + d;
-  if (until >= deadline_) {
+  if (until >= deadline()) {
     wait();
     return true;
   }

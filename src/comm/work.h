@@ -2,6 +2,7 @@
 // test for completion, wait with the operation's timeout, read its error.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -16,6 +17,14 @@
 namespace meshtrain::comm {
 
 using Clock = std::chrono::steady_clock;
+
+// When this process was last continued after a stop (SIGSTOP, a debugger,
+// job control); Clock's epoch when never. A stopped process stops every
+// clock it cares about, so the time it was stopped does not count against
+// its peers: an operation's timeout runs from the later of its issue and
+// this. The SIGCONT handler that records it is installed with the first
+// Work, unless the program has a SIGCONT handler of its own.
+Clock::time_point last_continued() noexcept;
 
 // What an operation is, for error messages and the flight recorder.
 struct WorkInfo {
@@ -41,11 +50,13 @@ class Work {
   bool is_success();
   std::exception_ptr exception();
   // Block until done, or until the operation's timeout (counted from when it
-  // was issued) expires; rethrows the failure (TimeoutError, CommError).
+  // was issued, or this process was last continued) expires; rethrows the
+  // failure (TimeoutError, CommError).
   void wait();
   // Block at most `d`: true when done (rethrows a failure), false when still running.
   bool wait_for(std::chrono::milliseconds d);
-  Clock::time_point deadline() const { return deadline_; }
+  Clock::time_point issued_at() const { return issued_at_; }
+  Clock::time_point deadline() const { return std::max(issued_at_, last_continued()) + info_.timeout; }
 
   // ---- backend side -------------------------------------------------------
   // A poller drives progress from the waiting thread (MPI); without one the
@@ -64,7 +75,7 @@ class Work {
   WorkInfo info_;
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t recorder_id_;
-  Clock::time_point deadline_;
+  Clock::time_point issued_at_;
   std::function<void()> poller_;
   std::function<void(Work&)> on_timeout_;
   std::once_flag timeout_once_;

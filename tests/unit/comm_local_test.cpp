@@ -2,10 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <chrono>
 #include <fstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -163,6 +167,34 @@ TEST(LocalTimeout, SkippedCollectiveTimesOutAndFrAnalyzeNamesTheRank) {
   std::filesystem::remove_all(dir);
 }
 
+// A process stopped (SIGSTOP) and continued does not blame its peers for the
+// time it was stopped: on SIGCONT, a pending operation's timeout starts again.
+TEST(LocalTimeout, ATimeoutRunsFromWhenTheProcessWasContinued) {
+  const std::string dir = fresh_dir("local_continued");
+  setenv("MESHTRAIN_FR_DIR", dir.c_str(), 1);
+  GroupOptions options;
+  options.timeout = 400ms;
+  LocalWorld world(2, options);
+  double waited_ms = 0;
+  world.run([&](ProcessGroup& pg) {
+    if (pg.rank() == 1) return;  // never joins
+    Tensor t = Tensor::zeros({8}, DType::f32);
+    const auto issued = std::chrono::steady_clock::now();
+    auto work = pg.all_reduce(t);
+    std::thread continuer([] {
+      std::this_thread::sleep_for(300ms);
+      kill(getpid(), SIGCONT);  // as the kernel does when a stopped process is continued
+    });
+    EXPECT_THROW(work->wait(), TimeoutError);
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - issued).count();
+    continuer.join();
+  });
+  EXPECT_GE(waited_ms, 700) << "the timeout did not start again at SIGCONT";
+  EXPECT_LT(waited_ms, 3000);
+  unsetenv("MESHTRAIN_FR_DIR");
+  std::filesystem::remove_all(dir);
+}
+
 // A rank that stalls inside a collective (stopped mid-transfer): every rank
 // issued it, none finished; the dumps agree, and the analysis says so
 // instead of "no mismatch".
@@ -190,6 +222,51 @@ TEST(FlightRecorder, ACollectiveNoRankFinishedIsReportedAsStalled) {
   EXPECT_TRUE(contains(report.to_text(), "seq 3 all_gather: every rank issued it and none finished it "
                                          "(rank 0 started, rank 1 started)")) << report.to_text();
   EXPECT_FALSE(report.ok());
+  std::filesystem::remove_all(dir);
+}
+
+// Dumps taken at different moments (the CI run of mpi_hung_rank): rank 1
+// stopped; rank 0 times out in 'dp' seq 1 and dumps; rank 1, continued,
+// finishes it with what rank 0 had sent, issues 'world' seq 2 and dumps
+// later. Rank 1 was late; rank 0 "never joined" 'world' seq 2 only because
+// it had given up before.
+TEST(FlightRecorder, ARankThatFinishedAfterAnotherGaveUpIsNamedLate) {
+  const std::string dir = ::testing::TempDir() + "/fr_late";
+  std::filesystem::remove_all(dir);
+  auto entry = [](const std::string& group, uint64_t seq) {
+    FrEntry e;
+    e.group = group;
+    e.seq = seq;
+    e.op = OpType::all_reduce;
+    e.signature = "n=2";
+    return e;
+  };
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(3)); };
+  FlightRecorder rank0(0, 2), rank1(1, 2);
+  for (FlightRecorder* fr : {&rank0, &rank1}) {
+    fr->add_group("world", {0, 1});
+    fr->add_group("dp", {0, 1});
+    fr->update(fr->record(entry("world", 1)), FrState::completed);
+  }
+  rank0.update(rank0.record(entry("dp", 1)), FrState::started);
+  pause();
+  rank0.dump(dir, "timed out");
+  pause();
+  rank1.update(rank1.record(entry("dp", 1)), FrState::completed);
+  rank1.update(rank1.record(entry("world", 2)), FrState::started);
+  pause();
+  rank1.dump(dir, "stop signal");
+  const FrReport report = analyze_flight_records(dir);
+  ASSERT_EQ(report.findings.size(), 2u) << report.to_text();
+  EXPECT_EQ(report.findings.front().kind, FrFinding::Kind::late) << report.to_text();
+  EXPECT_EQ(report.findings.front().group, "dp");
+  EXPECT_EQ(report.findings.front().culprits, std::vector<int>{1});
+  EXPECT_TRUE(contains(report.to_text(), "FIRST MISMATCH: group 'dp' seq 1 all_reduce: rank 0 waited"))
+      << report.to_text();
+  EXPECT_TRUE(contains(report.to_text(), "rank(s) 1 joined too late")) << report.to_text();
+  EXPECT_EQ(report.findings.back().kind, FrFinding::Kind::missing_rank);
+  EXPECT_TRUE(contains(report.findings.back().message, "rank 0 last issued seq 1")) << report.to_text();
+  EXPECT_TRUE(contains(report.findings.back().message, "and dumped its record")) << report.to_text();
   std::filesystem::remove_all(dir);
 }
 
