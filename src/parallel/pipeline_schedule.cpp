@@ -1,0 +1,465 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"};
+constexpr std::string_view kActionNames[] = {"F", "I", "W", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+
+// Limits that keep a typed number from asking for billions of actions.
+constexpr int kMaxRanks = 4096;
+constexpr int kMaxStagesPerRank = 64;
+constexpr int kMaxMicrobatches = 1 << 16;
+constexpr int64_t kMaxActions = int64_t{1} << 24;
+
+using Key = std::tuple<int, PpActionType, int>;  // stage, type, microbatch
+Key key_of(const PpAction& a) { return {a.stage, a.type, a.microbatch}; }
+
+// Builds one rank's list: the next forward or backward of each local stage.
+struct RankBuilder {
+  int rank;
+  std::vector<PpAction>& out;
+  std::map<int, int> next_forward, next_input_backward;  // stage -> microbatch
+  std::deque<std::pair<int, int>> pending_weight;        // (stage, microbatch), oldest first
+  void forward(int stage) { out.push_back({stage, PpActionType::forward, next_forward[stage]++}); }
+  void backward(int stage) { out.push_back({stage, PpActionType::backward, next_input_backward[stage]++}); }
+  void input_backward(int stage) {
+    const int mb = next_input_backward[stage]++;
+    out.push_back({stage, PpActionType::backward_input, mb});
+    pending_weight.emplace_back(stage, mb);
+  }
+  void oldest_weight_backward() {
+    if (pending_weight.empty()) return;
+    out.push_back({pending_weight.front().first, PpActionType::backward_weight, pending_weight.front().second});
+    pending_weight.pop_front();
+  }
+};
+
+// GPipe: every forward, then every backward.
+void gpipe(RankBuilder& b, int m) {
+  for (int i = 0; i < m; ++i) b.forward(b.rank);
+  for (int i = 0; i < m; ++i) b.backward(b.rank);
+}
+
+// 1F1B: as many forwards as stages from here to the last, then a backward
+// and a forward in turn, then the backwards left.
+void one_f_one_b(RankBuilder& b, int p, int m) {
+  const int warmup = std::min(m, p - b.rank);
+  for (int i = 0; i < warmup; ++i) b.forward(b.rank);
+  for (int done = 0; done < m; ++done) {
+    b.backward(b.rank);
+    if (warmup + done < m) b.forward(b.rank);
+  }
+}
+
+// Interleaved 1F1B and zero-bubble with v stages per rank (Megatron's
+// depth-first order): forwards go through the rank's stages in runs of
+// `per_round` microbatches, first stage first; backwards the same runs, last
+// stage first. After a warm-up, each forward is followed by a backward.
+// Zero-bubble runs the input half of each backward there and the weight
+// half of the oldest pending one after it, once the rank is `rank` input
+// backwards in (its wait for the next stage's gradient filled with work).
+void depth_first(RankBuilder& b, int p, int v, int m, bool split_backward) {
+  const int rounds = std::max(1, m / p);
+  const int per_round = m / rounds;
+  const int total = v * m;
+  const int warmup = std::min((v - 1) * per_round + (split_backward ? 1 : 2) * (p - 1 - b.rank), total);
+  auto forward_stage = [&](int k) { return ((k / per_round) % v) * p + b.rank; };
+  auto backward_stage = [&](int k) { return (v - 1 - (k / per_round) % v) * p + b.rank; };
+  int forwards = 0;
+  for (; forwards < warmup; ++forwards) b.forward(forward_stage(forwards));
+  for (int k = 0; k < total; ++k) {
+    if (forwards < total) b.forward(forward_stage(forwards++));
+    if (!split_backward) {
+      b.backward(backward_stage(k));
+      continue;
+    }
+    b.input_backward(backward_stage(k));
+    if (k >= b.rank) b.oldest_weight_backward();
+  }
+  while (!b.pending_weight.empty()) b.oldest_weight_backward();
+}
+
+// ZB-V: two stages per rank in a V (chunk 0 = stage r going down the ranks,
+// chunk 1 = stage 2p-1-r coming back). Generated for n = max(2p-1, m)
+// microbatches, and those past m dropped, so that any m works.
+void zbv(RankBuilder& b, int p, int m) {
+  const int r = b.rank, n = std::max(2 * p - 1, m);
+  const int chunk0 = r, chunk1 = 2 * p - 1 - r;
+  auto f = [&](int stage) {
+    if (b.next_forward[stage] < n) b.forward(stage);
+  };
+  auto i = [&](int stage) {
+    if (b.next_input_backward[stage] < n) b.input_backward(stage);
+  };
+  auto w = [&](int stage) {  // the oldest pending weight backward of this stage
+    const auto it = std::find_if(b.pending_weight.begin(), b.pending_weight.end(),
+                                 [&](const auto& e) { return e.first == stage; });
+    if (it == b.pending_weight.end()) return;
+    b.out.push_back({stage, PpActionType::backward_weight, it->second});
+    b.pending_weight.erase(it);
+  };
+  for (int k = 0; k < 2 * (p - r) - 1; ++k) f(chunk0);
+  for (int k = 0; k < r; ++k) f(chunk1), f(chunk0);
+  for (int k = 0; k < p - r; ++k) f(chunk1), i(chunk1), w(chunk1);
+  while (b.next_forward[chunk1] < b.next_forward[chunk0] || b.next_forward[chunk0] < n) {
+    f(chunk0), i(chunk0), w(chunk0), f(chunk1), i(chunk1), w(chunk1);
+  }
+  for (int k = 0; k < r; ++k) i(chunk0), i(chunk1);
+  for (int k = 0; k < p - r; ++k) i(chunk0), w(chunk0);
+  for (const int stage : {chunk1, chunk0}) {  // the weight backwards left, chunk 1's first
+    const auto pending = std::count_if(b.pending_weight.begin(), b.pending_weight.end(),
+                                       [&](const auto& e) { return e.first == stage; });
+    for (int k = 0; k < pending; ++k) w(stage);
+  }
+  std::erase_if(b.out, [&](const PpAction& a) { return a.microbatch >= m; });
+}
+
+double duration(const PpAction& a, const PpCosts& c, int v) {
+  switch (a.type) {
+    case PpActionType::forward: return c.forward / v;
+    case PpActionType::backward_input: return c.backward_input / v;
+    case PpActionType::backward_weight: return c.backward_weight / v;
+    case PpActionType::backward: return c.backward() / v;
+    default: return 0;
+  }
+}
+
+std::string describe_stuck(const std::vector<std::vector<PpAction>>& lists, const std::vector<size_t>& next) {
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < lists.size(); ++r)
+    if (next[r] < lists[r].size()) parts.push_back(fmt::format("rank {} at {}", r, to_string(lists[r][next[r]])));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+std::string_view pp_schedule_name(PpScheduleKind kind) { return kScheduleNames[static_cast<int>(kind)]; }
+
+std::string pp_schedule_names() { return fmt::format("{}", fmt::join(kScheduleNames, ", ")); }
+
+PpScheduleKind parse_pp_schedule(std::string_view name) {
+  for (size_t k = 0; k < std::size(kScheduleNames); ++k)
+    if (kScheduleNames[k] == name) return static_cast<PpScheduleKind>(k);
+  throw InvalidArgument(fmt::format("pp_schedule '{}' is not a pipeline schedule; choose one of {}", name,
+                                    pp_schedule_names()));
+}
+
+bool is_compute(PpActionType type) {
+  return type == PpActionType::forward || type == PpActionType::backward_input ||
+         type == PpActionType::backward_weight || type == PpActionType::backward;
+}
+
+std::string to_string(const PpAction& a) {
+  return fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch);
+}
+
+PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank) {
+  const std::string_view name = pp_schedule_name(kind);
+  MT_CHECK(ranks >= 1 && ranks <= kMaxRanks, "pp = {}: the pipeline needs 1 to {} ranks", ranks, kMaxRanks);
+  MT_CHECK(microbatches >= 1 && microbatches <= kMaxMicrobatches, "pp_microbatches = {}: give 1 to {}",
+           microbatches, kMaxMicrobatches);
+  MT_CHECK(stages_per_rank >= 1 && stages_per_rank <= kMaxStagesPerRank,
+           "pp_stages_per_rank = {}: give 1 to {}", stages_per_rank, kMaxStagesPerRank);
+  MT_CHECK(int64_t{ranks} * stages_per_rank * microbatches * 3 <= kMaxActions,
+           "pp {} x pp_stages_per_rank {} x pp_microbatches {} is more than {} actions to schedule", ranks,
+           stages_per_rank, microbatches, kMaxActions);
+  const bool one_stage_each = kind == PpScheduleKind::gpipe || kind == PpScheduleKind::one_f_one_b;
+  MT_CHECK(!one_stage_each || stages_per_rank == 1,
+           "pp_schedule {} runs one stage per rank, but pp_stages_per_rank = {}; use interleaved_1f1b, "
+           "zero_bubble or zbv for several", name, stages_per_rank);
+  MT_CHECK(kind != PpScheduleKind::interleaved_1f1b || stages_per_rank >= 2,
+           "pp_schedule interleaved_1f1b needs pp_stages_per_rank >= 2 (got {}); with one stage per rank it is "
+           "1f1b", stages_per_rank);
+  MT_CHECK(kind != PpScheduleKind::zbv || stages_per_rank == 2,
+           "pp_schedule zbv puts exactly 2 stages on each rank (a V), but pp_stages_per_rank = {}",
+           stages_per_rank);
+  MT_CHECK(kind != PpScheduleKind::one_f_one_b || microbatches >= ranks,
+           "pp_schedule 1f1b needs pp_microbatches >= pp (got {} microbatches for {} stages): with fewer, no "
+           "backward can start before every forward is done; raise pp_microbatches or use gpipe",
+           microbatches, ranks);
+  const bool depth_first_order = kind == PpScheduleKind::interleaved_1f1b || kind == PpScheduleKind::zero_bubble;
+  if (depth_first_order && stages_per_rank > 1) {
+    const int rounds = std::max(1, microbatches / ranks);
+    MT_CHECK(microbatches % rounds == 0,
+             "pp_schedule {} takes microbatches in equal runs of about pp = {}: pp_microbatches = {} splits into "
+             "{} runs unevenly; use a multiple of pp, or fewer than 2 x pp", name, ranks, microbatches, rounds);
+  }
+
+  PpSchedule s;
+  s.kind = kind;
+  s.ranks = ranks;
+  s.stages_per_rank = stages_per_rank;
+  s.microbatches = microbatches;
+  s.rank_of_stage.resize(static_cast<size_t>(s.stages()));
+  for (int stage = 0; stage < s.stages(); ++stage)
+    s.rank_of_stage[static_cast<size_t>(stage)] =
+        kind == PpScheduleKind::zbv && stage >= ranks ? 2 * ranks - 1 - stage : stage % ranks;
+  s.actions.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    RankBuilder b{r, s.actions[static_cast<size_t>(r)], {}, {}, {}};
+    switch (kind) {
+      case PpScheduleKind::gpipe: gpipe(b, microbatches); break;
+      case PpScheduleKind::one_f_one_b: one_f_one_b(b, ranks, microbatches); break;
+      case PpScheduleKind::interleaved_1f1b: depth_first(b, ranks, stages_per_rank, microbatches, false); break;
+      case PpScheduleKind::zero_bubble: depth_first(b, ranks, stages_per_rank, microbatches, true); break;
+      case PpScheduleKind::zbv: zbv(b, ranks, microbatches); break;
+    }
+  }
+  validate_pp_schedule(s);
+  return s;
+}
+
+void validate_pp_schedule(const PpSchedule& s) {
+  const int stages = s.stages(), m = s.microbatches;
+  MT_CHECK(static_cast<int>(s.rank_of_stage.size()) == stages && static_cast<int>(s.actions.size()) == s.ranks,
+           "pipeline schedule: {} stages on {} ranks, but {} stage placements and {} action lists", stages,
+           s.ranks, s.rank_of_stage.size(), s.actions.size());
+  // Per (stage, microbatch): how many of each compute type, in this rank's order.
+  std::vector<std::array<int, 4>> seen(static_cast<size_t>(stages) * static_cast<size_t>(m), {0, 0, 0, 0});
+  for (int r = 0; r < s.ranks; ++r) {
+    for (const PpAction& a : s.actions[static_cast<size_t>(r)]) {
+      if (!is_compute(a.type)) continue;
+      MT_CHECK(a.stage >= 0 && a.stage < stages && a.microbatch >= 0 && a.microbatch < m,
+               "pipeline schedule: rank {} has {}, outside {} stages x {} microbatches", r, to_string(a), stages, m);
+      MT_CHECK(s.rank_of_stage[static_cast<size_t>(a.stage)] == r,
+               "pipeline schedule: rank {} runs {}, but stage {} lives on rank {}", r, to_string(a), a.stage,
+               s.rank_of_stage[static_cast<size_t>(a.stage)]);
+      auto& c = seen[static_cast<size_t>(a.stage) * static_cast<size_t>(m) + static_cast<size_t>(a.microbatch)];
+      const int t = static_cast<int>(a.type);
+      MT_CHECK(c[static_cast<size_t>(t)] == 0, "pipeline schedule: rank {} runs {} twice", r, to_string(a));
+      const bool forward_done = c[0] == 1, input_done = c[1] == 1 || c[3] == 1;
+      MT_CHECK(a.type == PpActionType::forward || forward_done,
+               "pipeline schedule: rank {} runs {} before that microbatch's forward", r, to_string(a));
+      MT_CHECK(a.type != PpActionType::backward_weight || c[1] == 1,
+               "pipeline schedule: rank {} runs {} before its input backward (I)", r, to_string(a));
+      MT_CHECK(!((a.type == PpActionType::backward_input || a.type == PpActionType::backward) && input_done),
+               "pipeline schedule: rank {} runs {} after that microbatch's backward", r, to_string(a));
+      c[static_cast<size_t>(t)] = 1;
+    }
+  }
+  for (int stage = 0; stage < stages; ++stage)
+    for (int mb = 0; mb < m; ++mb) {
+      const auto& c = seen[static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb)];
+      const bool complete = c[0] == 1 && ((c[3] == 1 && c[1] == 0 && c[2] == 0) || (c[3] == 0 && c[1] == 1 && c[2] == 1));
+      MT_CHECK(complete, "pipeline schedule: stage {} microbatch {} has {} F, {} B, {} I and {} W; it needs one F and "
+               "either one B or one I and one W", stage, mb, c[0], c[3], c[1], c[2]);
+    }
+}
+
+PpSchedule add_pp_communication(const PpSchedule& compute_only) {
+  validate_pp_schedule(compute_only);
+  const PpSchedule& s = compute_only;
+  const int last = s.stages() - 1;
+  auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
+  PpSchedule out = s;
+  for (auto& list : out.actions) list.clear();
+  std::vector<std::set<Key>> emitted(static_cast<size_t>(s.ranks));
+  std::vector<size_t> next(static_cast<size_t>(s.ranks), 0);
+  auto emit = [&](int r, const PpAction& a) {
+    out.actions[static_cast<size_t>(r)].push_back(a);
+    emitted[static_cast<size_t>(r)].insert(key_of(a));
+  };
+  auto has = [&](int r, int stage, PpActionType type, int mb) {
+    return emitted[static_cast<size_t>(r)].count({stage, type, mb}) > 0;
+  };
+  for (;;) {
+    bool progress = false, left = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& list = s.actions[static_cast<size_t>(r)];
+      size_t& i = next[static_cast<size_t>(r)];
+      if (i >= list.size()) continue;
+      left = true;
+      const PpAction& a = list[i];
+      bool ready = true;
+      if (a.type == PpActionType::forward && a.stage > 0)
+        ready = rank_of(a.stage - 1) == r ? has(r, a.stage - 1, PpActionType::forward, a.microbatch)
+                                          : has(r, a.stage, PpActionType::recv_f, a.microbatch);
+      if ((a.type == PpActionType::backward || a.type == PpActionType::backward_input) && a.stage < last)
+        ready = rank_of(a.stage + 1) == r ? has(r, a.stage + 1, PpActionType::backward, a.microbatch) ||
+                                                has(r, a.stage + 1, PpActionType::backward_input, a.microbatch)
+                                          : has(r, a.stage, PpActionType::recv_b, a.microbatch);
+      if (!ready) continue;
+      emit(r, a);
+      ++i;
+      progress = true;
+      if (a.type == PpActionType::forward && a.stage < last && rank_of(a.stage + 1) != r) {
+        emit(r, {a.stage, PpActionType::send_f, a.microbatch});
+        emit(rank_of(a.stage + 1), {a.stage + 1, PpActionType::recv_f, a.microbatch});
+      }
+      if ((a.type == PpActionType::backward || a.type == PpActionType::backward_input) && a.stage > 0 &&
+          rank_of(a.stage - 1) != r) {
+        emit(r, {a.stage, PpActionType::send_b, a.microbatch});
+        emit(rank_of(a.stage - 1), {a.stage - 1, PpActionType::recv_b, a.microbatch});
+      }
+    }
+    if (!left) break;
+    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
+             "no rank will produce", pp_schedule_name(s.kind), s.ranks, s.microbatches,
+             describe_stuck(s.actions, next));
+  }
+  // Run the lists in order, a receive blocking until its send is posted.
+  std::set<Key> sent;
+  std::fill(next.begin(), next.end(), 0);
+  for (;;) {
+    bool progress = false, left = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& list = out.actions[static_cast<size_t>(r)];
+      size_t& i = next[static_cast<size_t>(r)];
+      for (; i < list.size(); ++i) {
+        const PpAction& a = list[i];
+        if (a.type == PpActionType::recv_f && !sent.count({a.stage - 1, PpActionType::send_f, a.microbatch})) break;
+        if (a.type == PpActionType::recv_b && !sent.count({a.stage + 1, PpActionType::send_b, a.microbatch})) break;
+        if (a.type == PpActionType::send_f || a.type == PpActionType::send_b) sent.insert(key_of(a));
+        progress = true;
+      }
+      left = left || i < list.size();
+    }
+    if (!left) break;
+    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) deadlocks: {} each wait for a send that "
+             "comes after it", pp_schedule_name(s.kind), s.ranks, s.microbatches,
+             describe_stuck(out.actions, next));
+  }
+  return out;
+}
+
+PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
+  validate_pp_schedule(s);
+  MT_CHECK(std::isfinite(costs.forward) && std::isfinite(costs.backward_input) &&
+               std::isfinite(costs.backward_weight) && std::isfinite(costs.p2p) && costs.forward > 0 &&
+               costs.backward_input > 0 && costs.backward_weight > 0 && costs.p2p >= 0,
+           "pipeline costs must be finite, positive (p2p may be 0): F {} I {} W {} p2p {}", costs.forward,
+           costs.backward_input, costs.backward_weight, costs.p2p);
+  const int stages = s.stages(), m = s.microbatches, v = s.stages_per_rank, last = stages - 1;
+  auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
+  constexpr double kNotYet = -1;
+  const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(m);
+  std::vector<double> forward_end(cells, kNotYet), input_end(cells, kNotYet);
+  auto at = [&](int stage, int mb) { return static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb); };
+
+  PpSimulation sim;
+  sim.busy.assign(static_cast<size_t>(s.ranks), 0);
+  sim.timeline.resize(static_cast<size_t>(s.ranks));
+  std::vector<std::vector<PpAction>> compute(static_cast<size_t>(s.ranks));
+  for (int r = 0; r < s.ranks; ++r)
+    for (const PpAction& a : s.actions[static_cast<size_t>(r)])
+      if (is_compute(a.type)) compute[static_cast<size_t>(r)].push_back(a);
+  std::vector<size_t> next(static_cast<size_t>(s.ranks), 0);
+  std::vector<double> free_at(static_cast<size_t>(s.ranks), 0);
+  // When each input is there for `a` on rank r, or kNotYet.
+  auto ready_at = [&](int r, const PpAction& a) -> double {
+    const double p2p = costs.p2p;
+    auto from = [&](double end, int stage) { return end < 0 ? kNotYet : end + (rank_of(stage) != r ? p2p : 0); };
+    switch (a.type) {
+      case PpActionType::forward:
+        return a.stage == 0 ? 0 : from(forward_end[at(a.stage - 1, a.microbatch)], a.stage - 1);
+      case PpActionType::backward:
+      case PpActionType::backward_input: {
+        const double own = forward_end[at(a.stage, a.microbatch)];
+        if (own < 0) return kNotYet;
+        if (a.stage == last) return own;
+        const double next_stage = from(input_end[at(a.stage + 1, a.microbatch)], a.stage + 1);
+        return next_stage < 0 ? kNotYet : std::max(own, next_stage);
+      }
+      default:  // W: after its own I, which runs earlier on this rank
+        return input_end[at(a.stage, a.microbatch)];
+    }
+  };
+  for (;;) {
+    bool progress = false, left = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& list = compute[static_cast<size_t>(r)];
+      size_t& i = next[static_cast<size_t>(r)];
+      for (; i < list.size(); ++i) {
+        const PpAction& a = list[i];
+        const double ready = ready_at(r, a);
+        if (ready < 0) break;
+        const double start = std::max(ready, free_at[static_cast<size_t>(r)]);
+        const double end = start + duration(a, costs, v);
+        free_at[static_cast<size_t>(r)] = end;
+        sim.busy[static_cast<size_t>(r)] += end - start;
+        sim.timeline[static_cast<size_t>(r)].push_back({a, start, end});
+        if (a.type == PpActionType::forward) forward_end[at(a.stage, a.microbatch)] = end;
+        if (a.type == PpActionType::backward || a.type == PpActionType::backward_input)
+          input_end[at(a.stage, a.microbatch)] = end;
+        progress = true;
+      }
+      left = left || i < list.size();
+    }
+    if (!left) break;
+    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
+             "no rank will produce", pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
+  }
+  sim.makespan = *std::max_element(free_at.begin(), free_at.end());
+  double busy = 0;
+  for (double b : sim.busy) busy += b;
+  sim.bubble_fraction = sim.makespan > 0 ? 1 - busy / (sim.makespan * s.ranks) : 0;
+  // Activations: a (stage, microbatch) is held from its F until its B or W.
+  for (int r = 0; r < s.ranks; ++r) {
+    int live = 0, peak = 0;
+    for (const PpAction& a : compute[static_cast<size_t>(r)]) {
+      if (a.type == PpActionType::forward) peak = std::max(peak, ++live);
+      if (a.type == PpActionType::backward || a.type == PpActionType::backward_weight) --live;
+    }
+    sim.peak_activations.push_back(peak);
+  }
+  return sim;
+}
+
+double published_bubble_fraction(const PpSchedule& s, const PpCosts& c) {
+  const double p = s.ranks, m = s.microbatches, v = s.stages_per_rank;
+  double idle = -1;
+  switch (s.kind) {
+    case PpScheduleKind::gpipe:
+    case PpScheduleKind::one_f_one_b: idle = (p - 1) * (c.forward + c.backward()); break;
+    case PpScheduleKind::interleaved_1f1b: idle = (p - 1) * (c.forward + c.backward()) / v; break;
+    case PpScheduleKind::zero_bubble:
+      if (s.stages_per_rank == 1) idle = (p - 1) * (c.forward + c.backward_input - c.backward_weight);
+      break;
+    case PpScheduleKind::zbv: break;
+  }
+  if (idle < 0) return -1;
+  return idle / (m * (c.forward + c.backward()) + idle);
+}
+
+std::string pp_timeline_text(const PpSchedule& s, const PpSimulation& sim, double unit) {
+  MT_CHECK(unit > 0 && std::isfinite(unit), "pipeline timeline: the time per column must be positive, got {}", unit);
+  const auto columns = static_cast<size_t>(std::ceil(sim.makespan / unit - 1e-9));
+  MT_CHECK(columns <= 100000, "pipeline timeline: {} columns is too wide to print; give a larger time per column",
+           columns);
+  size_t width = 1;
+  for (const auto& rank : sim.timeline)
+    for (const auto& t : rank) width = std::max(width, to_string(t.action).size());
+  ++width;
+  std::string out;
+  for (int r = 0; r < s.ranks; ++r) {
+    std::vector<std::string> cell(columns, std::string(width - 1, '.'));
+    for (const auto& t : sim.timeline[static_cast<size_t>(r)]) {
+      const auto first = static_cast<size_t>(std::llround(t.start / unit));
+      const auto end = std::max(first + 1, static_cast<size_t>(std::llround(t.end / unit)));
+      for (size_t col = first; col < end && col < columns; ++col) {
+        std::string text = col == first ? to_string(t.action) : std::string(width - 1, '-');
+        text.resize(width - 1, col == first ? ' ' : '-');
+        cell[col] = text;
+      }
+    }
+    out += fmt::format("rank {:>{}} | {}\n", r, fmt::format("{}", s.ranks - 1).size(), fmt::join(cell, " "));
+  }
+  return out;
+}
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,184 @@
+// Pipeline schedules: the orders of the reference's re-simulation of
+// PyTorch's generators, the published bubble formulas, activation peaks, and
+// deadlock-free lowering for every schedule, pp and microbatch count.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "parallel/pipeline_schedule.h"
+#include "test_util.h"
+
+using namespace meshtrain;
+using namespace meshtrain::parallel;
+using mtest::contains;
+
+namespace {
+
+std::string order(const PpSchedule& s, int rank) {
+  std::vector<std::string> parts;
+  for (const PpAction& a : s.actions[static_cast<size_t>(rank)]) parts.push_back(to_string(a));
+  return fmt::format("{}", fmt::join(parts, " "));
+}
+
+}  // namespace
+
+// Per-rank orders for p = 4, m = 8 as listed in the reference notes
+// (shared/reference/pipeline.md §1.8, re-derived there from PyTorch's
+// generators), compared action by action.
+TEST(PipelineSchedule, OrdersMatchTheReferenceForFourRanksEightMicrobatches) {
+  const PpSchedule f1b = make_pp_schedule(PpScheduleKind::one_f_one_b, 4, 8, 1);
+  EXPECT_EQ(order(f1b, 0), "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(order(f1b, 3), "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
+  const PpSchedule inter = make_pp_schedule(PpScheduleKind::interleaved_1f1b, 4, 8, 2);
+  EXPECT_EQ(order(inter, 0), "0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4 0F5 0F6 4B0 0F7 4B1 4F4 4B2 4F5 4B3 4F6 0B0 4F7 "
+                             "0B1 0B2 0B3 4B4 4B5 4B6 4B7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(order(inter, 2), "2F0 2F1 2F2 2F3 6F0 6F1 6F2 6B0 6F3 6B1 2F4 6B2 2F5 6B3 2F6 2B0 2F7 2B1 6F4 2B2 6F5 "
+                             "2B3 6F6 6B4 6F7 6B5 6B6 6B7 2B4 2B5 2B6 2B7");
+  const PpSchedule zb2 = make_pp_schedule(PpScheduleKind::zero_bubble, 4, 8, 2);
+  EXPECT_EQ(order(zb2, 3), "3F0 3F1 3F2 3F3 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 3F4 3I0 7W1 3F5 3I1 7W2 3F6 3I2 "
+                           "7W3 3F7 3I3 3W0 7F4 7I4 3W1 7F5 7I5 3W2 7F6 7I6 3W3 7F7 7I7 7W4 3I4 7W5 3I5 7W6 3I6 "
+                           "7W7 3I7 3W4 3W5 3W6 3W7");
+  const PpSchedule zbv = make_pp_schedule(PpScheduleKind::zbv, 4, 8, 2);
+  EXPECT_EQ(order(zbv, 0), "0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 7W2 7F3 7I3 7W3 0F7 0I0 "
+                           "0W0 7F4 7I4 7W4 0I1 0W1 7F5 7I5 7W5 0I2 0W2 7F6 7I6 7W6 0I3 0W3 7F7 7I7 7W7 0I4 0W4 "
+                           "0I5 0W5 0I6 0W6 0I7 0W7");
+  EXPECT_EQ(order(zbv, 3), "3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4I0 4W0 3F4 3I0 3W0 4F4 4I1 4W1 3F5 3I1 3W1 4F5 4I2 "
+                           "4W2 3F6 3I2 3W2 4F6 4I3 4W3 3F7 3I3 3W3 4F7 4I4 4W4 3I4 4I5 3I5 4I6 3I6 4I7 3I7 3W4 "
+                           "4W5 4W6 4W7 3W5 3W6 3W7");
+  EXPECT_EQ(zbv.rank_of_stage, (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+}
+
+// The simulated bubble is the published one: GPipe and 1F1B (p-1)/(m+p-1),
+// interleaved (p-1)/(v m+p-1), ZB-H1 (p-1)(F+I-W) over the makespan; also
+// with a backward twice the forward, and across pp and m.
+TEST(PipelineSchedule, SimulatedBubbleIsThePublishedFormula) {
+  for (const PpCosts costs : {PpCosts{1, 1, 1, 0}, PpCosts{1, 1.5, 0.5, 0}, PpCosts{2, 2, 1, 0}})
+    for (int p : {2, 3, 4, 8})
+      for (int m : {p, 2 * p, 3 * p}) {
+        const std::vector<std::pair<PpScheduleKind, int>> kinds{{PpScheduleKind::gpipe, 1},
+                                                                {PpScheduleKind::one_f_one_b, 1},
+                                                                {PpScheduleKind::interleaved_1f1b, 2},
+                                                                {PpScheduleKind::interleaved_1f1b, 4},
+                                                                {PpScheduleKind::zero_bubble, 1}};
+        for (const auto& [kind, v] : kinds) {
+          const PpSchedule s = make_pp_schedule(kind, p, m, v);
+          const PpSimulation sim = simulate_pp_schedule(s, costs);
+          const double published = published_bubble_fraction(s, costs);
+          EXPECT_NEAR(sim.bubble_fraction, published, 1e-12)
+              << pp_schedule_name(kind) << " p " << p << " m " << m << " v " << v << " F " << costs.forward
+              << " I " << costs.backward_input << " W " << costs.backward_weight;
+        }
+      }
+  // The closed forms themselves, for p 4, m 8, F = I = W = 1.
+  EXPECT_DOUBLE_EQ(published_bubble_fraction(make_pp_schedule(PpScheduleKind::one_f_one_b, 4, 8, 1)), 3.0 / 11);
+  EXPECT_DOUBLE_EQ(published_bubble_fraction(make_pp_schedule(PpScheduleKind::interleaved_1f1b, 4, 8, 2)), 3.0 / 19);
+  EXPECT_DOUBLE_EQ(published_bubble_fraction(make_pp_schedule(PpScheduleKind::zero_bubble, 4, 8, 1)), 3.0 / 27);
+}
+
+// Makespans and activation peaks of the reference's re-simulation (p 4,
+// m 8, F = I = W = 1), including the two without a closed form.
+TEST(PipelineSchedule, MakespanAndActivationPeaksMatchTheReference) {
+  struct Row {
+    PpScheduleKind kind;
+    int v;
+    double makespan;
+    std::vector<int> peak;
+  };
+  const std::vector<Row> rows{{PpScheduleKind::gpipe, 1, 33.0, {8, 8, 8, 8}},
+                              {PpScheduleKind::one_f_one_b, 1, 33.0, {4, 3, 2, 1}},
+                              {PpScheduleKind::interleaved_1f1b, 2, 28.5, {11, 9, 7, 5}},
+                              {PpScheduleKind::zero_bubble, 1, 27.0, {4, 4, 4, 4}},
+                              {PpScheduleKind::zero_bubble, 2, 25.5, {8, 8, 8, 8}},
+                              {PpScheduleKind::zbv, 2, 25.5, {8, 8, 8, 8}}};
+  for (const Row& row : rows) {
+    const PpSimulation sim = simulate_pp_schedule(make_pp_schedule(row.kind, 4, 8, row.v));
+    EXPECT_DOUBLE_EQ(sim.makespan, row.makespan) << pp_schedule_name(row.kind) << " v " << row.v;
+    EXPECT_EQ(sim.peak_activations, row.peak) << pp_schedule_name(row.kind) << " v " << row.v;
+  }
+}
+
+// Every schedule the generator accepts lowers to sends and receives that run
+// in order without deadlock, each transfer once and in the same order on
+// both sides; p2p latency only lengthens the step.
+TEST(PipelineSchedule, EveryScheduleLowersWithoutDeadlock) {
+  int lowered = 0;
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 13; ++m)
+      for (int k = 0; k < 5; ++k)
+        for (int v = 1; v <= 3; ++v) {
+          const auto kind = static_cast<PpScheduleKind>(k);
+          PpSchedule s;
+          try {
+            s = make_pp_schedule(kind, p, m, v);
+          } catch (const InvalidArgument&) {
+            continue;  // a combination the schedule refuses (tested below)
+          }
+          const PpSchedule with_comms = add_pp_communication(s);
+          ++lowered;
+          // Each cross-rank edge has one send and one receive, pairwise in the same order.
+          for (int a = 0; a < p; ++a)
+            for (int b = 0; b < p; ++b) {
+              if (a == b) continue;
+              std::vector<std::string> sends, recvs;
+              for (const PpAction& x : with_comms.actions[static_cast<size_t>(a)])
+                if ((x.type == PpActionType::send_f && with_comms.rank_of_stage[static_cast<size_t>(x.stage + 1)] == b) ||
+                    (x.type == PpActionType::send_b && with_comms.rank_of_stage[static_cast<size_t>(x.stage - 1)] == b))
+                  sends.push_back(fmt::format("{}{}", x.type == PpActionType::send_f ? "F" : "B", x.microbatch));
+              for (const PpAction& x : with_comms.actions[static_cast<size_t>(b)])
+                if ((x.type == PpActionType::recv_f && with_comms.rank_of_stage[static_cast<size_t>(x.stage - 1)] == a) ||
+                    (x.type == PpActionType::recv_b && with_comms.rank_of_stage[static_cast<size_t>(x.stage + 1)] == a))
+                  recvs.push_back(fmt::format("{}{}", x.type == PpActionType::recv_f ? "F" : "B", x.microbatch));
+              EXPECT_EQ(sends, recvs) << pp_schedule_name(kind) << " p " << p << " m " << m << " v " << v;
+            }
+          const double plain = simulate_pp_schedule(s).makespan;
+          EXPECT_GE(simulate_pp_schedule(s, {1, 1, 1, 0.5}).makespan, plain);
+        }
+  EXPECT_GT(lowered, 500);
+}
+
+TEST(PipelineSchedule, BadRequestsNameTheKey) {
+  auto msg = [](const std::function<void()>& f) { return mtest::message_of(f); };
+  EXPECT_TRUE(contains(msg([] { parse_pp_schedule("1F1B"); }),
+                       "pp_schedule '1F1B' is not a pipeline schedule; choose one of gpipe, 1f1b, interleaved_1f1b, "
+                       "zero_bubble, zbv"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::one_f_one_b, 4, 3, 1); }),
+                       "needs pp_microbatches >= pp (got 3 microbatches for 4 stages)"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::interleaved_1f1b, 4, 9, 2); }),
+                       "pp_microbatches = 9 splits into 2 runs unevenly"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::zbv, 4, 8, 3); }), "exactly 2 stages"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::gpipe, 4, 8, 2); }), "one stage per rank"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::interleaved_1f1b, 4, 8, 1); }),
+                       "needs pp_stages_per_rank >= 2"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::gpipe, 0, 8, 1); }), "pp = 0"));
+  EXPECT_TRUE(contains(msg([] { make_pp_schedule(PpScheduleKind::gpipe, 4096, 65536, 1); }), "actions to schedule"));
+  // A hand-made schedule that breaks the rules is refused before it runs.
+  PpSchedule s = make_pp_schedule(PpScheduleKind::one_f_one_b, 2, 2, 1);
+  std::swap(s.actions[1][0], s.actions[1][1]);  // 1B0 before 1F0
+  EXPECT_TRUE(contains(msg([&] { validate_pp_schedule(s); }), "rank 1 runs 1B0 before that microbatch's forward"));
+  s = make_pp_schedule(PpScheduleKind::one_f_one_b, 2, 2, 1);
+  s.actions[0].pop_back();
+  EXPECT_TRUE(contains(msg([&] { validate_pp_schedule(s); }), "stage 0 microbatch 1 has 1 F, 0 B"));
+  // Rank 0 waits for 0B0's gradient before it sends 0F1; rank 1 takes
+  // microbatch 1 first: each waits for the other.
+  s = make_pp_schedule(PpScheduleKind::gpipe, 2, 2, 1);
+  s.actions[0] = {{0, PpActionType::forward, 0}, {0, PpActionType::backward, 0}, {0, PpActionType::forward, 1},
+                  {0, PpActionType::backward, 1}};
+  s.actions[1] = {{1, PpActionType::forward, 1}, {1, PpActionType::backward, 1}, {1, PpActionType::forward, 0},
+                  {1, PpActionType::backward, 0}};
+  const std::string stuck = msg([&] { add_pp_communication(s); });
+  EXPECT_TRUE(contains(stuck, "cannot proceed: rank 0 at 0B0, rank 1 at 1F1")) << stuck;
+  EXPECT_TRUE(contains(msg([&] { simulate_pp_schedule(s); }), "cannot proceed: rank 0 at 0B0, rank 1 at 1F1"));
+}
+
+TEST(PipelineSchedule, TimelinePrintsEveryActionWhereItRuns) {
+  const PpSchedule s = make_pp_schedule(PpScheduleKind::one_f_one_b, 2, 2, 1);
+  const std::string text = pp_timeline_text(s, simulate_pp_schedule(s), 1);
+  EXPECT_EQ(text,
+            "rank 0 | 0F0 0F1 ... ... 0B0 --- ... 0B1 ---\n"
+            "rank 1 | ... 1F0 1B0 --- 1F1 1B1 --- ... ...\n")
+      << text;
+}
