@@ -12,6 +12,7 @@
 #include "cli/bench_comm.h"
 #include "cli/estimate_command.h"
 #include "cli/layout_commands.h"
+#include "cli/pp_schedule_command.h"
 #include "cli/train_command.h"
 #include "comm/fr_analyze.h"
 #include "comm/mpi_backend.h"
@@ -131,6 +132,29 @@ int main(int argc, char** argv) {
                  "Do not merge consecutive same collectives on adjacent mesh dims into one flattened-group collective");
   plan->add_flag("--json", plan_cmd.json, "Print JSON");
 
+  meshtrain::cli::PpScheduleCommand pp_cmd;
+  auto* pp = app.add_subcommand(
+      "pp-schedule", "Print a pipeline schedule's actions per rank, its simulated timeline, its bubble next to the "
+                     "published formula and the activations each rank holds; the sends and receives are checked "
+                     "to run without deadlock");
+  pp->add_option("--schedule", pp_cmd.schedule, "gpipe, 1f1b, interleaved_1f1b, zero_bubble or zbv")
+      ->capture_default_str();
+  pp->add_option("--stages", pp_cmd.stages, "Pipeline ranks (pp); the model has pp x stages-per-rank stages")
+      ->capture_default_str();
+  pp->add_option("--stages-per-rank", pp_cmd.stages_per_rank,
+                 "Stages on each rank (virtual stages): 1 for gpipe and 1f1b, at least 2 for interleaved_1f1b, "
+                 "exactly 2 for zbv, any for zero_bubble (default: 2 for interleaved_1f1b and zbv, else 1)");
+  pp->add_option("--microbatches", pp_cmd.microbatches, "Microbatches per step")->capture_default_str();
+  pp->add_option("--forward", pp_cmd.forward, "Time of one stage's forward of one microbatch")->capture_default_str();
+  pp->add_option("--backward-input", pp_cmd.backward_input,
+                 "Time of its backward for the stage's input (I; a full backward B is I + W)")
+      ->capture_default_str();
+  pp->add_option("--backward-weight", pp_cmd.backward_weight, "Time of its backward for the stage's weights (W)")
+      ->capture_default_str();
+  pp->add_option("--p2p", pp_cmd.p2p, "Time of a send between stages on different ranks")->capture_default_str();
+  pp->add_flag("--comms", pp_cmd.comms, "List the actions with their sends and receives");
+  pp->add_flag("--json", pp_cmd.json, "Print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,7 +171,7 @@ int main(int argc, char** argv) {
         if (sub->get_name() == arg) command = sub->get_name();
       if (command.empty()) {
         std::fprintf(stderr, "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-                     "export, lower, estimate, layout, plan; meshtrain --help says what each does)\n", argv[i]);
+                     "export, lower, estimate, layout, plan, pp-schedule; meshtrain --help says what each does)\n", argv[i]);
         return 2;
       }
       if (command == "bench" && i + 1 < argc && std::string_view(argv[i + 1]) == "comm") command = "bench comm";
@@ -167,6 +191,7 @@ int main(int argc, char** argv) {
     if (*export_cmd) return meshtrain::cli::run_export(export_checkpoint, export_out);
     if (*estimate) return meshtrain::cli::run_estimate(estimate->remaining());
     if (*plan) return meshtrain::cli::run_plan(plan_cmd);
+    if (*pp) return meshtrain::cli::run_pp_schedule(pp_cmd);
     if (*fr) {
       const auto report = meshtrain::comm::analyze_flight_records(fr_dir);
       if (fr_json)

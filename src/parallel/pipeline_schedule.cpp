@@ -21,10 +21,10 @@ constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1
 constexpr std::string_view kActionNames[] = {"F", "I", "W", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
 
 // Limits that keep a typed number from asking for billions of actions.
-constexpr int kMaxRanks = 4096;
+constexpr int kMaxRanks = 1024;
 constexpr int kMaxStagesPerRank = 64;
 constexpr int kMaxMicrobatches = 1 << 16;
-constexpr int64_t kMaxActions = int64_t{1} << 24;
+constexpr int64_t kMaxActions = int64_t{1} << 20;
 
 using Key = std::tuple<int, PpActionType, int>;  // stage, type, microbatch
 Key key_of(const PpAction& a) { return {a.stage, a.type, a.microbatch}; }

@@ -85,6 +85,15 @@ expect_error "--link '0:-1:0': the latency must be a number >= 0" plan --mesh 2 
   --link 0:-1:0
 expect_error "both set mesh dim 0; give one per dim" plan --mesh 2 --shape 8 --from "S(0)" --to R --link 0:1:1 \
   --link 0:2:2
+# Pipeline schedules (issue 13): every refusal names the key; large asks end at once.
+expect_error "pp_schedule 'ZB' is not a pipeline schedule; choose one of gpipe" pp-schedule --schedule ZB
+expect_error "1f1b needs pp_microbatches >= pp (got 2 microbatches for 4 stages)" pp-schedule --microbatches 2
+expect_error "splits into 2 runs unevenly" pp-schedule --schedule interleaved_1f1b --microbatches 9
+expect_error "zbv puts exactly 2 stages on each rank" pp-schedule --schedule zbv --stages-per-rank 3
+expect_error "more than 1048576 actions" pp-schedule --schedule gpipe --stages 1024 --microbatches 65536
+expect_error "pp-schedule: Could not convert: --stages = 4294967296" pp-schedule --stages 4294967296
+expect_error "pipeline costs must be finite, positive" pp-schedule --backward-weight 0
+expect_fast "published formula: 0.0151" pp-schedule --schedule gpipe --stages 64 --microbatches 4096
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate

@@ -1,0 +1,92 @@
+#include "cli/pp_schedule_command.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace meshtrain::cli {
+
+namespace {
+constexpr double kMaxColumns = 2000;  // wider than that is no picture
+}  // namespace
+
+int run_pp_schedule(const PpScheduleCommand& c) {
+  using namespace parallel;
+  const PpScheduleKind kind = parse_pp_schedule(c.schedule);
+  const bool two_by_default = kind == PpScheduleKind::interleaved_1f1b || kind == PpScheduleKind::zbv;
+  const int v = c.stages_per_rank != 0 ? c.stages_per_rank : (two_by_default ? 2 : 1);
+  PpSchedule schedule;
+  try {
+    schedule = make_pp_schedule(kind, c.stages, c.microbatches, v);
+  } catch (const InvalidArgument& e) {  // the library names the config keys; here they are flags
+    throw InvalidArgument(fmt::format("pp-schedule: {} (--stages is pp, --stages-per-rank pp_stages_per_rank, "
+                                      "--microbatches pp_microbatches)", e.what()));
+  }
+  const PpSchedule lowered = add_pp_communication(schedule);
+  const PpCosts costs{c.forward, c.backward_input, c.backward_weight, c.p2p};
+  const PpSimulation sim = simulate_pp_schedule(schedule, costs);
+  const double published = published_bubble_fraction(schedule, costs);
+  const PpSchedule& shown = c.comms ? lowered : schedule;
+  if (c.json) {
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    for (int r = 0; r < schedule.ranks; ++r) {
+      nlohmann::ordered_json actions = nlohmann::ordered_json::array();
+      for (const PpAction& a : shown.actions[static_cast<size_t>(r)]) actions.push_back(to_string(a));
+      nlohmann::ordered_json timed = nlohmann::ordered_json::array();
+      for (const PpTimedAction& t : sim.timeline[static_cast<size_t>(r)])
+        timed.push_back({{"action", to_string(t.action)}, {"start", t.start}, {"end", t.end}});
+      ranks.push_back({{"rank", r},
+                       {"actions", actions},
+                       {"timeline", timed},
+                       {"busy", sim.busy[static_cast<size_t>(r)]},
+                       {"peak_activations", sim.peak_activations[static_cast<size_t>(r)]}});
+    }
+    nlohmann::ordered_json out{{"schedule", pp_schedule_name(kind)},
+                               {"pp", schedule.ranks},
+                               {"stages_per_rank", v},
+                               {"microbatches", schedule.microbatches},
+                               {"stage_rank", schedule.rank_of_stage},
+                               {"makespan", sim.makespan},
+                               {"bubble_fraction", sim.bubble_fraction},
+                               {"published_bubble_fraction", published < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(published)},
+                               {"ranks", ranks}};
+    fmt::print("{}\n", out.dump(1));
+    return 0;
+  }
+  fmt::print("pipeline schedule {}: pp {}, {} stage{} per rank ({} stages), {} microbatches; F {} I {} W {} p2p {} "
+             "(one stage's forward of one microbatch = 1; a rank's stage takes 1/{} of it)\n",
+             pp_schedule_name(kind), schedule.ranks, v, v > 1 ? "s" : "", schedule.stages(), schedule.microbatches,
+             c.forward, c.backward_input, c.backward_weight, c.p2p, v);
+  fmt::print("actions per rank{} (stage, F forward / B backward / I input backward / W weight backward, "
+             "microbatch):\n", c.comms ? ", with the sends and receives in the order each rank posts them" : "");
+  for (int r = 0; r < schedule.ranks; ++r) {
+    std::vector<std::string> parts;
+    for (const PpAction& a : shown.actions[static_cast<size_t>(r)]) parts.push_back(to_string(a));
+    fmt::print("  rank {}: {}\n", r, fmt::join(parts, " "));
+  }
+  double unit = c.forward;
+  for (double d : {c.backward_input, c.backward_weight}) unit = std::min(unit, d);
+  unit /= v;
+  if (const double columns = sim.makespan / unit; columns <= kMaxColumns)
+    fmt::print("timeline (a column per {:g}; '.' idle):\n{}", unit, pp_timeline_text(schedule, sim, unit));
+  else
+    fmt::print("timeline: {:.0f} columns of {:g}, too wide to draw (--json gives each action's start and end)\n",
+               columns, unit);
+  fmt::print("step {:g}; bubble {:.4f} of the ranks' time", sim.makespan, sim.bubble_fraction);
+  if (published >= 0)
+    fmt::print(" (published formula: {:.4f})\n", published);
+  else
+    fmt::print(" (no closed form published for {}{})\n", pp_schedule_name(kind),
+               kind == PpScheduleKind::zero_bubble ? " with several stages per rank" : "");
+  fmt::print("activations held at the peak, per rank ((stage, microbatch) pairs; / {} for whole-stage units): {}\n",
+             v, fmt::join(sim.peak_activations, ", "));
+  fmt::print("sends and receives: checked to run in order on every rank without deadlock\n");
+  return 0;
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,21 @@
+// `meshtrain pp-schedule`: a pipeline schedule's per-rank actions, lowered
+// with its sends and receives, simulated: the timeline, the bubble next to
+// the published formula, and the activations each rank holds.
+#pragma once
+
+#include <string>
+
+namespace meshtrain::cli {
+
+struct PpScheduleCommand {
+  std::string schedule = "1f1b";
+  int stages = 4;  // pipeline ranks (pp)
+  int stages_per_rank = 0;  // 0: 2 for interleaved_1f1b and zbv, else 1
+  int microbatches = 8;
+  double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
+  bool comms = false;
+  bool json = false;
+};
+int run_pp_schedule(const PpScheduleCommand& c);
+
+}  // namespace meshtrain::cli
