@@ -10,9 +10,13 @@
 namespace meshtrain::graph {
 
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt,
-                                     std::map<ValueId, ValueId>* gradients) {
+                                     std::map<ValueId, ValueId>* gradients, ValueId seed) {
   const ValueInfo li = g.value(loss).info;  // a copy: adding values moves the storage
-  MT_CHECK(li.shape.numel() == 1, "autodiff needs a scalar loss, got {}", g.describe_value(loss));
+  if (seed.valid())
+    MT_CHECK(g.value(seed).info == li, "autodiff: the seed gradient {} must have the shape and dtype of {}",
+             g.describe_value(seed), g.describe_value(loss));
+  else
+    MT_CHECK(li.shape.numel() == 1, "autodiff needs a scalar loss, got {}", g.describe_value(loss));
   MT_CHECK(!g.insertion_point().valid(), "autodiff appends to the end of the graph; clear the insertion point first");
   const std::string saved_scope = g.scope();
   const Phase saved_phase = g.phase();
@@ -24,7 +28,7 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<V
     if (!fresh) it->second = b.add(it->second, contribution);
   };
   g.set_scope(g.value(loss).producer.valid() ? g.node(g.value(loss).producer).scope : "");
-  grad[loss] = b.full(li.shape, li.dtype, 1.0);
+  grad[loss] = seed.valid() ? seed : b.full(li.shape, li.dtype, 1.0);
   // The forward nodes up to the loss's producer, walked backwards (the loop
   // appends backward nodes after them).
   std::vector<NodeId> forward;

@@ -14,7 +14,10 @@ namespace meshtrain::graph {
 // scope of the forward node it differentiates.
 // `gradients`, when given, receives every value the loss depends on with its
 // (accumulated) gradient value (what a parallel plan lays out in the backward).
+// `seed`, when given, is the gradient of `loss` (a value of its shape and
+// dtype, e.g. the gradient a later pipeline stage sent back), so `loss` need
+// not be a scalar; without it `loss` must be a scalar and its gradient is 1.
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt,
-                                     std::map<ValueId, ValueId>* gradients = nullptr);
+                                     std::map<ValueId, ValueId>* gradients = nullptr, ValueId seed = {});
 
 }  // namespace meshtrain::graph

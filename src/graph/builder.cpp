@@ -70,10 +70,15 @@ ValueId Builder::slice(ValueId x, int dim, int64_t start, int64_t length) {
 ValueId Builder::concat(const std::vector<ValueId>& xs, int dim) { return op("concat", xs, {attr::dim(dim)}); }
 ValueId Builder::global_norm(const std::vector<ValueId>& xs) {
   MT_CHECK(!xs.empty(), "global_norm needs at least one tensor");
+  return norm_from_sum_of_squares(sum_of_squares(xs), g_.value(xs[0]).info.dtype);
+}
+ValueId Builder::sum_of_squares(const std::vector<ValueId>& xs) {
+  MT_CHECK(!xs.empty(), "sum_of_squares needs at least one tensor");
   ValueId total = op("sum_squares", {xs[0]});
   for (size_t i = 1; i < xs.size(); ++i) total = add(total, op("sum_squares", {xs[i]}));
-  return cast(op("sqrt", {total}), g_.value(xs[0]).info.dtype);
+  return total;
 }
+ValueId Builder::norm_from_sum_of_squares(ValueId total, DType dtype) { return cast(op("sqrt", {total}), dtype); }
 ValueId Builder::clip_coefficient(ValueId norm, double max_norm) {
   return op("clip_coefficient", {norm}, {attr::max_norm(max_norm)});
 }

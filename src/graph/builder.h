@@ -53,6 +53,11 @@ class Builder {
   // sqrt(sum of squares of all elements) in xs[0]'s dtype: sum_squares of each
   // (f64), added, sqrt, cast, so each tensor's part can be summed where it lies.
   ValueId global_norm(const std::vector<ValueId>& xs);
+  // global_norm's two halves: the f64 sum of squares of all elements in xs
+  // (each tensor's, added in order), and the norm from such a sum (or from
+  // the sum of several ranks' sums) in `dtype`.
+  ValueId sum_of_squares(const std::vector<ValueId>& xs);
+  ValueId norm_from_sum_of_squares(ValueId total, DType dtype);
   ValueId clip_coefficient(ValueId norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
   ValueId scale_by(ValueId x, ValueId scalar);                      // x * scalar (a one-element tensor)
   // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.

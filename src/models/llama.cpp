@@ -1,6 +1,7 @@
 #include "models/llama.h"
 
 #include <cmath>
+#include <charconv>
 
 #include "core/error.h"
 #include "graph/builder.h"
@@ -56,19 +57,49 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   return llama_forward(g, c, params, tokens, targets, {}, compute.value_or(dtype), split_loss);
 }
 
+bool span_holds(const LlamaConfig& c, const LlamaSpan& span, const std::string& name) {
+  const int64_t end = span.end_layer < 0 ? c.n_layers : span.end_layer;
+  if (name == "model.embed_tokens.weight") return span.embedding || (span.head && c.tie_embeddings);
+  if (name == "model.norm.weight" || name == "lm_head.weight") return span.head;
+  constexpr std::string_view layers = "model.layers.";
+  int64_t layer = -1;
+  if (!name.starts_with(layers)) return false;
+  std::from_chars(name.data() + layers.size(), name.data() + name.size(), layer);
+  return layer >= span.first_layer && layer < end;
+}
+
 LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<std::string, graph::ValueId>& params,
                          graph::ValueId tokens, graph::ValueId targets, graph::ValueId count, DType compute_dtype,
                          bool split_loss) {
+  return llama_span_forward(g, c, LlamaSpan{}, params, tokens, targets, count, compute_dtype, split_loss);
+}
+
+LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const LlamaSpan& span,
+                              const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
+                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss) {
   c.validate();
-  const Shape batch_shape = g.value(tokens).info.shape;
-  MT_CHECK(batch_shape.rank() == 2 && g.value(targets).info.shape == batch_shape,
-           "llama_forward: tokens and targets must both be [batch, seq], got {} and {}", batch_shape.to_string(),
-           g.value(targets).info.shape.to_string());
+  const int64_t end_layer = span.end_layer < 0 ? c.n_layers : span.end_layer;
+  MT_CHECK(span.first_layer >= 0 && span.first_layer <= end_layer && end_layer <= c.n_layers,
+           "llama_span_forward: layers [{}, {}) are not within the model's {}", span.first_layer, end_layer,
+           c.n_layers);
+  const Shape input_shape = g.value(input).info.shape;
+  const Shape batch_shape = span.embedding || input_shape.rank() != 3
+                                ? input_shape
+                                : Shape{input_shape.dim(0), input_shape.dim(1)};
+  MT_CHECK(span.embedding ? input_shape.rank() == 2
+                          : input_shape.rank() == 3 && input_shape.dim(2) == c.dim &&
+                                g.value(input).info.dtype == compute_dtype,
+           "llama_span_forward: the input must be the tokens [batch, seq] for a span with the embedding, else the "
+           "residual stream [batch, seq, {}] in {}; got {}", c.dim, dtype_name(compute_dtype), g.describe_value(input));
+  if (span.head)
+    MT_CHECK(g.value(targets).info.shape == batch_shape,
+             "llama_forward: tokens and targets must both be [batch, seq], got {} and {}", batch_shape.to_string(),
+             g.value(targets).info.shape.to_string());
   const int64_t batch = batch_shape.dim(0), seq_len = batch_shape.dim(1);
   graph::Builder b(g);
   LlamaGraph m;
   m.params = params;
-  m.tokens = tokens;
+  if (span.embedding) m.tokens = input;
   m.targets = targets;
   const int64_t hd = c.head_dim();
   // A parameter as the compute sees it: a fresh copy per use when computing
@@ -82,13 +113,13 @@ LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<s
   };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
   auto linear = [&](graph::ValueId x, const std::string& w) { return b.matmul(x, use(w), false, true); };
-  graph::ValueId h;
-  {
+  graph::ValueId h = input;
+  if (span.embedding) {
     graph::ScopeGuard scope(g, "tok_embeddings");
     h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
     m.residual.push_back(h);
   }
-  for (int64_t i = 0; i < c.n_layers; ++i) {
+  for (int64_t i = span.first_layer; i < end_layer; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     graph::ScopeGuard layer(g, fmt::format("layers.{}", i));
     graph::ValueId x, y, attn, act;
@@ -117,6 +148,10 @@ LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<s
       h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
       m.residual.push_back(h);
     }
+  }
+  if (!span.head) {
+    m.output = h;
+    return m;
   }
   graph::ValueId logits;
   {

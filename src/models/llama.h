@@ -44,7 +44,22 @@ struct LlamaGraph {
   // Each use of a parameter in the compute dtype, when it differs from the
   // parameters': (the copy, the parameter).
   std::vector<std::pair<graph::ValueId, graph::ValueId>> param_copies;
+  // A span without the head: the residual stream [B, T, D] it hands on (loss is none).
+  graph::ValueId output;
 };
+
+// The part of the model one pipeline stage runs: the token embedding (the
+// first stage), blocks [first_layer, end_layer), and the final norm, LM head
+// and loss (the last stage).
+struct LlamaSpan {
+  bool embedding = true;
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // -1: n_layers
+  bool head = true;
+  bool operator==(const LlamaSpan&) const = default;
+};
+// Whether the parameter of this Hugging Face name belongs to the span.
+bool span_holds(const LlamaConfig& config, const LlamaSpan& span, const std::string& parameter);
 
 // Forward graph for batches of B sequences of T tokens. Parameters are
 // `dtype` (f32/f64); compute_dtype defaults to it; with bf16 every use of a parameter is a
@@ -69,6 +84,13 @@ std::map<std::string, graph::ValueId> add_llama_parameters(graph::Graph& g, cons
 LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& config,
                          const std::map<std::string, graph::ValueId>& params, graph::ValueId tokens,
                          graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss);
+// The forward of `span` only: `input` is the tokens [batch, seq] when the
+// span has the embedding, else the residual stream [batch, seq, dim] in the
+// compute dtype; `targets` and `count` are read only by the head. `params`
+// needs only the span's parameters.
+LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& config, const LlamaSpan& span,
+                              const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
+                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss);
 
 // Every parameter by Hugging Face name: its shape, and Hugging Face Llama's
 // initialisation (normal(0, initializer_range 0.02) for weights, ones for the

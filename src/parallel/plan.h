@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "parallel/pipeline_schedule.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
 
@@ -26,6 +27,21 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
+  // Pipeline parallelism (train/pipeline_stage.h): the model cut into
+  // pp x pp_stages_per_rank stages at block boundaries, run by pp_schedule
+  // over pp_microbatches microbatches a step.
+  int64_t pp = 1;
+  PpScheduleKind pp_schedule = PpScheduleKind::one_f_one_b;
+  int64_t pp_microbatches = 0;     // 0: as many as there are stages
+  int64_t pp_stages_per_rank = 0;  // 0: 2 for interleaved_1f1b and zbv, else 1
+  // Per stage, its share of the model's n_layers + 2 units (the embedding
+  // and the head count as one each); empty: as even as can be.
+  std::vector<int64_t> pp_layers_per_stage;
+  int64_t stages_per_rank() const {
+    if (pp_stages_per_rank > 0) return pp_stages_per_rank;
+    return pp_schedule == PpScheduleKind::interleaved_1f1b || pp_schedule == PpScheduleKind::zbv ? 2 : 1;
+  }
+  int64_t microbatches() const { return pp_microbatches > 0 ? pp_microbatches : pp * stages_per_rank(); }
 };
 
 // The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks. Throws naming

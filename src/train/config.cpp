@@ -138,6 +138,45 @@ Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field, const s
           "true or false: " + meaning, [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
+// A key whose value is a list of positive integers: a TOML array, or the
+// command-line text "3,2,3".
+Key count_list_key(std::string name, std::function<std::vector<int64_t>&(TrainConfig&)> field, std::string expects) {
+  auto element = [name](int64_t v, const std::string& text) {
+    if (v < 1 || v > (int64_t{1} << 40)) bad_value(name, text, "a list of positive integers");
+    return v;
+  };
+  return {name,
+          [name, field, element](TrainConfig& c, const toml::node& n) {
+            const toml::array* list = n.as_array();
+            if (!list) bad_value(name, toml_text(n), "an array of positive integers");
+            std::vector<int64_t> values;
+            for (const toml::node& item : *list) {
+              const auto v = item.as_integer();
+              if (!v) bad_value(name, toml_text(n), "an array of positive integers");
+              values.push_back(element(v->get(), toml_text(n)));
+            }
+            field(c) = std::move(values);
+          },
+          [name, field, element](TrainConfig& c, const std::string& text) {
+            std::vector<int64_t> values;
+            std::stringstream items(text);
+            for (std::string item; std::getline(items, item, ',');) {
+              size_t used = 0;
+              int64_t v = 0;
+              try {
+                v = std::stoll(item, &used);
+              } catch (const std::exception&) {
+                used = 0;
+              }
+              if (used == 0 || used != item.size()) bad_value(name, text, "a list of positive integers such as 3,2,3");
+              values.push_back(element(v, text));
+            }
+            field(c) = std::move(values);
+          },
+          std::move(expects),
+          [field](TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(c), ", ")); }};
+}
+
 const std::vector<Key>& keys() {
   auto pos = [](int64_t v) { return v > 0; };
   auto nonneg = [](int64_t v) { return v >= 0; };
@@ -204,6 +243,18 @@ const std::vector<Key>& keys() {
                "with tp > 1 the logits stay sharded over the vocabulary and the loss is computed on the shards, never gathered"),
       bool_key("parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; },
                "FSDP gathers each weight again for backward, so the gathered weights are freed between forward and backward; false: kept from forward to backward"),
+      number_key<int64_t>("parallel.pp", [](TrainConfig& c) -> int64_t& { return c.parallel.pp; }, pos,
+                          "a positive integer: pipeline-parallel ranks, each running its stages of the model"),
+      choice_key<parallel::PpScheduleKind>("parallel.pp_schedule", [](TrainConfig& c) -> parallel::PpScheduleKind& { return c.parallel.pp_schedule; },
+                                           {{"gpipe", parallel::PpScheduleKind::gpipe}, {"1f1b", parallel::PpScheduleKind::one_f_one_b},
+                                            {"interleaved_1f1b", parallel::PpScheduleKind::interleaved_1f1b},
+                                            {"zero_bubble", parallel::PpScheduleKind::zero_bubble}, {"zbv", parallel::PpScheduleKind::zbv}}),
+      number_key<int64_t>("parallel.pp_microbatches", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_microbatches; }, nonneg,
+                          "an integer >= 0: microbatches a step's batch is cut into for the pipeline (data.batch_size must divide by it); 0: as many as there are stages"),
+      number_key<int64_t>("parallel.pp_stages_per_rank", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_stages_per_rank; }, nonneg,
+                          "an integer >= 0: stages each pipeline rank holds (virtual stages); 0: 2 for interleaved_1f1b and zbv, else 1"),
+      count_list_key("parallel.pp_layers_per_stage", [](TrainConfig& c) -> std::vector<int64_t>& { return c.parallel.pp_layers_per_stage; },
+                     "a list of positive integers, one per stage, summing to model.n_layers + 2 (the embedding and the head count as one layer each); []: as even as can be"),
       number_key<double>("comm.timeout_s", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },
                          [](double v) { return v >= 0.1 && v <= 604800; },
                          "seconds in [0.1, 604800]: a collective not finished after this long (a rank died or hangs) "

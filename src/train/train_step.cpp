@@ -68,16 +68,28 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     s.model.tokens = tokens;
     s.model.targets = targets;
   }
-  const double max_grad_norm = options.max_grad_norm;
+  const graph::Phase saved_phase = g.phase();
+  g.set_phase(graph::Phase::optimizer);
+  {
+    graph::ScopeGuard scope(g, "optimizer");
+    s.grad_norm = b.global_norm(grads);
+  }
+  append_optimizer(g, names, params, grads, s.grad_norm, opt, options.max_grad_norm, {s.model.loss, s.grad_norm}, s);
+  g.set_phase(saved_phase);
+  return s;
+}
+
+void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const OptimizerConfig& opt,
+                      double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s) {
+  graph::Builder b(g);
   const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);
   graph::ScopeGuard scope(g, "optimizer");
-  s.grad_norm = b.global_norm(grads);
-  const graph::ValueId coef = max_grad_norm > 0 ? b.clip_coefficient(s.grad_norm, max_grad_norm) : graph::ValueId{};
+  const graph::ValueId coef = max_grad_norm > 0 ? b.clip_coefficient(grad_norm, max_grad_norm) : graph::ValueId{};
   s.lr = g.add_input("lr", {}, DType::f64);
   s.step = g.add_input("step", {}, DType::i64);
-  g.add_output(s.model.loss);
-  g.add_output(s.grad_norm);
+  for (const graph::ValueId v : leading_outputs) g.add_output(v);
   for (size_t i = 0; i < params.size(); ++i) {
     const graph::ValueInfo info = g.value(params[i]).info;  // a copy: adding inputs moves the value storage
     const DType state = opt.state_dtype == DType::bf16 ? DType::bf16 : info.dtype;
@@ -89,14 +101,13 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     s.applied_gradient_of[params[i]] = grad;
     // A step whose gradient norm is not finite leaves the weights and moments as they were.
     const auto updated =
-        b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, s.grad_norm);
+        b.adamw(params[i], grad, m, v, s.lr, s.step, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_norm);
     for (int k = 0; k < 3; ++k) {
       g.add_output(updated[static_cast<size_t>(k)]);
       s.write_backs.emplace_back(updated[static_cast<size_t>(k)], k == 0 ? params[i] : k == 1 ? m : v);
     }
   }
   g.set_phase(saved_phase);
-  return s;
 }
 
 parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {

@@ -54,6 +54,15 @@ struct StepOptions {
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
                                 const OptimizerConfig& opt, const StepOptions& options = {});
 
+// Clipping to options.max_grad_norm by `grad_norm` and AdamW for each of
+// `params` (named `names`, gradients `grads`), appended to `g` in the
+// optimizer phase: adds the moments, lr and step as inputs, `leading_outputs`
+// then each update as outputs, and fills those members of `s` (exp_avg,
+// exp_avg_sq, lr, step, applied_gradient_of, write_backs).
+void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const OptimizerConfig& opt,
+                      double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
+
 // What each value of the step is to a parallel plan: parameters (split over
 // tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer
 // states, the batch, the residual stream, block inputs and logits (when

@@ -28,6 +28,7 @@
 #include "sched/trace.h"
 #include "train/kernel_benchmark.h"
 #include "train/safetensors.h"
+#include "train/pipeline_stage.h"
 
 namespace meshtrain::train {
 
@@ -46,6 +47,19 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   init_parameters(!resume_from);
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
+  if (config_.parallel.pp > 1) {
+    pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(check_parallel_config(config_, num_ranks()));
+    pipeline_ = std::make_unique<PipelineRunner>(config_, world_, params_);
+    params_ = pipeline_->parameters();  // this rank's stages' (the live tensors)
+    exp_avg_ = pipeline_->exp_avg();
+    exp_avg_sq_ = pipeline_->exp_avg_sq();
+    const Shape batch{config_.data.batch_size, config_.data.seq_len};
+    global_tokens_ = Tensor::empty(batch, DType::i64);
+    global_targets_ = Tensor::empty(batch, DType::i64);
+    no_estimate_because_ = "meshtrain estimate does not cost pipeline schedules yet";
+    default_allocator().release_cache();
+    return;
+  }
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
   const TrainStepGraph& sg = part.step_graph = build_step(config_, part.graph);
   if (world_) {
@@ -164,7 +178,38 @@ void check_benchmark_hardware(const sched::HardwareProfile& hardware) {
            "'{}' is not. Use schedule.estimate = \"roofline\" for other hardware", hardware.name);
 }
 
+namespace {
+// The [parallel] checks of a pipeline-parallel run (parallel.pp > 1): the
+// ranks are the pipeline's, and what the pipeline does not do yet is refused.
+sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_size) {
+  const parallel::ParallelConfig& p = config.parallel;
+  MT_CHECK(world_size == p.pp,
+           "parallel.pp {} needs {} ranks (mpirun -n {}), one per pipeline rank; this run has {}{}", p.pp, p.pp, p.pp,
+           world_size, world_size > p.pp ? " (pipeline parallelism with data or tensor parallelism is not supported yet)" : "");
+  MT_CHECK(p.dp_replicate == 1 && (p.dp_shard == 1 || p.dp_shard == -1) && p.tp == 1,
+           "parallel.pp {} with parallel.dp_replicate {}, parallel.dp_shard {} or parallel.tp {}: pipeline parallelism "
+           "composed with data or tensor parallelism is not supported yet; set them to 1", p.pp, p.dp_replicate,
+           p.dp_shard, p.tp);
+  MT_CHECK(config.training.grad_accum_steps == 1,
+           "training.grad_accum_steps {} with parallel.pp {}: the pipeline's microbatches are its gradient "
+           "accumulation; set parallel.pp_microbatches instead", config.training.grad_accum_steps, p.pp);
+  MT_CHECK(config.checkpoint.folder.empty(),
+           "checkpoint.folder with parallel.pp {}: checkpoints of pipeline stages are not supported yet; leave "
+           "checkpoint.folder empty (checkpoint.export writes the whole weights after the last step)", p.pp);
+  MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
+           "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
+           "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
+  MT_CHECK(!p.sequence_parallel && !p.loss_parallel,
+           "parallel.sequence_parallel and parallel.loss_parallel need parallel.tp > 1, which parallel.pp {} does not "
+           "compose with yet", p.pp);
+  pipeline_schedule(config, static_cast<int>(p.pp));  // the schedule's own checks, naming the key
+  pipeline_spans(config.model, p.pp * p.stages_per_rank(), p.pp_layers_per_stage);
+  return sharding::DeviceMesh({static_cast<int>(p.pp)}, {"pp"});
+}
+}  // namespace
+
 sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size) {
+  if (config.parallel.pp > 1) return check_pipeline_config(config, world_size);
   const sharding::DeviceMesh mesh = parallel::make_mesh(config.parallel, world_size);
   const int64_t dp = mesh.size(mesh.dim_index("dp_replicate")) * mesh.size(mesh.dim_index("dp_shard"));
   MT_CHECK(config.data.batch_size % dp == 0,
@@ -331,12 +376,30 @@ void Trainer::lay_out(ModelPart& part) {
 }
 
 std::string Trainer::lowered_text() const {
+  if (pipeline_) return pipeline_->text();
   const ModelPart& part = *parts_.front();
   return world_ ? spmd::to_text(part.graph, part.lowered, sharding_) : graph::to_text(part.graph);
 }
 
 std::string Trainer::layout_summary() const {
   if (!world_) return "";
+  if (pipeline_) {
+    const parallel::PpSchedule& s = pipeline_->schedule();
+    const auto spans = pipeline_spans(config_.model, s.stages(), config_.parallel.pp_layers_per_stage);
+    std::vector<std::string> stages;
+    for (const models::LlamaSpan& span : spans) {
+      std::vector<std::string> parts;
+      if (span.embedding) parts.push_back("embedding");
+      if (span.end_layer == span.first_layer + 1) parts.push_back(fmt::format("layer {}", span.first_layer));
+      if (span.end_layer > span.first_layer + 1)
+        parts.push_back(fmt::format("layers {}-{}", span.first_layer, span.end_layer - 1));
+      if (span.head) parts.push_back("head");
+      stages.push_back(fmt::format("{}", fmt::join(parts, "+")));
+    }
+    return fmt::format("mesh {}: pipeline {} of {} stages ({} per rank), {} microbatches; stages: {}",
+                       mesh().describe(), parallel::pp_schedule_name(s.kind), s.stages(), s.stages_per_rank,
+                       s.microbatches, fmt::join(stages, "; "));
+  }
   const ModelPart& part = *parts_.front();
   std::string out = fmt::format("mesh {}: ", groups_->mesh().describe());
   std::map<std::string, int> count;
@@ -350,6 +413,19 @@ RankReport Trainer::own_report() const {
   RankReport r;
   r.rank = rank();
   if (groups_) r.coordinate = groups_->coordinate();
+  r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
+  r.step_peak_bytes = static_cast<double>(last_step_peak_);
+  if (pipeline_) {
+    r.coordinate = {rank()};
+    for (const auto& [name, p] : params_) {
+      r.parameter_bytes += static_cast<double>(p.nbytes());
+      r.gradient_bytes += static_cast<double>(p.nbytes());
+      r.optimizer_state_bytes += static_cast<double>(exp_avg_.at(name).nbytes() + exp_avg_sq_.at(name).nbytes());
+    }
+    r.collectives_per_step = static_cast<double>(pipeline_->p2p_per_step()) + 1;  // and the loss and norm all_reduce
+    r.collective_bytes_per_step = pipeline_->p2p_bytes_per_step() + 16;
+    return r;
+  }
   const ModelPart& part = *parts_.front();
   const graph::Graph& g = part.running();
   auto bytes = [&](graph::ValueId v) { return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype)); };
@@ -365,8 +441,6 @@ RankReport Trainer::own_report() const {
       r.collective_bytes_per_step += node.attrs.get(graph::attr::comm_bytes);
     }
   }
-  r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
-  r.step_peak_bytes = static_cast<double>(last_step_peak_);
   return r;
 }
 
@@ -384,7 +458,7 @@ std::vector<RankReport> Trainer::rank_reports() {
   std::vector<RankReport> reports;
   for (int r = 0; r < world_->size(); ++r) {
     const double* f = all.data<double>().data() + r * per_rank;
-    reports.push_back({r, groups_->mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5], f[6]});
+    reports.push_back({r, mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5], f[6]});
   }
   return reports;
 }
@@ -571,7 +645,9 @@ StepMetrics Trainer::step() {
   default_allocator().reset_peak();
   m.lr = config_.lr_at(m.step);
   cursor_before_step_ = loader_.cursor();
-  if (world_) {
+  if (pipeline_) {
+    loader_.next(global_tokens_, global_targets_);  // every pipeline rank takes its microbatches' rows
+  } else if (world_) {
     // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
     loader_.next(global_tokens_, global_targets_);
     const auto chunk = sharding::local_chunk(global_tokens_.shape(), sharding_.values.at(loss_part().step_graph.model.tokens),
@@ -587,14 +663,22 @@ StepMetrics Trainer::step() {
   lr_.data<double>()[0] = m.lr;
   // AdamW's step count (its bias correction): the updates it has applied, this one included.
   step_.data<int64_t>()[0] = updates_applied_ + 1;
+  if (pipeline_) {
+    pipeline_->set_profiling(profiling_ && m.step > 1);
+    const PipelineRunner::StepResult r = pipeline_->step(global_tokens_, global_targets_, m.lr, updates_applied_ + 1);
+    m.loss = r.loss;
+    m.grad_norm = r.grad_norm;
+  }
   for (auto& part : parts_) {
     part->executor->set_profiling(profiling_ && m.step > 1);
     part->executor->set_tracing(tracing_ && m.step == config_.training.steps);
     part->executor->run();
   }
-  const ModelPart& last = loss_part();
-  m.loss = last.executor->fetch(loss_value_).get(0);
-  m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
+  if (!pipeline_) {
+    const ModelPart& last = loss_part();
+    m.loss = last.executor->fetch(loss_value_).get(0);
+    m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
+  }
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
@@ -616,9 +700,15 @@ StepMetrics Trainer::step() {
 }
 
 double Trainer::flops_per_step() const {
-  double total = 0;
+  double total = pipeline_ ? pipeline_->flops_per_step() : 0;
   for (const auto& part : parts_) total += part->executor->flops();
   return total;
+}
+
+void Trainer::set_tracing(bool on) {
+  MT_CHECK(!on || !pipeline_, "--trace with parallel.pp {}: the timeline of pipeline stages is not recorded yet; "
+           "`meshtrain pp-schedule` prints the schedule's simulated timeline", config_.parallel.pp);
+  tracing_ = on;
 }
 
 std::string Trainer::trace() {
@@ -648,6 +738,7 @@ std::string Trainer::trace() {
 
 std::vector<runtime::Executor::OpTime> Trainer::profile() const {
   std::vector<runtime::Executor::OpTime> all;
+  if (pipeline_) all = pipeline_->profile();
   for (const auto& part : parts_)
     for (const auto& t : part->executor->profile()) all.push_back(t);
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
@@ -656,6 +747,21 @@ std::vector<runtime::Executor::OpTime> Trainer::profile() const {
 
 void Trainer::save(const std::string& path) {
   if (!world_) return save_safetensors(path, params_);
+  if (pipeline_) {
+    // Each parameter whole from the rank of its stage (a collective: every rank takes part); rank 0 writes.
+    const auto spans = pipeline_spans(config_.model, pipeline_->schedule().stages(), config_.parallel.pp_layers_per_stage);
+    std::map<std::string, Tensor> whole;
+    for (const auto& [name, spec] : models::llama_parameters(config_.model)) {
+      int owner = -1;
+      for (size_t s = 0; s < spans.size() && owner < 0; ++s)
+        if (models::span_holds(config_.model, spans[s], name)) owner = pipeline_->schedule().rank_of_stage[s];
+      Tensor t = owner == rank() ? params_.at(name) : Tensor::empty(spec.shape, DType::f32);
+      world_->broadcast(t, owner)->wait();
+      if (rank() == 0) whole[name] = t;
+    }
+    if (rank() == 0) save_safetensors(path, whole);
+    return;
+  }
   // Gather every parameter whole (a collective: every rank takes part); rank 0 writes.
   const TrainStepGraph& sg = loss_part().step_graph;
   const sharding::Layout replicated =

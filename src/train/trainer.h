@@ -23,6 +23,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/pipeline_runner.h"
 #include "train/train_step.h"
 
 namespace meshtrain::train {
@@ -194,7 +195,7 @@ class Trainer {
   int64_t steps_done() const { return steps_done_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
-  const sharding::DeviceMesh& mesh() const { return groups_->mesh(); }  // several ranks only
+  const sharding::DeviceMesh& mesh() const { return pipeline_mesh_ ? *pipeline_mesh_ : groups_->mesh(); }  // several ranks only
   // The mesh and each parameter's layout on it ("" on one rank).
   std::string layout_summary() const;
   // Every rank's report, in rank order (a collective on several ranks:
@@ -216,7 +217,7 @@ class Trainer {
   // Time every op of the steps after the first (the first warms caches); see profile().
   void set_profiling(bool on) { profiling_ = on; }
   // Record the timeline of the last step (see trace()).
-  void set_tracing(bool on) { tracing_ = on; }
+  void set_tracing(bool on);  // not with parallel.pp > 1 (throws)
   // The last step's timeline as a Chrome trace document (Perfetto,
   // chrome://tracing), every rank's, each from its own start of the step.
   // Under mpirun every rank calls it (it gathers); set_tracing(true) first.
@@ -264,6 +265,9 @@ class Trainer {
   spmd::Sharding sharding_;
   Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
   std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
+  // parallel.pp > 1: the pipeline runs the step instead of the parts, on the mesh (pp).
+  std::unique_ptr<PipelineRunner> pipeline_;
+  std::unique_ptr<sharding::DeviceMesh> pipeline_mesh_;
   TokenLoader loader_;
   std::map<std::string, Tensor> params_;
   std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor

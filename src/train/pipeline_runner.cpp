@@ -1,0 +1,419 @@
+#include "train/pipeline_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "graph/builder.h"
+#include "sched/schedule.h"
+
+namespace meshtrain::train {
+
+parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks) {
+  const parallel::ParallelConfig& p = config.parallel;
+  MT_CHECK(!config.model.tie_embeddings,
+           "model.tie_embeddings with parallel.pp {}: the embedding (first stage) and the head (last stage) would "
+           "share one weight across ranks, which the pipeline does not support; untie them or set parallel.pp = 1",
+           p.pp);
+  const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
+  MT_CHECK(per_rank <= 64 && micro <= 65536,
+           "parallel.pp_stages_per_rank {} and parallel.pp_microbatches {} must be at most 64 and 65536", per_rank,
+           micro);
+  MT_CHECK(config.data.batch_size % micro == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {}: each microbatch takes an equal share of the "
+           "batch's sequences", config.data.batch_size, micro);
+  try {
+    const parallel::PpSchedule compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro),
+                                                                    static_cast<int>(per_rank));
+    parallel::validate_pp_schedule(compute);
+    return parallel::add_pp_communication(compute);
+  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
+    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
+  }
+}
+
+namespace {
+
+std::unique_ptr<runtime::Executor> executor_for(const graph::Graph& g) {
+  if (g.num_nodes() == 0) return nullptr;
+  return std::make_unique<runtime::Executor>(g, sched::make_schedule(g, g.outputs()));
+}
+
+bool splits_backward(const parallel::PpSchedule& schedule) {
+  for (const auto& actions : schedule.actions)
+    for (const parallel::PpAction& a : actions)
+      if (a.type == parallel::PpActionType::backward_input) return true;
+  return false;
+}
+
+// The source values `part` reads that are not parameters.
+std::vector<graph::ValueId> non_parameter_reads(const graph::Graph& joint, const graph::ExtractedGraph& part) {
+  std::vector<graph::ValueId> out;
+  for (const graph::ValueId v : part.reads)
+    if (joint.value(v).kind != graph::ValueKind::parameter) out.push_back(v);
+  return out;
+}
+
+// Rows k, k + m, k + 2m, ... of a [batch, seq] tensor into `out` [batch / m, seq].
+void take_microbatch(const Tensor& batch, int64_t k, int64_t m, Tensor& out) {
+  const size_t row_bytes = static_cast<size_t>(batch.shape()[1]) * dtype_size(batch.dtype());
+  const auto* from = static_cast<const std::byte*>(batch.raw());
+  auto* to = static_cast<std::byte*>(out.raw());
+  for (int64_t r = 0; r < out.shape()[0]; ++r)
+    std::memcpy(to + static_cast<size_t>(r) * row_bytes, from + static_cast<size_t>(r * m + k) * row_bytes, row_bytes);
+}
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr group,
+                               const std::map<std::string, Tensor>& whole)
+    : config_(config), group_(std::move(group)) {
+  MT_CHECK(group_ && group_->size() == config.parallel.pp,
+           "the pipeline's group has {} ranks but parallel.pp is {}", group_ ? group_->size() : 0, config.parallel.pp);
+  schedule_ = pipeline_schedule(config, group_->size());
+  spans_ = pipeline_spans(config.model, schedule_.stages(), config.parallel.pp_layers_per_stage);
+  const int64_t m = schedule_.microbatches;
+  microbatch_rows_ = config.data.batch_size / m;
+  const bool split = splits_backward(schedule_);
+  std::vector<std::string> names;
+  std::vector<Tensor> grads;
+  for (int s = 0; s < schedule_.stages(); ++s) {
+    if (schedule_.rank_of_stage[static_cast<size_t>(s)] != group_->rank()) continue;
+    auto st = std::make_unique<Stage>();
+    st->programs = build_pipeline_stage(config, spans_, s, microbatch_rows_);
+    const PipelineStage& p = st->programs;
+    st->forward.part = &p.forward;
+    st->backward.part = &p.backward;
+    st->backward_input.part = &p.backward_input;
+    st->backward_weight.part = &p.backward_weight;
+    st->forward.executor = executor_for(p.forward.graph);
+    if (split) {
+      st->backward_input.executor = executor_for(p.backward_input.graph);
+      st->backward_weight.executor = executor_for(p.backward_weight.graph);
+      st->kept_after_forward = non_parameter_reads(p.joint, p.backward_input);
+      for (const graph::ValueId v : non_parameter_reads(p.joint, p.backward_weight))
+        if (std::find(st->kept_after_forward.begin(), st->kept_after_forward.end(), v) == st->kept_after_forward.end())
+          st->kept_after_forward.push_back(v);
+      st->kept_after_input = non_parameter_reads(p.joint, p.backward_weight);
+    } else {
+      st->backward.executor = executor_for(p.backward.graph);
+      st->kept_after_forward = non_parameter_reads(p.joint, p.backward);
+    }
+    for (size_t i = 0; i < p.parameter_names.size(); ++i) {
+      const std::string& name = p.parameter_names[i];
+      const Tensor& w = whole.at(name);
+      params_[name] = w.clone();
+      exp_avg_[name] = Tensor::zeros(w.shape(), config.optimizer.state_dtype);
+      exp_avg_sq_[name] = Tensor::zeros(w.shape(), config.optimizer.state_dtype);
+      st->gradient_sums.push_back(Tensor::zeros(w.shape(), DType::f32));
+      names.push_back(name);
+      grads.push_back(st->gradient_sums.back());
+    }
+    stages_[s] = std::move(st);
+  }
+  MT_CHECK(!stages_.empty(), "pipeline rank {} holds no stage", group_->rank());
+  for (int64_t k = 0; k < m; ++k) {
+    tokens_.push_back(Tensor::empty({microbatch_rows_, config.data.seq_len}, DType::i64));
+    targets_.push_back(Tensor::empty({microbatch_rows_, config.data.seq_len}, DType::i64));
+  }
+  graph::Builder count_builder(count_graph_);
+  count_targets_ = count_graph_.add_input("targets", {config.data.batch_size * config.data.seq_len}, DType::i64);
+  count_graph_.add_output(count_builder.op("count_valid", {count_targets_}, {graph::attr::ignore_index(-100)}));
+  count_run_ = executor_for(count_graph_);
+
+  // The gradients' sum of squares, summed over the ranks between the two
+  // graphs below, then the norm, clipping and AdamW as the single-rank step has them.
+  graph::Builder squares_builder(squares_graph_);
+  std::vector<graph::ValueId> grad_inputs;
+  for (size_t i = 0; i < names.size(); ++i)
+    grad_inputs.push_back(squares_graph_.add_input(names[i] + ".grad", grads[i].shape(), DType::f32));
+  squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
+  squares_run_ = executor_for(squares_graph_);
+  for (size_t i = 0; i < names.size(); ++i) squares_run_->bind(grad_inputs[i], grads[i]);
+
+  graph::Builder b(update_graph_);
+  std::vector<graph::ValueId> update_params, update_grads;
+  for (size_t i = 0; i < names.size(); ++i) {
+    update_params.push_back(update_graph_.add_parameter(names[i], grads[i].shape(), DType::f32));
+    update_grads.push_back(update_graph_.add_input(names[i] + ".grad", grads[i].shape(), DType::f32));
+  }
+  update_squares_ = update_graph_.add_input("sum_of_squares", {}, DType::f64);
+  update_graph_.set_phase(graph::Phase::optimizer);
+  {
+    graph::ScopeGuard scope(update_graph_, "optimizer");
+    update_norm_ = b.norm_from_sum_of_squares(update_squares_, DType::f32);
+  }
+  append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
+                   config.training.max_grad_norm, {update_norm_}, update_);
+  std::vector<graph::Update> updates;
+  for (const auto& [from, to] : update_.write_backs) updates.push_back({from, to});
+  update_run_ = std::make_unique<runtime::Executor>(
+      update_graph_, sched::make_schedule(update_graph_, update_graph_.outputs(), std::move(updates)));
+  lr_ = Tensor::empty({}, DType::f64);
+  adam_step_ = Tensor::empty({}, DType::i64);
+  squares_ = Tensor::empty({}, DType::f64);
+  for (size_t i = 0; i < names.size(); ++i) {
+    update_run_->bind(update_params[i], params_.at(names[i]));
+    update_run_->bind(update_grads[i], grads[i]);
+    update_run_->bind(update_.exp_avg.at(names[i]), exp_avg_.at(names[i]));
+    update_run_->bind(update_.exp_avg_sq.at(names[i]), exp_avg_sq_.at(names[i]));
+  }
+  update_run_->bind(update_squares_, squares_);
+  update_run_->bind(update_.lr, lr_);
+  update_run_->bind(update_.step, adam_step_);
+}
+
+std::vector<int> PipelineRunner::stages() const {
+  std::vector<int> out;
+  for (const auto& [s, st] : stages_) out.push_back(s);
+  return out;
+}
+
+PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
+  const auto it = stages_.find(stage);
+  MT_CHECK(it != stages_.end(), "pipeline rank {}: the schedule has an action of stage {}, which lives on rank {}",
+           group_->rank(), stage, schedule_.rank_of_stage.at(static_cast<size_t>(stage)));
+  return *it->second;
+}
+
+int PipelineRunner::peer_tag(int from_stage, bool forward) const { return (2 * from_stage + (forward ? 0 : 1)) % (1 << 20); }
+
+void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep) {
+  std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
+  if (!program.executor) return;
+  const graph::ExtractedGraph& part = *program.part;
+  const graph::Graph& joint = st.programs.joint;
+  runtime::Executor& ex = *program.executor;
+  for (const graph::ValueId v : part.reads) {
+    const graph::Value& source = joint.value(v);
+    if (source.kind == graph::ValueKind::parameter) {
+      ex.bind(part.values.at(v), params_.at(source.name));
+      continue;
+    }
+    const auto it = values.find(v);
+    MT_CHECK(it != values.end(), "pipeline stage {}, microbatch {}: a program reads {}, which no earlier action gave it",
+             st.programs.index, mb, joint.describe_value(v));
+    ex.bind(part.values.at(v), it->second);
+  }
+  ex.run();
+  for (const graph::ValueId v : part.reads)
+    if (std::find(keep.begin(), keep.end(), v) == keep.end()) values.erase(v);
+  for (const graph::ValueId v : part.outputs) values[v] = ex.fetch(part.values.at(v)).clone();
+}
+
+void PipelineRunner::add_gradients(Stage& st, int mb) {
+  std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
+  const bool first = st.backwards_done == 0;
+  for (size_t i = 0; i < st.gradient_sums.size(); ++i) {
+    auto node = values.extract(st.programs.gradients[i]);
+    MT_CHECK(!node.empty(), "pipeline stage {}, microbatch {}: the gradient of {} was not computed", st.programs.index,
+             mb, st.programs.parameter_names[i]);
+    std::span<float> sum = st.gradient_sums[i].data<float>();
+    const std::span<const float> g = std::as_const(node.mapped()).data<float>();
+    if (first)
+      std::copy(g.begin(), g.end(), sum.begin());
+    else
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
+  }
+  ++st.backwards_done;
+}
+
+void PipelineRunner::act(const parallel::PpAction& a) {
+  using T = parallel::PpActionType;
+  const int s = a.stage, mb = a.microbatch;
+  const int last = schedule_.stages() - 1;
+  const int me = group_->rank();
+  auto rank_of = [&](int stage) { return schedule_.rank_of_stage.at(static_cast<size_t>(stage)); };
+  // A value received (or handed over in memory by a stage on this rank) for (s, mb).
+  auto take_received = [&](std::map<std::pair<int, int>, InFlight>& receives, const char* what) {
+    auto node = receives.extract({s, mb});
+    MT_CHECK(!node.empty(), "pipeline rank {}: {} of stage {}, microbatch {} is used before it was received", me, what,
+             s, mb);
+    node.mapped().work->wait();
+    return node.mapped().tensor;
+  };
+  auto take = [&](graph::ValueId v) {
+    auto node = held_[{s, mb}].extract(v);
+    MT_CHECK(!node.empty(), "pipeline rank {}: stage {}, microbatch {} has no value to send", me, s, mb);
+    return node.mapped();
+  };
+  switch (a.type) {
+    case T::forward: {
+      Stage& st = local_stage(s);
+      const PipelineStage& p = st.programs;
+      std::map<graph::ValueId, Tensor>& values = held_[{s, mb}];
+      if (s == 0)
+        values[p.input] = tokens_[static_cast<size_t>(mb)];
+      else if (rank_of(s - 1) != me)
+        values[p.input] = take_received(receives_f_, "the input activation");
+      if (s == last) {
+        values[p.targets] = targets_[static_cast<size_t>(mb)];
+        values[p.count] = count_;
+      }
+      run(st, st.forward, mb, st.kept_after_forward);
+      if (s == last)
+        loss_sum_ += static_cast<float>(take(p.output).get(0));  // microbatch order, as the single-rank graph adds
+      else if (rank_of(s + 1) == me)
+        held_[{s + 1, mb}][local_stage(s + 1).programs.input] = take(p.output);
+      return;
+    }
+    case T::backward:
+    case T::backward_input: {
+      Stage& st = local_stage(s);
+      const PipelineStage& p = st.programs;
+      if (s != last && rank_of(s + 1) != me)
+        held_[{s, mb}][p.output_gradient] = take_received(receives_b_, "the output gradient");
+      const bool whole = a.type == T::backward;
+      run(st, whole ? st.backward : st.backward_input, mb, whole ? std::vector<graph::ValueId>{} : st.kept_after_input);
+      if (whole) add_gradients(st, mb);
+      if (s != 0 && rank_of(s - 1) == me)
+        held_[{s - 1, mb}][local_stage(s - 1).programs.output_gradient] = take(p.input_gradient);
+      return;
+    }
+    case T::backward_weight: {
+      Stage& st = local_stage(s);
+      run(st, st.backward_weight, mb, {});
+      add_gradients(st, mb);
+      return;
+    }
+    case T::send_f:
+    case T::send_b: {
+      const bool forward = a.type == T::send_f;
+      const PipelineStage& p = local_stage(s).programs;
+      Tensor t = take(forward ? p.output : p.input_gradient);
+      comm::WorkPtr work = group_->send(t, rank_of(forward ? s + 1 : s - 1), peer_tag(s, forward));
+      sends_.push_back({std::move(t), std::move(work)});
+      return;
+    }
+    case T::recv_f:
+    case T::recv_b: {
+      const bool forward = a.type == T::recv_f;
+      const PipelineStage& p = local_stage(s).programs;
+      const graph::ValueInfo info = p.joint.value(forward ? p.input : p.output_gradient).info;
+      Tensor t = Tensor::empty(info.shape, info.dtype);
+      const int from = forward ? s - 1 : s + 1;
+      comm::WorkPtr work = group_->recv(t, rank_of(from), peer_tag(from, forward));
+      (forward ? receives_f_ : receives_b_)[{s, mb}] = {std::move(t), std::move(work)};
+      return;
+    }
+  }
+}
+
+PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tensor& targets, double lr,
+                                                int64_t adam_step) {
+  const Shape batch{config_.data.batch_size, config_.data.seq_len};
+  MT_CHECK(tokens.shape() == batch && targets.shape() == batch, "pipeline step: the batch must be {}, got {} and {}",
+           batch.to_string(), tokens.shape().to_string(), targets.shape().to_string());
+  const int64_t m = schedule_.microbatches;
+  for (int64_t k = 0; k < m; ++k) {
+    take_microbatch(tokens, k, m, tokens_[static_cast<size_t>(k)]);
+    take_microbatch(targets, k, m, targets_[static_cast<size_t>(k)]);
+  }
+  count_run_->bind(count_targets_, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
+  count_run_->run();
+  count_ = count_run_->fetch(count_graph_.outputs()[0]).clone();
+  loss_sum_ = 0;
+  for (auto& [s, st] : stages_) st->backwards_done = 0;
+  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) act(a);
+  for (InFlight& send : sends_) send.work->wait();
+  sends_.clear();
+  for (const auto& [key, values] : held_)
+    MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
+             group_->rank(), key.first, key.second, values.size());
+  held_.clear();
+  MT_CHECK(receives_f_.empty() && receives_b_.empty(), "pipeline rank {}: a receive was never used", group_->rank());
+  for (const auto& [s, st] : stages_)
+    MT_CHECK(st->backwards_done == m, "pipeline stage {} ran the backward of {} of {} microbatches", s,
+             st->backwards_done, m);
+
+  // The loss (from the last stage's rank) and every rank's sum of squares, summed over the pipeline.
+  squares_run_->run();
+  Tensor sums = Tensor::empty({2}, DType::f64);
+  sums.data<double>()[0] = squares_run_->fetch(squares_graph_.outputs()[0]).get(0);
+  sums.data<double>()[1] = stages_.contains(schedule_.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
+  group_->all_reduce(sums)->wait();
+  squares_.data<double>()[0] = sums.data<double>()[0];
+  lr_.data<double>()[0] = lr;
+  adam_step_.data<int64_t>()[0] = adam_step;
+  update_run_->run();
+  return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
+          .grad_norm = update_run_->fetch(update_norm_).get(0)};
+}
+
+std::string PipelineRunner::text() const {
+  std::string out = fmt::format("# pipeline rank {} of {}: {}\n", group_->rank(), group_->size(),
+                                parallel::pp_schedule_name(schedule_.kind));
+  std::vector<std::string> actions;
+  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank())))
+    actions.push_back(parallel::to_string(a));
+  out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
+  for (const auto& [s, st] : stages_) {
+    const auto programs = {std::pair{"forward", &st->forward}, std::pair{"backward", &st->backward},
+                           std::pair{"backward_input", &st->backward_input},
+                           std::pair{"backward_weight", &st->backward_weight}};
+    for (const auto& [name, program] : programs)
+      if (program->executor) out += fmt::format("# stage {} {}\n{}", s, name, graph::to_text(program->part->graph));
+  }
+  return out;
+}
+
+double PipelineRunner::flops_per_step() const {
+  double total = update_run_->flops();
+  const auto m = static_cast<double>(schedule_.microbatches);
+  for (const auto& [s, st] : stages_)
+    for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
+      if (program->executor) total += m * program->executor->flops();
+  return total;
+}
+
+int64_t PipelineRunner::p2p_per_step() const {
+  int64_t n = 0;
+  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank())))
+    n += parallel::is_compute(a.type) ? 0 : 1;
+  return n;
+}
+
+double PipelineRunner::p2p_bytes_per_step() const {
+  double bytes = 0;
+  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
+    if (a.type != parallel::PpActionType::send_f && a.type != parallel::PpActionType::send_b) continue;
+    const PipelineStage& p = stages_.at(a.stage)->programs;
+    const graph::ValueInfo& info =
+        p.joint.value(a.type == parallel::PpActionType::send_f ? p.output : p.input_gradient).info;
+    bytes += static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));
+  }
+  return bytes;
+}
+
+void PipelineRunner::set_profiling(bool on) {
+  for (auto& [s, st] : stages_)
+    for (Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
+      if (program->executor) program->executor->set_profiling(on);
+  update_run_->set_profiling(on);
+}
+
+std::vector<runtime::Executor::OpTime> PipelineRunner::profile() const {
+  std::map<std::string, runtime::Executor::OpTime> by_op;
+  auto add = [&](const runtime::Executor& ex) {
+    for (const auto& t : ex.profile()) {
+      auto& sum = by_op[t.op];
+      sum.op = t.op;
+      sum.calls += t.calls;
+      sum.seconds += t.seconds;
+      sum.flops += t.flops;
+      sum.bytes += t.bytes;
+    }
+  };
+  for (const auto& [s, st] : stages_)
+    for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
+      if (program->executor) add(*program->executor);
+  add(*update_run_);
+  std::vector<runtime::Executor::OpTime> out;
+  for (auto& [op, t] : by_op) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.seconds > y.seconds; });
+  return out;
+}
+
+}  // namespace meshtrain::train

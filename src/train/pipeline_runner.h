@@ -1,0 +1,108 @@
+// One rank's part of a pipeline-parallel training step: its stages'
+// programs (train/pipeline_stage.h) run in the order its schedule
+// (parallel/pipeline_schedule.h, lowered with its sends and receives) says,
+// activations and their gradients sent and received between ranks without
+// blocking one another, each stage's gradients summed over the
+// microbatches, the gradient norm taken over every stage, and clipping and
+// AdamW applied to this rank's parameters — the single-rank step's numbers.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "parallel/pipeline_schedule.h"
+#include "runtime/executor.h"
+#include "train/config.h"
+#include "train/pipeline_stage.h"
+#include "train/train_step.h"
+
+namespace meshtrain::train {
+
+// The schedule `config` asks for on `ranks` pipeline ranks, validated and
+// lowered with its sends and receives. Throws naming the [parallel] key.
+parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks);
+
+class PipelineRunner {
+ public:
+  // `group`: the pipeline's ranks (rank r runs the schedule's rank r);
+  // `whole`: every parameter of the model by Hugging Face name (this rank
+  // keeps its stages'). Throws naming the key when the config cannot run.
+  PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr group, const std::map<std::string, Tensor>& whole);
+
+  struct StepResult {
+    double loss = 0;       // the batch's mean loss (every rank gets it)
+    double grad_norm = 0;  // over every stage's gradients, before clipping
+  };
+  // One optimizer step on the global batch [batch, seq] (every rank passes it
+  // whole; row i belongs to microbatch i mod pp_microbatches, as in
+  // single-rank gradient accumulation). `adam_step`: AdamW's 1-based count.
+  StepResult step(const Tensor& tokens, const Tensor& targets, double lr, int64_t adam_step);
+
+  // This rank's parameters and AdamW moments (the live tensors).
+  const std::map<std::string, Tensor>& parameters() const { return params_; }
+  const std::map<std::string, Tensor>& exp_avg() const { return exp_avg_; }
+  const std::map<std::string, Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  const parallel::PpSchedule& schedule() const { return schedule_; }
+  std::vector<int> stages() const;  // this rank's, in order
+  // This rank's programs as text, stage by stage, and its actions.
+  std::string text() const;
+  double flops_per_step() const;
+  double p2p_bytes_per_step() const;  // sent by this rank
+  int64_t p2p_per_step() const;       // sends and receives this rank posts
+  void set_profiling(bool on);
+  std::vector<runtime::Executor::OpTime> profile() const;
+
+ private:
+  struct Program {
+    const graph::ExtractedGraph* part = nullptr;
+    std::unique_ptr<runtime::Executor> executor;  // none when the part has no nodes
+  };
+  struct Stage {
+    PipelineStage programs;
+    Program forward, backward, backward_input, backward_weight;
+    std::vector<graph::ValueId> kept_after_forward;  // what its backward programs read, computed or given in forward
+    std::vector<graph::ValueId> kept_after_input;    // what backward_weight reads
+    std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches
+    int backwards_done = 0;  // this step: microbatches whose weight gradients are in
+  };
+  Stage& local_stage(int stage);
+  // Runs `program` of stage `st` for microbatch `mb` on the values held for
+  // them; keeps its outputs there and drops what no later program reads.
+  void run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep);
+  void add_gradients(Stage& st, int mb);
+  void act(const parallel::PpAction& action);
+  int peer_tag(int from_stage, bool forward) const;
+
+  TrainConfig config_;
+  comm::ProcessGroupPtr group_;
+  parallel::PpSchedule schedule_;
+  std::vector<models::LlamaSpan> spans_;
+  std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
+  int64_t microbatch_rows_ = 0;
+  std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;
+  // Per step: each microbatch's tokens and targets, the batch's valid-target
+  // count, the values each (stage, microbatch) holds between its programs,
+  // the receives in flight and the sends not yet known to be done.
+  std::vector<Tensor> tokens_, targets_;
+  Tensor count_;
+  std::map<std::pair<int, int>, std::map<graph::ValueId, Tensor>> held_;
+  struct InFlight {
+    Tensor tensor;
+    comm::WorkPtr work;
+  };
+  std::map<std::pair<int, int>, InFlight> receives_f_, receives_b_;  // by receiving (stage, microbatch)
+  std::vector<InFlight> sends_;
+  float loss_sum_ = 0;
+  // The batch's valid-target count, the sum of squares of this rank's
+  // gradients, and the update, each a small graph of its own.
+  graph::Graph count_graph_, squares_graph_, update_graph_;
+  std::unique_ptr<runtime::Executor> count_run_, squares_run_, update_run_;
+  TrainStepGraph update_;
+  graph::ValueId count_targets_, update_squares_, update_norm_;
+  Tensor lr_, adam_step_, squares_;
+};
+
+}  // namespace meshtrain::train

@@ -1,0 +1,135 @@
+#include "train/pipeline_stage.h"
+
+#include <numeric>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "graph/autodiff.h"
+#include "sched/pass.h"
+
+namespace meshtrain::train {
+
+std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, int64_t stages,
+                                              const std::vector<int64_t>& layers_per_stage) {
+  const int64_t units = model.n_layers + 2;
+  std::vector<int64_t> counts = layers_per_stage;
+  if (counts.empty()) {
+    MT_CHECK(stages <= units,
+             "the model's {} layers and its embedding and head make {} units, fewer than the {} pipeline stages "
+             "(parallel.pp x parallel.pp_stages_per_rank): every stage needs at least one",
+             model.n_layers, units, stages);
+    for (int64_t s = 0; s < stages; ++s) counts.push_back(units / stages + (s < units % stages ? 1 : 0));
+  }
+  MT_CHECK(static_cast<int64_t>(counts.size()) == stages,
+           "parallel.pp_layers_per_stage lists {} stages ([{}]) but the pipeline has {} (parallel.pp x "
+           "parallel.pp_stages_per_rank)", counts.size(), fmt::join(counts, ", "), stages);
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  MT_CHECK(total == units,
+           "parallel.pp_layers_per_stage [{}] adds up to {}, but the model has {} units to split: model.n_layers {} "
+           "plus the embedding and the head, which count as one layer each",
+           fmt::join(counts, ", "), total, units, model.n_layers);
+  std::vector<models::LlamaSpan> spans;
+  int64_t unit = 0;  // 0: the embedding; 1..n_layers: block unit-1; n_layers+1: the head
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t end = unit + counts[static_cast<size_t>(s)];
+    models::LlamaSpan span;
+    span.embedding = unit == 0;
+    span.first_layer = std::max<int64_t>(unit - 1, 0);
+    span.end_layer = std::min(end - 1, model.n_layers);
+    span.head = end == units;
+    spans.push_back(span);
+    unit = end;
+  }
+  return spans;
+}
+
+namespace {
+
+// The values `part` reads that `producer_part` computes, in the order `part` reads them.
+std::vector<graph::ValueId> computed_by(const graph::Graph& g, const std::vector<graph::NodeId>& producer_part,
+                                        const graph::ExtractedGraph& part) {
+  const std::set<graph::NodeId> producers(producer_part.begin(), producer_part.end());
+  std::vector<graph::ValueId> out;
+  for (const graph::ValueId v : part.reads)
+    if (producers.contains(g.value(v).producer)) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+                                   int64_t rows) {
+  MT_CHECK(index >= 0 && index < static_cast<int>(spans.size()), "pipeline stage {} of {}", index, spans.size());
+  PipelineStage st;
+  st.index = index;
+  st.span = spans[static_cast<size_t>(index)];
+  graph::Graph& g = st.joint;
+  const models::LlamaConfig& model = config.model;
+  const DType compute = config.training.dtype;
+  const int64_t seq = config.data.seq_len;
+  std::map<std::string, graph::ValueId> params;
+  for (const auto& [name, spec] : models::llama_parameters(model)) {
+    if (!models::span_holds(model, st.span, name)) continue;
+    params[name] = g.add_parameter(name, spec.shape, DType::f32);
+    st.parameter_names.push_back(name);
+    st.parameters.push_back(params[name]);
+  }
+  st.input = st.span.embedding ? g.add_input("tokens", {rows, seq}, DType::i64)
+                               : g.add_input("input", {rows, seq, model.dim}, compute);
+  if (st.span.head) {
+    st.targets = g.add_input("targets", {rows, seq}, DType::i64);
+    st.count = g.add_input("count", {}, DType::f64);
+  }
+  const models::LlamaGraph m = models::llama_span_forward(g, model, st.span, params, st.input, st.targets, st.count,
+                                                          compute, config.parallel.loss_parallel);
+  st.output = st.span.head ? m.loss : m.output;
+  if (!st.span.head) st.output_gradient = g.add_input("output_gradient", g.value(st.output).info.shape, compute);
+  std::vector<graph::ValueId> wrt = st.parameters;
+  if (!st.span.embedding) wrt.push_back(st.input);
+  std::vector<graph::ValueId> grads = graph::append_backward(g, st.output, wrt, nullptr, st.output_gradient);
+  if (!st.span.embedding) {
+    st.input_gradient = grads.back();
+    grads.pop_back();
+  }
+  st.gradients = grads;
+  for (size_t i = 0; i < grads.size(); ++i)
+    MT_CHECK(grads[i].valid(), "pipeline stage {}: no gradient reaches parameter {}", index, st.parameter_names[i]);
+  // What the stage delivers, so that the step's passes keep what computes it.
+  g.add_output(st.output);
+  if (st.input_gradient.valid()) g.add_output(st.input_gradient);
+  for (const graph::ValueId grad : st.gradients) g.add_output(grad);
+  sched::step_pipeline(config.activation_checkpoint.mode).run(g);
+
+  std::vector<graph::NodeId> forward, backward;
+  for (const graph::NodeId n : g.order()) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);
+  std::vector<graph::NodeId> input_half;
+  if (st.input_gradient.valid()) input_half = graph::nodes_needed_for(g, {st.input_gradient}, backward);
+  const std::set<graph::NodeId> in_input_half(input_half.begin(), input_half.end());
+  std::vector<graph::NodeId> weight_half;
+  for (const graph::NodeId n : backward)
+    if (!in_input_half.contains(n)) weight_half.push_back(n);
+
+  std::vector<graph::ValueId> input_results;
+  if (st.input_gradient.valid()) input_results.push_back(st.input_gradient);
+  std::vector<graph::ValueId> backward_results = input_results;
+  backward_results.insert(backward_results.end(), st.gradients.begin(), st.gradients.end());
+  st.backward = graph::extract_graph(g, backward, backward_results);
+  // A node of the input half may compute a weight's gradient beside an
+  // input's (rms_norm_backward): that gradient comes out of the input half.
+  std::vector<graph::ValueId> weight_results;
+  for (const graph::ValueId grad : st.gradients)
+    (in_input_half.contains(g.value(grad).producer) ? input_results : weight_results).push_back(grad);
+  st.backward_weight = graph::extract_graph(g, weight_half, weight_results);
+  const std::vector<graph::ValueId> weight_reads = computed_by(g, input_half, st.backward_weight);
+  input_results.insert(input_results.end(), weight_reads.begin(), weight_reads.end());
+  st.backward_input = graph::extract_graph(g, input_half, input_results);
+  std::vector<graph::ValueId> forward_results{st.output};
+  for (const graph::ValueId v : computed_by(g, forward, st.backward))
+    if (v != st.output) forward_results.push_back(v);
+  st.forward = graph::extract_graph(g, forward, forward_results);
+  return st;
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,54 @@
+// Pipeline stages of a training step: the model cut at block boundaries
+// into stages, and one stage's forward and backward of one microbatch cut
+// into the programs a pipeline schedule runs one at a time — forward (F),
+// backward (B), or B's two halves: the input gradient (I) a previous stage
+// waits for, and the weight gradients (W) that can wait.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/extract.h"
+#include "graph/graph.h"
+#include "models/llama.h"
+#include "train/config.h"
+
+namespace meshtrain::train {
+
+// The span of each of `stages` stages: model.n_layers + 2 units (the
+// embedding and the head count as one each) split by `layers_per_stage`, or
+// as evenly as they go (earlier stages one more) when it is empty. Throws
+// naming parallel.pp_layers_per_stage (or parallel.pp and
+// parallel.pp_stages_per_rank) when they cannot be split so.
+std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, int64_t stages,
+                                              const std::vector<int64_t>& layers_per_stage);
+
+struct PipelineStage {
+  int index = 0;
+  models::LlamaSpan span;
+  // The stage's forward and backward of one microbatch (and the passes of
+  // config's step pipeline: activation checkpointing).
+  graph::Graph joint;
+  std::vector<std::string> parameter_names;               // Hugging Face names, in order
+  std::vector<graph::ValueId> parameters, gradients;      // in `joint`, by parameter_names
+  graph::ValueId input;            // the tokens (first stage) or the residual stream received
+  graph::ValueId targets, count;   // last stage: the microbatch's targets, the batch's valid-target count
+  graph::ValueId output;           // the residual stream sent on, or (last stage) the microbatch's loss
+  graph::ValueId output_gradient;  // not last: the gradient of `output` received back
+  graph::ValueId input_gradient;   // not first: the gradient of `input` sent back
+  // The programs, each reading the values of `joint` it lists in `reads`
+  // and computing its outputs: forward (output, then what a backward reads);
+  // backward (input_gradient when there is one, then the gradients);
+  // backward_input (input_gradient when there is one, the gradients its
+  // nodes compute, then what backward_weight reads of it); backward_weight
+  // (the other gradients).
+  graph::ExtractedGraph forward, backward, backward_input, backward_weight;
+};
+
+// Stage `index` of `spans` for microbatches of `rows` sequences of
+// data.seq_len tokens, as `config` trains (compute dtype, loss, activation
+// checkpointing).
+PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+                                   int64_t rows);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Pipeline parallelism under mpirun against one rank accumulating the same
+# microbatches: every schedule (gpipe, 1f1b, interleaved_1f1b, zero_bubble,
+# zbv) on 2 ranks (a 2-layer Llama: 2 stages, or 4 with 2 per rank, where the
+# first stage is the embedding alone and the last the head alone) and on 4
+# ranks (a 6-layer one: interleaved and zbv with 2 stages per rank), 20 steps
+# with warmup, cosine decay, weight decay and active clipping. Every step's
+# loss and gradient norm must match the single-rank run within 1e-5
+# relative, and the weights gathered after the last step
+# (checkpoint.export) within 1e-5. Explicit layers per stage, and bf16
+# compute, likewise. Bad input fails on every rank with one message, no hang.
+# Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+set -u
+mpirun=$1 meshtrain=$2 src=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$src"
+model=(--config configs/debug.toml --model.dim 64 --model.n_heads 8 --model.n_kv_heads 4 --model.ffn_dim 160
+       --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1 --checkpoint.folder "")
+run() {  # NAME NP [KEY VALUE ...]
+  local name=$1 np=$2
+  shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=($mpirun -np "$np")
+  timeout 300 "${launch[@]}" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" \
+    --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
+    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+}
+compare() {  # NAME BASE [TOLERANCE]
+  python3 - "$dir/$2.jsonl" "$dir/$1.jsonl" "$dir/$2.safetensors" "$dir/$1.safetensors" "$1" "${3:-1e-5}" \
+    "$(grep -m1 '^layout:' "$dir/$1.out" | cut -c9-)" <<'PY' || exit 1
+import json, struct, sys
+one, other, ck_one, ck_other, name, tolerance, layout = sys.argv[1:]
+tolerance = float(tolerance)
+a = [json.loads(l) for l in open(one)]
+b = [json.loads(l) for l in open(other)]
+assert len(a) == len(b) == 20, f"{name}: {len(a)} and {len(b)} steps logged"
+worst = 0.0
+for x, y in zip(a, b):
+    for key in ("loss", "grad_norm"):
+        rel = abs(x[key] - y[key]) / abs(x[key])
+        worst = max(worst, rel)
+        if rel > tolerance:
+            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]} vs one rank's {x[key]} (relative {rel:.2e})")
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack(f"<{(e - s) // 4}f", raw[8 + n + s:8 + n + e])
+    return out
+p, q = tensors(ck_one), tensors(ck_other)
+assert p.keys() == q.keys(), f"{name}: the exported tensors differ: {sorted(p.keys() ^ q.keys())}"
+dmax = max(abs(u - v) for k in p for u, v in zip(p[k], q[k]))
+if dmax > tolerance:
+    sys.exit(f"FAIL: {name}: the exported weights differ from one rank's by {dmax:.2e}")
+print(f"{name}: 20 steps, worst relative difference {worst:.1e} (loss, grad_norm), weights within {dmax:.1e}; {layout}")
+PY
+}
+# 2 ranks, 4 microbatches of 2 sequences.
+run one_l2 1 --model.n_layers 2 --training.grad_accum_steps 4
+for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
+  run "pp2_$schedule" 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule $schedule --parallel.pp_microbatches 4
+  compare "pp2_$schedule" one_l2
+done
+# Layers per stage given: the embedding and one block, then one block and the head.
+run pp2_layers 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.pp_layers_per_stage 2,2
+compare pp2_layers one_l2
+# 4 ranks, 8 microbatches of one sequence; a 6-layer model so that 8 stages have a layer each but the ends.
+run one_l6 1 --model.n_layers 6 --training.grad_accum_steps 8
+for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
+  run "pp4_$schedule" 4 --model.n_layers 6 --parallel.pp 4 --parallel.pp_schedule $schedule --parallel.pp_microbatches 8
+  compare "pp4_$schedule" one_l6
+done
+# bf16 compute: the activations and their gradients cross the stages in bf16.
+run one_bf16 1 --model.n_layers 2 --training.grad_accum_steps 4 --training.dtype bfloat16
+run pp2_bf16 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --training.dtype bfloat16
+compare pp2_bf16 one_bf16
+
+bad() {  # NP MESSAGE ARGS...: one message, every rank exits non-zero, no hang
+  local np=$1 message=$2
+  shift 2
+  out=$(timeout 60 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --model.n_layers 2 "$@" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
+  [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
+}
+bad 2 "config key parallel.pp_schedule: 'looped' is not one of gpipe, 1f1b" --parallel.pp 2 --parallel.pp_schedule looped
+bad 2 'parallel.pp_layers_per_stage [2, 1] adds up to 3, but the model has 4 units' --parallel.pp 2 \
+  --parallel.pp_layers_per_stage 2,1
+bad 2 'parallel.pp_layers_per_stage lists 3 stages' --parallel.pp 2 --parallel.pp_layers_per_stage 1,2,1
+bad 2 '[parallel] pp_schedule 1f1b needs pp_microbatches >= pp' --parallel.pp 2 --parallel.pp_microbatches 1
+bad 2 'data.batch_size 8 must divide by parallel.pp_microbatches 3' --parallel.pp 2 --parallel.pp_microbatches 3
+bad 2 "fewer than the 8 pipeline stages" --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b --parallel.pp_stages_per_rank 4
+bad 3 'parallel.pp 2 needs 2 ranks' --parallel.pp 2
+bad 2 'training.grad_accum_steps 2 with parallel.pp 2' --parallel.pp 2 --training.grad_accum_steps 2
+bad 2 'model.tie_embeddings with parallel.pp 2' --parallel.pp 2 --model.tie_embeddings true
+echo "bad input: 9 cases, each one message and every rank exiting non-zero"
