@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline parallelism under mpirun against one rank accumulating the same
-# microbatches: every schedule (gpipe, 1f1b, interleaved_1f1b, zero_bubble,
+# microbatches (and, for two, one rank taking the batch at once): every schedule (gpipe, 1f1b, interleaved_1f1b, zero_bubble,
 # zbv) on 2 ranks (a 2-layer Llama: 2 stages, or 4 with 2 per rank, where the
 # first stage is the embedding alone and the last the head alone) and on 4
 # ranks (a 6-layer one: interleaved and zbv with 2 stages per rank), 20 steps
@@ -67,6 +67,10 @@ for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
   run "pp2_$schedule" 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule $schedule --parallel.pp_microbatches 4
   compare "pp2_$schedule" one_l2
 done
+# And against one rank taking the whole batch at once (the loss's mean and the gradients summed in another order).
+run one_l2_whole 1 --model.n_layers 2
+compare pp2_1f1b one_l2_whole
+compare pp2_zbv one_l2_whole
 # Layers per stage given: the embedding and one block, then one block and the head.
 run pp2_layers 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.pp_layers_per_stage 2,2
 compare pp2_layers one_l2
