@@ -267,6 +267,10 @@ std::string over_budget_message(const TrainConfig& config, double needed_bytes, 
 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
+  MT_CHECK(config.parallel.pp == 1,
+           "parallel.pp {}: pipeline stages are not laid out as one step graph, and `meshtrain estimate` and "
+           "`meshtrain lower` do not cost or print them yet; `meshtrain pp-schedule` simulates the schedule, and "
+           "`meshtrain train --dump-graph FILE` (under mpirun) writes each rank's stage programs", config.parallel.pp);
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
