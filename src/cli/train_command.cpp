@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -105,13 +106,31 @@ void print_held(const std::vector<train::RankReport>& reports, const train::Trai
                mib(r.gradient_bytes), mib(r.optimizer_state_bytes));
 }
 
-// What each rank did per step: its collectives and their bytes; its peak memory.
+// What each rank did per step: its collectives and their bytes; its peak
+// memory; in a pipeline, its bubble and activations, measured in the last
+// step, next to the schedule's simulation with F = I = W.
 void print_did(const std::vector<train::RankReport>& reports, const train::Trainer& trainer) {
   fmt::print("each rank did per step:\n");
-  for (const auto& r : reports)
-    fmt::print("  rank {} ({}): {} collectives moving {:.2f} MiB; peak memory {:.1f} MiB (with the final checkpoint)\n", r.rank,
+  const train::PipelineRunner* pipeline = trainer.pipeline();
+  std::optional<parallel::PpSimulation> sim;
+  if (pipeline) sim = parallel::simulate_pp_schedule(pipeline->schedule());
+  for (const auto& r : reports) {
+    fmt::print("  rank {} ({}): {} {} moving {:.2f} MiB; peak memory {:.1f} MiB (with the final checkpoint)\n", r.rank,
                coordinate_text(r, trainer.mesh()), static_cast<int64_t>(r.collectives_per_step),
-               mib(r.collective_bytes_per_step), mib(r.peak_bytes));
+               pipeline ? "sends, receives and all_reduces" : "collectives", mib(r.collective_bytes_per_step),
+               mib(r.peak_bytes));
+    if (!pipeline) continue;
+    const auto rank = static_cast<size_t>(r.rank);
+    fmt::print("    last step: bubble {:.1f}% (simulated {:.1f}%), activations held at the peak {:.2f} MiB in {} "
+               "(stage, microbatch) pairs (simulated {})\n",
+               100 * r.pipeline_bubble, 100 * (1 - sim->busy[rank] / sim->makespan), mib(r.activation_peak_bytes),
+               static_cast<int64_t>(r.activation_peak_pairs), sim->peak_activations[rank]);
+  }
+  if (pipeline) {
+    const double published = parallel::published_bubble_fraction(pipeline->schedule());
+    fmt::print("  the schedule's bubble: simulated {:.1f}% over all ranks{}\n", 100 * sim->bubble_fraction,
+               published >= 0 ? fmt::format(", published formula {:.1f}%", 100 * published) : "");
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "train/pipeline_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/ranges.h>
@@ -197,10 +198,26 @@ void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<
              st.programs.index, mb, joint.describe_value(v));
     ex.bind(part.values.at(v), it->second);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ex.run();
   for (const graph::ValueId v : part.reads)
     if (std::find(keep.begin(), keep.end(), v) == keep.end()) values.erase(v);
   for (const graph::ValueId v : part.outputs) values[v] = ex.fetch(part.values.at(v)).clone();
+  stats_.busy_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void PipelineRunner::note_held() {
+  double bytes = 0;
+  int pairs = 0;
+  for (const auto& [key, values] : held_) {
+    pairs += values.empty() ? 0 : 1;
+    for (const auto& [v, t] : values) bytes += static_cast<double>(t.nbytes());
+  }
+  for (const auto* receives : {&receives_f_, &receives_b_})
+    for (const auto& [key, r] : *receives) bytes += static_cast<double>(r.tensor.nbytes());
+  for (const InFlight& send : sends_) bytes += static_cast<double>(send.tensor.nbytes());
+  stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, bytes);
+  stats_.held_pairs_peak = std::max(stats_.held_pairs_peak, pairs);
 }
 
 void PipelineRunner::add_gradients(Stage& st, int mb) {
@@ -316,9 +333,15 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   count_ = count_run_->fetch(count_graph_.outputs()[0]).clone();
   loss_sum_ = 0;
   for (auto& [s, st] : stages_) st->backwards_done = 0;
-  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) act(a);
+  stats_ = {};
+  const auto start = std::chrono::steady_clock::now();
+  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
+    act(a);
+    note_held();
+  }
   for (InFlight& send : sends_) send.work->wait();
   sends_.clear();
+  stats_.step_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [key, values] : held_)
     MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
              group_->rank(), key.first, key.second, values.size());

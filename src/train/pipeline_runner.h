@@ -52,6 +52,19 @@ class PipelineRunner {
   double flops_per_step() const;
   double p2p_bytes_per_step() const;  // sent by this rank
   int64_t p2p_per_step() const;       // sends and receives this rank posts
+  // The last step as it ran on this rank: its wall time from the first
+  // action to the last send done, the part of it spent computing (the
+  // programs' kernels and their outputs' copies; the rest is the bubble:
+  // waiting for a neighbour), and at their peak the bytes of activations
+  // held between programs (received, kept for a backward, or waiting to be
+  // sent) and the (stage, microbatch) pairs holding them.
+  struct StepStats {
+    double step_us = 0, busy_us = 0;
+    double held_bytes_peak = 0;
+    int held_pairs_peak = 0;
+    double bubble() const { return step_us > 0 ? 1 - busy_us / step_us : 0; }
+  };
+  const StepStats& last_step() const { return stats_; }
   void set_profiling(bool on);
   std::vector<runtime::Executor::OpTime> profile() const;
 
@@ -96,6 +109,8 @@ class PipelineRunner {
   std::map<std::pair<int, int>, InFlight> receives_f_, receives_b_;  // by receiving (stage, microbatch)
   std::vector<InFlight> sends_;
   float loss_sum_ = 0;
+  StepStats stats_;
+  void note_held();  // updates the peaks of stats_
   // The batch's valid-target count, the sum of squares of this rank's
   // gradients, and the update, each a small graph of its own.
   graph::Graph count_graph_, squares_graph_, update_graph_;

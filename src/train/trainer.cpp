@@ -428,6 +428,9 @@ RankReport Trainer::own_report() const {
     }
     r.collectives_per_step = static_cast<double>(pipeline_->p2p_per_step()) + 1;  // and the loss and norm all_reduce
     r.collective_bytes_per_step = pipeline_->p2p_bytes_per_step() + 16;
+    r.pipeline_bubble = pipeline_->last_step().bubble();
+    r.activation_peak_bytes = pipeline_->last_step().held_bytes_peak;
+    r.activation_peak_pairs = pipeline_->last_step().held_pairs_peak;
     return r;
   }
   const ModelPart& part = *parts_.front();
@@ -454,7 +457,8 @@ std::vector<RankReport> Trainer::rank_reports() {
   // Every rank's numbers, gathered: [rank][field].
   const std::vector<double> fields{own.parameter_bytes,      own.gradient_bytes,
                                    own.optimizer_state_bytes, own.collectives_per_step,
-                                   own.collective_bytes_per_step, own.peak_bytes, own.step_peak_bytes};
+                                   own.collective_bytes_per_step, own.peak_bytes, own.step_peak_bytes,
+                                   own.pipeline_bubble, own.activation_peak_bytes, own.activation_peak_pairs};
   const auto per_rank = static_cast<int64_t>(fields.size());
   Tensor mine = Tensor::empty({per_rank}, DType::f64), all = Tensor::empty({world_->size() * per_rank}, DType::f64);
   std::copy(fields.begin(), fields.end(), mine.data<double>().begin());
@@ -462,7 +466,7 @@ std::vector<RankReport> Trainer::rank_reports() {
   std::vector<RankReport> reports;
   for (int r = 0; r < world_->size(); ++r) {
     const double* f = all.data<double>().data() + r * per_rank;
-    reports.push_back({r, mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5], f[6]});
+    reports.push_back({r, mesh().coordinate(r), f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]});
   }
   return reports;
 }

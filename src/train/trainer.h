@@ -49,6 +49,10 @@ struct RankReport {
   double collectives_per_step = 0, collective_bytes_per_step = 0;
   double peak_bytes = 0;
   double step_peak_bytes = 0;
+  // Pipeline parallel, the last step: the rank's measured bubble (the share
+  // of the step it did not compute), and its activations held between
+  // programs at their peak: bytes, and (stage, microbatch) pairs.
+  double pipeline_bubble = 0, activation_peak_bytes = 0, activation_peak_pairs = 0;
 };
 
 // Checks what a run on `world_size` ranks needs of the config (the
@@ -192,6 +196,7 @@ class Trainer {
   ~Trainer();
   // The checkpoint this trainer resumed from ("" when it started afresh) and its step.
   const std::string& resumed_from() const { return resumed_from_; }
+  const PipelineRunner* pipeline() const { return pipeline_.get(); }  // parallel.pp > 1; else null
   int64_t steps_done() const { return steps_done_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
