@@ -9,6 +9,10 @@
 #include "core/error.h"
 #include "graph/builder.h"
 #include "sched/schedule.h"
+#include "sharding/local_chunk.h"
+#include "spmd/lower.h"
+#include "spmd/propagate.h"
+#include "train/trainer.h"
 
 namespace meshtrain::train {
 
@@ -37,11 +41,6 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks) {
 
 namespace {
 
-std::unique_ptr<runtime::Executor> executor_for(const graph::Graph& g) {
-  if (g.num_nodes() == 0) return nullptr;
-  return std::make_unique<runtime::Executor>(g, sched::make_schedule(g, g.outputs()));
-}
-
 bool splits_backward(const parallel::PpSchedule& schedule) {
   for (const auto& actions : schedule.actions)
     for (const parallel::PpAction& a : actions)
@@ -68,22 +67,66 @@ void take_microbatch(const Tensor& batch, int64_t k, int64_t m, Tensor& out) {
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr group,
+sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size) {
+  const int64_t pp = config.parallel.pp;
+  MT_CHECK(pp >= 1 && world_size % pp == 0,
+           "parallel.pp {} must divide the job's {} ranks (each stage runs on ranks / pp of them)", pp, world_size);
+  const sharding::DeviceMesh stage = parallel::make_mesh(config.parallel, static_cast<int>(world_size / pp));
+  return sharding::DeviceMesh({static_cast<int>(pp), stage.size(0), stage.size(1), stage.size(2)},
+                              {"pp", "dp_replicate", "dp_shard", "tp"});
+}
+
+namespace {
+
+// A small global graph of the update's (inputs laid out as `given`, outputs
+// delivered as `deliver`) as this rank runs it on the stage mesh.
+spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& planner, int rank,
+                                  const std::map<graph::ValueId, sharding::Layout>& given,
+                                  const std::map<graph::ValueId, sharding::Layout>& deliver) {
+  const spmd::Sharding sharding = spmd::propagate(g, planner, given, deliver);
+  return spmd::lower(g, sharding, planner, rank);
+}
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr world,
                                const std::map<std::string, Tensor>& whole)
-    : config_(config), group_(std::move(group)) {
-  MT_CHECK(group_ && group_->size() == config.parallel.pp,
-           "the pipeline's group has {} ranks but parallel.pp is {}", group_ ? group_->size() : 0, config.parallel.pp);
+    : config_(config) {
+  MT_CHECK(world != nullptr, "a pipeline needs a world of ranks");
+  const sharding::DeviceMesh mesh = pipeline_mesh(config, world->size());
+  stage_size_ = world->size() / static_cast<int>(config.parallel.pp);
+  const int stage_rank = world->rank() % stage_size_, pp_rank = world->rank() / stage_size_;
+  if (stage_size_ == 1) {
+    group_ = world;
+  } else {
+    // Both splits are collectives over the world, made by every rank in this order.
+    comm::ProcessGroupPtr stage = world->split(pp_rank, stage_rank, fmt::format("pp_stage_{}", pp_rank));
+    group_ = world->split(stage_rank, pp_rank, fmt::format("pp_{}", stage_rank));
+    stage_mesh_ = std::make_unique<sharding::DeviceMesh>(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
+                                                         std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
+    stage_groups_ = std::make_unique<sharding::MeshGroups>(*stage_mesh_, std::move(stage));
+    stage_planner_ = std::make_unique<sharding::Planner>(*stage_mesh_, sharding::CostModel::for_mesh(*stage_mesh_));
+  }
   schedule_ = pipeline_schedule(config, group_->size());
   spans_ = pipeline_spans(config.model, schedule_.stages(), config.parallel.pp_layers_per_stage);
   const int64_t m = schedule_.microbatches;
   microbatch_rows_ = config.data.batch_size / m;
   const bool split = splits_backward(schedule_);
+  auto executor_for = [&](const graph::Graph& g) -> std::unique_ptr<runtime::Executor> {
+    if (g.num_nodes() == 0) return nullptr;
+    return std::make_unique<runtime::Executor>(g, sched::make_schedule(g, g.outputs()), stage_groups_.get());
+  };
+  auto local_part = [&](const Tensor& t, const sharding::Layout& layout) {
+    return stage_mesh_ ? sharding::local_piece(t, layout, *stage_mesh_, stage_groups_->coordinate()) : t.clone();
+  };
   std::vector<std::string> names;
   std::vector<Tensor> grads;
+  std::vector<sharding::Layout> layouts;  // of each parameter, on the stage mesh
   for (int s = 0; s < schedule_.stages(); ++s) {
     if (schedule_.rank_of_stage[static_cast<size_t>(s)] != group_->rank()) continue;
     auto st = std::make_unique<Stage>();
-    st->programs = build_pipeline_stage(config, spans_, s, microbatch_rows_);
+    st->programs = build_pipeline_stage(config, spans_, s, microbatch_rows_,
+                                        stage_mesh_ ? StageMesh{stage_mesh_.get(), stage_rank} : StageMesh{});
     const PipelineStage& p = st->programs;
     st->forward.part = &p.forward;
     st->backward.part = &p.backward;
@@ -104,13 +147,15 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     }
     for (size_t i = 0; i < p.parameter_names.size(); ++i) {
       const std::string& name = p.parameter_names[i];
-      const Tensor& w = whole.at(name);
-      params_[name] = w.clone();
-      exp_avg_[name] = Tensor::zeros(w.shape(), config.optimizer.state_dtype);
-      exp_avg_sq_[name] = Tensor::zeros(w.shape(), config.optimizer.state_dtype);
-      st->gradient_sums.push_back(Tensor::zeros(w.shape(), DType::f32));
+      const sharding::Layout layout = stage_mesh_ ? p.parameter_layouts.at(name) : sharding::Layout{};
+      params_[name] = local_part(whole.at(name), layout);
+      const Shape& local = params_[name].shape();
+      exp_avg_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
+      exp_avg_sq_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
+      st->gradient_sums.push_back(Tensor::zeros(local, DType::f32));
       names.push_back(name);
       grads.push_back(st->gradient_sums.back());
+      layouts.push_back(layout);
     }
     stages_[s] = std::move(st);
   }
@@ -122,23 +167,18 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
   graph::Builder count_builder(count_graph_);
   count_targets_ = count_graph_.add_input("targets", {config.data.batch_size * config.data.seq_len}, DType::i64);
   count_graph_.add_output(count_builder.op("count_valid", {count_targets_}, {graph::attr::ignore_index(-100)}));
-  count_run_ = executor_for(count_graph_);
+  count_run_ = std::make_unique<runtime::Executor>(count_graph_, sched::make_schedule(count_graph_, count_graph_.outputs()));
 
-  // The gradients' sum of squares, summed over the ranks between the two
-  // graphs below, then the norm, clipping and AdamW as the single-rank step has them.
-  graph::Builder squares_builder(squares_graph_);
-  std::vector<graph::ValueId> grad_inputs;
-  for (size_t i = 0; i < names.size(); ++i)
-    grad_inputs.push_back(squares_graph_.add_input(names[i] + ".grad", grads[i].shape(), DType::f32));
-  squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
-  squares_run_ = executor_for(squares_graph_);
-  for (size_t i = 0; i < names.size(); ++i) squares_run_->bind(grad_inputs[i], grads[i]);
-
+  // The update: the norm from the sum of squares of every stage's gradients
+  // (summed over the pipeline between the two graphs), clipping and AdamW as
+  // the single-rank step has them; both laid out on the stage mesh as the
+  // [parallel] plan lays out a step's optimizer.
   graph::Builder b(update_graph_);
   std::vector<graph::ValueId> update_params, update_grads;
   for (size_t i = 0; i < names.size(); ++i) {
-    update_params.push_back(update_graph_.add_parameter(names[i], grads[i].shape(), DType::f32));
-    update_grads.push_back(update_graph_.add_input(names[i] + ".grad", grads[i].shape(), DType::f32));
+    const Shape& shape = whole.at(names[i]).shape();
+    update_params.push_back(update_graph_.add_parameter(names[i], shape, DType::f32));
+    update_grads.push_back(update_graph_.add_input(names[i] + ".grad", shape, DType::f32));
   }
   update_squares_ = update_graph_.add_input("sum_of_squares", {}, DType::f64);
   update_graph_.set_phase(graph::Phase::optimizer);
@@ -148,23 +188,60 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
   }
   append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
                    config.training.max_grad_norm, {update_norm_}, update_);
+  graph::Builder squares_builder(squares_graph_);
+  std::vector<graph::ValueId> grad_inputs;
+  for (size_t i = 0; i < names.size(); ++i)
+    grad_inputs.push_back(squares_graph_.add_input(names[i] + ".grad", whole.at(names[i]).shape(), DType::f32));
+  squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
   std::vector<graph::Update> updates;
-  for (const auto& [from, to] : update_.write_backs) updates.push_back({from, to});
+  if (stage_mesh_) {
+    const sharding::Layout replicated =
+        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(stage_mesh_->ndim())));
+    std::map<graph::ValueId, sharding::Layout> given, deliver;
+    for (size_t i = 0; i < names.size(); ++i) {
+      given[update_params[i]] = given[update_grads[i]] = layouts[i];
+      given[update_.exp_avg.at(names[i])] = given[update_.exp_avg_sq.at(names[i])] = layouts[i];
+    }
+    for (const auto& [updated, buffer] : update_.write_backs) deliver[updated] = given.at(buffer);
+    deliver[update_norm_] = replicated;
+    spmd::LoweredGraph lowered = lower_on_stage(update_graph_, *stage_planner_, stage_rank, given, deliver);
+    update_values_ = lowered.values;
+    const auto delivered = delivered_outputs(update_graph_, lowered.graph);
+    for (const auto& [from, to] : update_.write_backs) updates.push_back({delivered.at(from), update_values_.at(to)});
+    update_values_[update_norm_] = delivered.at(update_norm_);
+    update_local_ = std::move(lowered.graph);
+    std::map<graph::ValueId, sharding::Layout> squares_given;
+    for (size_t i = 0; i < names.size(); ++i) squares_given[grad_inputs[i]] = layouts[i];
+    spmd::LoweredGraph squares = lower_on_stage(squares_graph_, *stage_planner_, stage_rank, squares_given,
+                                                {{squares_graph_.outputs()[0], replicated}});
+    squares_values_ = squares.values;
+    squares_local_ = std::move(squares.graph);
+  } else {
+    for (int i = 0; i < update_graph_.num_values(); ++i) update_values_[graph::ValueId(i)] = graph::ValueId(i);
+    for (int i = 0; i < squares_graph_.num_values(); ++i) squares_values_[graph::ValueId(i)] = graph::ValueId(i);
+    for (const auto& [from, to] : update_.write_backs) updates.push_back({from, to});
+  }
+  const graph::Graph& update_run = stage_mesh_ ? update_local_ : update_graph_;
+  const graph::Graph& squares_run = stage_mesh_ ? squares_local_ : squares_graph_;
   update_run_ = std::make_unique<runtime::Executor>(
-      update_graph_, sched::make_schedule(update_graph_, update_graph_.outputs(), std::move(updates)));
+      update_run, sched::make_schedule(update_run, update_run.outputs(), std::move(updates)), stage_groups_.get());
+  squares_run_ = executor_for(squares_run);
+  for (size_t i = 0; i < names.size(); ++i) squares_run_->bind(squares_values_.at(grad_inputs[i]), grads[i]);
   lr_ = Tensor::empty({}, DType::f64);
   adam_step_ = Tensor::empty({}, DType::i64);
   squares_ = Tensor::empty({}, DType::f64);
   for (size_t i = 0; i < names.size(); ++i) {
-    update_run_->bind(update_params[i], params_.at(names[i]));
-    update_run_->bind(update_grads[i], grads[i]);
-    update_run_->bind(update_.exp_avg.at(names[i]), exp_avg_.at(names[i]));
-    update_run_->bind(update_.exp_avg_sq.at(names[i]), exp_avg_sq_.at(names[i]));
+    update_run_->bind(update_values_.at(update_params[i]), params_.at(names[i]));
+    update_run_->bind(update_values_.at(update_grads[i]), grads[i]);
+    update_run_->bind(update_values_.at(update_.exp_avg.at(names[i])), exp_avg_.at(names[i]));
+    update_run_->bind(update_values_.at(update_.exp_avg_sq.at(names[i])), exp_avg_sq_.at(names[i]));
   }
-  update_run_->bind(update_squares_, squares_);
-  update_run_->bind(update_.lr, lr_);
-  update_run_->bind(update_.step, adam_step_);
+  update_run_->bind(update_values_.at(update_squares_), squares_);
+  update_run_->bind(update_values_.at(update_.lr), lr_);
+  update_run_->bind(update_values_.at(update_.step), adam_step_);
 }
+
+PipelineRunner::~PipelineRunner() = default;
 
 std::vector<int> PipelineRunner::stages() const {
   std::vector<int> out;
@@ -261,12 +338,15 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       Stage& st = local_stage(s);
       const PipelineStage& p = st.programs;
       std::map<graph::ValueId, Tensor>& values = held_[{s, mb}];
+      auto local = [&](const Tensor& t) {
+        return stage_mesh_ ? sharding::local_piece(t, p.batch_layout, *stage_mesh_, stage_groups_->coordinate()) : t;
+      };
       if (s == 0)
-        values[p.input] = tokens_[static_cast<size_t>(mb)];
+        values[p.input] = local(tokens_[static_cast<size_t>(mb)]);
       else if (rank_of(s - 1) != me)
         values[p.input] = take_received(receives_f_, "the input activation");
       if (s == last) {
-        values[p.targets] = targets_[static_cast<size_t>(mb)];
+        values[p.targets] = local(targets_[static_cast<size_t>(mb)]);
         values[p.count] = count_;
       }
       run(st, st.forward, mb, st.kept_after_forward);
@@ -354,7 +434,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   // The loss (from the last stage's rank) and every rank's sum of squares, summed over the pipeline.
   squares_run_->run();
   Tensor sums = Tensor::empty({2}, DType::f64);
-  sums.data<double>()[0] = squares_run_->fetch(squares_graph_.outputs()[0]).get(0);
+  sums.data<double>()[0] = squares_run_->fetch((stage_mesh_ ? squares_local_ : squares_graph_).outputs()[0]).get(0);
   sums.data<double>()[1] = stages_.contains(schedule_.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
   group_->all_reduce(sums)->wait();
   squares_.data<double>()[0] = sums.data<double>()[0];
@@ -362,7 +442,27 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   adam_step_.data<int64_t>()[0] = adam_step;
   update_run_->run();
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
-          .grad_norm = update_run_->fetch(update_norm_).get(0)};
+          .grad_norm = update_run_->fetch(update_values_.at(update_norm_)).get(0)};
+}
+
+int PipelineRunner::first_rank_holding(const std::string& name) const {
+  for (size_t s = 0; s < spans_.size(); ++s)
+    if (models::span_holds(config_.model, spans_[s], name)) return schedule_.rank_of_stage[s] * stage_size_;
+  throw InvalidArgument(fmt::format("no pipeline stage holds parameter '{}'", name));
+}
+
+Tensor PipelineRunner::gather_parameter(const std::string& name) {
+  const Tensor& local = params_.at(name);
+  if (!stage_mesh_) return local;
+  for (const auto& [s, st] : stages_) {
+    const auto it = st->programs.parameter_layouts.find(name);
+    if (it == st->programs.parameter_layouts.end()) continue;
+    const sharding::Layout replicated =
+        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(stage_mesh_->ndim())));
+    return sharding::redistribute(local, models::llama_parameters(config_.model).at(name).shape, it->second,
+                                  replicated, *stage_groups_, *stage_planner_);
+  }
+  throw InvalidArgument(fmt::format("pipeline rank {} holds no parameter '{}'", group_->rank(), name));
 }
 
 std::string PipelineRunner::text() const {

@@ -15,6 +15,8 @@
 #include "comm/process_group.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/executor.h"
+#include "sharding/device_mesh.h"
+#include "sharding/planner.h"
 #include "train/config.h"
 #include "train/pipeline_stage.h"
 #include "train/train_step.h"
@@ -25,12 +27,19 @@ namespace meshtrain::train {
 // lowered with its sends and receives. Throws naming the [parallel] key.
 parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks);
 
+// The mesh of a pipeline composed with data and tensor parallelism: (pp,
+// dp_replicate, dp_shard, tp), pp outermost, for `world_size` ranks; a
+// stage's ranks are those of one pp coordinate. Throws naming the key.
+sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size);
+
 class PipelineRunner {
  public:
-  // `group`: the pipeline's ranks (rank r runs the schedule's rank r);
-  // `whole`: every parameter of the model by Hugging Face name (this rank
-  // keeps its stages'). Throws naming the key when the config cannot run.
-  PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr group, const std::map<std::string, Tensor>& whole);
+  // `world`: every rank of the job, on the mesh pipeline_mesh gives (a
+  // collective: every rank constructs its runner); `whole`: every parameter
+  // of the model by Hugging Face name (this rank keeps its part of its
+  // stages'). Throws naming the key when the config cannot run.
+  PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr world, const std::map<std::string, Tensor>& whole);
+  ~PipelineRunner();
 
   struct StepResult {
     double loss = 0;       // the batch's mean loss (every rank gets it)
@@ -46,6 +55,12 @@ class PipelineRunner {
   const std::map<std::string, Tensor>& exp_avg() const { return exp_avg_; }
   const std::map<std::string, Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   const parallel::PpSchedule& schedule() const { return schedule_; }
+  int pipeline_rank() const { return group_->rank(); }
+  // Parameter `name` whole on every rank of the stage holding it (a
+  // collective over that stage's ranks; only they may call it).
+  Tensor gather_parameter(const std::string& name);
+  // The first rank of the world in the stage holding parameter `name`.
+  int first_rank_holding(const std::string& name) const;
   std::vector<int> stages() const;  // this rank's, in order
   // This rank's programs as text, stage by stage, and its actions.
   std::string text() const;
@@ -90,7 +105,13 @@ class PipelineRunner {
   int peer_tag(int from_stage, bool forward) const;
 
   TrainConfig config_;
-  comm::ProcessGroupPtr group_;
+  comm::ProcessGroupPtr group_;  // the pipeline: the ranks at this rank's coordinate in every stage
+  // Composed with data or tensor parallelism: the stage's mesh (dp_replicate,
+  // dp_shard, tp) over the ranks of this rank's stage, and its groups.
+  std::unique_ptr<sharding::DeviceMesh> stage_mesh_;
+  std::unique_ptr<sharding::MeshGroups> stage_groups_;
+  std::unique_ptr<sharding::Planner> stage_planner_;
+  int stage_size_ = 1;  // ranks per stage
   parallel::PpSchedule schedule_;
   std::vector<models::LlamaSpan> spans_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
@@ -115,6 +136,9 @@ class PipelineRunner {
   // gradients, and the update, each a small graph of its own.
   graph::Graph count_graph_, squares_graph_, update_graph_;
   std::unique_ptr<runtime::Executor> count_run_, squares_run_, update_run_;
+  // The update and squares graphs as this rank runs them (lowered on the stage mesh, or themselves).
+  graph::Graph squares_local_, update_local_;
+  std::map<graph::ValueId, graph::ValueId> squares_values_, update_values_;  // global -> in the graph that runs
   TrainStepGraph update_;
   graph::ValueId count_targets_, update_squares_, update_norm_;
   Tensor lr_, adam_step_, squares_;

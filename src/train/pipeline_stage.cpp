@@ -7,7 +7,11 @@
 
 #include "core/error.h"
 #include "graph/autodiff.h"
+#include "parallel/plan.h"
 #include "sched/pass.h"
+#include "sharding/planner.h"
+#include "spmd/lower.h"
+#include "spmd/propagate.h"
 
 namespace meshtrain::train {
 
@@ -59,8 +63,69 @@ std::vector<graph::ValueId> computed_by(const graph::Graph& g, const std::vector
 
 }  // namespace
 
+namespace {
+
+// The stage's joint graph laid out on the stage mesh by the [parallel] plan
+// and lowered for this rank; the stage's values become their local values.
+void lay_out_stage(const TrainConfig& config, const StageMesh& where, const models::LlamaGraph& m,
+                   const std::map<graph::ValueId, graph::ValueId>& gradient_of, PipelineStage& st) {
+  const sharding::DeviceMesh& mesh = *where.mesh;
+  const graph::Graph& g = st.joint;
+  const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
+  parallel::StepRoles roles;
+  for (size_t i = 0; i < st.parameters.size(); ++i) {
+    roles.parameters.push_back(st.parameters[i]);
+    if (const auto dim = parallel::llama_tp_dim(st.parameter_names[i]); dim && tensor_parallel)
+      roles.tp_dims[st.parameters[i]] = *dim;
+  }
+  if (st.span.embedding) roles.batch_inputs.push_back(st.input);
+  if (st.span.head) {
+    roles.batch_inputs.push_back(st.targets);
+    roles.replicated_outputs.push_back(st.output);
+  }
+  if (tensor_parallel) {
+    roles.residual_stream = m.residual;
+    roles.block_inputs = m.normed;
+    roles.logits = m.logits;
+  }
+  // What crosses stages, and its gradient, lies as the residual stream between blocks does.
+  if (!st.span.embedding) roles.residual_stream.push_back(st.input);
+  if (!st.span.head) roles.residual_stream.push_back(st.output);
+  roles.gradient_of = gradient_of;
+  roles.copies = m.param_copies;
+  roles.reduce_copies_in_compute_dtype = config.training.reduce_dtype != DType::f32;
+  parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, roles, config.parallel);
+  const sharding::Layout replicated =
+      sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(mesh.ndim())));
+  if (st.count.valid()) layouts.given[st.count] = replicated;
+  // Every output delivered where the plan puts it: the gradients in their parameters' layouts.
+  for (const graph::ValueId v : g.outputs())
+    if (const auto it = layouts.given.find(v); it != layouts.given.end()) layouts.deliver[v] = it->second;
+  for (size_t i = 0; i < st.gradients.size(); ++i) layouts.deliver[st.gradients[i]] = layouts.given.at(st.parameters[i]);
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const spmd::Sharding sharding = spmd::propagate(g, planner, layouts.given, layouts.deliver);
+  spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank,
+                                           {.reshard_after_forward = config.parallel.reshard_after_forward});
+  for (size_t i = 0; i < st.parameters.size(); ++i)
+    st.parameter_layouts[st.parameter_names[i]] = sharding.values.at(st.parameters[i]);
+  st.batch_layout = sharding.values.at(st.span.embedding ? st.input : st.span.head ? st.targets : st.input);
+  // Inputs by the lowering's map; what the stage computes as the lowered graph delivers it.
+  std::map<graph::ValueId, graph::ValueId> local = lowered.values;
+  for (size_t k = 0; k < g.outputs().size(); ++k) local[g.outputs()[k]] = lowered.graph.outputs()[k];
+  auto to_local = [&](graph::ValueId& v) {
+    if (v.valid()) v = local.at(v);
+  };
+  for (graph::ValueId* v : {&st.input, &st.targets, &st.count, &st.output, &st.output_gradient, &st.input_gradient})
+    to_local(*v);
+  for (auto& v : st.parameters) to_local(v);
+  for (auto& v : st.gradients) to_local(v);
+  st.joint = std::move(lowered.graph);
+}
+
+}  // namespace
+
 PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows) {
+                                   int64_t rows, const StageMesh& where) {
   MT_CHECK(index >= 0 && index < static_cast<int>(spans.size()), "pipeline stage {} of {}", index, spans.size());
   PipelineStage st;
   st.index = index;
@@ -88,7 +153,8 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   if (!st.span.head) st.output_gradient = g.add_input("output_gradient", g.value(st.output).info.shape, compute);
   std::vector<graph::ValueId> wrt = st.parameters;
   if (!st.span.embedding) wrt.push_back(st.input);
-  std::vector<graph::ValueId> grads = graph::append_backward(g, st.output, wrt, nullptr, st.output_gradient);
+  std::map<graph::ValueId, graph::ValueId> gradient_of;
+  std::vector<graph::ValueId> grads = graph::append_backward(g, st.output, wrt, &gradient_of, st.output_gradient);
   if (!st.span.embedding) {
     st.input_gradient = grads.back();
     grads.pop_back();
@@ -101,6 +167,7 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   if (st.input_gradient.valid()) g.add_output(st.input_gradient);
   for (const graph::ValueId grad : st.gradients) g.add_output(grad);
   sched::step_pipeline(config.activation_checkpoint.mode).run(g);
+  if (where.mesh) lay_out_stage(config, where, m, gradient_of, st);
 
   std::vector<graph::NodeId> forward, backward;
   for (const graph::NodeId n : g.order()) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);

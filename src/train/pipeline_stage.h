@@ -11,6 +11,8 @@
 #include "graph/extract.h"
 #include "graph/graph.h"
 #include "models/llama.h"
+#include "sharding/device_mesh.h"
+#include "sharding/layout.h"
 #include "train/config.h"
 
 namespace meshtrain::train {
@@ -23,12 +25,23 @@ namespace meshtrain::train {
 std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, int64_t stages,
                                               const std::vector<int64_t>& layers_per_stage);
 
+// Where a stage's step is laid out when the pipeline is composed with data
+// or tensor parallelism: the stage's mesh (dp_replicate, dp_shard, tp) and
+// this rank's index in it.
+struct StageMesh {
+  const sharding::DeviceMesh* mesh = nullptr;
+  int rank = 0;
+};
+
 struct PipelineStage {
   int index = 0;
   models::LlamaSpan span;
   // The stage's forward and backward of one microbatch (and the passes of
-  // config's step pipeline: activation checkpointing).
+  // config's step pipeline: activation checkpointing); on a stage mesh, this
+  // rank's lowered graph of it (every value below is its local value).
   graph::Graph joint;
+  std::map<std::string, sharding::Layout> parameter_layouts;  // on a stage mesh: each parameter's
+  sharding::Layout batch_layout;  // on a stage mesh: the tokens' and targets' (rows split over data parallel)
   std::vector<std::string> parameter_names;               // Hugging Face names, in order
   std::vector<graph::ValueId> parameters, gradients;      // in `joint`, by parameter_names
   graph::ValueId input;            // the tokens (first stage) or the residual stream received
@@ -48,7 +61,11 @@ struct PipelineStage {
 // Stage `index` of `spans` for microbatches of `rows` sequences of
 // data.seq_len tokens, as `config` trains (compute dtype, loss, activation
 // checkpointing).
+// On `mesh`, the stage is laid out by the [parallel] plan (the residual
+// stream it receives and sends lies like the one between blocks; the
+// gradients are reduced into their parameters' layouts) and lowered for
+// mesh.rank before it is cut.
 PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows);
+                                   int64_t rows, const StageMesh& mesh = {});
 
 }  // namespace meshtrain::train

@@ -49,6 +49,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   step_ = Tensor::empty({}, DType::i64);
   if (config_.parallel.pp > 1) {
     pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(check_parallel_config(config_, num_ranks()));
+    MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one", config_.parallel.pp,
+             config_.parallel.pp, config_.parallel.pp);
     pipeline_ = std::make_unique<PipelineRunner>(config_, world_, params_);
     params_ = pipeline_->parameters();  // this rank's stages' (the live tensors)
     exp_avg_ = pipeline_->exp_avg();
@@ -181,15 +183,27 @@ void check_benchmark_hardware(const sched::HardwareProfile& hardware) {
 namespace {
 // The [parallel] checks of a pipeline-parallel run (parallel.pp > 1): the
 // ranks are the pipeline's, and what the pipeline does not do yet is refused.
+void check_tp_divides(const TrainConfig& config) {
+  const int64_t tp = config.parallel.tp;
+  const models::LlamaConfig& m = config.model;
+  for (const auto& [key, n] : {std::pair{"model.n_heads", m.n_heads}, std::pair{"model.n_kv_heads", m.n_kv_heads},
+                               std::pair{"model.vocab_size", m.vocab_size}})
+    MT_CHECK(n % tp == 0, "{} {} must divide by parallel.tp {} (tensor parallelism splits it evenly)", key, n, tp);
+}
+
 sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_size) {
   const parallel::ParallelConfig& p = config.parallel;
-  MT_CHECK(world_size == p.pp,
-           "parallel.pp {} needs {} ranks (mpirun -n {}), one per pipeline rank; this run has {}{}", p.pp, p.pp, p.pp,
-           world_size, world_size > p.pp ? " (pipeline parallelism with data or tensor parallelism is not supported yet)" : "");
-  MT_CHECK(p.dp_replicate == 1 && (p.dp_shard == 1 || p.dp_shard == -1) && p.tp == 1,
-           "parallel.pp {} with parallel.dp_replicate {}, parallel.dp_shard {} or parallel.tp {}: pipeline parallelism "
-           "composed with data or tensor parallelism is not supported yet; set them to 1", p.pp, p.dp_replicate,
-           p.dp_shard, p.tp);
+  MT_CHECK(world_size % p.pp == 0,
+           "parallel.pp {} must divide the job's {} ranks: each pipeline stage runs on ranks / pp of them (mpirun -n "
+           "a multiple of {})", p.pp, world_size, p.pp);
+  const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
+  const int64_t dp = mesh.size(1) * mesh.size(2);
+  const int64_t micro = p.microbatches();
+  MT_CHECK(config.data.batch_size % micro == 0 && (config.data.batch_size / micro) % dp == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {} x the data-parallel degree {} "
+           "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
+           config.data.batch_size, micro, dp);
+  check_tp_divides(config);
   MT_CHECK(config.training.grad_accum_steps == 1,
            "training.grad_accum_steps {} with parallel.pp {}: the pipeline's microbatches are its gradient "
            "accumulation; set parallel.pp_microbatches instead", config.training.grad_accum_steps, p.pp);
@@ -199,12 +213,9 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
   MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
            "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
-  MT_CHECK(!p.sequence_parallel && !p.loss_parallel,
-           "parallel.sequence_parallel and parallel.loss_parallel need parallel.tp > 1, which parallel.pp {} does not "
-           "compose with yet", p.pp);
   pipeline_schedule(config, static_cast<int>(p.pp));  // the schedule's own checks, naming the key
   pipeline_spans(config.model, p.pp * p.stages_per_rank(), p.pp_layers_per_stage);
-  return sharding::DeviceMesh({static_cast<int>(p.pp)}, {"pp"});
+  return mesh;
 }
 }  // namespace
 
@@ -221,11 +232,7 @@ sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_
            "data.batch_size {} must divide by the data-parallel degree {} x training.grad_accum_steps {}: each "
            "data-parallel rank splits its {} sequences into {} microbatches",
            config.data.batch_size, dp, micro, config.data.batch_size / dp, micro);
-  const int64_t tp = config.parallel.tp;
-  const models::LlamaConfig& m = config.model;
-  for (const auto& [key, n] : {std::pair{"model.n_heads", m.n_heads}, std::pair{"model.n_kv_heads", m.n_kv_heads},
-                               std::pair{"model.vocab_size", m.vocab_size}})
-    MT_CHECK(n % tp == 0, "{} {} must divide by parallel.tp {} (tensor parallelism splits it evenly)", key, n, tp);
+  check_tp_divides(config);
   return mesh;
 }
 
@@ -420,7 +427,7 @@ RankReport Trainer::own_report() const {
   r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
   r.step_peak_bytes = static_cast<double>(last_step_peak_);
   if (pipeline_) {
-    r.coordinate = {rank()};
+    r.coordinate = mesh().coordinate(rank());
     for (const auto& [name, p] : params_) {
       r.parameter_bytes += static_cast<double>(p.nbytes());
       r.gradient_bytes += static_cast<double>(p.nbytes());
@@ -756,14 +763,13 @@ std::vector<runtime::Executor::OpTime> Trainer::profile() const {
 void Trainer::save(const std::string& path) {
   if (!world_) return save_safetensors(path, params_);
   if (pipeline_) {
-    // Each parameter whole from the rank of its stage (a collective: every rank takes part); rank 0 writes.
-    const auto spans = pipeline_spans(config_.model, pipeline_->schedule().stages(), config_.parallel.pp_layers_per_stage);
+    // Each parameter gathered whole on its stage's ranks, then sent by the
+    // first of them to every rank (collectives: every rank takes part); rank 0 writes.
     std::map<std::string, Tensor> whole;
     for (const auto& [name, spec] : models::llama_parameters(config_.model)) {
-      int owner = -1;
-      for (size_t s = 0; s < spans.size() && owner < 0; ++s)
-        if (models::span_holds(config_.model, spans[s], name)) owner = pipeline_->schedule().rank_of_stage[s];
-      Tensor t = owner == rank() ? params_.at(name) : Tensor::empty(spec.shape, DType::f32);
+      const int owner = pipeline_->first_rank_holding(name);
+      const bool holds = params_.contains(name);
+      Tensor t = holds ? pipeline_->gather_parameter(name) : Tensor::empty(spec.shape, DType::f32);
       world_->broadcast(t, owner)->wait();
       if (rank() == 0) whole[name] = t;
     }

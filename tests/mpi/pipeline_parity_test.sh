@@ -8,7 +8,9 @@
 # loss and gradient norm must match the single-rank run within 1e-5
 # relative, and the weights gathered after the last step
 # (checkpoint.export) within 1e-5. Explicit layers per stage, and bf16
-# compute, likewise. Bad input fails on every rank with one message, no hang.
+# compute, likewise; and PP 2 composed with FSDP 2 (and TP 2, and DDP 2 x TP 2
+# with sequence and loss parallel) on 4 and 8 processes. Bad input fails on
+# every rank with one message, no hang.
 # Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -80,6 +82,19 @@ for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
   run "pp4_$schedule" 4 --model.n_layers 6 --parallel.pp 4 --parallel.pp_schedule $schedule --parallel.pp_microbatches 8
   compare "pp4_$schedule" one_l6
 done
+# Composed with FSDP and TP: PP 2 x FSDP 2 (4 processes) and PP 2 x FSDP 2 x TP 2 (8), each stage laid out on
+# its ranks by the [parallel] plan; with sequence and loss parallel too.
+run pp2_fsdp2_interleaved 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b \
+  --parallel.pp_microbatches 2
+compare pp2_fsdp2_interleaved one_l2
+for schedule in 1f1b zero_bubble; do
+  run "pp2_fsdp2_tp2_$schedule" 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.pp_schedule $schedule \
+    --parallel.pp_microbatches 2
+  compare "pp2_fsdp2_tp2_$schedule" one_l2
+done
+run pp2_ddp2_tp2_sp_lp 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.dp_replicate 2 \
+  --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.loss_parallel true --parallel.pp_microbatches 2
+compare pp2_ddp2_tp2_sp_lp one_l2
 # bf16 compute: the activations and their gradients cross the stages in bf16.
 run one_bf16 1 --model.n_layers 2 --training.grad_accum_steps 4 --training.dtype bfloat16
 run pp2_bf16 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --training.dtype bfloat16
@@ -100,7 +115,10 @@ bad 2 'parallel.pp_layers_per_stage lists 3 stages' --parallel.pp 2 --parallel.p
 bad 2 '[parallel] pp_schedule 1f1b needs pp_microbatches >= pp' --parallel.pp 2 --parallel.pp_microbatches 1
 bad 2 'data.batch_size 8 must divide by parallel.pp_microbatches 3' --parallel.pp 2 --parallel.pp_microbatches 3
 bad 2 "fewer than the 8 pipeline stages" --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b --parallel.pp_stages_per_rank 4
-bad 3 'parallel.pp 2 needs 2 ranks' --parallel.pp 2
+bad 3 "parallel.pp 2 must divide the job's 3 ranks" --parallel.pp 2
+bad 4 'data.batch_size 8 must divide by parallel.pp_microbatches 8 x the data-parallel degree 2' --parallel.pp 2 \
+  --parallel.pp_microbatches 8
+bad 4 'model.n_kv_heads 4 must divide by parallel.tp 3' --parallel.pp 2 --parallel.tp 3 --model.n_heads 6 --model.dim 48
 bad 2 'training.grad_accum_steps 2 with parallel.pp 2' --parallel.pp 2 --training.grad_accum_steps 2
 bad 2 'model.tie_embeddings with parallel.pp 2' --parallel.pp 2 --model.tie_embeddings true
-echo "bad input: 9 cases, each one message and every rank exiting non-zero"
+echo "bad input: 11 cases, each one message and every rank exiting non-zero"
