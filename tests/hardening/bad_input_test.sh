@@ -86,6 +86,13 @@ expect_error "--link '0:-1:0': the latency must be a number >= 0" plan --mesh 2 
 expect_error "both set mesh dim 0; give one per dim" plan --mesh 2 --shape 8 --from "S(0)" --to R --link 0:1:1 \
   --link 0:2:2
 # Pipeline schedules (issue 13): every refusal names the key; large asks end at once.
+expect_error "parallel.pp 2 must divide the job's 1 ranks" train --config configs/debug.toml --parallel.pp 2
+expect_error "config key parallel.pp_layers_per_stage: '3,x' is not a list of positive integers" train \
+  --config configs/debug.toml --parallel.pp_layers_per_stage 3,x
+expect_error "config key parallel.pp_layers_per_stage: '3,0' is not a list of positive integers" train \
+  --config configs/debug.toml --parallel.pp_layers_per_stage 3,0
+expect_error "parallel.pp 2: pipeline stages are not laid out as one step graph" estimate --config configs/debug.toml \
+  --ranks 4 --hardware h100-sxm --parallel.pp 2
 expect_error "pp_schedule 'ZB' is not a pipeline schedule; choose one of gpipe" pp-schedule --schedule ZB
 expect_error "1f1b needs pp_microbatches >= pp (got 2 microbatches for 4 stages)" pp-schedule --microbatches 2
 expect_error "splits into 2 runs unevenly" pp-schedule --schedule interleaved_1f1b --microbatches 9
