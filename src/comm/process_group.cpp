@@ -1,5 +1,7 @@
 #include "comm/process_group.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -223,6 +225,30 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   OpDesc d = describe_op(OpType::all_reduce, tensor, tensor);
   d.reduce = op;
   return issue(std::move(d));
+}
+
+std::vector<std::string> all_gather_text(ProcessGroup& group, const std::string& mine) {
+  // The lengths, then the text in 4-byte words (a count per rank).
+  Tensor length = Tensor::empty({1}, DType::i64), lengths = Tensor::empty({group.size()}, DType::i64);
+  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
+  group.all_gather(length, lengths)->wait();
+  std::vector<int64_t> words;
+  int64_t total = 0;
+  for (const int64_t n : lengths.data<int64_t>()) {
+    words.push_back((n + 3) / 4);
+    total += words.back();
+  }
+  Tensor text = Tensor::zeros({words[static_cast<size_t>(group.rank())]}, DType::i32);
+  std::memcpy(text.raw(), mine.data(), mine.size());
+  Tensor all = Tensor::empty({total}, DType::i32);
+  group.all_gather(text, all, words)->wait();
+  std::vector<std::string> out;
+  const char* at = static_cast<const char*>(all.raw());
+  for (int r = 0; r < group.size(); ++r) {
+    out.emplace_back(at, static_cast<size_t>(lengths.data<int64_t>()[static_cast<size_t>(r)]));
+    at += words[static_cast<size_t>(r)] * 4;
+  }
+  return out;
 }
 
 WorkPtr ProcessGroup::all_gather(const Tensor& input, Tensor& output, std::vector<int64_t> counts) {

@@ -156,6 +156,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+// Every rank's text, in rank order (a collective: the lengths, then the bytes).
+std::vector<std::string> all_gather_text(ProcessGroup& group, const std::string& mine);
+
 // A stop signal (SIGTERM, SIGINT) this process received, noted by its
 // handler (async-signal-safe). mpirun sends SIGTERM to every rank when one
 // dies, and SIGKILL a moment later: the mpi backend names a collective that

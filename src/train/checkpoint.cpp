@@ -24,6 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr int kFormatVersion = 1;
+// Version 2: tensors of pipeline stages carry "pipeline_rank" (only the ranks
+// at that pp coordinate saved them); a reader of version 1 would miss it.
+constexpr int kPipelineFormatVersion = 2;
 constexpr const char* kFormat = "meshtrain checkpoint";
 constexpr const char* kMetadataFile = "metadata.json";
 
@@ -80,10 +83,16 @@ std::vector<std::vector<int64_t>> held_indices(const Shape& shape, const shardin
 }
 
 // A replicated tensor is written once: by the ranks at coordinate 0 on
-// every mesh dim it is replicated on.
-bool writes_piece(const sharding::Layout& layout, const std::vector<int>& coord) {
-  for (size_t m = 0; m < layout.placements.size(); ++m)
+// every mesh dim it is replicated on. A pipeline stage's tensor, by those of
+// the stage's ranks (at `pipeline_rank` on the first mesh dim) alone.
+bool writes_piece(const sharding::Layout& layout, const std::vector<int>& coord, int pipeline_rank = -1) {
+  for (size_t m = 0; m < layout.placements.size(); ++m) {
+    if (m == 0 && pipeline_rank >= 0) {
+      if (coord[0] != pipeline_rank) return false;
+      continue;
+    }
     if (layout.placements[m].is_replicate() && coord[m] != 0) return false;
+  }
   return true;
 }
 
@@ -219,8 +228,13 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointSt
     if (where.mesh != nullptr && t.layout.has_partial() && failure.empty())
       failure = fmt::format("checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values "
                             "are saved", t.name, t.layout.to_string());
-    save.described.push_back({t.name, t.global_shape, t.local.dtype(), where.mesh ? t.layout.to_string() : ""});
-    if (where.mesh == nullptr || writes_piece(t.layout, where.coordinate)) save.pieces[t.name] = t.local;
+    MT_CHECK(t.pipeline_rank < 0 || (where.mesh && t.layout.placements.at(0).is_replicate()),
+             "checkpoint: tensor '{}' of pipeline rank {} must be laid out Replicate over the mesh's first dim (pp)",
+             t.name, t.pipeline_rank);
+    save.described.push_back(
+        {t.name, t.global_shape, t.local.dtype(), where.mesh ? t.layout.to_string() : "", t.pipeline_rank});
+    if (where.mesh == nullptr || writes_piece(t.layout, where.coordinate, t.pipeline_rank))
+      save.pieces[t.name] = t.local;
   }
   fail_together(failure, where.world);  // also: the folder exists before any rank writes into it
   return save;
@@ -265,11 +279,30 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
   else
     records = record;
 
+  // Pipeline parallel: each rank describes its stages' tensors alone; rank 0
+  // writes them all.
+  const bool pipelined = !save.described.empty() && save.described.front().pipeline_rank >= 0;
+  nlohmann::ordered_json described = nlohmann::ordered_json::object();
+  auto describe = [&](const std::string& name, const Shape& shape, DType dtype, const std::string& layout, int pp) {
+    described[name] = {{"shape", shape.dims()}, {"dtype", dtype_name(dtype)}, {"layout", layout}};
+    if (pp >= 0) described[name]["pipeline_rank"] = pp;
+  };
+  if (pipelined && where.world) {
+    nlohmann::json mine = nlohmann::json::array();
+    for (const auto& t : save.described)
+      mine.push_back({t.name, t.global_shape.dims(), dtype_name(t.dtype), t.layout, t.pipeline_rank});
+    for (const std::string& text : comm::all_gather_text(*where.world, mine.dump()))
+      for (const auto& t : nlohmann::json::parse(text))
+        describe(t[0].get<std::string>(), Shape(t[1].get<std::vector<int64_t>>()), parse_dtype(t[2].get<std::string>()),
+                 t[3].get<std::string>(), t[4].get<int>());
+  } else {
+    for (const auto& t : save.described) describe(t.name, t.global_shape, t.dtype, t.layout, t.pipeline_rank);
+  }
   if (rank == 0) {
     try {
       nlohmann::ordered_json meta;
       meta["format"] = kFormat;
-      meta["version"] = kFormatVersion;
+      meta["version"] = pipelined ? kPipelineFormatVersion : kFormatVersion;
       meta["step"] = save.state.step;
       meta["updates_applied"] = save.state.updates_applied;
       meta["data_cursor"] = save.state.data_cursor;
@@ -286,9 +319,6 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
                          {"fnv1a64", hex(sum)}});
       }
       meta["files"] = files;
-      nlohmann::ordered_json described = nlohmann::ordered_json::object();
-      for (const auto& t : save.described)
-        described[t.name] = {{"shape", t.global_shape.dims()}, {"dtype", dtype_name(t.dtype)}, {"layout", t.layout}};
       meta["tensors"] = described;
       write_file_atomically((fs::path(save.partial) / kMetadataFile).string(), meta.dump(1) + "\n");
       sync_directory(save.partial);
@@ -339,8 +369,9 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     info.metadata = nlohmann::json::parse(read_file_bytes(meta_path));
     const auto& m = info.metadata;
     MT_CHECK(m.at("format").get<std::string>() == kFormat, "it is not a meshtrain checkpoint");
-    MT_CHECK(m.at("version").get<int>() == kFormatVersion, "format version {} (this meshtrain reads {})",
-             m.at("version").get<int>(), kFormatVersion);
+    const int version = m.at("version").get<int>();
+    MT_CHECK(version == kFormatVersion || version == kPipelineFormatVersion,
+             "format version {} (this meshtrain reads {} and {})", version, kFormatVersion, kPipelineFormatVersion);
     info.state.step = m.at("step").get<int64_t>();
     info.state.updates_applied = m.at("updates_applied").get<int64_t>();
     info.state.data_cursor = m.at("data_cursor").get<int64_t>();
@@ -365,6 +396,12 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
       parse_dtype(t.at("dtype").get<std::string>());
       if (mesh) sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).validate(
           static_cast<int>(t.at("shape").size()));
+      if (t.contains("pipeline_rank")) {
+        const int pp = t.at("pipeline_rank").get<int>();
+        MT_CHECK(version == kPipelineFormatVersion && mesh && pp >= 0 && pp < mesh->size(0) &&
+                     sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).placements[0].is_replicate(),
+                 "tensor '{}' has pipeline_rank {}, which its mesh and layout cannot hold", name, pp);
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("checkpoint {}: {} is damaged: {}", path, meta_path, e.what()));
@@ -385,6 +422,7 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
       HeldTensor* tensor;
       std::vector<std::vector<int64_t>> position;
       sharding::Layout saved_layout;
+      int saved_pipeline_rank = -1;
       int64_t filled = 0;
     };
     std::vector<Need> needs;
@@ -401,6 +439,7 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
                "optimizer.state_dtype changed?)", checkpoint.path, t.name, dtype_name(dtype), dtype_name(t.local.dtype()));
       Need n{&t, {}, saved_whole ? sharding::Layout{} : sharding::Layout::parse(saved.at("layout").get<std::string>(),
                                                                                    saved_mesh->ndim())};
+      n.saved_pipeline_rank = saved.value("pipeline_rank", -1);
       const auto held = held_indices(t.global_shape, t.layout, where.mesh, where.coordinate);
       for (size_t d = 0; d < t.global_shape.rank(); ++d) {
         std::vector<int64_t> position(static_cast<size_t>(t.global_shape[d]), -1);
@@ -416,7 +455,7 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
       const std::vector<int> coord = saved_whole ? std::vector<int>{} : saved_mesh->coordinate(r);
       std::vector<Need*> from_here;
       for (Need& n : needs)
-        if (saved_whole || writes_piece(n.saved_layout, coord)) from_here.push_back(&n);
+        if (saved_whole || writes_piece(n.saved_layout, coord, n.saved_pipeline_rank)) from_here.push_back(&n);
       if (from_here.empty()) continue;
       const std::string path = (fs::path(checkpoint.path) / rank_file_name(r)).string();
       const std::string bytes = read_file_bytes(path);

@@ -37,6 +37,9 @@ struct HeldTensor {
   Shape global_shape;
   sharding::Layout layout;  // on the CheckpointRank's mesh (ignored with none)
   Tensor local;             // this rank's piece; filled in place by load_checkpoint
+  // Pipeline parallel: only the ranks at this coordinate of the mesh's first
+  // dim (pp) hold the tensor (its layout is Replicate there); -1: every rank.
+  int pipeline_rank = -1;
 };
 
 // What a checkpoint holds beside its tensors.
@@ -63,6 +66,7 @@ struct PendingCheckpoint {
     Shape global_shape;
     DType dtype;
     std::string layout;  // "" with no mesh
+    int pipeline_rank = -1;
   };
   std::string folder, final_path, partial;
   CheckpointState state;

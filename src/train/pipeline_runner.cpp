@@ -451,6 +451,18 @@ int PipelineRunner::first_rank_holding(const std::string& name) const {
   throw InvalidArgument(fmt::format("no pipeline stage holds parameter '{}'", name));
 }
 
+sharding::Layout PipelineRunner::mesh_layout(const std::string& name) const {
+  sharding::Layout stage = sharding::Layout::from_placements(std::vector<sharding::Placement>(3));
+  if (stage_mesh_)
+    for (const auto& [s, st] : stages_)
+      if (const auto it = st->programs.parameter_layouts.find(name); it != st->programs.parameter_layouts.end())
+        stage = it->second;
+  sharding::Layout out = stage;
+  out.placements.insert(out.placements.begin(), sharding::Placement::replicate());
+  out.order.insert(out.order.begin(), -1);
+  return out;
+}
+
 Tensor PipelineRunner::gather_parameter(const std::string& name) {
   const Tensor& local = params_.at(name);
   if (!stage_mesh_) return local;

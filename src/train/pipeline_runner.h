@@ -61,6 +61,10 @@ class PipelineRunner {
   Tensor gather_parameter(const std::string& name);
   // The first rank of the world in the stage holding parameter `name`.
   int first_rank_holding(const std::string& name) const;
+  // How this rank's parameter `name` (and its moments) lies on the mesh
+  // (pp, dp_replicate, dp_shard, tp): Replicate over pp (only its stage's
+  // ranks hold it: checkpoint's pipeline_rank), as its stage lays it out on the rest.
+  sharding::Layout mesh_layout(const std::string& name) const;
   std::vector<int> stages() const;  // this rank's, in order
   // This rank's programs as text, stage by stage, and its actions.
   std::string text() const;

@@ -60,6 +60,9 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
     global_targets_ = Tensor::empty(batch, DType::i64);
     no_estimate_because_ = "meshtrain estimate does not cost pipeline schedules yet";
     default_allocator().release_cache();
+    if (resume_from) resume(*resume_from);
+    if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
+      for (const HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
     return;
   }
   auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
@@ -207,9 +210,6 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
   MT_CHECK(config.training.grad_accum_steps == 1,
            "training.grad_accum_steps {} with parallel.pp {}: the pipeline's microbatches are its gradient "
            "accumulation; set parallel.pp_microbatches instead", config.training.grad_accum_steps, p.pp);
-  MT_CHECK(config.checkpoint.folder.empty(),
-           "checkpoint.folder with parallel.pp {}: checkpoints of pipeline stages are not supported yet; leave "
-           "checkpoint.folder empty (checkpoint.export writes the whole weights after the last step)", p.pp);
   MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
            "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
@@ -578,6 +578,19 @@ void Trainer::resume(const CheckpointInfo& checkpoint) {
 }
 
 std::vector<HeldTensor> Trainer::held_tensors() {
+  if (pipeline_) {  // this rank's part of its stages' tensors, on the mesh (pp, dp_replicate, dp_shard, tp)
+    const auto specs = models::llama_parameters(config_.model);
+    const int pp = pipeline_->pipeline_rank();
+    std::vector<HeldTensor> held;
+    for (const auto& [name, local] : params_) {
+      const Shape& shape = specs.at(name).shape;
+      const sharding::Layout layout = pipeline_->mesh_layout(name);
+      held.push_back({name, shape, layout, local, pp});
+      held.push_back({"optimizer.exp_avg." + name, shape, layout, exp_avg_.at(name), pp});
+      held.push_back({"optimizer.exp_avg_sq." + name, shape, layout, exp_avg_sq_.at(name), pp});
+    }
+    return held;
+  }
   const ModelPart& part = loss_part();
   const TrainStepGraph& sg = part.step_graph;
   std::vector<HeldTensor> held;
@@ -593,6 +606,7 @@ std::vector<HeldTensor> Trainer::held_tensors() {
 
 CheckpointRank Trainer::checkpoint_rank() const {
   if (!world_) return {};
+  if (pipeline_) return {pipeline_mesh_.get(), pipeline_mesh_->coordinate(rank()), world_.get()};
   return {&groups_->mesh(), groups_->coordinate(), world_.get()};
 }
 
@@ -730,24 +744,7 @@ std::string Trainer::trace() {
   const ModelPart& part = loss_part();  // the only part today
   const std::string mine = sched::chrome_trace_events(part.running(), part.executor->trace(), rank());
   if (!world_) return sched::chrome_trace({mine});
-  // Every rank's events: their lengths, then the text in 4-byte words.
-  Tensor length = Tensor::empty({1}, DType::i64), lengths = Tensor::empty({world_->size()}, DType::i64);
-  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
-  world_->all_gather(length, lengths)->wait();
-  std::vector<int64_t> words;
-  for (int64_t n : lengths.data<int64_t>()) words.push_back((n + 3) / 4);
-  int64_t total = 0;
-  for (int64_t w : words) total += w;
-  Tensor text = Tensor::zeros({words[static_cast<size_t>(rank())]}, DType::i32);
-  std::memcpy(text.raw(), mine.data(), mine.size());
-  Tensor all = Tensor::empty({total}, DType::i32);
-  world_->all_gather(text, all, words)->wait();
-  std::vector<std::string> events;
-  const char* at = static_cast<const char*>(all.raw());
-  for (int r = 0; r < world_->size(); ++r) {
-    events.emplace_back(at, static_cast<size_t>(lengths.data<int64_t>()[static_cast<size_t>(r)]));
-    at += words[static_cast<size_t>(r)] * 4;
-  }
+  const std::vector<std::string> events = comm::all_gather_text(*world_, mine);
   return sched::chrome_trace(events);
 }
 

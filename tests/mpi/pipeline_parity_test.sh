@@ -9,8 +9,11 @@
 # relative, and the weights gathered after the last step
 # (checkpoint.export) within 1e-5. Explicit layers per stage, and bf16
 # compute, likewise; and PP 2 composed with FSDP 2 (and TP 2, and DDP 2 x TP 2
-# with sequence and loss parallel) on 4 and 8 processes. Bad input fails on
-# every rank with one message, no hang.
+# with sequence and loss parallel) on 4 and 8 processes. Sharded checkpoints
+# of a pipeline: put together they are the gathered weights; resumed on the
+# same layout, on another and on one rank (and one rank's on a pipeline) the
+# steps after are the straight run's. Bad input fails on every rank with one
+# message, no hang.
 # Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -95,6 +98,44 @@ done
 run pp2_ddp2_tp2_sp_lp 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.dp_replicate 2 \
   --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.loss_parallel true --parallel.pp_microbatches 2
 compare pp2_ddp2_tp2_sp_lp one_l2
+# Checkpoints: PP 2 x FSDP 2 saves at steps 10 and 20; its sharded checkpoint put together is the gathered export,
+# bitwise; resumed from step 10 on the same layout it repeats steps 11-20 bitwise, and on PP 2 x TP 2 x FSDP 2 and
+# on one rank (other layouts) within 1e-5; one rank's checkpoint resumes on PP 2 likewise.
+steps_after_10() {  # NAME BASE TOLERANCE: steps 11-20 of NAME's metrics against BASE's
+  python3 - "$dir/$2.jsonl" "$dir/$1.jsonl" "$1" "$3" <<'PY' || exit 1
+import json, sys
+base, other, name, tolerance = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+a = {r["step"]: r for r in map(json.loads, open(base))}
+b = [json.loads(l) for l in open(other)]
+assert [r["step"] for r in b] == list(range(11, 21)), f"{name}: logged steps {[r['step'] for r in b]}"
+worst = max(abs(r[k] - a[r["step"]][k]) / abs(a[r["step"]][k]) for r in b for k in ("loss", "grad_norm"))
+if worst > tolerance:
+    sys.exit(f"FAIL: {name}: steps 11-20 differ from the straight run by {worst:.2e} (relative), over {tolerance}")
+print(f"{name}: resumed at step 10, steps 11-20 within {worst:.1e} of the straight run")
+PY
+}
+run pp2_fsdp2_ck 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --checkpoint.folder "$dir/ck" \
+  --checkpoint.interval 10
+compare pp2_fsdp2_ck one_l2
+"$meshtrain" export --checkpoint "$dir/ck" --out "$dir/ck_from_shards.safetensors" > /dev/null ||
+  fail "export of the pipeline's checkpoint failed"
+cmp -s "$dir/ck_from_shards.safetensors" "$dir/pp2_fsdp2_ck.safetensors" ||
+  fail "the pipeline's sharded checkpoint exported differs from the weights gathered at the end"
+grep -q '"pipeline_rank": 1' "$dir/ck/step_000020/metadata.json" || fail "the metadata names no pipeline rank"
+for target in "pp2_fsdp2_resumed 4 --parallel.pp 2 --parallel.pp_microbatches 2 0" \
+              "pp2_tp2_fsdp2_resumed 8 --parallel.pp 2 --parallel.tp 2 --parallel.pp_microbatches 2 1e-5" \
+              "one_from_pp 1 --training.grad_accum_steps 4 1e-5"; do
+  set -- $target
+  name=$1 np=$2 tolerance=${*: -1}
+  args=("${@:3:$#-3}")
+  rm -rf "$dir/ck_$name"; mkdir -p "$dir/ck_$name"; cp -r "$dir/ck/step_000010" "$dir/ck_$name/"
+  run "$name" "$np" --model.n_layers 2 --checkpoint.folder "$dir/ck_$name" "${args[@]}"
+  steps_after_10 "$name" pp2_fsdp2_ck "$tolerance"
+done
+run one_ck 1 --model.n_layers 2 --training.grad_accum_steps 4 --checkpoint.folder "$dir/ck_one" --checkpoint.interval 10
+rm -rf "$dir/ck_one/step_000020"
+run pp2_from_one 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --checkpoint.folder "$dir/ck_one"
+steps_after_10 pp2_from_one one_ck 0
 # bf16 compute: the activations and their gradients cross the stages in bf16.
 run one_bf16 1 --model.n_layers 2 --training.grad_accum_steps 4 --training.dtype bfloat16
 run pp2_bf16 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --training.dtype bfloat16
@@ -118,7 +159,7 @@ bad 2 "fewer than the 8 pipeline stages" --parallel.pp 2 --parallel.pp_schedule 
 bad 3 "parallel.pp 2 must divide the job's 3 ranks" --parallel.pp 2
 bad 4 'data.batch_size 8 must divide by parallel.pp_microbatches 8 x the data-parallel degree 2' --parallel.pp 2 \
   --parallel.pp_microbatches 8
-bad 4 'model.n_kv_heads 4 must divide by parallel.tp 3' --parallel.pp 2 --parallel.tp 3 --model.n_heads 6 --model.dim 48
+bad 6 'model.n_heads 8 must divide by parallel.tp 3' --parallel.pp 2 --parallel.tp 3
 bad 2 'training.grad_accum_steps 2 with parallel.pp 2' --parallel.pp 2 --training.grad_accum_steps 2
 bad 2 'model.tie_embeddings with parallel.pp 2' --parallel.pp 2 --model.tie_embeddings true
 echo "bad input: 11 cases, each one message and every rank exiting non-zero"
