@@ -10,6 +10,7 @@
 #include "graph/builder.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
+#include "sharding/redistribute.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
 #include "train/trainer.h"
@@ -153,6 +154,10 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
       exp_avg_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
       exp_avg_sq_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
       st->gradient_sums.push_back(Tensor::zeros(local, DType::f32));
+      if (stage_mesh_) {
+        const graph::ValueInfo& computed = p.joint.value(p.gradients[i]).info;
+        st->pending_sums.push_back(Tensor::zeros(computed.shape, DType::f32));
+      }
       names.push_back(name);
       grads.push_back(st->gradient_sums.back());
       layouts.push_back(layout);
@@ -267,7 +272,7 @@ void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<
   for (const graph::ValueId v : part.reads) {
     const graph::Value& source = joint.value(v);
     if (source.kind == graph::ValueKind::parameter) {
-      ex.bind(part.values.at(v), params_.at(source.name));
+      ex.bind(part.values.at(v), stage_mesh_ ? unsharded_.at(source.name) : params_.at(source.name));
       continue;
     }
     const auto it = values.find(v);
@@ -297,21 +302,50 @@ void PipelineRunner::note_held() {
   stats_.held_pairs_peak = std::max(stats_.held_pairs_peak, pairs);
 }
 
+void PipelineRunner::unshard() {
+  for (const auto& [s, st] : stages_) {
+    const PipelineStage& p = st->programs;
+    for (const std::string& name : p.parameter_names) {
+      const sharding::Layout& kept = p.parameter_layouts.at(name);
+      const sharding::Layout& computed = p.compute_layouts.at(name);
+      unsharded_[name] = kept == computed ? params_.at(name)
+                                          : sharding::redistribute(params_.at(name), models::llama_parameters(config_.model).at(name).shape,
+                                                                   kept, computed, *stage_groups_, *stage_planner_);
+    }
+  }
+}
+
+void PipelineRunner::reduce_gradients(Stage& st) {
+  const PipelineStage& p = st.programs;
+  for (size_t i = 0; i < p.parameter_names.size(); ++i) {
+    const std::string& name = p.parameter_names[i];
+    const Tensor reduced =
+        sharding::redistribute(st.pending_sums[i], models::llama_parameters(config_.model).at(name).shape,
+                               p.gradient_layouts.at(name), p.parameter_layouts.at(name), *stage_groups_,
+                               *stage_planner_);
+    MT_CHECK(reduced.shape() == st.gradient_sums[i].shape(), "pipeline stage {}: {}'s reduced gradient is {}, its "
+             "parameter {}", p.index, name, reduced.shape().to_string(), st.gradient_sums[i].shape().to_string());
+    std::memcpy(st.gradient_sums[i].raw(), reduced.raw(), reduced.nbytes());
+  }
+}
+
 void PipelineRunner::add_gradients(Stage& st, int mb) {
   std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
   const bool first = st.backwards_done == 0;
-  for (size_t i = 0; i < st.gradient_sums.size(); ++i) {
+  std::vector<Tensor>& sums = stage_mesh_ ? st.pending_sums : st.gradient_sums;
+  for (size_t i = 0; i < sums.size(); ++i) {
     auto node = values.extract(st.programs.gradients[i]);
     MT_CHECK(!node.empty(), "pipeline stage {}, microbatch {}: the gradient of {} was not computed", st.programs.index,
              mb, st.programs.parameter_names[i]);
-    std::span<float> sum = st.gradient_sums[i].data<float>();
+    std::span<float> sum = sums[i].data<float>();
     const std::span<const float> g = std::as_const(node.mapped()).data<float>();
     if (first)
       std::copy(g.begin(), g.end(), sum.begin());
     else
       for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
   }
-  ++st.backwards_done;
+  // REDUCE_GRAD: after the stage's last backward of the step, its sums reduced once.
+  if (++st.backwards_done == schedule_.microbatches && stage_mesh_) reduce_gradients(st);
 }
 
 void PipelineRunner::act(const parallel::PpAction& a) {
@@ -415,12 +449,14 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   for (auto& [s, st] : stages_) st->backwards_done = 0;
   stats_ = {};
   const auto start = std::chrono::steady_clock::now();
+  if (stage_mesh_) unshard();  // UNSHARD: each parameter gathered once for the step's microbatches
   for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
     act(a);
     note_held();
   }
   for (InFlight& send : sends_) send.work->wait();
   sends_.clear();
+  unsharded_.clear();  // RESHARD
   stats_.step_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [key, values] : held_)
     MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",

@@ -97,7 +97,10 @@ class PipelineRunner {
     Program forward, backward, backward_input, backward_weight;
     std::vector<graph::ValueId> kept_after_forward;  // what its backward programs read, computed or given in forward
     std::vector<graph::ValueId> kept_after_input;    // what backward_weight reads
-    std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches
+    std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches, in its layout
+    // On a stage mesh: the sums as the programs leave them (pending over data
+    // parallel), reduced into gradient_sums after the step's last backward.
+    std::vector<Tensor> pending_sums;
     int backwards_done = 0;  // this step: microbatches whose weight gradients are in
   };
   Stage& local_stage(int stage);
@@ -127,6 +130,11 @@ class PipelineRunner {
   std::vector<Tensor> tokens_, targets_;
   Tensor count_;
   std::map<std::pair<int, int>, std::map<graph::ValueId, Tensor>> held_;
+  // On a stage mesh, during a step: each parameter as the programs read it
+  // (gathered over dp_shard at the step's start, dropped at its end).
+  std::map<std::string, Tensor> unsharded_;
+  void unshard();
+  void reduce_gradients(Stage& st);
   struct InFlight {
     Tensor tensor;
     comm::WorkPtr work;

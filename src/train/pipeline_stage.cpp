@@ -95,19 +95,52 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
   roles.copies = m.param_copies;
   roles.reduce_copies_in_compute_dtype = config.training.reduce_dtype != DType::f32;
   parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, roles, config.parallel);
+  // The programs read each parameter gathered over dp_shard (the runner
+  // gathers it once a step) and leave its gradient a pending sum over data
+  // parallel (the runner reduces the step's sum once): FSDP's unshard and
+  // reduce-gradient actions, once per step rather than per microbatch.
+  const auto replicate_dim = static_cast<size_t>(mesh.dim_index("dp_replicate")),
+             shard_dim = static_cast<size_t>(mesh.dim_index("dp_shard"));
+  auto gathered = [&](const sharding::Layout& kept) {
+    std::vector<sharding::Placement> placements = kept.placements;
+    placements[shard_dim] = sharding::Placement::replicate();
+    return sharding::Layout::from_placements(std::move(placements));
+  };
+  auto pending = [&](const sharding::Layout& computed) {
+    std::vector<sharding::Placement> placements = computed.placements;
+    for (const size_t d : {replicate_dim, shard_dim})
+      if (mesh.size(static_cast<int>(d)) > 1) placements[d] = sharding::Placement::partial();
+    return sharding::Layout::from_placements(std::move(placements));
+  };
+  std::map<graph::ValueId, sharding::Layout> compute_layout_of;  // parameter -> as the programs read it
+  for (size_t i = 0; i < st.parameters.size(); ++i) {
+    const graph::ValueId p = st.parameters[i];
+    const sharding::Layout kept = layouts.given.at(p);
+    const sharding::Layout computed = gathered(kept);
+    compute_layout_of[p] = computed;
+    layouts.given[p] = computed;
+    st.parameter_layouts[st.parameter_names[i]] = kept;
+    st.compute_layouts[st.parameter_names[i]] = computed;
+    st.gradient_layouts[st.parameter_names[i]] = pending(computed);
+    if (const auto it = gradient_of.find(p); it != gradient_of.end()) layouts.given[it->second] = pending(computed);
+  }
+  for (const auto& [copy, p] : m.param_copies) {
+    layouts.given[copy] = compute_layout_of.at(p);
+    if (const auto it = gradient_of.find(copy); it != gradient_of.end())
+      layouts.given[it->second] = pending(compute_layout_of.at(p));
+  }
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(mesh.ndim())));
   if (st.count.valid()) layouts.given[st.count] = replicated;
   // Every output delivered where the plan puts it: the gradients in their parameters' layouts.
   for (const graph::ValueId v : g.outputs())
     if (const auto it = layouts.given.find(v); it != layouts.given.end()) layouts.deliver[v] = it->second;
-  for (size_t i = 0; i < st.gradients.size(); ++i) layouts.deliver[st.gradients[i]] = layouts.given.at(st.parameters[i]);
+  for (size_t i = 0; i < st.gradients.size(); ++i)
+    layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding sharding = spmd::propagate(g, planner, layouts.given, layouts.deliver);
   spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank,
                                            {.reshard_after_forward = config.parallel.reshard_after_forward});
-  for (size_t i = 0; i < st.parameters.size(); ++i)
-    st.parameter_layouts[st.parameter_names[i]] = sharding.values.at(st.parameters[i]);
   st.batch_layout = sharding.values.at(st.span.embedding ? st.input : st.span.head ? st.targets : st.input);
   // Inputs by the lowering's map; what the stage computes as the lowered graph delivers it.
   std::map<graph::ValueId, graph::ValueId> local = lowered.values;

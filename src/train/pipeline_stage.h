@@ -40,7 +40,12 @@ struct PipelineStage {
   // config's step pipeline: activation checkpointing); on a stage mesh, this
   // rank's lowered graph of it (every value below is its local value).
   graph::Graph joint;
-  std::map<std::string, sharding::Layout> parameter_layouts;  // on a stage mesh: each parameter's
+  // On a stage mesh, by parameter: its layout as the plan keeps it (FSDP:
+  // sharded over dp_shard); as the programs read it, gathered over dp_shard
+  // once a step (UNSHARD); and its gradient as the programs leave it, a
+  // pending sum over data parallel until the stage's last backward of the
+  // step reduces the sum into the parameter's layout (REDUCE_GRAD).
+  std::map<std::string, sharding::Layout> parameter_layouts, compute_layouts, gradient_layouts;
   sharding::Layout batch_layout;  // on a stage mesh: the tokens' and targets' (rows split over data parallel)
   std::vector<std::string> parameter_names;               // Hugging Face names, in order
   std::vector<graph::ValueId> parameters, gradients;      // in `joint`, by parameter_names
