@@ -126,7 +126,27 @@ int run_estimate(const std::vector<std::string>& args) {
         {"mfu", e.mfu},
         {"estimate_seconds", seconds},
         {"max_resident_bytes", resident}};
-    fmt::print("{}\n", doc.dump(1));
+    nlohmann::json out = doc;
+    if (e.pipeline) {
+      const train::PipelineEstimate& p = *e.pipeline;
+      out["pipeline"] = {{"schedule", p.schedule},
+                         {"stages", p.stages},
+                         {"stages_per_rank", p.stages_per_rank},
+                         {"microbatches", p.microbatches},
+                         {"forward_us", p.forward_us},
+                         {"backward_input_us", p.backward_input_us},
+                         {"backward_weight_us", p.backward_weight_us},
+                         {"p2p_us", p.p2p_us},
+                         {"makespan_us", p.makespan_us},
+                         {"bubble_fraction", p.bubble_fraction},
+                         {"published_bubble_fraction", p.published_bubble},
+                         {"unshard_us", p.unshard_us},
+                         {"reduce_grad_us", p.reduce_grad_us},
+                         {"update_us", p.update_us},
+                         {"peak_activation_pairs", p.peak_activation_pairs},
+                         {"activation_bytes_per_pair", p.activation_bytes_per_pair}};
+    }
+    fmt::print("{}\n", out.dump(1));
   } else {
     fmt::print("meshtrain estimate: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}; batch {} x seq {} "
                "({:.0f} tokens/step), {} compute\n",
@@ -146,8 +166,27 @@ int run_estimate(const std::vector<std::string>& args) {
                  100 * bytes / e.memory.peak_bytes);
     fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", amount(e.memory.arena_unused_at_peak),
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
-    fmt::print("time: step {}: compute {}, communication {} of which exposed {}\n", duration(e.time.step_us),
-               duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us));
+    fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}\n", duration(e.time.step_us),
+               duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us),
+               e.pipeline ? " (with the bubble)" : "");
+    if (e.pipeline) {
+      const train::PipelineEstimate& p = *e.pipeline;
+      double f = 0, b = 0, p2p = 0;
+      for (size_t s = 0; s < p.forward_us.size(); ++s) {
+        f = std::max(f, p.forward_us[s]);
+        b = std::max(b, p.backward_input_us[s] + p.backward_weight_us[s]);
+        p2p = std::max(p2p, p.p2p_us[s]);
+      }
+      fmt::print("pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}, bubble {:.1f}% "
+                 "of it{}; a stage's microbatch at most F {} B {}, p2p {}; this rank's stages once a step: gather "
+                 "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
+                 "each at most\n",
+                 p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
+                 100 * p.bubble_fraction,
+                 p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
+                 duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),
+                 duration(p.update_us), p.peak_activation_pairs, amount(p.activation_bytes_per_pair));
+    }
     const double tokens_per_s = e.tokens_per_s_per_device;  // a step of hours still shows its rate
     fmt::print("throughput: {} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
                "{}\n",

@@ -129,12 +129,12 @@ void zbv(RankBuilder& b, int p, int m) {
   std::erase_if(b.out, [&](const PpAction& a) { return a.microbatch >= m; });
 }
 
-double duration(const PpAction& a, const PpCosts& c, int v) {
+double duration(const PpAction& a, const PpCosts& c) {
   switch (a.type) {
-    case PpActionType::forward: return c.forward / v;
-    case PpActionType::backward_input: return c.backward_input / v;
-    case PpActionType::backward_weight: return c.backward_weight / v;
-    case PpActionType::backward: return c.backward() / v;
+    case PpActionType::forward: return c.forward;
+    case PpActionType::backward_input: return c.backward_input;
+    case PpActionType::backward_weight: return c.backward_weight;
+    case PpActionType::backward: return c.backward();
     default: return 0;
   }
 }
@@ -338,13 +338,24 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
 }
 
 PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
+  // A rank's v stages each run in 1/v of the costs given for the rank.
+  const double v = s.stages_per_rank;
+  return simulate_pp_schedule(s, std::vector<PpCosts>(static_cast<size_t>(s.stages()),
+                                                      {costs.forward / v, costs.backward_input / v,
+                                                       costs.backward_weight / v, costs.p2p}));
+}
+
+PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage) {
   validate_pp_schedule(s);
-  MT_CHECK(std::isfinite(costs.forward) && std::isfinite(costs.backward_input) &&
-               std::isfinite(costs.backward_weight) && std::isfinite(costs.p2p) && costs.forward > 0 &&
-               costs.backward_input > 0 && costs.backward_weight > 0 && costs.p2p >= 0,
-           "pipeline costs must be finite, positive (p2p may be 0): F {} I {} W {} p2p {}", costs.forward,
-           costs.backward_input, costs.backward_weight, costs.p2p);
-  const int stages = s.stages(), m = s.microbatches, v = s.stages_per_rank, last = stages - 1;
+  MT_CHECK(static_cast<int>(per_stage.size()) == s.stages(), "pipeline costs: {} stages' costs for {} stages",
+           per_stage.size(), s.stages());
+  for (const PpCosts& costs : per_stage)
+    MT_CHECK(std::isfinite(costs.forward) && std::isfinite(costs.backward_input) &&
+                 std::isfinite(costs.backward_weight) && std::isfinite(costs.p2p) && costs.forward > 0 &&
+                 costs.backward_input > 0 && costs.backward_weight > 0 && costs.p2p >= 0,
+             "pipeline costs must be finite, positive (p2p may be 0): F {} I {} W {} p2p {}", costs.forward,
+             costs.backward_input, costs.backward_weight, costs.p2p);
+  const int stages = s.stages(), m = s.microbatches, last = stages - 1;
   auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
   constexpr double kNotYet = -1;
   const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(m);
@@ -362,8 +373,9 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
   std::vector<double> free_at(static_cast<size_t>(s.ranks), 0);
   // When each input is there for `a` on rank r, or kNotYet.
   auto ready_at = [&](int r, const PpAction& a) -> double {
-    const double p2p = costs.p2p;
-    auto from = [&](double end, int stage) { return end < 0 ? kNotYet : end + (rank_of(stage) != r ? p2p : 0); };
+    auto from = [&](double end, int stage) {
+      return end < 0 ? kNotYet : end + (rank_of(stage) != r ? per_stage[static_cast<size_t>(stage)].p2p : 0);
+    };
     switch (a.type) {
       case PpActionType::forward:
         return a.stage == 0 ? 0 : from(forward_end[at(a.stage - 1, a.microbatch)], a.stage - 1);
@@ -389,7 +401,7 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
         const double ready = ready_at(r, a);
         if (ready < 0) break;
         const double start = std::max(ready, free_at[static_cast<size_t>(r)]);
-        const double end = start + duration(a, costs, v);
+        const double end = start + duration(a, per_stage[static_cast<size_t>(a.stage)]);
         free_at[static_cast<size_t>(r)] = end;
         sim.busy[static_cast<size_t>(r)] += end - start;
         sim.timeline[static_cast<size_t>(r)].push_back({a, start, end});

@@ -93,6 +93,11 @@ struct PpSimulation {
 // forward, the next stage's input backward, this stage's own F before I/B and
 // I before W), each rank in its list order.
 PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const PpCosts& costs = {});
+// The same with each stage's own durations (absolute, in any unit: stages
+// of a model differ, the first holding the embedding and the last the head);
+// costs[s].p2p is the time stage s's output (or its input's gradient) takes
+// to reach the neighbour stage on another rank.
+PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const std::vector<PpCosts>& per_stage);
 
 // The published bubble fraction for this schedule and these costs:
 // GPipe/1F1B (p-1)(F+B) idle per rank, interleaved (p-1)(F+B)/v, ZB-H1

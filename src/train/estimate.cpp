@@ -4,7 +4,11 @@
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "sched/schedule.h"
 #include "sched/trace.h"
+#include "sharding/local_chunk.h"
+#include "train/pipeline_runner.h"
+#include "train/pipeline_stage.h"
 #include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
@@ -57,12 +61,195 @@ std::set<graph::ValueId> gradient_values(const graph::Graph& global, const Train
   return out;
 }
 
+double bytes_of(const graph::Graph& g, graph::ValueId v) {
+  const graph::ValueInfo& info = g.value(v).info;
+  return static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));
+}
+
+void fill_rates(const TrainConfig& config, const sched::HardwareProfile& hardware, TrainingEstimate& e) {
+  e.tokens_per_step = static_cast<double>(config.data.batch_size * config.data.seq_len);
+  e.tokens_per_s_per_device =
+      e.time.step_us > 0 ? e.tokens_per_step / e.world_size / (e.time.step_us * 1e-6) : 0;
+  e.flops_per_token = torchtitan_flops_per_token(config.model, config.data.seq_len);
+  const bool bf16 = config.training.dtype == DType::bf16 && hardware.peak_gflops_bf16 > 0;
+  e.peak_gflops = (bf16 ? hardware.peak_gflops_bf16 : hardware.peak_gflops_f32) * hardware.rank_share(e.world_size);
+  e.mfu = e.flops_per_token * e.tokens_per_s_per_device / (e.peak_gflops * 1e9);
+}
+
+// parallel.pp > 1: every stage's programs laid out and lowered for the
+// rank at this rank's place in its stage (the stages' ranks are laid out
+// alike), each costed on the profile; the schedule simulated with those
+// costs; this rank's once-a-step work (gathering its parameters, reducing
+// its gradients, the update) added after it.
+TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, int rank,
+                                   const sched::HardwareProfile& hardware) {
+  MT_CHECK(config.schedule.estimate == EstimateMode::roofline,
+           "schedule.estimate = \"benchmark\" with parallel.pp {}: pipeline stages are costed by the roofline only",
+           config.parallel.pp);
+  const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
+  TrainingEstimate e;
+  e.world_size = world_size;
+  e.rank = rank;
+  e.mesh = mesh.describe();
+  const int stage_size = world_size / mesh.size(0), stage_rank = rank % stage_size, pp_rank = rank / stage_size;
+  const sharding::DeviceMesh stage_mesh({mesh.size(1), mesh.size(2), mesh.size(3)}, {"dp_replicate", "dp_shard", "tp"});
+  const StageMesh where = stage_size > 1 ? StageMesh{&stage_mesh, stage_rank} : StageMesh{};
+  const parallel::PpSchedule schedule = pipeline_schedule(config, mesh.size(0));
+  const auto spans = pipeline_spans(config.model, schedule.stages(), config.parallel.pp_layers_per_stage);
+  const int64_t rows = config.data.batch_size / schedule.microbatches;
+  const sched::RankDevice device{hardware, world_size, nullptr};
+  const bool split = schedule.kind == parallel::PpScheduleKind::zero_bubble || schedule.kind == parallel::PpScheduleKind::zbv;
+  // The world rank at `pp` with this rank's place in its stage, and the
+  // ranks of this rank's dp_shard and dp_replicate groups.
+  auto world_rank = [&](int pp) { return pp * stage_size + stage_rank; };
+  auto group_over = [&](int mesh_dim) {
+    std::vector<int64_t> group;
+    std::vector<int> coord = mesh.coordinate(rank);
+    for (int k = 0; k < mesh.size(mesh_dim); ++k) {
+      coord[static_cast<size_t>(mesh_dim)] = k;
+      int64_t r = 0;
+      for (int d = 0; d < mesh.ndim(); ++d) r = r * mesh.size(d) + coord[static_cast<size_t>(d)];
+      group.push_back(r);
+    }
+    return group;
+  };
+  PipelineEstimate p;
+  p.schedule = std::string(parallel::pp_schedule_name(schedule.kind));
+  p.stages = schedule.stages();
+  p.stages_per_rank = schedule.stages_per_rank;
+  p.microbatches = schedule.microbatches;
+  std::vector<parallel::PpCosts> costs;
+  double kept_params = 0, computed_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
+  const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
+  for (int s = 0; s < schedule.stages(); ++s) {
+    const PipelineStage st = build_pipeline_stage(config, spans, s, rows, where);
+    auto cost = [&](const graph::ExtractedGraph& part) -> sched::StepEstimate {
+      if (part.graph.num_nodes() == 0) return {};
+      return sched::estimate_step(part.graph, sched::make_schedule(part.graph, part.graph.outputs()), device);
+    };
+    const sched::StepEstimate forward = cost(st.forward);
+    sched::StepEstimate input, weight;
+    if (split) {
+      input = cost(st.backward_input);
+      weight = cost(st.backward_weight);
+    } else {  // the whole backward, its time split evenly between the halves the simulation adds back up
+      weight = cost(st.backward);
+      input.step_us = weight.step_us /= 2;
+      input.communication_us = weight.communication_us /= 2;
+    }
+    constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
+    parallel::PpCosts c{std::max(forward.step_us, kLeast), std::max(input.step_us, kLeast),
+                        std::max(weight.step_us, kLeast), 0};
+    if (s + 1 < schedule.stages() && schedule.rank_of_stage[static_cast<size_t>(s)] !=
+                                         schedule.rank_of_stage[static_cast<size_t>(s + 1)])
+      c.p2p = hardware.collective_us(comm::OpType::all_gather, 2 * bytes_of(st.joint, st.output),
+                                     {world_rank(schedule.rank_of_stage[static_cast<size_t>(s)]),
+                                      world_rank(schedule.rank_of_stage[static_cast<size_t>(s + 1)])},
+                                     world_size);
+    costs.push_back(c);
+    p.forward_us.push_back(c.forward);
+    p.backward_input_us.push_back(c.backward_input);
+    p.backward_weight_us.push_back(c.backward_weight);
+    p.p2p_us.push_back(c.p2p);
+    if (schedule.rank_of_stage[static_cast<size_t>(s)] != pp_rank) continue;
+    // This rank's stage: its tensors, its once-a-step collectives, what it keeps between programs.
+    in_program_comm += static_cast<double>(schedule.microbatches) *
+                       (forward.communication_us + input.communication_us + weight.communication_us);
+    for (const graph::ExtractedGraph* part : split ? std::vector{&st.forward, &st.backward_input, &st.backward_weight}
+                                                   : std::vector{&st.forward, &st.backward})
+      for (const graph::NodeId n : part->graph.order()) {
+        const graph::Node& node = part->graph.node(n);
+        e.nodes += static_cast<size_t>(schedule.microbatches);
+        if (!node.op->starts_async) continue;
+        e.collectives += static_cast<size_t>(schedule.microbatches);
+        e.collective_bytes += static_cast<double>(schedule.microbatches) * node.attrs.get(graph::attr::comm_bytes);
+      }
+    double kept_between = 0;
+    std::set<graph::ValueId> kept;
+    for (const graph::ExtractedGraph* part : split ? std::vector{&st.backward_input, &st.backward_weight}
+                                                   : std::vector{&st.backward})
+      for (const graph::ValueId v : part->reads)
+        if (st.joint.value(v).kind != graph::ValueKind::parameter && kept.insert(v).second)
+          kept_between += bytes_of(st.joint, v);
+    p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
+    for (const graph::ExtractedGraph* part : {&st.forward, &st.backward, &st.backward_input, &st.backward_weight})
+      if (part->graph.num_nodes() > 0)
+        arena = std::max(arena, sched::estimate_memory(part->graph, sched::make_schedule(part->graph,
+                                                                                        part->graph.outputs()))
+                                    .arena_bytes);
+    const auto specs = models::llama_parameters(config.model);
+    for (size_t i = 0; i < st.parameter_names.size(); ++i) {
+      const std::string& name = st.parameter_names[i];
+      const double computed = bytes_of(st.joint, st.parameters[i]);  // as the programs read it
+      double held = computed;
+      if (where.mesh) {
+        const Shape kept_shape = sharding::local_chunk(specs.at(name).shape, st.parameter_layouts.at(name), stage_mesh,
+                                                       stage_mesh.coordinate(stage_rank)).shape;
+        held = static_cast<double>(kept_shape.numel()) * 4;
+        if (!(st.parameter_layouts.at(name) == st.compute_layouts.at(name))) {
+          computed_params += computed;
+          p.unshard_us += hardware.collective_us(comm::OpType::all_gather, computed, group_over(2), world_size);
+          p.reduce_grad_us += hardware.collective_us(comm::OpType::reduce_scatter, computed, group_over(2), world_size);
+        }
+        if (mesh.size(1) > 1)
+          p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held, group_over(1), world_size);
+        pending += computed;
+      }
+      kept_params += held;
+      moments += 2 * held / 4 * state_bytes;
+    }
+  }
+  const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, costs);
+  p.makespan_us = sim.makespan;
+  p.bubble_fraction = sim.bubble_fraction;
+  p.rank_busy_us = sim.busy[static_cast<size_t>(pp_rank)];
+  p.peak_activation_pairs = sim.peak_activations[static_cast<size_t>(pp_rank)];
+  parallel::PpCosts mean{0, 0, 0, 0};
+  for (const auto& c : costs) {
+    mean.forward += c.forward / static_cast<double>(costs.size()) * schedule.stages_per_rank;
+    mean.backward_input += c.backward_input / static_cast<double>(costs.size()) * schedule.stages_per_rank;
+    mean.backward_weight += c.backward_weight / static_cast<double>(costs.size()) * schedule.stages_per_rank;
+  }
+  p.published_bubble = parallel::published_bubble_fraction(schedule, mean);
+  // The update: AdamW reads the parameter, its gradient and moments and
+  // writes the parameter and moments; the norm reads the gradient again.
+  const double update_bytes = kept_params * 6 + moments * 2;
+  p.update_us = update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
+  e.time.step_us = p.makespan_us + p.unshard_us + p.reduce_grad_us + p.update_us;
+  e.time.compute_us = p.rank_busy_us + p.update_us;
+  e.time.communication_us = p.unshard_us + p.reduce_grad_us + in_program_comm;
+  for (size_t s = 0; s < costs.size(); ++s)
+    if (schedule.rank_of_stage[s] == pp_rank) e.time.communication_us += 2 * schedule.microbatches * costs[s].p2p;
+  e.time.exposed_us = e.time.step_us - e.time.compute_us;  // waits: the bubble and the once-a-step collectives
+  // Memory: the tensors held through the step, the activations of the
+  // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.
+  const double activations = p.activation_bytes_per_pair * p.peak_activation_pairs;
+  e.memory.at_peak[sched::MemoryKind::parameters] = kept_params + computed_params;
+  e.memory.at_peak[sched::MemoryKind::gradients] = kept_params + pending;
+  e.memory.at_peak[sched::MemoryKind::optimizer_states] = moments;
+  e.memory.at_peak[sched::MemoryKind::activations] = activations;
+  e.memory.at_peak[sched::MemoryKind::other] = arena;
+  e.memory.input_bytes = kept_params * 2 + computed_params + pending + moments + activations;
+  e.memory.arena_bytes = arena;
+  e.memory.peak_bytes = e.memory.allocated_bytes = e.memory.input_bytes + arena;
+  const double budget = memory_budget_bytes(config);
+  MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}", over_budget_message(config, e.memory.peak_bytes, rank));
+  e.pipeline = p;
+  fill_rates(config, hardware, e);
+  return e;
+}
+
 }  // namespace
 
 TrainingEstimate estimate_training(const TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware, bool with_trace) {
   MT_CHECK(world_size >= 1, "estimate: --ranks {} must be at least 1", world_size);
   MT_CHECK(rank >= 0 && rank < world_size, "estimate: --rank {} is outside the {} ranks", rank, world_size);
+  if (config.parallel.pp > 1) {
+    MT_CHECK(!with_trace, "estimate --trace with parallel.pp {}: the pipeline's timeline is not drawn yet; "
+             "`meshtrain pp-schedule` prints the schedule's", config.parallel.pp);
+    return estimate_pipeline(config, world_size, rank, hardware);
+  }
   TrainingEstimate e;
   e.world_size = world_size;
   e.rank = rank;
@@ -117,12 +304,7 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
       e.collective_bytes += node.attrs.get(graph::attr::comm_bytes);
     }
   }
-  e.tokens_per_step = static_cast<double>(config.data.batch_size * config.data.seq_len);
-  e.tokens_per_s_per_device = e.time.step_us > 0 ? e.tokens_per_step / world_size / (e.time.step_us * 1e-6) : 0;
-  e.flops_per_token = torchtitan_flops_per_token(config.model, config.data.seq_len);
-  const bool bf16 = config.training.dtype == DType::bf16 && hardware.peak_gflops_bf16 > 0;
-  e.peak_gflops = (bf16 ? hardware.peak_gflops_bf16 : hardware.peak_gflops_f32) * hardware.rank_share(world_size);
-  e.mfu = e.flops_per_token * e.tokens_per_s_per_device / (e.peak_gflops * 1e9);
+  fill_rates(config, hardware, e);
   return e;
 }
 

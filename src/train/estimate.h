@@ -6,11 +6,30 @@
 // (sched/estimate.h, sched/memory_estimate.h).
 #pragma once
 
+#include <optional>
+
 #include "sched/estimate.h"
 #include "sched/memory_estimate.h"
 #include "train/config.h"
 
 namespace meshtrain::train {
+
+// A pipeline-parallel step (parallel.pp > 1): each stage's programs costed
+// on its ranks' layout, the schedule simulated with those costs and the
+// point-to-point time between stages, then the rank's once-a-step work.
+struct PipelineEstimate {
+  std::string schedule;
+  int stages = 0, stages_per_rank = 0, microbatches = 0;
+  std::vector<double> forward_us, backward_input_us, backward_weight_us;  // per stage, one microbatch
+  std::vector<double> p2p_us;  // per stage: its output (and its input's gradient) to the next stage's rank
+  double makespan_us = 0;      // the schedule simulated: its last action's end
+  double bubble_fraction = 0;  // idle over all ranks x makespan
+  double published_bubble = -1;  // the formula with the mean stage costs (-1: none published)
+  double rank_busy_us = 0;       // this rank's compute in the schedule
+  double unshard_us = 0, reduce_grad_us = 0, update_us = 0;  // this rank's, once a step
+  int peak_activation_pairs = 0;      // (stage, microbatch) pairs this rank holds at once, simulated
+  double activation_bytes_per_pair = 0;  // the most one of its stages keeps from a forward to its backward
+};
 
 struct TrainingEstimate {
   int world_size = 1, rank = 0;
@@ -25,6 +44,7 @@ struct TrainingEstimate {
   double mfu = 0;                          // flops_per_token x tokens/s per device / the device's peak
   double peak_gflops = 0;                  // that peak (of the compute dtype, the rank's share)
   std::string trace;                       // the estimated timeline as a Chrome trace, when asked for
+  std::optional<PipelineEstimate> pipeline;  // parallel.pp > 1
 };
 
 // Model FLOPs per token as torchtitan counts them for MFU:

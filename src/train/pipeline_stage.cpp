@@ -1,5 +1,6 @@
 #include "train/pipeline_stage.h"
 
+#include <algorithm>
 #include <numeric>
 #include <set>
 
@@ -210,6 +211,34 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   std::vector<graph::NodeId> weight_half;
   for (const graph::NodeId n : backward)
     if (!in_input_half.contains(n)) weight_half.push_back(n);
+
+  // What forward computes from the parameters alone (a weight's copy in the
+  // compute dtype) a backward program computes again rather than keep a copy
+  // per microbatch in flight.
+  std::vector<graph::NodeId> from_parameters;
+  {
+    std::set<graph::ValueId> derived;
+    for (const graph::NodeId n : forward) {
+      const graph::Node& node = g.node(n);
+      const bool only = std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
+        return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
+      });
+      if (!only || node.inputs.empty()) continue;
+      from_parameters.push_back(n);
+      derived.insert(node.outputs.begin(), node.outputs.end());
+    }
+  }
+  auto recomputing_copies = [&](std::vector<graph::NodeId> part) {
+    std::vector<graph::ValueId> reads;
+    for (const graph::NodeId n : part)
+      for (const graph::ValueId v : g.node(n).inputs) reads.push_back(v);
+    const std::vector<graph::NodeId> copies = graph::nodes_needed_for(g, reads, from_parameters);
+    part.insert(part.end(), copies.begin(), copies.end());  // extract_graph copies them in the graph's order
+    return part;
+  };
+  backward = recomputing_copies(backward);
+  input_half = recomputing_copies(input_half);
+  weight_half = recomputing_copies(weight_half);
 
   std::vector<graph::ValueId> input_results;
   if (st.input_gradient.valid()) input_results.push_back(st.input_gradient);

@@ -58,7 +58,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
     const Shape batch{config_.data.batch_size, config_.data.seq_len};
     global_tokens_ = Tensor::empty(batch, DType::i64);
     global_targets_ = Tensor::empty(batch, DType::i64);
-    no_estimate_because_ = "meshtrain estimate does not cost pipeline schedules yet";
+    no_estimate_because_ = "a pipeline's step is estimated by `meshtrain estimate`, not yet beside a run";
     default_allocator().release_cache();
     if (resume_from) resume(*resume_from);
     if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
@@ -275,9 +275,9 @@ std::string over_budget_message(const TrainConfig& config, double needed_bytes, 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
   MT_CHECK(config.parallel.pp == 1,
-           "parallel.pp {}: pipeline stages are not laid out as one step graph, and `meshtrain estimate` and "
-           "`meshtrain lower` do not cost or print them yet; `meshtrain pp-schedule` simulates the schedule, and "
-           "`meshtrain train --dump-graph FILE` (under mpirun) writes each rank's stage programs", config.parallel.pp);
+           "parallel.pp {}: pipeline stages are not laid out as one step graph, and `meshtrain lower` does not print "
+           "them yet; `meshtrain train --dump-graph FILE` (under mpirun) writes each rank's stage programs, "
+           "`meshtrain estimate` costs them and `meshtrain pp-schedule` simulates the schedule", config.parallel.pp);
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));

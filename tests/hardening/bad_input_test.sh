@@ -91,8 +91,12 @@ expect_error "config key parallel.pp_layers_per_stage: '3,x' is not a list of po
   --config configs/debug.toml --parallel.pp_layers_per_stage 3,x
 expect_error "config key parallel.pp_layers_per_stage: '3,0' is not a list of positive integers" train \
   --config configs/debug.toml --parallel.pp_layers_per_stage 3,0
-expect_error "parallel.pp 2: pipeline stages are not laid out as one step graph" estimate --config configs/debug.toml \
-  --ranks 4 --hardware h100-sxm --parallel.pp 2
+expect_error "parallel.pp 2: pipeline stages are not laid out as one step graph" lower --config configs/debug.toml \
+  --ranks 4 --rank 1 --parallel.pp 2
+expect_error "estimate --trace with parallel.pp 2" estimate --config configs/debug.toml --ranks 4 --hardware h100-sxm \
+  --parallel.pp 2 --trace "$dir/t.json"
+expect_error "parallel.pp 2 must divide the job's 3 ranks" estimate --config configs/debug.toml --ranks 3 \
+  --hardware h100-sxm --parallel.pp 2
 expect_error "pp_schedule 'ZB' is not a pipeline schedule; choose one of gpipe" pp-schedule --schedule ZB
 expect_error "1f1b needs pp_microbatches >= pp (got 2 microbatches for 4 stages)" pp-schedule --microbatches 2
 expect_error "splits into 2 runs unevenly" pp-schedule --schedule interleaved_1f1b --microbatches 9

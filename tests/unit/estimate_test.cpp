@@ -359,3 +359,43 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
   EXPECT_GT(timed.time.step_us, 0);
   std::filesystem::remove(c.schedule.kernel_cache);
 }
+
+// A pipeline's estimate (PP 2 on 2 ranks, 4 microbatches): its stages'
+// forward and backward over the microbatches add up to the compute of the
+// same step on one rank accumulating the microbatches; the schedule's
+// makespan is the busiest rank's compute and its bubble; the parameters and
+// moments are this rank's stage's alone, counted by hand.
+TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
+  train::TrainConfig c;
+  c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
+  c.data.batch_size = 8;
+  c.data.seq_len = 512;
+  c.training.grad_accum_steps = 4;
+  const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
+  const train::TrainingEstimate whole = train::estimate_training(c, 1, 0, h100);
+  c.training.grad_accum_steps = 1;
+  c.parallel.pp = 2;
+  c.parallel.pp_microbatches = 4;
+  const train::TrainingEstimate e = train::estimate_training(c, 2, 0, h100);
+  ASSERT_TRUE(e.pipeline.has_value());
+  const train::PipelineEstimate& p = *e.pipeline;
+  ASSERT_EQ(p.forward_us.size(), 2u);
+  double compute = 0;
+  for (size_t s = 0; s < 2; ++s) compute += 4 * (p.forward_us[s] + p.backward_input_us[s] + p.backward_weight_us[s]);
+  EXPECT_NEAR(compute + 2 * p.update_us, whole.time.compute_us, 0.1 * whole.time.compute_us);
+  EXPECT_GT(p.makespan_us, p.rank_busy_us);
+  EXPECT_GT(p.bubble_fraction, 0);
+  EXPECT_LT(p.bubble_fraction, 0.5);
+  EXPECT_EQ(p.p2p_us[1], 0);  // the last stage sends nothing on
+  EXPECT_GT(p.p2p_us[0], 0);
+  EXPECT_NEAR(e.time.step_us, p.makespan_us + p.unshard_us + p.reduce_grad_us + p.update_us, 1e-9 * e.time.step_us);
+  // Rank 0 holds the embedding, layer 0 and, with 4 units over 2 stages, nothing of the head.
+  double params = 0;
+  for (const auto& [name, spec] : models::llama_parameters(c.model))
+    if (name.starts_with("model.embed_tokens") || name.starts_with("model.layers.0."))
+      params += static_cast<double>(spec.shape.numel());
+  EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::optimizer_states), 8 * params);
+  EXPECT_EQ(p.peak_activation_pairs, 2);  // 1F1B: rank 0 of 2 holds 2 microbatches at once
+  EXPECT_GT(p.activation_bytes_per_pair, 0);
+  EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 2, 0, h100, true); }), "--trace"));
+}
