@@ -153,6 +153,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pp->add_option("--p2p", pp_cmd.p2p, "Time of a send between stages on different ranks")->capture_default_str();
   pp->add_flag("--comms", pp_cmd.comms, "List the actions with their sends and receives");
+  pp->add_flag("--fsdp", pp_cmd.fsdp,
+               "List the actions with FSDP's too: UNSHARD of each stage first, REDUCE_GRAD after its last weight "
+               "gradients, RESHARD last (with --comms: with the sends and receives too)");
   pp->add_flag("--json", pp_cmd.json, "Print JSON");
 
   try {

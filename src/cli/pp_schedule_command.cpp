@@ -31,7 +31,8 @@ int run_pp_schedule(const PpScheduleCommand& c) {
   const PpCosts costs{c.forward, c.backward_input, c.backward_weight, c.p2p};
   const PpSimulation sim = simulate_pp_schedule(schedule, costs);
   const double published = published_bubble_fraction(schedule, costs);
-  const PpSchedule& shown = c.comms ? lowered : schedule;
+  const PpSchedule& listed = c.comms ? lowered : schedule;
+  const PpSchedule shown = c.fsdp ? add_pp_fsdp_actions(listed) : listed;
   if (c.json) {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     for (int r = 0; r < schedule.ranks; ++r) {
@@ -63,7 +64,8 @@ int run_pp_schedule(const PpScheduleCommand& c) {
              pp_schedule_name(kind), schedule.ranks, v, v > 1 ? "s" : "", schedule.stages(), schedule.microbatches,
              c.forward, c.backward_input, c.backward_weight, c.p2p, v);
   fmt::print("actions per rank{} (stage, F forward / B backward / I input backward / W weight backward, "
-             "microbatch):\n", c.comms ? ", with the sends and receives in the order each rank posts them" : "");
+             "microbatch{}):\n", c.comms ? ", with the sends and receives in the order each rank posts them" : "",
+             c.fsdp ? "; FSDP's UNSHARD, REDUCE_GRAD and RESHARD of a stage" : "");
   for (int r = 0; r < schedule.ranks; ++r) {
     std::vector<std::string> parts;
     for (const PpAction& a : shown.actions[static_cast<size_t>(r)]) parts.push_back(to_string(a));

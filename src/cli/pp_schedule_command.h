@@ -14,6 +14,7 @@ struct PpScheduleCommand {
   int microbatches = 8;
   double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
   bool comms = false;
+  bool fsdp = false;  // with FSDP's UNSHARD, REDUCE_GRAD and RESHARD
   bool json = false;
 };
 int run_pp_schedule(const PpScheduleCommand& c);

@@ -18,7 +18,8 @@ namespace meshtrain::parallel {
 namespace {
 
 constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"};
-constexpr std::string_view kActionNames[] = {"F", "I", "W", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+constexpr std::string_view kActionNames[] = {"F",      "I",      "W",       "B",       "SEND_F",     "RECV_F",
+                                              "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"};
 
 // Limits that keep a typed number from asking for billions of actions.
 constexpr int kMaxRanks = 1024;
@@ -165,7 +166,38 @@ bool is_compute(PpActionType type) {
 }
 
 std::string to_string(const PpAction& a) {
-  return fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch);
+  const bool per_microbatch = a.type != PpActionType::unshard && a.type != PpActionType::reshard &&
+                              a.type != PpActionType::reduce_grad;
+  return per_microbatch ? fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch)
+                        : fmt::format("{}{}", a.stage, kActionNames[static_cast<int>(a.type)]);
+}
+
+PpSchedule add_pp_fsdp_actions(const PpSchedule& s) {
+  PpSchedule out = s;
+  for (int r = 0; r < s.ranks; ++r) {
+    std::vector<int> local;
+    for (int stage = 0; stage < s.stages(); ++stage)
+      if (s.rank_of_stage[static_cast<size_t>(stage)] == r) local.push_back(stage);
+    std::vector<PpAction>& list = out.actions[static_cast<size_t>(r)];
+    list.clear();
+    for (const int stage : local) list.push_back({stage, PpActionType::unshard, 0});
+    std::map<int, int> weights_done;  // stage -> microbatches whose weight gradients are in
+    int reduce = -1;                  // a stage whose REDUCE_GRAD goes after the sends that follow its last backward
+    for (const PpAction& a : s.actions[static_cast<size_t>(r)]) {
+      const bool send = a.type == PpActionType::send_f || a.type == PpActionType::send_b;
+      if (reduce >= 0 && !(send && a.stage == reduce)) {
+        list.push_back({reduce, PpActionType::reduce_grad, 0});
+        reduce = -1;
+      }
+      list.push_back(a);
+      if ((a.type == PpActionType::backward || a.type == PpActionType::backward_weight) &&
+          ++weights_done[a.stage] == s.microbatches)
+        reduce = a.stage;
+    }
+    if (reduce >= 0) list.push_back({reduce, PpActionType::reduce_grad, 0});
+    for (const int stage : local) list.push_back({stage, PpActionType::reshard, 0});
+  }
+  return out;
 }
 
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank) {

@@ -21,8 +21,12 @@ std::string pp_schedule_names();  // "gpipe, 1f1b, interleaved_1f1b, zero_bubble
 
 // F: forward; I: backward for the stage's inputs; W: backward for its
 // weights; B: both at once. Sends and receives carry activations (F) forward
-// and their gradients (B) back between stages on different ranks.
-enum class PpActionType : uint8_t { forward, backward_input, backward_weight, backward, send_f, recv_f, send_b, recv_b };
+// and their gradients (B) back between stages on different ranks. With FSDP
+// (add_pp_fsdp_actions): UNSHARD gathers a stage's parameters, RESHARD drops
+// the gathered copies, REDUCE_GRAD reduces the stage's summed gradients.
+enum class PpActionType : uint8_t {
+  forward, backward_input, backward_weight, backward, send_f, recv_f, send_b, recv_b, unshard, reshard, reduce_grad
+};
 
 struct PpAction {
   int stage = 0;
@@ -30,7 +34,7 @@ struct PpAction {
   int microbatch = 0;
   bool operator==(const PpAction&) const = default;
 };
-// "2F0", "1I3", "0SEND_F1": stage, type, microbatch.
+// "2F0", "1I3", "0SEND_F1": stage, type, microbatch; "1UNSHARD", "0REDUCE_GRAD": no microbatch.
 std::string to_string(const PpAction& action);
 bool is_compute(PpActionType type);
 
@@ -63,6 +67,15 @@ void validate_pp_schedule(const PpSchedule& schedule);
 // receives (sends do not block) to prove it cannot deadlock. Throws naming
 // the stuck actions otherwise.
 PpSchedule add_pp_communication(const PpSchedule& compute_only);
+
+// The same schedule with FSDP's actions per rank: UNSHARD of each of its
+// stages before anything else (each stage's parameters gathered once for
+// all its microbatches), REDUCE_GRAD of a stage right after the action that
+// completes its last microbatch's weight gradients (and the sends that
+// action makes, so the stage before need not wait), and RESHARD of each at
+// the end. They talk only within a stage's ranks, so they change no order
+// between pipeline ranks.
+PpSchedule add_pp_fsdp_actions(const PpSchedule& schedule);
 
 // Times in units of one stage's forward of one microbatch (a rank with v
 // stages runs each in 1/v of that); p2p is added between dependent actions

@@ -17,7 +17,7 @@
 
 namespace meshtrain::train {
 
-parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks) {
+parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions) {
   const parallel::ParallelConfig& p = config.parallel;
   MT_CHECK(!config.model.tie_embeddings,
            "model.tie_embeddings with parallel.pp {}: the embedding (first stage) and the head (last stage) would "
@@ -34,7 +34,8 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks) {
     const parallel::PpSchedule compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro),
                                                                     static_cast<int>(per_rank));
     parallel::validate_pp_schedule(compute);
-    return parallel::add_pp_communication(compute);
+    const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
+    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered) : lowered;
   } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
     throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
   }
@@ -108,7 +109,7 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     stage_groups_ = std::make_unique<sharding::MeshGroups>(*stage_mesh_, std::move(stage));
     stage_planner_ = std::make_unique<sharding::Planner>(*stage_mesh_, sharding::CostModel::for_mesh(*stage_mesh_));
   }
-  schedule_ = pipeline_schedule(config, group_->size());
+  schedule_ = pipeline_schedule(config, group_->size(), stage_size_ > 1);
   spans_ = pipeline_spans(config.model, schedule_.stages(), config.parallel.pp_layers_per_stage);
   const int64_t m = schedule_.microbatches;
   microbatch_rows_ = config.data.batch_size / m;
@@ -302,16 +303,15 @@ void PipelineRunner::note_held() {
   stats_.held_pairs_peak = std::max(stats_.held_pairs_peak, pairs);
 }
 
-void PipelineRunner::unshard() {
-  for (const auto& [s, st] : stages_) {
-    const PipelineStage& p = st->programs;
-    for (const std::string& name : p.parameter_names) {
-      const sharding::Layout& kept = p.parameter_layouts.at(name);
-      const sharding::Layout& computed = p.compute_layouts.at(name);
-      unsharded_[name] = kept == computed ? params_.at(name)
-                                          : sharding::redistribute(params_.at(name), models::llama_parameters(config_.model).at(name).shape,
-                                                                   kept, computed, *stage_groups_, *stage_planner_);
-    }
+void PipelineRunner::unshard(const Stage& st) {
+  const PipelineStage& p = st.programs;
+  for (const std::string& name : p.parameter_names) {
+    const sharding::Layout& kept = p.parameter_layouts.at(name);
+    const sharding::Layout& computed = p.compute_layouts.at(name);
+    unsharded_[name] = kept == computed ? params_.at(name)
+                                        : sharding::redistribute(params_.at(name),
+                                                                 models::llama_parameters(config_.model).at(name).shape,
+                                                                 kept, computed, *stage_groups_, *stage_planner_);
   }
 }
 
@@ -344,8 +344,7 @@ void PipelineRunner::add_gradients(Stage& st, int mb) {
     else
       for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
   }
-  // REDUCE_GRAD: after the stage's last backward of the step, its sums reduced once.
-  if (++st.backwards_done == schedule_.microbatches && stage_mesh_) reduce_gradients(st);
+  ++st.backwards_done;
 }
 
 void PipelineRunner::act(const parallel::PpAction& a) {
@@ -418,6 +417,19 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       sends_.push_back({std::move(t), std::move(work)});
       return;
     }
+    case T::unshard:  // each parameter gathered once for the step's microbatches
+      if (stage_mesh_) unshard(local_stage(s));
+      return;
+    case T::reshard:
+      for (const std::string& name : local_stage(s).programs.parameter_names) unsharded_.erase(name);
+      return;
+    case T::reduce_grad: {  // the step's sums reduced once, after the stage's last backward
+      Stage& st = local_stage(s);
+      MT_CHECK(st.backwards_done == schedule_.microbatches, "pipeline stage {}: REDUCE_GRAD after {} of {} "
+               "microbatches' gradients", s, st.backwards_done, schedule_.microbatches);
+      if (stage_mesh_) reduce_gradients(st);
+      return;
+    }
     case T::recv_f:
     case T::recv_b: {
       const bool forward = a.type == T::recv_f;
@@ -449,14 +461,14 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   for (auto& [s, st] : stages_) st->backwards_done = 0;
   stats_ = {};
   const auto start = std::chrono::steady_clock::now();
-  if (stage_mesh_) unshard();  // UNSHARD: each parameter gathered once for the step's microbatches
   for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
     act(a);
     note_held();
   }
   for (InFlight& send : sends_) send.work->wait();
   sends_.clear();
-  unsharded_.clear();  // RESHARD
+  MT_CHECK(unsharded_.empty(), "pipeline rank {}: gathered parameters left after the step (a stage without RESHARD)",
+           group_->rank());
   stats_.step_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [key, values] : held_)
     MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
@@ -541,8 +553,9 @@ double PipelineRunner::flops_per_step() const {
 
 int64_t PipelineRunner::p2p_per_step() const {
   int64_t n = 0;
+  using T = parallel::PpActionType;
   for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank())))
-    n += parallel::is_compute(a.type) ? 0 : 1;
+    n += a.type == T::send_f || a.type == T::recv_f || a.type == T::send_b || a.type == T::recv_b ? 1 : 0;
   return n;
 }
 

@@ -24,8 +24,9 @@
 namespace meshtrain::train {
 
 // The schedule `config` asks for on `ranks` pipeline ranks, validated and
-// lowered with its sends and receives. Throws naming the [parallel] key.
-parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks);
+// lowered with its sends and receives (and, with `fsdp_actions`, FSDP's
+// UNSHARD, REDUCE_GRAD and RESHARD). Throws naming the [parallel] key.
+parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions = false);
 
 // The mesh of a pipeline composed with data and tensor parallelism: (pp,
 // dp_replicate, dp_shard, tp), pp outermost, for `world_size` ranks; a
@@ -131,9 +132,9 @@ class PipelineRunner {
   Tensor count_;
   std::map<std::pair<int, int>, std::map<graph::ValueId, Tensor>> held_;
   // On a stage mesh, during a step: each parameter as the programs read it
-  // (gathered over dp_shard at the step's start, dropped at its end).
+  // (gathered over dp_shard by its stage's UNSHARD, dropped by its RESHARD).
   std::map<std::string, Tensor> unsharded_;
-  void unshard();
+  void unshard(const Stage& st);
   void reduce_gradients(Stage& st);
   struct InFlight {
     Tensor tensor;

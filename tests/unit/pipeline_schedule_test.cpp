@@ -191,3 +191,31 @@ TEST(PipelineSchedule, TimelinePrintsEveryActionWhereItRuns) {
             "rank 1 | ... 1F0 1B0 --- 1F1 1B1 --- ... ...\n")
       << text;
 }
+
+// FSDP's actions: each stage's UNSHARD before anything, its REDUCE_GRAD
+// after the action completing its last microbatch's weight gradients and the
+// sends that action makes, its RESHARD last; the rest in the same order.
+TEST(PipelineSchedule, FsdpActionsGatherOnceAndReduceAfterTheLastBackward) {
+  const PpSchedule lowered = add_pp_communication(make_pp_schedule(PpScheduleKind::one_f_one_b, 2, 3, 1));
+  const PpSchedule with = add_pp_fsdp_actions(lowered);
+  auto text = [](const std::vector<PpAction>& list) {
+    std::vector<std::string> parts;
+    for (const PpAction& a : list) parts.push_back(to_string(a));
+    return fmt::format("{}", fmt::join(parts, " "));
+  };
+  EXPECT_EQ(text(with.actions[0]), "0UNSHARD " + text(lowered.actions[0]) + " 0REDUCE_GRAD 0RESHARD");
+  EXPECT_EQ(text(with.actions[1]),
+            "1UNSHARD 1RECV_F0 1F0 1RECV_F1 1B0 1SEND_B0 1F1 1RECV_F2 1B1 1SEND_B1 1F2 1B2 1SEND_B2 1REDUCE_GRAD "
+            "1RESHARD");
+  // Zero-bubble: the stage's gradients are complete after its last W, not its last I.
+  const PpSchedule zb = add_pp_fsdp_actions(add_pp_communication(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)));
+  for (const auto& list : zb.actions) {
+    const auto reduce = std::find_if(list.begin(), list.end(),
+                                     [](const PpAction& a) { return a.type == PpActionType::reduce_grad; });
+    ASSERT_NE(reduce, list.end());
+    for (auto it = reduce + 1; it != list.end(); ++it) EXPECT_FALSE(is_compute(it->type)) << to_string(*it);
+    EXPECT_EQ(std::count_if(list.begin(), reduce, [](const PpAction& a) { return a.type == PpActionType::backward_weight; }), 4);
+  }
+  validate_pp_schedule(zb);  // the compute actions are as they were
+  EXPECT_EQ(simulate_pp_schedule(zb).makespan, simulate_pp_schedule(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)).makespan);
+}

@@ -151,29 +151,32 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
   }
 }
 
-// PP 2 x TP 2 on 4 local-backend ranks (each stage laid out on its two
-// ranks, zero-bubble's input and weight halves with their collectives)
-// against one rank accumulating the same microbatches: within 1e-5.
-TEST(PipelineRunner, ComposedWithTensorParallelMatchesOneRank) {
+// PP 2 x TP 2 and PP 2 x FSDP 2 on 4 local-backend ranks (each stage laid
+// out on its two ranks; zero-bubble's input and weight halves with their
+// collectives; FSDP's UNSHARD and REDUCE_GRAD) against one rank
+// accumulating the same microbatches: within 1e-5.
+TEST(PipelineRunner, ComposedWithTensorParallelOrFsdpMatchesOneRank) {
   train::TrainConfig one = small_config(2);
   one.training.grad_accum_steps = 2;
   train::Trainer reference(one);
   std::vector<train::StepMetrics> expected;
   for (int s = 0; s < 3; ++s) expected.push_back(reference.step());
-  train::TrainConfig c = small_config(2);
-  c.parallel.pp = 2;
-  c.parallel.tp = 2;
-  c.parallel.dp_shard = 1;
-  c.parallel.pp_schedule = parallel::PpScheduleKind::zero_bubble;
-  c.parallel.pp_microbatches = 2;
-  comm::LocalWorld world(4);
-  world.run([&](comm::ProcessGroup& g) {
-    train::Trainer trainer(c, world.group(g.rank()));
-    for (int s = 0; s < 3; ++s) {
-      const train::StepMetrics m = trainer.step();
-      const train::StepMetrics& want = expected[static_cast<size_t>(s)];
-      EXPECT_NEAR(m.loss, want.loss, 1e-5 * want.loss) << "step " << s + 1;
-      EXPECT_NEAR(m.grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << "step " << s + 1;
-    }
-  });
+  for (const int64_t tp : {2, 1}) {
+    train::TrainConfig c = small_config(2);
+    c.parallel.pp = 2;
+    c.parallel.tp = tp;
+    c.parallel.dp_shard = 2 / tp;
+    c.parallel.pp_schedule = parallel::PpScheduleKind::zero_bubble;
+    c.parallel.pp_microbatches = 2 / c.parallel.dp_shard;  // 4 sequences: each microbatch's split over dp_shard
+    comm::LocalWorld world(4);
+    world.run([&](comm::ProcessGroup& g) {
+      train::Trainer trainer(c, world.group(g.rank()));
+      for (int s = 0; s < 3; ++s) {
+        const train::StepMetrics m = trainer.step();
+        const train::StepMetrics& want = expected[static_cast<size_t>(s)];
+        EXPECT_NEAR(m.loss, want.loss, 1e-5 * want.loss) << "tp " << tp << " step " << s + 1;
+        EXPECT_NEAR(m.grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << "tp " << tp << " step " << s + 1;
+      }
+    });
+  }
 }
