@@ -17,13 +17,27 @@ constexpr int kCommunicationTrack = 2;
 nlohmann::json track_name(int rank, int track, const char* name) {
   return {{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", track}, {"args", {{"name", name}}}};
 }
-}  // namespace
 
-std::string chrome_trace_events(const graph::Graph& g, const std::vector<graph::NodeSpan>& spans, int rank) {
+nlohmann::json rank_tracks(int rank) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {}", rank)}}}});
   events.push_back(track_name(rank, kComputeTrack, "compute"));
   events.push_back(track_name(rank, kCommunicationTrack, "communication"));
+  return events;
+}
+}  // namespace
+
+std::string chrome_trace_events(const std::vector<NamedSpan>& spans, int rank) {
+  nlohmann::json events = rank_tracks(rank);
+  for (const NamedSpan& span : spans)
+    events.push_back({{"ph", "X"}, {"name", span.name}, {"cat", span.communication ? "communication" : "kernel"},
+                      {"pid", rank}, {"tid", span.communication ? kCommunicationTrack : kComputeTrack},
+                      {"ts", span.begin_us}, {"dur", span.end_us - span.begin_us}});
+  return events.dump();
+}
+
+std::string chrome_trace_events(const graph::Graph& g, const std::vector<graph::NodeSpan>& spans, int rank) {
+  nlohmann::json events = rank_tracks(rank);
   std::map<graph::NodeId, double> started_at;  // a collective's start node -> when it started
   for (const graph::NodeSpan& span : spans) {
     MT_CHECK(span.node.valid() && static_cast<size_t>(span.node.index) < g.num_node_ids(), "trace: node {} is not in the graph",

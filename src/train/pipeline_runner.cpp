@@ -358,7 +358,13 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     auto node = receives.extract({s, mb});
     MT_CHECK(!node.empty(), "pipeline rank {}: {} of stage {}, microbatch {} is used before it was received", me, what,
              s, mb);
+    const double begin = tracing_ ? since_start_us() : 0;
     node.mapped().work->wait();
+    if (tracing_) {
+      waited_until_us_ = since_start_us();  // the action's compute starts once its input is here
+      trace_.push_back({fmt::format("wait {}{}", parallel::to_string(a), &receives == &receives_f_ ? " input" : " gradient"),
+                        true, begin, waited_until_us_});
+    }
     return node.mapped().tensor;
   };
   auto take = [&](graph::ValueId v) {
@@ -460,10 +466,17 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   loss_sum_ = 0;
   for (auto& [s, st] : stages_) st->backwards_done = 0;
   stats_ = {};
-  const auto start = std::chrono::steady_clock::now();
+  trace_.clear();
+  const auto start = step_start_ = std::chrono::steady_clock::now();
   for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
+    const double begin = tracing_ ? since_start_us() : 0;
+    waited_until_us_ = begin;
     act(a);
     note_held();
+    using T = parallel::PpActionType;
+    const bool issue_only = a.type == T::send_f || a.type == T::send_b || a.type == T::recv_f || a.type == T::recv_b;
+    if (tracing_ && !issue_only && a.type != T::reshard)
+      trace_.push_back({parallel::to_string(a), !parallel::is_compute(a.type), waited_until_us_, since_start_us()});
   }
   for (InFlight& send : sends_) send.work->wait();
   sends_.clear();
@@ -480,6 +493,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
              st->backwards_done, m);
 
   // The loss (from the last stage's rank) and every rank's sum of squares, summed over the pipeline.
+  const double update_begin = tracing_ ? since_start_us() : 0;
   squares_run_->run();
   Tensor sums = Tensor::empty({2}, DType::f64);
   sums.data<double>()[0] = squares_run_->fetch((stage_mesh_ ? squares_local_ : squares_graph_).outputs()[0]).get(0);
@@ -489,8 +503,13 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   lr_.data<double>()[0] = lr;
   adam_step_.data<int64_t>()[0] = adam_step;
   update_run_->run();
+  if (tracing_) trace_.push_back({"norm and update", false, update_begin, since_start_us()});
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
           .grad_norm = update_run_->fetch(update_values_.at(update_norm_)).get(0)};
+}
+
+double PipelineRunner::since_start_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start_).count();
 }
 
 int PipelineRunner::first_rank_holding(const std::string& name) const {

@@ -7,6 +7,7 @@
 // AdamW applied to this rank's parameters — the single-rank step's numbers.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "comm/process_group.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/executor.h"
+#include "sched/trace.h"
 #include "sharding/device_mesh.h"
 #include "sharding/planner.h"
 #include "train/config.h"
@@ -85,6 +87,12 @@ class PipelineRunner {
     double bubble() const { return step_us > 0 ? 1 - busy_us / step_us : 0; }
   };
   const StepStats& last_step() const { return stats_; }
+  // While on, each step records its actions' spans from the step's start:
+  // compute actions on the compute track; the waits for receives, FSDP's
+  // gathers and reductions, and the step-end all_reduce and update on the
+  // communication track.
+  void set_tracing(bool on) { tracing_ = on; }
+  const std::vector<sched::NamedSpan>& trace() const { return trace_; }
   void set_profiling(bool on);
   std::vector<runtime::Executor::OpTime> profile() const;
 
@@ -144,6 +152,11 @@ class PipelineRunner {
   std::vector<InFlight> sends_;
   float loss_sum_ = 0;
   StepStats stats_;
+  bool tracing_ = false;
+  std::vector<sched::NamedSpan> trace_;
+  std::chrono::steady_clock::time_point step_start_;
+  double waited_until_us_ = 0;  // tracing: when the running action's last receive arrived
+  double since_start_us() const;
   void note_held();  // updates the peaks of stats_
   // The batch's valid-target count, the sum of squares of this rank's
   // gradients, and the update, each a small graph of its own.

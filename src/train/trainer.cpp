@@ -694,6 +694,7 @@ StepMetrics Trainer::step() {
   step_.data<int64_t>()[0] = updates_applied_ + 1;
   if (pipeline_) {
     pipeline_->set_profiling(profiling_ && m.step > 1);
+    pipeline_->set_tracing(tracing_ && m.step == config_.training.steps);
     const PipelineRunner::StepResult r = pipeline_->step(global_tokens_, global_targets_, m.lr, updates_applied_ + 1);
     m.loss = r.loss;
     m.grad_norm = r.grad_norm;
@@ -734,15 +735,14 @@ double Trainer::flops_per_step() const {
   return total;
 }
 
-void Trainer::set_tracing(bool on) {
-  MT_CHECK(!on || !pipeline_, "--trace with parallel.pp {}: the timeline of pipeline stages is not recorded yet; "
-           "`meshtrain pp-schedule` prints the schedule's simulated timeline", config_.parallel.pp);
-  tracing_ = on;
-}
-
 std::string Trainer::trace() {
-  const ModelPart& part = loss_part();  // the only part today
-  const std::string mine = sched::chrome_trace_events(part.running(), part.executor->trace(), rank());
+  std::string mine;
+  if (pipeline_) {
+    mine = sched::chrome_trace_events(pipeline_->trace(), rank());
+  } else {
+    const ModelPart& part = loss_part();  // the only part today
+    mine = sched::chrome_trace_events(part.running(), part.executor->trace(), rank());
+  }
   if (!world_) return sched::chrome_trace({mine});
   const std::vector<std::string> events = comm::all_gather_text(*world_, mine);
   return sched::chrome_trace(events);

@@ -222,7 +222,7 @@ class Trainer {
   // Time every op of the steps after the first (the first warms caches); see profile().
   void set_profiling(bool on) { profiling_ = on; }
   // Record the timeline of the last step (see trace()).
-  void set_tracing(bool on);  // not with parallel.pp > 1 (throws)
+  void set_tracing(bool on) { tracing_ = on; }
   // The last step's timeline as a Chrome trace document (Perfetto,
   // chrome://tracing), every rank's, each from its own start of the step.
   // Under mpirun every rank calls it (it gathers); set_tracing(true) first.

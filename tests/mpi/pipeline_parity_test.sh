@@ -12,8 +12,9 @@
 # with sequence and loss parallel) on 4 and 8 processes. Sharded checkpoints
 # of a pipeline: put together they are the gathered weights; resumed on the
 # same layout, on another and on one rank (and one rank's on a pipeline) the
-# steps after are the straight run's. Bad input fails on every rank with one
-# message, no hang.
+# steps after are the straight run's. The last step's measured timeline
+# (--trace) holds every rank's actions. Bad input fails on every rank with
+# one message, no hang.
 # Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 set -u
 mpirun=$1 meshtrain=$2 src=$3
@@ -136,6 +137,30 @@ run one_ck 1 --model.n_layers 2 --training.grad_accum_steps 4 --checkpoint.folde
 rm -rf "$dir/ck_one/step_000020"
 run pp2_from_one 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --checkpoint.folder "$dir/ck_one"
 steps_after_10 pp2_from_one one_ck 0
+# The last step's measured timeline (--trace): on every rank each F, I and W of its stage once, one after another
+# on the compute track, the waits for receives and FSDP's gathers and reductions on the communication track.
+timeout 120 $mpirun -np 4 "$meshtrain" train "${model[@]}" --model.n_layers 2 --training.steps 2 --parallel.pp 2 \
+  --parallel.pp_schedule zero_bubble --parallel.pp_microbatches 2 --trace "$dir/pp.trace.json" > "$dir/trace.out" 2>&1 ||
+  { cat "$dir/trace.out"; fail "the traced pipeline run exited non-zero"; }
+python3 - "$dir/pp.trace.json" <<'PY' || exit 1
+import json, re, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+for rank in range(4):
+    mine = [e for e in events if e["pid"] == rank]
+    compute = sorted((e for e in mine if e["tid"] == 1), key=lambda e: e["ts"])
+    names = [e["name"] for e in compute]
+    stage = rank // 2
+    for kind in "FIW":
+        got = sorted(n for n in names if re.fullmatch(rf"{stage}{kind}\d+", n))
+        assert got == [f"{stage}{kind}{m}" for m in range(2)], (rank, kind, names)
+    assert names.count("norm and update") == 1, (rank, names)
+    for a, b in zip(compute, compute[1:]):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (rank, a, b)
+    comm = [e["name"] for e in mine if e["tid"] == 2]
+    assert f"{stage}UNSHARD" in comm and f"{stage}REDUCE_GRAD" in comm, (rank, comm)
+    assert any(n.startswith("wait ") for n in comm), (rank, comm)
+print(f"trace: 4 ranks, {len(events)} spans, each rank's F, I and W once in order, its waits, gathers and reductions")
+PY
 # bf16 compute: the activations and their gradients cross the stages in bf16.
 run one_bf16 1 --model.n_layers 2 --training.grad_accum_steps 4 --training.dtype bfloat16
 run pp2_bf16 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --training.dtype bfloat16
