@@ -5,12 +5,14 @@
 #include "cli/command_args.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -189,7 +191,12 @@ int run_train(const std::vector<std::string>& args) {
     if (config.schedule.estimate == train::EstimateMode::benchmark)
       train::check_benchmark_hardware(train::scheduling_hardware(config));
   } catch (const std::exception&) {
-    if (launched.rank != 0) return 2;
+    if (launched.rank != 0) {
+      // Rank 0 says what is wrong and exits, and mpirun then ends this rank;
+      // leaving first could have mpirun end rank 0 before it said it.
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      return 2;
+    }
     throw;
   }
   comm::ProcessGroupPtr world;

@@ -169,31 +169,32 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
     for (const graph::ExtractedGraph* part : split ? std::vector{&st.backward_input, &st.backward_weight}
                                                    : std::vector{&st.backward})
       for (const graph::ValueId v : part->reads)
-        if (st.joint.value(v).kind != graph::ValueKind::parameter && kept.insert(v).second)
+        if (st.joint.value(v).kind != graph::ValueKind::parameter &&
+            std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end() &&
+            kept.insert(v).second)
           kept_between += bytes_of(st.joint, v);
     p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
-    for (const graph::ExtractedGraph* part : {&st.forward, &st.backward, &st.backward_input, &st.backward_weight})
+    // UNSHARD: the unshard program once (its gathers costed by the profile); its outputs held for the step.
+    p.unshard_us += cost(st.unshard).step_us;
+    for (const graph::ValueId v : st.step_values) computed_params += bytes_of(st.joint, v);
+    for (const graph::ExtractedGraph* part :
+         {&st.forward, &st.backward, &st.backward_input, &st.backward_weight, &st.unshard})
       if (part->graph.num_nodes() > 0)
         arena = std::max(arena, sched::estimate_memory(part->graph, sched::make_schedule(part->graph,
                                                                                         part->graph.outputs()))
                                     .arena_bytes);
     const auto specs = models::llama_parameters(config.model);
     for (size_t i = 0; i < st.parameter_names.size(); ++i) {
-      const std::string& name = st.parameter_names[i];
-      const double computed = bytes_of(st.joint, st.parameters[i]);  // as the programs read it
-      double held = computed;
+      const double held = bytes_of(st.joint, st.parameters[i]);  // this rank's part, as the plan keeps it
       if (where.mesh) {
-        const Shape kept_shape = sharding::local_chunk(specs.at(name).shape, st.parameter_layouts.at(name), stage_mesh,
-                                                       stage_mesh.coordinate(stage_rank)).shape;
-        held = static_cast<double>(kept_shape.numel()) * 4;
-        if (!(st.parameter_layouts.at(name) == st.compute_layouts.at(name))) {
-          computed_params += computed;
-          p.unshard_us += hardware.collective_us(comm::OpType::all_gather, computed, group_over(2), world_size);
-          p.reduce_grad_us += hardware.collective_us(comm::OpType::reduce_scatter, computed, group_over(2), world_size);
-        }
+        // REDUCE_GRAD: the step's sum, pending over data parallel, reduce-scattered over dp_shard and
+        // all-reduced over dp_replicate.
+        const double sum = bytes_of(st.joint, st.gradients[i]);
+        if (mesh.size(2) > 1)
+          p.reduce_grad_us += hardware.collective_us(comm::OpType::reduce_scatter, sum, group_over(2), world_size);
         if (mesh.size(1) > 1)
           p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held, group_over(1), world_size);
-        pending += computed;
+        pending += sum;
       }
       kept_params += held;
       moments += 2 * held / 4 * state_bytes;

@@ -109,7 +109,7 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     stage_groups_ = std::make_unique<sharding::MeshGroups>(*stage_mesh_, std::move(stage));
     stage_planner_ = std::make_unique<sharding::Planner>(*stage_mesh_, sharding::CostModel::for_mesh(*stage_mesh_));
   }
-  schedule_ = pipeline_schedule(config, group_->size(), stage_size_ > 1);
+  schedule_ = pipeline_schedule(config, group_->size(), /*fsdp_actions=*/true);  // UNSHARD runs the unshard programs
   spans_ = pipeline_spans(config.model, schedule_.stages(), config.parallel.pp_layers_per_stage);
   const int64_t m = schedule_.microbatches;
   microbatch_rows_ = config.data.batch_size / m;
@@ -135,6 +135,8 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     st->backward_input.part = &p.backward_input;
     st->backward_weight.part = &p.backward_weight;
     st->forward.executor = executor_for(p.forward.graph);
+    st->unshard.part = &p.unshard;
+    st->unshard.executor = executor_for(p.unshard.graph);
     if (split) {
       st->backward_input.executor = executor_for(p.backward_input.graph);
       st->backward_weight.executor = executor_for(p.backward_weight.graph);
@@ -156,8 +158,8 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
       exp_avg_sq_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
       st->gradient_sums.push_back(Tensor::zeros(local, DType::f32));
       if (stage_mesh_) {
-        const graph::ValueInfo& computed = p.joint.value(p.gradients[i]).info;
-        st->pending_sums.push_back(Tensor::zeros(computed.shape, DType::f32));
+        const graph::ValueInfo& pending = p.joint.value(p.gradients[i]).info;
+        st->pending_sums.push_back(Tensor::zeros(pending.shape, DType::f32));
       }
       names.push_back(name);
       grads.push_back(st->gradient_sums.back());
@@ -265,7 +267,8 @@ PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
 int PipelineRunner::peer_tag(int from_stage, bool forward) const { return (2 * from_stage + (forward ? 0 : 1)) % (1 << 20); }
 
 void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep) {
-  std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
+  // The unshard program (mb -1) keeps its outputs for the step.
+  std::map<graph::ValueId, Tensor>& values = mb < 0 ? st.step_held : held_[{st.programs.index, mb}];
   if (!program.executor) return;
   const graph::ExtractedGraph& part = *program.part;
   const graph::Graph& joint = st.programs.joint;
@@ -273,7 +276,11 @@ void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<
   for (const graph::ValueId v : part.reads) {
     const graph::Value& source = joint.value(v);
     if (source.kind == graph::ValueKind::parameter) {
-      ex.bind(part.values.at(v), stage_mesh_ ? unsharded_.at(source.name) : params_.at(source.name));
+      ex.bind(part.values.at(v), params_.at(source.name));
+      continue;
+    }
+    if (const auto held = st.step_held.find(v); held != st.step_held.end()) {
+      ex.bind(part.values.at(v), held->second);
       continue;
     }
     const auto it = values.find(v);
@@ -283,8 +290,9 @@ void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<
   }
   const auto t0 = std::chrono::steady_clock::now();
   ex.run();
-  for (const graph::ValueId v : part.reads)
-    if (std::find(keep.begin(), keep.end(), v) == keep.end()) values.erase(v);
+  if (mb >= 0)
+    for (const graph::ValueId v : part.reads)
+      if (std::find(keep.begin(), keep.end(), v) == keep.end()) values.erase(v);
   for (const graph::ValueId v : part.outputs) values[v] = ex.fetch(part.values.at(v)).clone();
   stats_.busy_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -301,18 +309,6 @@ void PipelineRunner::note_held() {
   for (const InFlight& send : sends_) bytes += static_cast<double>(send.tensor.nbytes());
   stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, bytes);
   stats_.held_pairs_peak = std::max(stats_.held_pairs_peak, pairs);
-}
-
-void PipelineRunner::unshard(const Stage& st) {
-  const PipelineStage& p = st.programs;
-  for (const std::string& name : p.parameter_names) {
-    const sharding::Layout& kept = p.parameter_layouts.at(name);
-    const sharding::Layout& computed = p.compute_layouts.at(name);
-    unsharded_[name] = kept == computed ? params_.at(name)
-                                        : sharding::redistribute(params_.at(name),
-                                                                 models::llama_parameters(config_.model).at(name).shape,
-                                                                 kept, computed, *stage_groups_, *stage_planner_);
-  }
 }
 
 void PipelineRunner::reduce_gradients(Stage& st) {
@@ -423,11 +419,13 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       sends_.push_back({std::move(t), std::move(work)});
       return;
     }
-    case T::unshard:  // each parameter gathered once for the step's microbatches
-      if (stage_mesh_) unshard(local_stage(s));
+    case T::unshard: {  // the weights' compute-dtype copies and gathers, once for the step's microbatches
+      Stage& st = local_stage(s);
+      run(st, st.unshard, -1, {});
       return;
+    }
     case T::reshard:
-      for (const std::string& name : local_stage(s).programs.parameter_names) unsharded_.erase(name);
+      local_stage(s).step_held.clear();
       return;
     case T::reduce_grad: {  // the step's sums reduced once, after the stage's last backward
       Stage& st = local_stage(s);
@@ -480,8 +478,9 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   }
   for (InFlight& send : sends_) send.work->wait();
   sends_.clear();
-  MT_CHECK(unsharded_.empty(), "pipeline rank {}: gathered parameters left after the step (a stage without RESHARD)",
-           group_->rank());
+  for (const auto& [s, st] : stages_)
+    MT_CHECK(st->step_held.empty(), "pipeline rank {}: stage {}'s gathered weights left after the step (no RESHARD)",
+             group_->rank(), s);
   stats_.step_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [key, values] : held_)
     MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
@@ -552,7 +551,8 @@ std::string PipelineRunner::text() const {
     actions.push_back(parallel::to_string(a));
   out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
   for (const auto& [s, st] : stages_) {
-    const auto programs = {std::pair{"forward", &st->forward}, std::pair{"backward", &st->backward},
+    const auto programs = {std::pair{"unshard", &st->unshard}, std::pair{"forward", &st->forward},
+                           std::pair{"backward", &st->backward},
                            std::pair{"backward_input", &st->backward_input},
                            std::pair{"backward_weight", &st->backward_weight}};
     for (const auto& [name, program] : programs)
@@ -564,9 +564,11 @@ std::string PipelineRunner::text() const {
 double PipelineRunner::flops_per_step() const {
   double total = update_run_->flops();
   const auto m = static_cast<double>(schedule_.microbatches);
-  for (const auto& [s, st] : stages_)
+  for (const auto& [s, st] : stages_) {
     for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
       if (program->executor) total += m * program->executor->flops();
+    if (st->unshard.executor) total += st->unshard.executor->flops();
+  }
   return total;
 }
 
@@ -592,7 +594,7 @@ double PipelineRunner::p2p_bytes_per_step() const {
 
 void PipelineRunner::set_profiling(bool on) {
   for (auto& [s, st] : stages_)
-    for (Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
+    for (Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight, &st->unshard})
       if (program->executor) program->executor->set_profiling(on);
   update_run_->set_profiling(on);
 }
@@ -610,7 +612,7 @@ std::vector<runtime::Executor::OpTime> PipelineRunner::profile() const {
     }
   };
   for (const auto& [s, st] : stages_)
-    for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
+    for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight, &st->unshard})
       if (program->executor) add(*program->executor);
   add(*update_run_);
   std::vector<runtime::Executor::OpTime> out;

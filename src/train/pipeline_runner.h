@@ -103,7 +103,8 @@ class PipelineRunner {
   };
   struct Stage {
     PipelineStage programs;
-    Program forward, backward, backward_input, backward_weight;
+    Program forward, backward, backward_input, backward_weight, unshard;
+    std::map<graph::ValueId, Tensor> step_held;  // the unshard program's outputs, from UNSHARD to RESHARD
     std::vector<graph::ValueId> kept_after_forward;  // what its backward programs read, computed or given in forward
     std::vector<graph::ValueId> kept_after_input;    // what backward_weight reads
     std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches, in its layout
@@ -139,10 +140,6 @@ class PipelineRunner {
   std::vector<Tensor> tokens_, targets_;
   Tensor count_;
   std::map<std::pair<int, int>, std::map<graph::ValueId, Tensor>> held_;
-  // On a stage mesh, during a step: each parameter as the programs read it
-  // (gathered over dp_shard by its stage's UNSHARD, dropped by its RESHARD).
-  std::map<std::string, Tensor> unsharded_;
-  void unshard(const Stage& st);
   void reduce_gradients(Stage& st);
   struct InFlight {
     Tensor tensor;

@@ -96,40 +96,29 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
   roles.copies = m.param_copies;
   roles.reduce_copies_in_compute_dtype = config.training.reduce_dtype != DType::f32;
   parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, roles, config.parallel);
-  // The programs read each parameter gathered over dp_shard (the runner
-  // gathers it once a step) and leave its gradient a pending sum over data
-  // parallel (the runner reduces the step's sum once): FSDP's unshard and
-  // reduce-gradient actions, once per step rather than per microbatch.
+  // The programs leave each gradient a pending sum over data parallel (the
+  // runner reduces the step's sum once, at the stage's REDUCE_GRAD); the
+  // parameters lie as the plan keeps them, and what the lowering gathers of
+  // them (once: reshard_after_forward is off) the stage's unshard program
+  // computes once a step (UNSHARD).
   const auto replicate_dim = static_cast<size_t>(mesh.dim_index("dp_replicate")),
              shard_dim = static_cast<size_t>(mesh.dim_index("dp_shard"));
-  auto gathered = [&](const sharding::Layout& kept) {
+  auto pending = [&](const sharding::Layout& kept) {
     std::vector<sharding::Placement> placements = kept.placements;
-    placements[shard_dim] = sharding::Placement::replicate();
-    return sharding::Layout::from_placements(std::move(placements));
-  };
-  auto pending = [&](const sharding::Layout& computed) {
-    std::vector<sharding::Placement> placements = computed.placements;
     for (const size_t d : {replicate_dim, shard_dim})
       if (mesh.size(static_cast<int>(d)) > 1) placements[d] = sharding::Placement::partial();
     return sharding::Layout::from_placements(std::move(placements));
   };
-  std::map<graph::ValueId, sharding::Layout> compute_layout_of;  // parameter -> as the programs read it
   for (size_t i = 0; i < st.parameters.size(); ++i) {
     const graph::ValueId p = st.parameters[i];
     const sharding::Layout kept = layouts.given.at(p);
-    const sharding::Layout computed = gathered(kept);
-    compute_layout_of[p] = computed;
-    layouts.given[p] = computed;
     st.parameter_layouts[st.parameter_names[i]] = kept;
-    st.compute_layouts[st.parameter_names[i]] = computed;
-    st.gradient_layouts[st.parameter_names[i]] = pending(computed);
-    if (const auto it = gradient_of.find(p); it != gradient_of.end()) layouts.given[it->second] = pending(computed);
+    st.gradient_layouts[st.parameter_names[i]] = pending(kept);
+    if (const auto it = gradient_of.find(p); it != gradient_of.end()) layouts.given[it->second] = pending(kept);
   }
-  for (const auto& [copy, p] : m.param_copies) {
-    layouts.given[copy] = compute_layout_of.at(p);
+  for (const auto& [copy, p] : m.param_copies)
     if (const auto it = gradient_of.find(copy); it != gradient_of.end())
-      layouts.given[it->second] = pending(compute_layout_of.at(p));
-  }
+      layouts.given[it->second] = pending(layouts.given.at(p));
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(mesh.ndim())));
   if (st.count.valid()) layouts.given[st.count] = replicated;
@@ -140,8 +129,7 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
     layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding sharding = spmd::propagate(g, planner, layouts.given, layouts.deliver);
-  spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank,
-                                           {.reshard_after_forward = config.parallel.reshard_after_forward});
+  spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank, {.reshard_after_forward = false});
   st.batch_layout = sharding.values.at(st.span.embedding ? st.input : st.span.head ? st.targets : st.input);
   // Inputs by the lowering's map; what the stage computes as the lowered graph delivers it.
   std::map<graph::ValueId, graph::ValueId> local = lowered.values;
@@ -213,32 +201,29 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
     if (!in_input_half.contains(n)) weight_half.push_back(n);
 
   // What forward computes from the parameters alone (a weight's copy in the
-  // compute dtype) a backward program computes again rather than keep a copy
-  // per microbatch in flight.
-  std::vector<graph::NodeId> from_parameters;
-  {
-    std::set<graph::ValueId> derived;
-    for (const graph::NodeId n : forward) {
-      const graph::Node& node = g.node(n);
-      const bool only = std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
-        return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
-      });
-      if (!only || node.inputs.empty()) continue;
-      from_parameters.push_back(n);
-      derived.insert(node.outputs.begin(), node.outputs.end());
+  // compute dtype, gathered over dp_shard) is the unshard program's, run once
+  // a step: the other programs read it.
+  std::vector<graph::NodeId> from_parameters, forward_rest;
+  std::set<graph::ValueId> derived;
+  for (const graph::NodeId n : forward) {
+    const graph::Node& node = g.node(n);
+    const bool only = !node.inputs.empty() && std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
+      return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
+    });
+    if (!only) {
+      forward_rest.push_back(n);
+      continue;
     }
+    from_parameters.push_back(n);
+    derived.insert(node.outputs.begin(), node.outputs.end());
   }
-  auto recomputing_copies = [&](std::vector<graph::NodeId> part) {
-    std::vector<graph::ValueId> reads;
-    for (const graph::NodeId n : part)
-      for (const graph::ValueId v : g.node(n).inputs) reads.push_back(v);
-    const std::vector<graph::NodeId> copies = graph::nodes_needed_for(g, reads, from_parameters);
-    part.insert(part.end(), copies.begin(), copies.end());  // extract_graph copies them in the graph's order
-    return part;
-  };
-  backward = recomputing_copies(backward);
-  input_half = recomputing_copies(input_half);
-  weight_half = recomputing_copies(weight_half);
+  forward = forward_rest;
+  for (const auto* part : {&forward, &backward})
+    for (const graph::NodeId n : *part)
+      for (const graph::ValueId v : g.node(n).inputs)
+        if (derived.contains(v) && std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end())
+          st.step_values.push_back(v);
+  st.unshard = graph::extract_graph(g, from_parameters, st.step_values);
 
   std::vector<graph::ValueId> input_results;
   if (st.input_gradient.valid()) input_results.push_back(st.input_gradient);

@@ -41,11 +41,10 @@ struct PipelineStage {
   // rank's lowered graph of it (every value below is its local value).
   graph::Graph joint;
   // On a stage mesh, by parameter: its layout as the plan keeps it (FSDP:
-  // sharded over dp_shard); as the programs read it, gathered over dp_shard
-  // once a step (UNSHARD); and its gradient as the programs leave it, a
+  // sharded over dp_shard), and its gradient as the programs leave it, a
   // pending sum over data parallel until the stage's last backward of the
   // step reduces the sum into the parameter's layout (REDUCE_GRAD).
-  std::map<std::string, sharding::Layout> parameter_layouts, compute_layouts, gradient_layouts;
+  std::map<std::string, sharding::Layout> parameter_layouts, gradient_layouts;
   sharding::Layout batch_layout;  // on a stage mesh: the tokens' and targets' (rows split over data parallel)
   std::vector<std::string> parameter_names;               // Hugging Face names, in order
   std::vector<graph::ValueId> parameters, gradients;      // in `joint`, by parameter_names
@@ -61,6 +60,12 @@ struct PipelineStage {
   // nodes compute, then what backward_weight reads of it); backward_weight
   // (the other gradients).
   graph::ExtractedGraph forward, backward, backward_input, backward_weight;
+  // What forward computes from the parameters alone, once a step (UNSHARD):
+  // the compute-dtype copies of the weights and, on a stage mesh, their
+  // gathers over dp_shard. Its outputs, `step_values`, the other programs
+  // read; they are held from the stage's UNSHARD to its RESHARD.
+  graph::ExtractedGraph unshard;
+  std::vector<graph::ValueId> step_values;
 };
 
 // Stage `index` of `spans` for microbatches of `rows` sequences of
