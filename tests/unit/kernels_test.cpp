@@ -12,6 +12,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "runtime/executor.h"
 #include "sched/schedule.h"
@@ -293,6 +294,43 @@ TEST(Bf16Dot, GemmOnEveryPackingMatchesFloat64) {
   std::vector<uint32_t> a_rounded(m * pairs);
   pack_rows(a_f32.data(), k, m, k, a_rounded.data());
   EXPECT_EQ(a_rounded, a_rows);
+}
+
+// The bf16 GEMM (oneDNN's kernel where the CPU has one) and its widened path
+// (what runs where oneDNN has none), both against a float64 sum of the same
+// bf16 values: every transpose, B shared or batched, an odd batch stride
+// (matrices apart by more than their size). Each element is the exact sum
+// rounded once to bf16 (2^-9 relative), after an f32 accumulation.
+TEST(Bf16Matmul, OneDnnAndWidenedPathsMatchFloat64) {
+  using namespace kernels::cpu;
+  const int64_t batch = 3, m = 13, n = 11, k = 17, a_stride = m * k + 5;
+  std::mt19937 rng(5);
+  for (bool shared : {true, false})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t b_stride = shared ? 0 : k * n;
+        const auto a = random_bf16(static_cast<size_t>(batch * a_stride), rng);
+        const auto b = random_bf16(static_cast<size_t>(shared ? k * n : batch * k * n), rng);
+        std::vector<double> want(static_cast<size_t>(batch * m * n), 0.0), bound(want.size(), 0.0);
+        for (int64_t x = 0; x < batch; ++x)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              for (int64_t p = 0; p < k; ++p) {
+                const double u = widen(a[x * a_stride + (ta ? p * m + i : i * k + p)]);
+                const double v = widen(b[x * b_stride + (tb ? j * k + p : p * n + j)]);
+                want[(x * m + i) * n + j] += u * v;
+                bound[(x * m + i) * n + j] += std::abs(u * v);
+              }
+        for (const bool widened : {false, true}) {
+          std::vector<bfloat16> c(want.size() + 1, f32_to_bf16(7.0f));  // one past the end: must stay untouched
+          (widened ? matmul_bf16_widened : matmul_bf16)(a.data(), b.data(), c.data(), batch, m, n, k, ta, tb, a_stride,
+                                                        b_stride);
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(widen(c[i]), want[i], std::ldexp(std::abs(want[i]), -8) + 1e-6 * bound[i])
+                << "widened=" << widened << " shared=" << shared << " ta=" << ta << " tb=" << tb << " i=" << i;
+          EXPECT_EQ(widen(c.back()), 7.0);
+        }
+      }
 }
 
 namespace {

@@ -4,7 +4,11 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
+#include <vector>
+
+#include "kernels/cpu/kernel_support.h"
 
 namespace meshtrain::kernels::cpu {
 
@@ -16,7 +20,10 @@ struct Dnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool>, dnnl::matmul> primitives;
+  // Per shape: the primitive, or none where oneDNN has no bf16 kernel for
+  // this CPU (it needs AVX-512; an AVX2-only CPU has none, not even the
+  // reference one).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool>, std::optional<dnnl::matmul>> primitives;
 };
 
 Dnnl& dnnl_state() {
@@ -49,14 +56,38 @@ void matmul_bf16(const bfloat16* a, const bfloat16* b, bfloat16* c, int64_t batc
     const auto key = std::make_tuple(batch, m, n, k, ta, tb, shared_b);
     auto it = d.primitives.find(key);
     if (it == d.primitives.end()) {
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), d.engine);
-      it = d.primitives.emplace(key, dnnl::matmul(pd)).first;
+      std::optional<dnnl::matmul> made;
+      try {
+        made.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), d.engine));
+      } catch (const dnnl::error& e) {
+        if (e.status != dnnl_unimplemented) throw;
+      }
+      it = d.primitives.emplace(key, std::move(made)).first;
     }
-    prim = &it->second;
+    prim = it->second ? &*it->second : nullptr;
   }
+  if (!prim) return matmul_bf16_widened(a, b, c, batch, m, n, k, ta, tb, a_stride, b_stride);
   memory A(a_md, d.engine, const_cast<bfloat16*>(a)), B(b_md, d.engine, const_cast<bfloat16*>(b)), C(c_md, d.engine, c);
   prim->execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
   d.stream.wait();
+}
+
+void matmul_bf16_widened(const bfloat16* a, const bfloat16* b, bfloat16* c, int64_t batch, int64_t m, int64_t n,
+                         int64_t k, bool ta, bool tb, int64_t a_stride, int64_t b_stride) {
+  thread_local std::vector<float> wa, wb, wc;
+  wa.resize(static_cast<size_t>(m * k));
+  wb.resize(static_cast<size_t>(k * n));
+  wc.resize(static_cast<size_t>(m * n));
+  auto widen = [](const bfloat16* from, std::vector<float>& to) {
+    for (size_t i = 0; i < to.size(); ++i) to[i] = bf16_to_f32(from[i]);
+  };
+  for (int64_t i = 0; i < batch; ++i) {
+    widen(a + i * a_stride, wa);
+    if (i == 0 || b_stride != 0) widen(b + i * b_stride, wb);
+    gemm(ta, tb, m, n, k, wa.data(), wb.data(), wc.data(), false);
+    bfloat16* out = c + i * m * n;
+    for (size_t j = 0; j < wc.size(); ++j) out[j] = f32_to_bf16(wc[j]);
+  }
 }
 
 }  // namespace meshtrain::kernels::cpu
