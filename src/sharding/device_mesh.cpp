@@ -62,6 +62,24 @@ int DeviceMesh::rank_at(const std::vector<int>& coordinate) const {
   return r;
 }
 
+std::vector<int64_t> DeviceMesh::group_ranks(int rank, const std::vector<int>& dims) const {
+  MT_CHECK(rank >= 0 && rank < num_ranks_, "rank {} outside mesh {}", rank, describe());
+  std::vector<int64_t> ranks{rank};
+  for (int d : dims) {
+    MT_CHECK(d >= 0 && d < ndim(), "mesh dim {} outside mesh {}", d, describe());
+    std::vector<int64_t> next;
+    for (int64_t r : ranks) {
+      std::vector<int> c = coordinate(static_cast<int>(r));
+      for (int i = 0; i < shape_[static_cast<size_t>(d)]; ++i) {
+        c[static_cast<size_t>(d)] = i;
+        next.push_back(rank_at(c));
+      }
+    }
+    ranks = std::move(next);
+  }
+  return ranks;
+}
+
 std::string DeviceMesh::describe() const {
   std::vector<std::string> parts;
   for (int d = 0; d < ndim(); ++d) parts.push_back(fmt::format("{}={}", names_[d], shape_[d]));

@@ -3,6 +3,7 @@
 // dims and further streams on demand), built collectively on a world group.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ class DeviceMesh {
   int dim_index(std::string_view name) const;
   std::vector<int> coordinate(int rank) const;  // row-major
   int rank_at(const std::vector<int>& coordinate) const;
+  // The group of `rank` over `dims`: the ranks that share its coordinates on
+  // the other dims, row-major over `dims` in the order given (int64, as the
+  // lowered graph's and the cost model's groups list ranks).
+  std::vector<int64_t> group_ranks(int rank, const std::vector<int>& dims) const;
   std::string describe() const;  // "(dp=2, tp=4)"
   bool operator==(const DeviceMesh&) const = default;
 

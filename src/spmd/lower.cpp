@@ -41,21 +41,7 @@ struct Lowering {
 
   // This rank's group over `dims`: the ranks that share its coordinates on
   // the other mesh dims, row-major over `dims`.
-  std::vector<int64_t> group(const std::vector<int>& dims) const {
-    std::vector<int64_t> ranks{mesh.rank_at(coord)};
-    for (int d : dims) {
-      std::vector<int64_t> next;
-      for (int64_t r : ranks) {
-        std::vector<int> c = mesh.coordinate(static_cast<int>(r));
-        for (int i = 0; i < mesh.size(d); ++i) {
-          c[static_cast<size_t>(d)] = i;
-          next.push_back(mesh.rank_at(c));
-        }
-      }
-      ranks = std::move(next);
-    }
-    return ranks;
-  }
+  std::vector<int64_t> group(const std::vector<int>& dims) const { return mesh.group_ranks(mesh.rank_at(coord), dims); }
 
   // `local` (global value `v`'s local value in layout `have`) redistributed
   // to `want`, one node per plan step.

@@ -102,17 +102,8 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   // The world rank at `pp` with this rank's place in its stage, and the
   // ranks of this rank's dp_shard and dp_replicate groups.
   auto world_rank = [&](int pp) { return pp * stage_size + stage_rank; };
-  auto group_over = [&](int mesh_dim) {
-    std::vector<int64_t> group;
-    std::vector<int> coord = mesh.coordinate(rank);
-    for (int k = 0; k < mesh.size(mesh_dim); ++k) {
-      coord[static_cast<size_t>(mesh_dim)] = k;
-      int64_t r = 0;
-      for (int d = 0; d < mesh.ndim(); ++d) r = r * mesh.size(d) + coord[static_cast<size_t>(d)];
-      group.push_back(r);
-    }
-    return group;
-  };
+  auto group_over = [&](int mesh_dim) { return mesh.group_ranks(rank, {mesh_dim}); };
+
   PipelineEstimate p;
   p.schedule = std::string(parallel::pp_schedule_name(schedule.kind));
   p.stages = schedule.stages();

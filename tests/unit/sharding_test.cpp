@@ -85,6 +85,19 @@ TEST(DeviceMesh, RowMajorCoordinatesAndValidation) {
   EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("4,"); }), "'' is not an integer"));
 }
 
+TEST(DeviceMesh, GroupRanksShareTheOtherCoordinates) {
+  DeviceMesh m({2, 3, 2}, {"pp", "dp", "tp"});  // rank 9 = (1, 1, 1)
+  EXPECT_EQ(m.group_ranks(9, {}), (std::vector<int64_t>{9}));
+  EXPECT_EQ(m.group_ranks(9, {0}), (std::vector<int64_t>{3, 9}));
+  EXPECT_EQ(m.group_ranks(9, {1}), (std::vector<int64_t>{7, 9, 11}));
+  EXPECT_EQ(m.group_ranks(9, {2}), (std::vector<int64_t>{8, 9}));
+  // Row-major over the dims in the order given: dp outer, tp inner, then the other way round.
+  EXPECT_EQ(m.group_ranks(9, {1, 2}), (std::vector<int64_t>{6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(m.group_ranks(9, {2, 1}), (std::vector<int64_t>{6, 8, 10, 7, 9, 11}));
+  EXPECT_TRUE(contains(message_of([&] { m.group_ranks(12, {0}); }), "rank 12 outside mesh"));
+  EXPECT_TRUE(contains(message_of([&] { m.group_ranks(0, {3}); }), "mesh dim 3 outside mesh"));
+}
+
 TEST(Sharding, TorchChunkSizes) {
   EXPECT_EQ(torch_chunk_sizes(10, 4), (std::vector<int64_t>{3, 3, 3, 1}));
   EXPECT_EQ(torch_chunk_sizes(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
