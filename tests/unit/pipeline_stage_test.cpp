@@ -4,6 +4,7 @@
 // accumulating the same microbatches.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -40,6 +41,21 @@ train::TrainConfig small_config(int64_t layers) {
   c.optimizer.lr = 1e-2;
   c.training.max_grad_norm = 0.5;  // active: the norm is over every stage
   return c;
+}
+
+// One rank accumulating the pipeline's microbatches: the reference the
+// pipeline's steps must reproduce.
+struct OneRankRun {
+  std::unique_ptr<train::Trainer> trainer;
+  std::vector<train::StepMetrics> steps;
+};
+
+OneRankRun one_rank_run(int64_t microbatches, int steps = 3) {
+  train::TrainConfig one = small_config(2);
+  one.training.grad_accum_steps = microbatches;
+  OneRankRun run{std::make_unique<train::Trainer>(one), {}};
+  for (int s = 0; s < steps; ++s) run.steps.push_back(run.trainer->step());
+  return run;
 }
 
 }  // namespace
@@ -120,11 +136,8 @@ TEST(ExtractGraph, APartReadsWhatItDoesNotComputeAsInputs) {
 // accumulating the same 4 microbatches: every step's loss and gradient norm,
 // and the weights after, bitwise.
 TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
-  train::TrainConfig one = small_config(2);
-  one.training.grad_accum_steps = 4;
-  train::Trainer reference(one);
-  std::vector<train::StepMetrics> expected;
-  for (int s = 0; s < 3; ++s) expected.push_back(reference.step());
+  const OneRankRun reference = one_rank_run(4);
+  const std::vector<train::StepMetrics>& expected = reference.steps;
   for (const auto kind : {parallel::PpScheduleKind::gpipe, parallel::PpScheduleKind::one_f_one_b,
                           parallel::PpScheduleKind::interleaved_1f1b, parallel::PpScheduleKind::zero_bubble,
                           parallel::PpScheduleKind::zbv}) {
@@ -143,7 +156,7 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
       }
       std::lock_guard lock(mu);
       for (const auto& [name, t] : trainer.parameters()) {
-        const Tensor& want = reference.parameters().at(name);
+        const Tensor& want = reference.trainer->parameters().at(name);
         ASSERT_EQ(t.nbytes(), want.nbytes());
         EXPECT_EQ(std::memcmp(t.raw(), want.raw(), t.nbytes()), 0) << name << " " << parallel::pp_schedule_name(kind);
       }
@@ -156,11 +169,7 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
 // collectives; FSDP's UNSHARD and REDUCE_GRAD) against one rank
 // accumulating the same microbatches: within 1e-5.
 TEST(PipelineRunner, ComposedWithTensorParallelOrFsdpMatchesOneRank) {
-  train::TrainConfig one = small_config(2);
-  one.training.grad_accum_steps = 2;
-  train::Trainer reference(one);
-  std::vector<train::StepMetrics> expected;
-  for (int s = 0; s < 3; ++s) expected.push_back(reference.step());
+  const std::vector<train::StepMetrics> expected = one_rank_run(2).steps;
   for (const int64_t tp : {2, 1}) {
     train::TrainConfig c = small_config(2);
     c.parallel.pp = 2;
