@@ -22,6 +22,7 @@
 #include "comm/mpi_backend.h"
 #include "graph/graph.h"
 #include "spmd/lower.h"
+#include "train/pipeline_runner.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
@@ -63,7 +64,9 @@ std::string lower_help() {
          "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
          "would, and print rank R's lowered graph (default 0) without running anything: every value with its\n"
          "local shape and layout, every collective with its group, mesh dims, layouts and bytes (each starts\n"
-         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"
+         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"         "With parallel.pp P: rank R's pipeline actions and, for each stage it holds, the programs it runs (the\n"
+         "unshard program, once a step; forward; backward, or its input and weight halves for zero-bubble), each\n"
+         "laid out on the stage's ranks and lowered for R, as `train --dump-graph` writes them.\n"
          "--out FILE writes the graph to FILE instead and prints one line saying how many nodes it holds.\n";
 }
 
@@ -153,7 +156,18 @@ int run_lower(const std::vector<std::string>& args) {
   graph::Graph g;
   const train::TrainStepGraph step = train::build_step(config, g);
   std::string text;
-  if (ranks == 1) {
+  if (config.parallel.pp > 1) {
+    // A pipeline: the rank's stages, each laid out on its stage's ranks and cut into programs, as it runs them.
+    train::check_parallel_config(config, static_cast<int>(ranks));
+    const train::PipelinePlace place =
+        train::pipeline_place(config, static_cast<int>(ranks), static_cast<int>(rank), /*fsdp_actions=*/true);
+    std::vector<train::PipelineStage> stages;
+    for (const int s : place.stages())
+      stages.push_back(train::build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where()));
+    std::vector<const train::PipelineStage*> held;
+    for (const auto& st : stages) held.push_back(&st);
+    text = train::pipeline_programs_text(place, held);
+  } else if (ranks == 1) {
     text = graph::to_text(g);
   } else {
     const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank),

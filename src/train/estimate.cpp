@@ -91,14 +91,14 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   e.world_size = world_size;
   e.rank = rank;
   e.mesh = mesh.describe();
-  const int stage_size = world_size / mesh.size(0), stage_rank = rank % stage_size, pp_rank = rank / stage_size;
-  const sharding::DeviceMesh stage_mesh({mesh.size(1), mesh.size(2), mesh.size(3)}, {"dp_replicate", "dp_shard", "tp"});
-  const StageMesh where = stage_size > 1 ? StageMesh{&stage_mesh, stage_rank} : StageMesh{};
-  const parallel::PpSchedule schedule = pipeline_schedule(config, mesh.size(0));
-  const auto spans = pipeline_spans(config.model, schedule.stages(), config.parallel.pp_layers_per_stage);
-  const int64_t rows = config.data.batch_size / schedule.microbatches;
+  const PipelinePlace place = pipeline_place(config, world_size, rank);
+  const int stage_size = place.stage_size, stage_rank = place.stage_rank, pp_rank = place.pp_rank;
+  const StageMesh where = place.where();
+  const parallel::PpSchedule& schedule = place.schedule;
+  const auto& spans = place.spans;
+  const int64_t rows = place.microbatch_rows;
   const sched::RankDevice device{hardware, world_size, nullptr};
-  const bool split = schedule.kind == parallel::PpScheduleKind::zero_bubble || schedule.kind == parallel::PpScheduleKind::zbv;
+  const bool split = place.splits_backward;
   // The world rank at `pp` with this rank's place in its stage, and the
   // ranks of this rank's dp_shard and dp_replicate groups.
   auto world_rank = [&](int pp) { return pp * stage_size + stage_rank; };

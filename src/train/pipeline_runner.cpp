@@ -43,6 +43,11 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, boo
 
 namespace {
 
+const comm::ProcessGroup& checked_world(const comm::ProcessGroupPtr& world) {
+  MT_CHECK(world != nullptr, "a pipeline needs a world of ranks");
+  return *world;
+}
+
 bool splits_backward(const parallel::PpSchedule& schedule) {
   for (const auto& actions : schedule.actions)
     for (const parallel::PpAction& a : actions)
@@ -78,6 +83,54 @@ sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size) {
                               {"pp", "dp_replicate", "dp_shard", "tp"});
 }
 
+std::vector<int> PipelinePlace::stages() const {
+  std::vector<int> out;
+  for (int s = 0; s < schedule.stages(); ++s)
+    if (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank) out.push_back(s);
+  return out;
+}
+
+PipelinePlace pipeline_place(const TrainConfig& config, int world_size, int rank, bool fsdp_actions) {
+  PipelinePlace place{.mesh = pipeline_mesh(config, world_size)};
+  MT_CHECK(rank >= 0 && rank < world_size, "pipeline: rank {} is outside the job's {} ranks", rank, world_size);
+  const sharding::DeviceMesh& mesh = place.mesh;
+  place.rank = rank;
+  place.stage_size = world_size / mesh.size(0);
+  place.stage_rank = rank % place.stage_size;
+  place.pp_rank = rank / place.stage_size;
+  if (place.stage_size > 1)
+    place.stage_mesh.emplace(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
+                             std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
+  place.schedule = pipeline_schedule(config, mesh.size(0), fsdp_actions);
+  place.spans = pipeline_spans(config.model, place.schedule.stages(), config.parallel.pp_layers_per_stage);
+  place.microbatch_rows = config.data.batch_size / place.schedule.microbatches;
+  place.splits_backward = splits_backward(place.schedule);
+  return place;
+}
+
+std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages) {
+  std::string out = fmt::format("# rank {} of mesh {}: pipeline rank {} of {}, {}\n", place.rank, place.mesh.describe(),
+                                place.pp_rank, place.mesh.size(0), parallel::pp_schedule_name(place.schedule.kind));
+  std::vector<std::string> actions;
+  for (const parallel::PpAction& a : place.schedule.actions.at(static_cast<size_t>(place.pp_rank)))
+    actions.push_back(parallel::to_string(a));
+  out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
+  for (const PipelineStage* st : stages) {
+    std::vector<std::pair<const char*, const graph::ExtractedGraph*>> programs{{"unshard", &st->unshard},
+                                                                              {"forward", &st->forward}};
+    if (place.splits_backward) {
+      programs.emplace_back("backward_input", &st->backward_input);
+      programs.emplace_back("backward_weight", &st->backward_weight);
+    } else {
+      programs.emplace_back("backward", &st->backward);
+    }
+    for (const auto& [name, program] : programs)
+      if (program->graph.num_nodes() > 0)
+        out += fmt::format("# stage {} {}\n{}", st->index, name, graph::to_text(program->graph));
+  }
+  return out;
+}
+
 namespace {
 
 // A small global graph of the update's (inputs laid out as `given`, outputs
@@ -93,42 +146,37 @@ spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& plan
 
 PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr world,
                                const std::map<std::string, Tensor>& whole)
-    : config_(config) {
-  MT_CHECK(world != nullptr, "a pipeline needs a world of ranks");
-  const sharding::DeviceMesh mesh = pipeline_mesh(config, world->size());
-  stage_size_ = world->size() / static_cast<int>(config.parallel.pp);
-  const int stage_rank = world->rank() % stage_size_, pp_rank = world->rank() / stage_size_;
-  if (stage_size_ == 1) {
+    : config_(config),
+      // UNSHARD runs the unshard programs.
+      place_(pipeline_place(config, checked_world(world).size(), world->rank(), /*fsdp_actions=*/true)) {
+  const int stage_rank = place_.stage_rank, pp_rank = place_.pp_rank;
+  if (!place_.stage_mesh) {
     group_ = world;
   } else {
     // Both splits are collectives over the world, made by every rank in this order.
     comm::ProcessGroupPtr stage = world->split(pp_rank, stage_rank, fmt::format("pp_stage_{}", pp_rank));
     group_ = world->split(stage_rank, pp_rank, fmt::format("pp_{}", stage_rank));
-    stage_mesh_ = std::make_unique<sharding::DeviceMesh>(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
-                                                         std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
-    stage_groups_ = std::make_unique<sharding::MeshGroups>(*stage_mesh_, std::move(stage));
-    stage_planner_ = std::make_unique<sharding::Planner>(*stage_mesh_, sharding::CostModel::for_mesh(*stage_mesh_));
+    stage_groups_ = std::make_unique<sharding::MeshGroups>(*place_.stage_mesh, std::move(stage));
+    stage_planner_ = std::make_unique<sharding::Planner>(*place_.stage_mesh,
+                                                         sharding::CostModel::for_mesh(*place_.stage_mesh));
   }
-  schedule_ = pipeline_schedule(config, group_->size(), /*fsdp_actions=*/true);  // UNSHARD runs the unshard programs
-  spans_ = pipeline_spans(config.model, schedule_.stages(), config.parallel.pp_layers_per_stage);
-  const int64_t m = schedule_.microbatches;
-  microbatch_rows_ = config.data.batch_size / m;
-  const bool split = splits_backward(schedule_);
+  const int64_t m = place_.schedule.microbatches;
+  const bool split = place_.splits_backward;
   auto executor_for = [&](const graph::Graph& g) -> std::unique_ptr<runtime::Executor> {
     if (g.num_nodes() == 0) return nullptr;
     return std::make_unique<runtime::Executor>(g, sched::make_schedule(g, g.outputs()), stage_groups_.get());
   };
   auto local_part = [&](const Tensor& t, const sharding::Layout& layout) {
-    return stage_mesh_ ? sharding::local_piece(t, layout, *stage_mesh_, stage_groups_->coordinate()) : t.clone();
+    return place_.stage_mesh ? sharding::local_piece(t, layout, *place_.stage_mesh, stage_groups_->coordinate()) : t.clone();
   };
   std::vector<std::string> names;
   std::vector<Tensor> grads;
   std::vector<sharding::Layout> layouts;  // of each parameter, on the stage mesh
-  for (int s = 0; s < schedule_.stages(); ++s) {
-    if (schedule_.rank_of_stage[static_cast<size_t>(s)] != group_->rank()) continue;
+  for (int s = 0; s < place_.schedule.stages(); ++s) {
+    if (place_.schedule.rank_of_stage[static_cast<size_t>(s)] != group_->rank()) continue;
     auto st = std::make_unique<Stage>();
-    st->programs = build_pipeline_stage(config, spans_, s, microbatch_rows_,
-                                        stage_mesh_ ? StageMesh{stage_mesh_.get(), stage_rank} : StageMesh{});
+    st->programs = build_pipeline_stage(config, place_.spans, s, place_.microbatch_rows,
+                                        place_.stage_mesh ? StageMesh{&*place_.stage_mesh, stage_rank} : StageMesh{});
     const PipelineStage& p = st->programs;
     st->forward.part = &p.forward;
     st->backward.part = &p.backward;
@@ -151,13 +199,13 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     }
     for (size_t i = 0; i < p.parameter_names.size(); ++i) {
       const std::string& name = p.parameter_names[i];
-      const sharding::Layout layout = stage_mesh_ ? p.parameter_layouts.at(name) : sharding::Layout{};
+      const sharding::Layout layout = place_.stage_mesh ? p.parameter_layouts.at(name) : sharding::Layout{};
       params_[name] = local_part(whole.at(name), layout);
       const Shape& local = params_[name].shape();
       exp_avg_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
       exp_avg_sq_[name] = Tensor::zeros(local, config.optimizer.state_dtype);
       st->gradient_sums.push_back(Tensor::zeros(local, DType::f32));
-      if (stage_mesh_) {
+      if (place_.stage_mesh) {
         const graph::ValueInfo& pending = p.joint.value(p.gradients[i]).info;
         st->pending_sums.push_back(Tensor::zeros(pending.shape, DType::f32));
       }
@@ -169,8 +217,8 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
   }
   MT_CHECK(!stages_.empty(), "pipeline rank {} holds no stage", group_->rank());
   for (int64_t k = 0; k < m; ++k) {
-    tokens_.push_back(Tensor::empty({microbatch_rows_, config.data.seq_len}, DType::i64));
-    targets_.push_back(Tensor::empty({microbatch_rows_, config.data.seq_len}, DType::i64));
+    tokens_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
+    targets_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
   }
   graph::Builder count_builder(count_graph_);
   count_targets_ = count_graph_.add_input("targets", {config.data.batch_size * config.data.seq_len}, DType::i64);
@@ -202,9 +250,9 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     grad_inputs.push_back(squares_graph_.add_input(names[i] + ".grad", whole.at(names[i]).shape(), DType::f32));
   squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
   std::vector<graph::Update> updates;
-  if (stage_mesh_) {
+  if (place_.stage_mesh) {
     const sharding::Layout replicated =
-        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(stage_mesh_->ndim())));
+        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
     std::map<graph::ValueId, sharding::Layout> given, deliver;
     for (size_t i = 0; i < names.size(); ++i) {
       given[update_params[i]] = given[update_grads[i]] = layouts[i];
@@ -229,8 +277,8 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     for (int i = 0; i < squares_graph_.num_values(); ++i) squares_values_[graph::ValueId(i)] = graph::ValueId(i);
     for (const auto& [from, to] : update_.write_backs) updates.push_back({from, to});
   }
-  const graph::Graph& update_run = stage_mesh_ ? update_local_ : update_graph_;
-  const graph::Graph& squares_run = stage_mesh_ ? squares_local_ : squares_graph_;
+  const graph::Graph& update_run = place_.stage_mesh ? update_local_ : update_graph_;
+  const graph::Graph& squares_run = place_.stage_mesh ? squares_local_ : squares_graph_;
   update_run_ = std::make_unique<runtime::Executor>(
       update_run, sched::make_schedule(update_run, update_run.outputs(), std::move(updates)), stage_groups_.get());
   squares_run_ = executor_for(squares_run);
@@ -260,7 +308,7 @@ std::vector<int> PipelineRunner::stages() const {
 PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
   const auto it = stages_.find(stage);
   MT_CHECK(it != stages_.end(), "pipeline rank {}: the schedule has an action of stage {}, which lives on rank {}",
-           group_->rank(), stage, schedule_.rank_of_stage.at(static_cast<size_t>(stage)));
+           group_->rank(), stage, place_.schedule.rank_of_stage.at(static_cast<size_t>(stage)));
   return *it->second;
 }
 
@@ -328,7 +376,7 @@ void PipelineRunner::reduce_gradients(Stage& st) {
 void PipelineRunner::add_gradients(Stage& st, int mb) {
   std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
   const bool first = st.backwards_done == 0;
-  std::vector<Tensor>& sums = stage_mesh_ ? st.pending_sums : st.gradient_sums;
+  std::vector<Tensor>& sums = place_.stage_mesh ? st.pending_sums : st.gradient_sums;
   for (size_t i = 0; i < sums.size(); ++i) {
     auto node = values.extract(st.programs.gradients[i]);
     MT_CHECK(!node.empty(), "pipeline stage {}, microbatch {}: the gradient of {} was not computed", st.programs.index,
@@ -346,9 +394,9 @@ void PipelineRunner::add_gradients(Stage& st, int mb) {
 void PipelineRunner::act(const parallel::PpAction& a) {
   using T = parallel::PpActionType;
   const int s = a.stage, mb = a.microbatch;
-  const int last = schedule_.stages() - 1;
+  const int last = place_.schedule.stages() - 1;
   const int me = group_->rank();
-  auto rank_of = [&](int stage) { return schedule_.rank_of_stage.at(static_cast<size_t>(stage)); };
+  auto rank_of = [&](int stage) { return place_.schedule.rank_of_stage.at(static_cast<size_t>(stage)); };
   // A value received (or handed over in memory by a stage on this rank) for (s, mb).
   auto take_received = [&](std::map<std::pair<int, int>, InFlight>& receives, const char* what) {
     auto node = receives.extract({s, mb});
@@ -374,7 +422,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       const PipelineStage& p = st.programs;
       std::map<graph::ValueId, Tensor>& values = held_[{s, mb}];
       auto local = [&](const Tensor& t) {
-        return stage_mesh_ ? sharding::local_piece(t, p.batch_layout, *stage_mesh_, stage_groups_->coordinate()) : t;
+        return place_.stage_mesh ? sharding::local_piece(t, p.batch_layout, *place_.stage_mesh, stage_groups_->coordinate()) : t;
       };
       if (s == 0)
         values[p.input] = local(tokens_[static_cast<size_t>(mb)]);
@@ -429,9 +477,9 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       return;
     case T::reduce_grad: {  // the step's sums reduced once, after the stage's last backward
       Stage& st = local_stage(s);
-      MT_CHECK(st.backwards_done == schedule_.microbatches, "pipeline stage {}: REDUCE_GRAD after {} of {} "
-               "microbatches' gradients", s, st.backwards_done, schedule_.microbatches);
-      if (stage_mesh_) reduce_gradients(st);
+      MT_CHECK(st.backwards_done == place_.schedule.microbatches, "pipeline stage {}: REDUCE_GRAD after {} of {} "
+               "microbatches' gradients", s, st.backwards_done, place_.schedule.microbatches);
+      if (place_.stage_mesh) reduce_gradients(st);
       return;
     }
     case T::recv_f:
@@ -453,7 +501,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   const Shape batch{config_.data.batch_size, config_.data.seq_len};
   MT_CHECK(tokens.shape() == batch && targets.shape() == batch, "pipeline step: the batch must be {}, got {} and {}",
            batch.to_string(), tokens.shape().to_string(), targets.shape().to_string());
-  const int64_t m = schedule_.microbatches;
+  const int64_t m = place_.schedule.microbatches;
   for (int64_t k = 0; k < m; ++k) {
     take_microbatch(tokens, k, m, tokens_[static_cast<size_t>(k)]);
     take_microbatch(targets, k, m, targets_[static_cast<size_t>(k)]);
@@ -466,7 +514,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   stats_ = {};
   trace_.clear();
   const auto start = step_start_ = std::chrono::steady_clock::now();
-  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
+  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
     const double begin = tracing_ ? since_start_us() : 0;
     waited_until_us_ = begin;
     act(a);
@@ -495,8 +543,8 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   const double update_begin = tracing_ ? since_start_us() : 0;
   squares_run_->run();
   Tensor sums = Tensor::empty({2}, DType::f64);
-  sums.data<double>()[0] = squares_run_->fetch((stage_mesh_ ? squares_local_ : squares_graph_).outputs()[0]).get(0);
-  sums.data<double>()[1] = stages_.contains(schedule_.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
+  sums.data<double>()[0] = squares_run_->fetch((place_.stage_mesh ? squares_local_ : squares_graph_).outputs()[0]).get(0);
+  sums.data<double>()[1] = stages_.contains(place_.schedule.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
   group_->all_reduce(sums)->wait();
   squares_.data<double>()[0] = sums.data<double>()[0];
   lr_.data<double>()[0] = lr;
@@ -512,14 +560,14 @@ double PipelineRunner::since_start_us() const {
 }
 
 int PipelineRunner::first_rank_holding(const std::string& name) const {
-  for (size_t s = 0; s < spans_.size(); ++s)
-    if (models::span_holds(config_.model, spans_[s], name)) return schedule_.rank_of_stage[s] * stage_size_;
+  for (size_t s = 0; s < place_.spans.size(); ++s)
+    if (models::span_holds(config_.model, place_.spans[s], name)) return place_.schedule.rank_of_stage[s] * place_.stage_size;
   throw InvalidArgument(fmt::format("no pipeline stage holds parameter '{}'", name));
 }
 
 sharding::Layout PipelineRunner::mesh_layout(const std::string& name) const {
   sharding::Layout stage = sharding::Layout::from_placements(std::vector<sharding::Placement>(3));
-  if (stage_mesh_)
+  if (place_.stage_mesh)
     for (const auto& [s, st] : stages_)
       if (const auto it = st->programs.parameter_layouts.find(name); it != st->programs.parameter_layouts.end())
         stage = it->second;
@@ -531,12 +579,12 @@ sharding::Layout PipelineRunner::mesh_layout(const std::string& name) const {
 
 Tensor PipelineRunner::gather_parameter(const std::string& name) {
   const Tensor& local = params_.at(name);
-  if (!stage_mesh_) return local;
+  if (!place_.stage_mesh) return local;
   for (const auto& [s, st] : stages_) {
     const auto it = st->programs.parameter_layouts.find(name);
     if (it == st->programs.parameter_layouts.end()) continue;
     const sharding::Layout replicated =
-        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(stage_mesh_->ndim())));
+        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
     return sharding::redistribute(local, models::llama_parameters(config_.model).at(name).shape, it->second,
                                   replicated, *stage_groups_, *stage_planner_);
   }
@@ -544,26 +592,14 @@ Tensor PipelineRunner::gather_parameter(const std::string& name) {
 }
 
 std::string PipelineRunner::text() const {
-  std::string out = fmt::format("# pipeline rank {} of {}: {}\n", group_->rank(), group_->size(),
-                                parallel::pp_schedule_name(schedule_.kind));
-  std::vector<std::string> actions;
-  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank())))
-    actions.push_back(parallel::to_string(a));
-  out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
-  for (const auto& [s, st] : stages_) {
-    const auto programs = {std::pair{"unshard", &st->unshard}, std::pair{"forward", &st->forward},
-                           std::pair{"backward", &st->backward},
-                           std::pair{"backward_input", &st->backward_input},
-                           std::pair{"backward_weight", &st->backward_weight}};
-    for (const auto& [name, program] : programs)
-      if (program->executor) out += fmt::format("# stage {} {}\n{}", s, name, graph::to_text(program->part->graph));
-  }
-  return out;
+  std::vector<const PipelineStage*> stages;
+  for (const auto& [s, st] : stages_) stages.push_back(&st->programs);
+  return pipeline_programs_text(place_, stages);
 }
 
 double PipelineRunner::flops_per_step() const {
   double total = update_run_->flops();
-  const auto m = static_cast<double>(schedule_.microbatches);
+  const auto m = static_cast<double>(place_.schedule.microbatches);
   for (const auto& [s, st] : stages_) {
     for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight})
       if (program->executor) total += m * program->executor->flops();
@@ -575,14 +611,14 @@ double PipelineRunner::flops_per_step() const {
 int64_t PipelineRunner::p2p_per_step() const {
   int64_t n = 0;
   using T = parallel::PpActionType;
-  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank())))
+  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank())))
     n += a.type == T::send_f || a.type == T::recv_f || a.type == T::send_b || a.type == T::recv_b ? 1 : 0;
   return n;
 }
 
 double PipelineRunner::p2p_bytes_per_step() const {
   double bytes = 0;
-  for (const parallel::PpAction& a : schedule_.actions.at(static_cast<size_t>(group_->rank()))) {
+  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
     if (a.type != parallel::PpActionType::send_f && a.type != parallel::PpActionType::send_b) continue;
     const PipelineStage& p = stages_.at(a.stage)->programs;
     const graph::ValueInfo& info =

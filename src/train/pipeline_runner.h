@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,32 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, boo
 // stage's ranks are those of one pp coordinate. Throws naming the key.
 sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size);
 
+// Where rank `rank` of a pipeline job on `world_size` ranks stands: the
+// mesh, its stage's mesh (dp_replicate, dp_shard, tp) and its place there
+// (none when a stage has one rank), the schedule, the stages' layers and the
+// microbatches' rows. The runner, `meshtrain estimate` and `meshtrain lower`
+// all start from it. Throws naming the key when the config cannot run.
+struct PipelinePlace {
+  sharding::DeviceMesh mesh;
+  int rank = 0;  // in the job
+  int stage_size = 1, stage_rank = 0, pp_rank = 0;
+  std::optional<sharding::DeviceMesh> stage_mesh;
+  parallel::PpSchedule schedule;
+  std::vector<models::LlamaSpan> spans;
+  int64_t microbatch_rows = 0;
+  bool splits_backward = false;  // zero-bubble: backward as its input and weight halves
+
+  StageMesh where() const { return stage_mesh ? StageMesh{&*stage_mesh, stage_rank} : StageMesh{}; }
+  std::vector<int> stages() const;  // this rank's, in order
+};
+PipelinePlace pipeline_place(const TrainConfig& config, int world_size, int rank, bool fsdp_actions = false);
+
+// The programs a pipeline rank runs, as `meshtrain lower` and `train
+// --dump-graph` print them: the rank's place, its actions, and each of its
+// stages' programs (the unshard program, forward, and backward or its
+// halves) as text.
+std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages);
+
 class PipelineRunner {
  public:
   // `world`: every rank of the job, on the mesh pipeline_mesh gives (a
@@ -57,7 +84,7 @@ class PipelineRunner {
   const std::map<std::string, Tensor>& parameters() const { return params_; }
   const std::map<std::string, Tensor>& exp_avg() const { return exp_avg_; }
   const std::map<std::string, Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
-  const parallel::PpSchedule& schedule() const { return schedule_; }
+  const parallel::PpSchedule& schedule() const { return place_.schedule; }
   int pipeline_rank() const { return group_->rank(); }
   // Parameter `name` whole on every rank of the stage holding it (a
   // collective over that stage's ranks; only they may call it).
@@ -123,16 +150,12 @@ class PipelineRunner {
 
   TrainConfig config_;
   comm::ProcessGroupPtr group_;  // the pipeline: the ranks at this rank's coordinate in every stage
-  // Composed with data or tensor parallelism: the stage's mesh (dp_replicate,
-  // dp_shard, tp) over the ranks of this rank's stage, and its groups.
-  std::unique_ptr<sharding::DeviceMesh> stage_mesh_;
+  PipelinePlace place_;
+  // Composed with data or tensor parallelism: the groups and planner of the
+  // stage's mesh over the ranks of this rank's stage.
   std::unique_ptr<sharding::MeshGroups> stage_groups_;
   std::unique_ptr<sharding::Planner> stage_planner_;
-  int stage_size_ = 1;  // ranks per stage
-  parallel::PpSchedule schedule_;
-  std::vector<models::LlamaSpan> spans_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
-  int64_t microbatch_rows_ = 0;
   std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;
   // Per step: each microbatch's tokens and targets, the batch's valid-target
   // count, the values each (stage, microbatch) holds between its programs,

@@ -275,9 +275,8 @@ std::string over_budget_message(const TrainConfig& config, double needed_bytes, 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
   MT_CHECK(config.parallel.pp == 1,
-           "parallel.pp {}: pipeline stages are not laid out as one step graph, and `meshtrain lower` does not print "
-           "them yet; `meshtrain train --dump-graph FILE` (under mpirun) writes each rank's stage programs, "
-           "`meshtrain estimate` costs them and `meshtrain pp-schedule` simulates the schedule", config.parallel.pp);
+           "parallel.pp {}: a pipeline is not laid out as one step graph; each stage is laid out on its own ranks "
+           "(train/pipeline_stage.h)", config.parallel.pp);
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));

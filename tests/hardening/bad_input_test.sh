@@ -91,8 +91,7 @@ expect_error "config key parallel.pp_layers_per_stage: '3,x' is not a list of po
   --config configs/debug.toml --parallel.pp_layers_per_stage 3,x
 expect_error "config key parallel.pp_layers_per_stage: '3,0' is not a list of positive integers" train \
   --config configs/debug.toml --parallel.pp_layers_per_stage 3,0
-expect_error "parallel.pp 2: pipeline stages are not laid out as one step graph" lower --config configs/debug.toml \
-  --ranks 4 --rank 1 --parallel.pp 2
+expect_error "parallel.pp 2 must divide the job's 3 ranks" lower --config configs/debug.toml --ranks 3 --parallel.pp 2
 expect_error "estimate --trace with parallel.pp 2" estimate --config configs/debug.toml --ranks 4 --hardware h100-sxm \
   --parallel.pp 2 --trace "$dir/t.json"
 expect_error "parallel.pp 2 must divide the job's 3 ranks" estimate --config configs/debug.toml --ranks 3 \
