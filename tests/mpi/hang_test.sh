@@ -6,13 +6,8 @@
 # it stalled in), and the job ends
 # non-zero within the timeout plus 10 s with no process left.
 # Usage: hang_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-job=
+source "$(dirname "$0")/common.sh"
 trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; pkill -9 -f -- "--checkpoint.folder $dir/ckpt " 2>/dev/null; rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
 $mpirun -np 2 -x MESHTRAIN_FR_DIR="$dir/fr" "$meshtrain" train --config configs/debug.toml --model.dim 64 \
   --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2 --model.ffn_dim 128 --data.seq_len 32 \
   --training.steps 100000 --metrics.log_every 1 --metrics.file "" --comm.timeout_s 3 \

@@ -14,13 +14,9 @@
 # killed rank as the one that never joined (over TCP, Open MPI's transport
 # ends the survivor itself when the socket closes, saying so).
 # Usage: kill_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [TRIALS]
-set -u
-mpirun=$1 meshtrain=$2 src=$3 trials=${4:-20}
-dir=$(mktemp -d)
-job=
+source "$(dirname "$0")/common.sh"
+trials=${4:-20}
 trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$dir"; [ -z "${KEEP:-}" ] || echo "kept $dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
 steps=60
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
        --model.ffn_dim 128 --data.seq_len 32 --training.steps $steps --metrics.log_every 1 --checkpoint.interval 1
@@ -87,17 +83,8 @@ for trial in $(seq "$trials"); do
   step=$((10#${newest##*step_}))
   timeout 300 $mpirun -np 2 "$meshtrain" train "${model[@]}" --checkpoint.folder "$t" --metrics.file "$t.jsonl" \
     > "$t.resume" 2>&1 || { cat "$t.resume"; fail "trial $trial: the resumed run failed"; }
-  python3 - "$dir/straight.jsonl" "$t.jsonl" "$step" "$steps" <<'PY' || fail "trial $trial: the resumed run differs"
-import json, sys
-a = {x["step"]: x for x in map(json.loads, open(sys.argv[1]))}
-b = [json.loads(l) for l in open(sys.argv[2])]
-step, steps = int(sys.argv[3]), int(sys.argv[4])
-assert [x["step"] for x in b] == list(range(step + 1, steps + 1)), [x["step"] for x in b]
-for y in b:
-    x = a[y["step"]]
-    if (x["loss"], x["grad_norm"]) != (y["loss"], y["grad_norm"]):
-        sys.exit(f"step {y['step']}: {y['loss']!r} {y['grad_norm']!r} vs {x['loss']!r} {x['grad_norm']!r}")
-PY
+  python3 "$src/tests/mpi/compare_runs.py" "trial $trial" "$dir/straight.jsonl" "$t.jsonl" --tolerance 0 \
+    --steps "$((step + 1))-$steps" > /dev/null || fail "trial $trial: the resumed run differs"
   echo "trial $trial (async save $async): rank $victim_rank killed, job ended ${took} ms later (exit $rc), the survivor waiting in $op; $(basename "$newest") loads and verifies$( [ -d "$t/step_$(printf %06d $((step + 1))).tmp" ] && echo ", the next save was cut off mid-way"); resumed, steps $((step + 1))..$steps bitwise the uninterrupted run"
   [ -n "${KEEP:-}" ] || rm -rf "$t" "$t".* "$t.fr"
 done

@@ -6,12 +6,7 @@
 # no later one, and every value in it is finite. With training.skip_nonfinite
 # the same run goes on to its last step, counting the skipped steps.
 # Usage: nonfinite_step_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
+source "$(dirname "$0")/common.sh"
 out=$(timeout 120 $mpirun -np 2 "$meshtrain" train --config configs/debug.toml --model.dim 64 --model.n_layers 2 \
   --model.n_heads 4 --model.n_kv_heads 2 --model.ffn_dim 128 --data.seq_len 32 --optimizer.lr 1e20 \
   --lr_scheduler.warmup_steps 0 --training.steps 10 --checkpoint.folder "$dir/ckpt" --checkpoint.interval 0 \

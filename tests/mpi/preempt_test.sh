@@ -15,13 +15,8 @@
 # bitwise the final checkpoint's of an uninterrupted run of as many steps,
 # and its metadata the same but for the run's total step count.
 # Usage: preempt_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-job=
-trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; rm -rf "$dir"' EXIT
+source "$(dirname "$0")/common.sh"
 fail() { echo "FAIL: $*"; cat "$dir/out" 2>/dev/null; exit 1; }
-cd "$src"
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
        --model.ffn_dim 128 --data.seq_len 32 --lr_scheduler.decay none --metrics.file "" --metrics.log_every 1
        --checkpoint.interval 0)  # a constant rate after warm-up: the first N steps do not depend on the total

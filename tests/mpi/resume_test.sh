@@ -9,12 +9,7 @@
 # Also: checkpoint.async saves bitwise the same checkpoints; keep_latest_k, load_step, and a folder whose newest step was not
 # completed (step_N.tmp) resumes from the complete one before it.
 # Usage: resume_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
+source "$(dirname "$0")/common.sh"
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
        --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1
        --checkpoint.interval 10)
@@ -33,23 +28,9 @@ resume() {  # NAME NP [KEY VALUE ...]: from the straight run's step 10
   grep -q "resumed from $dir/$1/step_000010: step 10 done, 10 to go" "$dir/$1.out" ||
     { cat "$dir/$1.out"; fail "$1 did not resume from step 10"; }
 }
-compare() {  # NAME TOLERANCE (0: bitwise)
-  python3 - "$dir/straight.jsonl" "$dir/$1.jsonl" "$1" "$2" <<'PY' || exit 1
-import json, sys
-straight, resumed, name, tolerance = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-a = {x["step"]: x for x in map(json.loads, open(straight))}
-b = [json.loads(l) for l in open(resumed)]
-assert [x["step"] for x in b] == list(range(11, 21)), f"{name}: steps {[x['step'] for x in b]} logged, expected 11..20"
-worst = 0.0
-for y in b:
-    x = a[y["step"]]
-    for key in ("loss", "grad_norm"):
-        rel = abs(x[key] - y[key]) / abs(x[key])
-        worst = max(worst, rel)
-        if (tolerance == 0 and x[key] != y[key]) or rel > tolerance:
-            sys.exit(f"FAIL: {name} step {y['step']} {key}: {y[key]!r} vs the straight run's {x[key]!r}")
-print(f"{name}: steps 11..20 {'bitwise' if worst == 0 else f'within {worst:.1e} relative of'} the straight run's loss and grad_norm")
-PY
+compare() {  # NAME TOLERANCE (0: bitwise): steps 11-20 against the straight run
+  python3 tests/mpi/compare_runs.py "$1 resumed at step 10" "$dir/straight.jsonl" "$dir/$1.jsonl" --tolerance "$2" \
+    --steps 11-20 || exit 1
 }
 
 fsdp_tp=(--parallel.dp_shard 2 --parallel.tp 2)

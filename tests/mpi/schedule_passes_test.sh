@@ -18,12 +18,7 @@
 # sweep of budgets from that smallest one up, each rank's measured step
 # peak never exceeds the budget.
 # Usage: schedule_passes_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
+source "$(dirname "$0")/common.sh"
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
        --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 6 --metrics.log_every 1
        --checkpoint.folder "")

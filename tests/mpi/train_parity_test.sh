@@ -13,12 +13,7 @@
 # every rank with one message. FSDP 2 x TP 2 from the committed PyTorch
 # reference's weights matches its losses within 1e-4.
 # Usage: train_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
-set -u
-mpirun=$1 meshtrain=$2 src=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cd "$src"
+source "$(dirname "$0")/common.sh"
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
        --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1)
 run() {  # NAME NP [KEY VALUE ...]
@@ -36,40 +31,10 @@ run() {  # NAME NP [KEY VALUE ...]
   cmp -s "$dir/$name.safetensors" "$dir/$name.from_shards.safetensors" ||
     fail "$name: its sharded checkpoint exported differs from the weights gathered at the end"
 }
-compare() {  # NAME [BASE [TOLERANCE CHECKPOINT_TOLERANCE]]: against BASE's run (default: one)
+compare() {  # NAME [BASE [TOLERANCE WEIGHT_TOLERANCE]]: against BASE's run (default: one)
   local base=${2:-one}
-  python3 - "$dir/$base.jsonl" "$dir/$1.jsonl" "$dir/$base.safetensors" "$dir/$1.safetensors" \
-    "$1" "${3:-1e-5}" "${4:-1e-4}" <<'PY' || exit 1
-import json, struct, sys
-one, other, ck_one, ck_other, name, tolerance, ck_tolerance = sys.argv[1:]
-tolerance, ck_tolerance = float(tolerance), float(ck_tolerance)
-a = [json.loads(l) for l in open(one)]
-b = [json.loads(l) for l in open(other)]
-assert len(a) == len(b) == 20, f"{name}: {len(a)} and {len(b)} steps logged"
-worst = 0.0
-for x, y in zip(a, b):
-    for key in ("loss", "grad_norm"):
-        rel = abs(x[key] - y[key]) / abs(x[key])
-        worst = max(worst, rel)
-        if rel > tolerance:
-            sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]} vs one rank's {x[key]} (relative {rel:.2e})")
-def tensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__": continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - s) // 4}f", raw[8 + n + s:8 + n + e])
-    return out
-p, q = tensors(ck_one), tensors(ck_other)
-assert p.keys() == q.keys(), f"{name}: checkpoint tensors differ"
-dmax = max(abs(u - v) for k in p for u, v in zip(p[k], q[k]))
-if dmax > ck_tolerance:
-    sys.exit(f"FAIL: {name}: checkpoint differs from one rank's by {dmax:.2e}")
-print(f"{name}: 20 steps, worst relative difference {worst:.1e} (loss, grad_norm); checkpoint within {dmax:.1e}")
-PY
+  python3 tests/mpi/compare_runs.py "$1" "$dir/$base.jsonl" "$dir/$1.jsonl" --tolerance "${3:-1e-5}" \
+    --weights "$dir/$base.safetensors" "$dir/$1.safetensors" --weight-tolerance "${4:-1e-4}" || exit 1
 }
 run one 1
 run ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
@@ -172,14 +137,6 @@ for rank, waits in enumerate(map(int, sys.argv[2:])):
     assert all(e["dur"] >= 0 for e in mine if e["ph"] == "X")
 print(f"trace: 4 ranks, {len(events)} events, every collective from its start to its wait")
 PY
-bad() {  # NP MESSAGE ARGS...: one message, every rank exits non-zero, no hang
-  local np=$1 message=$2
-  shift 2
-  out=$(timeout 60 $mpirun -np "$np" "$meshtrain" train "${model[@]}" "$@" 2>&1)
-  rc=$?
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
-  [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
-}
 bad 3 'model.n_heads 8 must divide by parallel.tp 3' --parallel.tp 3
 bad 2 'model.n_kv_heads 3 must divide by parallel.tp 2' --parallel.tp 2 --model.n_heads 6 --model.n_kv_heads 3 --model.dim 48
 bad 2 'model.vocab_size 255 must divide by parallel.tp 2' --parallel.tp 2 --model.vocab_size 255

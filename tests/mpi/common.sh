@@ -1,0 +1,21 @@
+# Sourced by the mpirun test scripts with their arguments ("MPIRUN [FLAGS]"
+# MESHTRAIN SOURCE_DIR ...): sets $mpirun, $meshtrain and $src, makes the
+# scratch folder $dir (removed on exit, with the background $job killed if one
+# is set), defines fail and bad, and works in the source folder.
+set -u
+mpirun=$1 meshtrain=$2 src=$3
+dir=$(mktemp -d)
+job=
+trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+# bad NP MESSAGE ARGS...: meshtrain train "${model[@]}" ARGS on NP ranks must print MESSAGE exactly once and every
+# rank exit non-zero within 60 s (no hang).
+bad() {
+  local np=$1 message=$2 out rc
+  shift 2
+  out=$(timeout 60 $mpirun -np "$np" "$meshtrain" train "${model[@]}" "$@" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
+  [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
+}
+cd "$src"
