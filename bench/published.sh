@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `meshtrain estimate` against published figures of the same layouts: the
+# torchtitan paper's H100 rows (arXiv 2410.06511; the repository's
+# benchmarks/llama3_h100_202412_torchtitan.md, torchtitan 9dec370, Dec 2024),
+# tokens/s per GPU and peak memory, with the ratio estimate / published.
+#
+# What differs, so the ratios read right:
+# - torchtitan's machines were HBM2e H100s (96 GB, 2.4 TB/s) at a 500 W
+#   power limit; the h100-sxm profile is the 700 W HBM3 datasheet part.
+# - The 405B rows ran Float8 linears and async TP; meshtrain estimates bf16
+#   GEMMs and plain TP collectives (Float8 made torchtitan's 8B 28% faster).
+# - The 405B rows give no microbatch count: torchtitan at 9dec370 took
+#   pipeline_parallel_microbatches = the pipeline degree (8) when it was
+#   not set (pipelining_utils.py; made stages-per-rank x degree in 90567fc,
+#   Jan 2025), and 2 stages per rank for Interleaved 1F1B; the layers split
+#   as meshtrain's default does (embedding and head a layer each). The
+#   estimates with 32 microbatches (the local batch, one sequence each) are
+#   printed too.
+# Usage: bench/published.sh [PROFILE] (default h100-sxm)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${1:-h100-sxm}
+[ -x build/meshtrain ] || scripts/setup.sh build
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
+  local name=$1 tokens=$2 gib=$3
+  shift 3
+  build/meshtrain estimate --hardware "$profile" --json "$@" > "$work/$name.json"
+  echo "$name $tokens $gib"
+}
+{
+  estimate "8B_FSDP8_8gpu_selAC_lbs2 (eager)" 5762 82.4 --config configs/llama3_8b.toml --ranks 8
+  estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile)" 6667 77.0 --config configs/llama3_8b.toml --ranks 8
+  estimate "8B_FSDP128_128gpu_selAC_lbs2 (compile)" 6514 62.0 --config configs/llama3_8b.toml --ranks 128 \
+    --parallel.dp_shard 128 --data.batch_size 256
+  pp=(--config configs/llama3_405b.toml --ranks 512 --parallel.pp 8 --parallel.dp_shard 8)
+  estimate "405B_FSDP8xTP8xPP8_1F1B_m8 (Float8)" 100 82.5 "${pp[@]}" --parallel.pp_schedule 1f1b \
+    --parallel.pp_microbatches 8
+  estimate "405B_FSDP8xTP8xPP8_interleaved_m8 (Float8)" 128 72.7 "${pp[@]}" --parallel.pp_schedule interleaved_1f1b \
+    --parallel.pp_microbatches 8
+  estimate "405B_FSDP8xTP8xPP8_1F1B_m32 (Float8)" 100 82.5 "${pp[@]}" --parallel.pp_schedule 1f1b \
+    --parallel.pp_microbatches 32
+  estimate "405B_FSDP8xTP8xPP8_interleaved_m32 (Float8)" 128 72.7 "${pp[@]}" --parallel.pp_schedule interleaved_1f1b \
+    --parallel.pp_microbatches 32
+} > "$work/rows.txt"
+python3 - "$work" "$profile" <<'PY'
+import json, sys
+work, profile = sys.argv[1], sys.argv[2]
+print(f"meshtrain estimate on {profile} against torchtitan's published H100 rows (ratio = estimate / published)")
+print(f"{'row (published setting)':46} {'tok/s/GPU':>9} {'published':>9} {'ratio':>6}   {'GiB':>6} {'published':>9} {'ratio':>6}")
+for line in open(f"{work}/rows.txt"):
+    name, tokens, gib = line.rsplit(maxsplit=2)
+    e = json.load(open(f"{work}/{name}.json"))
+    t = e["tokens_per_s_per_device"]
+    m = e["memory"]["peak_bytes"] / 2**30
+    print(f"{name:46} {t:9.0f} {float(tokens):9.0f} {t / float(tokens):6.2f}   {m:6.1f} {float(gib):9.1f} {m / float(gib):6.2f}")
+PY
