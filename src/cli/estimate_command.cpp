@@ -137,6 +137,7 @@ int run_estimate(const std::vector<std::string>& args) {
                          {"stages", p.stages},
                          {"stages_per_rank", p.stages_per_rank},
                          {"microbatches", p.microbatches},
+                         {"runs_per_step", p.runs},
                          {"forward_us", p.forward_us},
                          {"backward_input_us", p.backward_input_us},
                          {"backward_weight_us", p.backward_weight_us},
@@ -181,11 +182,12 @@ int run_estimate(const std::vector<std::string>& args) {
         b = std::max(b, p.backward_input_us[s] + p.backward_weight_us[s]);
         p2p = std::max(p2p, p.p2p_us[s]);
       }
-      fmt::print("pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}, bubble {:.1f}% "
+      fmt::print("pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}{}, bubble {:.1f}% "
                  "of it{}; a stage's microbatch at most F {} B {}, p2p {}; this rank's stages once a step: gather "
                  "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
                  "each at most\n",
                  p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
+                 p.runs > 1 ? fmt::format(", run {} times a step (training.grad_accum_steps)", p.runs) : "",
                  100 * p.bubble_fraction,
                  p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
                  duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),

@@ -216,7 +216,8 @@ const std::vector<Key>& keys() {
       bool_key("training.skip_nonfinite", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; },
                "a step whose gradient norm is NaN or infinite is passed over (no update, counted in the metrics) instead of stopping the run"),
       number_key<int64_t>("training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
-                          "a positive integer (microbatches per step; data.batch_size must divide by it)"),
+                          "a positive integer (microbatches per step; data.batch_size must divide by it; with parallel.pp the "
+                          "schedule runs this many times a step over parallel.pp_microbatches each)"),
       string_key("checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; }, "a Hugging Face safetensors file the weights start from, when there is no checkpoint to resume from; \"\": the seeded initialisation"),
       string_key("checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; },
                  "where checkpoints go, a folder step_NNNNNN each (every rank's shards and metadata.json); a run resumes "

@@ -109,6 +109,8 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   p.stages = schedule.stages();
   p.stages_per_rank = schedule.stages_per_rank;
   p.microbatches = schedule.microbatches;
+  p.runs = static_cast<int>(place.accumulation);
+  const auto per_step = static_cast<double>(schedule.microbatches * place.accumulation);  // microbatches a step
   std::vector<parallel::PpCosts> costs;
   double kept_params = 0, computed_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
   const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
@@ -144,16 +146,16 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
     p.p2p_us.push_back(c.p2p);
     if (schedule.rank_of_stage[static_cast<size_t>(s)] != pp_rank) continue;
     // This rank's stage: its tensors, its once-a-step collectives, what it keeps between programs.
-    in_program_comm += static_cast<double>(schedule.microbatches) *
+    in_program_comm += per_step *
                        (forward.communication_us + input.communication_us + weight.communication_us);
     for (const graph::ExtractedGraph* part : split ? std::vector{&st.forward, &st.backward_input, &st.backward_weight}
                                                    : std::vector{&st.forward, &st.backward})
       for (const graph::NodeId n : part->graph.order()) {
         const graph::Node& node = part->graph.node(n);
-        e.nodes += static_cast<size_t>(schedule.microbatches);
+        e.nodes += static_cast<size_t>(per_step);
         if (!node.op->starts_async) continue;
-        e.collectives += static_cast<size_t>(schedule.microbatches);
-        e.collective_bytes += static_cast<double>(schedule.microbatches) * node.attrs.get(graph::attr::comm_bytes);
+        e.collectives += static_cast<size_t>(per_step);
+        e.collective_bytes += per_step * node.attrs.get(graph::attr::comm_bytes);
       }
     double kept_between = 0;
     std::set<graph::ValueId> kept;
@@ -207,11 +209,11 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   // writes the parameter and moments; the norm reads the gradient again.
   const double update_bytes = kept_params * 6 + moments * 2;
   p.update_us = update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
-  e.time.step_us = p.makespan_us + p.unshard_us + p.reduce_grad_us + p.update_us;
-  e.time.compute_us = p.rank_busy_us + p.update_us;
+  e.time.step_us = p.makespan_us * p.runs + p.unshard_us + p.reduce_grad_us + p.update_us;
+  e.time.compute_us = p.rank_busy_us * p.runs + p.update_us;
   e.time.communication_us = p.unshard_us + p.reduce_grad_us + in_program_comm;
   for (size_t s = 0; s < costs.size(); ++s)
-    if (schedule.rank_of_stage[s] == pp_rank) e.time.communication_us += 2 * schedule.microbatches * costs[s].p2p;
+    if (schedule.rank_of_stage[s] == pp_rank) e.time.communication_us += 2 * per_step * costs[s].p2p;
   e.time.exposed_us = e.time.step_us - e.time.compute_us;  // waits: the bubble and the once-a-step collectives
   // Memory: the tensors held through the step, the activations of the
   // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.

@@ -27,9 +27,12 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, boo
   MT_CHECK(per_rank <= 64 && micro <= 65536,
            "parallel.pp_stages_per_rank {} and parallel.pp_microbatches {} must be at most 64 and 65536", per_rank,
            micro);
-  MT_CHECK(config.data.batch_size % micro == 0,
-           "data.batch_size {} must divide by parallel.pp_microbatches {}: each microbatch takes an equal share of the "
-           "batch's sequences", config.data.batch_size, micro);
+  const int64_t accum = config.training.grad_accum_steps;
+  MT_CHECK(accum >= 1 && accum <= 65536, "training.grad_accum_steps {} must be between 1 and 65536", accum);
+  MT_CHECK(config.data.batch_size % (micro * accum) == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
+           "the batch's sequences", config.data.batch_size, micro,
+           accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
   try {
     const parallel::PpSchedule compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro),
                                                                     static_cast<int>(per_rank));
@@ -103,7 +106,8 @@ PipelinePlace pipeline_place(const TrainConfig& config, int world_size, int rank
                              std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
   place.schedule = pipeline_schedule(config, mesh.size(0), fsdp_actions);
   place.spans = pipeline_spans(config.model, place.schedule.stages(), config.parallel.pp_layers_per_stage);
-  place.microbatch_rows = config.data.batch_size / place.schedule.microbatches;
+  place.accumulation = config.training.grad_accum_steps;
+  place.microbatch_rows = config.data.batch_size / (place.schedule.microbatches * place.accumulation);
   place.splits_backward = splits_backward(place.schedule);
   return place;
 }
@@ -477,8 +481,9 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       return;
     case T::reduce_grad: {  // the step's sums reduced once, after the stage's last backward
       Stage& st = local_stage(s);
-      MT_CHECK(st.backwards_done == place_.schedule.microbatches, "pipeline stage {}: REDUCE_GRAD after {} of {} "
-               "microbatches' gradients", s, st.backwards_done, place_.schedule.microbatches);
+      const int64_t all = place_.schedule.microbatches * place_.accumulation;
+      MT_CHECK(st.backwards_done == all, "pipeline stage {}: REDUCE_GRAD after {} of {} microbatches' gradients", s,
+               st.backwards_done, all);
       if (place_.stage_mesh) reduce_gradients(st);
       return;
     }
@@ -501,11 +506,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   const Shape batch{config_.data.batch_size, config_.data.seq_len};
   MT_CHECK(tokens.shape() == batch && targets.shape() == batch, "pipeline step: the batch must be {}, got {} and {}",
            batch.to_string(), tokens.shape().to_string(), targets.shape().to_string());
-  const int64_t m = place_.schedule.microbatches;
-  for (int64_t k = 0; k < m; ++k) {
-    take_microbatch(tokens, k, m, tokens_[static_cast<size_t>(k)]);
-    take_microbatch(targets, k, m, targets_[static_cast<size_t>(k)]);
-  }
+  const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
   count_run_->bind(count_targets_, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
   count_run_->run();
   count_ = count_run_->fetch(count_graph_.outputs()[0]).clone();
@@ -514,30 +515,42 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   stats_ = {};
   trace_.clear();
   const auto start = step_start_ = std::chrono::steady_clock::now();
-  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
-    const double begin = tracing_ ? since_start_us() : 0;
-    waited_until_us_ = begin;
-    act(a);
-    note_held();
+  // With gradient accumulation the schedule runs once per chunk of m microbatches (chunk c's microbatch k is the
+  // step's microbatch c m + k), the gradients summed on over the chunks: UNSHARD in the first chunk only,
+  // REDUCE_GRAD and RESHARD in the last.
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    for (int64_t k = 0; k < m; ++k) {
+      take_microbatch(tokens, chunk * m + k, m * chunks, tokens_[static_cast<size_t>(k)]);
+      take_microbatch(targets, chunk * m + k, m * chunks, targets_[static_cast<size_t>(k)]);
+    }
     using T = parallel::PpActionType;
-    const bool issue_only = a.type == T::send_f || a.type == T::send_b || a.type == T::recv_f || a.type == T::recv_b;
-    if (tracing_ && !issue_only && a.type != T::reshard)
-      trace_.push_back({parallel::to_string(a), !parallel::is_compute(a.type), waited_until_us_, since_start_us()});
+    for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
+      if ((a.type == T::unshard && chunk > 0) ||
+          ((a.type == T::reduce_grad || a.type == T::reshard) && chunk + 1 < chunks))
+        continue;
+      const double begin = tracing_ ? since_start_us() : 0;
+      waited_until_us_ = begin;
+      act(a);
+      note_held();
+      const bool issue_only = a.type == T::send_f || a.type == T::send_b || a.type == T::recv_f || a.type == T::recv_b;
+      if (tracing_ && !issue_only && a.type != T::reshard)
+        trace_.push_back({parallel::to_string(a), !parallel::is_compute(a.type), waited_until_us_, since_start_us()});
+    }
+    for (InFlight& send : sends_) send.work->wait();
+    sends_.clear();
+    for (const auto& [key, values] : held_)
+      MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
+               group_->rank(), key.first, key.second, values.size());
+    held_.clear();
+    MT_CHECK(receives_f_.empty() && receives_b_.empty(), "pipeline rank {}: a receive was never used", group_->rank());
   }
-  for (InFlight& send : sends_) send.work->wait();
-  sends_.clear();
   for (const auto& [s, st] : stages_)
     MT_CHECK(st->step_held.empty(), "pipeline rank {}: stage {}'s gathered weights left after the step (no RESHARD)",
              group_->rank(), s);
   stats_.step_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  for (const auto& [key, values] : held_)
-    MT_CHECK(values.empty(), "pipeline rank {}: stage {}, microbatch {} still holds {} values after the step",
-             group_->rank(), key.first, key.second, values.size());
-  held_.clear();
-  MT_CHECK(receives_f_.empty() && receives_b_.empty(), "pipeline rank {}: a receive was never used", group_->rank());
   for (const auto& [s, st] : stages_)
-    MT_CHECK(st->backwards_done == m, "pipeline stage {} ran the backward of {} of {} microbatches", s,
-             st->backwards_done, m);
+    MT_CHECK(st->backwards_done == m * chunks, "pipeline stage {} ran the backward of {} of {} microbatches", s,
+             st->backwards_done, m * chunks);
 
   // The loss (from the last stage's rank) and every rank's sum of squares, summed over the pipeline.
   const double update_begin = tracing_ ? since_start_us() : 0;

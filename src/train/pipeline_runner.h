@@ -48,7 +48,8 @@ struct PipelinePlace {
   std::optional<sharding::DeviceMesh> stage_mesh;
   parallel::PpSchedule schedule;
   std::vector<models::LlamaSpan> spans;
-  int64_t microbatch_rows = 0;
+  int64_t accumulation = 1;    // training.grad_accum_steps: the schedule runs this many times a step
+  int64_t microbatch_rows = 0;  // the step's rows / (microbatches x accumulation)
   bool splits_backward = false;  // zero-bubble: backward as its input and weight halves
 
   StageMesh where() const { return stage_mesh ? StageMesh{&*stage_mesh, stage_rank} : StageMesh{}; }
@@ -76,8 +77,10 @@ class PipelineRunner {
     double grad_norm = 0;  // over every stage's gradients, before clipping
   };
   // One optimizer step on the global batch [batch, seq] (every rank passes it
-  // whole; row i belongs to microbatch i mod pp_microbatches, as in
-  // single-rank gradient accumulation). `adam_step`: AdamW's 1-based count.
+  // whole; row i belongs to microbatch i mod (pp_microbatches x
+  // grad_accum_steps), as in single-rank gradient accumulation, and the
+  // schedule runs once per grad_accum_steps chunk of pp_microbatches
+  // microbatches). `adam_step`: AdamW's 1-based count.
   StepResult step(const Tensor& tokens, const Tensor& targets, double lr, int64_t adam_step);
 
   // This rank's parameters and AdamW moments (the live tensors).

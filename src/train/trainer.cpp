@@ -201,15 +201,19 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
            "a multiple of {})", p.pp, world_size, p.pp);
   const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
   const int64_t dp = mesh.size(1) * mesh.size(2);
-  const int64_t micro = p.microbatches();
-  MT_CHECK(config.data.batch_size % micro == 0 && (config.data.batch_size / micro) % dp == 0,
-           "data.batch_size {} must divide by parallel.pp_microbatches {} x the data-parallel degree {} "
-           "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
-           config.data.batch_size, micro, dp);
+  const int64_t micro = p.microbatches(), accum = config.training.grad_accum_steps;
+  if (accum == 1)
+    MT_CHECK(config.data.batch_size % micro == 0 && (config.data.batch_size / micro) % dp == 0,
+             "data.batch_size {} must divide by parallel.pp_microbatches {} x the data-parallel degree {} "
+             "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
+             config.data.batch_size, micro, dp);
+  else
+    MT_CHECK(config.data.batch_size % (micro * accum) == 0 && (config.data.batch_size / (micro * accum)) % dp == 0,
+             "data.batch_size {} must divide by training.grad_accum_steps {} x parallel.pp_microbatches {} x the "
+             "data-parallel degree {} (parallel.dp_replicate x parallel.dp_shard): the schedule runs grad_accum_steps "
+             "times a step, each microbatch's sequences split over data parallel",
+             config.data.batch_size, accum, micro, dp);
   check_tp_divides(config);
-  MT_CHECK(config.training.grad_accum_steps == 1,
-           "training.grad_accum_steps {} with parallel.pp {}: the pipeline's microbatches are its gradient "
-           "accumulation; set parallel.pp_microbatches instead", config.training.grad_accum_steps, p.pp);
   MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
            "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);

@@ -8,8 +8,9 @@
 # loss and gradient norm must match the single-rank run within 1e-5
 # relative, and the weights gathered after the last step
 # (checkpoint.export) within 1e-5. Explicit layers per stage, and bf16
-# compute, likewise; and PP 2 composed with FSDP 2 (and TP 2, and DDP 2 x TP 2
-# with sequence and loss parallel) on 4 and 8 processes. Sharded checkpoints
+# compute, likewise; and PP 2 composed with FSDP 2 (and TP 2, HSDP 2 x 2, and
+# DDP 2 x TP 2 with sequence and loss parallel) on 4 and 8 processes; with
+# gradient accumulation (the schedule run twice a step). Sharded checkpoints
 # of a pipeline: put together they are the gathered weights; resumed on the
 # same layout, on another and on one rank (and one rank's on a pipeline) the
 # steps after are the straight run's. The last step's measured timeline
@@ -45,6 +46,9 @@ done
 run one_l2_whole 1 --model.n_layers 2
 compare pp2_1f1b one_l2_whole
 compare pp2_zbv one_l2_whole
+# Gradient accumulation: the schedule runs twice a step over 2 microbatches each (the step's 4, as one rank's).
+run pp2_accum2 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --training.grad_accum_steps 2
+compare pp2_accum2 one_l2
 # Layers per stage given: the embedding and one block, then one block and the head.
 run pp2_layers 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.pp_layers_per_stage 2,2
 compare pp2_layers one_l2
@@ -64,6 +68,12 @@ for schedule in 1f1b zero_bubble; do
     --parallel.pp_microbatches 2
   compare "pp2_fsdp2_tp2_$schedule" one_l2
 done
+run pp2_fsdp2_zb_accum2 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule zero_bubble \
+  --parallel.pp_microbatches 2 --training.grad_accum_steps 2
+compare pp2_fsdp2_zb_accum2 one_l2
+run pp2_hsdp 8 --model.n_layers 2 --parallel.pp 2 --parallel.dp_replicate 2 --parallel.dp_shard 2 \
+  --parallel.pp_microbatches 2
+compare pp2_hsdp one_l2
 run pp2_ddp2_tp2_sp_lp 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.dp_replicate 2 \
   --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.loss_parallel true --parallel.pp_microbatches 2
 compare pp2_ddp2_tp2_sp_lp one_l2
@@ -152,6 +162,7 @@ bad 3 "parallel.pp 2 must divide the job's 3 ranks" --parallel.pp 2
 bad 4 'data.batch_size 8 must divide by parallel.pp_microbatches 8 x the data-parallel degree 2' --parallel.pp 2 \
   --parallel.pp_microbatches 8
 bad 6 'model.n_heads 8 must divide by parallel.tp 3' --parallel.pp 2 --parallel.tp 3
-bad 2 'training.grad_accum_steps 2 with parallel.pp 2' --parallel.pp 2 --training.grad_accum_steps 2
+bad 2 'data.batch_size 8 must divide by training.grad_accum_steps 4 x parallel.pp_microbatches 4' --parallel.pp 2 \
+  --parallel.pp_microbatches 4 --training.grad_accum_steps 4
 bad 2 'model.tie_embeddings with parallel.pp 2' --parallel.pp 2 --model.tie_embeddings true
 echo "bad input: 11 cases, each one message and every rank exiting non-zero"

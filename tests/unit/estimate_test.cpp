@@ -398,4 +398,16 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_EQ(p.peak_activation_pairs, 2);  // 1F1B: rank 0 of 2 holds 2 microbatches at once
   EXPECT_GT(p.activation_bytes_per_pair, 0);
   EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 2, 0, h100, true); }), "--trace"));
+  // Accumulating 2 chunks of 2 microbatches: the schedule of 2 runs twice; the once-a-step work once.
+  c.parallel.pp_microbatches = 2;
+  c.training.grad_accum_steps = 2;
+  const train::TrainingEstimate twice = train::estimate_training(c, 2, 0, h100);
+  ASSERT_TRUE(twice.pipeline.has_value());
+  const train::PipelineEstimate& q = *twice.pipeline;
+  EXPECT_EQ(q.runs, 2);
+  EXPECT_NEAR(twice.time.step_us, 2 * q.makespan_us + q.unshard_us + q.reduce_grad_us + q.update_us,
+              1e-9 * twice.time.step_us);
+  EXPECT_NEAR(twice.time.compute_us - q.update_us, 2 * q.rank_busy_us, 1e-9 * twice.time.compute_us);
+  EXPECT_NEAR(twice.time.compute_us, e.time.compute_us, 0.02 * e.time.compute_us);  // the same microbatches
+  EXPECT_GT(twice.time.step_us, e.time.step_us);  // two runs' bubbles
 }
