@@ -139,8 +139,12 @@ int main(int argc, char** argv) {
                      "to run without deadlock");
   pp->add_option("--schedule", pp_cmd.schedule, "gpipe, 1f1b, interleaved_1f1b, zero_bubble or zbv")
       ->capture_default_str();
-  pp->add_option("--stages", pp_cmd.stages, "Pipeline ranks (pp); the model has pp x stages-per-rank stages")
-      ->capture_default_str();
+  pp->add_option("--from-csv", pp_cmd.from_csv,
+                 "A schedule of one's own instead of --schedule: a line per pipeline rank of its compute actions in "
+                 "order (0F0,0F1,0B0,...), as parallel.pp_schedule_csv takes it; its stages per rank and "
+                 "microbatches are read from it");
+  pp->add_option("--stages", pp_cmd.stages,
+                 "Pipeline ranks (pp); the model has pp x stages-per-rank stages (default: 4, or --from-csv's lines)");
   pp->add_option("--stages-per-rank", pp_cmd.stages_per_rank,
                  "Stages on each rank (virtual stages): 1 for gpipe and 1f1b, at least 2 for interleaved_1f1b, "
                  "exactly 2 for zbv, any for zero_bubble (default: 2 for interleaved_1f1b and zbv, else 1)");
@@ -157,6 +161,9 @@ int main(int argc, char** argv) {
                "List the actions with FSDP's too: UNSHARD of each stage first, REDUCE_GRAD after its last weight "
                "gradients, RESHARD last (with --comms: with the sends and receives too)");
   pp->add_flag("--json", pp_cmd.json, "Print JSON");
+  pp->add_flag("--csv", pp_cmd.csv,
+               "Print only the compute actions, a line per rank, as parallel.pp_schedule_csv and --from-csv take "
+               "them (a schedule to edit and run)");
 
   try {
     app.parse(argc, argv);

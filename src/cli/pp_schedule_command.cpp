@@ -1,6 +1,8 @@
 #include "cli/pp_schedule_command.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,16 +19,47 @@ constexpr double kMaxColumns = 2000;  // wider than that is no picture
 
 int run_pp_schedule(const PpScheduleCommand& c) {
   using namespace parallel;
-  const PpScheduleKind kind = parse_pp_schedule(c.schedule);
-  const bool two_by_default = kind == PpScheduleKind::interleaved_1f1b || kind == PpScheduleKind::zbv;
-  const int v = c.stages_per_rank != 0 ? c.stages_per_rank : (two_by_default ? 2 : 1);
   PpSchedule schedule;
-  try {
-    schedule = make_pp_schedule(kind, c.stages, c.microbatches, v);
-  } catch (const InvalidArgument& e) {  // the library names the config keys; here they are flags
-    throw InvalidArgument(fmt::format("pp-schedule: {} (--stages is pp, --stages-per-rank pp_stages_per_rank, "
-                                      "--microbatches pp_microbatches)", e.what()));
+  if (!c.from_csv.empty()) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(c.from_csv, ec);
+    MT_CHECK(!ec, "pp-schedule --from-csv {}: cannot read it ({})", c.from_csv, ec.message());
+    MT_CHECK(size <= (64u << 20), "pp-schedule --from-csv {}: {} bytes is more than a schedule's 64 MiB", c.from_csv,
+             size);
+    std::ifstream in(c.from_csv, std::ios::binary);
+    std::string text(size, '\0');
+    MT_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(size)), "pp-schedule --from-csv {}: cannot read it",
+             c.from_csv);
+    int lines = 0;  // the ranks, unless --stages says
+    for (std::string_view rest = text; !rest.empty();) {
+      const size_t end = rest.find('\n');
+      std::string_view line = rest.substr(0, end);
+      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+      const size_t first = line.find_first_not_of(" \t\r");
+      if (first != std::string_view::npos && line[first] != '#') ++lines;
+    }
+    try {
+      schedule = pp_schedule_from_csv(text, c.stages != 0 ? c.stages : std::max(lines, 1));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("pp-schedule --from-csv {}: {}", c.from_csv, e.what()));
+    }
+  } else {
+    const PpScheduleKind kind = parse_pp_schedule(c.schedule);
+    const bool two_by_default = kind == PpScheduleKind::interleaved_1f1b || kind == PpScheduleKind::zbv;
+    const int per_rank = c.stages_per_rank != 0 ? c.stages_per_rank : (two_by_default ? 2 : 1);
+    try {
+      schedule = make_pp_schedule(kind, c.stages != 0 ? c.stages : 4, c.microbatches, per_rank);
+    } catch (const InvalidArgument& e) {  // the library names the config keys; here they are flags
+      throw InvalidArgument(fmt::format("pp-schedule: {} (--stages is pp, --stages-per-rank pp_stages_per_rank, "
+                                        "--microbatches pp_microbatches)", e.what()));
+    }
   }
+  if (c.csv) {
+    fmt::print("{}", pp_schedule_csv(schedule));
+    return 0;
+  }
+  const PpScheduleKind kind = schedule.kind;
+  const int v = schedule.stages_per_rank;
   const PpSchedule lowered = add_pp_communication(schedule);
   const PpCosts costs{c.forward, c.backward_input, c.backward_weight, c.p2p};
   const PpSimulation sim = simulate_pp_schedule(schedule, costs);

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <deque>
 #include <map>
 #include <set>
+#include <span>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -17,7 +19,8 @@ namespace meshtrain::parallel {
 
 namespace {
 
-constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"};
+constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "csv"};
+constexpr size_t kGeneratedSchedules = 5;  // the names before "csv"
 constexpr std::string_view kActionNames[] = {"F",      "I",      "W",       "B",       "SEND_F",     "RECV_F",
                                               "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"};
 
@@ -151,10 +154,12 @@ std::string describe_stuck(const std::vector<std::vector<PpAction>>& lists, cons
 
 std::string_view pp_schedule_name(PpScheduleKind kind) { return kScheduleNames[static_cast<int>(kind)]; }
 
-std::string pp_schedule_names() { return fmt::format("{}", fmt::join(kScheduleNames, ", ")); }
+std::string pp_schedule_names() {
+  return fmt::format("{}", fmt::join(std::span(kScheduleNames).first(kGeneratedSchedules), ", "));
+}
 
 PpScheduleKind parse_pp_schedule(std::string_view name) {
-  for (size_t k = 0; k < std::size(kScheduleNames); ++k)
+  for (size_t k = 0; k < kGeneratedSchedules; ++k)
     if (kScheduleNames[k] == name) return static_cast<PpScheduleKind>(k);
   throw InvalidArgument(fmt::format("pp_schedule '{}' is not a pipeline schedule; choose one of {}", name,
                                     pp_schedule_names()));
@@ -170,6 +175,122 @@ std::string to_string(const PpAction& a) {
                               a.type != PpActionType::reduce_grad;
   return per_microbatch ? fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch)
                         : fmt::format("{}{}", a.stage, kActionNames[static_cast<int>(a.type)]);
+}
+
+PpAction parse_pp_action(std::string_view text) {
+  auto fail = [&](std::string_view why) {
+    return InvalidArgument(fmt::format("pipeline action '{}': {} (an action is a stage, a type and a microbatch, as "
+                                       "2F0, 1I3, 0SEND_F1, 1UNSHARD)", text, why));
+  };
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0 || i > 9) throw fail("it does not start with a stage number");
+  PpAction a;
+  a.stage = std::stoi(std::string(text.substr(0, i)));
+  size_t j = i;
+  while (j < text.size() && !std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+  const std::string_view type = text.substr(i, j - i);
+  const auto* found = std::find(std::begin(kActionNames), std::end(kActionNames), type);
+  if (found == std::end(kActionNames)) throw fail(fmt::format("'{}' is no action type", type));
+  a.type = static_cast<PpActionType>(found - std::begin(kActionNames));
+  const std::string_view number = text.substr(j);
+  const bool per_microbatch = a.type != PpActionType::unshard && a.type != PpActionType::reshard &&
+                              a.type != PpActionType::reduce_grad;
+  if (!per_microbatch) {
+    if (!number.empty()) throw fail(fmt::format("{} takes no microbatch", type));
+    return a;
+  }
+  if (number.empty() || number.size() > 9 ||
+      !std::all_of(number.begin(), number.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    throw fail("it does not end with a microbatch number");
+  a.microbatch = std::stoi(std::string(number));
+  return a;
+}
+
+PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
+  MT_CHECK(ranks >= 1 && ranks <= kMaxRanks, "pp = {}: the pipeline needs 1 to {} ranks", ranks, kMaxRanks);
+  PpSchedule s;
+  s.kind = PpScheduleKind::csv;
+  s.ranks = ranks;
+  int line_number = 0, stages = 0, microbatches = 0;
+  int64_t total = 0;
+  std::map<int, std::pair<int, int>> stage_rank;  // stage -> (rank, line it was first seen on)
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    ++line_number;
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) line.remove_prefix(1);
+    if (line.empty() || line.front() == '#') continue;
+    const int rank = static_cast<int>(s.actions.size());
+    MT_CHECK(rank < ranks, "pipeline schedule CSV line {}: more than the pp = {} lines of actions (one per rank)",
+             line_number, ranks);
+    std::vector<PpAction>& actions = s.actions.emplace_back();
+    int cell = 0;
+    for (std::string_view rest = line; ;) {
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      ++cell;
+      while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+      while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
+      if (!item.empty()) {
+        PpAction a;
+        try {
+          a = parse_pp_action(item);
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(fmt::format("pipeline schedule CSV line {}, cell {}: {}", line_number, cell, e.what()));
+        }
+        MT_CHECK(is_compute(a.type), "pipeline schedule CSV line {}, cell {}: {} is not a compute action (F, I, W or "
+                 "B): the sends, receives and FSDP actions are added from the compute order", line_number, cell, item);
+        MT_CHECK(a.stage < kMaxRanks * kMaxStagesPerRank && a.microbatch < kMaxMicrobatches,
+                 "pipeline schedule CSV line {}, cell {}: {} is past {} stages or {} microbatches", line_number, cell,
+                 item, kMaxRanks * kMaxStagesPerRank, kMaxMicrobatches);
+        MT_CHECK(++total <= kMaxActions, "pipeline schedule CSV: more than {} actions", kMaxActions);
+        const auto [it, added] = stage_rank.try_emplace(a.stage, rank, line_number);
+        MT_CHECK(it->second.first == rank, "pipeline schedule CSV line {}, cell {}: stage {} is on rank {} (line {}) "
+                 "already; a stage lives on one rank", line_number, cell, a.stage, it->second.first,
+                 it->second.second);
+        stages = std::max(stages, a.stage + 1);
+        microbatches = std::max(microbatches, a.microbatch + 1);
+        actions.push_back(a);
+      }
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+  }
+  MT_CHECK(static_cast<int>(s.actions.size()) == ranks,
+           "pipeline schedule CSV: {} lines of actions for pp = {} ranks (one line per rank)", s.actions.size(), ranks);
+  MT_CHECK(static_cast<int>(stage_rank.size()) == stages,
+           "pipeline schedule CSV: stages 0 to {} appear, but not all of them: every stage must have actions",
+           stages - 1);
+  MT_CHECK(stages % ranks == 0, "pipeline schedule CSV: {} stages over {} ranks: every rank must hold as many",
+           stages, ranks);
+  s.stages_per_rank = stages / ranks;
+  s.microbatches = microbatches;
+  s.rank_of_stage.resize(static_cast<size_t>(stages));
+  std::vector<int> held(static_cast<size_t>(ranks));
+  for (const auto& [stage, where] : stage_rank) {
+    s.rank_of_stage[static_cast<size_t>(stage)] = where.first;
+    ++held[static_cast<size_t>(where.first)];
+  }
+  for (int r = 0; r < ranks; ++r)
+    MT_CHECK(held[static_cast<size_t>(r)] == s.stages_per_rank,
+             "pipeline schedule CSV: rank {} holds {} stages, but {} stages over {} ranks is {} each", r,
+             held[static_cast<size_t>(r)], stages, ranks, s.stages_per_rank);
+  validate_pp_schedule(s);
+  return s;
+}
+
+std::string pp_schedule_csv(const PpSchedule& s) {
+  std::string out;
+  for (const auto& actions : s.actions) {
+    std::vector<std::string> cells;
+    for (const PpAction& a : actions)
+      if (is_compute(a.type)) cells.push_back(to_string(a));
+    out += fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  return out;
 }
 
 PpSchedule add_pp_fsdp_actions(const PpSchedule& s) {
@@ -250,6 +371,8 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
       case PpScheduleKind::interleaved_1f1b: depth_first(b, ranks, stages_per_rank, microbatches, false); break;
       case PpScheduleKind::zero_bubble: depth_first(b, ranks, stages_per_rank, microbatches, true); break;
       case PpScheduleKind::zbv: zbv(b, ranks, microbatches); break;
+      case PpScheduleKind::csv:
+        throw InvalidArgument("pp_schedule csv is read from a file (parallel.pp_schedule_csv), not generated");
     }
   }
   validate_pp_schedule(s);
@@ -474,7 +597,8 @@ double published_bubble_fraction(const PpSchedule& s, const PpCosts& c) {
     case PpScheduleKind::zero_bubble:
       if (s.stages_per_rank == 1) idle = (p - 1) * (c.forward + c.backward_input - c.backward_weight);
       break;
-    case PpScheduleKind::zbv: break;
+    case PpScheduleKind::zbv:
+    case PpScheduleKind::csv: break;
   }
   if (idle < 0) return -1;
   return idle / (m * (c.forward + c.backward()) + idle);

@@ -13,11 +13,12 @@
 
 namespace meshtrain::parallel {
 
-enum class PpScheduleKind { gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, zbv };
+// csv: a schedule read from a file (pp_schedule_from_csv), not generated.
+enum class PpScheduleKind { gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, zbv, csv };
 std::string_view pp_schedule_name(PpScheduleKind kind);  // "gpipe", "1f1b", ...
 // Throws InvalidArgument listing the names when `name` is none of them.
 PpScheduleKind parse_pp_schedule(std::string_view name);
-std::string pp_schedule_names();  // "gpipe, 1f1b, interleaved_1f1b, zero_bubble, zbv"
+std::string pp_schedule_names();  // "gpipe, 1f1b, interleaved_1f1b, zero_bubble, zbv" (the generated ones)
 
 // F: forward; I: backward for the stage's inputs; W: backward for its
 // weights; B: both at once. Sends and receives carry activations (F) forward
@@ -36,6 +37,8 @@ struct PpAction {
 };
 // "2F0", "1I3", "0SEND_F1": stage, type, microbatch; "1UNSHARD", "0REDUCE_GRAD": no microbatch.
 std::string to_string(const PpAction& action);
+// The inverse of to_string; throws InvalidArgument naming the text.
+PpAction parse_pp_action(std::string_view text);
 bool is_compute(PpActionType type);
 
 struct PpSchedule {
@@ -53,6 +56,17 @@ struct PpSchedule {
 // Throws InvalidArgument naming the key (pp, pp_microbatches,
 // pp_stages_per_rank) when the schedule cannot run as asked.
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank);
+
+// A schedule from CSV text, one line per rank (`ranks` of them, blank lines
+// and lines starting with # left out), each a comma-separated list of its
+// compute actions in order ("0F0,0F1,1F0,..."; an empty cell is nothing).
+// The stages each rank holds, the stages per rank and the microbatches are
+// read from the actions (each stage on one rank, every rank the same
+// number). Validated as validate_pp_schedule does; throws InvalidArgument
+// naming the line and cell, or the action that breaks the schedule.
+PpSchedule pp_schedule_from_csv(std::string_view text, int ranks);
+// A schedule's compute actions as that CSV text.
+std::string pp_schedule_csv(const PpSchedule& schedule);
 
 // Every stage on one rank; per stage each microbatch's F once and either B
 // once or I then W once, its backward after its forward. Throws naming the

@@ -37,6 +37,10 @@ struct ParallelConfig {
   // Per stage, its share of the model's n_layers + 2 units (the embedding
   // and the head count as one each); empty: as even as can be.
   std::vector<int64_t> pp_layers_per_stage;
+  // A schedule of one's own (parallel::pp_schedule_from_csv): its compute
+  // actions per rank, from which its stages and microbatches are taken;
+  // "": pp_schedule's.
+  std::string pp_schedule_csv;
   int64_t stages_per_rank() const {
     if (pp_stages_per_rank > 0) return pp_stages_per_rank;
     return pp_schedule == PpScheduleKind::interleaved_1f1b || pp_schedule == PpScheduleKind::zbv ? 2 : 1;

@@ -254,6 +254,10 @@ const std::vector<Key>& keys() {
                           "an integer >= 0: microbatches a step's batch is cut into for the pipeline (data.batch_size must divide by it); 0: as many as there are stages"),
       number_key<int64_t>("parallel.pp_stages_per_rank", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_stages_per_rank; }, nonneg,
                           "an integer >= 0: stages each pipeline rank holds (virtual stages); 0: 2 for interleaved_1f1b and zbv, else 1"),
+      string_key("parallel.pp_schedule_csv", [](TrainConfig& c) -> std::string& { return c.parallel.pp_schedule_csv; },
+                 "a file of one's own pipeline schedule, one line per pipeline rank of its compute actions in order "
+                 "(0F0,0F1,0I0,0W0,...; `meshtrain pp-schedule --csv` prints any schedule so), which then replaces "
+                 "pp_schedule and gives the stages per rank and microbatches; \"\": none"),
       count_list_key("parallel.pp_layers_per_stage", [](TrainConfig& c) -> std::vector<int64_t>& { return c.parallel.pp_layers_per_stage; },
                      "a list of positive integers, one per stage, summing to model.n_layers + 2 (the embedding and the head count as one layer each); []: as even as can be"),
       number_key<double>("comm.timeout_s", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },

@@ -1,5 +1,8 @@
 #include "train/pipeline_runner.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -17,29 +20,61 @@
 
 namespace meshtrain::train {
 
+namespace {
+
+// The text of parallel.pp_schedule_csv, at most 64 MiB.
+std::string read_schedule_csv(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  MT_CHECK(!ec, "parallel.pp_schedule_csv {}: cannot read it ({})", path, ec.message());
+  MT_CHECK(size <= (64u << 20), "parallel.pp_schedule_csv {}: {} bytes is more than a schedule's 64 MiB", path, size);
+  std::ifstream in(path, std::ios::binary);
+  std::string text(size, '\0');
+  MT_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(size)), "parallel.pp_schedule_csv {}: cannot read it",
+           path);
+  return text;
+}
+
+}  // namespace
+
 parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions) {
   const parallel::ParallelConfig& p = config.parallel;
   MT_CHECK(!config.model.tie_embeddings,
            "model.tie_embeddings with parallel.pp {}: the embedding (first stage) and the head (last stage) would "
            "share one weight across ranks, which the pipeline does not support; untie them or set parallel.pp = 1",
            p.pp);
-  const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
-  MT_CHECK(per_rank <= 64 && micro <= 65536,
-           "parallel.pp_stages_per_rank {} and parallel.pp_microbatches {} must be at most 64 and 65536", per_rank,
-           micro);
   const int64_t accum = config.training.grad_accum_steps;
   MT_CHECK(accum >= 1 && accum <= 65536, "training.grad_accum_steps {} must be between 1 and 65536", accum);
+  parallel::PpSchedule compute;
+  try {
+    if (!p.pp_schedule_csv.empty()) {
+      compute = parallel::pp_schedule_from_csv(read_schedule_csv(p.pp_schedule_csv), ranks);
+      MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
+               "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
+               "at 0 to take the file's)", p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
+      MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
+               "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
+               "pp_stages_per_rank at 0 to take the file's)", p.pp_stages_per_rank, p.pp_schedule_csv,
+               compute.stages_per_rank);
+    } else {
+      const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
+      MT_CHECK(per_rank <= 64 && micro <= 65536,
+               "pp_stages_per_rank {} and pp_microbatches {} must be at most 64 and 65536", per_rank, micro);
+      compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro), static_cast<int>(per_rank));
+    }
+  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
+    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
+  }
+  const int64_t micro = compute.microbatches;
   MT_CHECK(config.data.batch_size % (micro * accum) == 0,
            "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
            "the batch's sequences", config.data.batch_size, micro,
            accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
   try {
-    const parallel::PpSchedule compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro),
-                                                                    static_cast<int>(per_rank));
     parallel::validate_pp_schedule(compute);
     const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
     return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered) : lowered;
-  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
+  } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
   }
 }

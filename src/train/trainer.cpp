@@ -201,7 +201,10 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
            "a multiple of {})", p.pp, world_size, p.pp);
   const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
   const int64_t dp = mesh.size(1) * mesh.size(2);
-  const int64_t micro = p.microbatches(), accum = config.training.grad_accum_steps;
+  // The schedule's own checks first, naming the key; its microbatches and stages (read from
+  // parallel.pp_schedule_csv, or the keys') are what the rest checks.
+  const parallel::PpSchedule schedule = pipeline_schedule(config, static_cast<int>(p.pp));
+  const int64_t micro = schedule.microbatches, accum = config.training.grad_accum_steps;
   if (accum == 1)
     MT_CHECK(config.data.batch_size % micro == 0 && (config.data.batch_size / micro) % dp == 0,
              "data.batch_size {} must divide by parallel.pp_microbatches {} x the data-parallel degree {} "
@@ -217,8 +220,7 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
   MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
            "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
-  pipeline_schedule(config, static_cast<int>(p.pp));  // the schedule's own checks, naming the key
-  pipeline_spans(config.model, p.pp * p.stages_per_rank(), p.pp_layers_per_stage);
+  pipeline_spans(config.model, schedule.stages(), p.pp_layers_per_stage);
   return mesh;
 }
 }  // namespace

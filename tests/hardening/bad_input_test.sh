@@ -96,6 +96,9 @@ expect_error "estimate --trace with parallel.pp 2" estimate --config configs/deb
   --parallel.pp 2 --trace "$dir/t.json"
 expect_error "parallel.pp 2 must divide the job's 3 ranks" estimate --config configs/debug.toml --ranks 3 \
   --hardware h100-sxm --parallel.pp 2
+expect_error "pp-schedule --from-csv $dir/none.csv: cannot read it" pp-schedule --from-csv "$dir/none.csv"
+expect_error "parallel.pp_schedule_csv $dir/none.csv: cannot read it" estimate --config configs/debug.toml --ranks 2 \
+  --hardware h100-sxm --parallel.pp 2 --parallel.pp_schedule_csv "$dir/none.csv"
 expect_error "pp_schedule 'ZB' is not a pipeline schedule; choose one of gpipe" pp-schedule --schedule ZB
 expect_error "1f1b needs pp_microbatches >= pp (got 2 microbatches for 4 stages)" pp-schedule --microbatches 2
 expect_error "splits into 2 runs unevenly" pp-schedule --schedule interleaved_1f1b --microbatches 9

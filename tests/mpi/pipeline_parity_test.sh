@@ -46,6 +46,17 @@ done
 run one_l2_whole 1 --model.n_layers 2
 compare pp2_1f1b one_l2_whole
 compare pp2_zbv one_l2_whole
+# Schedules of one's own (parallel.pp_schedule_csv): one written by hand, and zero-bubble with 2 stages per rank as
+# `meshtrain pp-schedule --csv` writes it; their stages per rank and microbatches are read from the file.
+printf '0F0,0F1,0F2,0B0,0F3,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n' > "$dir/own.csv"
+run pp2_csv 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule_csv "$dir/own.csv"
+compare pp2_csv one_l2
+"$meshtrain" pp-schedule --schedule zero_bubble --stages 2 --stages-per-rank 2 --microbatches 4 --csv > "$dir/zb.csv" ||
+  fail "pp-schedule --csv"
+run pp2_csv_zb 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule_csv "$dir/zb.csv"
+compare pp2_csv_zb one_l2
+grep -q "pipeline csv of 4 stages (2 per rank), 4 microbatches" "$dir/pp2_csv_zb.out" ||
+  { grep layout "$dir/pp2_csv_zb.out"; fail "the CSV schedule's stages and microbatches are not the file's"; }
 # Gradient accumulation: the schedule runs twice a step over 2 microbatches each (the step's 4, as one rank's).
 run pp2_accum2 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --training.grad_accum_steps 2
 compare pp2_accum2 one_l2
@@ -162,7 +173,12 @@ bad 3 "parallel.pp 2 must divide the job's 3 ranks" --parallel.pp 2
 bad 4 'data.batch_size 8 must divide by parallel.pp_microbatches 8 x the data-parallel degree 2' --parallel.pp 2 \
   --parallel.pp_microbatches 8
 bad 6 'model.n_heads 8 must divide by parallel.tp 3' --parallel.pp 2 --parallel.tp 3
-bad 2 'data.batch_size 8 must divide by training.grad_accum_steps 4 x parallel.pp_microbatches 4' --parallel.pp 2 \
+bad 2 'data.batch_size 8 must divide by parallel.pp_microbatches 4 x training.grad_accum_steps 4' --parallel.pp 2 \
   --parallel.pp_microbatches 4 --training.grad_accum_steps 4
 bad 2 'model.tie_embeddings with parallel.pp 2' --parallel.pp 2 --model.tie_embeddings true
-echo "bad input: 11 cases, each one message and every rank exiting non-zero"
+bad 2 "pp_microbatches 2 with pp_schedule_csv $dir/own.csv, whose actions run 4 microbatches" --parallel.pp 2 \
+  --parallel.pp_schedule_csv "$dir/own.csv" --parallel.pp_microbatches 2
+printf '0F0,0B0\n0F1,1B0\n' > "$dir/two_ranks_one_stage.csv"
+bad 2 "line 2, cell 1: stage 0 is on rank 0 (line 1) already" --parallel.pp 2 \
+  --parallel.pp_schedule_csv "$dir/two_ranks_one_stage.csv"
+echo "bad input: 13 cases, each one message and every rank exiting non-zero"

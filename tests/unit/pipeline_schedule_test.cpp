@@ -219,3 +219,48 @@ TEST(PipelineSchedule, FsdpActionsGatherOnceAndReduceAfterTheLastBackward) {
   validate_pp_schedule(zb);  // the compute actions are as they were
   EXPECT_EQ(simulate_pp_schedule(zb).makespan, simulate_pp_schedule(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)).makespan);
 }
+
+// A schedule of one's own as CSV: every generated schedule written out and
+// read back is the same schedule (its stages' ranks, stages per rank and
+// microbatches read from the actions), and every action's text parses back.
+TEST(PipelineSchedule, CsvRoundTripsEverySchedule) {
+  for (const auto& [kind, per_rank] : {std::pair{PpScheduleKind::gpipe, 1}, {PpScheduleKind::one_f_one_b, 1},
+                                       {PpScheduleKind::interleaved_1f1b, 2}, {PpScheduleKind::zero_bubble, 1},
+                                       {PpScheduleKind::zero_bubble, 3}, {PpScheduleKind::zbv, 2}})
+    for (const int ranks : {1, 2, 4})
+      for (const int m : {4, 8}) {
+        const PpSchedule s = make_pp_schedule(kind, ranks, m, per_rank);
+        const PpSchedule back = pp_schedule_from_csv("# a comment\n\n" + pp_schedule_csv(s), ranks);
+        const std::string what = fmt::format("{} pp {} v {} m {}", pp_schedule_name(kind), ranks, per_rank, m);
+        EXPECT_EQ(back.kind, PpScheduleKind::csv) << what;
+        EXPECT_EQ(back.actions, s.actions) << what;
+        EXPECT_EQ(back.rank_of_stage, s.rank_of_stage) << what;
+        EXPECT_EQ(back.stages_per_rank, per_rank) << what;
+        EXPECT_EQ(back.microbatches, m) << what;
+        const PpSchedule lowered = add_pp_fsdp_actions(add_pp_communication(s));
+        for (const auto& actions : lowered.actions)
+          for (const PpAction& a : actions) EXPECT_EQ(parse_pp_action(to_string(a)), a) << to_string(a);
+      }
+  EXPECT_EQ(pp_schedule_name(PpScheduleKind::csv), "csv");
+  EXPECT_FALSE(contains(pp_schedule_names(), "csv"));  // not a schedule one can name: it comes from a file
+}
+
+TEST(PipelineSchedule, BadCsvSchedulesNameTheLineAndCell) {
+  auto error = [](std::string_view text, int ranks) {
+    return mtest::message_of([&] { add_pp_communication(pp_schedule_from_csv(text, ranks)); });
+  };
+  EXPECT_TRUE(contains(error("0F0,0X0\n1F0,1B0\n", 2), "line 1, cell 2: pipeline action '0X0': 'X' is no action type"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n0F1,1B0\n", 2), "line 2, cell 1: stage 0 is on rank 0 (line 1) already"));
+  EXPECT_TRUE(contains(error("0F0,0SEND_F0\n1F0\n", 2), "0SEND_F0 is not a compute action"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n", 2), "1 lines of actions for pp = 2 ranks"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n1F0,1B0\n2F0,2B0\n", 2), "line 3: more than the pp = 2 lines"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n2F0,2B0\n", 2), "not all of them"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n1F0,1B0,2F0,2B0\n", 2), "3 stages over 2 ranks: every rank must hold as many"));
+  EXPECT_TRUE(contains(error("0F0,0B0,2F0,2B0,3F0,3B0\n1F0,1B0\n", 2), "rank 0 holds 3 stages, but 4 stages over 2"));
+  EXPECT_TRUE(contains(error("0B0,0F0\n1F0,1B0\n", 2), "rank 0 runs 0B0 before that microbatch's forward"));
+  EXPECT_TRUE(contains(error("0F0,0B0\n1F0\n", 2), "stage 1 microbatch 0 has 1 F, 0 B"));  // a backward missing
+  EXPECT_TRUE(contains(error("0F0,0F99999999999\n1F0\n", 2), "does not end with a microbatch number"));
+  // Each stage's actions in a possible order, but the ranks wait on each other: the lowering names both.
+  EXPECT_TRUE(contains(error("2F0,0F0,2B0,0B0\n1F0,3F0,3B0,1B0\n", 2),
+                       "rank 0 at 2F0, rank 1 at 1F0 each wait for an input no rank will produce"));
+}
