@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: SECONDS must be a positive integer, got '$seconds'" >&2; exit 2; }
-all=(config safetensors token_shard layout fr_dump hardware checkpoint)
+all=(config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule)
 names=("$@")
 ((${#names[@]})) || names=("${all[@]}")
 for n in "${names[@]}"; do

@@ -19,5 +19,5 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESH
 cmake --build build-asan -j "$jobs" --target unit_tests meshtrain
 (cd build-asan && ctest -L unit -j "$jobs" --output-on-failure)
 
-echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles, checkpoints), 10 s each"
+echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles, checkpoints, pipeline schedules), 10 s each"
 scripts/fuzz.sh 10
