@@ -160,6 +160,10 @@ int main(int argc, char** argv) {
   pp->add_flag("--fsdp", pp_cmd.fsdp,
                "List the actions with FSDP's too: UNSHARD of each stage first, REDUCE_GRAD after its last weight "
                "gradients, RESHARD last (with --comms: with the sends and receives too)");
+  pp->add_option("--max-active-stages", pp_cmd.max_active_stages,
+                 "With --fsdp: at most this many of a rank's stages gathered at once, each gathered ahead of its "
+                 "next use and dropped when another is needed (parallel.pp_max_active_stages; 0: all, for the step)")
+      ->capture_default_str();
   pp->add_flag("--json", pp_cmd.json, "Print JSON");
   pp->add_flag("--csv", pp_cmd.csv,
                "Print only the compute actions, a line per rank, as parallel.pp_schedule_csv and --from-csv take "

@@ -65,7 +65,10 @@ int run_pp_schedule(const PpScheduleCommand& c) {
   const PpSimulation sim = simulate_pp_schedule(schedule, costs);
   const double published = published_bubble_fraction(schedule, costs);
   const PpSchedule& listed = c.comms ? lowered : schedule;
-  const PpSchedule shown = c.fsdp ? add_pp_fsdp_actions(listed) : listed;
+  MT_CHECK(c.max_active_stages >= 0 && c.max_active_stages <= 64,
+           "pp-schedule --max-active-stages {}: give 0 (all of a rank's stages) to 64", c.max_active_stages);
+  MT_CHECK(c.max_active_stages == 0 || c.fsdp, "pp-schedule --max-active-stages limits FSDP's gathers: add --fsdp");
+  const PpSchedule shown = c.fsdp ? add_pp_fsdp_actions(listed, c.max_active_stages) : listed;
   if (c.json) {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     for (int r = 0; r < schedule.ranks; ++r) {

@@ -15,6 +15,7 @@ struct PpScheduleCommand {
   double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
   bool comms = false;
   bool fsdp = false;  // with FSDP's UNSHARD, REDUCE_GRAD and RESHARD
+  int max_active_stages = 0;  // with fsdp: at most this many of a rank's stages gathered at once (0: all)
   bool json = false;
   bool csv = false;      // print the compute actions as CSV (for parallel.pp_schedule_csv) instead
   std::string from_csv;  // a schedule of one's own (parallel.pp_schedule_csv's format) instead of `schedule`

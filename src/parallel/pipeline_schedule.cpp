@@ -293,22 +293,48 @@ std::string pp_schedule_csv(const PpSchedule& s) {
   return out;
 }
 
-PpSchedule add_pp_fsdp_actions(const PpSchedule& s) {
+PpSchedule add_pp_fsdp_actions(const PpSchedule& s, int max_active_stages) {
+  MT_CHECK(max_active_stages >= 0, "pp_max_active_stages = {}: give 0 (every stage of a rank) or more",
+           max_active_stages);
   PpSchedule out = s;
   for (int r = 0; r < s.ranks; ++r) {
     std::vector<int> local;
     for (int stage = 0; stage < s.stages(); ++stage)
       if (s.rank_of_stage[static_cast<size_t>(stage)] == r) local.push_back(stage);
+    const std::vector<PpAction>& in = s.actions[static_cast<size_t>(r)];
     std::vector<PpAction>& list = out.actions[static_cast<size_t>(r)];
     list.clear();
-    for (const int stage : local) list.push_back({stage, PpActionType::unshard, 0});
+    const bool all_at_once = max_active_stages == 0 || max_active_stages >= static_cast<int>(local.size());
+    if (all_at_once)
+      for (const int stage : local) list.push_back({stage, PpActionType::unshard, 0});
+    std::vector<int> active;  // gathered now, in the order they were
     std::map<int, int> weights_done;  // stage -> microbatches whose weight gradients are in
     int reduce = -1;                  // a stage whose REDUCE_GRAD goes after the sends that follow its last backward
-    for (const PpAction& a : s.actions[static_cast<size_t>(r)]) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      const PpAction& a = in[i];
       const bool send = a.type == PpActionType::send_f || a.type == PpActionType::send_b;
       if (reduce >= 0 && !(send && a.stage == reduce)) {
         list.push_back({reduce, PpActionType::reduce_grad, 0});
         reduce = -1;
+      }
+      if (!all_at_once && is_compute(a.type)) {
+        // The next max_active_stages distinct stages to compute, from this action on, stay or become gathered.
+        std::vector<int> next;
+        for (size_t j = i; j < in.size() && static_cast<int>(next.size()) < max_active_stages; ++j)
+          if (is_compute(in[j].type) && std::find(next.begin(), next.end(), in[j].stage) == next.end())
+            next.push_back(in[j].stage);
+        for (auto it = active.begin(); it != active.end();)
+          if (std::find(next.begin(), next.end(), *it) == next.end()) {
+            list.push_back({*it, PpActionType::reshard, 0});
+            it = active.erase(it);
+          } else {
+            ++it;
+          }
+        for (const int stage : next)
+          if (std::find(active.begin(), active.end(), stage) == active.end()) {
+            list.push_back({stage, PpActionType::unshard, 0});
+            active.push_back(stage);
+          }
       }
       list.push_back(a);
       if ((a.type == PpActionType::backward || a.type == PpActionType::backward_weight) &&
@@ -316,7 +342,7 @@ PpSchedule add_pp_fsdp_actions(const PpSchedule& s) {
         reduce = a.stage;
     }
     if (reduce >= 0) list.push_back({reduce, PpActionType::reduce_grad, 0});
-    for (const int stage : local) list.push_back({stage, PpActionType::reshard, 0});
+    for (const int stage : all_at_once ? local : active) list.push_back({stage, PpActionType::reshard, 0});
   }
   return out;
 }

@@ -88,8 +88,12 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only);
 // completes its last microbatch's weight gradients (and the sends that
 // action makes, so the stage before need not wait), and RESHARD of each at
 // the end. They talk only within a stage's ranks, so they change no order
-// between pipeline ranks.
-PpSchedule add_pp_fsdp_actions(const PpSchedule& schedule);
+// between pipeline ranks. With max_active_stages K (0: every stage of the
+// rank) below the stages a rank holds, at most K are gathered at once: at
+// each compute action the next K distinct stages to compute stay or become
+// gathered (UNSHARD, ahead of their use) and the others are dropped
+// (RESHARD), as PyTorch's runtime looks ahead.
+PpSchedule add_pp_fsdp_actions(const PpSchedule& schedule, int max_active_stages = 0);
 
 // Times in units of one stage's forward of one microbatch (a rank with v
 // stages runs each in 1/v of that); p2p is added between dependent actions

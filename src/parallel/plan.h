@@ -34,6 +34,9 @@ struct ParallelConfig {
   PpScheduleKind pp_schedule = PpScheduleKind::one_f_one_b;
   int64_t pp_microbatches = 0;     // 0: as many as there are stages
   int64_t pp_stages_per_rank = 0;  // 0: 2 for interleaved_1f1b and zbv, else 1
+  // With FSDP: at most this many of a rank's stages gathered at once (0: all
+  // of them, from the step's start to its end); see add_pp_fsdp_actions.
+  int64_t pp_max_active_stages = 0;
   // Per stage, its share of the model's n_layers + 2 units (the embedding
   // and the head count as one each); empty: as even as can be.
   std::vector<int64_t> pp_layers_per_stage;

@@ -258,6 +258,10 @@ const std::vector<Key>& keys() {
                  "a file of one's own pipeline schedule, one line per pipeline rank of its compute actions in order "
                  "(0F0,0F1,0I0,0W0,...; `meshtrain pp-schedule --csv` prints any schedule so), which then replaces "
                  "pp_schedule and gives the stages per rank and microbatches; \"\": none"),
+      number_key<int64_t>("parallel.pp_max_active_stages", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_max_active_stages; }, nonneg,
+                          "an integer >= 0: with several stages per pipeline rank, at most this many have their "
+                          "weights gathered at once (each gathered just before its next use, looking ahead, and "
+                          "dropped when another is needed: less memory, more gathers); 0: all of a rank's, for the whole step"),
       count_list_key("parallel.pp_layers_per_stage", [](TrainConfig& c) -> std::vector<int64_t>& { return c.parallel.pp_layers_per_stage; },
                      "a list of positive integers, one per stage, summing to model.n_layers + 2 (the embedding and the head count as one layer each); []: as even as can be"),
       number_key<double>("comm.timeout_s", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },

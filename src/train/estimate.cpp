@@ -1,5 +1,7 @@
 #include "train/estimate.h"
 
+#include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "core/error.h"
@@ -112,7 +114,21 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   p.runs = static_cast<int>(place.accumulation);
   const auto per_step = static_cast<double>(schedule.microbatches * place.accumulation);  // microbatches a step
   std::vector<parallel::PpCosts> costs;
-  double kept_params = 0, computed_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
+  double kept_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
+  // UNSHARD: once a step for each of the rank's stages, unless pp_max_active_stages keeps fewer gathered at once:
+  // then as often as the schedule gathers it again, in every run. At most that many stages' copies are held.
+  const parallel::PpSchedule with_fsdp =
+      parallel::add_pp_fsdp_actions(schedule, static_cast<int>(config.parallel.pp_max_active_stages));
+  const int64_t max_active = config.parallel.pp_max_active_stages;
+  const bool all_at_once = max_active == 0 || max_active >= schedule.stages_per_rank;
+  auto gathers_of = [&](int stage) -> int64_t {
+    if (all_at_once) return 1;
+    int64_t n = 0;
+    for (const parallel::PpAction& a : with_fsdp.actions[static_cast<size_t>(pp_rank)])
+      n += a.type == parallel::PpActionType::unshard && a.stage == stage ? 1 : 0;
+    return n * place.accumulation;
+  };
+  std::vector<double> gathered_per_stage;  // this rank's stages' held copies
   const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
   for (int s = 0; s < schedule.stages(); ++s) {
     const PipelineStage st = build_pipeline_stage(config, spans, s, rows, where);
@@ -168,8 +184,10 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
           kept_between += bytes_of(st.joint, v);
     p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
     // UNSHARD: the unshard program once (its gathers costed by the profile); its outputs held for the step.
-    p.unshard_us += cost(st.unshard).step_us;
-    for (const graph::ValueId v : st.step_values) computed_params += bytes_of(st.joint, v);
+    p.unshard_us += cost(st.unshard).step_us * static_cast<double>(gathers_of(s));
+    double gathered = 0;
+    for (const graph::ValueId v : st.step_values) gathered += bytes_of(st.joint, v);
+    gathered_per_stage.push_back(gathered);
     for (const graph::ExtractedGraph* part :
          {&st.forward, &st.backward, &st.backward_input, &st.backward_weight, &st.unshard})
       if (part->graph.num_nodes() > 0)
@@ -218,6 +236,11 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   // Memory: the tensors held through the step, the activations of the
   // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.
   const double activations = p.activation_bytes_per_pair * p.peak_activation_pairs;
+  std::sort(gathered_per_stage.rbegin(), gathered_per_stage.rend());
+  const size_t held_at_once = all_at_once ? gathered_per_stage.size() : static_cast<size_t>(max_active);
+  const double computed_params =
+      std::accumulate(gathered_per_stage.begin(),
+                      gathered_per_stage.begin() + static_cast<std::ptrdiff_t>(std::min(held_at_once, gathered_per_stage.size())), 0.0);
   e.memory.at_peak[sched::MemoryKind::parameters] = kept_params + computed_params;
   e.memory.at_peak[sched::MemoryKind::gradients] = kept_params + pending;
   e.memory.at_peak[sched::MemoryKind::optimizer_states] = moments;

@@ -73,7 +73,8 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, boo
   try {
     parallel::validate_pp_schedule(compute);
     const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
-    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered) : lowered;
+    MT_CHECK(p.pp_max_active_stages <= 64, "pp_max_active_stages {} must be at most 64", p.pp_max_active_stages);
+    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, static_cast<int>(p.pp_max_active_stages)) : lowered;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
   }
@@ -255,6 +256,17 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     stages_[s] = std::move(st);
   }
   MT_CHECK(!stages_.empty(), "pipeline rank {} holds no stage", group_->rank());
+  {
+    const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
+    bool computed = false;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      if (parallel::is_compute(actions[i].type)) {
+        computed = true;
+        last_compute_ = i;
+      }
+      if (!computed && actions[i].type == parallel::PpActionType::unshard) gathered_first_.insert(actions[i].stage);
+    }
+  }
   for (int64_t k = 0; k < m; ++k) {
     tokens_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
     targets_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
@@ -506,13 +518,15 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       sends_.push_back({std::move(t), std::move(work)});
       return;
     }
-    case T::unshard: {  // the weights' compute-dtype copies and gathers, once for the step's microbatches
+    case T::unshard: {  // the weights' compute-dtype copies and gathers, for the microbatches until its RESHARD
       Stage& st = local_stage(s);
       run(st, st.unshard, -1, {});
+      st.unsharded = true;
       return;
     }
     case T::reshard:
       local_stage(s).step_held.clear();
+      local_stage(s).unsharded = false;
       return;
     case T::reduce_grad: {  // the step's sums reduced once, after the stage's last backward
       Stage& st = local_stage(s);
@@ -559,9 +573,13 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
       take_microbatch(targets, chunk * m + k, m * chunks, targets_[static_cast<size_t>(k)]);
     }
     using T = parallel::PpActionType;
-    for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
-      if ((a.type == T::unshard && chunk > 0) ||
-          ((a.type == T::reduce_grad || a.type == T::reshard) && chunk + 1 < chunks))
+    const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const parallel::PpAction& a = actions[i];
+      // Between runs a stage the next run gathers first stays gathered (its RESHARD after the run's last compute
+      // waits, its UNSHARD finds it held); gradients are reduced once, after the last run.
+      if ((a.type == T::unshard && local_stage(a.stage).unsharded) || (a.type == T::reduce_grad && chunk + 1 < chunks) ||
+          (a.type == T::reshard && chunk + 1 < chunks && i > last_compute_ && gathered_first_.contains(a.stage)))
         continue;
       const double begin = tracing_ ? since_start_us() : 0;
       waited_until_us_ = begin;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,7 @@ class PipelineRunner {
     PipelineStage programs;
     Program forward, backward, backward_input, backward_weight, unshard;
     std::map<graph::ValueId, Tensor> step_held;  // the unshard program's outputs, from UNSHARD to RESHARD
+    bool unsharded = false;                       // between its UNSHARD and RESHARD
     std::vector<graph::ValueId> kept_after_forward;  // what its backward programs read, computed or given in forward
     std::vector<graph::ValueId> kept_after_input;    // what backward_weight reads
     std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches, in its layout
@@ -159,6 +161,10 @@ class PipelineRunner {
   std::unique_ptr<sharding::MeshGroups> stage_groups_;
   std::unique_ptr<sharding::Planner> stage_planner_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
+  // In this rank's actions: the last compute action, and the stages gathered before the first (with gradient
+  // accumulation they stay gathered from one run of the schedule to the next).
+  size_t last_compute_ = 0;
+  std::set<int> gathered_first_;
   std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;
   // Per step: each microbatch's tokens and targets, the batch's valid-target
   // count, the values each (stage, microbatch) holds between its programs,

@@ -82,6 +82,11 @@ done
 run pp2_fsdp2_zb_accum2 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule zero_bubble \
   --parallel.pp_microbatches 2 --training.grad_accum_steps 2
 compare pp2_fsdp2_zb_accum2 one_l2
+# At most one of a rank's two stages gathered at once (pp_max_active_stages 1: each gathered again before its next
+# use), with 2 runs of the schedule a step.
+run pp2_fsdp2_interleaved_active1 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b \
+  --parallel.pp_microbatches 2 --parallel.pp_max_active_stages 1 --training.grad_accum_steps 2
+compare pp2_fsdp2_interleaved_active1 one_l2
 run pp2_hsdp 8 --model.n_layers 2 --parallel.pp 2 --parallel.dp_replicate 2 --parallel.dp_shard 2 \
   --parallel.pp_microbatches 2
 compare pp2_hsdp one_l2

@@ -410,4 +410,15 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_NEAR(twice.time.compute_us - q.update_us, 2 * q.rank_busy_us, 1e-9 * twice.time.compute_us);
   EXPECT_NEAR(twice.time.compute_us, e.time.compute_us, 0.02 * e.time.compute_us);  // the same microbatches
   EXPECT_GT(twice.time.step_us, e.time.step_us);  // two runs' bubbles
+  // FSDP 2 under interleaved 1F1B (2 stages a rank): at most one stage gathered at once holds less and gathers more.
+  c.training.grad_accum_steps = 1;
+  c.model.n_layers = 6;  // 8 units: each of the 4 stages holds a layer to gather at least
+  c.parallel.pp_microbatches = 4;
+  c.parallel.pp_schedule = parallel::PpScheduleKind::interleaved_1f1b;
+  const train::TrainingEstimate both = train::estimate_training(c, 4, 0, h100);
+  c.parallel.pp_max_active_stages = 1;
+  const train::TrainingEstimate one_at_a_time = train::estimate_training(c, 4, 0, h100);
+  EXPECT_LT(one_at_a_time.memory.at_peak.at(sched::MemoryKind::parameters),
+            both.memory.at_peak.at(sched::MemoryKind::parameters));
+  EXPECT_GT(one_at_a_time.pipeline->unshard_us, 1.5 * both.pipeline->unshard_us);
 }

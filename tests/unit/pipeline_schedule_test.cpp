@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -218,6 +219,44 @@ TEST(PipelineSchedule, FsdpActionsGatherOnceAndReduceAfterTheLastBackward) {
   }
   validate_pp_schedule(zb);  // the compute actions are as they were
   EXPECT_EQ(simulate_pp_schedule(zb).makespan, simulate_pp_schedule(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)).makespan);
+}
+
+// max_active_stages K: walking each rank's list, at most K of its stages
+// are gathered at once, every compute action's stage is gathered when it
+// runs, every UNSHARD is of a stage not gathered and every RESHARD of one
+// that is, nothing stays gathered at the end; the compute order is
+// untouched. K at or above the stages per rank is the plain list.
+TEST(PipelineSchedule, MaxActiveStagesBoundsTheGatheredStages) {
+  for (const auto& [kind, per_rank] : {std::pair{PpScheduleKind::interleaved_1f1b, 3}, {PpScheduleKind::zero_bubble, 4},
+                                       {PpScheduleKind::zbv, 2}})
+    for (const int k : {1, 2, 3}) {
+      const PpSchedule lowered = add_pp_communication(make_pp_schedule(kind, 2, 4, per_rank));
+      const PpSchedule with = add_pp_fsdp_actions(lowered, k);
+      const std::string what = fmt::format("{} v {} K {}", pp_schedule_name(kind), per_rank, k);
+      for (int r = 0; r < 2; ++r) {
+        std::set<int> gathered;
+        size_t peak = 0;
+        std::vector<PpAction> rest;
+        for (const PpAction& a : with.actions[static_cast<size_t>(r)]) {
+          if (a.type == PpActionType::unshard) {
+            EXPECT_TRUE(gathered.insert(a.stage).second) << what << " " << to_string(a);
+          } else if (a.type == PpActionType::reshard) {
+            EXPECT_EQ(gathered.erase(a.stage), 1u) << what << " " << to_string(a);
+          } else if (a.type != PpActionType::reduce_grad) {
+            if (is_compute(a.type)) EXPECT_TRUE(gathered.contains(a.stage)) << what << " " << to_string(a);
+            rest.push_back(a);
+          }
+          peak = std::max(peak, gathered.size());
+        }
+        EXPECT_TRUE(gathered.empty()) << what;
+        EXPECT_EQ(peak, static_cast<size_t>(std::min(k, per_rank))) << what;
+        EXPECT_EQ(rest, lowered.actions[static_cast<size_t>(r)]) << what;
+      }
+    }
+  const PpSchedule lowered = add_pp_communication(make_pp_schedule(PpScheduleKind::interleaved_1f1b, 2, 4, 2));
+  EXPECT_EQ(add_pp_fsdp_actions(lowered, 2).actions, add_pp_fsdp_actions(lowered).actions);
+  EXPECT_EQ(add_pp_fsdp_actions(lowered, 5).actions, add_pp_fsdp_actions(lowered, 0).actions);
+  EXPECT_TRUE(contains(mtest::message_of([&] { add_pp_fsdp_actions(lowered, -1); }), "pp_max_active_stages = -1"));
 }
 
 // A schedule of one's own as CSV: every generated schedule written out and
