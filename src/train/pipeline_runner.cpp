@@ -1,11 +1,10 @@
 #include "train/pipeline_runner.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/ranges.h>
 
