@@ -1,14 +1,13 @@
 #include "cli/pp_schedule_command.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace meshtrain::cli {
@@ -21,25 +20,9 @@ int run_pp_schedule(const PpScheduleCommand& c) {
   using namespace parallel;
   PpSchedule schedule;
   if (!c.from_csv.empty()) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(c.from_csv, ec);
-    MT_CHECK(!ec, "pp-schedule --from-csv {}: cannot read it ({})", c.from_csv, ec.message());
-    MT_CHECK(size <= (64u << 20), "pp-schedule --from-csv {}: {} bytes is more than a schedule's 64 MiB", c.from_csv,
-             size);
-    std::ifstream in(c.from_csv, std::ios::binary);
-    std::string text(size, '\0');
-    MT_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(size)), "pp-schedule --from-csv {}: cannot read it",
-             c.from_csv);
-    int lines = 0;  // the ranks, unless --stages says
-    for (std::string_view rest = text; !rest.empty();) {
-      const size_t end = rest.find('\n');
-      std::string_view line = rest.substr(0, end);
-      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
-      const size_t first = line.find_first_not_of(" \t\r");
-      if (first != std::string_view::npos && line[first] != '#') ++lines;
-    }
+    const std::string text = read_small_file(c.from_csv, kMaxScheduleCsvBytes, "pp-schedule --from-csv");
     try {
-      schedule = pp_schedule_from_csv(text, c.stages != 0 ? c.stages : std::max(lines, 1));
+      schedule = pp_schedule_from_csv(text, c.stages);  // --stages 0: as many ranks as the file has lines
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(fmt::format("pp-schedule --from-csv {}: {}", c.from_csv, e.what()));
     }

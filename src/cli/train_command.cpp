@@ -64,7 +64,8 @@ std::string lower_help() {
          "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
          "would, and print rank R's lowered graph (default 0) without running anything: every value with its\n"
          "local shape and layout, every collective with its group, mesh dims, layouts and bytes (each starts\n"
-         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"         "With parallel.pp P: rank R's pipeline actions and, for each stage it holds, the programs it runs (the\n"
+         "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"
+         "With parallel.pp P: rank R's pipeline actions and, for each stage it holds, the programs it runs (the\n"
          "unshard program, once a step; forward; backward, or its input and weight halves for zero-bubble), each\n"
          "laid out on the stage's ranks and lowered for R, as `train --dump-graph` writes them.\n"
          "--out FILE writes the graph to FILE instead and prints one line saying how many nodes it holds.\n";

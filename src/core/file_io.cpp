@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -63,6 +64,18 @@ void AtomicFile::commit() {
     throw Error(fmt::format("writing {} failed: rename from {}: {}; nothing was written under that name", path_,
                             temporary_, std::strerror(error)));
   }
+}
+
+std::string read_small_file(const std::string& path, size_t max_bytes, std::string_view what) {
+  std::error_code ec;
+  MT_CHECK(!std::filesystem::is_directory(path, ec), "{} {}: it is a folder, not a file", what, path);
+  const auto size = std::filesystem::file_size(path, ec);
+  MT_CHECK(!ec, "{} {}: cannot read it ({})", what, path, ec.message());
+  MT_CHECK(size <= max_bytes, "{} {}: {} bytes, more than the {} bytes it may have", what, path, size, max_bytes);
+  std::ifstream in(path, std::ios::binary);
+  std::string text(size, '\0');
+  MT_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(size)), "{} {}: cannot read it", what, path);
+  return text;
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {

@@ -28,6 +28,11 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// The whole of the file at `path`, at most `max_bytes` of it; throws naming
+// `what` (e.g. "parallel.pp_schedule_csv") and the path when it cannot be
+// read or is larger.
+std::string read_small_file(const std::string& path, size_t max_bytes, std::string_view what);
+
 // `text` as the whole of `path`, through an AtomicFile.
 void write_file_atomically(const std::string& path, std::string_view text);
 

@@ -170,10 +170,15 @@ bool is_compute(PpActionType type) {
          type == PpActionType::backward_weight || type == PpActionType::backward;
 }
 
+namespace {
+// UNSHARD, RESHARD and REDUCE_GRAD are of a stage, for all its microbatches.
+bool takes_microbatch(PpActionType type) {
+  return type != PpActionType::unshard && type != PpActionType::reshard && type != PpActionType::reduce_grad;
+}
+}  // namespace
+
 std::string to_string(const PpAction& a) {
-  const bool per_microbatch = a.type != PpActionType::unshard && a.type != PpActionType::reshard &&
-                              a.type != PpActionType::reduce_grad;
-  return per_microbatch ? fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch)
+  return takes_microbatch(a.type) ? fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch)
                         : fmt::format("{}{}", a.stage, kActionNames[static_cast<int>(a.type)]);
 }
 
@@ -194,9 +199,7 @@ PpAction parse_pp_action(std::string_view text) {
   if (found == std::end(kActionNames)) throw fail(fmt::format("'{}' is no action type", type));
   a.type = static_cast<PpActionType>(found - std::begin(kActionNames));
   const std::string_view number = text.substr(j);
-  const bool per_microbatch = a.type != PpActionType::unshard && a.type != PpActionType::reshard &&
-                              a.type != PpActionType::reduce_grad;
-  if (!per_microbatch) {
+  if (!takes_microbatch(a.type)) {
     if (!number.empty()) throw fail(fmt::format("{} takes no microbatch", type));
     return a;
   }
@@ -207,22 +210,37 @@ PpAction parse_pp_action(std::string_view text) {
   return a;
 }
 
+namespace {
+std::string_view trimmed(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  return text;
+}
+
+// The CSV's lines of actions (not blank, not a # comment), each with its line number.
+std::vector<std::pair<int, std::string_view>> csv_action_lines(std::string_view text) {
+  std::vector<std::pair<int, std::string_view>> lines;
+  for (int number = 1; !text.empty(); ++number) {
+    const size_t end = text.find('\n');
+    const std::string_view line = trimmed(text.substr(0, end));
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    if (!line.empty() && line.front() != '#') lines.emplace_back(number, line);
+  }
+  return lines;
+}
+}  // namespace
+
 PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
+  const std::vector<std::pair<int, std::string_view>> lines = csv_action_lines(text);
+  if (ranks == 0) ranks = std::max(1, static_cast<int>(std::min<size_t>(lines.size(), kMaxRanks + 1)));
   MT_CHECK(ranks >= 1 && ranks <= kMaxRanks, "pp = {}: the pipeline needs 1 to {} ranks", ranks, kMaxRanks);
   PpSchedule s;
   s.kind = PpScheduleKind::csv;
   s.ranks = ranks;
-  int line_number = 0, stages = 0, microbatches = 0;
+  int stages = 0, microbatches = 0;
   int64_t total = 0;
   std::map<int, std::pair<int, int>> stage_rank;  // stage -> (rank, line it was first seen on)
-  while (!text.empty()) {
-    const size_t end = text.find('\n');
-    std::string_view line = text.substr(0, end);
-    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
-    ++line_number;
-    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
-    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) line.remove_prefix(1);
-    if (line.empty() || line.front() == '#') continue;
+  for (const auto& [line_number, line] : lines) {
     const int rank = static_cast<int>(s.actions.size());
     MT_CHECK(rank < ranks, "pipeline schedule CSV line {}: more than the pp = {} lines of actions (one per rank)",
              line_number, ranks);
@@ -230,10 +248,8 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
     int cell = 0;
     for (std::string_view rest = line; ;) {
       const size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
+      const std::string_view item = trimmed(rest.substr(0, comma));
       ++cell;
-      while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
-      while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
       if (!item.empty()) {
         PpAction a;
         try {
@@ -345,6 +361,18 @@ PpSchedule add_pp_fsdp_actions(const PpSchedule& s, int max_active_stages) {
     for (const int stage : all_at_once ? local : active) list.push_back({stage, PpActionType::reshard, 0});
   }
   return out;
+}
+
+std::set<int> pp_stages_kept_between_runs(const PpSchedule& s, int rank) {
+  const std::vector<PpAction>& list = s.actions.at(static_cast<size_t>(rank));
+  const auto first = std::find_if(list.begin(), list.end(), [](const PpAction& a) { return is_compute(a.type); });
+  const auto last = std::find_if(list.rbegin(), list.rend(), [](const PpAction& a) { return is_compute(a.type); });
+  std::set<int> leading, kept;
+  for (auto it = list.begin(); it != first; ++it)
+    if (it->type == PpActionType::unshard) leading.insert(it->stage);
+  for (auto it = list.rbegin(); it != last; ++it)
+    if (it->type == PpActionType::reshard && leading.contains(it->stage)) kept.insert(it->stage);
+  return kept;
 }
 
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank) {

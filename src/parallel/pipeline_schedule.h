@@ -6,7 +6,9 @@
 // activations each rank holds and a printable timeline.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,14 +59,15 @@ struct PpSchedule {
 // pp_stages_per_rank) when the schedule cannot run as asked.
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank);
 
-// A schedule from CSV text, one line per rank (`ranks` of them, blank lines
-// and lines starting with # left out), each a comma-separated list of its
+// A schedule from CSV text, one line per rank (`ranks` of them, or 0: as
+// many as the lines; blank lines and lines starting with # left out), each a comma-separated list of its
 // compute actions in order ("0F0,0F1,1F0,..."; an empty cell is nothing).
 // The stages each rank holds, the stages per rank and the microbatches are
 // read from the actions (each stage on one rank, every rank the same
 // number). Validated as validate_pp_schedule does; throws InvalidArgument
 // naming the line and cell, or the action that breaks the schedule.
 PpSchedule pp_schedule_from_csv(std::string_view text, int ranks);
+constexpr size_t kMaxScheduleCsvBytes = 64 << 20;  // a schedule file read whole is no larger
 // A schedule's compute actions as that CSV text.
 std::string pp_schedule_csv(const PpSchedule& schedule);
 
@@ -94,6 +97,11 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only);
 // gathered (UNSHARD, ahead of their use) and the others are dropped
 // (RESHARD), as PyTorch's runtime looks ahead.
 PpSchedule add_pp_fsdp_actions(const PpSchedule& schedule, int max_active_stages = 0);
+// Of rank `rank`'s list (with FSDP's actions): the stages it gathers before
+// its first compute action and drops after its last. When the schedule runs
+// several times a step (gradient accumulation) these stay gathered from one
+// run to the next; every other UNSHARD happens in every run.
+std::set<int> pp_stages_kept_between_runs(const PpSchedule& schedule, int rank);
 
 // Times in units of one stage's forward of one microbatch (a rank with v
 // stages runs each in 1/v of that); p2p is added between dependent actions

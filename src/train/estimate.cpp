@@ -1,6 +1,7 @@
 #include "train/estimate.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -93,7 +94,7 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   e.world_size = world_size;
   e.rank = rank;
   e.mesh = mesh.describe();
-  const PipelinePlace place = pipeline_place(config, world_size, rank);
+  const PipelinePlace place = pipeline_place(config, world_size, rank, /*fsdp_actions=*/true);
   const int stage_size = place.stage_size, stage_rank = place.stage_rank, pp_rank = place.pp_rank;
   const StageMesh where = place.where();
   const parallel::PpSchedule& schedule = place.schedule;
@@ -115,18 +116,21 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   const auto per_step = static_cast<double>(schedule.microbatches * place.accumulation);  // microbatches a step
   std::vector<parallel::PpCosts> costs;
   double kept_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
-  // UNSHARD: once a step for each of the rank's stages, unless pp_max_active_stages keeps fewer gathered at once:
-  // then as often as the schedule gathers it again, in every run. At most that many stages' copies are held.
-  const parallel::PpSchedule with_fsdp =
-      parallel::add_pp_fsdp_actions(schedule, static_cast<int>(config.parallel.pp_max_active_stages));
-  const int64_t max_active = config.parallel.pp_max_active_stages;
-  const bool all_at_once = max_active == 0 || max_active >= schedule.stages_per_rank;
-  auto gathers_of = [&](int stage) -> int64_t {
-    if (all_at_once) return 1;
-    int64_t n = 0;
-    for (const parallel::PpAction& a : with_fsdp.actions[static_cast<size_t>(pp_rank)])
-      n += a.type == parallel::PpActionType::unshard && a.stage == stage ? 1 : 0;
-    return n * place.accumulation;
+  // UNSHARD and RESHARD as the rank's list has them (with pp_max_active_stages a stage may be gathered again
+  // before its next use): every gather costed, in every run of the schedule but for the stages kept gathered
+  // between runs; the copies of the most stages gathered at once held.
+  std::map<int, int64_t> gathers;
+  int gathered_now = 0, most_gathered = 0;
+  for (const parallel::PpAction& a : schedule.actions[static_cast<size_t>(pp_rank)])
+    if (a.type == parallel::PpActionType::unshard) {
+      ++gathers[a.stage];
+      most_gathered = std::max(most_gathered, ++gathered_now);
+    } else if (a.type == parallel::PpActionType::reshard) {
+      --gathered_now;
+    }
+  const std::set<int> kept_between_runs = parallel::pp_stages_kept_between_runs(schedule, pp_rank);
+  auto gathers_of = [&](int stage) {
+    return gathers[stage] * place.accumulation - (kept_between_runs.contains(stage) ? place.accumulation - 1 : 0);
   };
   std::vector<double> gathered_per_stage;  // this rank's stages' held copies
   const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
@@ -183,7 +187,7 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
             kept.insert(v).second)
           kept_between += bytes_of(st.joint, v);
     p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
-    // UNSHARD: the unshard program once (its gathers costed by the profile); its outputs held for the step.
+    // UNSHARD: the unshard program (its gathers costed by the profile), as often as the rank gathers the stage.
     p.unshard_us += cost(st.unshard).step_us * static_cast<double>(gathers_of(s));
     double gathered = 0;
     for (const graph::ValueId v : st.step_values) gathered += bytes_of(st.joint, v);
@@ -236,11 +240,10 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   // Memory: the tensors held through the step, the activations of the
   // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.
   const double activations = p.activation_bytes_per_pair * p.peak_activation_pairs;
-  std::sort(gathered_per_stage.rbegin(), gathered_per_stage.rend());
-  const size_t held_at_once = all_at_once ? gathered_per_stage.size() : static_cast<size_t>(max_active);
-  const double computed_params =
-      std::accumulate(gathered_per_stage.begin(),
-                      gathered_per_stage.begin() + static_cast<std::ptrdiff_t>(std::min(held_at_once, gathered_per_stage.size())), 0.0);
+  std::sort(gathered_per_stage.rbegin(), gathered_per_stage.rend());  // the largest at once, at most
+  const double computed_params = std::accumulate(
+      gathered_per_stage.begin(),
+      gathered_per_stage.begin() + std::min<std::ptrdiff_t>(most_gathered, std::ssize(gathered_per_stage)), 0.0);
   e.memory.at_peak[sched::MemoryKind::parameters] = kept_params + computed_params;
   e.memory.at_peak[sched::MemoryKind::gradients] = kept_params + pending;
   e.memory.at_peak[sched::MemoryKind::optimizer_states] = moments;

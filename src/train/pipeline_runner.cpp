@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "graph/builder.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
@@ -18,23 +17,6 @@
 #include "train/trainer.h"
 
 namespace meshtrain::train {
-
-namespace {
-
-// The text of parallel.pp_schedule_csv, at most 64 MiB.
-std::string read_schedule_csv(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  MT_CHECK(!ec, "parallel.pp_schedule_csv {}: cannot read it ({})", path, ec.message());
-  MT_CHECK(size <= (64u << 20), "parallel.pp_schedule_csv {}: {} bytes is more than a schedule's 64 MiB", path, size);
-  std::ifstream in(path, std::ios::binary);
-  std::string text(size, '\0');
-  MT_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(size)), "parallel.pp_schedule_csv {}: cannot read it",
-           path);
-  return text;
-}
-
-}  // namespace
 
 parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions) {
   const parallel::ParallelConfig& p = config.parallel;
@@ -47,7 +29,8 @@ parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, boo
   parallel::PpSchedule compute;
   try {
     if (!p.pp_schedule_csv.empty()) {
-      compute = parallel::pp_schedule_from_csv(read_schedule_csv(p.pp_schedule_csv), ranks);
+      compute = parallel::pp_schedule_from_csv(
+          read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
       MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
                "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
                "at 0 to take the file's)", p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
@@ -211,11 +194,9 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
   std::vector<std::string> names;
   std::vector<Tensor> grads;
   std::vector<sharding::Layout> layouts;  // of each parameter, on the stage mesh
-  for (int s = 0; s < place_.schedule.stages(); ++s) {
-    if (place_.schedule.rank_of_stage[static_cast<size_t>(s)] != group_->rank()) continue;
+  for (const int s : place_.stages()) {
     auto st = std::make_unique<Stage>();
-    st->programs = build_pipeline_stage(config, place_.spans, s, place_.microbatch_rows,
-                                        place_.stage_mesh ? StageMesh{&*place_.stage_mesh, stage_rank} : StageMesh{});
+    st->programs = build_pipeline_stage(config, place_.spans, s, place_.microbatch_rows, place_.where());
     const PipelineStage& p = st->programs;
     st->forward.part = &p.forward;
     st->backward.part = &p.backward;
@@ -255,17 +236,10 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     stages_[s] = std::move(st);
   }
   MT_CHECK(!stages_.empty(), "pipeline rank {} holds no stage", group_->rank());
-  {
-    const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
-    bool computed = false;
-    for (size_t i = 0; i < actions.size(); ++i) {
-      if (parallel::is_compute(actions[i].type)) {
-        computed = true;
-        last_compute_ = i;
-      }
-      if (!computed && actions[i].type == parallel::PpActionType::unshard) gathered_first_.insert(actions[i].stage);
-    }
-  }
+  const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (parallel::is_compute(actions[i].type)) last_compute_ = i;
+  kept_between_runs_ = parallel::pp_stages_kept_between_runs(place_.schedule, group_->rank());
   for (int64_t k = 0; k < m; ++k) {
     tokens_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
     targets_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
@@ -349,11 +323,7 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
 
 PipelineRunner::~PipelineRunner() = default;
 
-std::vector<int> PipelineRunner::stages() const {
-  std::vector<int> out;
-  for (const auto& [s, st] : stages_) out.push_back(s);
-  return out;
-}
+std::vector<int> PipelineRunner::stages() const { return place_.stages(); }
 
 PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
   const auto it = stages_.find(stage);
@@ -564,8 +534,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   trace_.clear();
   const auto start = step_start_ = std::chrono::steady_clock::now();
   // With gradient accumulation the schedule runs once per chunk of m microbatches (chunk c's microbatch k is the
-  // step's microbatch c m + k), the gradients summed on over the chunks: UNSHARD in the first chunk only,
-  // REDUCE_GRAD and RESHARD in the last.
+  // step's microbatch c m + k), the gradients summed on over the chunks and reduced after the last.
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     for (int64_t k = 0; k < m; ++k) {
       take_microbatch(tokens, chunk * m + k, m * chunks, tokens_[static_cast<size_t>(k)]);
@@ -578,7 +547,7 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
       // Between runs a stage the next run gathers first stays gathered (its RESHARD after the run's last compute
       // waits, its UNSHARD finds it held); gradients are reduced once, after the last run.
       if ((a.type == T::unshard && local_stage(a.stage).unsharded) || (a.type == T::reduce_grad && chunk + 1 < chunks) ||
-          (a.type == T::reshard && chunk + 1 < chunks && i > last_compute_ && gathered_first_.contains(a.stage)))
+          (a.type == T::reshard && chunk + 1 < chunks && i > last_compute_ && kept_between_runs_.contains(a.stage)))
         continue;
       const double begin = tracing_ ? since_start_us() : 0;
       waited_until_us_ = begin;

@@ -161,10 +161,10 @@ class PipelineRunner {
   std::unique_ptr<sharding::MeshGroups> stage_groups_;
   std::unique_ptr<sharding::Planner> stage_planner_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
-  // In this rank's actions: the last compute action, and the stages gathered before the first (with gradient
-  // accumulation they stay gathered from one run of the schedule to the next).
+  // In this rank's actions: the last compute action, and the stages that stay gathered from one run of the
+  // schedule to the next (parallel::pp_stages_kept_between_runs).
   size_t last_compute_ = 0;
-  std::set<int> gathered_first_;
+  std::set<int> kept_between_runs_;
   std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;
   // Per step: each microbatch's tokens and targets, the batch's valid-target
   // count, the values each (stage, microbatch) holds between its programs,

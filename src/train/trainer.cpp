@@ -205,17 +205,11 @@ sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_
   // parallel.pp_schedule_csv, or the keys') are what the rest checks.
   const parallel::PpSchedule schedule = pipeline_schedule(config, static_cast<int>(p.pp));
   const int64_t micro = schedule.microbatches, accum = config.training.grad_accum_steps;
-  if (accum == 1)
-    MT_CHECK(config.data.batch_size % micro == 0 && (config.data.batch_size / micro) % dp == 0,
-             "data.batch_size {} must divide by parallel.pp_microbatches {} x the data-parallel degree {} "
-             "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
-             config.data.batch_size, micro, dp);
-  else
-    MT_CHECK(config.data.batch_size % (micro * accum) == 0 && (config.data.batch_size / (micro * accum)) % dp == 0,
-             "data.batch_size {} must divide by training.grad_accum_steps {} x parallel.pp_microbatches {} x the "
-             "data-parallel degree {} (parallel.dp_replicate x parallel.dp_shard): the schedule runs grad_accum_steps "
-             "times a step, each microbatch's sequences split over data parallel",
-             config.data.batch_size, accum, micro, dp);
+  // The schedule's checks saw that micro x accum divides the batch.
+  MT_CHECK((config.data.batch_size / (micro * accum)) % dp == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {}{} x the data-parallel degree {} "
+           "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
+           config.data.batch_size, micro, accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : "", dp);
   check_tp_divides(config);
   MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "

@@ -243,7 +243,9 @@ TEST(PipelineSchedule, MaxActiveStagesBoundsTheGatheredStages) {
           } else if (a.type == PpActionType::reshard) {
             EXPECT_EQ(gathered.erase(a.stage), 1u) << what << " " << to_string(a);
           } else if (a.type != PpActionType::reduce_grad) {
-            if (is_compute(a.type)) EXPECT_TRUE(gathered.contains(a.stage)) << what << " " << to_string(a);
+            if (is_compute(a.type)) {
+              EXPECT_TRUE(gathered.contains(a.stage)) << what << " " << to_string(a);
+            }
             rest.push_back(a);
           }
           peak = std::max(peak, gathered.size());
@@ -302,4 +304,20 @@ TEST(PipelineSchedule, BadCsvSchedulesNameTheLineAndCell) {
   // Each stage's actions in a possible order, but the ranks wait on each other: the lowering names both.
   EXPECT_TRUE(contains(error("2F0,0F0,2B0,0B0\n1F0,3F0,3B0,1B0\n", 2),
                        "rank 0 at 2F0, rank 1 at 1F0 each wait for an input no rank will produce"));
+}
+
+// The stages a rank gathers before its first compute and drops after its
+// last stay gathered between runs of an accumulated step: all of them when
+// every stage is gathered for the step, only those with K below.
+TEST(PipelineSchedule, StagesKeptBetweenRunsAreGatheredFirstAndDroppedLast) {
+  const PpSchedule lowered = add_pp_communication(make_pp_schedule(PpScheduleKind::interleaved_1f1b, 2, 4, 3));
+  EXPECT_EQ(pp_stages_kept_between_runs(add_pp_fsdp_actions(lowered), 0), (std::set<int>{0, 2, 4}));
+  EXPECT_EQ(pp_stages_kept_between_runs(add_pp_fsdp_actions(lowered), 1), (std::set<int>{1, 3, 5}));
+  // K 1: rank 0 gathers stage 0 first and drops it last (its backward ends the step), stages 2 and 4 in between.
+  const PpSchedule one = add_pp_fsdp_actions(lowered, 1);
+  EXPECT_EQ(one.actions[0].front(), (PpAction{0, PpActionType::unshard, 0}));
+  EXPECT_EQ(pp_stages_kept_between_runs(one, 0), (std::set<int>{0}));
+  // K 2 on rank 1: stages 1 and 3 gathered first; the last compute is 1B3, after which only 1 is dropped.
+  const PpSchedule two = add_pp_fsdp_actions(lowered, 2);
+  EXPECT_EQ(pp_stages_kept_between_runs(two, 1), (std::set<int>{1}));
 }
