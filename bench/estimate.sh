@@ -8,15 +8,17 @@
 # (what a step allocates: step_peak_bytes). Targets: step time within 10%,
 # peak memory within 5%. Two estimates of the time: `meshtrain estimate` on
 # the profile's roofline, and benchmark mode (schedule.estimate = benchmark),
-# which the training runs themselves make: each rank times every kernel of
-# its step before training, the ranks agree on the median, and the metrics
+# which the training runs themselves make: the ranks time every kernel of
+# their step side by side before training, agree on the median, and the metrics
 # carry the estimated step beside the measured one (the median over rounds).
 # Usage: [ROUNDS=3] bench/estimate.sh [PROFILE] [STEPS] [float32|bfloat16]
-#   PROFILE: a built-in name or a profile file (default: cpu-2core, this
-#   project's development machine; bench/calibrate.sh makes one for yours).
+#   PROFILE: `here` (the default) calibrates this host first in the same run
+#   (bench/calibrate.sh, about 2 minutes), as a 2-core VM moves between hosts
+#   of different speeds; or a built-in name (cpu-2core: this project's
+#   development machine as calibrated on 2026-11-23) or a profile file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-profile=${1:-cpu-2core}
+profile=${1:-here}
 steps=${2:-12}
 dtype=${3:-float32}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/estimate.sh: STEPS must be a positive integer" >&2; exit 2; }
@@ -25,6 +27,10 @@ source bench/bench_model.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
+if [ "$profile" = here ]; then
+  bench/calibrate.sh "$work/here.toml" here
+  profile=$work/here.toml
+fi
 model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
        --data.batch_size 8 --data.path "$work/text.txt" --checkpoint.folder "" --training.dtype "$dtype")
 rounds=${ROUNDS:-3}

@@ -286,7 +286,7 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
     if (!config.schedule.kernel_cache.empty()) kernel_times = sched::load_kernel_times(config.schedule.kernel_cache);
     set_threads_per_rank(world_size);
     measure = [&kernel_times, slowdown = shared_core_slowdown(world_size)](const graph::Graph& g) {
-      measure_kernels(g, kernel_times, slowdown);
+      measure_kernels(g, kernel_times, {.slowdown = slowdown});
       return &kernel_times;
     };
   }

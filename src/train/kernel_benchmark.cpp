@@ -49,7 +49,7 @@ std::vector<std::string> measurable_kernels(const graph::Graph& g) {
   return keys;
 }
 
-KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times, double slowdown) {
+KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times, const KernelTiming& timing) {
   using Clock = std::chrono::steady_clock;
   const auto begin = Clock::now();
   KernelBenchmark result;
@@ -73,14 +73,10 @@ KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times
     const kernels::cpu::CpuKernel& kernel = *kernels::cpu::find_cpu_kernel(node.op->name);
     try {
       kernel(args);  // warm-up: first-touch pages, caches, library set-up
-      std::vector<double> calls;
+      int calls = 0;
       const auto start = Clock::now();
-      while (calls.size() < 20 && (calls.size() < 3 || Clock::now() - start < std::chrono::milliseconds(2))) {
-        const auto t0 = Clock::now();
-        kernel(args);
-        calls.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      }
-      times.us[key] = median_of(calls) * slowdown;
+      for (; calls < 3 || Clock::now() - start < timing.window; ++calls) kernel(args);
+      times.us[key] = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / calls * timing.slowdown;
     } catch (const std::exception& e) {
       throw Error(fmt::format("benchmark mode: timing {} failed: {}", key, e.what()));
     }

@@ -4,6 +4,7 @@
 // the same scheduling decisions.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,21 @@ struct KernelBenchmark {
 // collectives have none to time), each once, in the graph's order.
 std::vector<std::string> measurable_kernels(const graph::Graph& g);
 
+// How measure_kernels times a kernel: after one warm-up call, calls until
+// `window` has passed (at least 3), the mean of their wall time (a rank that
+// shares cores pays its time slices in the mean, which is what a step pays),
+// times `slowdown`.
+struct KernelTiming {
+  std::chrono::microseconds window{20000};
+  // 1 when the ranks of the host time side by side, as they run the step; a
+  // kernel timed alone on a rank's threads runs that much slower when the
+  // host's ranks share its cores (train::shared_core_slowdown).
+  double slowdown = 1.0;
+};
+
 // Times each of those whose key `times` lacks, on fresh tensors of its
-// shapes (floating point in [0.25, 0.75), integers 1): one warm-up call, then
-// calls until 2 ms have passed (3 to 20 calls), and keeps the median times
-// `slowdown`: timed alone on a rank's threads, a kernel runs that much
-// slower when the ranks on the host share its cores (train::shared_core_slowdown).
-KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times, double slowdown = 1.0);
+// shapes (floating point in [0.25, 0.75), integers 1).
+KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times, const KernelTiming& timing = {});
 
 // Every rank ends with, for each of `keys`, the median (the lower of the two
 // middle values) over the ranks that have the key: one all_reduce of the

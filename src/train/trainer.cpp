@@ -170,6 +170,17 @@ void check_output_path(const TrainConfig& config, const std::string& output, con
              key);
 }
 
+namespace {
+
+// Waits for `work` sleeping between polls, so that the wait takes no part of
+// a core from a rank of this host that is still computing.
+void wait_sleeping(const comm::WorkPtr& work) {
+  while (!work->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  work->wait();  // its error, if it failed
+}
+
+}  // namespace
+
 double shared_core_slowdown(int local_ranks) {
   const int cores = std::min(kernels::cpu::available_cores(),
                              static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
@@ -333,34 +344,26 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
   if (!kernel_cache_read_ && !config_.schedule.kernel_cache.empty())
     kernel_times_ = sched::load_kernel_times(config_.schedule.kernel_cache);
   kernel_cache_read_ = true;
-  // Each rank times its kernels alone on its threads, in turn (the others
-  // wait in a barrier), and scales them by how much the ranks of this host
-  // share its cores: timed side by side, a kernel's time would depend on
-  // what the other ranks happened to run at that moment.
-  const double slowdown = shared_core_slowdown(world_ ? std::max(1, comm::launched_rank().local_size) : 1);
+  // The ranks time their kernels side by side, as they run the step: each
+  // kernel's time then holds what sharing the host's cores (and caches)
+  // costs it. They start together; waiting, a rank sleeps rather than polls,
+  // so that a polling peer takes no part of a core from a rank still timing.
+  if (world_) wait_sleeping(world_->barrier());
   std::string failure;
-  KernelBenchmark timed{};
-  for (int turn = 0; turn < num_ranks(); ++turn) {
-    if (world_) {
-      // Waiting, a rank sleeps rather than polls: a polling peer would take
-      // part of the core from the rank that is timing its kernels.
-      const comm::WorkPtr turn_begins = world_->barrier();
-      while (!turn_begins->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
-      turn_begins->wait();  // its error, if it failed
-    }
-    if (turn != rank()) continue;
+  const KernelBenchmark timed = [&] {
     try {
-      timed = measure_kernels(g, kernel_times_, slowdown);
+      return measure_kernels(g, kernel_times_);
     } catch (const std::exception& e) {
       failure = e.what();
+      return KernelBenchmark{};
     }
-  }
+  }();
   if (world_) {
     // Every rank learns the lowest rank that failed, if any: it reports its
     // error and takes the job down; the others wait for that.
     Tensor reporter = Tensor::empty({1}, DType::f64);
     reporter.data<double>()[0] = failure.empty() ? world_->size() : rank();
-    world_->all_reduce(reporter, comm::ReduceOp::min)->wait();
+    wait_sleeping(world_->all_reduce(reporter, comm::ReduceOp::min));  // some may still be timing
     const auto first_failed = static_cast<int>(reporter.data<double>()[0]);
     if (first_failed < world_->size() && first_failed != rank()) world_->barrier()->wait();
   }
