@@ -20,11 +20,17 @@ namespace meshtrain::graph {
 struct MemoryPlan {
   std::map<ValueId, size_t> offsets;    // computed value -> byte offset in the arena
   std::map<ValueId, ValueId> view_of;   // view or in-place value -> the value that owns its storage
+  std::map<ValueId, size_t> view_offset;  // a view that starts inside that storage -> its byte offset there
   size_t peak_bytes = 0;                // the arena's size
   // The value whose storage `v` uses: itself unless it is a view.
   ValueId storage_of(ValueId v) const {
     const auto it = view_of.find(v);
     return it == view_of.end() ? v : it->second;
+  }
+  // Where `v` starts in storage_of(v), in bytes.
+  size_t offset_in_storage(ValueId v) const {
+    const auto it = view_offset.find(v);
+    return it == view_offset.end() ? 0 : it->second;
   }
 };
 

@@ -78,7 +78,8 @@ Tensor Executor::tensor_of(graph::ValueId value) const {
   if (const graph::ValueId r = schedule_.memory.storage_of(value); r != value) {
     const Tensor storage = tensor_of(r);
     const graph::ValueInfo& info = g_.value(value).info;
-    return Tensor::view(const_cast<void*>(storage.raw()), info.shape, info.dtype);
+    return Tensor::view(static_cast<std::byte*>(const_cast<void*>(storage.raw())) + schedule_.memory.offset_in_storage(value),
+                        info.shape, info.dtype);
   }
   const graph::Value& v = g_.value(value);
   if (!v.producer.valid()) {

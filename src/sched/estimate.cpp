@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "sched/memory_plan.h"
 
 namespace meshtrain::sched {
 
@@ -76,9 +77,13 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
       }
       continue;
     }
-    e.timeline.push_back({id, now, now + us});
-    e.compute_us += us;
-    now += us;
+    // A bucket's members laid out in it are not copied in or out.
+    const double runs_us = node.op->name == "bucket_pack" || node.op->name == "bucket_unpack"
+                               ? us * bucket_copy_share(g, schedule.memory, node)
+                               : us;
+    e.timeline.push_back({id, now, now + runs_us});
+    e.compute_us += runs_us;
+    now += runs_us;
   }
   e.step_us = now;
   return e;

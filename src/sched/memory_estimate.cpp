@@ -58,11 +58,18 @@ MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& sch
 
   std::map<ValueId, double> live;  // computed values holding arena ranges
   double live_sum = 0, most = -1;
+  std::set<ValueId> produced;  // storage whose range has been taken (it is not taken twice)
   for (size_t s = 0; s < steps.size(); ++s) {
     const graph::Node& node = g.node(steps[s]);
     for (ValueId out : node.outputs) {
+      // A bucket member computed in place in its bucket: the bucket's range is taken now.
+      if (const ValueId bucket = plan.storage_of(out); bucket != out && plan.offsets.count(bucket) &&
+                                                       produced.insert(bucket).second) {
+        live[bucket] = bytes(bucket);
+        live_sum += bytes(bucket);
+      }
       const auto at = plan.offsets.find(out);
-      if (at == plan.offsets.end()) continue;  // a view, or an input's own tensor updated in place
+      if (at == plan.offsets.end() || !produced.insert(out).second) continue;  // a view, or an input's own tensor updated in place, or a bucket taken earlier
       for (ValueId in : node.inputs) {         // computed in place over an input: that range changes hands
         const ValueId owner = plan.storage_of(in);
         const auto in_at = plan.offsets.find(owner);

@@ -1,8 +1,11 @@
 #include "sched/memory_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <string_view>
 
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
@@ -60,16 +63,68 @@ class ArenaPlanner {
 
 size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
 
+// A bucket_pack or bucket_unpack whose members are not cut into pieces: each
+// member is one byte range of the bucket, one after the other.
+bool is_one_chunk_bucket(const graph::Node& node, std::string_view op) {
+  return node.op->name == op && node.attrs.get(graph::attr::chunks) == 1;
+}
+
+// The members of one-chunk bucket_packs that can be computed in place in
+// their bucket, made views of it (the pack then copies nothing for them):
+// each computed here by a node that writes a fresh output (not a view, not
+// over an input), read by that pack alone among packs and only once, and
+// not fetched.
+void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
+                          const std::vector<graph::ValueId>& fetches, graph::MemoryPlan& plan) {
+  std::set<graph::NodeId> computed(steps.begin(), steps.end());
+  std::map<graph::ValueId, int> pack_reads;
+  for (graph::NodeId n : steps)
+    if (g.node(n).op->name == "bucket_pack")
+      for (graph::ValueId in : g.node(n).inputs) ++pack_reads[in];
+  auto placeable = [&](graph::ValueId v) {
+    const graph::Value& value = g.value(v);
+    if (!value.producer.valid() || !computed.count(value.producer) || pack_reads.at(v) != 1) return false;
+    const graph::Node& producer = g.node(value.producer);
+    return !producer.op->is_view && producer.op->in_place.empty() && !is_one_chunk_bucket(producer, "bucket_unpack") &&
+           producer.op->name != "bucket_pack" && std::find(fetches.begin(), fetches.end(), v) == fetches.end();
+  };
+  for (graph::NodeId n : steps) {
+    const graph::Node& node = g.node(n);
+    if (!is_one_chunk_bucket(node, "bucket_pack")) continue;
+    size_t at = 0;
+    for (graph::ValueId member : node.inputs) {
+      if (placeable(member)) {
+        plan.view_of[member] = node.outputs[0];
+        if (at) plan.view_offset[member] = at;
+      }
+      at += nbytes(g.value(member).info);
+    }
+  }
+}
+
 }  // namespace
 
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                               const std::vector<graph::ValueId>& fetches, const std::vector<graph::Update>& updates) {
   using graph::ValueId;
   graph::MemoryPlan plan;
-  // View ops (reshape) alias their input: a value's storage is its root's.
+  place_bucket_members(g, steps, fetches, plan);
+  auto view = [&](ValueId v, ValueId of, size_t offset) {
+    plan.view_of[v] = plan.storage_of(of);
+    if (const size_t at = plan.offset_in_storage(of) + offset) plan.view_offset[v] = at;
+  };
+  // View ops (reshape, wait) alias their input: a value's storage is its
+  // root's. A one-chunk bucket's members are its consecutive byte ranges.
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
-    if (node.op->is_view) plan.view_of[node.outputs[0]] = plan.storage_of(node.inputs[0]);
+    if (node.op->is_view) view(node.outputs[0], node.inputs[0], 0);
+    if (is_one_chunk_bucket(node, "bucket_unpack")) {
+      size_t at = 0;
+      for (ValueId member : node.outputs) {
+        view(member, node.inputs[0], at);
+        at += nbytes(g.value(member).info);
+      }
+    }
   }
   // Last step that reads each storage; fetched storage lives to the end.
   std::map<ValueId, size_t> last_use;
@@ -99,8 +154,14 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
         plan.view_of[out] = in;  // the input's own tensor, which this output updates
       }
     }
-    for (ValueId out : node.outputs)
+    for (ValueId out : node.outputs) {
+      // A bucket member computed in place in its bucket takes the bucket's
+      // range when the first of them is computed.
+      if (const ValueId bucket = plan.storage_of(out); bucket != out && g.value(bucket).producer.valid() &&
+                                                       !plan.offsets.count(bucket))
+        plan.offsets[bucket] = arena.allocate(nbytes(g.value(bucket).info));
       if (!plan.view_of.count(out) && !plan.offsets.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
+    }
     auto release_if_done = [&](ValueId v) {
       if (!g.value(v).producer.valid() || fetched.count(v) || handed_over.count(v)) return;
       auto it = last_use.find(v);
@@ -114,6 +175,20 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
   }
   plan.peak_bytes = arena.size();
   return plan;
+}
+
+double bucket_copy_share(const graph::Graph& g, const graph::MemoryPlan& plan, const graph::Node& node) {
+  const bool pack = node.op->name == "bucket_pack";
+  MT_CHECK(pack || node.op->name == "bucket_unpack", "bucket_copy_share: {} is not a bucket op", node.op->name);
+  const std::vector<graph::ValueId>& members = pack ? node.inputs : node.outputs;
+  const graph::ValueId bucket = plan.storage_of(pack ? node.outputs[0] : node.inputs[0]);
+  double copied = 0, all = 0;
+  for (graph::ValueId m : members) {
+    const auto bytes = static_cast<double>(nbytes(g.value(m).info));
+    all += bytes;
+    if (plan.storage_of(m) != bucket) copied += bytes;
+  }
+  return all > 0 ? copied / all : 0;
 }
 
 }  // namespace meshtrain::sched

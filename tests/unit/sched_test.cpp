@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -230,6 +231,59 @@ TEST(BucketCollectives, PackAndUnpackLayOutPiecesByRow) {
   EXPECT_EQ(values(ex.fetch(packed)), (std::vector<double>{0, 1, 10, 11, 12, 2, 3, 13, 14, 15}));
   EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[0])), (std::vector<double>{0, 1, 2, 3}));
   EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[1])), (std::vector<double>{10, 11, 12, 13, 14, 15}));
+}
+
+// In a one-chunk bucket the members are views of the bucket: a member the
+// step computes is written in place in the bucket (bucket_pack copies only
+// the others, here an input), and bucket_unpack's members are the bucket's
+// byte ranges. Values as copies would give them; the arena holds the bucket
+// alone, live from the first member computed; the memory estimate agrees with the plan.
+TEST(MemoryPlan, OneChunkBucketMembersAreViewsOfTheBucket) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {4}, DType::f32), y = g.add_input("y", {2, 3}, DType::f32),
+                z = g.add_input("z", {2}, DType::f32);
+  const ValueId sx = b.silu(x), sy = b.silu(y);
+  const ValueId packed = g.only_output(g.add_node("bucket_pack", {sx, z, sy}, {attr::chunks(1)}));
+  const NodeId unpack = g.add_node(
+      "bucket_unpack", {packed},
+      {attr::chunks(1), attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2}), Shape({2, 3})}))});
+  for (ValueId v : g.node(unpack).outputs) g.add_output(v);
+  const graph::Schedule schedule = sched::make_schedule(g, g.outputs());
+  const graph::MemoryPlan& plan = schedule.memory;
+  EXPECT_EQ(plan.storage_of(sx), packed);
+  EXPECT_EQ(plan.offset_in_storage(sx), 0u);
+  EXPECT_EQ(plan.storage_of(z), z);  // an input: copied in
+  EXPECT_EQ(plan.storage_of(sy), packed);
+  EXPECT_EQ(plan.offset_in_storage(sy), 24u);
+  const std::vector<ValueId>& members = g.node(unpack).outputs;
+  for (size_t i = 0; i < members.size(); ++i) {
+    EXPECT_EQ(plan.storage_of(members[i]), packed) << i;
+    EXPECT_EQ(plan.offset_in_storage(members[i]), (std::vector<size_t>{0, 16, 24})[i]) << i;
+  }
+  EXPECT_EQ(plan.peak_bytes, sched::kArenaAlignment);  // 48 bytes: the bucket, nothing else
+  const sched::MemoryEstimate memory = sched::estimate_memory(g, schedule);
+  EXPECT_EQ(memory.arena_bytes, static_cast<double>(plan.peak_bytes));
+  EXPECT_EQ(*std::max_element(memory.live_bytes.begin(), memory.live_bytes.end()), memory.input_bytes + 48);
+  EXPECT_EQ(memory.live_bytes[0], memory.input_bytes + 48);  // the bucket's range taken by the first member
+  EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(g.value(packed).producer)), 8.0 / 48);  // z alone
+  EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(unpack)), 0.0);
+
+  runtime::Executor ex(g, schedule, nullptr);
+  Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32), zs = Tensor::empty({2}, DType::f32);
+  for (int i = 0; i < 4; ++i) xs.data<float>()[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i) - 1;
+  for (int i = 0; i < 6; ++i) ys.data<float>()[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i);
+  zs.data<float>()[0] = 7;
+  zs.data<float>()[1] = -3;
+  ex.bind(x, xs);
+  ex.bind(y, ys);
+  ex.bind(z, zs);
+  ex.run();
+  const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(ex.fetch(members[0]).get(i), silu(xs.get(i)), 1e-6) << i;
+  EXPECT_EQ(ex.fetch(members[1]).get(0), 7);
+  EXPECT_EQ(ex.fetch(members[1]).get(1), -3);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(ex.fetch(members[2]).get(i), silu(ys.get(i)), 1e-6) << i;
 }
 
 // An all_reduce takes its input's bytes where it is the input's last reader,

@@ -1,6 +1,8 @@
 // CPU kernels of the bucket ops (graph/ops/collective.cpp): byte copies
 // between the members and the flat bucket, piece c of every member
-// together. The collectives themselves run on the mesh groups, not here.
+// together; a member the memory plan laid out in the bucket already (a view
+// of it) is not copied. The collectives themselves run on the mesh groups,
+// not here.
 #include <cstring>
 
 #include "graph/ops/collective.h"
@@ -31,7 +33,8 @@ void add_collective_kernels(const AddKernel& add) {
     for (const Tensor* m : a.in) bytes.push_back(m->nbytes());
     auto* bucket = static_cast<std::byte*>(a.out[0]->raw());
     for_each_piece(bytes, a.attrs.get(attr::chunks), [&](size_t m, size_t from, size_t to, size_t n) {
-      std::memcpy(bucket + to, static_cast<const std::byte*>(a.in[m]->raw()) + from, n);
+      const auto* piece = static_cast<const std::byte*>(a.in[m]->raw()) + from;
+      if (piece != bucket + to) std::memcpy(bucket + to, piece, n);
     });
   });
   add("bucket_unpack", [](const KernelArgs& a) {
@@ -39,7 +42,8 @@ void add_collective_kernels(const AddKernel& add) {
     for (const Tensor* m : a.out) bytes.push_back(m->nbytes());
     const auto* bucket = static_cast<const std::byte*>(a.in[0]->raw());
     for_each_piece(bytes, a.attrs.get(attr::chunks), [&](size_t m, size_t to, size_t from, size_t n) {
-      std::memcpy(static_cast<std::byte*>(a.out[m]->raw()) + to, bucket + from, n);
+      auto* piece = static_cast<std::byte*>(a.out[m]->raw()) + to;
+      if (piece != bucket + from) std::memcpy(piece, bucket + from, n);
     });
   });
 }
