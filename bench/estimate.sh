@@ -28,7 +28,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
 if [ "$profile" = here ]; then
-  bench/calibrate.sh "$work/here.toml" here
+  bench/calibrate.sh "$work/here.toml" here > /dev/null
+  grep -A3 '^\[device\]' "$work/here.toml" | sed 's/^/calibrated: /'
   profile=$work/here.toml
 fi
 model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256

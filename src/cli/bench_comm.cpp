@@ -64,7 +64,11 @@ void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
 // `members` collectives of one size as the trainer's bucketing runs them:
 // bucket_pack lays the members out one row per rank (piece c of every
 // member in row c), one collective moves the rows, bucket_unpack takes them
-// back (the same CPU kernels the bucketed step runs).
+// back (the same CPU kernels the bucketed step runs). Where the step's memory
+// plan makes the members views of the bucket, so are they here, and those
+// kernels copy nothing for them: an all_reduce's members (gradients computed
+// in place in the bucket) and a reduce_scatter's reduced shards; an
+// all_gather's members are copied in (parameters, as in f32 FSDP) and out.
 struct Bucket {
   std::vector<Buffers> members;
   Buffers packed;
@@ -75,6 +79,13 @@ Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
   Bucket b;
   for (int m = 0; m < members; ++m) b.members.push_back(make_buffers(op, elems, n));
   b.packed = make_buffers(op, elems * members, n);
+  auto view_of_packed = [](Tensor& packed, int64_t elems_each, int m) {
+    return Tensor::view(packed.data<float>().data() + m * elems_each, {elems_each}, DType::f32);
+  };
+  for (int m = 0; m < members; ++m) {
+    if (op == OpType::all_reduce) b.members[m].in = b.members[m].out = view_of_packed(b.packed.in, elems, m);
+    if (op == OpType::reduce_scatter) b.members[m].out = view_of_packed(b.packed.out, elems / n, m);
+  }
   b.pack_attrs.set(graph::attr::chunks, int64_t{op == OpType::reduce_scatter ? n : 1});
   b.unpack_attrs.set(graph::attr::chunks, int64_t{op == OpType::all_gather ? n : 1});
   return b;
@@ -139,6 +150,7 @@ int run_comm_bench(const CommBenchOptions& o) {
   }
   const int members = std::max(1, o.bucket);
   MT_CHECK(o.bucket >= 0, "bench comm: --bucket must be >= 0, got {}", o.bucket);
+  MT_CHECK(o.bucket_cap >= 0, "bench comm: --bucket-cap must be >= 0, got {}", o.bucket_cap);
   if (members > 1)
     for (OpType op : ops)
       MT_CHECK(op != OpType::all_to_all, "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
@@ -163,10 +175,13 @@ int run_comm_bench(const CommBenchOptions& o) {
                world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
                o.verify ? "on" : "off", o.rounds);
     if (members > 1)
-      fmt::print("bucketed: {} collectives of each size packed into one (bucket_pack), one collective, unpacked "
-                 "(bucket_unpack); time = all {} of them; MPI: {} plain calls one by one (mpi_time_us, ratio) and one "
-                 "plain call on the packed bytes (one_call_us, ratio_1)\n",
-                 members, members, members);
+      fmt::print("bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each, unpacked "
+                 "(bucket_unpack), members the step's memory plan lays out in the bucket not copied (all_reduce's; "
+                 "reduce_scatter's results); time = all {} of them; MPI: {} plain calls one by one on the members' "
+                 "buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes (one_call_us, "
+                 "ratio_1)\n",
+                 members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one",
+                 members, members);
     fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters",
                "time_us", "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio",
                members > 1 ? fmt::format(" {:>11} {:>7}", "one_call_us", "ratio_1") : "");
@@ -181,27 +196,41 @@ int run_comm_bench(const CommBenchOptions& o) {
       const int iters = o.iters > 0 ? o.iters
                                     : static_cast<int>(std::clamp<int64_t>((64ll << 20) / used_bytes, 5, 50));
       Buffers b = make_buffers(op, elems, n);
-      std::optional<Bucket> bucket;
-      if (members > 1) bucket = make_bucket(op, elems, n, members);
-      // meshtrain: the collective, or the bucket of `members`; plain MPI:
-      // as many calls one by one, and (bucketed) one call on the packed bytes.
-      auto ours_once = [&] { bucket ? run_bucket(*pg, op, *bucket) : run_meshtrain(*pg, op, b); };
-      auto theirs_once = [&] {
-        for (int m = 0; m < members; ++m) comm::plain_mpi_collective(op, b.in, b.out);
+      // The `members` collectives in buckets of at most `per_bucket` (the cap's worth, at least one).
+      std::vector<Bucket> buckets;
+      const int per_bucket =
+          o.bucket_cap > 0 ? static_cast<int>(std::clamp<int64_t>(o.bucket_cap / (elems * 4), 1, members)) : members;
+      if (members > 1)
+        for (int first = 0; first < members; first += per_bucket)
+          buckets.push_back(make_bucket(op, elems, n, std::min(per_bucket, members - first)));
+      const bool bucketed = !buckets.empty();
+      // meshtrain: the collective, or the buckets (a member alone as a plain
+      // collective); plain MPI: as many calls one by one, and (bucketed) one
+      // call per bucket on the packed bytes.
+      auto ours_once = [&] {
+        if (!bucketed) return run_meshtrain(*pg, op, b);
+        for (Bucket& k : buckets) k.members.size() == 1 ? run_meshtrain(*pg, op, k.members[0]) : run_bucket(*pg, op, k);
       };
-      auto fused_once = [&] { comm::plain_mpi_collective(op, bucket->packed.in, bucket->packed.out); };
+      auto theirs_once = [&] {  // on the members' own buffers, as a program without bucketing would
+        if (!bucketed) return comm::plain_mpi_collective(op, b.in, b.out);
+        for (Bucket& k : buckets)
+          for (Buffers& m : k.members) comm::plain_mpi_collective(op, m.in, m.out);
+      };
+      auto fused_once = [&] {
+        for (Bucket& k : buckets) comm::plain_mpi_collective(op, k.packed.in, k.packed.out);
+      };
       ours_once();  // warm-up every path
       if (baseline) {
         std::lock_guard lock(comm::mpi_mutex());
         theirs_once();
-        if (bucket) fused_once();
+        if (bucketed) fused_once();
       }
       std::vector<double> ours, theirs, fused;
       for (int round = 0; round < o.rounds; ++round) {
         ours.push_back(time_iterations(*pg, iters, false, ours_once));
         theirs.push_back(baseline ? time_iterations(*pg, iters, true, theirs_once)
                                   : std::numeric_limits<double>::quiet_NaN());
-        if (bucket && baseline) fused.push_back(time_iterations(*pg, iters, true, fused_once));
+        if (bucketed && baseline) fused.push_back(time_iterations(*pg, iters, true, fused_once));
       }
       // Paired estimate: rounds next to each other in time share the
       // machine's conditions, so the ratio is taken per round, then the median.
@@ -238,7 +267,7 @@ int run_comm_bench(const CommBenchOptions& o) {
   }
   if (printer && o.json) {
     nlohmann::json j{{"ranks", world->size()}, {"group_size", n}, {"dtype", "f32"}, {"verify", o.verify}, {"rounds", o.rounds},
-                     {"bucket", members}, {"results", results}};
+                     {"bucket", members}, {"bucket_cap", o.bucket_cap}, {"results", results}};
     fmt::print("{}\n", j.dump(1));
   }
   return 0;

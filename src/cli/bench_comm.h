@@ -26,6 +26,10 @@ struct CommBenchOptions {
   // plain MPI calls one by one, and as one plain MPI call on the packed
   // bytes. 0: one collective at a time.
   int bucket = 0;
+  // As schedule.bucket_mode = "size_cap" does: consecutive members share a
+  // bucket while its bytes (as the size column counts them) stay within this cap, and a member alone runs as
+  // a plain collective. 0: all `bucket` members in one.
+  int64_t bucket_cap = 0;
 };
 
 // Run under mpirun; rank 0 prints. Returns the process exit code.

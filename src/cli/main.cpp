@@ -58,6 +58,12 @@ int main(int argc, char** argv) {
                          "(0: one at a time)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bench_comm->add_option("--bucket-cap", comm_opts.bucket_cap,
+                         "With --bucket: consecutive collectives share a bucket while its bytes (as the size column counts "
+                         "them) stay within this size, one alone runs as a plain "
+                         "collective, as schedule.bucket_mode = \"size_cap\" does (0: all in one bucket)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   bench_comm->add_flag("--json", comm_opts.json, "Print one JSON document instead of a table");
 
   std::string fr_dir;
