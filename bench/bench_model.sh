@@ -20,3 +20,15 @@ bench_meshtrain() {
   tail -n "$steps" "$work/m.jsonl" |
     python3 -c 'import sys,json; t=sorted(json.loads(l)["step_ms"] for l in sys.stdin); print(t[len(t)//2]/1000)'
 }
+
+# bench_profile NAME WORKDIR: the hardware profile to estimate with. NAME is a
+# built-in profile or a file, or `here`: this host calibrated now
+# (bench/calibrate.sh, about 2 minutes) into WORKDIR/here.toml, as a VM can
+# move between hosts of different speeds. Prints what to pass to --hardware.
+bench_profile() {
+  local name=$1 work=$2
+  if [ "$name" != here ]; then echo "$name"; return; fi
+  bench/calibrate.sh "$work/here.toml" here > /dev/null || return 1
+  grep -A3 '^\[device\]' "$work/here.toml" | sed 's/^/calibrated: /' >&2
+  echo "$work/here.toml"
+}

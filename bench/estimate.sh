@@ -27,11 +27,7 @@ source bench/bench_model.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
-if [ "$profile" = here ]; then
-  bench/calibrate.sh "$work/here.toml" here > /dev/null
-  grep -A3 '^\[device\]' "$work/here.toml" | sed 's/^/calibrated: /'
-  profile=$work/here.toml
-fi
+profile=$(bench_profile "$profile" "$work")
 model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
        --data.batch_size 8 --data.path "$work/text.txt" --checkpoint.folder "" --training.dtype "$dtype")
 rounds=${ROUNDS:-3}

@@ -12,16 +12,20 @@
 # (collective starts, waits, bucket packing; rank 0's --profile, per step).
 # Beside each, `meshtrain estimate` of the same configuration on this
 # machine's profile, and then the three ways for Llama 3.1 8B on 8 H100s.
-# Usage: [ROUNDS=3] bench/passes.sh [STEPS]
+# Usage: [ROUNDS=3] bench/passes.sh [STEPS] [PROFILE]
+#   PROFILE: `here` (the default) calibrates this host first (about 2
+#   minutes); or a built-in name (cpu-2core) or a profile file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
+profile=${2:-here}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/passes.sh: STEPS must be a positive integer" >&2; exit 2; }
 [ -x build/meshtrain ] || scripts/setup.sh build
 source bench/bench_model.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
+profile=$(bench_profile "$profile" "$work")
 model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
        --data.batch_size 8 --data.path "$work/text.txt" --checkpoint.folder "" --parallel.dp_shard 4)
 ways=("none:--schedule.bucket_mode none --schedule.reorder false"
@@ -35,7 +39,7 @@ for dtype in float32 bfloat16; do
       name=${way%%:*}
       read -r -a flags <<< "${way#*:}"
       [ "$round" -gt 1 ] || build/meshtrain estimate "${model[@]}" "${flags[@]}" --training.dtype "$dtype" --ranks 4 \
-        --hardware cpu-2core --json > "$work/est_${dtype}_$name.json"
+        --hardware "$profile" --json > "$work/est_${dtype}_$name.json"
       scripts/mpirun.sh -np 4 build/meshtrain train "${model[@]}" "${flags[@]}" --training.dtype "$dtype" \
         --training.steps $((steps + 3)) --metrics.file "$work/m_${dtype}_${name}_$round.jsonl" --metrics.log_every 1 \
         --profile > "$work/p_${dtype}_${name}_$round.txt"
