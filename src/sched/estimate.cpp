@@ -43,6 +43,13 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   return std::max(flops / (peak * efficiency) * 1e-3, memory_us);
 }
 
+double planned_node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device, const graph::MemoryPlan& plan) {
+  const double us = node_us(g, id, device);
+  const graph::Node& node = g.node(id);
+  const bool bucket_op = node.op->name == "bucket_pack" || node.op->name == "bucket_unpack";
+  return bucket_op ? us * bucket_copy_share(g, plan, node) : us;
+}
+
 StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedule, const RankDevice& device) {
   StepEstimate e;
   double now = 0;                                         // the compute stream
@@ -60,7 +67,7 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
       now = until;
       continue;
     }
-    const double us = node_us(g, id, device);
+    const double us = planned_node_us(g, id, device, schedule.memory);
     if (node.op->starts_async) {
       e.communication_us += us;
       if (device.hardware.shared_host) {
@@ -77,13 +84,9 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
       }
       continue;
     }
-    // A bucket's members laid out in it are not copied in or out.
-    const double runs_us = node.op->name == "bucket_pack" || node.op->name == "bucket_unpack"
-                               ? us * bucket_copy_share(g, schedule.memory, node)
-                               : us;
-    e.timeline.push_back({id, now, now + runs_us});
-    e.compute_us += runs_us;
-    now += runs_us;
+    e.timeline.push_back({id, now, now + us});
+    e.compute_us += us;
+    now += us;
   }
   e.step_us = now;
   return e;

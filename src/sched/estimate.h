@@ -37,6 +37,10 @@ struct RankDevice {
 // a copy).
 double node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& device);
 
+// node_us under a memory plan: a bucket_pack or bucket_unpack costs only the
+// share of its members that `plan` does not lay out in the bucket.
+double planned_node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& device, const graph::MemoryPlan& plan);
+
 struct StepEstimate {
   double step_us = 0;
   double compute_us = 0;          // the compute stream's busy time

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -305,8 +307,15 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   if (config.schedule.reorder && !hardware.shared_host) {
     const graph::Graph& running = out.lowered.graph;
     const auto& values = out.lowered.values;
+    // Which bucket members the memory plan lays out in their bucket does
+    // not depend on the order, so one plan of the bucketed step serves.
+    auto plan = std::make_shared<std::optional<graph::MemoryPlan>>();
     prefetch = sched::PrefetchOptions{
-        .node_us = [&running, device](graph::NodeId n) { return sched::node_us(running, n, device); },
+        .node_us =
+            [&, device, plan](graph::NodeId n) {
+              if (!*plan) *plan = schedule_step(g, step, running, values).memory;
+              return sched::planned_node_us(running, n, device, **plan);
+            },
         .schedule_of = [&](const graph::Graph& r) { return schedule_step(g, step, r, values); },
         .memory_budget_bytes = memory_budget_bytes(config),
     };

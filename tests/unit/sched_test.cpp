@@ -268,6 +268,11 @@ TEST(MemoryPlan, OneChunkBucketMembersAreViewsOfTheBucket) {
   EXPECT_EQ(memory.live_bytes[0], memory.input_bytes + 48);  // the bucket's range taken by the first member
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(g.value(packed).producer)), 8.0 / 48);  // z alone
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(unpack)), 0.0);
+  const sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10}, .world_size = 1};
+  const NodeId pack = g.value(packed).producer;
+  EXPECT_DOUBLE_EQ(sched::planned_node_us(g, pack, device, plan), sched::node_us(g, pack, device) * 8 / 48);
+  EXPECT_EQ(sched::planned_node_us(g, unpack, device, plan), 0.0);
+  EXPECT_GT(sched::node_us(g, unpack, device), 0.0);
 
   runtime::Executor ex(g, schedule, nullptr);
   Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32), zs = Tensor::empty({2}, DType::f32);
