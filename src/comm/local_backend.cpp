@@ -56,6 +56,18 @@ void execute(std::vector<Arrival>& a) {
       return;
     }
     case OpType::all_gather: {
+      if (!d0.members.empty()) {  // rank k's block of member m, from its input to every output
+        const auto from = displacements(d0.members);
+        for (int k = 0; k < n; ++k) {
+          const auto to = d0.member_blocks_of_rank(n, k);
+          for (int r = 0; r < n; ++r)
+            for (size_t m = 0; m < to.size(); ++m)
+              std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
+                          static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
+                          bytes_of(d0, d0.members[m]));
+        }
+        return;
+      }
       const auto disp = displacements(d0.counts);
       for (int r = 0; r < n; ++r)
         for (int k = 0; k < n; ++k)
@@ -64,6 +76,19 @@ void execute(std::vector<Arrival>& a) {
       return;
     }
     case OpType::reduce_scatter: {
+      if (!d0.members.empty()) {  // rank r's block of member m, reduced over every input
+        const auto to = displacements(d0.members);
+        for (int r = 0; r < n; ++r) {
+          const auto from = d0.member_blocks_of_rank(n, r);
+          for (size_t m = 0; m < from.size(); ++m) {
+            for (int k = 0; k < n; ++k) rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]);
+            std::vector<std::byte> result(bytes_of(d0, d0.members[m]));
+            reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.members[m]));
+            if (!result.empty()) std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]), result.data(), result.size());
+          }
+        }
+        return;
+      }
       const auto disp = displacements(d0.counts);
       for (int r = 0; r < n; ++r) {
         for (int k = 0; k < n; ++k)

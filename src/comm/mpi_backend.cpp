@@ -93,9 +93,23 @@ struct MpiOp {
   MPI_Request check_request = MPI_REQUEST_NULL;
   std::vector<int64_t> check_mine, check_all;
   std::vector<std::byte> scratch;
+  std::vector<MPI_Datatype> datatypes;  // committed for the op's requests, freed with it
+  // MPI_Ialltoallw's datatype arguments: Open MPI 4.1 reads the arrays again
+  // when the request completes, so they live as long as the op.
+  std::vector<MPI_Datatype> send_types, recv_types;
   MPI_Status status{};  // of the last p2p request
   bool in_post_queue = false;
   bool done = false;
+
+  MpiOp() = default;
+  MpiOp(const MpiOp&) = delete;
+  MpiOp& operator=(const MpiOp&) = delete;
+  ~MpiOp() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      for (MPI_Datatype& t : datatypes) MPI_Type_free(&t);
+  }
 };
 
 class Engine {
@@ -485,6 +499,36 @@ std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
   return counts;
 }
 
+// A coalesced op's blocks of rank r on the full side, as one datatype of
+// bytes at their offsets from the buffer (committed; the op frees it).
+MPI_Datatype member_blocks_type(MpiOp& op, int n, int r) {
+  const size_t elem = dtype_size(op.desc.dtype);
+  const std::vector<int> lengths = byte_counts(op.desc.members, elem, "coalesced member block");
+  std::vector<MPI_Aint> offsets;
+  for (int64_t at : op.desc.member_blocks_of_rank(n, r)) offsets.push_back(static_cast<MPI_Aint>(at * static_cast<int64_t>(elem)));
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), offsets.data(), MPI_BYTE, &t);
+  MPI_Type_commit(&t);
+  op.datatypes.push_back(t);
+  return t;
+}
+
+// A coalesced all_gather: every rank sends its input whole to every rank,
+// which receives rank r's blocks straight into the members' places (one
+// datatype per rank), so nothing is packed or unpacked.
+int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
+  const int n = op.group->size;
+  const int bytes = to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
+  std::vector<int> send_counts(static_cast<size_t>(n), bytes), ones(static_cast<size_t>(n), 1),
+      zeros(static_cast<size_t>(n), 0);
+  op.send_types.assign(static_cast<size_t>(n), MPI_BYTE);
+  op.recv_types.clear();
+  for (int r = 0; r < n; ++r) op.recv_types.push_back(member_blocks_type(op, n, r));
+  reqs.resize(1);
+  return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.desc.out, ones.data(),
+                        zeros.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
+}
+
 // all_to_all the chunks, reduce on the host in rank order (bf16/f16/fp8 in
 // f32 with one rounding), so the result equals a serial reduction; all_reduce
 // then all_gathers the reduced chunks. Same bytes on the wire as a ring
@@ -497,6 +541,20 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
   stages.push_back(Stage{
       [counts, mine, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
         op.scratch.resize(static_cast<size_t>(mine * n) * elem);
+        if (!op.desc.members.empty()) {  // coalesced: rank r's blocks of every member, sent as one datatype
+          op.send_types.clear();
+          op.recv_types.assign(static_cast<size_t>(n), MPI_BYTE);
+          for (int r = 0; r < n; ++r) op.send_types.push_back(member_blocks_type(op, n, r));
+          std::vector<int> ones(static_cast<size_t>(n), 1), zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
+          for (int r = 0; r < n; ++r) {
+            recv_counts.push_back(to_int_count(mine * static_cast<int64_t>(elem), "all_to_all block"));
+            recv_displs.push_back(to_int_count(r * mine * static_cast<int64_t>(elem), "all_to_all offset"));
+          }
+          reqs.resize(1);
+          return MPI_Ialltoallw(op.desc.in, ones.data(), zeros.data(), op.send_types.data(), op.scratch.data(),
+                                recv_counts.data(), recv_displs.data(), op.recv_types.data(), op.group->comm,
+                                &reqs[0]);
+        }
         const auto send_counts = byte_counts(counts, elem, "all_to_all block");
         const auto send_displs = byte_displacements(counts, elem, "all_to_all offset");
         std::vector<int64_t> recv(static_cast<size_t>(n), mine);
@@ -555,6 +613,7 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
       // moves the same bytes and sums in rank order (reproducible results).
       return host_reduce_stages(d, n, rank, false);
     case OpType::all_gather:
+      if (!d.members.empty()) return single(post_coalesced_all_gather);
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
         reqs.resize(1);
         const auto& c = op.desc.counts;

@@ -82,7 +82,12 @@ std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
     case OpType::all_gather: f[5] = out_numel; break;
     default: f[5] = 0;
   }
-  f[6] = counts.empty() ? 0 : hash_counts(counts);
+  std::vector<int64_t> sizes = counts;
+  if (!members.empty()) {  // a coalesced op: its members' blocks, after a separator
+    sizes.push_back(-1);
+    sizes.insert(sizes.end(), members.begin(), members.end());
+  }
+  f[6] = sizes.empty() ? 0 : hash_counts(sizes);
   if (op == OpType::all_to_all) {
     std::copy(send_counts.begin(), send_counts.end(), f.begin() + kFingerprintHead);
     std::copy(recv_counts.begin(), recv_counts.end(), f.begin() + kFingerprintHead + group_size);
@@ -96,10 +101,21 @@ std::string OpDesc::signature() const {
   if (uses_reduce_op(op)) s += fmt::format(" {}", reduce_op_name(reduce));
   if (op == OpType::broadcast) s += fmt::format(" root={}", root);
   if (!counts.empty()) s += fmt::format(" counts=[{}]", fmt::join(counts, ","));
+  if (!members.empty()) s += fmt::format(" members=[{}]", fmt::join(members, ","));
   else if (op == OpType::all_reduce || op == OpType::broadcast) s += fmt::format(" numel={}", in_numel);
   if (op == OpType::all_to_all)
     s += fmt::format(" send=[{}] recv=[{}]", fmt::join(send_counts, ","), fmt::join(recv_counts, ","));
   return s;
+}
+
+std::vector<int64_t> OpDesc::member_blocks_of_rank(int group_size, int r) const {
+  std::vector<int64_t> at(members.size());
+  int64_t member_start = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    at[m] = member_start + r * members[m];
+    member_start += group_size * members[m];
+  }
+  return at;
 }
 
 std::string check_fingerprints(const std::vector<std::vector<int64_t>>& rows, const WorkInfo& info) {
@@ -291,6 +307,48 @@ WorkPtr ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, Reduce
   OpDesc d = describe_op(OpType::reduce_scatter, input, output);
   d.reduce = op;
   d.counts = std::move(counts);
+  return issue(std::move(d));
+}
+
+namespace {
+
+// A coalesced op's members: each block at least 0 elements, adding up to the
+// side that holds this rank's blocks (`partial`; the full side n times it).
+void check_members(const std::vector<int64_t>& members, const Tensor& partial, const Tensor& full, int n,
+                   std::string_view op) {
+  MT_CHECK(!members.empty(), "{}: a coalesced collective needs at least one member", op);
+  for (size_t m = 0; m < members.size(); ++m)
+    MT_CHECK(members[m] >= 0, "{}: member {} has a block of {} elements", op, m, members[m]);
+  MT_CHECK(partial.numel() == sum(members) && full.numel() == n * sum(members),
+           "{}: members of {} elements per rank in all ({} ranks) need {} elements on this rank's side and {} on "
+           "the gathered side, got {} and {}",
+           op, sum(members), n, sum(members), n * sum(members), partial.numel(), full.numel());
+}
+
+}  // namespace
+
+WorkPtr ProcessGroup::all_gather_coalesced(const Tensor& input, Tensor& output, std::vector<int64_t> members) {
+  check_tensor(input, "input", "all_gather_coalesced");
+  check_tensor(output, "output", "all_gather_coalesced");
+  check_same_dtype(input, output, "all_gather_coalesced");
+  check_members(members, input, output, size(), "all_gather_coalesced");
+  OpDesc d = describe_op(OpType::all_gather, input, output);
+  d.counts.assign(static_cast<size_t>(size()), input.numel());
+  d.members = std::move(members);
+  return issue(std::move(d));
+}
+
+WorkPtr ProcessGroup::reduce_scatter_coalesced(const Tensor& input, Tensor& output, std::vector<int64_t> members,
+                                               ReduceOp op) {
+  check_tensor(input, "input", "reduce_scatter_coalesced");
+  check_tensor(output, "output", "reduce_scatter_coalesced");
+  check_same_dtype(input, output, "reduce_scatter_coalesced");
+  check_reduce_dtype(op, input.dtype(), "reduce_scatter_coalesced");
+  check_members(members, output, input, size(), "reduce_scatter_coalesced");
+  OpDesc d = describe_op(OpType::reduce_scatter, input, output);
+  d.reduce = op;
+  d.counts.assign(static_cast<size_t>(size()), output.numel());
+  d.members = std::move(members);
   return issue(std::move(d));
 }
 

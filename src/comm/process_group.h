@@ -50,6 +50,9 @@ struct OpDesc {
   std::vector<int64_t> counts;       // all_gather / reduce_scatter: elements per rank
   std::vector<int64_t> send_counts;  // all_to_all: elements this rank sends to each rank
   std::vector<int64_t> recv_counts;  // all_to_all: elements this rank receives from each rank
+  // A coalesced all_gather or reduce_scatter: each member's block per rank,
+  // in elements (see ProcessGroup::all_gather_coalesced); empty otherwise.
+  std::vector<int64_t> members;
   // all_to_all called without counts: equal blocks on every rank, so a
   // backend may use its equal-block call. With counts, the blocks may differ
   // by rank (a rank may even send and receive nothing), and every rank must
@@ -63,6 +66,9 @@ struct OpDesc {
   static constexpr size_t kFingerprintHead = 7;
   std::vector<int64_t> fingerprint(int group_size) const;
   std::string signature() const;  // human-readable summary of the fingerprint
+  // A coalesced op: where rank r's block of each member lies on the full
+  // side (all_gather's output, reduce_scatter's input), in elements.
+  std::vector<int64_t> member_blocks_of_rank(int group_size, int r) const;
 };
 
 // Given every rank's fingerprint (row r = rank r), the error all ranks raise,
@@ -91,6 +97,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // counts: elements of each rank's block; empty: equal blocks.
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum,
                          std::vector<int64_t> counts = {});
+  // Several all_gathers (reduce_scatters) of one dtype as one collective, a
+  // bucket that needs no copy in or out: `members` gives each member's block
+  // per rank, in elements. The side that holds every rank's block (all_gather's
+  // output, reduce_scatter's input) holds each member whole, one after
+  // another, its blocks in rank order; the other side holds this rank's block
+  // of every member, one after another. So the members are plain consecutive
+  // tensors on both sides.
+  WorkPtr all_gather_coalesced(const Tensor& input, Tensor& output, std::vector<int64_t> members);
+  WorkPtr reduce_scatter_coalesced(const Tensor& input, Tensor& output, std::vector<int64_t> members,
+                                   ReduceOp op = ReduceOp::sum);
   // Block j of input goes to rank j; block i of output comes from rank i.
   // Counts in elements per rank; empty: equal blocks.
   WorkPtr all_to_all(const Tensor& input, Tensor& output, std::vector<int64_t> send_counts = {},

@@ -124,6 +124,43 @@ inline void check_all_gather(ProcessGroup& pg, DType dtype, bool uneven) {
           << "all_gather " << dtype_name(dtype) << " from rank " << k << " i=" << i;
 }
 
+// Coalesced: members of 3, 0 and 5 elements per rank, each member whole on
+// the gathered side (its blocks in rank order), one after another.
+inline const std::vector<int64_t> kCoalescedMembers{3, 0, 5};
+
+inline void check_all_gather_coalesced(ProcessGroup& pg, DType dtype) {
+  const int n = pg.size();
+  const std::vector<int64_t>& members = kCoalescedMembers;
+  const int64_t per_rank = std::accumulate(members.begin(), members.end(), int64_t{0});
+  Tensor in = make_input(pg.rank(), per_rank, dtype, 7);
+  Tensor out = Tensor::zeros({n * per_rank}, dtype);
+  pg.all_gather_coalesced(in, out, members)->wait();
+  const auto from = comm::displacements(members);
+  int64_t at = 0;
+  for (size_t m = 0; m < members.size(); ++m)
+    for (int k = 0; k < n; ++k)
+      for (int64_t i = 0; i < members[m]; ++i, ++at)
+        ASSERT_EQ(out.get(at), input_value(k, from[m] + i, dtype, 7))
+            << "all_gather_coalesced " << dtype_name(dtype) << " member " << m << " from rank " << k << " i=" << i;
+}
+
+inline void check_reduce_scatter_coalesced(ProcessGroup& pg, DType dtype, ReduceOp op) {
+  const int n = pg.size();
+  const std::vector<int64_t>& members = kCoalescedMembers;
+  const int64_t per_rank = std::accumulate(members.begin(), members.end(), int64_t{0});
+  Tensor in = make_input(pg.rank(), n * per_rank, dtype, 8);
+  Tensor out = Tensor::zeros({per_rank}, dtype);
+  pg.reduce_scatter_coalesced(in, out, members, op)->wait();
+  int64_t member_start = 0, at = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    for (int64_t i = 0; i < members[m]; ++i, ++at)
+      expect_reduced(out.get(at), reference_reduce(n, member_start + pg.rank() * members[m] + i, dtype, op, 8), dtype,
+                     op, fmt::format("reduce_scatter_coalesced {} {} member {} i={} rank {}", dtype_name(dtype),
+                                     comm::reduce_op_name(op), m, i, pg.rank()));
+    member_start += n * members[m];
+  }
+}
+
 // Rank i sends (i + 2j) % 4 elements to rank j (0 for some pairs).
 inline int64_t a2a_count(int from, int to) { return (from + 2 * to) % 4; }
 
@@ -177,9 +214,11 @@ inline void check_every_collective(ProcessGroup& pg) {
       check_all_reduce(pg, dtype, op, 37);  // not divisible by 2, 3 or 4
       check_reduce_scatter(pg, dtype, op, false);
       check_reduce_scatter(pg, dtype, op, true);
+      check_reduce_scatter_coalesced(pg, dtype, op);
     }
     check_all_gather(pg, dtype, false);
     check_all_gather(pg, dtype, true);
+    check_all_gather_coalesced(pg, dtype);
     check_all_to_all(pg, dtype, false);
     check_all_to_all(pg, dtype, true);
     for (int root = 0; root < pg.size(); ++root) check_broadcast(pg, dtype, root);

@@ -18,6 +18,13 @@ TEST(MpiCollectives, EveryCollectiveDtypeAndReduceOp) {
   mtest::check_every_collective(mpi_world());
 }
 
+TEST(MpiCollectives, CoalescedOverTheirMembersPlaces) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
+    mtest::check_all_gather_coalesced(mpi_world(), dtype);
+    mtest::check_reduce_scatter_coalesced(mpi_world(), dtype, ReduceOp::sum);
+  }
+}
+
 TEST(MpiCollectives, SubGroups) { mtest::check_subgroups(mpi_world()); }
 
 TEST(MpiCollectives, LargeBf16AllReduceIsExactAgainstSerialReference) {

@@ -83,6 +83,25 @@ TEST(LocalErrors, MismatchedAllToAllCounts) {
   });
 }
 
+TEST(LocalErrors, MismatchedCoalescedMembersFailOnEveryRank) {
+  LocalWorld world(2);
+  world.run([](ProcessGroup& pg) {
+    // The same bytes per rank, cut into different members: the blocks would land in the wrong places.
+    Tensor in = Tensor::zeros({8}, DType::f32), out = Tensor::zeros({16}, DType::f32);
+    const std::vector<int64_t> members = pg.rank() == 0 ? std::vector<int64_t>{3, 5} : std::vector<int64_t>{4, 4};
+    const auto msg = message_of([&] { pg.all_gather_coalesced(in, out, members)->wait(); });
+    EXPECT_TRUE(contains(msg, "ranks disagree on the per-rank counts of all_gather (seq 1)")) << msg;
+    mtest::check_all_gather_coalesced(pg, DType::f32);  // still in step
+  });
+  LocalWorld one(1);
+  ProcessGroup& pg = *one.group(0);
+  Tensor in = Tensor::zeros({8}, DType::f32), out = Tensor::zeros({8}, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { pg.all_gather_coalesced(in, out, {3, 4}); }),
+                       "members of 7 elements per rank in all (1 ranks) need 7 elements on this rank's side"));
+  EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter_coalesced(in, out, {}); }), "needs at least one member"));
+  EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter_coalesced(in, out, {9, -1}); }), "member 1 has a block of -1"));
+}
+
 TEST(LocalErrors, BadArgumentsAreRejectedBeforeCommunicating) {
   LocalWorld world(1);
   ProcessGroup& pg = *world.group(0);
