@@ -62,17 +62,17 @@ void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
 }
 
 // `members` collectives of one size as the trainer's bucketing runs them:
-// bucket_pack lays the members out one row per rank (piece c of every
-// member in row c), one collective moves the rows, bucket_unpack takes them
-// back (the same CPU kernels the bucketed step runs). Where the step's memory
-// plan makes the members views of the bucket, so are they here, and those
-// kernels copy nothing for them: an all_reduce's members (gradients computed
-// in place in the bucket) and a reduce_scatter's reduced shards; an
-// all_gather's members are copied in (parameters, as in f32 FSDP) and out.
+// bucket_pack lays the members out one after another, one collective moves
+// them (all_gather and reduce_scatter coalesced, each member whole on the
+// side of every rank's block), bucket_unpack takes them back (the same CPU
+// kernels the bucketed step runs). Where the step's memory plan makes the
+// members views of the bucket, so are they here, and those kernels copy
+// nothing for them: all members on both sides, except an all_gather's
+// inputs, which are copied in (parameters, as in f32 FSDP).
 struct Bucket {
   std::vector<Buffers> members;
   Buffers packed;
-  graph::Attrs pack_attrs, unpack_attrs;
+  std::vector<int64_t> member_blocks;  // each member's block per rank, for the coalesced collectives
 };
 
 Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
@@ -83,22 +83,32 @@ Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
     return Tensor::view(packed.data<float>().data() + m * elems_each, {elems_each}, DType::f32);
   };
   for (int m = 0; m < members; ++m) {
-    if (op == OpType::all_reduce) b.members[m].in = b.members[m].out = view_of_packed(b.packed.in, elems, m);
-    if (op == OpType::reduce_scatter) b.members[m].out = view_of_packed(b.packed.out, elems / n, m);
+    Buffers& member = b.members[m];
+    switch (op) {
+      case OpType::all_reduce: member.in = member.out = view_of_packed(b.packed.in, elems, m); break;
+      case OpType::all_gather: member.out = view_of_packed(b.packed.out, elems, m); break;
+      default:
+        member.in = view_of_packed(b.packed.in, elems, m);
+        member.out = view_of_packed(b.packed.out, elems / n, m);
+    }
   }
-  b.pack_attrs.set(graph::attr::chunks, int64_t{op == OpType::reduce_scatter ? n : 1});
-  b.unpack_attrs.set(graph::attr::chunks, int64_t{op == OpType::all_gather ? n : 1});
+  b.member_blocks.assign(static_cast<size_t>(members), elems / n);
   return b;
 }
 
 void run_bucket(comm::ProcessGroup& pg, OpType op, Bucket& b) {
   static const kernels::cpu::CpuKernel& pack = *kernels::cpu::find_cpu_kernel("bucket_pack");
   static const kernels::cpu::CpuKernel& unpack = *kernels::cpu::find_cpu_kernel("bucket_unpack");
-  kernels::cpu::KernelArgs packing{{}, {&b.packed.in}, b.pack_attrs};
+  const graph::Attrs none;
+  kernels::cpu::KernelArgs packing{{}, {&b.packed.in}, none};
   for (const Buffers& m : b.members) packing.in.push_back(&m.in);
   pack(packing);
-  run_meshtrain(pg, op, b.packed);
-  kernels::cpu::KernelArgs unpacking{{&b.packed.out}, {}, b.unpack_attrs};
+  switch (op) {
+    case OpType::all_gather: pg.all_gather_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait(); break;
+    case OpType::reduce_scatter: pg.reduce_scatter_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait(); break;
+    default: run_meshtrain(pg, op, b.packed);
+  }
+  kernels::cpu::KernelArgs unpacking{{&b.packed.out}, {}, none};
   for (Buffers& m : b.members) unpacking.out.push_back(&m.out);
   unpack(unpacking);
 }
@@ -175,9 +185,9 @@ int run_comm_bench(const CommBenchOptions& o) {
                world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
                o.verify ? "on" : "off", o.rounds);
     if (members > 1)
-      fmt::print("bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each, unpacked "
-                 "(bucket_unpack), members the step's memory plan lays out in the bucket not copied (all_reduce's; "
-                 "reduce_scatter's results); time = all {} of them; MPI: {} plain calls one by one on the members' "
+      fmt::print("bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each "
+                 "(all_gather and reduce_scatter coalesced), unpacked (bucket_unpack), members the step's memory plan "
+                 "lays out in the bucket not copied (all but all_gather's inputs); time = all {} of them; MPI: {} plain calls one by one on the members' "
                  "buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes (one_call_us, "
                  "ratio_1)\n",
                  members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one",

@@ -96,12 +96,14 @@ inline constexpr AttrKey<std::string> layout_before{"before"}, layout_after{"aft
 inline constexpr AttrKey<double> comm_bytes{"bytes"};
 // Elements of a started collective's staging buffer (its second output).
 inline constexpr AttrKey<int64_t> buffer_elements{"buffer"};
-// A bucket of collectives merged into one (bucket_pack, bucket_unpack): the
-// members' shapes, each as its rank then its dims, and the chunks each
-// member is cut into (the group's ranks, where the bucket's collective
-// splits or joins them; 1 where it does neither).
+// A bucket of collectives merged into one: bucket_unpack's members' shapes,
+// each as its rank then its dims; and on a bucket's all_gather or
+// reduce_scatter, each member's block per rank (elements), as the coalesced
+// collective moves them (comm::ProcessGroup::all_gather_coalesced: each
+// member whole on the gathered side, so bucket_pack and bucket_unpack only
+// ever lay members one after another).
 inline constexpr AttrKey<std::vector<int64_t>> member_shapes{"members"};
-inline constexpr AttrKey<int64_t> chunks{"chunks"};
+inline constexpr AttrKey<std::vector<int64_t>> member_blocks{"member_blocks"};
 }  // namespace attr
 
 }  // namespace meshtrain::graph

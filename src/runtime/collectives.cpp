@@ -21,6 +21,7 @@ std::optional<CollectiveStep> collective_step(const graph::Node& node, const sha
   if (node.op->name != "shard_locally") s.collective = comm::parse_op_type(node.op->name);
   s.bytes = node.attrs.get(graph::attr::comm_bytes);
   c.global_shape = Shape(node.attrs.get(graph::attr::global_shape));
+  c.member_blocks = node.attrs.get_or(graph::attr::member_blocks, {});
   return c;
 }
 

@@ -14,6 +14,9 @@ namespace meshtrain::runtime {
 struct CollectiveStep {
   sharding::PlanStep step;
   Shape global_shape;
+  // A bucket's coalesced all_gather or reduce_scatter: each member's block
+  // per rank (graph::attr::member_blocks); empty for any other collective.
+  std::vector<int64_t> member_blocks;
 };
 
 // The step of a collective node, or nullopt for any other op. Fails naming

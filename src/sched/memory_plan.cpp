@@ -63,13 +63,7 @@ class ArenaPlanner {
 
 size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
 
-// A bucket_pack or bucket_unpack whose members are not cut into pieces: each
-// member is one byte range of the bucket, one after the other.
-bool is_one_chunk_bucket(const graph::Node& node, std::string_view op) {
-  return node.op->name == op && node.attrs.get(graph::attr::chunks) == 1;
-}
-
-// The members of one-chunk bucket_packs that can be computed in place in
+// The members of bucket_packs that can be computed in place in
 // their bucket, made views of it (the pack then copies nothing for them):
 // each computed here by a node that writes a fresh output (not a view, not
 // over an input), read by that pack alone among packs and only once, and
@@ -85,12 +79,12 @@ void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId
     const graph::Value& value = g.value(v);
     if (!value.producer.valid() || !computed.count(value.producer) || pack_reads.at(v) != 1) return false;
     const graph::Node& producer = g.node(value.producer);
-    return !producer.op->is_view && producer.op->in_place.empty() && !is_one_chunk_bucket(producer, "bucket_unpack") &&
+    return !producer.op->is_view && producer.op->in_place.empty() && producer.op->name != "bucket_unpack" &&
            producer.op->name != "bucket_pack" && std::find(fetches.begin(), fetches.end(), v) == fetches.end();
   };
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
-    if (!is_one_chunk_bucket(node, "bucket_pack")) continue;
+    if (node.op->name != "bucket_pack") continue;
     size_t at = 0;
     for (graph::ValueId member : node.inputs) {
       if (placeable(member)) {
@@ -114,11 +108,11 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
     if (const size_t at = plan.offset_in_storage(of) + offset) plan.view_offset[v] = at;
   };
   // View ops (reshape, wait) alias their input: a value's storage is its
-  // root's. A one-chunk bucket's members are its consecutive byte ranges.
+  // root's. A bucket's members are its consecutive byte ranges.
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
     if (node.op->is_view) view(node.outputs[0], node.inputs[0], 0);
-    if (is_one_chunk_bucket(node, "bucket_unpack")) {
+    if (node.op->name == "bucket_unpack") {
       size_t at = 0;
       for (ValueId member : node.outputs) {
         view(member, node.inputs[0], at);

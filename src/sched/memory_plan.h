@@ -23,9 +23,9 @@ inline constexpr size_t kArenaAlignment = 64;
 // input that `updates` says this output updates, the input's own tensor
 // (AdamW's new parameter, written over the parameter). Inputs and
 // parameters are not in the arena.
-// A one-chunk bucket_pack's members that the step computes, each read by
-// that pack alone, are computed in place in the bucket, and a one-chunk
-// bucket_unpack's members are its byte ranges: both views of the bucket
+// A bucket_pack's members that the step computes, each read by that pack
+// alone, are computed in place in the bucket, and a bucket_unpack's
+// members are its byte ranges: both views of the bucket
 // (MemoryPlan::view_offset), which the bucket kernels then do not copy.
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                               const std::vector<graph::ValueId>& fetches,

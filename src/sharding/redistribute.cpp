@@ -264,6 +264,18 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
   }
 }
 
+InFlightStep start_coalesced_step(const Tensor& local, Tensor& out, const PlanStep& step,
+                                  const std::vector<int64_t>& member_blocks, MeshGroups& groups) {
+  const bool gather = step.collective == comm::OpType::all_gather;
+  MT_CHECK(gather || step.collective == comm::OpType::reduce_scatter,
+           "a coalesced collective is an all_gather or a reduce_scatter, not step {} -> {}", step.before.to_string(),
+           step.after.to_string());
+  comm::ProcessGroup& group = groups.merged_group(step.mesh_dims, comm_stream(*step.collective));
+  Tensor in = flat(local), target = flat(out);
+  if (gather) return {group.all_gather_coalesced(in, target, member_blocks), {}};
+  return {group.reduce_scatter_coalesced(in, target, member_blocks, step.from.reduce), {}};
+}
+
 Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanStep& step, MeshGroups& groups) {
   const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));
   if (c.group_size == 1) return local;

@@ -49,6 +49,13 @@ struct InFlightStep {
 InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
                         const PlanStep& step, MeshGroups& groups);
 
+// Starts a bucket's coalesced all_gather or reduce_scatter on the flat
+// buffers `local` and `out`: `member_blocks` gives each member's block per
+// rank, and the side that holds every rank's block holds each member whole
+// (comm::ProcessGroup::all_gather_coalesced).
+InFlightStep start_coalesced_step(const Tensor& local, Tensor& out, const PlanStep& step,
+                                  const std::vector<int64_t>& member_blocks, MeshGroups& groups);
+
 // Run an already planned sequence of steps.
 Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan,
                     MeshGroups& groups);

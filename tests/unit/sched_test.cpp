@@ -203,15 +203,15 @@ TEST(BucketCollectives, SizeCapClosesABucketAtTheCap) {
             "all_gather%15 wait%17 matmul%18");
 }
 
-// bucket_pack puts piece c of every member in row c; bucket_unpack takes
-// them back, by value.
-TEST(BucketCollectives, PackAndUnpackLayOutPiecesByRow) {
+// bucket_pack lays the members one after another; bucket_unpack takes them
+// back, by value.
+TEST(BucketCollectives, PackAndUnpackLayMembersOneAfterAnother) {
   Graph g;
   const ValueId a = g.add_input("a", {4}, DType::f32), b = g.add_input("b", {2, 3}, DType::f32);
-  const ValueId packed = g.only_output(g.add_node("bucket_pack", {a, b}, {attr::chunks(2)}));
-  EXPECT_EQ(g.value(packed).info.shape, Shape({2, 5}));
+  const ValueId packed = g.only_output(g.add_node("bucket_pack", {a, b}));
+  EXPECT_EQ(g.value(packed).info.shape, Shape({1, 10}));
   const NodeId unpack = g.add_node("bucket_unpack", {packed},
-                                   {attr::chunks(2), attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})}))});
+                                   {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})}))});
   g.add_output(packed);
   for (ValueId v : g.node(unpack).outputs) g.add_output(v);
   runtime::Executor ex(g, sched::make_schedule(g, g.outputs()), nullptr);
@@ -228,26 +228,26 @@ TEST(BucketCollectives, PackAndUnpackLayOutPiecesByRow) {
   ex.bind(a, filled({4}, 0));
   ex.bind(b, filled({2, 3}, 10));
   ex.run();
-  EXPECT_EQ(values(ex.fetch(packed)), (std::vector<double>{0, 1, 10, 11, 12, 2, 3, 13, 14, 15}));
+  EXPECT_EQ(values(ex.fetch(packed)), (std::vector<double>{0, 1, 2, 3, 10, 11, 12, 13, 14, 15}));
   EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[0])), (std::vector<double>{0, 1, 2, 3}));
   EXPECT_EQ(values(ex.fetch(g.node(unpack).outputs[1])), (std::vector<double>{10, 11, 12, 13, 14, 15}));
 }
 
-// In a one-chunk bucket the members are views of the bucket: a member the
+// A bucket's members are views of the bucket: a member the
 // step computes is written in place in the bucket (bucket_pack copies only
 // the others, here an input), and bucket_unpack's members are the bucket's
 // byte ranges. Values as copies would give them; the arena holds the bucket
 // alone, live from the first member computed; the memory estimate agrees with the plan.
-TEST(MemoryPlan, OneChunkBucketMembersAreViewsOfTheBucket) {
+TEST(MemoryPlan, BucketMembersAreViewsOfTheBucket) {
   Graph g;
   Builder b(g);
   const ValueId x = g.add_input("x", {4}, DType::f32), y = g.add_input("y", {2, 3}, DType::f32),
                 z = g.add_input("z", {2}, DType::f32);
   const ValueId sx = b.silu(x), sy = b.silu(y);
-  const ValueId packed = g.only_output(g.add_node("bucket_pack", {sx, z, sy}, {attr::chunks(1)}));
+  const ValueId packed = g.only_output(g.add_node("bucket_pack", {sx, z, sy}));
   const NodeId unpack = g.add_node(
       "bucket_unpack", {packed},
-      {attr::chunks(1), attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2}), Shape({2, 3})}))});
+      {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2}), Shape({2, 3})}))});
   for (ValueId v : g.node(unpack).outputs) g.add_output(v);
   const graph::Schedule schedule = sched::make_schedule(g, g.outputs());
   const graph::MemoryPlan& plan = schedule.memory;

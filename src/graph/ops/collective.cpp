@@ -12,12 +12,12 @@
 // its share of a pending sum (R -> P), with no communication, at once. Each
 // node carries the layouts before and after, the global shape and its local
 // output shape (uneven shards differ by rank), so it runs without a plan.
-// bucket_pack lays several tensors out as one buffer for one collective
-// (sched's bucket_collectives), [chunks, elements / chunks]: each member cut
-// into `chunks` equal pieces, row c holding piece c of every member, so that
-// an all_gather joins, or a reduce_scatter splits, every member at once (a
-// row per rank: one block each); bucket_unpack takes them back out of such
-// rows (any number; its `chunks` says how many pieces each member has).
+// bucket_pack lays several tensors out one after another as one buffer
+// [1, elements] for one collective (sched's bucket_collectives);
+// bucket_unpack takes them back out of such a buffer (of any 2-d shape).
+// A bucket's all_gather or reduce_scatter is coalesced (its member_blocks
+// attribute): it keeps each member whole on the side that holds every
+// rank's block, so neither op ever cuts a member into pieces.
 #include "graph/ops/collective.h"
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
@@ -34,12 +34,6 @@ void read_collective_attrs(const Attrs& at) {
   at.get(attr::layout_before);
   at.get(attr::layout_after);
   at.get(attr::global_shape);
-}
-
-int64_t checked_chunks(const Attrs& at) {
-  const int64_t chunks = at.get(attr::chunks);
-  MT_CHECK(chunks >= 1, "a bucket's members are cut into {} chunks; at least 1", chunks);
-  return chunks;
 }
 
 }  // namespace
@@ -95,30 +89,24 @@ void add_collective_ops(std::vector<OpDef>& ops) {
       .name = "bucket_pack",
       .num_inputs = OpDef::kVariadic,
       .infer =
-          [](const ValueInfos& in, const Attrs& at) {
-            const int64_t chunks = checked_chunks(at);
+          [](const ValueInfos& in, const Attrs&) {
             MT_CHECK(!in.empty(), "bucket_pack needs at least one member");
             int64_t total = 0;
             for (const ValueInfo& m : in) {
               MT_CHECK(m.dtype == in[0].dtype, "bucket_pack: members of {} and {}: one dtype per bucket",
                        dtype_name(in[0].dtype), dtype_name(m.dtype));
-              MT_CHECK(m.shape.numel() % chunks == 0, "bucket_pack: a member of {} elements does not cut into {} chunks",
-                       m.shape.numel(), chunks);
               total += m.shape.numel();
             }
-            return ValueInfos{{Shape({chunks, total / chunks}), in[0].dtype}};
+            return ValueInfos{{Shape({1, total}), in[0].dtype}};
           },
   });
   ops.push_back({
       .name = "bucket_unpack",
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            const int64_t chunks = checked_chunks(at);
             ValueInfos out;
             int64_t total = 0;
             for (const Shape& s : bucket_member_shapes(at)) {
-              MT_CHECK(s.numel() % chunks == 0, "bucket_unpack: a member of {} elements does not cut into {} chunks",
-                       s.numel(), chunks);
               out.push_back({s, in[0].dtype});
               total += s.numel();
             }

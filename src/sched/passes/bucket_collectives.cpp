@@ -187,9 +187,9 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
   std::vector<std::pair<ValueId, ValueId>> results;       // a member's waited result -> its unpacked one
   std::vector<NodeId> retired;
   for (const Bucket& b : buckets) {
-    const int64_t ranks = static_cast<int64_t>(g.node(b.members.front().start).attrs.get(graph::attr::group).size());
     std::vector<ValueId> inputs;
     std::vector<Shape> results_shapes;
+    std::vector<int64_t> member_blocks;  // each member's block per rank
     int64_t in_total = 0, out_total = 0;
     bool reads_input = false;
     for (const Member& m : b.members) {
@@ -198,14 +198,16 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
       results_shapes.push_back(g.value(start.outputs[0]).info.shape);
       in_total += numel(g, start.inputs[0]);
       out_total += numel(g, start.outputs[0]);
+      member_blocks.push_back(numel(g, b.key.op == "reduce_scatter" ? start.outputs[0] : start.inputs[0]));
       reads_input |= g.node(m.wait).inputs.size() == 3;
     }
-    const graph::Attrs attrs = bucket_attrs(g, b, mesh_ndim, in_total, out_total);
+    graph::Attrs attrs = bucket_attrs(g, b, mesh_ndim, in_total, out_total);
+    if (b.key.op != "all_reduce") attrs.set(graph::attr::member_blocks, member_blocks);
     NodeId pack, start;
     {
       graph::InsertBefore at(g, anchor(b.start_at()));
       g.set_scope(g.node(b.members.front().start).scope);
-      pack = g.add_node("bucket_pack", inputs, {graph::attr::chunks(b.key.op == "reduce_scatter" ? ranks : 1)});
+      pack = g.add_node("bucket_pack", inputs);
       start = g.add_node(b.key.op, {g.only_output(pack)}, attrs);
     }
     {
@@ -215,8 +217,7 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
       const NodeId wait = g.add_node("wait", wait_inputs);
       const NodeId unpack = g.add_node(
           "bucket_unpack", {g.only_output(wait)},
-          {graph::attr::member_shapes(graph::ops::bucket_member_shapes_attr(results_shapes)),
-           graph::attr::chunks(b.key.op == "all_gather" ? ranks : 1)});
+          {graph::attr::member_shapes(graph::ops::bucket_member_shapes_attr(results_shapes))});
       for (size_t k = 0; k < b.members.size(); ++k)
         results.emplace_back(g.node(b.members[k].wait).outputs[0], g.node(unpack).outputs[k]);
     }

@@ -1,10 +1,13 @@
 // Bucketing: collectives of one kind over one group and dtype merged into
 // one (XLA's combiners, FSDP's per-block all-gather and reduce-scatter,
 // DDP's gradient buckets), so a step pays one collective's latency and
-// cross-rank check where it paid several. The members are packed into one
-// flat buffer (bucket_pack), the collective runs on it, and bucket_unpack
-// takes them back out; every result is bitwise what the members computed
-// apart (reduce_scatter sums in rank order whatever its size).
+// cross-rank check where it paid several. The members are laid one after
+// another in one flat buffer (bucket_pack), the collective runs on it
+// (all_gather and reduce_scatter coalesced, each member whole where every
+// rank's block is: graph::attr::member_blocks), and bucket_unpack takes
+// them back out; the memory plan makes members views of the bucket where it
+// can, so those are not copied. Every result is bitwise what the members
+// computed apart (reduce_scatter sums in rank order whatever its size).
 #pragma once
 
 #include <functional>
