@@ -70,7 +70,8 @@ size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.nu
 // not fetched.
 void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                           const std::vector<graph::ValueId>& fetches, graph::MemoryPlan& plan) {
-  std::set<graph::NodeId> computed(steps.begin(), steps.end());
+  const std::set<graph::NodeId> computed(steps.begin(), steps.end());
+  const std::set<graph::ValueId> fetched(fetches.begin(), fetches.end());
   std::map<graph::ValueId, int> pack_reads;
   for (graph::NodeId n : steps)
     if (g.node(n).op->name == "bucket_pack")
@@ -80,7 +81,7 @@ void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId
     if (!value.producer.valid() || !computed.count(value.producer) || pack_reads.at(v) != 1) return false;
     const graph::Node& producer = g.node(value.producer);
     return !producer.op->is_view && producer.op->in_place.empty() && producer.op->name != "bucket_unpack" &&
-           producer.op->name != "bucket_pack" && std::find(fetches.begin(), fetches.end(), v) == fetches.end();
+           producer.op->name != "bucket_pack" && !fetched.contains(v);
   };
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
