@@ -499,18 +499,30 @@ std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
   return counts;
 }
 
-// A coalesced op's blocks of rank r on the full side, as one datatype of
-// bytes at their offsets from the buffer (committed; the op frees it).
-MPI_Datatype member_blocks_type(MpiOp& op, int n, int r) {
-  const size_t elem = dtype_size(op.desc.dtype);
-  const std::vector<int> lengths = byte_counts(op.desc.members, elem, "coalesced member block");
+// Byte runs (offset from the buffer, length) as one datatype (committed;
+// the op frees it).
+MPI_Datatype runs_type(MpiOp& op, const std::vector<std::pair<MPI_Aint, int>>& runs) {
+  std::vector<int> lengths;
   std::vector<MPI_Aint> offsets;
-  for (int64_t at : op.desc.member_blocks_of_rank(n, r)) offsets.push_back(static_cast<MPI_Aint>(at * static_cast<int64_t>(elem)));
+  for (const auto& [at, bytes] : runs) {
+    offsets.push_back(at);
+    lengths.push_back(bytes);
+  }
   MPI_Datatype t = MPI_DATATYPE_NULL;
   MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), offsets.data(), MPI_BYTE, &t);
   MPI_Type_commit(&t);
   op.datatypes.push_back(t);
   return t;
+}
+
+// A coalesced op's blocks of rank r on the full side, as one datatype.
+MPI_Datatype member_blocks_type(MpiOp& op, int n, int r) {
+  const auto elem = static_cast<int64_t>(dtype_size(op.desc.dtype));
+  std::vector<std::pair<MPI_Aint, int>> runs;
+  const std::vector<int64_t> starts = op.desc.member_blocks_of_rank(n, r);
+  for (size_t m = 0; m < starts.size(); ++m)
+    runs.emplace_back(static_cast<MPI_Aint>(starts[m] * elem), to_int_count(op.desc.members[m] * elem, "coalesced member block"));
+  return runs_type(op, runs);
 }
 
 // A coalesced all_gather: every rank sends its input whole to every rank,
@@ -529,50 +541,81 @@ int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
                         zeros.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
 }
 
-// all_to_all the chunks, reduce on the host in rank order (bf16/f16/fp8 in
-// f32 with one rounding), so the result equals a serial reduction; all_reduce
-// then all_gathers the reduced chunks. Same bytes on the wire as a ring
-// all_reduce.
+// A reduction's blocks move and are summed in segments of at most this many
+// bytes per rank, so that the rows stay in cache between arriving and being
+// summed (bench comm, 4 ranks of a 2-core host, a 16 MiB reduce_scatter:
+// 23.4 ms in one piece, 11.5 ms in 1 MiB segments, 13.2 ms in 256 KiB ones).
+constexpr int64_t kReduceSegmentBytes = 1 << 20;
+
+// The elements [lo, hi) of rank r's block, as byte runs (offset, length)
+// of the full side: one run of a plain op's block, or a coalesced op's runs
+// in each member the range crosses.
+std::vector<std::pair<MPI_Aint, int>> block_runs(const OpDesc& d, const std::vector<int64_t>& counts, int n, int r,
+                                                 int64_t lo, int64_t hi) {
+  const auto elem = static_cast<int64_t>(dtype_size(d.dtype));
+  std::vector<std::pair<MPI_Aint, int>> runs;
+  auto add = [&](int64_t at, int64_t len) {
+    if (len > 0) runs.emplace_back(static_cast<MPI_Aint>(at * elem), to_int_count(len * elem, "all_to_all block"));
+  };
+  if (d.members.empty()) {
+    add(displacements(counts)[r] + lo, hi - lo);
+    return runs;
+  }
+  const std::vector<int64_t> starts = d.member_blocks_of_rank(n, r);
+  int64_t in_block = 0;  // where member m's block starts within rank r's block
+  for (size_t m = 0; m < d.members.size(); ++m) {
+    const int64_t from = std::max(lo, in_block), to = std::min(hi, in_block + d.members[m]);
+    add(starts[m] + from - in_block, to - from);
+    in_block += d.members[m];
+  }
+  return runs;
+}
+
+// all_to_all the blocks, reduce on the host in rank order (bf16/f16/fp8 in
+// f32 with one rounding), so the result equals a serial reduction, segment
+// by segment (kReduceSegmentBytes); all_reduce then all_gathers the reduced
+// blocks. Same bytes on the wire as a ring all_reduce. A segment's pieces of
+// each rank's block go as one datatype, straight from the input (a
+// coalesced op's from each member's place).
 std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back) {
   const size_t elem = dtype_size(d.dtype);
   const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
   const int64_t mine = counts[rank];
+  // Every rank cuts every block alike, so all post the same segments.
+  const int64_t segment = std::max<int64_t>(1, kReduceSegmentBytes / static_cast<int64_t>(elem) / n);
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
+  const int64_t segments = std::max<int64_t>(1, (largest + segment - 1) / segment);
+  const int64_t out_base = d.op == OpType::all_reduce ? displacements(counts)[rank] : 0;
   std::vector<Stage> stages;
-  stages.push_back(Stage{
-      [counts, mine, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        op.scratch.resize(static_cast<size_t>(mine * n) * elem);
-        if (!op.desc.members.empty()) {  // coalesced: rank r's blocks of every member, sent as one datatype
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t lo = s * segment, hi = lo + segment;
+    const int64_t my_lo = std::min(mine, lo), my_len = std::min(mine, hi) - my_lo;
+    stages.push_back(Stage{
+        [counts, lo, hi, my_len, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
+          op.scratch.resize(static_cast<size_t>(my_len * n) * elem);
           op.send_types.clear();
           op.recv_types.assign(static_cast<size_t>(n), MPI_BYTE);
-          for (int r = 0; r < n; ++r) op.send_types.push_back(member_blocks_type(op, n, r));
-          std::vector<int> ones(static_cast<size_t>(n), 1), zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
+          std::vector<int> send_counts, zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
           for (int r = 0; r < n; ++r) {
-            recv_counts.push_back(to_int_count(mine * static_cast<int64_t>(elem), "all_to_all block"));
-            recv_displs.push_back(to_int_count(r * mine * static_cast<int64_t>(elem), "all_to_all offset"));
+            const auto runs =
+                block_runs(op.desc, counts, n, r, std::min(counts[r], lo), std::min(counts[r], hi));
+            send_counts.push_back(runs.empty() ? 0 : 1);
+            op.send_types.push_back(runs.empty() ? MPI_BYTE : runs_type(op, runs));
+            recv_counts.push_back(to_int_count(my_len * static_cast<int64_t>(elem), "all_to_all block"));
+            recv_displs.push_back(to_int_count(r * my_len * static_cast<int64_t>(elem), "all_to_all offset"));
           }
           reqs.resize(1);
-          return MPI_Ialltoallw(op.desc.in, ones.data(), zeros.data(), op.send_types.data(), op.scratch.data(),
-                                recv_counts.data(), recv_displs.data(), op.recv_types.data(), op.group->comm,
-                                &reqs[0]);
-        }
-        const auto send_counts = byte_counts(counts, elem, "all_to_all block");
-        const auto send_displs = byte_displacements(counts, elem, "all_to_all offset");
-        std::vector<int64_t> recv(static_cast<size_t>(n), mine);
-        const auto recv_counts = byte_counts(recv, elem, "all_to_all block");
-        const auto recv_displs = byte_displacements(recv, elem, "all_to_all offset");
-        reqs.resize(1);
-        return MPI_Ialltoallv(op.desc.in, send_counts.data(), send_displs.data(), MPI_BYTE,
-                              op.scratch.data(), recv_counts.data(), recv_displs.data(), MPI_BYTE,
-                              op.group->comm, &reqs[0]);
-      },
-      [counts, mine, elem, n, rank](MpiOp& op) {
-        std::vector<const void*> rows(static_cast<size_t>(n));
-        for (int k = 0; k < n; ++k) rows[k] = op.scratch.data() + static_cast<size_t>(k * mine) * elem;
-        void* out = op.desc.op == OpType::all_reduce
-                        ? static_cast<std::byte*>(op.desc.out) + displacements(counts)[rank] * elem
-                        : op.desc.out;
-        reduce_rows(op.desc.dtype, op.desc.reduce, rows.data(), n, out, static_cast<size_t>(mine));
-      }});
+          return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(),
+                                op.scratch.data(), recv_counts.data(), recv_displs.data(), op.recv_types.data(),
+                                op.group->comm, &reqs[0]);
+        },
+        [my_lo, my_len, out_base, elem, n](MpiOp& op) {
+          std::vector<const void*> rows(static_cast<size_t>(n));
+          for (int k = 0; k < n; ++k) rows[k] = op.scratch.data() + static_cast<size_t>(k * my_len) * elem;
+          void* out = static_cast<std::byte*>(op.desc.out) + (out_base + my_lo) * static_cast<int64_t>(elem);
+          reduce_rows(op.desc.dtype, op.desc.reduce, rows.data(), n, out, static_cast<size_t>(my_len));
+        }});
+  }
   if (gather_back)
     stages.push_back(Stage{[counts, elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
                              const auto c = byte_counts(counts, elem, "all_gather block");

@@ -96,9 +96,12 @@ inline void check_all_reduce(ProcessGroup& pg, DType dtype, ReduceOp op, int64_t
                                comm::reduce_op_name(op), numel, i, pg.rank()));
 }
 
-inline void check_reduce_scatter(ProcessGroup& pg, DType dtype, ReduceOp op, bool uneven) {
+// `blocks`: these per-rank counts, passed (uneven) or not.
+inline void check_reduce_scatter(ProcessGroup& pg, DType dtype, ReduceOp op, bool uneven,
+                                 std::vector<int64_t> blocks = {}) {
   const int n = pg.size();
-  const std::vector<int64_t> counts = uneven ? uneven_counts(n) : std::vector<int64_t>(n, 5);
+  const std::vector<int64_t> counts =
+      !blocks.empty() ? blocks : uneven ? uneven_counts(n) : std::vector<int64_t>(n, 5);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const int64_t offset = comm::displacements(counts)[pg.rank()];
   Tensor in = make_input(pg.rank(), total, dtype, 2);
@@ -144,9 +147,9 @@ inline void check_all_gather_coalesced(ProcessGroup& pg, DType dtype) {
             << "all_gather_coalesced " << dtype_name(dtype) << " member " << m << " from rank " << k << " i=" << i;
 }
 
-inline void check_reduce_scatter_coalesced(ProcessGroup& pg, DType dtype, ReduceOp op) {
+inline void check_reduce_scatter_coalesced(ProcessGroup& pg, DType dtype, ReduceOp op,
+                                           const std::vector<int64_t>& members = kCoalescedMembers) {
   const int n = pg.size();
-  const std::vector<int64_t>& members = kCoalescedMembers;
   const int64_t per_rank = std::accumulate(members.begin(), members.end(), int64_t{0});
   Tensor in = make_input(pg.rank(), n * per_rank, dtype, 8);
   Tensor out = Tensor::zeros({per_rank}, dtype);

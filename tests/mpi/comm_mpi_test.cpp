@@ -25,6 +25,19 @@ TEST(MpiCollectives, CoalescedOverTheirMembersPlaces) {
   }
 }
 
+// Reductions move in segments of 1 MiB per rank: blocks of several segments,
+// uneven ones, and coalesced members that cross segment boundaries.
+TEST(MpiCollectives, LargeReduceScatterInSegments) {
+  const int n = mpi_world().size();
+  std::vector<int64_t> uneven(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) uneven[static_cast<size_t>(r)] = r == 1 ? 0 : 150001 + 7 * r;
+  mtest::check_reduce_scatter(mpi_world(), DType::f32, ReduceOp::sum, true, uneven);
+  mtest::check_reduce_scatter(mpi_world(), DType::f32, ReduceOp::max, true, std::vector<int64_t>(n, 262145));
+  mtest::check_reduce_scatter(mpi_world(), DType::bf16, ReduceOp::sum, true, std::vector<int64_t>(n, 300001));
+  mtest::check_reduce_scatter_coalesced(mpi_world(), DType::f32, ReduceOp::sum, {70000, 3, 0, 90001, 65536});
+  mtest::check_all_reduce(mpi_world(), DType::bf16, ReduceOp::sum, 1500007);
+}
+
 TEST(MpiCollectives, SubGroups) { mtest::check_subgroups(mpi_world()); }
 
 TEST(MpiCollectives, LargeBf16AllReduceIsExactAgainstSerialReference) {
