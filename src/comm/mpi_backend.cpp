@@ -104,11 +104,13 @@ struct MpiOp {
   MpiOp() = default;
   MpiOp(const MpiOp&) = delete;
   MpiOp& operator=(const MpiOp&) = delete;
-  ~MpiOp() {
+  ~MpiOp() { free_datatypes(); }
+  void free_datatypes() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized)
       for (MPI_Datatype& t : datatypes) MPI_Type_free(&t);
+    datatypes.clear();
   }
 };
 
@@ -515,32 +517,6 @@ MPI_Datatype runs_type(MpiOp& op, const std::vector<std::pair<MPI_Aint, int>>& r
   return t;
 }
 
-// A coalesced op's blocks of rank r on the full side, as one datatype.
-MPI_Datatype member_blocks_type(MpiOp& op, int n, int r) {
-  const auto elem = static_cast<int64_t>(dtype_size(op.desc.dtype));
-  std::vector<std::pair<MPI_Aint, int>> runs;
-  const std::vector<int64_t> starts = op.desc.member_blocks_of_rank(n, r);
-  for (size_t m = 0; m < starts.size(); ++m)
-    runs.emplace_back(static_cast<MPI_Aint>(starts[m] * elem), to_int_count(op.desc.members[m] * elem, "coalesced member block"));
-  return runs_type(op, runs);
-}
-
-// A coalesced all_gather: every rank sends its input whole to every rank,
-// which receives rank r's blocks straight into the members' places (one
-// datatype per rank), so nothing is packed or unpacked.
-int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
-  const int n = op.group->size;
-  const int bytes = to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
-  std::vector<int> send_counts(static_cast<size_t>(n), bytes), ones(static_cast<size_t>(n), 1),
-      zeros(static_cast<size_t>(n), 0);
-  op.send_types.assign(static_cast<size_t>(n), MPI_BYTE);
-  op.recv_types.clear();
-  for (int r = 0; r < n; ++r) op.recv_types.push_back(member_blocks_type(op, n, r));
-  reqs.resize(1);
-  return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.desc.out, ones.data(),
-                        zeros.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
-}
-
 // A reduction's blocks move and are summed in segments of at most this many
 // bytes per rank, so that the rows stay in cache between arriving and being
 // summed (bench comm, 4 ranks of a 2-core host, a 16 MiB reduce_scatter:
@@ -571,6 +547,23 @@ std::vector<std::pair<MPI_Aint, int>> block_runs(const OpDesc& d, const std::vec
   return runs;
 }
 
+// A coalesced all_gather: every rank sends its input whole to every rank,
+// which receives rank r's blocks straight into the members' places (one
+// datatype per rank), so nothing is packed or unpacked.
+int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
+  const int n = op.group->size;
+  const int bytes = to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
+  std::vector<int> send_counts(static_cast<size_t>(n), bytes), ones(static_cast<size_t>(n), 1),
+      zeros(static_cast<size_t>(n), 0);
+  op.send_types.assign(static_cast<size_t>(n), MPI_BYTE);
+  op.recv_types.clear();
+  for (int r = 0; r < n; ++r)
+    op.recv_types.push_back(runs_type(op, block_runs(op.desc, op.desc.counts, n, r, 0, op.desc.in_numel)));
+  reqs.resize(1);
+  return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.desc.out, ones.data(),
+                        zeros.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
+}
+
 // all_to_all the blocks, reduce on the host in rank order (bf16/f16/fp8 in
 // f32 with one rounding), so the result equals a serial reduction, segment
 // by segment (kReduceSegmentBytes); all_reduce then all_gathers the reduced
@@ -593,6 +586,7 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
     stages.push_back(Stage{
         [counts, lo, hi, my_len, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
           op.scratch.resize(static_cast<size_t>(my_len * n) * elem);
+          op.free_datatypes();  // the previous segment's request has completed
           op.send_types.clear();
           op.recv_types.assign(static_cast<size_t>(n), MPI_BYTE);
           std::vector<int> send_counts, zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
