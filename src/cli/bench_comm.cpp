@@ -87,9 +87,11 @@ Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
     switch (op) {
       case OpType::all_reduce: member.in = member.out = view_of_packed(b.packed.in, elems, m); break;
       case OpType::all_gather: member.out = view_of_packed(b.packed.out, elems, m); break;
-      default:
+      case OpType::reduce_scatter:
         member.in = view_of_packed(b.packed.in, elems, m);
         member.out = view_of_packed(b.packed.out, elems / n, m);
+        break;
+      default: break;  // all_to_all is never bucketed: run_comm_bench refuses it
     }
   }
   b.member_blocks.assign(static_cast<size_t>(members), elems / n);

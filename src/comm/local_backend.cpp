@@ -62,7 +62,8 @@ void execute(std::vector<Arrival>& a) {
           const auto to = d0.member_blocks_of_rank(n, k);
           for (int r = 0; r < n; ++r)
             for (size_t m = 0; m < to.size(); ++m)
-              std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
+              if (d0.members[m] > 0)
+                std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
                           static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
                           bytes_of(d0, d0.members[m]));
         }

@@ -93,9 +93,11 @@ struct MpiOp {
   MPI_Request check_request = MPI_REQUEST_NULL;
   std::vector<int64_t> check_mine, check_all;
   std::vector<std::byte> scratch;
-  std::vector<MPI_Datatype> datatypes;  // committed for the op's requests, freed with it
+  // Committed for the requests of the stage in flight; freed with the op or
+  // when a later stage starts.
+  std::vector<MPI_Datatype> datatypes;
   // MPI_Ialltoallw's datatype arguments: Open MPI 4.1 reads the arrays again
-  // when the request completes, so they live as long as the op.
+  // when the request completes, so they live until the next stage.
   std::vector<MPI_Datatype> send_types, recv_types;
   MPI_Status status{};  // of the last p2p request
   bool in_post_queue = false;
@@ -517,11 +519,13 @@ MPI_Datatype runs_type(MpiOp& op, const std::vector<std::pair<MPI_Aint, int>>& r
   return t;
 }
 
-// A reduction's blocks move and are summed in segments of at most this many
-// bytes per rank, so that the rows stay in cache between arriving and being
-// summed (bench comm, 4 ranks of a 2-core host, a 16 MiB reduce_scatter:
-// 23.4 ms in one piece, 11.5 ms in 1 MiB segments, 13.2 ms in 256 KiB ones).
-constexpr int64_t kReduceSegmentBytes = 1 << 20;
+// A reduction's blocks move and are summed in segments: each rank receives
+// about this many bytes per segment from all its peers together, so that the
+// rows stay in cache between arriving and being summed (bench comm, 4 ranks
+// of a 2-core host, a 16 MiB reduce_scatter: 23.4 ms in one piece, 11.5 ms in
+// 1 MiB segments, 13.2 ms in 256 KiB ones); but at least kMinSegmentPiece
+// bytes from each peer, lest a large group's segments be all latency.
+constexpr int64_t kReduceSegmentBytes = 1 << 20, kMinSegmentPiece = 128 << 10;
 
 // The elements [lo, hi) of rank r's block, as byte runs (offset, length)
 // of the full side: one run of a plain op's block, or a coalesced op's runs
@@ -529,9 +533,10 @@ constexpr int64_t kReduceSegmentBytes = 1 << 20;
 std::vector<std::pair<MPI_Aint, int>> block_runs(const OpDesc& d, const std::vector<int64_t>& counts, int n, int r,
                                                  int64_t lo, int64_t hi) {
   const auto elem = static_cast<int64_t>(dtype_size(d.dtype));
+  const std::string what = fmt::format("{}'s block of rank {}", op_type_name(d.op), r);
   std::vector<std::pair<MPI_Aint, int>> runs;
   auto add = [&](int64_t at, int64_t len) {
-    if (len > 0) runs.emplace_back(static_cast<MPI_Aint>(at * elem), to_int_count(len * elem, "all_to_all block"));
+    if (len > 0) runs.emplace_back(static_cast<MPI_Aint>(at * elem), to_int_count(len * elem, what.c_str()));
   };
   if (d.members.empty()) {
     add(displacements(counts)[r] + lo, hi - lo);
@@ -575,7 +580,7 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
   const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
   const int64_t mine = counts[rank];
   // Every rank cuts every block alike, so all post the same segments.
-  const int64_t segment = std::max<int64_t>(1, kReduceSegmentBytes / static_cast<int64_t>(elem) / n);
+  const int64_t segment = std::max<int64_t>(1, std::max(kReduceSegmentBytes / n, kMinSegmentPiece) / static_cast<int64_t>(elem));
   const int64_t largest = *std::max_element(counts.begin(), counts.end());
   const int64_t segments = std::max<int64_t>(1, (largest + segment - 1) / segment);
   const int64_t out_base = d.op == OpType::all_reduce ? displacements(counts)[rank] : 0;

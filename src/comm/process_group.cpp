@@ -101,8 +101,8 @@ std::string OpDesc::signature() const {
   if (uses_reduce_op(op)) s += fmt::format(" {}", reduce_op_name(reduce));
   if (op == OpType::broadcast) s += fmt::format(" root={}", root);
   if (!counts.empty()) s += fmt::format(" counts=[{}]", fmt::join(counts, ","));
-  if (!members.empty()) s += fmt::format(" members=[{}]", fmt::join(members, ","));
   else if (op == OpType::all_reduce || op == OpType::broadcast) s += fmt::format(" numel={}", in_numel);
+  if (!members.empty()) s += fmt::format(" members=[{}]", fmt::join(members, ","));
   if (op == OpType::all_to_all)
     s += fmt::format(" send=[{}] recv=[{}]", fmt::join(send_counts, ","), fmt::join(recv_counts, ","));
   return s;
@@ -122,7 +122,7 @@ std::string check_fingerprints(const std::vector<std::vector<int64_t>>& rows, co
   const int n = static_cast<int>(rows.size());
   static constexpr std::string_view kFields[] = {
       "sequence number (a rank skipped or added a collective)", "operation", "dtype", "reduce op",
-      "broadcast root", "element count", "per-rank counts"};
+      "broadcast root", "element count", "per-rank counts or coalesced members"};
   auto value_text = [](size_t field, int64_t v) -> std::string {
     if (field == 1) return std::string(op_type_name(static_cast<OpType>(v)));
     if (field == 2) return v < 0 ? "-" : std::string(dtype_name(static_cast<DType>(v)));
@@ -318,10 +318,10 @@ void check_members(const std::vector<int64_t>& members, const Tensor& partial, c
                    std::string_view op) {
   MT_CHECK(!members.empty(), "{}: a coalesced collective needs at least one member", op);
   for (size_t m = 0; m < members.size(); ++m)
-    MT_CHECK(members[m] >= 0, "{}: member {} has a block of {} elements", op, m, members[m]);
+    MT_CHECK(members[m] >= 0, "{}: member {} has a block of {} elements; a block has 0 or more", op, m, members[m]);
   MT_CHECK(partial.numel() == sum(members) && full.numel() == n * sum(members),
            "{}: members of {} elements per rank in all ({} ranks) need {} elements on this rank's side and {} on "
-           "the gathered side, got {} and {}",
+           "the full side (every rank's blocks), got {} and {}",
            op, sum(members), n, sum(members), n * sum(members), partial.numel(), full.numel());
 }
 

@@ -61,8 +61,9 @@ struct OpDesc {
   uint64_t seq = 0;
 
   // What every rank must agree on: seq, op, dtype, reduce op, root, element
-  // count, hash of per-rank counts, then all_to_all send and recv counts
-  // (2 * group size). Backends exchange it when GroupOptions::verify.
+  // count, hash of per-rank counts and coalesced members, then all_to_all
+  // send and recv counts (2 * group size). Backends exchange it when
+  // GroupOptions::verify.
   static constexpr size_t kFingerprintHead = 7;
   std::vector<int64_t> fingerprint(int group_size) const;
   std::string signature() const;  // human-readable summary of the fingerprint

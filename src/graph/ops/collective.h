@@ -1,5 +1,5 @@
-// A bucket's member shapes as its nodes carry them (attr::member_shapes),
-// shared by the bucket ops' definition, their kernels and the pass that
+// A bucket's member shapes as bucket_unpack carries them
+// (attr::member_shapes), shared by the op's definition and the pass that
 // builds buckets.
 #pragma once
 

@@ -166,7 +166,10 @@ graph::Attrs bucket_attrs(const graph::Graph& g, const Bucket& b, int mesh_ndim,
   std::vector<sharding::Placement> from(static_cast<size_t>(mesh_ndim)), to(static_cast<size_t>(mesh_ndim));
   from[d] = b.key.op == "all_gather" ? sharding::Placement::shard(0) : before.placements[d];
   to[d] = b.key.op == "reduce_scatter" ? sharding::Placement::shard(0) : after.placements[d];
-  // Rows of the bucket: one per rank where the collective joins or splits them.
+  // The bucket as a [ranks, per_rank] tensor under the collective's layouts:
+  // they say how many bytes each rank holds before and after. Which bytes lie
+  // where on the side of every rank's blocks is the coalesced collective's
+  // (member_blocks: member by member), not this tensor's rows.
   const auto ranks = static_cast<int64_t>(first.attrs.get(graph::attr::group).size());
   const int64_t per_rank = b.key.op == "all_gather" ? in_total : out_total;
   const std::vector<int64_t> global{b.key.op == "all_reduce" ? 1 : ranks, per_rank};
