@@ -187,7 +187,14 @@ TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
   EXPECT_EQ(gather.attrs.get(attr::shape), (std::vector<int64_t>{2, 3 * 128 * 256}));
   EXPECT_EQ(gather.attrs.get(attr::layout_before), "S(0)");
   EXPECT_EQ(gather.attrs.get(attr::comm_bytes), 3.0 * 256 * 256 * 2);
+  // Coalesced: each member's block per rank, so each gathered weight lands whole.
+  EXPECT_EQ(gather.attrs.get(attr::member_blocks), (std::vector<int64_t>{128 * 256, 128 * 256, 128 * 256}));
   EXPECT_FALSE(sched::bucket_collectives(l.g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
+  // Member blocks that do not add up to the rank's side are refused when the node is made.
+  Attrs wrong = gather.attrs;
+  wrong.set(attr::member_blocks, std::vector<int64_t>{128 * 256, 128 * 256});
+  EXPECT_TRUE(contains(message_of([&] { l.g.add_node("all_gather", {gather.inputs[0]}, wrong); }),
+                       "all_gather: member blocks of 65536 elements in all for 98304 elements on this rank's side"));
 }
 
 // Under a cap of two gathers' bytes, the first two share a bucket and the

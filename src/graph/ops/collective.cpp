@@ -36,6 +36,23 @@ void read_collective_attrs(const Attrs& at) {
   at.get(attr::global_shape);
 }
 
+// A coalesced all_gather's or reduce_scatter's member blocks (where the
+// bucket pass set them) add up to the rank's own side: the input it gathers,
+// or the output it reduces into.
+void check_member_blocks(const std::string& op, const Attrs& at, int64_t own_side) {
+  const std::vector<int64_t> blocks = at.get_or(attr::member_blocks, {});
+  if (blocks.empty()) return;
+  MT_CHECK(op == "all_gather" || op == "reduce_scatter", "{}: member_blocks are for a coalesced all_gather or "
+           "reduce_scatter", op);
+  int64_t total = 0;
+  for (int64_t b : blocks) {
+    MT_CHECK(b >= 0, "{}: a member block of {} elements", op, b);
+    total += b;
+  }
+  MT_CHECK(total == own_side, "{}: member blocks of {} elements in all for {} elements on this rank's side", op, total,
+           own_side);
+}
+
 }  // namespace
 
 std::vector<Shape> bucket_member_shapes(const Attrs& at) {
@@ -66,11 +83,13 @@ void add_collective_ops(std::vector<OpDef>& ops) {
     ops.push_back({
         .name = name,
         .infer =
-            [](const ValueInfos& in, const Attrs& at) {
+            [name](const ValueInfos& in, const Attrs& at) {
               read_collective_attrs(at);
               const int64_t buffer = at.get(attr::buffer_elements);
               MT_CHECK(buffer >= 0, "a collective's staging buffer cannot have {} elements", buffer);
-              return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}, {Shape({buffer}), in[0].dtype}};
+              const Shape out(at.get(attr::shape));
+              check_member_blocks(name, at, name == "all_gather" ? in[0].shape.numel() : out.numel());
+              return ValueInfos{{out, in[0].dtype}, {Shape({buffer}), in[0].dtype}};
             },
         .is_collective = true,
         .starts_async = true,
