@@ -61,7 +61,7 @@ for trial in $(seq "$trials"); do
     named=$((named + 1))
     report=$("$meshtrain" fr-analyze "$t.fr" 2>&1)
     grep -q "rank(s) $victim_rank of this group left no dump" <<<"$report" ||
-      { echo "$report"; fail "trial $trial: fr-analyze does not name rank $victim_rank"; }
+      { cat "$t.out"; echo "$report"; fail "trial $trial: fr-analyze does not name rank $victim_rank"; }
     op=$(sed -n 's/^\[meshtrain rank [0-9]*\] \(.*\) has waited .*/\1/p' "$t.out" | head -n 1)
   elif grep -q "peer process has unexpectedly disconnected" "$t.out"; then
     # Over TCP, Open MPI's transport sees the socket close and ends the

@@ -244,6 +244,46 @@ TEST(FlightRecorder, ACollectiveNoRankFinishedIsReportedAsStalled) {
   std::filesystem::remove_all(dir);
 }
 
+// A rank killed mid-step (the CI run of mpi_kill_rank): MPI finished the
+// survivor's newer collective (whose data the dead rank had sent) while an
+// older one still waits. The dead rank left no dump; the survivor's oldest
+// collective in flight names it, whatever finished after it. A collective
+// that failed earlier and was followed by finished ones blames nobody.
+TEST(FlightRecorder, ACollectiveInFlightBeforeAFinishedOneNamesTheRankWithoutADump) {
+  const std::string dir = ::testing::TempDir() + "/fr_in_flight";
+  std::filesystem::remove_all(dir);
+  auto dump_survivor = [&](std::vector<FrState> states) {
+    std::filesystem::remove_all(dir);
+    FlightRecorder fr(1, 2);
+    fr.add_group("dp", {0, 1});
+    for (size_t i = 0; i < states.size(); ++i) {
+      FrEntry e;
+      e.group = "dp";
+      e.seq = i + 1;
+      e.op = i == 1 ? OpType::all_reduce : OpType::all_gather;
+      e.signature = "n=8";
+      fr.update(fr.record(e), states[i]);
+    }
+    fr.dump(dir, "test");
+    return analyze_flight_records(dir);
+  };
+  const FrReport report =
+      dump_survivor({FrState::completed, FrState::started, FrState::completed, FrState::completed});
+  ASSERT_FALSE(report.findings.empty()) << report.to_text();
+  EXPECT_EQ(report.findings.front().kind, FrFinding::Kind::no_dump) << report.to_text();
+  EXPECT_EQ(report.findings.front().seq, 2u) << report.to_text();
+  EXPECT_EQ(report.findings.front().culprits, std::vector<int>{0});
+  EXPECT_TRUE(contains(report.to_text(), "group 'dp' seq 2 all_reduce is started on rank 1; rank(s) 0 of this "
+                                         "group left no dump")) << report.to_text();
+
+  const FrReport failed_then_fine = dump_survivor({FrState::failed, FrState::completed, FrState::completed});
+  EXPECT_TRUE(failed_then_fine.findings.empty()) << failed_then_fine.to_text();
+  const FrReport gave_up = dump_survivor({FrState::completed, FrState::failed});
+  ASSERT_FALSE(gave_up.findings.empty()) << gave_up.to_text();
+  EXPECT_EQ(gave_up.findings.front().seq, 2u) << gave_up.to_text();
+  std::filesystem::remove_all(dir);
+}
+
 // Dumps taken at different moments (the CI run of mpi_hung_rank): rank 1
 // stopped; rank 0 times out in 'dp' seq 1 and dumps; rank 1, continued,
 // finishes it with what rank 0 had sent, issues 'world' seq 2 and dumps
