@@ -9,6 +9,9 @@
 #   power limit; the h100-sxm profile is the 700 W HBM3 datasheet part.
 # - The 405B rows ran Float8 linears and async TP; meshtrain estimates bf16
 #   GEMMs and plain TP collectives (Float8 made torchtitan's 8B 28% faster).
+# - torchtitan's selective AC ("op") keeps every other matmul's output and
+#   recomputes the rest, as configs/llama3_8b.toml does; the row keeping
+#   every matmul (meshtrain's plain selective) is printed too.
 # - The 405B rows give no microbatch count: torchtitan at 9dec370 took
 #   pipeline_parallel_microbatches = the pipeline degree (8) when it was
 #   not set (pipelining_utils.py; made stages-per-rank x degree in 90567fc,
@@ -31,6 +34,8 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
 }
 {
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (eager)" 5762 82.4 --config configs/llama3_8b.toml --ranks 8
+  estimate "8B_FSDP8_8gpu_selAC_lbs2, every mm kept" 5762 82.4 --config configs/llama3_8b.toml --ranks 8 \
+    --activation_checkpoint.selective_matmuls all
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile)" 6667 77.0 --config configs/llama3_8b.toml --ranks 8
   estimate "8B_FSDP128_128gpu_selAC_lbs2 (compile)" 6514 62.0 --config configs/llama3_8b.toml --ranks 128 \
     --parallel.dp_shard 128 --data.batch_size 256

@@ -33,10 +33,11 @@ std::vector<std::string> PassPipeline::pass_names() const {
   return out;
 }
 
-PassPipeline step_pipeline(ActivationCheckpoint checkpoint) {
+PassPipeline step_pipeline(ActivationCheckpoint checkpoint, SelectiveMatmuls matmuls) {
   PassPipeline p("step");
   if (checkpoint != ActivationCheckpoint::none)
-    p.add({"checkpoint_activations", [checkpoint](graph::Graph& g) { return checkpoint_activations(g, checkpoint); }});
+    p.add({"checkpoint_activations",
+           [checkpoint, matmuls](graph::Graph& g) { return checkpoint_activations(g, checkpoint, matmuls); }});
   p.add({"remove_dead_nodes", remove_dead_nodes});
   return p;
 }

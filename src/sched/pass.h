@@ -46,7 +46,8 @@ class PassPipeline {
 // The passes every training step's graph goes through before it is laid
 // out and scheduled: activations checkpointed as `checkpoint` says, then
 // dead nodes removed.
-PassPipeline step_pipeline(ActivationCheckpoint checkpoint = ActivationCheckpoint::none);
+PassPipeline step_pipeline(ActivationCheckpoint checkpoint = ActivationCheckpoint::none,
+                           SelectiveMatmuls matmuls = SelectiveMatmuls::all);
 
 // The passes a rank's lowered step goes through (spmd::lower's output)
 // before it is scheduled: collectives bucketed as `buckets` says, waits

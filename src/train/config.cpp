@@ -272,6 +272,9 @@ const std::vector<Key>& keys() {
       choice_key<sched::ActivationCheckpoint>("activation_checkpoint.mode", [](TrainConfig& c) -> sched::ActivationCheckpoint& { return c.activation_checkpoint.mode; },
                                               {{"none", sched::ActivationCheckpoint::none}, {"full", sched::ActivationCheckpoint::full},
                                                {"selective", sched::ActivationCheckpoint::selective}}),
+      choice_key<sched::SelectiveMatmuls>("activation_checkpoint.selective_matmuls",
+                                          [](TrainConfig& c) -> sched::SelectiveMatmuls& { return c.activation_checkpoint.selective_matmuls; },
+                                          {{"all", sched::SelectiveMatmuls::all}, {"every_other", sched::SelectiveMatmuls::every_other}}),
       choice_key<sched::BucketMode>("schedule.bucket_mode", [](TrainConfig& c) -> sched::BucketMode& { return c.schedule.bucket_mode; },
                                     {{"none", sched::BucketMode::none}, {"per_block", sched::BucketMode::per_block},
                                      {"size_cap", sched::BucketMode::size_cap}, {"auto", sched::BucketMode::automatic}}),
@@ -360,6 +363,11 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   MT_CHECK(!__builtin_mul_overflow(c.model.dim, widest, &weight_elements) && weight_elements <= Shape::kMaxElements,
            "config: model.dim {} x {} (the widest of model.dim, model.ffn_dim and model.vocab_size) is more elements "
            "than a weight can hold (over 2^56); lower them", c.model.dim, widest);
+  MT_CHECK(c.activation_checkpoint.selective_matmuls == sched::SelectiveMatmuls::all ||
+               c.activation_checkpoint.mode == sched::ActivationCheckpoint::selective,
+           "config: activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode "
+           "selective, not {}; set the mode to selective or leave selective_matmuls at all",
+           sched::activation_checkpoint_name(c.activation_checkpoint.mode));
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);

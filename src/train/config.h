@@ -66,6 +66,7 @@ struct TrainConfig {
   } comm;
   struct {
     sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;  // none, full or selective
+    sched::SelectiveMatmuls selective_matmuls = sched::SelectiveMatmuls::all;  // selective: all or every_other kept
   } activation_checkpoint;
   struct {
     sched::BucketMode bucket_mode = sched::BucketMode::per_block;  // none, per_block, size_cap or auto

@@ -188,7 +188,7 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   g.add_output(st.output);
   if (st.input_gradient.valid()) g.add_output(st.input_gradient);
   for (const graph::ValueId grad : st.gradients) g.add_output(grad);
-  sched::step_pipeline(config.activation_checkpoint.mode).run(g);
+  sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
   if (where.mesh) lay_out_stage(config, where, m, gradient_of, st);
 
   std::vector<graph::NodeId> forward, backward;

@@ -257,7 +257,7 @@ TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
   options.micro_batches = config.training.grad_accum_steps;
   TrainStepGraph step =
       build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer, options);
-  sched::step_pipeline(config.activation_checkpoint.mode).run(g);
+  sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
   return step;
 }
 

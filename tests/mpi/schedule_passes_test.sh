@@ -66,14 +66,16 @@ PY
 done
 
 # Bucketing by size and automatic bucketing, and activation checkpointing
-# (full and selective), each with the reordering on: bitwise equal to no pass.
+# (full, selective, and selective keeping every other matmul), each with the
+# reordering on: bitwise equal to no pass.
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np flags <<< "$layout"
   case $name in fsdp3|fsdp4|hsdp|fsdp2_tp2|ddp2_tp2_sp_lp|fsdp2_accum2) ;; *) continue ;; esac
   read -r -a extra <<< "$flags"
-  for mode in size_cap auto full selective; do
+  for mode in size_cap auto full selective every_other; do
     case $mode in
       size_cap|auto) pass=(--schedule.bucket_mode "$mode" --schedule.bucket_cap_mb 1) ;;
+      every_other) pass=(--activation_checkpoint.mode selective --activation_checkpoint.selective_matmuls every_other) ;;
       *) pass=(--activation_checkpoint.mode "$mode") ;;
     esac
     "$meshtrain" lower --ranks "$np" "${model[@]}" "${extra[@]}" --schedule.hardware h100-sxm "${pass[@]}" > "$dir/${name}_$mode.txt"

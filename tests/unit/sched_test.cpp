@@ -631,3 +631,42 @@ TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
     EXPECT_FALSE(forward_block_reads.empty());
   }
 }
+
+// Selective with every other matmul kept (torchtitan's op policy): of each
+// block's matmuls in forward order, backward reads the 1st, 3rd, ... where
+// forward computed them and the 2nd, 4th, ... only as recomputed in
+// backward; with all kept, no matmul is recomputed.
+TEST(CheckpointActivations, EveryOtherMatmulIsRecomputedUnderSelective) {
+  for (const auto matmuls : {sched::SelectiveMatmuls::all, sched::SelectiveMatmuls::every_other}) {
+    SCOPED_TRACE(std::string(sched::selective_matmuls_name(matmuls)));
+    StepGraph t;
+    std::map<std::string, std::vector<NodeId>> block_matmuls;  // forward matmuls of each block, in order
+    for (NodeId n : t.g.order()) {
+      const Node& node = t.g.node(n);
+      if (node.phase == Phase::forward && node.op->name == "matmul" && node.scope.rfind("layers.", 0) == 0)
+        block_matmuls[node.scope.substr(0, node.scope.find('.', 7))].push_back(n);
+    }
+    ASSERT_EQ(block_matmuls.size(), 2u);
+    EXPECT_TRUE(sched::checkpoint_activations(t.g, sched::ActivationCheckpoint::selective, matmuls));
+    verify(t.g);
+    std::set<NodeId> recomputed;  // forward matmuls recomputed in backward
+    for (NodeId n : t.g.order())
+      if (t.g.node(n).recomputes.valid() && t.g.node(n).op->name == "matmul") {
+        EXPECT_EQ(t.g.node(n).phase, Phase::backward);
+        recomputed.insert(t.g.node(n).recomputes);
+      }
+    for (const auto& [block, nodes] : block_matmuls) {
+      ASSERT_EQ(nodes.size(), 7u) << block;  // q, k, v, o, w1, w3, w2
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        const bool kept = matmuls == sched::SelectiveMatmuls::all || i % 2 == 0;
+        EXPECT_EQ(recomputed.count(nodes[i]), kept ? 0u : 1u) << block << " matmul " << i + 1;
+        // A recomputed output, backward no longer reads.
+        bool read_by_backward = false;
+        for (NodeId u : t.g.users(t.g.node(nodes[i]).outputs[0])) read_by_backward |= t.g.node(u).phase == Phase::backward;
+        if (!kept) {
+          EXPECT_FALSE(read_by_backward) << block << " matmul " << i + 1;
+        }
+      }
+    }
+  }
+}

@@ -242,6 +242,10 @@ TEST(TrainErrors, ConfigKeysAndValues) {
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
   EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
+  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"activation_checkpoint.selective_matmuls", "every_other"}}); }),
+                       "activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode selective, not none"));
+  EXPECT_EQ(train::load_config(path, {{"activation_checkpoint.mode", "selective"}, {"activation_checkpoint.selective_matmuls", "every_other"}})
+                .activation_checkpoint.selective_matmuls, sched::SelectiveMatmuls::every_other);
   const auto bf16 = train::load_config(path, {{"training.dtype", "bfloat16"}, {"optimizer.state_dtype", "bfloat16"}});
   EXPECT_EQ(bf16.training.dtype, DType::bf16);
   EXPECT_EQ(bf16.optimizer.state_dtype, DType::bf16);

@@ -17,6 +17,10 @@ std::string_view activation_checkpoint_name(ActivationCheckpoint mode) {
   return "?";
 }
 
+std::string_view selective_matmuls_name(SelectiveMatmuls matmuls) {
+  return matmuls == SelectiveMatmuls::all ? "all" : "every_other";
+}
+
 namespace {
 
 // "layers.3.attention" -> "layers.3"; "" outside the transformer blocks.
@@ -52,7 +56,7 @@ std::vector<BlockPass> block_passes(const graph::Graph& g) {
 // Recomputes what backward reads of one pass through a block; true if any.
 // `readers` and `position`: of the graph before any pass was recomputed
 // (what is recomputed for one pass neither reads nor is read by another's).
-bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode,
+bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode, SelectiveMatmuls matmuls,
                const std::set<graph::ValueId>& from_parameters, const std::map<graph::ValueId, std::vector<graph::NodeId>>& readers,
                const std::map<graph::NodeId, size_t>& position) {
   const auto users = [&](graph::ValueId v) -> const std::vector<graph::NodeId>& {
@@ -65,11 +69,19 @@ bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode
     const graph::NodeId p = g.value(v).producer;
     return p.valid() && members.count(p) > 0;
   };
+  // Under selective, the matmuls and attention whose outputs the block keeps.
+  std::set<graph::NodeId> kept_outputs;
+  if (mode == ActivationCheckpoint::selective) {
+    int matmul_count = 0;
+    for (graph::NodeId n : pass.nodes) {
+      const std::string& op = g.node(n).op->name;
+      if (op == "attention") kept_outputs.insert(n);
+      if (op == "matmul" && (matmuls == SelectiveMatmuls::all || ++matmul_count % 2 == 1)) kept_outputs.insert(n);
+    }
+  }
   const auto kept = [&](graph::ValueId v) {
     if (from_parameters.count(v)) return true;
-    const graph::Node& producer = g.node(g.value(v).producer);
-    if (mode == ActivationCheckpoint::selective && (producer.op->name == "matmul" || producer.op->name == "attention"))
-      return true;
+    if (kept_outputs.count(g.value(v).producer)) return true;
     for (graph::NodeId user : users(v)) {
       const graph::Node& u = g.node(user);
       if (u.phase == graph::Phase::forward && !members.count(user)) return true;  // the block's output
@@ -124,7 +136,7 @@ bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode
 
 }  // namespace
 
-bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode) {
+bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode, SelectiveMatmuls matmuls) {
   if (mode == ActivationCheckpoint::none) return false;
   // Values computed from parameters alone (a parameter cast to the compute dtype): kept, never recomputed.
   std::set<graph::ValueId> from_parameters;
@@ -143,7 +155,7 @@ bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode) {
     for (graph::ValueId in : g.node(n).inputs) readers[in].push_back(n);
   }
   bool changed = false;
-  for (const BlockPass& pass : block_passes(g)) changed |= recompute(g, pass, mode, from_parameters, readers, position);
+  for (const BlockPass& pass : block_passes(g)) changed |= recompute(g, pass, mode, matmuls, from_parameters, readers, position);
   return changed;
 }
 

@@ -22,12 +22,20 @@ enum class ActivationCheckpoint {
 };
 std::string_view activation_checkpoint_name(ActivationCheckpoint mode);
 
+// Under selective, the matmuls whose outputs a block keeps: all, or every
+// other one (the 1st, 3rd, ... of each pass through a block, the others
+// recomputed with the cheap ops: torchtitan's "op" policy, which saves "all
+// compute intensive ops except every second mm").
+enum class SelectiveMatmuls { all, every_other };
+std::string_view selective_matmuls_name(SelectiveMatmuls matmuls);
+
 // Blocks are the forward nodes of each scope "layers.<i>" (and its
 // sub-scopes) that run one after another (each microbatch's pass through a
 // block is its own). A block always keeps what later forward nodes read
 // (its output, the next block's input) and what is computed from
 // parameters alone (a parameter cast to the compute dtype). Returns whether the
 // graph changed.
-bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode);
+bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode,
+                            SelectiveMatmuls matmuls = SelectiveMatmuls::all);
 
 }  // namespace meshtrain::sched
