@@ -104,6 +104,10 @@ inline constexpr AttrKey<int64_t> buffer_elements{"buffer"};
 // ever lay members one after another).
 inline constexpr AttrKey<std::vector<int64_t>> member_shapes{"members"};
 inline constexpr AttrKey<std::vector<int64_t>> member_blocks{"member_blocks"};
+// On bucket_pack and bucket_unpack: the members are copied in and out, never
+// laid out in the bucket (absent: the memory plan makes them views of it
+// where it can).
+inline constexpr AttrKey<bool> copy_members{"copy_members"};
 }  // namespace attr
 
 }  // namespace meshtrain::graph

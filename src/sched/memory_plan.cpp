@@ -63,11 +63,15 @@ class ArenaPlanner {
 
 size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
 
+bool copies_members(const graph::Node& bucket_op) {
+  return bucket_op.attrs.get_or(graph::attr::copy_members, false);
+}
+
 // The members of bucket_packs that can be computed in place in
 // their bucket, made views of it (the pack then copies nothing for them):
 // each computed here by a node that writes a fresh output (not a view, not
 // over an input), read by that pack alone among packs and only once, and
-// not fetched.
+// not fetched; none of a pack marked attr::copy_members.
 void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                           const std::vector<graph::ValueId>& fetches, graph::MemoryPlan& plan) {
   const std::set<graph::NodeId> computed(steps.begin(), steps.end());
@@ -85,7 +89,7 @@ void place_bucket_members(const graph::Graph& g, const std::vector<graph::NodeId
   };
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
-    if (node.op->name != "bucket_pack") continue;
+    if (node.op->name != "bucket_pack" || copies_members(node)) continue;
     size_t at = 0;
     for (graph::ValueId member : node.inputs) {
       if (placeable(member)) {
@@ -109,11 +113,12 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
     if (const size_t at = plan.offset_in_storage(of) + offset) plan.view_offset[v] = at;
   };
   // View ops (reshape, wait) alias their input: a value's storage is its
-  // root's. A bucket's members are its consecutive byte ranges.
+  // root's. A bucket's members are its consecutive byte ranges (unless
+  // its unpack copies them out).
   for (graph::NodeId n : steps) {
     const graph::Node& node = g.node(n);
     if (node.op->is_view) view(node.outputs[0], node.inputs[0], 0);
-    if (node.op->name == "bucket_unpack") {
+    if (node.op->name == "bucket_unpack" && !copies_members(node)) {
       size_t at = 0;
       for (ValueId member : node.outputs) {
         view(member, node.inputs[0], at);

@@ -280,6 +280,10 @@ const std::vector<Key>& keys() {
                                      {"size_cap", sched::BucketMode::size_cap}, {"auto", sched::BucketMode::automatic}}),
       number_key<double>("schedule.bucket_cap_mb", [](TrainConfig& c) -> double& { return c.schedule.bucket_cap_mb; }, posf,
                          "a positive number (MiB of a bucket's collective buffers per rank)"),
+      bool_key("schedule.bucket_views", [](TrainConfig& c) -> bool& { return c.schedule.bucket_views; },
+               "a bucket's members are views of the bucket where the memory plan can lay them out there (no copy "
+               "in or out; a gradient bucket then holds its bytes from its first gradient on); false: they are "
+               "copied in and out, for a lower peak (as PyTorch DDP's gradient_as_bucket_view = False)"),
       bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; },
                "collectives start early, so that compute hides them"),
       number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,

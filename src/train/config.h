@@ -71,6 +71,7 @@ struct TrainConfig {
   struct {
     sched::BucketMode bucket_mode = sched::BucketMode::per_block;  // none, per_block, size_cap or auto
     double bucket_cap_mb = 25;      // size_cap: a bucket's bytes per rank
+    bool bucket_views = true;       // members as views of their bucket (false: copied in and out)
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
     std::string hardware = "auto";  // the profile the passes cost the step on; auto: the one for where it runs

@@ -277,12 +277,14 @@ double memory_budget_bytes(const TrainConfig& config) {
 }
 
 std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank) {
+  const bool views = config.schedule.bucket_views && config.schedule.bucket_mode != sched::BucketMode::none;
   return fmt::format(
       "schedule.memory_budget_mb {} is too small: rank {}'s step allocates {:.1f} MiB with no collective started "
       "early; the smallest budget that fits is {} MiB (or lower the step's memory: fewer sequences per rank, more "
-      "dp_shard or tp)",
+      "dp_shard or tp{})",
       config.schedule.memory_budget_mb, rank, needed_bytes / (1 << 20),
-      static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))));
+      static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))),
+      views ? ", or schedule.bucket_views = false, which copies bucket members instead of holding buckets" : "");
 }
 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
@@ -322,7 +324,8 @@ StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const 
   }
   sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
                                .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
-                               .mesh_ndim = mesh.ndim()};
+                               .mesh_ndim = mesh.ndim(),
+                               .member_views = config.schedule.bucket_views};
   if (buckets.mode == sched::BucketMode::automatic)
     buckets.step_us = [&, device](const graph::Graph& r) {
       return sched::estimate_step(r, schedule_step(g, step, r, out.lowered.values), device).step_us;

@@ -10,8 +10,9 @@
 # cores that compute also move the bytes) it has nothing to gain and moves
 # none. Each layout's lowered graph must differ between the two, so the
 # comparison is never vacuous. So must bucketing by size (1 MiB) and
-# automatic bucketing, and activation checkpointing (full and selective), on
-# five of them.
+# automatic bucketing, buckets whose members are copied in and out
+# (schedule.bucket_views false), and activation checkpointing (full,
+# selective, and selective keeping every other matmul), on six of them.
 # Benchmark mode (FSDP 2 x TP 2): see below.
 # Memory budget (FSDP 4): an impossible budget is one error, printed once,
 # naming the smallest budget that fits, and every rank exits non-zero; for a
@@ -65,16 +66,18 @@ print(f"{name}: {moved} collective lines differ; 6 steps, losses and gradient no
 PY
 done
 
-# Bucketing by size and automatic bucketing, and activation checkpointing
-# (full, selective, and selective keeping every other matmul), each with the
-# reordering on: bitwise equal to no pass.
+# Bucketing by size and automatic bucketing, buckets that copy their
+# members, and activation checkpointing (full, selective, and selective
+# keeping every other matmul), each with the reordering on: bitwise equal to
+# no pass.
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np flags <<< "$layout"
   case $name in fsdp3|fsdp4|hsdp|fsdp2_tp2|ddp2_tp2_sp_lp|fsdp2_accum2) ;; *) continue ;; esac
   read -r -a extra <<< "$flags"
-  for mode in size_cap auto full selective every_other; do
+  for mode in size_cap auto copies full selective every_other; do
     case $mode in
       size_cap|auto) pass=(--schedule.bucket_mode "$mode" --schedule.bucket_cap_mb 1) ;;
+      copies) pass=(--schedule.bucket_views false) ;;
       every_other) pass=(--activation_checkpoint.mode selective --activation_checkpoint.selective_matmuls every_other) ;;
       *) pass=(--activation_checkpoint.mode "$mode") ;;
     esac

@@ -195,6 +195,22 @@ TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
   wrong.set(attr::member_blocks, std::vector<int64_t>{128 * 256, 128 * 256});
   EXPECT_TRUE(contains(message_of([&] { l.g.add_node("all_gather", {gather.inputs[0]}, wrong); }),
                        "all_gather: member blocks of 65536 elements in all for 98304 elements on this rank's side"));
+  // The pack and unpack leave the members' layout to the memory plan, or,
+  // with member_views off, mark them to be copied.
+  const Node& pack = l.g.node(l.g.value(gather.inputs[0]).producer);
+  EXPECT_FALSE(pack.attrs.has("copy_members"));
+  GatheredLayers copied;
+  build_gathered_layers(copied);
+  EXPECT_TRUE(sched::bucket_collectives(copied.g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1,
+                                                   .member_views = false}));
+  int bucket_ops = 0;
+  for (NodeId n : copied.g.order()) {
+    const Node& node = copied.g.node(n);
+    if (node.op->name != "bucket_pack" && node.op->name != "bucket_unpack") continue;
+    ++bucket_ops;
+    EXPECT_TRUE(node.attrs.get(attr::copy_members)) << node.op->name;
+  }
+  EXPECT_EQ(bucket_ops, 2);
 }
 
 // Under a cap of two gathers' bytes, the first two share a bucket and the
@@ -296,6 +312,42 @@ TEST(MemoryPlan, BucketMembersAreViewsOfTheBucket) {
   EXPECT_EQ(ex.fetch(members[1]).get(0), 7);
   EXPECT_EQ(ex.fetch(members[1]).get(1), -3);
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(ex.fetch(members[2]).get(i), silu(ys.get(i)), 1e-6) << i;
+}
+
+// With attr::copy_members (schedule.bucket_views = false), the same bucket's
+// members keep their own storage: the pack copies every member in, the
+// unpack every member out, and the values are the same.
+TEST(MemoryPlan, BucketMembersMarkedForCopiesAreNotViews) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {4}, DType::f32), y = g.add_input("y", {2, 3}, DType::f32);
+  const ValueId sx = b.silu(x), sy = b.silu(y);
+  const Attrs copy = Attrs().set(attr::copy_members, true);
+  const ValueId packed = g.only_output(g.add_node("bucket_pack", {sx, sy}, copy));
+  const NodeId unpack = g.add_node(
+      "bucket_unpack", {packed},
+      Attrs(copy).set(attr::member_shapes, graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})})));
+  for (ValueId v : g.node(unpack).outputs) g.add_output(v);
+  const graph::Schedule schedule = sched::make_schedule(g, g.outputs());
+  const graph::MemoryPlan& plan = schedule.memory;
+  for (const ValueId v : {sx, sy, g.node(unpack).outputs[0], g.node(unpack).outputs[1]}) {
+    EXPECT_EQ(plan.storage_of(v), v) << g.describe_value(v);
+    EXPECT_EQ(plan.view_offset.count(v), 0u) << g.describe_value(v);
+  }
+  EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(g.value(packed).producer)), 1.0);
+  EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(unpack)), 1.0);
+  EXPECT_GT(plan.peak_bytes, sched::kArenaAlignment);  // the bucket and members apart
+
+  runtime::Executor ex(g, schedule, nullptr);
+  Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32);
+  for (int i = 0; i < 4; ++i) xs.data<float>()[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i) - 1;
+  for (int i = 0; i < 6; ++i) ys.data<float>()[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i);
+  ex.bind(x, xs);
+  ex.bind(y, ys);
+  ex.run();
+  const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(ex.fetch(g.node(unpack).outputs[0]).get(i), silu(xs.get(i)), 1e-6) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(ex.fetch(g.node(unpack).outputs[1]).get(i), silu(ys.get(i)), 1e-6) << i;
 }
 
 // An all_reduce takes its input's bytes where it is the input's last reader,

@@ -182,7 +182,7 @@ graph::Attrs bucket_attrs(const graph::Graph& g, const Bucket& b, int mesh_ndim,
   return attrs;
 }
 
-bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh_ndim) {
+bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh_ndim, bool member_views) {
   if (buckets.empty()) return false;
   const std::vector<NodeId> order = g.order();
   const auto anchor = [&](size_t at) { return at < order.size() ? order[at] : NodeId{}; };
@@ -206,11 +206,13 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
     }
     graph::Attrs attrs = bucket_attrs(g, b, mesh_ndim, in_total, out_total);
     if (b.key.op != "all_reduce") attrs.set(graph::attr::member_blocks, member_blocks);
+    graph::Attrs copy_attrs;
+    if (!member_views) copy_attrs.set(graph::attr::copy_members, true);
     NodeId pack, start;
     {
       graph::InsertBefore at(g, anchor(b.start_at()));
       g.set_scope(g.node(b.members.front().start).scope);
-      pack = g.add_node("bucket_pack", inputs);
+      pack = g.add_node("bucket_pack", inputs, copy_attrs);
       start = g.add_node(b.key.op, {g.only_output(pack)}, attrs);
     }
     {
@@ -218,9 +220,9 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
       std::vector<ValueId> wait_inputs = g.node(start).outputs;
       if (reads_input) wait_inputs.push_back(g.only_output(pack));
       const NodeId wait = g.add_node("wait", wait_inputs);
-      const NodeId unpack = g.add_node(
-          "bucket_unpack", {g.only_output(wait)},
-          {graph::attr::member_shapes(graph::ops::bucket_member_shapes_attr(results_shapes))});
+      graph::Attrs unpack_attrs = copy_attrs;
+      unpack_attrs.set(graph::attr::member_shapes, graph::ops::bucket_member_shapes_attr(results_shapes));
+      const NodeId unpack = g.add_node("bucket_unpack", {g.only_output(wait)}, unpack_attrs);
       for (size_t k = 0; k < b.members.size(); ++k)
         results.emplace_back(g.node(b.members[k].wait).outputs[0], g.node(unpack).outputs[k]);
     }
@@ -254,7 +256,8 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
 bool bucket_collectives(graph::Graph& g, const BucketOptions& options) {
   if (options.mode == BucketMode::none) return false;
   if (options.mode != BucketMode::automatic)
-    return apply_buckets(g, group_buckets(g, options.mode, options.cap_bytes, options.mesh_ndim), options.mesh_ndim);
+    return apply_buckets(g, group_buckets(g, options.mode, options.cap_bytes, options.mesh_ndim), options.mesh_ndim,
+                         options.member_views);
   MT_CHECK(static_cast<bool>(options.step_us), "bucket_collectives: automatic bucketing needs a step-time estimate");
   // Each way of bucketing, scored by the estimated step with its waits sunk.
   const auto score = [&](const graph::Graph& candidate) {
@@ -268,7 +271,9 @@ bool bucket_collectives(graph::Graph& g, const BucketOptions& options) {
   for (const double mib : {1.0, 4.0, 16.0, 64.0}) tries.emplace_back(BucketMode::size_cap, mib * (1 << 20));
   for (const auto& [mode, cap] : tries) {
     graph::Graph candidate = g;
-    if (!apply_buckets(candidate, group_buckets(candidate, mode, cap, options.mesh_ndim), options.mesh_ndim)) continue;
+    if (!apply_buckets(candidate, group_buckets(candidate, mode, cap, options.mesh_ndim), options.mesh_ndim,
+                       options.member_views))
+      continue;
     if (const double us = score(candidate); us < best_us) {
       best_us = us;
       best = std::move(candidate);

@@ -29,6 +29,10 @@ struct BucketOptions {
   BucketMode mode = BucketMode::none;
   double cap_bytes = 25.0 * (1 << 20);  // size_cap: a bucket's bytes (the collectives' buffers per rank)
   int mesh_ndim = 1;                    // the mesh the graph was lowered on
+  // Members as views of their bucket where the memory plan can (no copy in
+  // or out; a gradient bucket then lives from its first member); false:
+  // always copied (graph::attr::copy_members on the pack and unpack).
+  bool member_views = true;
   // automatic: the estimated step time of a graph in its current order.
   std::function<double(const graph::Graph&)> step_us;
 };
