@@ -262,18 +262,21 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
   }
   if (!no_dump.empty()) {
     // Ranks without a dump: if the others are stuck in a collective of this
-    // group (or gave up on its newest one), those ranks are the likely
-    // culprits. The oldest one still in flight, not just the newest entry:
-    // MPI may finish a later collective of a group before an earlier one. A
-    // rank that posts a large collective and then a small one and dies sent
-    // the small one's data whole (an eager message) but only announced the
-    // large one's (a rendezvous it can no longer serve).
+    // group (or gave up on one), those ranks are the likely culprits. The
+    // oldest one still in flight, else the oldest that failed, not just the
+    // newest entry: MPI may finish a later collective of a group before an
+    // earlier one. A rank that posts a large collective and then a small
+    // one and dies sent the small one's data whole (an eager message) but
+    // only announced the large one's (a rendezvous it can no longer serve),
+    // and the large one may then fail in MPI.
     for (const auto& [r, seqs] : by_rank) {
-      if (seqs.empty()) continue;
-      auto stuck = std::find_if(seqs.begin(), seqs.end(), [](const auto& entry) {
-        return entry.second->state == FrState::scheduled || entry.second->state == FrState::started;
-      });
-      if (stuck == seqs.end() && seqs.rbegin()->second->state == FrState::failed) stuck = std::prev(seqs.end());
+      const auto in_state = [&](std::initializer_list<FrState> states) {
+        return std::find_if(seqs.begin(), seqs.end(), [&](const auto& entry) {
+          return std::find(states.begin(), states.end(), entry.second->state) != states.end();
+        });
+      };
+      auto stuck = in_state({FrState::scheduled, FrState::started});
+      if (stuck == seqs.end()) stuck = in_state({FrState::failed});
       if (stuck == seqs.end()) continue;
       const FrEntry& e = *stuck->second;
       FrFinding f;

@@ -144,7 +144,12 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     }
     {
       graph::ScopeGuard scope(g, "feed_forward");
-      act = b.swiglu(linear(y, p + "mlp.gate_proj.weight"), linear(y, p + "mlp.up_proj.weight"));
+      // Gate before up, as the reference computes them (and not in the
+      // compiler's order of evaluating arguments): what the graph's order
+      // decides (selective_matmuls every_other) is the same on every build.
+      const graph::ValueId gate = linear(y, p + "mlp.gate_proj.weight");
+      const graph::ValueId up = linear(y, p + "mlp.up_proj.weight");
+      act = b.swiglu(gate, up);
       h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
       m.residual.push_back(h);
     }

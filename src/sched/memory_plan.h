@@ -26,7 +26,9 @@ inline constexpr size_t kArenaAlignment = 64;
 // A bucket_pack's members that the step computes, each read by that pack
 // alone, are computed in place in the bucket, and a bucket_unpack's
 // members are its byte ranges: both views of the bucket
-// (MemoryPlan::view_offset), which the bucket kernels then do not copy.
+// (MemoryPlan::view_offset), which the bucket kernels then do not copy;
+// unless the pack or unpack carries attr::copy_members, whose members
+// keep their own storage and are copied.
 graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::NodeId>& steps,
                               const std::vector<graph::ValueId>& fetches,
                               const std::vector<graph::Update>& updates = {});

@@ -283,7 +283,9 @@ const std::vector<Key>& keys() {
       bool_key("schedule.bucket_views", [](TrainConfig& c) -> bool& { return c.schedule.bucket_views; },
                "a bucket's members are views of the bucket where the memory plan can lay them out there (no copy "
                "in or out; a gradient bucket then holds its bytes from its first gradient on); false: they are "
-               "copied in and out, for a lower peak (as PyTorch DDP's gradient_as_bucket_view = False)"),
+               "copied in and out (as PyTorch DDP's gradient_as_bucket_view = False), so a bucket lives only "
+               "around its collective but each copy holds the members and the bucket at once: the peak may go "
+               "down or up"),
       bool_key("schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; },
                "collectives start early, so that compute hides them"),
       number_key<int64_t>("schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,

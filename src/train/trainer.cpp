@@ -277,14 +277,18 @@ double memory_budget_bytes(const TrainConfig& config) {
 }
 
 std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank) {
-  const bool views = config.schedule.bucket_views && config.schedule.bucket_mode != sched::BucketMode::none;
+  // Where the step buckets (several ranks, one stage), copying bucket members may lower the peak.
+  const parallel::ParallelConfig& p = config.parallel;
+  const bool views = config.schedule.bucket_views && config.schedule.bucket_mode != sched::BucketMode::none &&
+                     p.pp == 1 && p.dp_replicate * p.dp_shard * p.tp > 1;
   return fmt::format(
       "schedule.memory_budget_mb {} is too small: rank {}'s step allocates {:.1f} MiB with no collective started "
       "early; the smallest budget that fits is {} MiB (or lower the step's memory: fewer sequences per rank, more "
       "dp_shard or tp{})",
       config.schedule.memory_budget_mb, rank, needed_bytes / (1 << 20),
       static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))),
-      views ? ", or schedule.bucket_views = false, which copies bucket members instead of holding buckets" : "");
+      views ? ", or try schedule.bucket_views = false: buckets then copy their members, which lowers some steps' "
+              "peak and raises others'" : "");
 }
 
 StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,

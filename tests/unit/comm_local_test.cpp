@@ -246,9 +246,9 @@ TEST(FlightRecorder, ACollectiveNoRankFinishedIsReportedAsStalled) {
 
 // A rank killed mid-step (the CI run of mpi_kill_rank): MPI finished the
 // survivor's newer collective (whose data the dead rank had sent) while an
-// older one still waits. The dead rank left no dump; the survivor's oldest
-// collective in flight names it, whatever finished after it. A collective
-// that failed earlier and was followed by finished ones blames nobody.
+// older one still waits (or failed in MPI). The dead rank left no dump;
+// the survivor's oldest collective in flight, else its oldest failed one,
+// names it, whatever finished after it.
 TEST(FlightRecorder, ACollectiveInFlightBeforeAFinishedOneNamesTheRankWithoutADump) {
   const std::string dir = ::testing::TempDir() + "/fr_in_flight";
   std::filesystem::remove_all(dir);
@@ -276,11 +276,15 @@ TEST(FlightRecorder, ACollectiveInFlightBeforeAFinishedOneNamesTheRankWithoutADu
   EXPECT_TRUE(contains(report.to_text(), "group 'dp' seq 2 all_reduce is started on rank 1; rank(s) 0 of this "
                                          "group left no dump")) << report.to_text();
 
-  const FrReport failed_then_fine = dump_survivor({FrState::failed, FrState::completed, FrState::completed});
-  EXPECT_TRUE(failed_then_fine.findings.empty()) << failed_then_fine.to_text();
-  const FrReport gave_up = dump_survivor({FrState::completed, FrState::failed});
-  ASSERT_FALSE(gave_up.findings.empty()) << gave_up.to_text();
-  EXPECT_EQ(gave_up.findings.front().seq, 2u) << gave_up.to_text();
+  const FrReport failed_then_fine =
+      dump_survivor({FrState::completed, FrState::failed, FrState::completed, FrState::failed});
+  ASSERT_FALSE(failed_then_fine.findings.empty()) << failed_then_fine.to_text();
+  EXPECT_EQ(failed_then_fine.findings.front().seq, 2u) << failed_then_fine.to_text();
+  EXPECT_EQ(failed_then_fine.findings.front().culprits, std::vector<int>{0});
+  const FrReport in_flight_first = dump_survivor({FrState::failed, FrState::completed, FrState::started});
+  ASSERT_FALSE(in_flight_first.findings.empty()) << in_flight_first.to_text();
+  EXPECT_EQ(in_flight_first.findings.front().seq, 3u) << in_flight_first.to_text();
+  EXPECT_TRUE(dump_survivor({FrState::completed, FrState::completed}).findings.empty());
   std::filesystem::remove_all(dir);
 }
 

@@ -337,6 +337,7 @@ TEST(MemoryPlan, BucketMembersMarkedForCopiesAreNotViews) {
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(g.value(packed).producer)), 1.0);
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(unpack)), 1.0);
   EXPECT_GT(plan.peak_bytes, sched::kArenaAlignment);  // the bucket and members apart
+  EXPECT_EQ(sched::estimate_memory(g, schedule).arena_bytes, static_cast<double>(plan.peak_bytes));
 
   runtime::Executor ex(g, schedule, nullptr);
   Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32);
@@ -641,10 +642,21 @@ TEST(MemoryPlan, ExecutorRejectsAScheduleThatDoesNotPlaceAValue) {
 // also its matmuls' and attention's outputs. Everything else backward needs
 // is recomputed in backward, by the same ops, before its first reader.
 TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
-  for (const auto mode : {sched::ActivationCheckpoint::full, sched::ActivationCheckpoint::selective}) {
-    SCOPED_TRACE(std::string(sched::activation_checkpoint_name(mode)));
+  using Mode = sched::ActivationCheckpoint;
+  using Matmuls = sched::SelectiveMatmuls;
+  for (const auto& [mode, matmuls] : {std::pair{Mode::full, Matmuls::all}, std::pair{Mode::selective, Matmuls::all},
+                                      std::pair{Mode::selective, Matmuls::every_other}}) {
+    SCOPED_TRACE(fmt::format("{}, {} matmuls", sched::activation_checkpoint_name(mode),
+                             sched::selective_matmuls_name(matmuls)));
     StepGraph t;
     const size_t before = t.g.num_nodes();
+    std::map<NodeId, int> matmul_index;  // a forward matmul's place among its block's, from 0
+    std::map<std::string, int> matmuls_seen;
+    for (NodeId n : t.g.order()) {
+      const Node& node = t.g.node(n);
+      if (node.phase == Phase::forward && node.op->name == "matmul" && node.scope.rfind("layers.", 0) == 0)
+        matmul_index[n] = matmuls_seen[node.scope.substr(0, node.scope.find('.', 7))]++;
+    }
     size_t recomputed_backward = 0;
     const auto in_block = [](const Node& n) { return n.phase == Phase::forward && n.scope.rfind("layers.", 0) == 0; };
     std::map<ValueId, int> forward_block_reads;  // block values read by backward before the pass
@@ -653,7 +665,7 @@ TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
         if (t.g.node(n).phase == Phase::backward && t.g.value(in).producer.valid() &&
             in_block(t.g.node(t.g.value(in).producer)))
           ++forward_block_reads[in];
-    EXPECT_TRUE(sched::checkpoint_activations(t.g, mode));
+    EXPECT_TRUE(sched::checkpoint_activations(t.g, mode, matmuls));
     verify(t.g);
     EXPECT_FALSE(sched::checkpoint_activations(t.g, sched::ActivationCheckpoint::none));
     for (NodeId n : t.g.order()) {
@@ -672,7 +684,9 @@ TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
         const bool from_parameter = std::all_of(producer.inputs.begin(), producer.inputs.end(), [&](ValueId x) {
           return t.g.value(x).kind == ValueKind::parameter;
         });
-        const bool kept_by_selective = producer.op->name == "matmul" || producer.op->name == "attention";
+        const bool kept_by_selective =
+            producer.op->name == "attention" ||
+            (producer.op->name == "matmul" && (matmuls == Matmuls::all || matmul_index.at(p) % 2 == 0));
         EXPECT_TRUE(read_outside || from_parameter || (mode == sched::ActivationCheckpoint::selective && kept_by_selective))
             << "backward node " << n.index << " (" << node.op->name << ") reads " << t.g.describe_value(in) << " of "
             << producer.op->name << " in " << producer.scope;

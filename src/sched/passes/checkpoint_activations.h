@@ -18,7 +18,8 @@ namespace meshtrain::sched {
 enum class ActivationCheckpoint {
   none,
   full,       // a block keeps its input alone; all of its forward is recomputed
-  selective,  // it also keeps its matmuls' and attention's outputs; the cheap ops between them are recomputed
+  selective,  // it also keeps its attention's and matmuls' outputs (all, or every other: SelectiveMatmuls);
+              // the cheap ops between them (and the matmuls not kept) are recomputed
 };
 std::string_view activation_checkpoint_name(ActivationCheckpoint mode);
 
