@@ -269,7 +269,8 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
     // one and dies sent the small one's data whole (an eager message) but
     // only announced the large one's (a rendezvous it can no longer serve),
     // and the large one may then fail in MPI.
-    for (const auto& [r, seqs] : by_rank) {
+    for (const auto& [r, rank_seqs] : by_rank) {
+      const auto& seqs = rank_seqs;  // a plain reference: lambdas may not capture a structured binding in clang 14
       const auto in_state = [&](std::initializer_list<FrState> states) {
         return std::find_if(seqs.begin(), seqs.end(), [&](const auto& entry) {
           return std::find(states.begin(), states.end(), entry.second->state) != states.end();
