@@ -269,17 +269,19 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
     // one and dies sent the small one's data whole (an eager message) but
     // only announced the large one's (a rendezvous it can no longer serve),
     // and the large one may then fail in MPI.
-    for (const auto& [r, rank_seqs] : by_rank) {
-      const auto& seqs = rank_seqs;  // a plain reference: lambdas may not capture a structured binding in clang 14
-      const auto in_state = [&](std::initializer_list<FrState> states) {
-        return std::find_if(seqs.begin(), seqs.end(), [&](const auto& entry) {
-          return std::find(states.begin(), states.end(), entry.second->state) != states.end();
-        });
-      };
-      auto stuck = in_state({FrState::scheduled, FrState::started});
-      if (stuck == seqs.end()) stuck = in_state({FrState::failed});
-      if (stuck == seqs.end()) continue;
-      const FrEntry& e = *stuck->second;
+    for (const auto& [r, seqs] : by_rank) {
+      const FrEntry* in_flight = nullptr;
+      const FrEntry* failed = nullptr;
+      for (const auto& [seq, entry] : seqs) {
+        if (entry->state == FrState::scheduled || entry->state == FrState::started) {
+          in_flight = entry;
+          break;
+        }
+        if (entry->state == FrState::failed && failed == nullptr) failed = entry;
+      }
+      const FrEntry* stuck = in_flight != nullptr ? in_flight : failed;
+      if (stuck == nullptr) continue;
+      const FrEntry& e = *stuck;
       FrFinding f;
       f.kind = FrFinding::Kind::no_dump;
       f.group = name;
