@@ -55,6 +55,7 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
   double now = 0;                                         // the compute stream
   std::map<CollectiveStream, double> stream_free_at;  // per stream: when it is done
   std::map<graph::NodeId, double> done_at;                // started collective -> when it completes
+  double synced_at = 0;  // shared host: when this rank last waited for a group
   for (graph::NodeId id : schedule.steps) {
     const graph::Node& node = g.node(id);
     if (node.op->is_wait) {
@@ -72,10 +73,18 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
       e.communication_us += us;
       if (device.hardware.shared_host) {
         // CPU ranks sharing a host: the cores that compute also copy the
-        // collective's bytes, so nothing hides it.
-        e.timeline.push_back({id, now, now + us});
-        e.exposed_us += us;
-        now += us;
+        // collective's bytes, so nothing hides it; and it waits for the
+        // group's slowest rank, which trails by its measured lateness over
+        // what the ranks computed since they last waited.
+        const double late =
+            device.measured == nullptr
+                ? 0
+                : device.measured->lateness_us(static_cast<int64_t>(node.attrs.get(graph::attr::group).size()),
+                                               now - synced_at);
+        e.timeline.push_back({id, now, now + late + us});
+        e.exposed_us += late + us;
+        now += late + us;
+        synced_at = now;
         done_at[id] = now;
       } else {  // in flight on its group's stream until its wait
         double& free_at = stream_free_at[collective_stream(node)];

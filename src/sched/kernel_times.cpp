@@ -1,5 +1,6 @@
 #include "sched/kernel_times.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -41,6 +42,24 @@ uint64_t kernel_key_hash(const std::string& key) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+double KernelTimes::lateness_us(int64_t ranks, double interval_us) const {
+  if (sync_lateness.empty() || interval_us <= 0) return 0;
+  const auto it = sync_lateness.lower_bound(ranks);
+  const std::vector<LatenessPoint>& points = it != sync_lateness.end() ? it->second : sync_lateness.rbegin()->second;
+  if (points.empty()) return 0;
+  const auto above = std::find_if(points.begin(), points.end(),
+                                  [&](const LatenessPoint& p) { return p.interval_us >= interval_us; });
+  double share;
+  if (above == points.begin()) share = above->share;
+  else if (above == points.end()) share = points.back().share;
+  else {
+    const LatenessPoint& below = *(above - 1);
+    const double t = (interval_us - below.interval_us) / (above->interval_us - below.interval_us);
+    share = below.share + t * (above->share - below.share);
+  }
+  return share * interval_us;
 }
 
 std::optional<double> KernelTimes::find(const std::string& key) const {

@@ -1,9 +1,13 @@
 #include "train/kernel_benchmark.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <optional>
+#include <span>
 #include <set>
 #include <utility>
 
@@ -14,6 +18,8 @@
 namespace meshtrain::train {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 bool measurable(const graph::Node& node) {
   return !node.op->is_view && !node.op->is_collective && kernels::cpu::find_cpu_kernel(node.op->name) != nullptr;
@@ -33,6 +39,33 @@ Tensor filled(const graph::ValueInfo& info, uint64_t& state) {
   return info.dtype == DType::f32 ? t : t.to(info.dtype);
 }
 
+// One node's kernel on fresh tensors of its shapes, filled as `filled` fills them.
+struct KernelCall {
+  std::vector<Tensor> inputs, outputs;
+  kernels::cpu::KernelArgs args;
+  const kernels::cpu::CpuKernel* kernel;
+
+  KernelCall(const graph::Graph& g, graph::NodeId n, uint64_t& state) : args{{}, {}, g.node(n).attrs} {
+    const graph::Node& node = g.node(n);
+    for (graph::ValueId v : node.inputs) inputs.push_back(filled(g.value(v).info, state));
+    for (graph::ValueId v : node.outputs) outputs.push_back(Tensor::zeros(g.value(v).info.shape, g.value(v).info.dtype));
+    for (const Tensor& t : inputs) args.in.push_back(&t);
+    for (Tensor& t : outputs) args.out.push_back(&t);
+    kernel = kernels::cpu::find_cpu_kernel(node.op->name);
+  }
+  KernelCall(const KernelCall&) = delete;  // args point into the vectors
+  KernelCall& operator=(const KernelCall&) = delete;
+  void operator()() { (*kernel)(args); }
+};
+
+// The mean wall time of the calls made until `window` has passed (at least `min_calls`).
+double mean_call_us(KernelCall& call, std::chrono::microseconds window, int min_calls) {
+  int calls = 0;
+  const auto start = Clock::now();
+  for (; calls < min_calls || Clock::now() - start < window; ++calls) call();
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count() / calls;
+}
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[(v.size() - 1) / 2];
@@ -50,7 +83,6 @@ std::vector<std::string> measurable_kernels(const graph::Graph& g) {
 }
 
 KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times, const KernelTiming& timing) {
-  using Clock = std::chrono::steady_clock;
   const auto begin = Clock::now();
   KernelBenchmark result;
   std::set<std::string> done;
@@ -64,19 +96,10 @@ KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times
       ++result.known;
       continue;
     }
-    std::vector<Tensor> inputs, outputs;
-    for (graph::ValueId v : node.inputs) inputs.push_back(filled(g.value(v).info, state));
-    for (graph::ValueId v : node.outputs) outputs.push_back(Tensor::zeros(g.value(v).info.shape, g.value(v).info.dtype));
-    kernels::cpu::KernelArgs args{{}, {}, node.attrs};
-    for (const Tensor& t : inputs) args.in.push_back(&t);
-    for (Tensor& t : outputs) args.out.push_back(&t);
-    const kernels::cpu::CpuKernel& kernel = *kernels::cpu::find_cpu_kernel(node.op->name);
+    KernelCall call(g, n, state);
     try {
-      kernel(args);  // warm-up: first-touch pages, caches, library set-up
-      int calls = 0;
-      const auto start = Clock::now();
-      for (; calls < 3 || Clock::now() - start < timing.window; ++calls) kernel(args);
-      times.us[key] = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / calls * timing.slowdown;
+      call();  // warm-up: first-touch pages, caches, library set-up
+      times.us[key] = mean_call_us(call, timing.window, 3) * timing.slowdown;
     } catch (const std::exception& e) {
       throw Error(fmt::format("benchmark mode: timing {} failed: {}", key, e.what()));
     }
@@ -117,6 +140,78 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
     by_hash[hash].push_back(row[i + 1]);
   }
   for (const std::string& key : keys) times.us[key] = median_of(by_hash.at(sched::kernel_key_hash(key)));
+}
+
+std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
+                                                comm::ProcessGroup& world, const KernelTiming& timing, int windows) {
+  MT_CHECK(windows > 0, "measure_sync_lateness: windows must be positive, got {}", windows);
+  std::optional<graph::NodeId> heaviest;
+  double most_flops = -1;
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    if (!measurable(node)) continue;
+    graph::ValueInfos in, out;
+    for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
+    for (graph::ValueId v : node.outputs) out.push_back(g.value(v).info);
+    if (const double flops = graph::op_flops(*node.op, in, out, node.attrs); flops > most_flops) {
+      most_flops = flops;
+      heaviest = n;
+    }
+  }
+  // Every rank lowers its own graph; each takes part even with nothing to time.
+  Tensor mine = Tensor::zeros({windows}, DType::f64);
+  if (heaviest) {
+    uint64_t state = 1;
+    KernelCall call(g, *heaviest, state);
+    call();  // warm-up
+    for (double& us : mine.data<double>()) us = mean_call_us(call, timing.window, 1);
+  }
+  Tensor all = Tensor::empty({world.size() * windows}, DType::f64);
+  world.all_gather(mine, all)->wait();
+  const std::span<const double> per_rank = std::as_const(all).data<double>();
+  // A window is at least one call long.
+  const double window_us = std::max(static_cast<double>(timing.window.count()),
+                                    std::accumulate(per_rank.begin(), per_rank.end(), 0.0) /
+                                        static_cast<double>(per_rank.size()));
+  return sync_lateness_of(per_rank, world.size(), windows, groups, window_us);
+}
+
+std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<const double> per_rank, int world_size,
+                                                                      int windows,
+                                                                      const std::vector<std::vector<int64_t>>& groups,
+                                                                      double window_us) {
+  MT_CHECK(windows > 0 && world_size > 0 && per_rank.size() == static_cast<size_t>(world_size) * windows,
+           "sync_lateness_of: {} figures for {} ranks of {} windows", per_rank.size(), world_size, windows);
+  for (const std::vector<int64_t>& group : groups) {
+    MT_CHECK(!group.empty(), "sync_lateness_of: a group has no ranks");
+    for (int64_t r : group)
+      MT_CHECK(r >= 0 && r < world_size, "sync_lateness_of: rank {} is not in the world of {}", r, world_size);
+  }
+  // Stretches of 1, 2, 4, ... windows: per group size, the slowest member's
+  // time less the group's mean, and the mean, each summed.
+  std::map<int64_t, std::vector<sched::LatenessPoint>> lateness;
+  for (int span = 1; span <= windows; span *= 2) {
+    std::map<int64_t, std::array<double, 2>> sums;  // size -> trailing, mean
+    for (const std::vector<int64_t>& group : groups) {
+      std::array<double, 2>& sum = sums[static_cast<int64_t>(group.size())];
+      for (int first = 0; first + span <= windows; first += span) {
+        double slowest = 0, total = 0;
+        for (int64_t r : group) {
+          double us = 0;
+          for (int w = first; w < first + span; ++w) us += per_rank[static_cast<size_t>(r * windows + w)];
+          slowest = std::max(slowest, us);
+          total += us;
+        }
+        const double mean = total / static_cast<double>(group.size());
+        sum[0] += slowest - mean;
+        sum[1] += mean;
+      }
+    }
+    for (const auto& [size, sum] : sums)
+      if (sum[1] > 0)
+        lateness[size].push_back({span * window_us, sum[0] / sum[1]});
+  }
+  return lateness;
 }
 
 }  // namespace meshtrain::train

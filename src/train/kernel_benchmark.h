@@ -5,6 +5,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,5 +47,25 @@ KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times
 // middle values) over the ranks that have the key: one all_reduce of the
 // entry count and one all_gather of the entries. Every rank calls it.
 void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string>& keys, comm::ProcessGroup& world);
+
+// How unevenly the ranks advance when they share a host's cores (a
+// collective waits for its group's slowest rank): every rank times the same
+// kernel (its step's with the most FLOPs) side by side in `windows` windows
+// of timing.window. For stretches of 1, 2, 4, ... windows, per group size:
+// over every stretch of every group of `groups` (world ranks) of that size,
+// the slowest member's time less the group's mean, summed, over the group's
+// mean, summed, at the stretch's mean length. Every rank calls it, after a
+// barrier, and gets the same figures.
+std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
+                                                comm::ProcessGroup& world, const KernelTiming& timing = {},
+                                                int windows = 16);
+
+// measure_sync_lateness's figures from its windows: `per_rank` holds each
+// world rank's `windows` times per call, one rank after another; a window
+// lasts `window_us`.
+std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<const double> per_rank, int world_size,
+                                                                      int windows,
+                                                                      const std::vector<std::vector<int64_t>>& groups,
+                                                                      double window_us);
 
 }  // namespace meshtrain::train

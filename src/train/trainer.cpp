@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -179,6 +180,25 @@ namespace {
 void wait_sleeping(const comm::WorkPtr& work) {
   while (!work->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
   work->wait();  // its error, if it failed
+}
+
+// Every group of each mesh dim of more than one rank, and the whole mesh
+// where two or more dims are: the groups whose ranks wait for each other.
+std::vector<std::vector<int64_t>> mesh_groups(const sharding::DeviceMesh& mesh) {
+  std::vector<std::vector<int64_t>> groups;
+  int split_dims = 0;
+  for (int dim = 0; dim < mesh.ndim(); ++dim) {
+    if (mesh.size(dim) == 1) continue;
+    ++split_dims;
+    for (int rank = 0; rank < mesh.num_ranks(); ++rank)
+      if (mesh.coordinate(rank)[static_cast<size_t>(dim)] == 0) groups.push_back(mesh.group_ranks(rank, {dim}));
+  }
+  if (split_dims > 1) {
+    std::vector<int> all(static_cast<size_t>(mesh.ndim()));
+    std::iota(all.begin(), all.end(), 0);
+    groups.push_back(mesh.group_ranks(0, all));
+  }
+  return groups;
 }
 
 }  // namespace
@@ -389,6 +409,22 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
     fmt::print(stderr, "benchmark mode: timed {} kernels in {:.1f} s ({} known{}){}\n", timed.measured, timed.seconds,
                timed.known, config_.schedule.kernel_cache.empty() ? "" : " from " + config_.schedule.kernel_cache,
                world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
+  if (world_ && world_->size() > 1 && config_.parallel.pp == 1 && kernel_times_.sync_lateness.empty()) {
+    wait_sleeping(world_->barrier());
+    kernel_times_.sync_lateness =
+        measure_sync_lateness(g, mesh_groups(check_parallel_config(config_, world_->size())), *world_,
+                              {.window = std::chrono::milliseconds(10)});
+    if (rank() == 0) {
+      std::vector<std::string> per_size;
+      for (const auto& [size, points] : kernel_times_.sync_lateness)
+        if (!points.empty())
+          per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", size,
+                                         100 * points.front().share, points.front().interval_us / 1e3,
+                                         100 * points.back().share, points.back().interval_us / 1e3));
+      fmt::print(stderr, "benchmark mode: side by side, a group's slowest rank trails its mean {}\n",
+                 fmt::join(per_size, "; "));
+    }
+  }
   return &kernel_times_;
 }
 

@@ -346,6 +346,73 @@ TEST(BenchmarkMode, RanksAgreeOnTheMedian) {
   }
 }
 
+// Ranks sharing cores advance unevenly: per group size and stretch length,
+// the slowest member's time less the group's mean, summed, over the mean,
+// summed (by hand below); longer stretches are sums of whole windows.
+TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
+  // Per call, two windows per rank: ranks 1 and 2 are slow once each.
+  const std::vector<double> per_rank{10, 10, 20, 10, 10, 30, 10, 10};
+  const std::vector<std::vector<int64_t>> groups{{0, 1}, {2, 3}, {0, 1, 2, 3}};
+  const auto lateness = train::sync_lateness_of(per_rank, 4, 2, groups, 1000);
+  ASSERT_EQ(lateness.size(), 2u);
+  const auto& pairs = lateness.at(2);
+  const auto& all = lateness.at(4);
+  ASSERT_EQ(pairs.size(), 2u);  // stretches of 1 and 2 windows
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(pairs[0].interval_us, 1000);
+  EXPECT_EQ(pairs[1].interval_us, 2000);
+  // One window: pairs trail by (20-15) + 0 + 0 + (30-20) over 15+10+10+20.
+  EXPECT_NEAR(pairs[0].share, 15.0 / 55, 1e-12);
+  // Two windows: (30-25) + (40-30) over 25+30.
+  EXPECT_NEAR(pairs[1].share, 15.0 / 55, 1e-12);
+  // All four, one window: (20-12.5) + (30-15) over 12.5+15; two: (40-27.5) over 27.5.
+  EXPECT_NEAR(all[0].share, 22.5 / 27.5, 1e-12);
+  EXPECT_NEAR(all[1].share, 12.5 / 27.5, 1e-12);
+  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 4, 2, {{0, 4}}, 1000); }),
+                       "rank 4 is not in the world of 4"));
+  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 3, 2, groups, 1000); }),
+                       "8 figures for 3 ranks of 2 windows"));
+
+  // The wait after computing a stretch: the share there (linear between the
+  // measured stretches, the nearest one's outside them) times the stretch;
+  // a size not measured takes the next larger one's, else the largest's.
+  sched::KernelTimes times;
+  EXPECT_EQ(times.lateness_us(2, 5000), 0);  // nothing measured
+  times.sync_lateness = lateness;
+  EXPECT_NEAR(times.lateness_us(4, 500), 500 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.lateness_us(4, 1500), 1500 * (17.5 / 27.5), 1e-9);
+  EXPECT_NEAR(times.lateness_us(4, 8000), 8000 * 12.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.lateness_us(3, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.lateness_us(8, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.lateness_us(2, 1000), 1000 * 15.0 / 55, 1e-9);
+  EXPECT_EQ(times.lateness_us(2, 0), 0);
+}
+
+// Measured side by side on ranks that share this machine's cores: every rank
+// ends with the same figures, one per stretch of 1, 2, 4, ... windows, each
+// a window longer than the last, and a share of at least 0.
+TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
+  g.add_output(b.silu(b.matmul(x, x)));
+  comm::LocalWorld world(2);
+  std::vector<std::map<int64_t, std::vector<sched::LatenessPoint>>> measured(2);
+  world.run([&](comm::ProcessGroup& pg) {
+    measured[static_cast<size_t>(pg.rank())] =
+        train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 4);
+  });
+  ASSERT_EQ(measured[0].size(), 1u);
+  const auto& points = measured[0].at(2);
+  ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows
+  for (size_t i = 0; i < points.size(); ++i) {
+    EXPECT_EQ(points[i].interval_us, points[0].interval_us * static_cast<double>(1 << i));
+    EXPECT_GE(points[i].share, 0);
+    EXPECT_EQ(points[i].share, measured[1].at(2)[i].share);
+  }
+  EXPECT_GE(points[0].interval_us, 1000);
+}
+
 // Benchmark mode costs this machine's kernels, so it needs a profile of this
 // machine: an H100 profile is refused with what to do instead. On one with
 // cached figures, `meshtrain estimate` takes them as they are.

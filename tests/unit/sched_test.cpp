@@ -528,6 +528,45 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
                        "no all_reduce over 2 ranks (measured over: 4)"));
 }
 
+// On a shared host a collective runs on the compute stream (the cores that
+// compute copy its bytes) and first waits for its group's slowest rank: in
+// benchmark mode, the measured share of what the rank computed since it last
+// waited (here half of the silu before it).
+TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
+  const ValueId y = b.silu(x);
+  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
+                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
+                    attr::comm_bytes(64.0 * 64 * 4)};
+  const NodeId start = g.add_node("all_reduce", {y}, attrs);
+  const ValueId z = b.matmul(x, x, false, false);
+  const NodeId wait = g.add_node("wait", g.node(start).outputs);
+  g.add_output(b.add(g.only_output(wait), z));
+  sched::KernelTimes times;  // no kernel measured: each costs its roofline
+  sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
+                                        .compute_efficiency = 1, .memory_efficiency = 1, .shared_host = true},
+                           .world_size = 2,
+                           .measured = &times};
+  device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
+  device.hardware.measured.tables[{comm::OpType::all_reduce, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
+  const double silu_us = sched::node_us(g, g.value(y).producer, device);
+  const double matmul_us = sched::node_us(g, g.value(z).producer, device);
+  const double add_us = sched::node_us(g, g.value(g.outputs()[0]).producer, device);
+  const double reduce_us = 4 + 16;
+  const graph::Schedule schedule = sched::make_schedule(g, g.outputs());
+  const sched::StepEstimate even = sched::estimate_step(g, schedule, device);
+  EXPECT_NEAR(even.step_us, silu_us + reduce_us + matmul_us + add_us, 1e-9);  // nothing hides the collective
+  EXPECT_NEAR(even.exposed_us, reduce_us, 1e-9);
+  times.sync_lateness[2] = {{.interval_us = 1000, .share = 0.5}};
+  const sched::StepEstimate uneven = sched::estimate_step(g, schedule, device);
+  EXPECT_NEAR(uneven.step_us, silu_us + 0.5 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
+  EXPECT_NEAR(uneven.exposed_us, 0.5 * silu_us + reduce_us, 1e-9);
+  EXPECT_NEAR(uneven.timeline[1].end_us - uneven.timeline[1].begin_us, 0.5 * silu_us + reduce_us, 1e-9);
+  EXPECT_EQ(uneven.timeline[1].node, start);
+}
+
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
   Graph g;
   Builder b(g);
