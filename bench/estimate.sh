@@ -9,8 +9,10 @@
 # peak memory within 5%. Two estimates of the time: `meshtrain estimate` on
 # the profile's roofline, and benchmark mode (schedule.estimate = benchmark),
 # which the training runs themselves make: the ranks time every kernel of
-# their step side by side before training, agree on the median, and the metrics
-# carry the estimated step beside the measured one (the median over rounds).
+# their step side by side before training, agree on the median, measure how
+# far a group's slowest rank trails its mean (a collective waits for it), and
+# the metrics carry the estimated step beside the measured one (the median
+# over rounds). The roofline has no such measurement: it counts no waiting.
 # Usage: [ROUNDS=3] bench/estimate.sh [PROFILE] [STEPS] [float32|bfloat16]
 #   PROFILE: `here` (the default) calibrates this host first in the same run
 #   (bench/calibrate.sh, about 2 minutes), as a 2-core VM moves between hosts

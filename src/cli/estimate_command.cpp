@@ -44,6 +44,8 @@ std::string estimate_help() {
       "kernel timed here on fresh tensors of its shapes instead (as a rank of the job would run it: its threads,\n"
       "its share of the cores), reading and writing the times in --schedule.kernel_cache FILE when given; a\n"
       "cache that `meshtrain train` wrote in benchmark mode holds the times its ranks measured side by side.\n"
+      "Only `meshtrain train` in benchmark mode, whose ranks run side by side, also measures how far a group's\n"
+      "slowest rank trails (a collective waits for it); here, one process, a collective waits for nobody.\n"
       "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
       "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
       fmt::join(sched::builtin_hardware_names(), ", "));
