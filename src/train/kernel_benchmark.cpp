@@ -187,10 +187,12 @@ std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<
     for (int64_t r : group)
       MT_CHECK(r >= 0 && r < world_size, "sync_lateness_of: rank {} is not in the world of {}", r, world_size);
   }
-  // Stretches of 1, 2, 4, ... windows: per group size, the slowest member's
-  // time less the group's mean, and the mean, each summed.
+  // Stretches of 1, 2, 4, ... windows, each length at least 4 times in a
+  // rank's windows (all of them where there are fewer than 4): per group
+  // size, the slowest member's time less the group's mean, and the mean,
+  // each summed.
   std::map<int64_t, std::vector<sched::LatenessPoint>> lateness;
-  for (int span = 1; span <= windows; span *= 2) {
+  for (int span = 1; span == 1 || span * 4 <= windows; span *= 2) {
     std::map<int64_t, std::array<double, 2>> sums;  // size -> trailing, mean
     for (const std::vector<int64_t>& group : groups) {
       std::array<double, 2>& sum = sums[static_cast<int64_t>(group.size())];

@@ -51,14 +51,15 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
 // How unevenly the ranks advance when they share a host's cores (a
 // collective waits for its group's slowest rank): every rank times the same
 // kernel (its step's with the most FLOPs) side by side in `windows` windows
-// of timing.window. For stretches of 1, 2, 4, ... windows, per group size:
+// of timing.window. For stretches of 1, 2, 4, ... windows (up to a quarter of
+// them, so that each length is seen at least 4 times), per group size:
 // over every stretch of every group of `groups` (world ranks) of that size,
 // the slowest member's time less the group's mean, summed, over the group's
 // mean, summed, at the stretch's mean length. Every rank calls it, after a
 // barrier, and gets the same figures.
 std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
                                                 comm::ProcessGroup& world, const KernelTiming& timing = {},
-                                                int windows = 16);
+                                                int windows = 64);
 
 // measure_sync_lateness's figures from its windows: `per_rank` holds each
 // world rank's `windows` times per call, one rank after another; a window

@@ -350,14 +350,16 @@ TEST(BenchmarkMode, RanksAgreeOnTheMedian) {
 // the slowest member's time less the group's mean, summed, over the mean,
 // summed (by hand below); longer stretches are sums of whole windows.
 TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
-  // Per call, two windows per rank: ranks 1 and 2 are slow once each.
-  const std::vector<double> per_rank{10, 10, 20, 10, 10, 30, 10, 10};
+  // Per call, eight windows per rank: ranks 1 and 2 are slow in every other one.
+  std::vector<double> per_rank;
+  for (const std::vector<double>& two : {std::vector<double>{10, 10}, {20, 10}, {10, 30}, {10, 10}})
+    for (int i = 0; i < 4; ++i) per_rank.insert(per_rank.end(), two.begin(), two.end());
   const std::vector<std::vector<int64_t>> groups{{0, 1}, {2, 3}, {0, 1, 2, 3}};
-  const auto lateness = train::sync_lateness_of(per_rank, 4, 2, groups, 1000);
+  const auto lateness = train::sync_lateness_of(per_rank, 4, 8, groups, 1000);
   ASSERT_EQ(lateness.size(), 2u);
   const auto& pairs = lateness.at(2);
   const auto& all = lateness.at(4);
-  ASSERT_EQ(pairs.size(), 2u);  // stretches of 1 and 2 windows
+  ASSERT_EQ(pairs.size(), 2u);  // stretches of 1 and 2 windows: 4 would be seen only twice
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(pairs[0].interval_us, 1000);
   EXPECT_EQ(pairs[1].interval_us, 2000);
@@ -368,10 +370,10 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
   // All four, one window: (20-12.5) + (30-15) over 12.5+15; two: (40-27.5) over 27.5.
   EXPECT_NEAR(all[0].share, 22.5 / 27.5, 1e-12);
   EXPECT_NEAR(all[1].share, 12.5 / 27.5, 1e-12);
-  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 4, 2, {{0, 4}}, 1000); }),
+  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 4, 8, {{0, 4}}, 1000); }),
                        "rank 4 is not in the world of 4"));
-  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 3, 2, groups, 1000); }),
-                       "8 figures for 3 ranks of 2 windows"));
+  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 3, 8, groups, 1000); }),
+                       "32 figures for 3 ranks of 8 windows"));
 
   // The wait after computing a stretch: the share there (linear between the
   // measured stretches, the nearest one's outside them) times the stretch;
@@ -390,7 +392,7 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
 
 // Measured side by side on ranks that share this machine's cores: every rank
 // ends with the same figures, one per stretch of 1, 2, 4, ... windows, each
-// a window longer than the last, and a share of at least 0.
+// twice as long as the last, and a share of at least 0.
 TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   Graph g;
   Builder b(g);
@@ -400,11 +402,11 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   std::vector<std::map<int64_t, std::vector<sched::LatenessPoint>>> measured(2);
   world.run([&](comm::ProcessGroup& pg) {
     measured[static_cast<size_t>(pg.rank())] =
-        train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 4);
+        train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 16);
   });
   ASSERT_EQ(measured[0].size(), 1u);
   const auto& points = measured[0].at(2);
-  ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows
+  ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows, each length seen at least 4 times
   for (size_t i = 0; i < points.size(); ++i) {
     EXPECT_EQ(points[i].interval_us, points[0].interval_us * static_cast<double>(1 << i));
     EXPECT_GE(points[i].share, 0);
