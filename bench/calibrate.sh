@@ -5,7 +5,9 @@
 # one rank of a 2-rank run of the benchmark model, a core each (`train
 # --profile`; as a share of the host's peak: rate x 2 / peak), and
 # meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
-# (`bench comm --group-size`, 4 KiB to 64 MiB). The job's ranks share this one host (shared_host): a rank of an
+# (`bench comm --group-size`, 4 KiB to 64 MiB), and how far the slowest rank of
+# a group of 2 or 4 trails when 4 ranks compute side by side (benchmark mode,
+# sync_lateness). The job's ranks share this one host (shared_host): a rank of an
 # N-rank job gets 1/N of the peaks.
 # Usage: bench/calibrate.sh [OUT.toml] [NAME]   (default runs/hardware/local.toml, "local-cpu")
 set -euo pipefail
@@ -35,6 +37,15 @@ for job in "2 2" "2 4" "4 4"; do
   scripts/mpirun.sh -np "$np" build/meshtrain bench comm --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --min-bytes 4K --max-bytes 64M --rounds 9 --group-size "$group" --json > "$work/comm_${group}_$np.json"
 done
+# Ranks that share the cores advance unevenly, and a collective waits for its
+# group's slowest rank: benchmark mode measures how far it trails in groups of
+# 2 and 4 (DP 2 x TP 2), and keeps it in its kernel cache.
+echo "calibrate: how far the slowest rank of a group trails, 4 ranks side by side (benchmark mode)" >&2
+scripts/mpirun.sh -np 4 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
+  --model.n_kv_heads 8 --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps 1 \
+  --parallel.dp_shard 2 --parallel.tp 2 --checkpoint.folder "" --metrics.file "" --schedule.estimate benchmark \
+  --schedule.hardware cpu-2core --schedule.kernel_cache "$work/kernels.json" > "$work/lateness.log" 2>&1 ||
+  { cat "$work/lateness.log" >&2; exit 1; }
 mkdir -p "$(dirname "$out")"
 python3 - "$work" "$name" "$(hostname)" "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$threads" > "$out" <<'PY'
 import json, re, sys, datetime
@@ -67,6 +78,11 @@ print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of t
 for op in heavy:
     if op in ops and ops[op][0] > 0:
         print(f"{op} = {min(1.0, share * ops[op][1] / ops[op][0] / f32):.4f}")  # a fraction: at most 1
+for group in json.load(open(f"{work}/kernels.json")).get("sync_lateness", []):
+    print("[[device.sync_lateness]]  # how far a group's slowest rank trails its mean: share x interval")
+    print(f"ranks = {group['ranks']}")
+    print("interval_us = [" + ", ".join(f"{t:.0f}" for t in group["interval_us"]) + "]")
+    print("share = [" + ", ".join(f"{x:.4f}" for x in group["share"]) + "]")
 print("[collectives]")
 print('model = "measured"')
 for group, np_ in ((2, 2), (2, 4), (4, 4)):

@@ -44,8 +44,10 @@ std::string estimate_help() {
       "kernel timed here on fresh tensors of its shapes instead (as a rank of the job would run it: its threads,\n"
       "its share of the cores), reading and writing the times in --schedule.kernel_cache FILE when given; a\n"
       "cache that `meshtrain train` wrote in benchmark mode holds the times its ranks measured side by side.\n"
-      "Only `meshtrain train` in benchmark mode, whose ranks run side by side, also measures how far a group's\n"
-      "slowest rank trails (a collective waits for it); here, one process, a collective waits for nobody.\n"
+      "On a shared host a collective also waits for its group's slowest rank: by the profile's\n"
+      "[[device.sync_lateness]] (ranks, interval_us = [...], share = [...]: it trails by share x the compute\n"
+      "since the rank last waited; bench/calibrate.sh measures it), or by what `meshtrain train` in benchmark\n"
+      "mode measured, its ranks side by side, and kept in --schedule.kernel_cache; with neither, by nothing.\n"
       "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
       "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
       fmt::join(sched::builtin_hardware_names(), ", "));
@@ -124,7 +126,8 @@ int run_estimate(const std::vector<std::string>& args) {
          {{"step_us", e.time.step_us},
           {"compute_us", e.time.compute_us},
           {"communication_us", e.time.communication_us},
-          {"exposed_us", e.time.exposed_us}}},
+          {"exposed_us", e.time.exposed_us},
+          {"waiting_us", e.time.waiting_us}}},
         {"tokens_per_step", e.tokens_per_step},
         {"tokens_per_s_per_device", e.tokens_per_s_per_device},
         {"flops_per_token", e.flops_per_token},
@@ -173,9 +176,11 @@ int run_estimate(const std::vector<std::string>& args) {
                  100 * bytes / e.memory.peak_bytes);
     fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", amount(e.memory.arena_unused_at_peak),
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
-    fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}\n", duration(e.time.step_us),
+    fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}{}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us),
-               e.pipeline ? " (with the bubble)" : "");
+               e.pipeline ? " (with the bubble)" : "",
+               e.time.waiting_us > 0 ? fmt::format(", waiting for a group's slowest rank {}", duration(e.time.waiting_us))
+                                     : "");
     if (e.pipeline) {
       const train::PipelineEstimate& p = *e.pipeline;
       double f = 0, b = 0, p2p = 0;

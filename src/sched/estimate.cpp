@@ -76,13 +76,14 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
         // collective's bytes, so nothing hides it; and it waits for the
         // group's slowest rank, which trails by its measured lateness over
         // what the ranks computed since they last waited.
+        const SyncLateness& lateness = device.measured != nullptr && !device.measured->sync_lateness.empty()
+                                           ? device.measured->sync_lateness
+                                           : device.hardware.sync_lateness;
         const double late =
-            device.measured == nullptr
-                ? 0
-                : device.measured->lateness_us(static_cast<int64_t>(node.attrs.get(graph::attr::group).size()),
-                                               now - synced_at);
+            lateness.us(static_cast<int64_t>(node.attrs.get(graph::attr::group).size()), now - synced_at);
         e.timeline.push_back({id, now, now + late + us});
-        e.exposed_us += late + us;
+        e.exposed_us += us;
+        e.waiting_us += late;
         now += late + us;
         synced_at = now;
         done_at[id] = now;

@@ -46,6 +46,7 @@ struct StepEstimate {
   double compute_us = 0;          // the compute stream's busy time
   double communication_us = 0;    // the collectives' time, summed
   double exposed_us = 0;          // the compute stream held by waits
+  double waiting_us = 0;          // shared host: held waiting for a group's slowest rank (SyncLateness)
   std::vector<graph::NodeSpan> timeline;  // each step of the schedule, views included (as 0 long)
 };
 

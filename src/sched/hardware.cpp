@@ -1,5 +1,6 @@
 #include "sched/hardware.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +122,42 @@ void unknown_keys(const toml::table& t, const std::string& prefix, const std::se
 
 }  // namespace
 
+double SyncLateness::us(int64_t ranks, double interval_us) const {
+  if (by_group_size.empty() || interval_us <= 0) return 0;
+  const auto it = by_group_size.lower_bound(ranks);
+  const std::vector<Point>& points = it != by_group_size.end() ? it->second : by_group_size.rbegin()->second;
+  if (points.empty()) return 0;
+  const auto above = std::find_if(points.begin(), points.end(),
+                                  [&](const Point& p) { return p.interval_us >= interval_us; });
+  double share;
+  if (above == points.begin()) share = above->share;
+  else if (above == points.end()) share = points.back().share;
+  else {
+    const Point& below = *(above - 1);
+    const double t = (interval_us - below.interval_us) / (above->interval_us - below.interval_us);
+    share = below.share + t * (above->share - below.share);
+  }
+  return share * interval_us;
+}
+
+std::vector<SyncLateness::Point> checked_lateness(int64_t ranks, const std::vector<double>& interval_us,
+                                                 const std::vector<double>& share) {
+  MT_CHECK(ranks >= 2 && ranks <= (1 << 24), "sync_lateness: ranks must be an integer from 2 to 2^24, got {}", ranks);
+  MT_CHECK(!interval_us.empty() && interval_us.size() == share.size(),
+           "sync_lateness over {} ranks: interval_us and share must be as long, and not empty", ranks);
+  std::vector<SyncLateness::Point> points;
+  for (size_t i = 0; i < interval_us.size(); ++i) {
+    MT_CHECK(std::isfinite(interval_us[i]) && interval_us[i] > 0 && interval_us[i] <= 1e12 &&
+                 (i == 0 || interval_us[i] > interval_us[i - 1]),
+             "sync_lateness over {} ranks: intervals must be positive and increase, got {} after {}", ranks,
+             interval_us[i], i == 0 ? 0.0 : interval_us[i - 1]);
+    MT_CHECK(std::isfinite(share[i]) && share[i] >= 0 && share[i] <= 100,
+             "sync_lateness over {} ranks: a share must be a number from 0 to 100, got {}", ranks, share[i]);
+    points.push_back({interval_us[i], share[i]});
+  }
+  return points;
+}
+
 HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin) {
   toml::table root;
   try {
@@ -208,6 +245,31 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
     }
   } else {
     r.fail("collectives.model", fmt::format("'{}' is not nccl or measured", model));
+  }
+  r.used.insert("device.sync_lateness");
+  if (const toml::node* node = root.at_path("device.sync_lateness").node()) {
+    const toml::array* groups = node->as_array();
+    if (!groups || groups->empty()) r.fail("device.sync_lateness", "must be an array of tables ([[device.sync_lateness]])");
+    if (!p.shared_host)
+      r.fail("device.sync_lateness", "is for ranks that share a host's cores: set device.shared_host = true");
+    for (const toml::node& g : *groups) {
+      const toml::table* t = g.as_table();
+      if (!t) r.fail("device.sync_lateness", "must hold tables");
+      for (const auto& [k, v] : *t)
+        if (k.str() != "ranks" && k.str() != "interval_us" && k.str() != "share")
+          r.fail(fmt::format("device.sync_lateness.{}", k.str()), "unknown (a table has ranks, interval_us and share)");
+      const auto ranks = (*t)["ranks"].value<int64_t>();
+      if (!ranks) r.fail("device.sync_lateness.ranks", "is required (an integer from 2 to 2^24)");
+      if (p.sync_lateness.by_group_size.count(*ranks))
+        r.fail("device.sync_lateness.ranks", fmt::format("{} is given twice", *ranks));
+      const std::vector<double> intervals = r.numbers(*t, "interval_us", "device.sync_lateness"),
+                                shares = r.numbers(*t, "share", "device.sync_lateness");
+      try {
+        p.sync_lateness.by_group_size[*ranks] = checked_lateness(*ranks, intervals, shares);
+      } catch (const std::exception& e) {
+        r.fail("device.sync_lateness", e.what());
+      }
+    }
   }
   std::vector<std::string> unknown;
   unknown_keys(root, "", r.used, unknown);

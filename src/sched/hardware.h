@@ -4,6 +4,7 @@
 // table measured on the machine). Profiles are TOML; some are built in.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +12,26 @@
 #include "sched/collective_cost.h"
 
 namespace meshtrain::sched {
+
+// Ranks that share a host's cores advance unevenly, and a collective waits
+// for its group's slowest rank: per group size, how far the slowest rank
+// trailed the group's mean over stretches of compute of increasing length,
+// as a share of the stretch (it falls as a longer stretch evens out).
+struct SyncLateness {
+  struct Point {
+    double interval_us = 0;
+    double share = 0;
+  };
+  std::map<int64_t, std::vector<Point>> by_group_size;  // points by increasing interval
+
+  bool empty() const { return by_group_size.empty(); }
+  // How long a group of `ranks` waits for its slowest rank after computing
+  // `interval_us` side by side, in microseconds: the share at that interval
+  // (linear between the points, the nearest one's outside them) times the
+  // interval; the group size's own points, else the nearest larger size's,
+  // else the largest's; 0 when there are none.
+  double us(int64_t ranks, double interval_us) const;
+};
 
 struct HardwareProfile {
   std::string name, description;
@@ -27,6 +48,9 @@ struct HardwareProfile {
   // The job's ranks all run on this one host and share its peaks (CPU
   // cores): each of N ranks gets 1/N of them.
   bool shared_host = false;
+  // shared_host: how unevenly its ranks advance ([[device.sync_lateness]],
+  // bench/calibrate.sh measures it); none: no collective waits for a rank.
+  SyncLateness sync_lateness;
   enum class CollectiveModel { nccl, measured } collectives = CollectiveModel::nccl;
   NcclLinks nccl;
   MeasuredCollectives measured;
@@ -38,6 +62,11 @@ struct HardwareProfile {
   double rank_share(int world_size) const;
 };
 
+// Points of a SyncLateness for groups of `ranks`, checked: as many intervals
+// as shares, intervals positive and increasing, shares from 0 to 100.
+std::vector<SyncLateness::Point> checked_lateness(int64_t ranks, const std::vector<double>& interval_us,
+                                                 const std::vector<double>& share);
+
 // The built-in profiles' names, and one of them; fails listing them.
 std::vector<std::string> builtin_hardware_names();
 HardwareProfile builtin_hardware(const std::string& name);
@@ -46,6 +75,8 @@ HardwareProfile builtin_hardware(const std::string& name);
 //   [device] peak_gflops_f32, peak_gflops_bf16, memory_gbps, memory_gib,
 //            compute_efficiency, memory_efficiency, devices_per_host, shared_host
 //   [device.op_efficiency] <op> = fraction
+//   [[device.sync_lateness]] ranks, interval_us = [...], share = [...]
+//            (shared_host only: a group's slowest rank trails by share x interval)
 //   [collectives] model = "nccl" | "measured"
 //     nccl: arch (volta|ampere|hopper|blackwell), intra_bus_gbps, inter_gbps, channels, amd_host
 //     measured: [[collectives.table]] op, ranks, world (the job's ranks when

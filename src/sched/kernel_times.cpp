@@ -44,24 +44,6 @@ uint64_t kernel_key_hash(const std::string& key) {
   return h;
 }
 
-double KernelTimes::lateness_us(int64_t ranks, double interval_us) const {
-  if (sync_lateness.empty() || interval_us <= 0) return 0;
-  const auto it = sync_lateness.lower_bound(ranks);
-  const std::vector<LatenessPoint>& points = it != sync_lateness.end() ? it->second : sync_lateness.rbegin()->second;
-  if (points.empty()) return 0;
-  const auto above = std::find_if(points.begin(), points.end(),
-                                  [&](const LatenessPoint& p) { return p.interval_us >= interval_us; });
-  double share;
-  if (above == points.begin()) share = above->share;
-  else if (above == points.end()) share = points.back().share;
-  else {
-    const LatenessPoint& below = *(above - 1);
-    const double t = (interval_us - below.interval_us) / (above->interval_us - below.interval_us);
-    share = below.share + t * (above->share - below.share);
-  }
-  return share * interval_us;
-}
-
 std::optional<double> KernelTimes::find(const std::string& key) const {
   const auto it = us.find(key);
   if (it == us.end()) return std::nullopt;
@@ -81,6 +63,13 @@ KernelTimes load_kernel_times(const std::string& path) {
       MT_CHECK(us.is_number() && us.get<double>() >= 0, "entry '{}' is not a time >= 0", key);
       times.us[key] = us.get<double>();
     }
+    if (j.contains("sync_lateness"))
+      for (const nlohmann::json& group : j.at("sync_lateness")) {
+        const auto ranks = group.at("ranks").get<int64_t>();
+        const auto intervals = group.at("interval_us").get<std::vector<double>>();
+        const auto shares = group.at("share").get<std::vector<double>>();
+        times.sync_lateness.by_group_size[ranks] = checked_lateness(ranks, intervals, shares);
+      }
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
                                       "again", path, json_error_text(e)));
@@ -91,9 +80,20 @@ KernelTimes load_kernel_times(const std::string& path) {
 void save_kernel_times(const KernelTimes& times, const std::string& path) {
   nlohmann::json kernels = nlohmann::json::object();
   for (const auto& [key, us] : times.us) kernels[key] = us;
+  nlohmann::json lateness = nlohmann::json::array();
+  for (const auto& [ranks, points] : times.sync_lateness.by_group_size) {
+    nlohmann::json intervals = nlohmann::json::array(), shares = nlohmann::json::array();
+    for (const SyncLateness::Point& p : points) {
+      intervals.push_back(p.interval_us);
+      shares.push_back(p.share);
+    }
+    lateness.push_back({{"ranks", ranks}, {"interval_us", intervals}, {"share", shares}});
+  }
   const std::filesystem::path target(path);
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
-  write_file_atomically(path, nlohmann::json{{"kernels", kernels}}.dump(1) + "\n");
+  nlohmann::json file{{"kernels", kernels}};
+  if (!lateness.empty()) file["sync_lateness"] = lateness;
+  write_file_atomically(path, file.dump(1) + "\n");
 }
 
 }  // namespace meshtrain::sched

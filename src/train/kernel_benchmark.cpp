@@ -142,7 +142,7 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
   for (const std::string& key : keys) times.us[key] = median_of(by_hash.at(sched::kernel_key_hash(key)));
 }
 
-std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
+sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
                                                 comm::ProcessGroup& world, const KernelTiming& timing, int windows) {
   MT_CHECK(windows > 0, "measure_sync_lateness: windows must be positive, got {}", windows);
   std::optional<graph::NodeId> heaviest;
@@ -176,7 +176,7 @@ std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const
   return sync_lateness_of(per_rank, world.size(), windows, groups, window_us);
 }
 
-std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<const double> per_rank, int world_size,
+sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size,
                                                                       int windows,
                                                                       const std::vector<std::vector<int64_t>>& groups,
                                                                       double window_us) {
@@ -191,7 +191,7 @@ std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<
   // rank's windows (all of them where there are fewer than 4): per group
   // size, the slowest member's time less the group's mean, and the mean,
   // each summed.
-  std::map<int64_t, std::vector<sched::LatenessPoint>> lateness;
+  sched::SyncLateness lateness;
   for (int span = 1; span == 1 || span * 4 <= windows; span *= 2) {
     std::map<int64_t, std::array<double, 2>> sums;  // size -> trailing, mean
     for (const std::vector<int64_t>& group : groups) {
@@ -211,7 +211,7 @@ std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<
     }
     for (const auto& [size, sum] : sums)
       if (sum[1] > 0)
-        lateness[size].push_back({span * window_us, sum[0] / sum[1]});
+        lateness.by_group_size[size].push_back({span * window_us, sum[0] / sum[1]});
   }
   return lateness;
 }

@@ -57,14 +57,14 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
 // the slowest member's time less the group's mean, summed, over the group's
 // mean, summed, at the stretch's mean length. Every rank calls it, after a
 // barrier, and gets the same figures.
-std::map<int64_t, std::vector<sched::LatenessPoint>> measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
+sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
                                                 comm::ProcessGroup& world, const KernelTiming& timing = {},
                                                 int windows = 64);
 
 // measure_sync_lateness's figures from its windows: `per_rank` holds each
 // world rank's `windows` times per call, one rank after another; a window
 // lasts `window_us`.
-std::map<int64_t, std::vector<sched::LatenessPoint>> sync_lateness_of(std::span<const double> per_rank, int world_size,
+sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size,
                                                                       int windows,
                                                                       const std::vector<std::vector<int64_t>>& groups,
                                                                       double window_us);

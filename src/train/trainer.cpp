@@ -409,14 +409,22 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
     fmt::print(stderr, "benchmark mode: timed {} kernels in {:.1f} s ({} known{}){}\n", timed.measured, timed.seconds,
                timed.known, config_.schedule.kernel_cache.empty() ? "" : " from " + config_.schedule.kernel_cache,
                world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
-  if (world_ && world_->size() > 1 && config_.parallel.pp == 1 && kernel_times_.sync_lateness.empty()) {
+  const std::vector<std::vector<int64_t>> groups =
+      world_ && world_->size() > 1 && config_.parallel.pp == 1
+          ? mesh_groups(check_parallel_config(config_, world_->size()))
+          : std::vector<std::vector<int64_t>>{};
+  // Measured once per run, unless the cache has every group size of the mesh.
+  const bool lateness_missing = std::any_of(groups.begin(), groups.end(), [&](const std::vector<int64_t>& group) {
+    return !kernel_times_.sync_lateness.by_group_size.count(static_cast<int64_t>(group.size()));
+  });
+  if (lateness_missing) {
     wait_sleeping(world_->barrier());
-    kernel_times_.sync_lateness =
-        measure_sync_lateness(g, mesh_groups(check_parallel_config(config_, world_->size())), *world_,
-                              {.window = std::chrono::milliseconds(10)});
+    for (auto& [size, points] : measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)})
+                                    .by_group_size)
+      kernel_times_.sync_lateness.by_group_size[size] = std::move(points);
     if (rank() == 0) {
       std::vector<std::string> per_size;
-      for (const auto& [size, points] : kernel_times_.sync_lateness)
+      for (const auto& [size, points] : kernel_times_.sync_lateness.by_group_size)
         if (!points.empty())
           per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", size,
                                          100 * points.front().share, points.front().interval_us / 1e3,

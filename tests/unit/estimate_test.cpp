@@ -111,6 +111,23 @@ us = [5, 15]
 )";
   const sched::HardwareProfile p = sched::parse_hardware(measured, "test");
   EXPECT_EQ(p.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 2), 10);
+  // How far a group's slowest rank trails: shared hosts only, checked.
+  const std::string lateness = "[[device.sync_lateness]]\nranks = 4\ninterval_us = [1000, 3000]\nshare = [0.5, 0.25]\n";
+  const sched::HardwareProfile uneven = sched::parse_hardware(measured + lateness, "test");
+  EXPECT_NEAR(uneven.sync_lateness.us(4, 2000), 2000 * 0.375, 1e-9);
+  EXPECT_TRUE(p.sync_lateness.empty());
+  std::string not_shared = measured + lateness;
+  not_shared.replace(not_shared.find("shared_host = true"), 18, "shared_host = false");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(not_shared, "test"); }),
+                       "device.sync_lateness is for ranks that share a host's cores"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + lateness + "colour = 1\n", "test"); }),
+                       "device.sync_lateness.colour unknown"));
+  std::string shorter = lateness;
+  shorter.replace(shorter.find("[0.5, 0.25]"), 11, "[0.5]");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + shorter, "test"); }),
+                       "interval_us and share must be as long"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + lateness + lateness, "test"); }),
+                       "4 is given twice"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
                        "collectives.table.world 3 must be a multiple of ranks 2"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
@@ -311,8 +328,17 @@ TEST(BenchmarkMode, TimesEachKernelOnceAndCachesToAFile) {
   EXPECT_EQ(again.known, 2);
 
   const std::string path = ::testing::TempDir() + "/kernel_cache_test.json";
+  times.sync_lateness.by_group_size[4] = {{.interval_us = 10000, .share = 0.25}, {.interval_us = 20000, .share = 0.125}};
   sched::save_kernel_times(times, path);
-  EXPECT_EQ(sched::load_kernel_times(path).us, times.us);
+  const sched::KernelTimes loaded = sched::load_kernel_times(path);
+  EXPECT_EQ(loaded.us, times.us);
+  ASSERT_EQ(loaded.sync_lateness.by_group_size.size(), 1u);
+  ASSERT_EQ(loaded.sync_lateness.by_group_size.at(4).size(), 2u);
+  EXPECT_EQ(loaded.sync_lateness.by_group_size.at(4)[1].interval_us, 20000);
+  EXPECT_EQ(loaded.sync_lateness.by_group_size.at(4)[1].share, 0.125);
+  { std::ofstream(path) << R"({"kernels": {}, "sync_lateness": [{"ranks": 4, "interval_us": [2, 1], "share": [0, 0]}]})"; }
+  const std::string unordered = message_of([&] { sched::load_kernel_times(path); });
+  EXPECT_TRUE(contains(unordered, path) && contains(unordered, "intervals must be positive and increase")) << unordered;
   EXPECT_TRUE(sched::load_kernel_times(path + ".absent").us.empty());
   { std::ofstream(path) << "{\"kernels\": {\"matmul\": \"fast\"}}"; }
   const std::string error = message_of([&] { sched::load_kernel_times(path); });
@@ -356,9 +382,9 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
     for (int i = 0; i < 4; ++i) per_rank.insert(per_rank.end(), two.begin(), two.end());
   const std::vector<std::vector<int64_t>> groups{{0, 1}, {2, 3}, {0, 1, 2, 3}};
   const auto lateness = train::sync_lateness_of(per_rank, 4, 8, groups, 1000);
-  ASSERT_EQ(lateness.size(), 2u);
-  const auto& pairs = lateness.at(2);
-  const auto& all = lateness.at(4);
+  ASSERT_EQ(lateness.by_group_size.size(), 2u);
+  const auto& pairs = lateness.by_group_size.at(2);
+  const auto& all = lateness.by_group_size.at(4);
   ASSERT_EQ(pairs.size(), 2u);  // stretches of 1 and 2 windows: 4 would be seen only twice
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(pairs[0].interval_us, 1000);
@@ -379,15 +405,15 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
   // measured stretches, the nearest one's outside them) times the stretch;
   // a size not measured takes the next larger one's, else the largest's.
   sched::KernelTimes times;
-  EXPECT_EQ(times.lateness_us(2, 5000), 0);  // nothing measured
+  EXPECT_EQ(times.sync_lateness.us(2, 5000), 0);  // nothing measured
   times.sync_lateness = lateness;
-  EXPECT_NEAR(times.lateness_us(4, 500), 500 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.lateness_us(4, 1500), 1500 * (17.5 / 27.5), 1e-9);
-  EXPECT_NEAR(times.lateness_us(4, 8000), 8000 * 12.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.lateness_us(3, 1000), 1000 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.lateness_us(8, 1000), 1000 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.lateness_us(2, 1000), 1000 * 15.0 / 55, 1e-9);
-  EXPECT_EQ(times.lateness_us(2, 0), 0);
+  EXPECT_NEAR(times.sync_lateness.us(4, 500), 500 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 1500), 1500 * (17.5 / 27.5), 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 8000), 8000 * 12.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(3, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(8, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(2, 1000), 1000 * 15.0 / 55, 1e-9);
+  EXPECT_EQ(times.sync_lateness.us(2, 0), 0);
 }
 
 // Measured side by side on ranks that share this machine's cores: every rank
@@ -399,18 +425,18 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   const ValueId x = g.add_input("x", {64, 64}, DType::f32);
   g.add_output(b.silu(b.matmul(x, x)));
   comm::LocalWorld world(2);
-  std::vector<std::map<int64_t, std::vector<sched::LatenessPoint>>> measured(2);
+  std::vector<sched::SyncLateness> measured(2);
   world.run([&](comm::ProcessGroup& pg) {
     measured[static_cast<size_t>(pg.rank())] =
         train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 16);
   });
-  ASSERT_EQ(measured[0].size(), 1u);
-  const auto& points = measured[0].at(2);
+  ASSERT_EQ(measured[0].by_group_size.size(), 1u);
+  const auto& points = measured[0].by_group_size.at(2);
   ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows, each length seen at least 4 times
   for (size_t i = 0; i < points.size(); ++i) {
     EXPECT_EQ(points[i].interval_us, points[0].interval_us * static_cast<double>(1 << i));
     EXPECT_GE(points[i].share, 0);
-    EXPECT_EQ(points[i].share, measured[1].at(2)[i].share);
+    EXPECT_EQ(points[i].share, measured[1].by_group_size.at(2)[i].share);
   }
   EXPECT_GE(points[0].interval_us, 1000);
 }

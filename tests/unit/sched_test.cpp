@@ -531,7 +531,7 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
 // On a shared host a collective runs on the compute stream (the cores that
 // compute copy its bytes) and first waits for its group's slowest rank: in
 // benchmark mode, the measured share of what the rank computed since it last
-// waited (here half of the silu before it).
+// waited (here half of the silu before it), else the profile's.
 TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
   Graph g;
   Builder b(g);
@@ -559,10 +559,17 @@ TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
   const sched::StepEstimate even = sched::estimate_step(g, schedule, device);
   EXPECT_NEAR(even.step_us, silu_us + reduce_us + matmul_us + add_us, 1e-9);  // nothing hides the collective
   EXPECT_NEAR(even.exposed_us, reduce_us, 1e-9);
-  times.sync_lateness[2] = {{.interval_us = 1000, .share = 0.5}};
+  // The profile's lateness (bench/calibrate.sh's), where benchmark mode measured none.
+  device.hardware.sync_lateness.by_group_size[2] = {{.interval_us = 1000, .share = 0.25}};
+  EXPECT_NEAR(sched::estimate_step(g, schedule, device).step_us,
+              silu_us + 0.25 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
+  // What benchmark mode measured, over the profile's.
+  times.sync_lateness.by_group_size[2] = {{.interval_us = 1000, .share = 0.5}};
   const sched::StepEstimate uneven = sched::estimate_step(g, schedule, device);
   EXPECT_NEAR(uneven.step_us, silu_us + 0.5 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
-  EXPECT_NEAR(uneven.exposed_us, 0.5 * silu_us + reduce_us, 1e-9);
+  EXPECT_NEAR(uneven.exposed_us, reduce_us, 1e-9);
+  EXPECT_NEAR(uneven.waiting_us, 0.5 * silu_us, 1e-9);
+  EXPECT_EQ(even.waiting_us, 0);
   EXPECT_NEAR(uneven.timeline[1].end_us - uneven.timeline[1].begin_us, 0.5 * silu_us + reduce_us, 1e-9);
   EXPECT_EQ(uneven.timeline[1].node, start);
 }
