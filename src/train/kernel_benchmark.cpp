@@ -143,7 +143,7 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
 }
 
 sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
-                                                comm::ProcessGroup& world, const KernelTiming& timing, int windows) {
+                                          comm::ProcessGroup& world, const KernelTiming& timing, int windows) {
   MT_CHECK(windows > 0, "measure_sync_lateness: windows must be positive, got {}", windows);
   std::optional<graph::NodeId> heaviest;
   double most_flops = -1;
@@ -176,10 +176,8 @@ sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vect
   return sync_lateness_of(per_rank, world.size(), windows, groups, window_us);
 }
 
-sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size,
-                                                                      int windows,
-                                                                      const std::vector<std::vector<int64_t>>& groups,
-                                                                      double window_us) {
+sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size, int windows,
+                                     const std::vector<std::vector<int64_t>>& groups, double window_us) {
   MT_CHECK(windows > 0 && world_size > 0 && per_rank.size() == static_cast<size_t>(world_size) * windows,
            "sync_lateness_of: {} figures for {} ranks of {} windows", per_rank.size(), world_size, windows);
   for (const std::vector<int64_t>& group : groups) {
@@ -210,8 +208,7 @@ sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world
       }
     }
     for (const auto& [size, sum] : sums)
-      if (sum[1] > 0)
-        lateness.by_group_size[size].push_back({span * window_us, sum[0] / sum[1]});
+      if (sum[1] > 0) lateness.by_group_size[size].push_back({span * window_us, sum[0] / sum[1]});
   }
   return lateness;
 }

@@ -55,18 +55,16 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
 // them, so that each length is seen at least 4 times), per group size:
 // over every stretch of every group of `groups` (world ranks) of that size,
 // the slowest member's time less the group's mean, summed, over the group's
-// mean, summed, at the stretch's mean length. Every rank calls it, after a
-// barrier, and gets the same figures.
+// mean, summed, at the stretch's length (its windows, each at least one
+// call long). Every rank calls it, after a barrier, and gets the same figures.
 sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
-                                                comm::ProcessGroup& world, const KernelTiming& timing = {},
-                                                int windows = 64);
+                                          comm::ProcessGroup& world, const KernelTiming& timing = {},
+                                          int windows = 64);
 
 // measure_sync_lateness's figures from its windows: `per_rank` holds each
 // world rank's `windows` times per call, one rank after another; a window
 // lasts `window_us`.
-sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size,
-                                                                      int windows,
-                                                                      const std::vector<std::vector<int64_t>>& groups,
-                                                                      double window_us);
+sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size, int windows,
+                                     const std::vector<std::vector<int64_t>>& groups, double window_us);
 
 }  // namespace meshtrain::train

@@ -419,8 +419,8 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
   });
   if (lateness_missing) {
     wait_sleeping(world_->barrier());
-    for (auto& [size, points] : measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)})
-                                    .by_group_size)
+    sched::SyncLateness measured = measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)});
+    for (auto& [size, points] : measured.by_group_size)
       kernel_times_.sync_lateness.by_group_size[size] = std::move(points);
     if (rank() == 0) {
       std::vector<std::string> per_size;
