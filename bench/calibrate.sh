@@ -80,6 +80,7 @@ for op in heavy:
         print(f"{op} = {min(1.0, share * ops[op][1] / ops[op][0] / f32):.4f}")  # a fraction: at most 1
 for group in json.load(open(f"{work}/kernels.json")).get("sync_lateness", []):
     print("[[device.sync_lateness]]  # how far a group's slowest rank trails its mean: share x interval")
+    print(f"world = {group['world']}")
     print(f"ranks = {group['ranks']}")
     print("interval_us = [" + ", ".join(f"{t:.0f}" for t in group["interval_us"]) + "]")
     print("share = [" + ", ".join(f"{x:.4f}" for x in group["share"]) + "]")

@@ -12,7 +12,8 @@
 # their step side by side before training, agree on the median, measure how
 # far a group's slowest rank trails its mean (a collective waits for it), and
 # the metrics carry the estimated step beside the measured one (the median
-# over rounds). The roofline has no such measurement: it counts no waiting.
+# over rounds). The roofline takes that wait from the profile (calibrate.sh
+# measures it for `here`; the built-in cpu-2core has none).
 # Usage: [ROUNDS=3] bench/estimate.sh [PROFILE] [STEPS] [float32|bfloat16]
 #   PROFILE: `here` (the default) calibrates this host first in the same run
 #   (bench/calibrate.sh, about 2 minutes), as a 2-core VM moves between hosts

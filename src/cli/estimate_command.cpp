@@ -45,9 +45,10 @@ std::string estimate_help() {
       "its share of the cores), reading and writing the times in --schedule.kernel_cache FILE when given; a\n"
       "cache that `meshtrain train` wrote in benchmark mode holds the times its ranks measured side by side.\n"
       "On a shared host a collective also waits for its group's slowest rank: by the profile's\n"
-      "[[device.sync_lateness]] (ranks, interval_us = [...], share = [...]: it trails by share x the compute\n"
-      "since the rank last waited; bench/calibrate.sh measures it), or by what `meshtrain train` in benchmark\n"
-      "mode measured, its ranks side by side, and kept in --schedule.kernel_cache; with neither, by nothing.\n"
+      "[[device.sync_lateness]] (world, ranks, interval_us = [...], share = [...]: in a job of `world` ranks, a\n"
+      "group of `ranks` trails by share x the compute since the rank last waited; bench/calibrate.sh measures\n"
+      "it), and with --schedule.estimate benchmark by what `meshtrain train` in benchmark mode measured, its\n"
+      "ranks side by side, and kept in --schedule.kernel_cache, over the profile's; with neither, by nothing.\n"
       "--json prints one JSON document instead; --trace FILE writes the estimated timeline as a Chrome trace\n"
       "(Perfetto, chrome://tracing), drawn as `meshtrain train --trace` draws a measured one.\n",
       fmt::join(sched::builtin_hardware_names(), ", "));

@@ -56,6 +56,10 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
   std::map<CollectiveStream, double> stream_free_at;  // per stream: when it is done
   std::map<graph::NodeId, double> done_at;                // started collective -> when it completes
   double synced_at = 0;  // shared host: when this rank last waited for a group
+  // What benchmark mode measured, else the profile's.
+  const SyncLateness lateness = device.measured != nullptr
+                                    ? device.measured->sync_lateness.over(device.hardware.sync_lateness)
+                                    : device.hardware.sync_lateness;
   for (graph::NodeId id : schedule.steps) {
     const graph::Node& node = g.node(id);
     if (node.op->is_wait) {
@@ -76,11 +80,9 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
         // collective's bytes, so nothing hides it; and it waits for the
         // group's slowest rank, which trails by its measured lateness over
         // what the ranks computed since they last waited.
-        const SyncLateness& lateness = device.measured != nullptr && !device.measured->sync_lateness.empty()
-                                           ? device.measured->sync_lateness
-                                           : device.hardware.sync_lateness;
-        const double late =
-            lateness.us(static_cast<int64_t>(node.attrs.get(graph::attr::group).size()), now - synced_at);
+        const double late = lateness.us(device.world_size,
+                                        static_cast<int64_t>(node.attrs.get(graph::attr::group).size()),
+                                        now - synced_at);
         e.timeline.push_back({id, now, now + late + us});
         e.exposed_us += us;
         e.waiting_us += late;

@@ -122,10 +122,13 @@ void unknown_keys(const toml::table& t, const std::string& prefix, const std::se
 
 }  // namespace
 
-double SyncLateness::us(int64_t ranks, double interval_us) const {
-  if (by_group_size.empty() || interval_us <= 0) return 0;
-  const auto it = by_group_size.lower_bound(ranks);
-  const std::vector<Point>& points = it != by_group_size.end() ? it->second : by_group_size.rbegin()->second;
+double SyncLateness::us(int64_t world, int64_t ranks, double interval_us) const {
+  if (ranks < 2 || interval_us <= 0) return 0;
+  const auto first = tables.lower_bound({world, 0}), end = tables.lower_bound({world + 1, 0});
+  if (first == end) return 0;  // nothing for a job of this size
+  auto it = tables.lower_bound({world, ranks});
+  if (it == end) it = std::prev(end);
+  const std::vector<Point>& points = it->second;
   if (points.empty()) return 0;
   const auto above = std::find_if(points.begin(), points.end(),
                                   [&](const Point& p) { return p.interval_us >= interval_us; });
@@ -140,19 +143,28 @@ double SyncLateness::us(int64_t ranks, double interval_us) const {
   return share * interval_us;
 }
 
-std::vector<SyncLateness::Point> checked_lateness(int64_t ranks, const std::vector<double>& interval_us,
+SyncLateness SyncLateness::over(const SyncLateness& base) const {
+  SyncLateness out = *this;
+  for (const auto& [key, points] : base.tables) out.tables.emplace(key, points);  // keeps this one's
+  return out;
+}
+
+std::vector<SyncLateness::Point> checked_lateness(SyncLateness::Key key, const std::vector<double>& interval_us,
                                                  const std::vector<double>& share) {
-  MT_CHECK(ranks >= 2 && ranks <= (1 << 24), "sync_lateness: ranks must be an integer from 2 to 2^24, got {}", ranks);
+  const auto [world, ranks] = key;
+  MT_CHECK(ranks >= 2 && ranks <= world && world <= (1 << 24),
+           "for groups of {} ranks in a job of {}: need 2 <= ranks <= world <= 2^24", ranks, world);
   MT_CHECK(!interval_us.empty() && interval_us.size() == share.size(),
-           "sync_lateness over {} ranks: interval_us and share must be as long, and not empty", ranks);
+           "for groups of {} ranks in a job of {}: interval_us and share must be as long, and not empty", ranks, world);
   std::vector<SyncLateness::Point> points;
   for (size_t i = 0; i < interval_us.size(); ++i) {
     MT_CHECK(std::isfinite(interval_us[i]) && interval_us[i] > 0 && interval_us[i] <= 1e12 &&
                  (i == 0 || interval_us[i] > interval_us[i - 1]),
-             "sync_lateness over {} ranks: intervals must be positive and increase, got {} after {}", ranks,
-             interval_us[i], i == 0 ? 0.0 : interval_us[i - 1]);
-    MT_CHECK(std::isfinite(share[i]) && share[i] >= 0 && share[i] <= 100,
-             "sync_lateness over {} ranks: a share must be a number from 0 to 100, got {}", ranks, share[i]);
+             "for groups of {} ranks in a job of {}: intervals must be positive and increase, got {} after {}", ranks,
+             world, interval_us[i], i == 0 ? 0.0 : interval_us[i - 1]);
+    MT_CHECK(std::isfinite(share[i]) && share[i] >= 0 && share[i] <= static_cast<double>(ranks - 1),
+             "for groups of {} ranks in a job of {}: a share must be a number from 0 to {} (a fraction of the "
+             "stretch, not a percentage), got {}", ranks, world, ranks - 1, share[i]);
     points.push_back({interval_us[i], share[i]});
   }
   return points;
@@ -256,16 +268,26 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const toml::table* t = g.as_table();
       if (!t) r.fail("device.sync_lateness", "must hold tables");
       for (const auto& [k, v] : *t)
-        if (k.str() != "ranks" && k.str() != "interval_us" && k.str() != "share")
-          r.fail(fmt::format("device.sync_lateness.{}", k.str()), "unknown (a table has ranks, interval_us and share)");
-      const auto ranks = (*t)["ranks"].value<int64_t>();
-      if (!ranks) r.fail("device.sync_lateness.ranks", "is required (an integer from 2 to 2^24)");
-      if (p.sync_lateness.by_group_size.count(*ranks))
-        r.fail("device.sync_lateness.ranks", fmt::format("{} is given twice", *ranks));
+        if (k.str() != "world" && k.str() != "ranks" && k.str() != "interval_us" && k.str() != "share")
+          r.fail(fmt::format("device.sync_lateness.{}", k.str()),
+                 "unknown (a table has world, ranks, interval_us and share)");
+      SyncLateness::Key key;
+      for (auto [name, field] : {std::pair{"world", &key.world}, std::pair{"ranks", &key.ranks}}) {
+        const toml::node* n = t->get(name);
+        if (!n) r.fail(fmt::format("device.sync_lateness.{}", name), "is required (an integer from 2 to 2^24)");
+        const auto v = n->value<int64_t>();
+        if (!v || !n->is_integer())
+          r.fail(fmt::format("device.sync_lateness.{}", name),
+                 fmt::format("must be an integer from 2 to 2^24, got {}", toml_value_text(*n)));
+        *field = *v;
+      }
+      if (p.sync_lateness.tables.count(key))
+        r.fail("device.sync_lateness", fmt::format("for groups of {} ranks in a job of {}: given twice", key.ranks,
+                                                   key.world));
       const std::vector<double> intervals = r.numbers(*t, "interval_us", "device.sync_lateness"),
                                 shares = r.numbers(*t, "share", "device.sync_lateness");
       try {
-        p.sync_lateness.by_group_size[*ranks] = checked_lateness(*ranks, intervals, shares);
+        p.sync_lateness.tables[key] = checked_lateness(key, intervals, shares);
       } catch (const std::exception& e) {
         r.fail("device.sync_lateness", e.what());
       }

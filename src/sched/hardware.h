@@ -14,23 +14,33 @@
 namespace meshtrain::sched {
 
 // Ranks that share a host's cores advance unevenly, and a collective waits
-// for its group's slowest rank: per group size, how far the slowest rank
-// trailed the group's mean over stretches of compute of increasing length,
-// as a share of the stretch (it falls as a longer stretch evens out).
+// for its group's slowest rank: per job size and group size, how far the
+// slowest rank trailed the group's mean over stretches of compute of
+// increasing length, as a share of the stretch (it falls as a longer stretch
+// evens out).
 struct SyncLateness {
   struct Point {
     double interval_us = 0;
     double share = 0;
+    bool operator==(const Point&) const = default;
   };
-  std::map<int64_t, std::vector<Point>> by_group_size;  // points by increasing interval
+  struct Key {
+    int64_t world = 0;  // the job's ranks on the host
+    int64_t ranks = 0;  // the group's
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, std::vector<Point>> tables;  // points by increasing interval
 
-  bool empty() const { return by_group_size.empty(); }
-  // How long a group of `ranks` waits for its slowest rank after computing
-  // `interval_us` side by side, in microseconds: the share at that interval
-  // (linear between the points, the nearest one's outside them) times the
-  // interval; the group size's own points, else the nearest larger size's,
-  // else the largest's; 0 when there are none.
-  double us(int64_t ranks, double interval_us) const;
+  bool empty() const { return tables.empty(); }
+  // How long a group of `ranks` in a job of `world` waits for its slowest
+  // rank after computing `interval_us` side by side, in microseconds: the
+  // share at that interval (linear between the points; below the first, the
+  // first's; beyond the last, the last's) times the interval; the job's
+  // points for the group's size, else for the nearest larger size, else for
+  // its largest; 0 for a job with none, or a group of one rank.
+  double us(int64_t world, int64_t ranks, double interval_us) const;
+  // These tables, with `base`'s added where these lack the key.
+  SyncLateness over(const SyncLateness& base) const;
 };
 
 struct HardwareProfile {
@@ -62,9 +72,11 @@ struct HardwareProfile {
   double rank_share(int world_size) const;
 };
 
-// Points of a SyncLateness for groups of `ranks`, checked: as many intervals
-// as shares, intervals positive and increasing, shares from 0 to 100.
-std::vector<SyncLateness::Point> checked_lateness(int64_t ranks, const std::vector<double>& interval_us,
+// Points of a SyncLateness for groups of `ranks` in a job of `world`,
+// checked: 2 <= ranks <= world <= 2^24, as many intervals as shares,
+// intervals positive and increasing, each share from 0 to ranks - 1 (the
+// most a slowest rank can trail its group's mean by).
+std::vector<SyncLateness::Point> checked_lateness(SyncLateness::Key key, const std::vector<double>& interval_us,
                                                  const std::vector<double>& share);
 
 // The built-in profiles' names, and one of them; fails listing them.
@@ -75,7 +87,7 @@ HardwareProfile builtin_hardware(const std::string& name);
 //   [device] peak_gflops_f32, peak_gflops_bf16, memory_gbps, memory_gib,
 //            compute_efficiency, memory_efficiency, devices_per_host, shared_host
 //   [device.op_efficiency] <op> = fraction
-//   [[device.sync_lateness]] ranks, interval_us = [...], share = [...]
+//   [[device.sync_lateness]] world, ranks, interval_us = [...], share = [...]
 //            (shared_host only: a group's slowest rank trails by share x interval)
 //   [collectives] model = "nccl" | "measured"
 //     nccl: arch (volta|ampere|hopper|blackwell), intra_bus_gbps, inter_gbps, channels, amd_host

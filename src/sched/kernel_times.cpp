@@ -63,13 +63,17 @@ KernelTimes load_kernel_times(const std::string& path) {
       MT_CHECK(us.is_number() && us.get<double>() >= 0, "entry '{}' is not a time >= 0", key);
       times.us[key] = us.get<double>();
     }
-    if (j.contains("sync_lateness"))
-      for (const nlohmann::json& group : j.at("sync_lateness")) {
-        const auto ranks = group.at("ranks").get<int64_t>();
-        const auto intervals = group.at("interval_us").get<std::vector<double>>();
-        const auto shares = group.at("share").get<std::vector<double>>();
-        times.sync_lateness.by_group_size[ranks] = checked_lateness(ranks, intervals, shares);
+    if (j.contains("sync_lateness")) {
+      const nlohmann::json& groups = j.at("sync_lateness");
+      MT_CHECK(groups.is_array(), "sync_lateness is not an array");
+      for (const nlohmann::json& group : groups) {
+        const SyncLateness::Key key{json_integer(group, "world", 2, 1 << 24), json_integer(group, "ranks", 2, 1 << 24)};
+        MT_CHECK(!times.sync_lateness.tables.count(key), "sync_lateness for groups of {} ranks in a job of {} twice",
+                 key.ranks, key.world);
+        times.sync_lateness.tables[key] = checked_lateness(key, group.at("interval_us").get<std::vector<double>>(),
+                                                           group.at("share").get<std::vector<double>>());
       }
+    }
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
                                       "again", path, json_error_text(e)));
@@ -81,13 +85,13 @@ void save_kernel_times(const KernelTimes& times, const std::string& path) {
   nlohmann::json kernels = nlohmann::json::object();
   for (const auto& [key, us] : times.us) kernels[key] = us;
   nlohmann::json lateness = nlohmann::json::array();
-  for (const auto& [ranks, points] : times.sync_lateness.by_group_size) {
+  for (const auto& [key, points] : times.sync_lateness.tables) {
     nlohmann::json intervals = nlohmann::json::array(), shares = nlohmann::json::array();
     for (const SyncLateness::Point& p : points) {
       intervals.push_back(p.interval_us);
       shares.push_back(p.share);
     }
-    lateness.push_back({{"ranks", ranks}, {"interval_us", intervals}, {"share", shares}});
+    lateness.push_back({{"world", key.world}, {"ranks", key.ranks}, {"interval_us", intervals}, {"share", shares}});
   }
   const std::filesystem::path target(path);
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());

@@ -29,9 +29,10 @@ struct KernelTimes {
   std::optional<double> find(const std::string& key) const;
 };
 
-// The cache file: {"kernels": {key: us, ...}, "sync_lateness": [{"ranks": n,
-// "interval_us": [...], "share": [...]}, ...]} (the latter optional); an
-// absent file is empty, an unreadable or malformed one an error naming it.
+// The cache file: {"kernels": {key: us, ...}, "sync_lateness": [{"world": n,
+// "ranks": m, "interval_us": [...], "share": [...]}, ...]} (the latter
+// optional); an absent file is empty, an unreadable or malformed one an
+// error naming it.
 KernelTimes load_kernel_times(const std::string& path);
 // Written whole to a temporary beside it, then renamed (a crash leaves the old file).
 void save_kernel_times(const KernelTimes& times, const std::string& path);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -158,22 +159,51 @@ sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vect
       heaviest = n;
     }
   }
-  // Every rank lowers its own graph; each takes part even with nothing to time.
-  Tensor mine = Tensor::zeros({windows}, DType::f64);
+  // Windows end at fixed times after the barrier, alike on every rank, so
+  // that window k of one rank runs beside window k of the others. Each holds
+  // at least one call. After the windows, the rank's whole time.
+  const auto slots = static_cast<size_t>(windows) + 1;
+  Tensor mine = Tensor::zeros({static_cast<int64_t>(slots)}, DType::f64);
+  std::string failure;
   if (heaviest) {
-    uint64_t state = 1;
-    KernelCall call(g, *heaviest, state);
-    call();  // warm-up
-    for (double& us : mine.data<double>()) us = mean_call_us(call, timing.window, 1);
+    try {
+      uint64_t state = 1;
+      KernelCall call(g, *heaviest, state);
+      call();  // warm-up
+      const std::span<double> out = mine.data<double>();
+      const auto start = Clock::now();
+      for (int w = 0; w < windows; ++w) {
+        const auto window_start = Clock::now();
+        int calls = 0;
+        for (; calls < 1 || Clock::now() < start + (w + 1) * timing.window; ++calls) call();
+        out[static_cast<size_t>(w)] = std::chrono::duration<double, std::micro>(Clock::now() - window_start).count() / calls;
+      }
+      out[slots - 1] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    } catch (const std::exception& e) {
+      failure = fmt::format("benchmark mode: timing {} side by side failed: {}", sched::kernel_key(g, *heaviest), e.what());
+      mine.data<double>()[slots - 1] = -1;  // tells the others
+    }
   }
-  Tensor all = Tensor::empty({world.size() * windows}, DType::f64);
-  world.all_gather(mine, all)->wait();
-  const std::span<const double> per_rank = std::as_const(all).data<double>();
-  // A window is at least one call long.
-  const double window_us = std::max(static_cast<double>(timing.window.count()),
-                                    std::accumulate(per_rank.begin(), per_rank.end(), 0.0) /
-                                        static_cast<double>(per_rank.size()));
+  Tensor all = Tensor::empty({world.size() * static_cast<int64_t>(slots)}, DType::f64);
+  wait_sleeping(world.all_gather(mine, all));  // a polling rank would take a core from one still timing
+  MT_CHECK(failure.empty(), "{}", failure);
+  const std::span<const double> gathered = std::as_const(all).data<double>();
+  std::vector<double> per_rank;
+  double whole_us = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    const auto row = gathered.subspan(static_cast<size_t>(r) * slots, slots);
+    MT_CHECK(row[slots - 1] >= 0, "benchmark mode: rank {} failed timing its kernel side by side", r);
+    if (row[slots - 1] == 0) return {};  // a rank had no kernel to time: nothing to compare
+    per_rank.insert(per_rank.end(), row.begin(), row.end() - 1);
+    whole_us += row[slots - 1];
+  }
+  const double window_us = whole_us / world.size() / windows;
   return sync_lateness_of(per_rank, world.size(), windows, groups, window_us);
+}
+
+void wait_sleeping(const comm::WorkPtr& work) {
+  while (!work->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  work->wait();  // its error, if it failed
 }
 
 sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size, int windows,
@@ -208,7 +238,7 @@ sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world
       }
     }
     for (const auto& [size, sum] : sums)
-      if (sum[1] > 0) lateness.by_group_size[size].push_back({span * window_us, sum[0] / sum[1]});
+      if (sum[1] > 0) lateness.tables[{world_size, size}].push_back({span * window_us, sum[0] / sum[1]});
   }
   return lateness;
 }

@@ -49,22 +49,28 @@ KernelBenchmark measure_kernels(const graph::Graph& g, sched::KernelTimes& times
 void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string>& keys, comm::ProcessGroup& world);
 
 // How unevenly the ranks advance when they share a host's cores (a
-// collective waits for its group's slowest rank): every rank times the same
-// kernel (its step's with the most FLOPs) side by side in `windows` windows
-// of timing.window. For stretches of 1, 2, 4, ... windows (up to a quarter of
-// them, so that each length is seen at least 4 times), per group size:
-// over every stretch of every group of `groups` (world ranks) of that size,
-// the slowest member's time less the group's mean, summed, over the group's
-// mean, summed, at the stretch's length (its windows, each at least one
-// call long). Every rank calls it, after a barrier, and gets the same figures.
+// collective waits for its group's slowest rank): every rank times a kernel
+// (its step's with the most FLOPs) side by side in `windows` windows of
+// timing.window, which end at the same times after the barrier on every rank
+// (each holds at least one call). For stretches of 1, 2, 4, ... windows (up
+// to a quarter of them, so that each length is seen at least 4 times), per
+// group size: over every stretch of every group of `groups` (world ranks) of
+// that size, the slowest member's time per call less the group's mean,
+// summed, over the group's mean, summed, at the stretch's mean length. Every
+// rank calls it, after a barrier, and gets the same figures, or the same
+// error where a rank failed (none where a rank had no kernel to time).
 sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
                                           comm::ProcessGroup& world, const KernelTiming& timing = {},
                                           int windows = 64);
 
 // measure_sync_lateness's figures from its windows: `per_rank` holds each
 // world rank's `windows` times per call, one rank after another; a window
-// lasts `window_us`.
+// lasts `window_us`; keyed by the world's size and each group's.
 sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world_size, int windows,
                                      const std::vector<std::vector<int64_t>>& groups, double window_us);
+
+// Waits for `work` sleeping between polls, so that the wait takes no part of
+// a core from a rank of this host that is still computing.
+void wait_sleeping(const comm::WorkPtr& work);
 
 }  // namespace meshtrain::train

@@ -175,13 +175,6 @@ void check_output_path(const TrainConfig& config, const std::string& output, con
 
 namespace {
 
-// Waits for `work` sleeping between polls, so that the wait takes no part of
-// a core from a rank of this host that is still computing.
-void wait_sleeping(const comm::WorkPtr& work) {
-  while (!work->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(500));
-  work->wait();  // its error, if it failed
-}
-
 // Every group of each mesh dim of more than one rank, and the whole mesh
 // where two or more dims are: the groups whose ranks wait for each other.
 std::vector<std::vector<int64_t>> mesh_groups(const sharding::DeviceMesh& mesh) {
@@ -413,20 +406,27 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
       world_ && world_->size() > 1 && config_.parallel.pp == 1
           ? mesh_groups(check_parallel_config(config_, world_->size()))
           : std::vector<std::vector<int64_t>>{};
-  // Measured once per run, unless the cache has every group size of the mesh.
-  const bool lateness_missing = std::any_of(groups.begin(), groups.end(), [&](const std::vector<int64_t>& group) {
-    return !kernel_times_.sync_lateness.by_group_size.count(static_cast<int64_t>(group.size()));
+  // Measured once per run, unless the cache has every group size of the
+  // mesh for a job of this size; the ranks agree on it (each read the cache).
+  bool lateness_missing = std::any_of(groups.begin(), groups.end(), [&](const std::vector<int64_t>& group) {
+    return !kernel_times_.sync_lateness.tables.count({world_->size(), static_cast<int64_t>(group.size())});
   });
+  if (!groups.empty()) {
+    Tensor missing = Tensor::empty({1}, DType::f64);
+    missing.data<double>()[0] = lateness_missing ? 1 : 0;
+    world_->all_reduce(missing, comm::ReduceOp::max)->wait();
+    lateness_missing = missing.data<double>()[0] > 0;
+  }
   if (lateness_missing) {
     wait_sleeping(world_->barrier());
-    sched::SyncLateness measured = measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)});
-    for (auto& [size, points] : measured.by_group_size)
-      kernel_times_.sync_lateness.by_group_size[size] = std::move(points);
+    const sched::SyncLateness measured =
+        measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)});
+    kernel_times_.sync_lateness = measured.over(kernel_times_.sync_lateness);
     if (rank() == 0) {
       std::vector<std::string> per_size;
-      for (const auto& [size, points] : kernel_times_.sync_lateness.by_group_size)
+      for (const auto& [key, points] : measured.tables)
         if (!points.empty())
-          per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", size,
+          per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", key.ranks,
                                          100 * points.front().share, points.front().interval_us / 1e3,
                                          100 * points.back().share, points.back().interval_us / 1e3));
       fmt::print(stderr, "benchmark mode: side by side, a group's slowest rank trails its mean {}\n",

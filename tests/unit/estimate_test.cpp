@@ -112,9 +112,10 @@ us = [5, 15]
   const sched::HardwareProfile p = sched::parse_hardware(measured, "test");
   EXPECT_EQ(p.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 2), 10);
   // How far a group's slowest rank trails: shared hosts only, checked.
-  const std::string lateness = "[[device.sync_lateness]]\nranks = 4\ninterval_us = [1000, 3000]\nshare = [0.5, 0.25]\n";
+  const std::string lateness =
+      "[[device.sync_lateness]]\nworld = 4\nranks = 4\ninterval_us = [1000, 3000]\nshare = [0.5, 0.25]\n";
   const sched::HardwareProfile uneven = sched::parse_hardware(measured + lateness, "test");
-  EXPECT_NEAR(uneven.sync_lateness.us(4, 2000), 2000 * 0.375, 1e-9);
+  EXPECT_NEAR(uneven.sync_lateness.us(4, 4, 2000), 2000 * 0.375, 1e-9);
   EXPECT_TRUE(p.sync_lateness.empty());
   std::string not_shared = measured + lateness;
   not_shared.replace(not_shared.find("shared_host = true"), 18, "shared_host = false");
@@ -127,7 +128,18 @@ us = [5, 15]
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + shorter, "test"); }),
                        "interval_us and share must be as long"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + lateness + lateness, "test"); }),
-                       "4 is given twice"));
+                       "for groups of 4 ranks in a job of 4: given twice"));
+  const auto profile_error = [&](const std::string& from, const std::string& to) {
+    std::string text = lateness;
+    text.replace(text.find(from), from.size(), to);
+    return message_of([&] { sched::parse_hardware(measured + text, "test"); });
+  };
+  EXPECT_TRUE(contains(profile_error("world = 4\n", ""), "device.sync_lateness.world is required"));
+  EXPECT_TRUE(contains(profile_error("ranks = 4", "ranks = \"4\""), "device.sync_lateness.ranks must be an integer"));
+  EXPECT_TRUE(contains(profile_error("interval_us = [1000, 3000]\n", ""),
+                       "device.sync_lateness.interval_us must be an array of numbers"));
+  EXPECT_TRUE(contains(profile_error("share = [0.5, 0.25]", "share = [25, 10]"),
+                       "a share must be a number from 0 to 3 (a fraction of the stretch, not a percentage), got 25"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
                        "collectives.table.world 3 must be a multiple of ranks 2"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
@@ -328,17 +340,24 @@ TEST(BenchmarkMode, TimesEachKernelOnceAndCachesToAFile) {
   EXPECT_EQ(again.known, 2);
 
   const std::string path = ::testing::TempDir() + "/kernel_cache_test.json";
-  times.sync_lateness.by_group_size[4] = {{.interval_us = 10000, .share = 0.25}, {.interval_us = 20000, .share = 0.125}};
+  times.sync_lateness.tables[{4, 4}] = {{.interval_us = 10000, .share = 0.25}, {.interval_us = 20000, .share = 0.125}};
   sched::save_kernel_times(times, path);
   const sched::KernelTimes loaded = sched::load_kernel_times(path);
   EXPECT_EQ(loaded.us, times.us);
-  ASSERT_EQ(loaded.sync_lateness.by_group_size.size(), 1u);
-  ASSERT_EQ(loaded.sync_lateness.by_group_size.at(4).size(), 2u);
-  EXPECT_EQ(loaded.sync_lateness.by_group_size.at(4)[1].interval_us, 20000);
-  EXPECT_EQ(loaded.sync_lateness.by_group_size.at(4)[1].share, 0.125);
-  { std::ofstream(path) << R"({"kernels": {}, "sync_lateness": [{"ranks": 4, "interval_us": [2, 1], "share": [0, 0]}]})"; }
-  const std::string unordered = message_of([&] { sched::load_kernel_times(path); });
+  EXPECT_EQ(loaded.sync_lateness.tables, times.sync_lateness.tables);
+  const auto cache_error = [&](const std::string& lateness) {
+    { std::ofstream(path) << R"({"kernels": {}, "sync_lateness": )" << lateness << "}"; }
+    return message_of([&] { sched::load_kernel_times(path); });
+  };
+  const std::string unordered = cache_error(R"([{"world": 4, "ranks": 4, "interval_us": [2, 1], "share": [0, 0]}])");
   EXPECT_TRUE(contains(unordered, path) && contains(unordered, "intervals must be positive and increase")) << unordered;
+  EXPECT_TRUE(contains(cache_error(R"([{"world": 4, "ranks": 1e30, "interval_us": [1], "share": [0]}])"),
+                       "ranks must be an integer from 2 to 16777216"));
+  EXPECT_TRUE(contains(cache_error(R"([{"world": 2, "ranks": 4, "interval_us": [1], "share": [0]}])"),
+                       "need 2 <= ranks <= world"));
+  EXPECT_TRUE(contains(cache_error("{}"), "sync_lateness is not an array"));
+  const std::string twice = R"({"world": 4, "ranks": 4, "interval_us": [1], "share": [0]})";
+  EXPECT_TRUE(contains(cache_error("[" + twice + ", " + twice + "]"), "in a job of 4 twice"));
   EXPECT_TRUE(sched::load_kernel_times(path + ".absent").us.empty());
   { std::ofstream(path) << "{\"kernels\": {\"matmul\": \"fast\"}}"; }
   const std::string error = message_of([&] { sched::load_kernel_times(path); });
@@ -382,9 +401,9 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
     for (int i = 0; i < 4; ++i) per_rank.insert(per_rank.end(), two.begin(), two.end());
   const std::vector<std::vector<int64_t>> groups{{0, 1}, {2, 3}, {0, 1, 2, 3}};
   const auto lateness = train::sync_lateness_of(per_rank, 4, 8, groups, 1000);
-  ASSERT_EQ(lateness.by_group_size.size(), 2u);
-  const auto& pairs = lateness.by_group_size.at(2);
-  const auto& all = lateness.by_group_size.at(4);
+  ASSERT_EQ(lateness.tables.size(), 2u);
+  const auto& pairs = lateness.tables.at({4, 2});
+  const auto& all = lateness.tables.at({4, 4});
   ASSERT_EQ(pairs.size(), 2u);  // stretches of 1 and 2 windows: 4 would be seen only twice
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(pairs[0].interval_us, 1000);
@@ -403,17 +422,32 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
 
   // The wait after computing a stretch: the share there (linear between the
   // measured stretches, the nearest one's outside them) times the stretch;
-  // a size not measured takes the next larger one's, else the largest's.
+  // a size not measured takes the next larger one's, else the largest's; a
+  // job of another size, or a group of one, waits for nothing.
   sched::KernelTimes times;
-  EXPECT_EQ(times.sync_lateness.us(2, 5000), 0);  // nothing measured
+  EXPECT_EQ(times.sync_lateness.us(4, 2, 5000), 0);  // nothing measured
   times.sync_lateness = lateness;
-  EXPECT_NEAR(times.sync_lateness.us(4, 500), 500 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.sync_lateness.us(4, 1500), 1500 * (17.5 / 27.5), 1e-9);
-  EXPECT_NEAR(times.sync_lateness.us(4, 8000), 8000 * 12.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.sync_lateness.us(3, 1000), 1000 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.sync_lateness.us(8, 1000), 1000 * 22.5 / 27.5, 1e-9);
-  EXPECT_NEAR(times.sync_lateness.us(2, 1000), 1000 * 15.0 / 55, 1e-9);
-  EXPECT_EQ(times.sync_lateness.us(2, 0), 0);
+  EXPECT_NEAR(times.sync_lateness.us(4, 4, 500), 500 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 4, 1500), 1500 * (17.5 / 27.5), 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 4, 8000), 8000 * 12.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 3, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 8, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_NEAR(times.sync_lateness.us(4, 2, 1000), 1000 * 15.0 / 55, 1e-9);
+  EXPECT_EQ(times.sync_lateness.us(4, 2, 0), 0);
+  EXPECT_EQ(times.sync_lateness.us(2, 2, 1000), 0);
+  EXPECT_EQ(times.sync_lateness.us(8, 4, 1000), 0);
+  EXPECT_EQ(times.sync_lateness.us(4, 1, 1000), 0);
+  // Measured figures over a profile's: per key, the profile's where they lack one.
+  sched::SyncLateness profile;
+  profile.tables[{4, 2}] = {{.interval_us = 1000, .share = 0.5}};
+  profile.tables[{2, 2}] = {{.interval_us = 1000, .share = 0.25}};
+  sched::SyncLateness measured_four;
+  measured_four.tables[{4, 4}] = all;
+  const sched::SyncLateness both = measured_four.over(profile);
+  EXPECT_NEAR(both.us(4, 2, 1000), 500, 1e-9);
+  EXPECT_NEAR(both.us(2, 2, 1000), 250, 1e-9);
+  EXPECT_NEAR(both.us(4, 4, 1000), 1000 * 22.5 / 27.5, 1e-9);
+  EXPECT_EQ(lateness.over(profile).tables.at({4, 2}), pairs);
 }
 
 // Measured side by side on ranks that share this machine's cores: every rank
@@ -430,13 +464,13 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
     measured[static_cast<size_t>(pg.rank())] =
         train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 16);
   });
-  ASSERT_EQ(measured[0].by_group_size.size(), 1u);
-  const auto& points = measured[0].by_group_size.at(2);
+  ASSERT_EQ(measured[0].tables.size(), 1u);
+  const auto& points = measured[0].tables.at({2, 2});
   ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows, each length seen at least 4 times
   for (size_t i = 0; i < points.size(); ++i) {
     EXPECT_EQ(points[i].interval_us, points[0].interval_us * static_cast<double>(1 << i));
     EXPECT_GE(points[i].share, 0);
-    EXPECT_EQ(points[i].share, measured[1].by_group_size.at(2)[i].share);
+    EXPECT_EQ(points[i].share, measured[1].tables.at({2, 2})[i].share);
   }
   EXPECT_GE(points[0].interval_us, 1000);
 }

@@ -560,11 +560,11 @@ TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
   EXPECT_NEAR(even.step_us, silu_us + reduce_us + matmul_us + add_us, 1e-9);  // nothing hides the collective
   EXPECT_NEAR(even.exposed_us, reduce_us, 1e-9);
   // The profile's lateness (bench/calibrate.sh's), where benchmark mode measured none.
-  device.hardware.sync_lateness.by_group_size[2] = {{.interval_us = 1000, .share = 0.25}};
+  device.hardware.sync_lateness.tables[{2, 2}] = {{.interval_us = 1000, .share = 0.25}};
   EXPECT_NEAR(sched::estimate_step(g, schedule, device).step_us,
               silu_us + 0.25 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
   // What benchmark mode measured, over the profile's.
-  times.sync_lateness.by_group_size[2] = {{.interval_us = 1000, .share = 0.5}};
+  times.sync_lateness.tables[{2, 2}] = {{.interval_us = 1000, .share = 0.5}};
   const sched::StepEstimate uneven = sched::estimate_step(g, schedule, device);
   EXPECT_NEAR(uneven.step_us, silu_us + 0.5 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
   EXPECT_NEAR(uneven.exposed_us, reduce_us, 1e-9);
