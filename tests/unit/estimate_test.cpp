@@ -452,7 +452,8 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
 
 // Measured side by side on ranks that share this machine's cores: every rank
 // ends with the same figures, one per stretch of 1, 2, 4, ... windows, each
-// twice as long as the last, and a share of at least 0.
+// twice as long as the last, a window lasting about what was asked (its end
+// is fixed; a 64 x 64 matmul overruns it by microseconds).
 TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   Graph g;
   Builder b(g);
@@ -469,10 +470,10 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   ASSERT_EQ(points.size(), 3u);  // 1, 2 and 4 windows, each length seen at least 4 times
   for (size_t i = 0; i < points.size(); ++i) {
     EXPECT_EQ(points[i].interval_us, points[0].interval_us * static_cast<double>(1 << i));
-    EXPECT_GE(points[i].share, 0);
     EXPECT_EQ(points[i].share, measured[1].tables.at({2, 2})[i].share);
   }
   EXPECT_GE(points[0].interval_us, 1000);
+  EXPECT_LT(points[0].interval_us, 20000);  // loose: a loaded machine may preempt a rank
 }
 
 // Benchmark mode costs this machine's kernels, so it needs a profile of this
