@@ -29,6 +29,13 @@ NameRegistry<OpDef>& registry() {
 
 }  // namespace
 
+ValueInfos value_infos(const Graph& g, const std::vector<ValueId>& values) {
+  ValueInfos out;
+  out.reserve(values.size());
+  for (ValueId v : values) out.push_back(g.value(v).info);
+  return out;
+}
+
 double op_flops(const OpDef& op, const ValueInfos& in, const ValueInfos& out, const Attrs& attrs) {
   return op.flops ? op.flops(in, out, attrs) : 0.0;
 }

@@ -17,6 +17,10 @@ class Builder;
 
 using ValueInfos = std::vector<ValueInfo>;
 
+// The infos of `values` of `g`, in order (a node's inputs or outputs, as the
+// op's rules take them).
+ValueInfos value_infos(const Graph& g, const std::vector<ValueId>& values);
+
 struct OpDef {
   static constexpr int kVariadic = -1;
   std::string name;

@@ -46,9 +46,7 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
       MT_CHECK(schedule_.memory.offsets.count(out) || schedule_.memory.view_of.count(out),
                "schedule: {} has no place in the memory plan", g.describe_value(out));
     step_kernels_.push_back(kernel);
-    std::vector<graph::ValueInfo> in, out;
-    for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
-    for (graph::ValueId v : node.outputs) out.push_back(g.value(v).info);
+    const graph::ValueInfos in = graph::value_infos(g, node.inputs), out = graph::value_infos(g, node.outputs);
     step_flops_.push_back(graph::op_flops(*node.op, in, out, node.attrs));
     step_bytes_.push_back(graph::op_bytes(*node.op, in, out, node.attrs));
   }

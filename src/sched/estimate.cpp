@@ -10,12 +10,6 @@
 namespace meshtrain::sched {
 
 namespace {
-graph::ValueInfos infos(const graph::Graph& g, const std::vector<graph::ValueId>& values) {
-  graph::ValueInfos out;
-  for (graph::ValueId v : values) out.push_back(g.value(v).info);
-  return out;
-}
-
 double collective_us(const graph::Node& node, const RankDevice& device) {
   return device.hardware.collective_us(costed_collective(node.op->name), node.attrs.get(graph::attr::comm_bytes),
                                        node.attrs.get(graph::attr::group), device.world_size);
@@ -26,7 +20,7 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   const graph::Node& node = g.node(id);
   if (node.op->is_view) return 0;  // views and waits run nothing
   const HardwareProfile& hw = device.hardware;
-  const graph::ValueInfos in = infos(g, node.inputs), out = infos(g, node.outputs);
+  const graph::ValueInfos in = graph::value_infos(g, node.inputs), out = graph::value_infos(g, node.outputs);
   const double share = hw.rank_share(device.world_size);
   const double bytes = graph::op_bytes(*node.op, in, out, node.attrs);
   const double memory_us = bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;

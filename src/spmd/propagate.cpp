@@ -167,9 +167,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       out.nodes[n] = as;
       continue;
     }
-    graph::ValueInfos in, outs;
-    for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
-    for (graph::ValueId v : node.outputs) outs.push_back(g.value(v).info);
+    const graph::ValueInfos in = graph::value_infos(g, node.inputs), outs = graph::value_infos(g, node.outputs);
     const StrategyQuery q{*node.op, in, outs, node.attrs};
     const std::vector<DimStrategy> per_dim = dim_strategies(q);
     const double flops = graph::op_flops(*node.op, in, outs, node.attrs);

@@ -151,10 +151,9 @@ sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vect
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (!measurable(node)) continue;
-    graph::ValueInfos in, out;
-    for (graph::ValueId v : node.inputs) in.push_back(g.value(v).info);
-    for (graph::ValueId v : node.outputs) out.push_back(g.value(v).info);
-    if (const double flops = graph::op_flops(*node.op, in, out, node.attrs); flops > most_flops) {
+    const double flops = graph::op_flops(*node.op, graph::value_infos(g, node.inputs),
+                                         graph::value_infos(g, node.outputs), node.attrs);
+    if (flops > most_flops) {
       most_flops = flops;
       heaviest = n;
     }

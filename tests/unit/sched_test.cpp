@@ -482,21 +482,41 @@ TEST(Trace, ExecutorRecordsEveryStepThatRan) {
   EXPECT_EQ(ops, (std::vector<std::string>{"silu", "scale"}));
 }
 
+namespace {
+
+// silu(x) all_reduced over ranks 0 and 1 (16 KiB) while a matmul of x runs,
+// then the two added: the step the estimate tests below cost by hand.
+struct ReduceBesideMatmul {
+  Graph g;
+  ValueId y, z;  // the silu, the matmul
+  NodeId start, wait;
+};
+
+void build_reduce_beside_matmul(ReduceBesideMatmul& s) {
+  Graph& g = s.g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
+  s.y = b.silu(x);
+  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
+                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
+                    attr::comm_bytes(64.0 * 64 * 4)};
+  s.start = g.add_node("all_reduce", {s.y}, attrs);
+  s.z = b.matmul(x, x, false, false);
+  s.wait = g.add_node("wait", g.node(s.start).outputs);
+  g.add_output(b.add(g.only_output(s.wait), s.z));
+}
+
+}  // namespace
+
 // The estimate of a step: a matmul's roofline by hand, and a collective in
 // flight on its group's stream while the compute stream runs on, its wait
 // holding the compute stream for what the matmul did not hide.
 TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
-  const ValueId y = b.silu(x);
-  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
-                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
-                    attr::comm_bytes(64.0 * 64 * 4)};
-  const NodeId start = g.add_node("all_reduce", {y}, attrs);
-  const ValueId z = b.matmul(x, x, false, false);
-  const NodeId wait = g.add_node("wait", g.node(start).outputs);
-  g.add_output(b.add(g.only_output(wait), z));
+  ReduceBesideMatmul step;
+  build_reduce_beside_matmul(step);
+  const Graph& g = step.g;
+  const ValueId y = step.y, z = step.z;
+  const NodeId start = step.start, wait = step.wait;
   sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
                                         .compute_efficiency = 1, .memory_efficiency = 1},
                            .world_size = 2};
@@ -533,17 +553,11 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
 // benchmark mode, the measured share of what the rank computed since it last
 // waited (here half of the silu before it), else the profile's.
 TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {64, 64}, DType::f32);
-  const ValueId y = b.silu(x);
-  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
-                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
-                    attr::comm_bytes(64.0 * 64 * 4)};
-  const NodeId start = g.add_node("all_reduce", {y}, attrs);
-  const ValueId z = b.matmul(x, x, false, false);
-  const NodeId wait = g.add_node("wait", g.node(start).outputs);
-  g.add_output(b.add(g.only_output(wait), z));
+  ReduceBesideMatmul step;
+  build_reduce_beside_matmul(step);
+  const Graph& g = step.g;
+  const ValueId y = step.y, z = step.z;
+  const NodeId start = step.start;
   sched::KernelTimes times;  // no kernel measured: each costs its roofline
   sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
                                         .compute_efficiency = 1, .memory_efficiency = 1, .shared_host = true},
