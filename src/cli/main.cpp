@@ -19,7 +19,7 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshtrain: train transformer language models across many devices (C++20, MPI/NCCL)"};
+  CLI::App app{"meshtrain: train transformer language models across many CPU processes and hosts (C++20, MPI)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "meshtrain 0.1.0");
 
@@ -220,6 +220,11 @@ int main(int argc, char** argv) {
         fmt::print("{}", report.to_text());
       return report.ok() ? 0 : 1;
     }
+  } catch (const meshtrain::InternalError& e) {
+    std::fprintf(stderr, "meshtrain: %s\nThis is a bug in meshtrain, not in the input: please report it with the "
+                 "command and config that led to it.\n", e.what());
+    if (meshtrain::comm::mpi_initialized()) meshtrain::comm::mpi_abort_job(70);
+    return 70;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     // Under mpirun a failing rank must take the job down with it, or its peers

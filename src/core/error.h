@@ -32,6 +32,14 @@ class TimeoutError : public CommError {
   using CommError::CommError;
 };
 
+// A broken invariant: a bug in meshtrain, never a fault of the input. It is
+// not an Error, so that nothing which catches the user's errors (the
+// commands' reports, the fuzzers' accepted rejections) mistakes it for one.
+class InternalError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 }  // namespace meshtrain
 
 // Throw ExcType with a fmt-formatted message when cond is false.
@@ -39,4 +47,12 @@ class TimeoutError : public CommError {
   do {                                                     \
     if (!(cond)) throw ExcType(fmt::format(__VA_ARGS__));  \
   } while (0)
+// A user error: input (config, file, option, argument) that cannot be used.
 #define MT_CHECK(cond, ...) MT_CHECK_T(::meshtrain::InvalidArgument, cond, __VA_ARGS__)
+// An invariant of meshtrain's own: false only through a bug. Names the place.
+#define MT_ASSERT(cond, ...)                                                                        \
+  do {                                                                                              \
+    if (!(cond))                                                                                    \
+      throw ::meshtrain::InternalError(fmt::format("internal error at {}:{} ({}): {}", __FILE__, __LINE__, \
+                                                   #cond, fmt::format(__VA_ARGS__)));               \
+  } while (0)
