@@ -1,7 +1,11 @@
 // What every fuzzer shares: the input written to a file (the readers under
 // test read files), and the rule that the only acceptable failure is
-// meshtrain's own error; any other exception escapes and the fuzzer reports
-// it as a crash, as would a signal, a sanitizer report or a hang.
+// meshtrain's own error (meshtrain::Error: MT_CHECK's InvalidArgument and the
+// like); any other exception escapes and the fuzzer reports it as a crash, as
+// would a signal, a sanitizer report or a hang. That includes
+// meshtrain::InternalError, MT_ASSERT's broken invariant, which is no
+// meshtrain::Error: an input that trips one has found a bug
+// (planted_assert_fuzzer.cpp proves the harness lets it through).
 #pragma once
 
 #include <unistd.h>
@@ -38,6 +42,7 @@ inline std::string write_input(const std::string& name, std::string_view bytes) 
 }
 
 // Runs body; a meshtrain::Error is the clear error a bad input deserves.
+// Everything else, meshtrain::InternalError included, escapes: a crash.
 template <typename Body>
 void expect_result_or_clear_error(Body&& body) {
   try {

@@ -9,6 +9,9 @@
 # and keeps what it finds in build-fuzz/corpus/NAME. A crash, a hang (over 10 s
 # on one input), a leak or a sanitizer report fails the run; its input is kept
 # under build-fuzz/artifacts/ and the line to reproduce it is printed.
+# First, in a second or so, the harness itself is checked on a planted bug
+# (fuzz/planted_assert_fuzzer.cpp, never fuzzed): an MT_CHECK's error must be
+# accepted as a clear rejection, an MT_ASSERT's internal error must crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
@@ -25,7 +28,28 @@ source scripts/install-packages.sh
 install_missing_packages clang libclang-rt-14-dev cmake make libopenmpi-dev libtomlplusplus-dev nlohmann-json3-dev \
   libfmt-dev
 cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${names[@]/%/_fuzzer}" >/dev/null
+cmake --build build-fuzz -j "$(nproc)" --target "${names[@]/%/_fuzzer}" planted_assert_fuzzer >/dev/null
+
+# The harness: a planted MT_CHECK ('C') must exit 0, a planted MT_ASSERT ('A')
+# must crash (the uncaught InternalError: libFuzzer's "deadly signal").
+check_harness() {
+  local dir=build-fuzz/planted status=0
+  mkdir -p "$dir"
+  printf 'C' >"$dir/check_input"
+  printf 'A' >"$dir/assert_input"
+  if ! build-fuzz/planted_assert_fuzzer -artifact_prefix="$dir/" "$dir/check_input" >"$dir/check.log" 2>&1; then
+    echo "fuzz.sh: the harness failed on a planted MT_CHECK, a clear error it must accept (log: $dir/check.log)" >&2
+    return 1
+  fi
+  build-fuzz/planted_assert_fuzzer -artifact_prefix="$dir/" "$dir/assert_input" >"$dir/assert.log" 2>&1 || status=$?
+  if [ "$status" -eq 0 ] || ! grep -q 'planted internal error' "$dir/assert.log"; then
+    echo "fuzz.sh: the harness did not crash on a planted MT_ASSERT (exit $status): internal errors would pass as" \
+      "clear errors (log: $dir/assert.log)" >&2
+    return 1
+  fi
+  echo "harness ok: a planted MT_CHECK is a clear rejection, a planted MT_ASSERT crashes (exit $status)"
+}
+check_harness || exit 1
 
 mkdir -p build-fuzz/artifacts build-fuzz/logs
 run_one() {

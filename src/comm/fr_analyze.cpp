@@ -55,6 +55,8 @@ RankDump load_dump(const std::filesystem::path& path) {
     MT_CHECK(j.contains("entries") && j["entries"].is_array(), "key 'entries' must be an array of entries");
     d.entries = j["entries"].get<std::vector<FrEntry>>();
     return d;
+  } catch (const InternalError&) {  // a bug of ours, not the file's: never reported as a bad dump
+    throw;
   } catch (const std::exception& e) {  // the JSON library's and ours: either way the file is named
     throw InvalidArgument(fmt::format("flight recorder dump {} is not valid: {}", path.string(), json_error_text(e)));
   }

@@ -487,7 +487,9 @@ void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
     for (int64_t i = 0; i < n; ++i) p[i] /= divisor;
     return;
   }
-  MT_CHECK(dtype == DType::f32, "avg scaling on dtype {}", dtype_name(dtype));
+  // Only native reductions scale here (needs_host_reduction's dtypes average
+  // in reduce_rows), and avg of an integer dtype is refused when issued.
+  MT_ASSERT(dtype == DType::f32, "avg scaling on dtype {}", dtype_name(dtype));
   auto* p = static_cast<float*>(data);
   for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
 }
@@ -496,7 +498,8 @@ void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
 // (the block that rank reduces): ceil(numel / n) each, the trailing blocks
 // shorter or empty.
 std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
-  MT_CHECK(n > 0 && numel >= 0, "reduction_blocks({}, {}): need n > 0 and numel >= 0", numel, n);
+  // n: a group's size; numel: a tensor's.
+  MT_ASSERT(n > 0 && numel >= 0, "reduction_blocks({}, {}): need n > 0 and numel >= 0", numel, n);
   const int64_t block = (numel + n - 1) / n;
   std::vector<int64_t> counts(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) counts[r] = std::clamp<int64_t>(numel - block * r, 0, block);

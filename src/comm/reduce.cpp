@@ -83,10 +83,11 @@ void reduce_generic_float(DType dtype, ReduceOp op, const void* const* rows, int
 }  // namespace
 
 void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
-  MT_CHECK(n >= 1, "reduce_rows needs at least one row, got {}", n);
-  MT_CHECK(!(op == ReduceOp::avg && !is_floating(dtype)),
-           "reduce op avg is not defined for integer dtype {}: the mean would be truncated; "
-           "reduce with sum and divide in a floating dtype", dtype_name(dtype));
+  // The backends call this with one row per rank of a group, for ops that
+  // ProcessGroup accepted (it refuses avg of an integer dtype when issued).
+  MT_ASSERT(n >= 1, "reduce_rows needs at least one row, got {}", n);
+  MT_ASSERT(!(op == ReduceOp::avg && !is_floating(dtype)),
+            "reduce op avg reached reduce_rows with integer dtype {}", dtype_name(dtype));
   if (count == 0) return;  // empty blocks of uneven splits may have null buffers
   switch (dtype) {
     case DType::f32: return reduce_f32(op, rows, n, out, count);

@@ -429,7 +429,15 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
         throw InvalidArgument("pp_schedule csv is read from a file (parallel.pp_schedule_csv), not generated");
     }
   }
-  validate_pp_schedule(s);
+  // The requests above are all a caller can get wrong: a generated schedule
+  // that breaks the rules is the generator's bug.
+  try {
+    validate_pp_schedule(s);
+  } catch (const InvalidArgument& e) {
+    throw InternalError(fmt::format("internal error: pp_schedule {} (pp {}, {} microbatches, {} stages per rank) "
+                                    "generated an invalid schedule: {}", name, ranks, microbatches, stages_per_rank,
+                                    e.what()));
+  }
   return s;
 }
 

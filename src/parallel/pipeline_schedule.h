@@ -56,7 +56,8 @@ struct PpSchedule {
 // The compute actions of each rank. Stage s lives on rank s % ranks, except
 // for zbv (two stages per rank in a V: rank r holds r and 2*ranks-1-r).
 // Throws InvalidArgument naming the key (pp, pp_microbatches,
-// pp_stages_per_rank) when the schedule cannot run as asked.
+// pp_stages_per_rank) when the schedule cannot run as asked; InternalError
+// if what it generated fails validate_pp_schedule (a bug in the generator).
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank);
 
 // A schedule from CSV text, one line per rank (`ranks` of them, or 0: as

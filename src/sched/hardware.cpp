@@ -288,7 +288,7 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
                                 shares = r.numbers(*t, "share", "device.sync_lateness");
       try {
         p.sync_lateness.tables[key] = checked_lateness(key, intervals, shares);
-      } catch (const std::exception& e) {
+      } catch (const InvalidArgument& e) {
         r.fail("device.sync_lateness", e.what());
       }
     }

@@ -74,6 +74,8 @@ KernelTimes load_kernel_times(const std::string& path) {
                                                            group.at("share").get<std::vector<double>>());
       }
     }
+  } catch (const InternalError&) {  // a bug of ours, not the file's
+    throw;
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
                                       "again", path, json_error_text(e)));

@@ -13,6 +13,15 @@ PassPipeline& PassPipeline::add(Pass pass) {
 }
 
 bool PassPipeline::run(graph::Graph& g) const {
+  // A graph that is broken already is the caller's (InvalidArgument); one
+  // that a pass breaks is that pass's bug.
+  if (verify_ && !passes_.empty()) {
+    try {
+      graph::verify(g);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("pipeline {}: the graph given is invalid: {}", name_, e.what()));
+    }
+  }
   bool changed = false;
   for (const Pass& pass : passes_) {
     const bool pass_changed = pass.run(g);
@@ -21,7 +30,7 @@ bool PassPipeline::run(graph::Graph& g) const {
     try {
       graph::verify(g);
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("pipeline {}: after pass {}: {}", name_, pass.name, e.what()));
+      throw InternalError(fmt::format("internal error: pipeline {}: after pass {}: {}", name_, pass.name, e.what()));
     }
   }
   return changed;

@@ -26,8 +26,10 @@ class PassPipeline {
  public:
   explicit PassPipeline(std::string name) : name_(std::move(name)) {}
   PassPipeline& add(Pass pass);
-  // Runs every pass once, in order; true if any changed the graph. An
-  // invariant broken by a pass fails naming the pipeline and the pass.
+  // Runs every pass once, in order; true if any changed the graph. With
+  // verify on, a graph given broken throws InvalidArgument, and an invariant
+  // broken by a pass (the pass's bug) InternalError naming the pipeline and
+  // the pass.
   bool run(graph::Graph& g) const;
   // Verify after each changing pass: on in debug builds, off in release.
   void set_verify(bool on) { verify_ = on; }

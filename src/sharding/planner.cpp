@@ -218,7 +218,10 @@ StepOp collective_between(const Placement& from, const Placement& to) {
   if (from.is_sharding() && to.is_replicate()) return OpType::all_gather;
   if (from.kind == Kind::shard && to.kind == Kind::shard) return OpType::all_to_all;
   if (from.is_replicate() && (to.is_sharding() || to.is_partial())) return kLocal;
-  throw InvalidArgument(fmt::format("no single collective turns {} into {}", from.to_string(), to.to_string()));
+  // greedy() asks only for these: plan_uncached refused a Partial target the
+  // source does not hold, and greedy refused strided shards.
+  MT_ASSERT(false, "no single collective turns {} into {}", from.to_string(), to.to_string());
+  return kLocal;
 }
 
 // Renumber each tensor dim's shard positions to 0..k-1, keeping their order.
@@ -279,7 +282,11 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
       heap.push({e.cost + sp.edge_cost(here, c, m), ++counter, static_cast<int>(nodes.size()) - 1});
     });
   }
-  throw Error("redistribution planner found no path (this is a bug: every layout reaches Replicate)");
+  // Every layout reaches Replicate (gathers, all_reduces) and Replicate
+  // reaches every layout plan_uncached accepts (local shards and partials).
+  MT_ASSERT(false, "redistribution planner found no path from {} to {}", to_layout(src, sp.ndim).to_string(),
+            to_layout(dst, sp.ndim).to_string());
+  return {};
 }
 
 bool is_default_order(const Layout& l) {

@@ -23,11 +23,14 @@ Tables& tables() {
     const strategies::AddRule add{
         [tab](const std::string& op, StrategyRule r) {
           graph::find_op(op);  // a rule attaches to an op that exists
-          MT_CHECK(tab->strategies.add(op, std::move(r)), "op '{}' has two strategy rules", op);
+          // Built-in, before any register_strategy_rule: a clash is ours.
+          const bool added = tab->strategies.add(op, std::move(r));
+          MT_ASSERT(added, "built-in op '{}' has two strategy rules", op);
         },
         [tab](const std::string& op, LocalizeRule r) {
           graph::find_op(op);
-          MT_CHECK(tab->localize.add(op, std::move(r)), "op '{}' has two localize rules", op);
+          const bool added = tab->localize.add(op, std::move(r));
+          MT_ASSERT(added, "built-in op '{}' has two localize rules", op);
         }};
     for (auto add_family : {strategies::add_elementwise_rules, strategies::add_matmul_rules,
                             strategies::add_reduction_rules, strategies::add_shape_rules,

@@ -601,7 +601,15 @@ TEST(PassPipeline, VerifiesAfterEachChangingPass) {
            return true;
          }});
   p.set_verify(true);
-  EXPECT_TRUE(contains(message_of([&] { p.run(g); }), "pipeline test: after pass reverse_order: verify: node"));
+  try {
+    p.run(g);
+    ADD_FAILURE() << "expected the pipeline to fail after reverse_order";
+  } catch (const InternalError& e) {  // the pass's bug, not the graph's: no meshtrain::Error
+    EXPECT_TRUE(contains(e.what(), "pipeline test: after pass reverse_order: verify: node")) << e.what();
+  }
+  // The graph that pass left broken, given again: the caller's graph is at fault.
+  EXPECT_THROW(p.run(g), InvalidArgument);
+  EXPECT_TRUE(contains(message_of([&] { p.run(g); }), "pipeline test: the graph given is invalid: verify: node"));
   EXPECT_EQ(p.pass_names(), (std::vector<std::string>{"noop", "reverse_order"}));
   EXPECT_EQ(sched::step_pipeline().pass_names(), (std::vector<std::string>{"remove_dead_nodes"}));
   EXPECT_EQ(sched::lowered_step_pipeline().pass_names(), (std::vector<std::string>{"sink_waits"}));

@@ -281,7 +281,7 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
 template <typename T>
 void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse) {
   using A = Acc<T>;
-  MT_CHECK(d % 2 == 0, "rope: head dim {} must be even", d);
+  MT_ASSERT(d % 2 == 0, "rope: head dim {} must be even", d);  // the rope op's shape rule refuses an odd D
   const int64_t half = d / 2;
   // cos and sin per (position, frequency), computed in double, kept for the
   // next call with the same length, head size and theta.
