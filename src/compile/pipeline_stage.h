@@ -13,9 +13,9 @@
 #include "models/llama.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
-#include "train/config.h"
+#include "config/config.h"
 
-namespace meshtrain::train {
+namespace meshtrain::compile {
 
 // The span of each of `stages` stages: model.n_layers + 2 units (the
 // embedding and the head count as one each) split by `layers_per_stage`, or
@@ -75,7 +75,7 @@ struct PipelineStage {
 // stream it receives and sends lies like the one between blocks; the
 // gradients are reduced into their parameters' layouts) and lowered for
 // mesh.rank before it is cut.
-PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
                                    int64_t rows, const StageMesh& mesh = {});
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile

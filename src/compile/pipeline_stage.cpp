@@ -1,4 +1,4 @@
-#include "train/pipeline_stage.h"
+#include "compile/pipeline_stage.h"
 
 #include <algorithm>
 #include <numeric>
@@ -14,7 +14,7 @@
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
 
-namespace meshtrain::train {
+namespace meshtrain::compile {
 
 std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, int64_t stages,
                                               const std::vector<int64_t>& layers_per_stage) {
@@ -68,7 +68,7 @@ namespace {
 
 // The stage's joint graph laid out on the stage mesh by the [parallel] plan
 // and lowered for this rank; the stage's values become their local values.
-void lay_out_stage(const TrainConfig& config, const StageMesh& where, const models::LlamaGraph& m,
+void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, const models::LlamaGraph& m,
                    const std::map<graph::ValueId, graph::ValueId>& gradient_of, PipelineStage& st) {
   const sharding::DeviceMesh& mesh = *where.mesh;
   const graph::Graph& g = st.joint;
@@ -146,7 +146,7 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
 
 }  // namespace
 
-PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
                                    int64_t rows, const StageMesh& where) {
   MT_CHECK(index >= 0 && index < static_cast<int>(spans.size()), "pipeline stage {} of {}", index, spans.size());
   PipelineStage st;
@@ -246,4 +246,4 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   return st;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile
