@@ -21,7 +21,7 @@ std::unique_ptr<FlatStep> compile_flat(const config::TrainConfig& config, int wo
 }
 
 std::unique_ptr<PipelineRank> compile_pipeline(const config::TrainConfig& config, int world_size, int rank,
-                                               bool every_stage) {
+                                               const sched::HardwareProfile& hardware, bool every_stage) {
   check_parallel_config(config, world_size);
   auto out = std::make_unique<PipelineRank>(
       PipelineRank{.place = pipeline_place(config, world_size, rank, /*fsdp_actions=*/true), .stages = {}});
@@ -31,8 +31,9 @@ std::unique_ptr<PipelineRank> compile_pipeline(const config::TrainConfig& config
     stages.clear();
     for (int s = 0; s < place.schedule.stages(); ++s) stages.push_back(s);
   }
+  const sched::RankDevice device{hardware, world_size, nullptr};
   for (const int s : stages)
-    out->stages.emplace(s, build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where()));
+    out->stages.emplace(s, build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where(), &device));
   return out;
 }
 
@@ -46,7 +47,7 @@ CompiledRank compile_rank(const config::TrainConfig& config, int world_size, int
            world_size - 1);
   CompiledRank out;
   if (config.parallel.pp > 1)
-    out.pipeline = compile_pipeline(config, world_size, rank, options.every_stage);
+    out.pipeline = compile_pipeline(config, world_size, rank, hardware, options.every_stage);
   else
     out.flat = compile_flat(config, world_size, rank, hardware, options.measure);
   return out;

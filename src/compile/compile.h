@@ -3,7 +3,8 @@
 // global graph, laid out on the [parallel] mesh, propagated, lowered for the
 // rank, put through the lowered-step passes and scheduled; a pipeline rank is
 // its place in the pipeline and its stages, each built, laid out and lowered
-// on its stage's ranks and cut into the programs its schedule runs.
+// on its stage's ranks, passed through the same lowered-step passes and cut
+// into the programs its schedule runs.
 // `meshtrain train`, `estimate` and `lower` all get a rank's step from here.
 #pragma once
 

@@ -129,6 +129,35 @@ std::string over_budget_message(const config::TrainConfig& config, double needed
               "peak and raises others'" : "");
 }
 
+void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device, int mesh_ndim,
+                             const ScheduleOf& schedule_of, graph::Graph& lowered) {
+  std::optional<sched::PrefetchOptions> prefetch;
+  // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
+  if (config.schedule.reorder && !device.hardware.shared_host) {
+    // Which bucket members the memory plan lays out in their bucket does
+    // not depend on the order, so one plan of the bucketed step serves.
+    auto plan = std::make_shared<std::optional<graph::MemoryPlan>>();
+    prefetch = sched::PrefetchOptions{
+        .node_us =
+            [&lowered, &schedule_of, device, plan](graph::NodeId n) {
+              if (!*plan) *plan = schedule_of(lowered).memory;
+              return sched::planned_node_us(lowered, n, device, **plan);
+            },
+        .schedule_of = schedule_of,
+        .memory_budget_bytes = memory_budget_bytes(config),
+    };
+  }
+  sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
+                               .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
+                               .mesh_ndim = mesh_ndim,
+                               .member_views = config.schedule.bucket_views};
+  if (buckets.mode == sched::BucketMode::automatic)
+    buckets.step_us = [&schedule_of, device](const graph::Graph& r) {
+      return sched::estimate_step(r, schedule_of(r), device).step_us;
+    };
+  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(lowered);
+}
+
 StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
   MT_CHECK(config.parallel.pp == 1,
@@ -146,33 +175,9 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
                             {.reshard_after_forward = config.parallel.reshard_after_forward});
   const sched::RankDevice device{hardware, world_size, measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
-  std::optional<sched::PrefetchOptions> prefetch;
-  // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
-  if (config.schedule.reorder && !hardware.shared_host) {
-    const graph::Graph& running = out.lowered.graph;
-    const auto& values = out.lowered.values;
-    // Which bucket members the memory plan lays out in their bucket does
-    // not depend on the order, so one plan of the bucketed step serves.
-    auto plan = std::make_shared<std::optional<graph::MemoryPlan>>();
-    prefetch = sched::PrefetchOptions{
-        .node_us =
-            [&, device, plan](graph::NodeId n) {
-              if (!*plan) *plan = schedule_step(g, step, running, values).memory;
-              return sched::planned_node_us(running, n, device, **plan);
-            },
-        .schedule_of = [&](const graph::Graph& r) { return schedule_step(g, step, r, values); },
-        .memory_budget_bytes = memory_budget_bytes(config),
-    };
-  }
-  sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
-                               .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
-                               .mesh_ndim = mesh.ndim(),
-                               .member_views = config.schedule.bucket_views};
-  if (buckets.mode == sched::BucketMode::automatic)
-    buckets.step_us = [&, device](const graph::Graph& r) {
-      return sched::estimate_step(r, schedule_step(g, step, r, out.lowered.values), device).step_us;
-    };
-  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(out.lowered.graph);
+  run_lowered_step_passes(
+      config, device, mesh.ndim(),
+      [&](const graph::Graph& r) { return schedule_step(g, step, r, out.lowered.values); }, out.lowered.graph);
   return out;
 }
 

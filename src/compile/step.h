@@ -12,6 +12,7 @@
 #include "compile/train_step.h"
 #include "config/config.h"
 #include "graph/schedule.h"
+#include "sched/estimate.h"
 #include "sched/hardware.h"
 #include "sched/kernel_times.h"
 #include "sharding/planner.h"
@@ -51,6 +52,15 @@ using MeasureKernels = std::function<const sched::KernelTimes*(const graph::Grap
 inline constexpr int64_t kMaxLaidOutRanks = int64_t{1} << 17;
 StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
                         int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels = {});
+// The passes a rank's lowered graph goes through before it is scheduled
+// (sched::lowered_step_pipeline), as config's [schedule] keys ask:
+// collectives bucketed, waits sunk, and collectives started early where
+// `device`'s profile gains by it, within the memory budget. `schedule_of`
+// gives the schedule (with its memory plan) a graph of the step in some
+// order runs; the passes cost orders with it on `device`.
+using ScheduleOf = std::function<graph::Schedule(const graph::Graph&)>;
+void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device, int mesh_ndim,
+                             const ScheduleOf& schedule_of, graph::Graph& lowered);
 // The profile config.schedule.hardware names ("auto": cpu-2core, as the
 // executor runs on CPUs).
 sched::HardwareProfile scheduling_hardware(const config::TrainConfig& config);
