@@ -1,5 +1,5 @@
-// libFuzzer target: a checkpoint folder (train::read_checkpoint_info, then
-// train::load_checkpoint_whole): its metadata.json and up to two rank files.
+// libFuzzer target: a checkpoint folder (checkpoint::read_checkpoint_info, then
+// checkpoint::load_checkpoint_whole): its metadata.json and up to two rank files.
 // Input: a flags byte, then sections each prefixed by a 4-byte little-endian
 // length: metadata.json, rank_00000.safetensors, rank_00001.safetensors.
 // With flag bit 0 the metadata's file sizes and checksums are made to match
@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_input.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 using namespace meshtrain;
 
@@ -61,9 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t r = 1; r < sections.size(); ++r)
     fuzz::write_input(fmt::format("checkpoint/step_000001/rank_{:05d}.safetensors", r - 1), sections[r]);
   fuzz::expect_result_or_clear_error([&] {
-    const train::CheckpointInfo info = train::read_checkpoint_info(dir.string());
-    fuzz::require(train::latest_checkpoint(dir.parent_path().string()) == dir.string());
-    for (const auto& [name, t] : train::load_checkpoint_whole(info)) {
+    const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(dir.string());
+    fuzz::require(checkpoint::latest_checkpoint(dir.parent_path().string()) == dir.string());
+    for (const auto& [name, t] : checkpoint::load_checkpoint_whole(info)) {
       const auto& described = info.metadata.at("tensors").at(name);
       fuzz::require(t.shape().dims() == described.at("shape").get<std::vector<int64_t>>());
       fuzz::require(t.dtype() == parse_dtype(described.at("dtype").get<std::string>()));

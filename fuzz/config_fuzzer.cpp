@@ -1,4 +1,4 @@
-// libFuzzer target: a training config (train::load_config). The input up to
+// libFuzzer target: a training config (config::load_config). The input up to
 // its first NUL byte is the TOML file; after it, lines "section.key=value"
 // are command-line overrides. A config it accepts must print and read back.
 #include <string>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_input.h"
-#include "train/config.h"
+#include "config/config.h"
 
 using namespace meshtrain;
 
@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   fuzz::expect_result_or_clear_error([&] {
-    const train::TrainConfig config = train::load_config(path, overrides);
+    const config::TrainConfig config = config::load_config(path, overrides);
     fuzz::require(config.data.batch_size >= 1 && config.data.seq_len >= 1 && !config.data.path.empty());
   });
   return 0;

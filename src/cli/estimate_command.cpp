@@ -85,12 +85,12 @@ int run_estimate(const std::vector<std::string>& args) {
     MT_CHECK(a.options.count(required), "estimate: --{} is required\n{}", required, estimate_help());
   const auto started = std::chrono::steady_clock::now();
   const int64_t ranks = integer_option(a, "estimate", "ranks", 1), rank = integer_option(a, "estimate", "rank", 0);
-  MT_CHECK(ranks >= 1 && ranks <= train::kMaxLaidOutRanks,
+  MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks,
            "estimate: --ranks {} must be between 1 and {} (the estimate lists each group's ranks: its time and memory "
-           "grow with them)", ranks, train::kMaxLaidOutRanks);
+           "grow with them)", ranks, compile::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "estimate: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
-  const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);
+  const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
   const auto trace_path = a.options.find("trace");
   if (trace_path != a.options.end()) write_text(trace_path->second, "");  // fails now if it cannot be written
   const train::TrainingEstimate e =

@@ -23,7 +23,7 @@
 #include "graph/graph.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
-#include "train/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -56,7 +56,7 @@ std::string train_help() {
       "(1 by default) with SIGKILL as long after, and mpirun prints nothing more of theirs.\n"
       "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n"
       "The keys, their defaults (a config file's keys replace them) and their values:\n{}",
-      train::config_key_help());
+      config::config_key_help());
 }
 
 std::string lower_help() {
@@ -150,30 +150,24 @@ int run_lower(const std::vector<std::string>& args) {
   MT_CHECK(a.options.count("config"), "lower: --config FILE is required\n{}", lower_help());
   MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}", lower_help());
   const int64_t ranks = integer_option(a, "lower", "ranks", 1), rank = integer_option(a, "lower", "rank", 0);
-  MT_CHECK(ranks >= 1 && ranks <= train::kMaxLaidOutRanks, "lower: --ranks {} must be between 1 and {}", ranks,
-           train::kMaxLaidOutRanks);
+  MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks, "lower: --ranks {} must be between 1 and {}", ranks,
+           compile::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "lower: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
-  const train::TrainConfig config = train::load_config(a.options.at("config"), a.overrides);
-  graph::Graph g;
-  const train::TrainStepGraph step = train::build_step(config, g);
+  const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
+  const compile::CompiledRank compiled = compile::compile_rank(config, static_cast<int>(ranks), static_cast<int>(rank),
+                                                               compile::scheduling_hardware(config));
   std::string text;
-  if (config.parallel.pp > 1) {
+  if (compiled.pipeline) {
     // A pipeline: the rank's stages, each laid out on its stage's ranks and cut into programs, as it runs them.
-    train::check_parallel_config(config, static_cast<int>(ranks));
-    const train::PipelinePlace place =
-        train::pipeline_place(config, static_cast<int>(ranks), static_cast<int>(rank), /*fsdp_actions=*/true);
-    std::vector<train::PipelineStage> stages;
-    for (const int s : place.stages())
-      stages.push_back(train::build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where()));
-    std::vector<const train::PipelineStage*> held;
-    for (const auto& st : stages) held.push_back(&st);
-    text = train::pipeline_programs_text(place, held);
-  } else if (ranks == 1) {
-    text = graph::to_text(g);
+    std::vector<const compile::PipelineStage*> held;
+    for (const auto& [index, stage] : compiled.pipeline->stages) held.push_back(&stage);
+    text = compile::pipeline_programs_text(compiled.pipeline->place, held);
+  } else if (const compile::FlatStep& flat = *compiled.flat; !flat.layout) {
+    text = graph::to_text(flat.global);
   } else {
-    const train::StepLayout l = train::lay_out_step(config, g, step, static_cast<int>(ranks), static_cast<int>(rank),
-                                                    train::scheduling_hardware(config));
-    text = fmt::format("# rank {} of mesh {}\n{}{}", rank, l.mesh().describe(), spmd::to_text(g, l.lowered, l.sharding),
+    const compile::StepLayout& l = *flat.layout;
+    text = fmt::format("# rank {} of mesh {}\n{}{}", rank, l.mesh().describe(),
+                       spmd::to_text(flat.global, l.lowered, l.sharding),
                        spmd::collective_summary(l.lowered.graph, l.mesh()));
   }
   if (const auto out = a.options.find("out"); out != a.options.end()) {
@@ -199,12 +193,12 @@ int run_train(const std::vector<std::string>& args) {
   // before any rank talks to another: rank 0 reports a bad one, and every
   // rank exits.
   const comm::LaunchedRank launched = comm::launched_rank();
-  train::TrainConfig config;
+  config::TrainConfig config;
   try {
-    config = train::load_config(config_path, overrides);
-    if (launched.size > 1) train::check_parallel_config(config, launched.size);
-    if (config.schedule.estimate == train::EstimateMode::benchmark)
-      train::check_benchmark_hardware(train::scheduling_hardware(config));
+    config = config::load_config(config_path, overrides);
+    if (launched.size > 1) compile::check_parallel_config(config, launched.size);
+    if (config.schedule.estimate == config::EstimateMode::benchmark)
+      compile::check_benchmark_hardware(compile::scheduling_hardware(config));
   } catch (const std::exception&) {
     if (launched.rank != 0) {
       // Rank 0 says what is wrong and exits, and mpirun then ends this rank;
@@ -281,7 +275,7 @@ int run_train(const std::vector<std::string>& args) {
         c.checkpoint.folder.empty()
             ? "; no checkpoint (checkpoint.folder is not set)"
             : fmt::format("; checkpoint {}/{} (the run resumes from it)", c.checkpoint.folder,
-                          train::checkpoint_folder_name(summary.last.step)));
+                          checkpoint::checkpoint_folder_name(summary.last.step)));
     std::fputs(said.c_str(), stdout);
     std::fflush(stdout);
     trainer.wait_for_all_ranks();
@@ -300,7 +294,7 @@ int run_train(const std::vector<std::string>& args) {
   const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
   if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0)
     fmt::print("estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps {}..{}), ratio {:.3f}\n",
-               hardware, c.schedule.estimate == train::EstimateMode::benchmark ? "kernels timed here" : "roofline",
+               hardware, c.schedule.estimate == config::EstimateMode::benchmark ? "kernels timed here" : "roofline",
                trainer.estimated_step_ms(), summary.median_step_ms, std::min(summary.first.step + 1, c.training.steps),
                c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
   else if (summary.steps_run > 0)
@@ -324,18 +318,18 @@ int run_train(const std::vector<std::string>& args) {
 int run_export(const std::string& checkpoint, const std::string& out) {
   std::string path = checkpoint;
   if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "metadata.json")) {
-    const auto newest = train::latest_checkpoint(checkpoint);
+    const auto newest = checkpoint::latest_checkpoint(checkpoint);
     MT_CHECK(newest.has_value() || std::filesystem::exists(std::filesystem::path(checkpoint) / "rank_00000.safetensors"),
              "export: {} is neither a checkpoint (a folder step_NNNNNN with metadata.json) nor a folder holding a "
              "complete one", checkpoint);
     if (newest) path = *newest;
   }
-  const train::CheckpointInfo info = train::read_checkpoint_info(path);
+  const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
   check_output_file(out, "--out");
   std::map<std::string, Tensor> weights;
-  for (auto& [name, t] : train::load_checkpoint_whole(info))
+  for (auto& [name, t] : checkpoint::load_checkpoint_whole(info))
     if (!name.starts_with("optimizer.")) weights.emplace(name, std::move(t));
-  train::save_safetensors(out, weights);
+  checkpoint::save_safetensors(out, weights);
   size_t count = 0;
   for (const auto& [name, t] : weights) count += static_cast<size_t>(t.shape().numel());
   fmt::print("exported {} (step {}): {} tensors, {:.2f}M parameters, to {}\n", path, info.state.step, weights.size(),

@@ -27,7 +27,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
-  // Pipeline parallelism (train/pipeline_stage.h): the model cut into
+  // Pipeline parallelism (compile/pipeline_stage.h): the model cut into
   // pp x pp_stages_per_rank stages at block boundaries, run by pp_schedule
   // over pp_microbatches microbatches a step.
   int64_t pp = 1;

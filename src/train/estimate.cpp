@@ -10,8 +10,7 @@
 #include "sched/schedule.h"
 #include "sched/trace.h"
 #include "sharding/local_chunk.h"
-#include "train/pipeline_runner.h"
-#include "train/pipeline_stage.h"
+#include "compile/compile.h"
 #include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
@@ -30,7 +29,7 @@ namespace {
 // images of the step's gradients of parameters (and of their compute-dtype
 // copies), the partial sums that add up to them, and what collectives,
 // waits, views and casts make of them.
-std::set<graph::ValueId> gradient_values(const graph::Graph& global, const TrainStepGraph& step,
+std::set<graph::ValueId> gradient_values(const graph::Graph& global, const compile::TrainStepGraph& step,
                                          const graph::Graph& running,
                                          const std::map<graph::ValueId, graph::ValueId>& values) {
   std::set<graph::ValueId> global_grads;
@@ -69,7 +68,7 @@ double bytes_of(const graph::Graph& g, graph::ValueId v) {
   return static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));
 }
 
-void fill_rates(const TrainConfig& config, const sched::HardwareProfile& hardware, TrainingEstimate& e) {
+void fill_rates(const config::TrainConfig& config, const sched::HardwareProfile& hardware, TrainingEstimate& e) {
   e.tokens_per_step = static_cast<double>(config.data.batch_size * config.data.seq_len);
   e.tokens_per_s_per_device =
       e.time.step_us > 0 ? e.tokens_per_step / e.world_size / (e.time.step_us * 1e-6) : 0;
@@ -84,22 +83,22 @@ void fill_rates(const TrainConfig& config, const sched::HardwareProfile& hardwar
 // alike), each costed on the profile; the schedule simulated with those
 // costs; this rank's once-a-step work (gathering its parameters, reducing
 // its gradients, the update) added after it.
-TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, int rank,
+TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware) {
-  MT_CHECK(config.schedule.estimate == EstimateMode::roofline,
+  MT_CHECK(config.schedule.estimate == config::EstimateMode::roofline,
            "schedule.estimate = \"benchmark\" with parallel.pp {}: pipeline stages are costed by the roofline only",
            config.parallel.pp);
-  const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
+  const compile::CompiledRank compiled =
+      compile::compile_rank(config, world_size, rank, hardware, {.every_stage = true});
+  const compile::PipelinePlace& place = compiled.pipeline->place;
+  const sharding::DeviceMesh& mesh = place.mesh;
   TrainingEstimate e;
   e.world_size = world_size;
   e.rank = rank;
   e.mesh = mesh.describe();
-  const PipelinePlace place = pipeline_place(config, world_size, rank, /*fsdp_actions=*/true);
   const int stage_size = place.stage_size, stage_rank = place.stage_rank, pp_rank = place.pp_rank;
-  const StageMesh where = place.where();
+  const compile::StageMesh where = place.where();
   const parallel::PpSchedule& schedule = place.schedule;
-  const auto& spans = place.spans;
-  const int64_t rows = place.microbatch_rows;
   const sched::RankDevice device{hardware, world_size, nullptr};
   const bool split = place.splits_backward;
   // The world rank at `pp` with this rank's place in its stage, and the
@@ -135,7 +134,7 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   std::vector<double> gathered_per_stage;  // this rank's stages' held copies
   const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
   for (int s = 0; s < schedule.stages(); ++s) {
-    const PipelineStage st = build_pipeline_stage(config, spans, s, rows, where);
+    const compile::PipelineStage& st = compiled.pipeline->stages.at(s);
     auto cost = [&](const graph::ExtractedGraph& part) -> sched::StepEstimate {
       if (part.graph.num_nodes() == 0) return {};
       return sched::estimate_step(part.graph, sched::make_schedule(part.graph, part.graph.outputs()), device);
@@ -252,8 +251,8 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
   e.memory.input_bytes = kept_params * 2 + computed_params + pending + moments + activations;
   e.memory.arena_bytes = arena;
   e.memory.peak_bytes = e.memory.allocated_bytes = e.memory.input_bytes + arena;
-  const double budget = memory_budget_bytes(config);
-  MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}", over_budget_message(config, e.memory.peak_bytes, rank));
+  const double budget = compile::memory_budget_bytes(config);
+  MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}", compile::over_budget_message(config, e.memory.peak_bytes, rank));
   e.pipeline = p;
   fill_rates(config, hardware, e);
   return e;
@@ -261,7 +260,7 @@ TrainingEstimate estimate_pipeline(const TrainConfig& config, int world_size, in
 
 }  // namespace
 
-TrainingEstimate estimate_training(const TrainConfig& config, int world_size, int rank,
+TrainingEstimate estimate_training(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware, bool with_trace) {
   MT_CHECK(world_size >= 1, "estimate: --ranks {} must be at least 1", world_size);
   MT_CHECK(rank >= 0 && rank < world_size, "estimate: --rank {} is outside the {} ranks", rank, world_size);
@@ -273,16 +272,12 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
   TrainingEstimate e;
   e.world_size = world_size;
   e.rank = rank;
-  graph::Graph global;
-  const TrainStepGraph step = build_step(config, global);
-  std::optional<StepLayout> layout;
-  std::map<graph::ValueId, graph::ValueId> identity;
   // Benchmark mode: the cache's kernel times, the rest timed here as a rank
   // of the job would run them (its threads, its share of the cores).
   sched::KernelTimes kernel_times;
-  MeasureKernels measure;
-  if (config.schedule.estimate == EstimateMode::benchmark) {
-    check_benchmark_hardware(hardware);
+  compile::MeasureKernels measure;
+  if (config.schedule.estimate == config::EstimateMode::benchmark) {
+    compile::check_benchmark_hardware(hardware);
     if (!config.schedule.kernel_cache.empty()) kernel_times = sched::load_kernel_times(config.schedule.kernel_cache);
     set_threads_per_rank(world_size);
     measure = [&kernel_times, slowdown = shared_core_slowdown(world_size)](const graph::Graph& g) {
@@ -290,15 +285,14 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
       return &kernel_times;
     };
   }
-  if (world_size > 1) {
-    layout = lay_out_step(config, global, step, world_size, rank, hardware, measure);
-    e.mesh = layout->mesh().describe();
-  } else {
-    for (int i = 0; i < global.num_values(); ++i) identity[graph::ValueId(i)] = graph::ValueId(i);
-  }
-  const graph::Graph& running = layout ? layout->lowered.graph : global;
-  const auto& values = layout ? layout->lowered.values : identity;
-  const graph::Schedule schedule = schedule_step(global, step, running, values);
+  const compile::CompiledRank compiled = compile::compile_rank(config, world_size, rank, hardware, {.measure = measure});
+  const compile::FlatStep& flat = *compiled.flat;
+  if (flat.layout) e.mesh = flat.layout->mesh().describe();
+  const graph::Graph& global = flat.global;
+  const compile::TrainStepGraph& step = flat.step;
+  const graph::Graph& running = flat.running();
+  const auto& values = flat.values;
+  const graph::Schedule& schedule = flat.schedule;
 
   const sched::RankDevice device{hardware, world_size, measure ? measure(running) : nullptr};
   if (measure && !config.schedule.kernel_cache.empty()) sched::save_kernel_times(kernel_times, config.schedule.kernel_cache);
@@ -313,9 +307,9 @@ TrainingEstimate estimate_training(const TrainConfig& config, int world_size, in
     if (gradients.count(v)) return sched::MemoryKind::gradients;
     return std::nullopt;
   });
-  const double budget = memory_budget_bytes(config);
-  const double needed = e.memory.allocated_bytes + batch_buffer_bytes(config, world_size);
-  MT_CHECK(budget <= 0 || needed <= budget, "{}", over_budget_message(config, needed, rank));
+  const double budget = compile::memory_budget_bytes(config);
+  const double needed = e.memory.allocated_bytes + compile::batch_buffer_bytes(config, world_size);
+  MT_CHECK(budget <= 0 || needed <= budget, "{}", compile::over_budget_message(config, needed, rank));
   for (graph::NodeId n : schedule.steps) {
     const graph::Node& node = running.node(n);
     ++e.nodes;

@@ -10,7 +10,7 @@
 
 #include "sched/estimate.h"
 #include "sched/memory_estimate.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace meshtrain::train {
 
@@ -54,7 +54,7 @@ double torchtitan_flops_per_token(const models::LlamaConfig& model, int64_t seq_
 
 // `rank`'s step of the config on `world_size` ranks on `hardware`;
 // `with_trace`: also its timeline as a Chrome trace document.
-TrainingEstimate estimate_training(const TrainConfig& config, int world_size, int rank,
+TrainingEstimate estimate_training(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware, bool with_trace = false);
 
 }  // namespace meshtrain::train

@@ -18,63 +18,7 @@
 
 namespace meshtrain::train {
 
-parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions) {
-  const parallel::ParallelConfig& p = config.parallel;
-  MT_CHECK(!config.model.tie_embeddings,
-           "model.tie_embeddings with parallel.pp {}: the embedding (first stage) and the head (last stage) would "
-           "share one weight across ranks, which the pipeline does not support; untie them or set parallel.pp = 1",
-           p.pp);
-  const int64_t accum = config.training.grad_accum_steps;
-  MT_CHECK(accum >= 1 && accum <= 65536, "training.grad_accum_steps {} must be between 1 and 65536", accum);
-  parallel::PpSchedule compute;
-  try {
-    if (!p.pp_schedule_csv.empty()) {
-      compute = parallel::pp_schedule_from_csv(
-          read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
-      MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
-               "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
-               "at 0 to take the file's)", p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
-      MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
-               "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
-               "pp_stages_per_rank at 0 to take the file's)", p.pp_stages_per_rank, p.pp_schedule_csv,
-               compute.stages_per_rank);
-    } else {
-      const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
-      MT_CHECK(per_rank <= 64 && micro <= 65536,
-               "pp_stages_per_rank {} and pp_microbatches {} must be at most 64 and 65536", per_rank, micro);
-      compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro), static_cast<int>(per_rank));
-    }
-  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
-    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
-  }
-  const int64_t micro = compute.microbatches;
-  MT_CHECK(config.data.batch_size % (micro * accum) == 0,
-           "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
-           "the batch's sequences", config.data.batch_size, micro,
-           accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
-  try {
-    parallel::validate_pp_schedule(compute);
-    const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
-    MT_CHECK(p.pp_max_active_stages <= 64, "pp_max_active_stages {} must be at most 64", p.pp_max_active_stages);
-    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, static_cast<int>(p.pp_max_active_stages)) : lowered;
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
-  }
-}
-
 namespace {
-
-const comm::ProcessGroup& checked_world(const comm::ProcessGroupPtr& world) {
-  MT_CHECK(world != nullptr, "a pipeline needs a world of ranks");
-  return *world;
-}
-
-bool splits_backward(const parallel::PpSchedule& schedule) {
-  for (const auto& actions : schedule.actions)
-    for (const parallel::PpAction& a : actions)
-      if (a.type == parallel::PpActionType::backward_input) return true;
-  return false;
-}
 
 // The source values `part` reads that are not parameters.
 std::vector<graph::ValueId> non_parameter_reads(const graph::Graph& joint, const graph::ExtractedGraph& part) {
@@ -95,64 +39,6 @@ void take_microbatch(const Tensor& batch, int64_t k, int64_t m, Tensor& out) {
 
 }  // namespace
 
-sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size) {
-  const int64_t pp = config.parallel.pp;
-  MT_CHECK(pp >= 1 && world_size % pp == 0,
-           "parallel.pp {} must divide the job's {} ranks (each stage runs on ranks / pp of them)", pp, world_size);
-  const sharding::DeviceMesh stage = parallel::make_mesh(config.parallel, static_cast<int>(world_size / pp));
-  return sharding::DeviceMesh({static_cast<int>(pp), stage.size(0), stage.size(1), stage.size(2)},
-                              {"pp", "dp_replicate", "dp_shard", "tp"});
-}
-
-std::vector<int> PipelinePlace::stages() const {
-  std::vector<int> out;
-  for (int s = 0; s < schedule.stages(); ++s)
-    if (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank) out.push_back(s);
-  return out;
-}
-
-PipelinePlace pipeline_place(const TrainConfig& config, int world_size, int rank, bool fsdp_actions) {
-  PipelinePlace place{.mesh = pipeline_mesh(config, world_size)};
-  MT_CHECK(rank >= 0 && rank < world_size, "pipeline: rank {} is outside the job's {} ranks", rank, world_size);
-  const sharding::DeviceMesh& mesh = place.mesh;
-  place.rank = rank;
-  place.stage_size = world_size / mesh.size(0);
-  place.stage_rank = rank % place.stage_size;
-  place.pp_rank = rank / place.stage_size;
-  if (place.stage_size > 1)
-    place.stage_mesh.emplace(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
-                             std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
-  place.schedule = pipeline_schedule(config, mesh.size(0), fsdp_actions);
-  place.spans = pipeline_spans(config.model, place.schedule.stages(), config.parallel.pp_layers_per_stage);
-  place.accumulation = config.training.grad_accum_steps;
-  place.microbatch_rows = config.data.batch_size / (place.schedule.microbatches * place.accumulation);
-  place.splits_backward = splits_backward(place.schedule);
-  return place;
-}
-
-std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages) {
-  std::string out = fmt::format("# rank {} of mesh {}: pipeline rank {} of {}, {}\n", place.rank, place.mesh.describe(),
-                                place.pp_rank, place.mesh.size(0), parallel::pp_schedule_name(place.schedule.kind));
-  std::vector<std::string> actions;
-  for (const parallel::PpAction& a : place.schedule.actions.at(static_cast<size_t>(place.pp_rank)))
-    actions.push_back(parallel::to_string(a));
-  out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
-  for (const PipelineStage* st : stages) {
-    std::vector<std::pair<const char*, const graph::ExtractedGraph*>> programs{{"unshard", &st->unshard},
-                                                                              {"forward", &st->forward}};
-    if (place.splits_backward) {
-      programs.emplace_back("backward_input", &st->backward_input);
-      programs.emplace_back("backward_weight", &st->backward_weight);
-    } else {
-      programs.emplace_back("backward", &st->backward);
-    }
-    for (const auto& [name, program] : programs)
-      if (program->graph.num_nodes() > 0)
-        out += fmt::format("# stage {} {}\n{}", st->index, name, graph::to_text(program->graph));
-  }
-  return out;
-}
-
 namespace {
 
 // A small global graph of the update's (inputs laid out as `given`, outputs
@@ -166,11 +52,12 @@ spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& plan
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr world,
-                               const std::map<std::string, Tensor>& whole)
-    : config_(config),
-      // UNSHARD runs the unshard programs.
-      place_(pipeline_place(config, checked_world(world).size(), world->rank(), /*fsdp_actions=*/true)) {
+PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
+                               compile::PipelineRank compiled, const std::map<std::string, Tensor>& whole)
+    : config_(config), place_(std::move(compiled.place)) {
+  MT_ASSERT(world != nullptr && world->size() == place_.mesh.num_ranks() && world->rank() == place_.rank,
+            "the pipeline runner's world ({} ranks) is not the one its step was compiled for ({} ranks, rank {})",
+            world ? world->size() : 0, place_.mesh.num_ranks(), place_.rank);
   const int stage_rank = place_.stage_rank, pp_rank = place_.pp_rank;
   if (!place_.stage_mesh) {
     group_ = world;
@@ -196,8 +83,10 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
   std::vector<sharding::Layout> layouts;  // of each parameter, on the stage mesh
   for (const int s : place_.stages()) {
     auto st = std::make_unique<Stage>();
-    st->programs = build_pipeline_stage(config, place_.spans, s, place_.microbatch_rows, place_.where());
-    const PipelineStage& p = st->programs;
+    const auto compiled_stage = compiled.stages.find(s);
+    MT_ASSERT(compiled_stage != compiled.stages.end(), "pipeline rank {}'s stage {} was not compiled", pp_rank, s);
+    st->programs = std::move(compiled_stage->second);
+    const compile::PipelineStage& p = st->programs;
     st->forward.part = &p.forward;
     st->backward.part = &p.backward;
     st->backward_input.part = &p.backward_input;
@@ -266,7 +155,7 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     graph::ScopeGuard scope(update_graph_, "optimizer");
     update_norm_ = b.norm_from_sum_of_squares(update_squares_, DType::f32);
   }
-  append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
+  compile::append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
                    config.training.max_grad_norm, {update_norm_}, update_);
   graph::Builder squares_builder(squares_graph_);
   std::vector<graph::ValueId> grad_inputs;
@@ -286,7 +175,7 @@ PipelineRunner::PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr 
     deliver[update_norm_] = replicated;
     spmd::LoweredGraph lowered = lower_on_stage(update_graph_, *stage_planner_, stage_rank, given, deliver);
     update_values_ = lowered.values;
-    const auto delivered = delivered_outputs(update_graph_, lowered.graph);
+    const auto delivered = compile::delivered_outputs(update_graph_, lowered.graph);
     for (const auto& [from, to] : update_.write_backs) updates.push_back({delivered.at(from), update_values_.at(to)});
     update_values_[update_norm_] = delivered.at(update_norm_);
     update_local_ = std::move(lowered.graph);
@@ -380,7 +269,7 @@ void PipelineRunner::note_held() {
 }
 
 void PipelineRunner::reduce_gradients(Stage& st) {
-  const PipelineStage& p = st.programs;
+  const compile::PipelineStage& p = st.programs;
   for (size_t i = 0; i < p.parameter_names.size(); ++i) {
     const std::string& name = p.parameter_names[i];
     const Tensor reduced =
@@ -439,7 +328,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
   switch (a.type) {
     case T::forward: {
       Stage& st = local_stage(s);
-      const PipelineStage& p = st.programs;
+      const compile::PipelineStage& p = st.programs;
       std::map<graph::ValueId, Tensor>& values = held_[{s, mb}];
       auto local = [&](const Tensor& t) {
         return place_.stage_mesh ? sharding::local_piece(t, p.batch_layout, *place_.stage_mesh, stage_groups_->coordinate()) : t;
@@ -462,7 +351,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     case T::backward:
     case T::backward_input: {
       Stage& st = local_stage(s);
-      const PipelineStage& p = st.programs;
+      const compile::PipelineStage& p = st.programs;
       if (s != last && rank_of(s + 1) != me)
         held_[{s, mb}][p.output_gradient] = take_received(receives_b_, "the output gradient");
       const bool whole = a.type == T::backward;
@@ -481,7 +370,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     case T::send_f:
     case T::send_b: {
       const bool forward = a.type == T::send_f;
-      const PipelineStage& p = local_stage(s).programs;
+      const compile::PipelineStage& p = local_stage(s).programs;
       Tensor t = take(forward ? p.output : p.input_gradient);
       comm::WorkPtr work = group_->send(t, rank_of(forward ? s + 1 : s - 1), peer_tag(s, forward));
       sends_.push_back({std::move(t), std::move(work)});
@@ -508,7 +397,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     case T::recv_f:
     case T::recv_b: {
       const bool forward = a.type == T::recv_f;
-      const PipelineStage& p = local_stage(s).programs;
+      const compile::PipelineStage& p = local_stage(s).programs;
       const graph::ValueInfo info = p.joint.value(forward ? p.input : p.output_gradient).info;
       Tensor t = Tensor::empty(info.shape, info.dtype);
       const int from = forward ? s - 1 : s + 1;
@@ -626,9 +515,9 @@ Tensor PipelineRunner::gather_parameter(const std::string& name) {
 }
 
 std::string PipelineRunner::text() const {
-  std::vector<const PipelineStage*> stages;
+  std::vector<const compile::PipelineStage*> stages;
   for (const auto& [s, st] : stages_) stages.push_back(&st->programs);
-  return pipeline_programs_text(place_, stages);
+  return compile::pipeline_programs_text(place_, stages);
 }
 
 double PipelineRunner::flops_per_step() const {
@@ -654,7 +543,7 @@ double PipelineRunner::p2p_bytes_per_step() const {
   double bytes = 0;
   for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
     if (a.type != parallel::PpActionType::send_f && a.type != parallel::PpActionType::send_b) continue;
-    const PipelineStage& p = stages_.at(a.stage)->programs;
+    const compile::PipelineStage& p = stages_.at(a.stage)->programs;
     const graph::ValueInfo& info =
         p.joint.value(a.type == parallel::PpActionType::send_f ? p.output : p.input_gradient).info;
     bytes += static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));

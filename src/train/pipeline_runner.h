@@ -1,5 +1,5 @@
 // One rank's part of a pipeline-parallel training step: its stages'
-// programs (train/pipeline_stage.h) run in the order its schedule
+// programs (compile/pipeline_stage.h) run in the order its schedule
 // (parallel/pipeline_schedule.h, lowered with its sends and receives) says,
 // activations and their gradients sent and received between ranks without
 // blocking one another, each stage's gradients summed over the
@@ -21,56 +21,19 @@
 #include "sched/trace.h"
 #include "sharding/device_mesh.h"
 #include "sharding/planner.h"
-#include "train/config.h"
-#include "train/pipeline_stage.h"
-#include "train/train_step.h"
+#include "compile/compile.h"
+#include "config/config.h"
 
 namespace meshtrain::train {
 
-// The schedule `config` asks for on `ranks` pipeline ranks, validated and
-// lowered with its sends and receives (and, with `fsdp_actions`, FSDP's
-// UNSHARD, REDUCE_GRAD and RESHARD). Throws naming the [parallel] key.
-parallel::PpSchedule pipeline_schedule(const TrainConfig& config, int ranks, bool fsdp_actions = false);
-
-// The mesh of a pipeline composed with data and tensor parallelism: (pp,
-// dp_replicate, dp_shard, tp), pp outermost, for `world_size` ranks; a
-// stage's ranks are those of one pp coordinate. Throws naming the key.
-sharding::DeviceMesh pipeline_mesh(const TrainConfig& config, int world_size);
-
-// Where rank `rank` of a pipeline job on `world_size` ranks stands: the
-// mesh, its stage's mesh (dp_replicate, dp_shard, tp) and its place there
-// (none when a stage has one rank), the schedule, the stages' layers and the
-// microbatches' rows. The runner, `meshtrain estimate` and `meshtrain lower`
-// all start from it. Throws naming the key when the config cannot run.
-struct PipelinePlace {
-  sharding::DeviceMesh mesh;
-  int rank = 0;  // in the job
-  int stage_size = 1, stage_rank = 0, pp_rank = 0;
-  std::optional<sharding::DeviceMesh> stage_mesh;
-  parallel::PpSchedule schedule;
-  std::vector<models::LlamaSpan> spans;
-  int64_t accumulation = 1;    // training.grad_accum_steps: the schedule runs this many times a step
-  int64_t microbatch_rows = 0;  // the step's rows / (microbatches x accumulation)
-  bool splits_backward = false;  // zero-bubble: backward as its input and weight halves
-
-  StageMesh where() const { return stage_mesh ? StageMesh{&*stage_mesh, stage_rank} : StageMesh{}; }
-  std::vector<int> stages() const;  // this rank's, in order
-};
-PipelinePlace pipeline_place(const TrainConfig& config, int world_size, int rank, bool fsdp_actions = false);
-
-// The programs a pipeline rank runs, as `meshtrain lower` and `train
-// --dump-graph` print them: the rank's place, its actions, and each of its
-// stages' programs (the unshard program, forward, and backward or its
-// halves) as text.
-std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages);
-
 class PipelineRunner {
  public:
-  // `world`: every rank of the job, on the mesh pipeline_mesh gives (a
-  // collective: every rank constructs its runner); `whole`: every parameter
-  // of the model by Hugging Face name (this rank keeps its part of its
-  // stages'). Throws naming the key when the config cannot run.
-  PipelineRunner(const TrainConfig& config, comm::ProcessGroupPtr world, const std::map<std::string, Tensor>& whole);
+  // `world`: every rank of the job, on the mesh of `compiled.place` (a
+  // collective: every rank constructs its runner); `compiled`: this rank's
+  // stages as compile_rank built them; `whole`: every parameter of the model
+  // by Hugging Face name (this rank keeps its part of its stages').
+  PipelineRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world, compile::PipelineRank compiled,
+                 const std::map<std::string, Tensor>& whole);
   ~PipelineRunner();
 
   struct StepResult {
@@ -133,7 +96,7 @@ class PipelineRunner {
     std::unique_ptr<runtime::Executor> executor;  // none when the part has no nodes
   };
   struct Stage {
-    PipelineStage programs;
+    compile::PipelineStage programs;
     Program forward, backward, backward_input, backward_weight, unshard;
     std::map<graph::ValueId, Tensor> step_held;  // the unshard program's outputs, from UNSHARD to RESHARD
     bool unsharded = false;                       // between its UNSHARD and RESHARD
@@ -153,9 +116,9 @@ class PipelineRunner {
   void act(const parallel::PpAction& action);
   int peer_tag(int from_stage, bool forward) const;
 
-  TrainConfig config_;
+  config::TrainConfig config_;
   comm::ProcessGroupPtr group_;  // the pipeline: the ranks at this rank's coordinate in every stage
-  PipelinePlace place_;
+  compile::PipelinePlace place_;
   // Composed with data or tensor parallelism: the groups and planner of the
   // stage's mesh over the ranks of this rank's stage.
   std::unique_ptr<sharding::MeshGroups> stage_groups_;
@@ -194,7 +157,7 @@ class PipelineRunner {
   // The update and squares graphs as this rank runs them (lowered on the stage mesh, or themselves).
   graph::Graph squares_local_, update_local_;
   std::map<graph::ValueId, graph::ValueId> squares_values_, update_values_;  // global -> in the graph that runs
-  TrainStepGraph update_;
+  compile::TrainStepGraph update_;
   graph::ValueId count_targets_, update_squares_, update_norm_;
   Tensor lr_, adam_step_, squares_;
 };

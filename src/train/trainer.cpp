@@ -29,13 +29,14 @@
 #include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
+#include "compile/compile.h"
 #include "train/kernel_benchmark.h"
-#include "train/safetensors.h"
-#include "train/pipeline_stage.h"
+#include "checkpoint/safetensors.h"
+#include "compile/pipeline_stage.h"
 
 namespace meshtrain::train {
 
-Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
+Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
       loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
@@ -45,16 +46,23 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
-  if (config_.schedule.estimate == EstimateMode::benchmark) check_benchmark_hardware(scheduling_hardware(config_));
-  const std::optional<CheckpointInfo> resume_from = checkpoint_to_resume();
+  const bool benchmark = config_.schedule.estimate == config::EstimateMode::benchmark;
+  const sched::HardwareProfile hardware = compile::scheduling_hardware(config_);
+  if (benchmark) compile::check_benchmark_hardware(hardware);
+  const std::optional<checkpoint::CheckpointInfo> resume_from = checkpoint_to_resume();
   init_parameters(!resume_from);
   lr_ = Tensor::empty({}, DType::f64);
   step_ = Tensor::empty({}, DType::i64);
-  if (config_.parallel.pp > 1) {
-    pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(check_parallel_config(config_, num_ranks()));
+  // Benchmark mode on several ranks: the passes cost the lowered step with
+  // kernel times the ranks measure side by side and agree on.
+  compile::CompileOptions options;
+  if (benchmark && world_) options.measure = [this](const graph::Graph& lowered) { return benchmark_kernels(lowered); };
+  compile::CompiledRank compiled = compile::compile_rank(config_, num_ranks(), rank(), hardware, options);
+  if (compiled.pipeline) {
     MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one", config_.parallel.pp,
              config_.parallel.pp, config_.parallel.pp);
-    pipeline_ = std::make_unique<PipelineRunner>(config_, world_, params_);
+    pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(compiled.pipeline->place.mesh);
+    pipeline_ = std::make_unique<PipelineRunner>(config_, world_, std::move(*compiled.pipeline), params_);
     params_ = pipeline_->parameters();  // this rank's stages' (the live tensors)
     exp_avg_ = pipeline_->exp_avg();
     exp_avg_sq_ = pipeline_->exp_avg_sq();
@@ -65,41 +73,37 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
     default_allocator().release_cache();
     if (resume_from) resume(*resume_from);
     if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-      for (const HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
+      for (const checkpoint::HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
     return;
   }
-  auto& part = *parts_.emplace_back(std::make_unique<ModelPart>());
-  const TrainStepGraph& sg = part.step_graph = build_step(config_, part.graph);
+  flat_ = std::move(compiled.flat);
+  const compile::TrainStepGraph& sg = flat_->step;
+  const auto run_value = [&](graph::ValueId global) { return flat_->values.at(global); };
   if (world_) {
+    groups_ = std::make_unique<sharding::MeshGroups>(flat_->layout->mesh(), world_);
     const Shape batch{config_.data.batch_size, config_.data.seq_len};
     global_tokens_ = Tensor::empty(batch, DType::i64);
     global_targets_ = Tensor::empty(batch, DType::i64);
-    lay_out(part);
     // This rank's shard of every parameter, cut from the same global initial
     // weights, all before any is freed, from an empty cache: a shard served
     // from a freed block up to twice its size would hold memory no step uses.
     default_allocator().release_cache();
     std::map<std::string, Tensor> shards;
     for (const auto& [name, v] : sg.model.params)
-      shards[name] = sharding::local_piece(params_.at(name), sharding_.values.at(v), groups_->mesh(),
-                                           groups_->coordinate());
+      shards[name] = sharding::local_piece(params_.at(name), layout_of(v), groups_->mesh(), groups_->coordinate());
     params_ = std::move(shards);
     default_allocator().release_cache();
-  } else {
-    for (int i = 0; i < part.graph.num_values(); ++i) part.lowered.values[graph::ValueId(i)] = graph::ValueId(i);
   }
-  const graph::Graph& run_graph = part.running();
-  tokens_ = Tensor::empty(run_graph.value(part.run_value(sg.model.tokens)).info.shape, DType::i64);
-  targets_ = Tensor::empty(run_graph.value(part.run_value(sg.model.targets)).info.shape, DType::i64);
-  graph::Schedule schedule = schedule_step(part.graph, sg, run_graph, part.lowered.values);
+  const graph::Graph& run_graph = flat_->running();
+  tokens_ = Tensor::empty(run_graph.value(run_value(sg.model.tokens)).info.shape, DType::i64);
+  targets_ = Tensor::empty(run_graph.value(run_value(sg.model.targets)).info.shape, DType::i64);
   if (config_.schedule.memory_budget_mb > 0)
-    check_memory_budget(sched::estimate_memory(run_graph, schedule).allocated_bytes + batch_buffer_bytes(config_, num_ranks()));
-  auto& ex = *(part.executor = std::make_unique<runtime::Executor>(run_graph, std::move(schedule), groups_.get()));
-  const bool benchmark = config_.schedule.estimate == EstimateMode::benchmark;
+    check_memory_budget(sched::estimate_memory(run_graph, flat_->schedule).allocated_bytes +
+                        compile::batch_buffer_bytes(config_, num_ranks()));
+  auto& ex = *(executor_ = std::make_unique<runtime::Executor>(run_graph, flat_->schedule, groups_.get()));
   const sched::KernelTimes* measured = benchmark ? benchmark_kernels(run_graph) : nullptr;
   try {  // a report, not a need: a profile without figures for this job leaves it out
-    estimated_step_us_ =
-        sched::estimate_step(run_graph, ex.schedule(), {scheduling_hardware(config_), num_ranks(), measured}).step_us;
+    estimated_step_us_ = sched::estimate_step(run_graph, ex.schedule(), {hardware, num_ranks(), measured}).step_us;
   } catch (const std::exception& e) {
     no_estimate_because_ = e.what();
   }
@@ -108,38 +112,24 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroupPtr world)
   default_allocator().release_cache();  // of the measurements
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
-    ex.bind(part.run_value(v), p);
+    ex.bind(run_value(v), p);
     const DType state = config_.optimizer.state_dtype;
-    ex.bind(part.run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
-    ex.bind(part.run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
+    ex.bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
+    ex.bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
   }
-  ex.bind(part.run_value(sg.model.tokens), tokens_);
-  ex.bind(part.run_value(sg.model.targets), targets_);
-  ex.bind(part.run_value(sg.lr), lr_);
-  ex.bind(part.run_value(sg.step), step_);
+  ex.bind(run_value(sg.model.tokens), tokens_);
+  ex.bind(run_value(sg.model.targets), targets_);
+  ex.bind(run_value(sg.lr), lr_);
+  ex.bind(run_value(sg.step), step_);
   // The loss and the gradient norm as the graph that runs delivers them.
-  const auto delivered = delivered_outputs(part.graph, run_graph);
+  const auto delivered = compile::delivered_outputs(flat_->global, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
   if (resume_from) resume(*resume_from);
   // checkpoint.async copies the state into buffers of its own: made (and
   // their pages touched) here, so that no save pays for that in the loop.
   if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-    for (const HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
-}
-
-std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running) {
-  std::map<graph::ValueId, graph::ValueId> delivered;
-  for (size_t k = 0; k < global.outputs().size(); ++k) delivered[global.outputs()[k]] = running.outputs()[k];
-  return delivered;
-}
-
-graph::Schedule schedule_step(const graph::Graph& global, const TrainStepGraph& step, const graph::Graph& running,
-                              const std::map<graph::ValueId, graph::ValueId>& values) {
-  const auto delivered = delivered_outputs(global, running);
-  std::vector<graph::Update> updates;  // parameters and moments, updated in place where the plan can
-  for (const auto& [from, to] : step.write_backs) updates.push_back({delivered.at(from), values.at(to)});
-  return sched::make_schedule(running, running.outputs(), std::move(updates));
+    for (const checkpoint::HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
 }
 
 namespace {
@@ -160,7 +150,7 @@ int set_threads_per_rank(int local_ranks) {
   return threads;
 }
 
-void check_output_path(const TrainConfig& config, const std::string& output, const std::string& what) {
+void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what) {
   const auto same = [&](const std::string& input) {
     if (input.empty()) return false;
     std::error_code ec;
@@ -202,159 +192,10 @@ double shared_core_slowdown(int local_ranks) {
   return std::max(1.0, static_cast<double>(local_ranks) * kernels::cpu::cpu_threads() / std::max(1, cores));
 }
 
-void check_benchmark_hardware(const sched::HardwareProfile& hardware) {
-  MT_CHECK(hardware.shared_host,
-           "schedule.estimate = \"benchmark\" times the kernels on this machine's CPUs, so schedule.hardware (or "
-           "--hardware) must be a profile of this machine (shared_host: cpu-2core, or one bench/calibrate.sh made); "
-           "'{}' is not. Use schedule.estimate = \"roofline\" for other hardware", hardware.name);
-}
-
-namespace {
-// The [parallel] checks of a pipeline-parallel run (parallel.pp > 1): the
-// ranks are the pipeline's, and what the pipeline does not do yet is refused.
-void check_tp_divides(const TrainConfig& config) {
-  const int64_t tp = config.parallel.tp;
-  const models::LlamaConfig& m = config.model;
-  for (const auto& [key, n] : {std::pair{"model.n_heads", m.n_heads}, std::pair{"model.n_kv_heads", m.n_kv_heads},
-                               std::pair{"model.vocab_size", m.vocab_size}})
-    MT_CHECK(n % tp == 0, "{} {} must divide by parallel.tp {} (tensor parallelism splits it evenly)", key, n, tp);
-}
-
-sharding::DeviceMesh check_pipeline_config(const TrainConfig& config, int world_size) {
-  const parallel::ParallelConfig& p = config.parallel;
-  MT_CHECK(world_size % p.pp == 0,
-           "parallel.pp {} must divide the job's {} ranks: each pipeline stage runs on ranks / pp of them (mpirun -n "
-           "a multiple of {})", p.pp, world_size, p.pp);
-  const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
-  const int64_t dp = mesh.size(1) * mesh.size(2);
-  // The schedule's own checks first, naming the key; its microbatches and stages (read from
-  // parallel.pp_schedule_csv, or the keys') are what the rest checks.
-  const parallel::PpSchedule schedule = pipeline_schedule(config, static_cast<int>(p.pp));
-  const int64_t micro = schedule.microbatches, accum = config.training.grad_accum_steps;
-  // The schedule's checks saw that micro x accum divides the batch.
-  MT_CHECK((config.data.batch_size / (micro * accum)) % dp == 0,
-           "data.batch_size {} must divide by parallel.pp_microbatches {}{} x the data-parallel degree {} "
-           "(parallel.dp_replicate x parallel.dp_shard): each microbatch's sequences are split over data parallel",
-           config.data.batch_size, micro, accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : "", dp);
-  check_tp_divides(config);
-  MT_CHECK(config.schedule.estimate == EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
-           "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
-           "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
-  pipeline_spans(config.model, schedule.stages(), p.pp_layers_per_stage);
-  return mesh;
-}
-}  // namespace
-
-sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size) {
-  if (config.parallel.pp > 1) return check_pipeline_config(config, world_size);
-  const sharding::DeviceMesh mesh = parallel::make_mesh(config.parallel, world_size);
-  const int64_t dp = mesh.size(mesh.dim_index("dp_replicate")) * mesh.size(mesh.dim_index("dp_shard"));
-  MT_CHECK(config.data.batch_size % dp == 0,
-           "data.batch_size {} (the global batch, in sequences) must divide by the data-parallel degree {} "
-           "(parallel.dp_replicate x parallel.dp_shard)",
-           config.data.batch_size, dp);
-  const int64_t micro = config.training.grad_accum_steps;
-  MT_CHECK(config.data.batch_size % (dp * micro) == 0,
-           "data.batch_size {} must divide by the data-parallel degree {} x training.grad_accum_steps {}: each "
-           "data-parallel rank splits its {} sequences into {} microbatches",
-           config.data.batch_size, dp, micro, config.data.batch_size / dp, micro);
-  check_tp_divides(config);
-  return mesh;
-}
-
-TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g) {
-  StepOptions options;
-  options.max_grad_norm = config.training.max_grad_norm;
-  options.compute_dtype = config.training.dtype;
-  options.split_loss = config.parallel.loss_parallel;
-  options.micro_batches = config.training.grad_accum_steps;
-  TrainStepGraph step =
-      build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer, options);
-  sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
-  return step;
-}
-
-sched::HardwareProfile scheduling_hardware(const TrainConfig& config) {
-  return sched::load_hardware(config.schedule.hardware == "auto" ? "cpu-2core" : config.schedule.hardware,
-                              "schedule.hardware");
-}
-
-double batch_buffer_bytes(const TrainConfig& config, int world_size) {
-  if (world_size <= 1) return 0;
-  const auto bytes = static_cast<size_t>(config.data.batch_size * config.data.seq_len) * sizeof(int64_t);
-  return 2.0 * static_cast<double>(CachingAllocator::block_size(bytes));
-}
-
-double memory_budget_bytes(const TrainConfig& config) {
-  return static_cast<double>(config.schedule.memory_budget_mb) * (1 << 20);
-}
-
-std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank) {
-  // Where the step buckets (several ranks, one stage), copying bucket members may lower the peak.
-  const parallel::ParallelConfig& p = config.parallel;
-  const bool views = config.schedule.bucket_views && config.schedule.bucket_mode != sched::BucketMode::none &&
-                     p.pp == 1 && p.dp_replicate * p.dp_shard * p.tp > 1;
-  return fmt::format(
-      "schedule.memory_budget_mb {} is too small: rank {}'s step allocates {:.1f} MiB with no collective started "
-      "early; the smallest budget that fits is {} MiB (or lower the step's memory: fewer sequences per rank, more "
-      "dp_shard or tp{})",
-      config.schedule.memory_budget_mb, rank, needed_bytes / (1 << 20),
-      static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))),
-      views ? ", or try schedule.bucket_views = false: buckets then copy their members, which lowers some steps' "
-              "peak and raises others'" : "");
-}
-
-StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
-  MT_CHECK(config.parallel.pp == 1,
-           "parallel.pp {}: a pipeline is not laid out as one step graph; each stage is laid out on its own ranks "
-           "(train/pipeline_stage.h)", config.parallel.pp);
-  const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
-  StepLayout out;
-  out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
-  const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
-  const parallel::StepLayouts layouts =
-      parallel::step_layouts(mesh, g,
-                             step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32),
-                             config.parallel);
-  out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
-  out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
-                            {.reshard_after_forward = config.parallel.reshard_after_forward});
-  const sched::RankDevice device{hardware, world_size, measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
-  std::optional<sched::PrefetchOptions> prefetch;
-  // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
-  if (config.schedule.reorder && !hardware.shared_host) {
-    const graph::Graph& running = out.lowered.graph;
-    const auto& values = out.lowered.values;
-    // Which bucket members the memory plan lays out in their bucket does
-    // not depend on the order, so one plan of the bucketed step serves.
-    auto plan = std::make_shared<std::optional<graph::MemoryPlan>>();
-    prefetch = sched::PrefetchOptions{
-        .node_us =
-            [&, device, plan](graph::NodeId n) {
-              if (!*plan) *plan = schedule_step(g, step, running, values).memory;
-              return sched::planned_node_us(running, n, device, **plan);
-            },
-        .schedule_of = [&](const graph::Graph& r) { return schedule_step(g, step, r, values); },
-        .memory_budget_bytes = memory_budget_bytes(config),
-    };
-  }
-  sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
-                               .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
-                               .mesh_ndim = mesh.ndim(),
-                               .member_views = config.schedule.bucket_views};
-  if (buckets.mode == sched::BucketMode::automatic)
-    buckets.step_us = [&, device](const graph::Graph& r) {
-      return sched::estimate_step(r, schedule_step(g, step, r, out.lowered.values), device).step_us;
-    };
-  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(out.lowered.graph);
-  return out;
-}
-
 void Trainer::check_memory_budget(double needed_bytes) const {
-  const double budget = memory_budget_bytes(config_);
+  const double budget = compile::memory_budget_bytes(config_);
   if (!world_) {
-    MT_CHECK(needed_bytes <= budget, "{}", over_budget_message(config_, needed_bytes, 0));
+    MT_CHECK(needed_bytes <= budget, "{}", compile::over_budget_message(config_, needed_bytes, 0));
     return;
   }
   // Every rank learns every rank's need, so that all of them stop together.
@@ -366,7 +207,7 @@ void Trainer::check_memory_budget(double needed_bytes) const {
   if (need[most] <= budget) return;
   // Rank 0 reports it and takes the job down; the others wait to be stopped.
   if (world_->rank() != 0) world_->barrier()->wait();
-  throw InvalidArgument(over_budget_message(config_, need[most], static_cast<int>(most)));
+  throw InvalidArgument(compile::over_budget_message(config_, need[most], static_cast<int>(most)));
 }
 
 const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
@@ -404,7 +245,7 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
                world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
   const std::vector<std::vector<int64_t>> groups =
       world_ && world_->size() > 1 && config_.parallel.pp == 1
-          ? mesh_groups(check_parallel_config(config_, world_->size()))
+          ? mesh_groups(compile::check_parallel_config(config_, world_->size()))
           : std::vector<std::vector<int64_t>>{};
   // Measured once per run, unless the cache has every group size of the
   // mesh for a job of this size; the ranks agree on it (each read the cache).
@@ -436,29 +277,17 @@ const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
   return &kernel_times_;
 }
 
-void Trainer::lay_out(ModelPart& part) {
-  MeasureKernels measure;
-  if (config_.schedule.estimate == EstimateMode::benchmark)
-    measure = [this](const graph::Graph& lowered) { return benchmark_kernels(lowered); };
-  StepLayout l = lay_out_step(config_, part.graph, part.step_graph, world_->size(), world_->rank(),
-                              scheduling_hardware(config_), measure);
-  groups_ = std::make_unique<sharding::MeshGroups>(l.mesh(), world_);
-  planner_ = std::move(l.planner);
-  sharding_ = std::move(l.sharding);
-  part.lowered = std::move(l.lowered);
-}
-
 std::string Trainer::lowered_text() const {
   if (pipeline_) return pipeline_->text();
-  const ModelPart& part = *parts_.front();
-  return world_ ? spmd::to_text(part.graph, part.lowered, sharding_) : graph::to_text(part.graph);
+  return world_ ? spmd::to_text(flat_->global, flat_->layout->lowered, flat_->layout->sharding)
+                : graph::to_text(flat_->global);
 }
 
 std::string Trainer::layout_summary() const {
   if (!world_) return "";
   if (pipeline_) {
     const parallel::PpSchedule& s = pipeline_->schedule();
-    const auto spans = pipeline_spans(config_.model, s.stages(), config_.parallel.pp_layers_per_stage);
+    const auto spans = compile::pipeline_spans(config_.model, s.stages(), config_.parallel.pp_layers_per_stage);
     std::vector<std::string> stages;
     for (const models::LlamaSpan& span : spans) {
       std::vector<std::string> parts;
@@ -473,12 +302,11 @@ std::string Trainer::layout_summary() const {
                        mesh().describe(), parallel::pp_schedule_name(s.kind), s.stages(), s.stages_per_rank,
                        s.microbatches, fmt::join(stages, "; "));
   }
-  const ModelPart& part = *parts_.front();
   std::string out = fmt::format("mesh {}: ", groups_->mesh().describe());
   std::map<std::string, int> count;
-  for (const auto& [name, v] : part.step_graph.model.params) ++count[sharding_.values.at(v).to_string()];
+  for (const auto& [name, v] : flat_->step.model.params) ++count[layout_of(v).to_string()];
   for (const auto& [layout, n] : count) out += fmt::format("{} parameters {}; ", n, layout);
-  out += fmt::format("batch {}", sharding_.values.at(part.step_graph.model.tokens).to_string());
+  out += fmt::format("batch {}", layout_of(flat_->step.model.tokens).to_string());
   return out;
 }
 
@@ -502,8 +330,7 @@ RankReport Trainer::own_report() const {
     r.activation_peak_pairs = pipeline_->last_step().held_pairs_peak;
     return r;
   }
-  const ModelPart& part = *parts_.front();
-  const graph::Graph& g = part.running();
+  const graph::Graph& g = flat_->running();
   auto bytes = [&](graph::ValueId v) { return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype)); };
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
@@ -551,7 +378,7 @@ void Trainer::init_parameters(bool from_init_file) {
     return;
   }
   const std::string& path = config_.checkpoint.init_from;
-  auto loaded = load_safetensors(path);
+  auto loaded = checkpoint::load_safetensors(path);
   for (const auto& [name, spec] : specs) {
     auto it = loaded.find(name);
     MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
@@ -569,7 +396,7 @@ void Trainer::init_parameters(bool from_init_file) {
 namespace {
 // The keys a checkpoint must have been saved with to resume this run: the
 // model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
-nlohmann::json checkpoint_config(const TrainConfig& c) {
+nlohmann::json checkpoint_config(const config::TrainConfig& c) {
   const models::LlamaConfig& m = c.model;
   return {{"model.dim", m.dim},           {"model.n_layers", m.n_layers},     {"model.n_heads", m.n_heads},
           {"model.n_kv_heads", m.n_kv_heads}, {"model.ffn_dim", m.ffn_dim},   {"model.vocab_size", m.vocab_size},
@@ -581,9 +408,9 @@ nlohmann::json checkpoint_config(const TrainConfig& c) {
 // schedule is a function of the step and these keys, every data-parallel
 // rank's rows follow from the one global cursor, and no random number is
 // drawn after the seeded initialisation (no dropout; data read in order).
-nlohmann::json run_record(const TrainConfig& c, int64_t step) {
-  const char* decay = c.lr_scheduler.decay == LrDecay::none     ? "none"
-                      : c.lr_scheduler.decay == LrDecay::linear ? "linear"
+nlohmann::json run_record(const config::TrainConfig& c, int64_t step) {
+  const char* decay = c.lr_scheduler.decay == config::LrDecay::none     ? "none"
+                      : c.lr_scheduler.decay == config::LrDecay::linear ? "linear"
                                                                 : "cosine";
   return {{"lr_schedule", {{"lr", c.optimizer.lr}, {"warmup_steps", c.lr_scheduler.warmup_steps}, {"decay", decay},
                            {"min_lr_ratio", c.lr_scheduler.min_lr_ratio}, {"steps", c.training.steps},
@@ -594,27 +421,27 @@ nlohmann::json run_record(const TrainConfig& c, int64_t step) {
 }
 }  // namespace
 
-std::optional<CheckpointInfo> Trainer::checkpoint_to_resume() const {
+std::optional<checkpoint::CheckpointInfo> Trainer::checkpoint_to_resume() const {
   const auto& ck = config_.checkpoint;
   MT_CHECK(ck.load_step == 0 || !ck.folder.empty(),
            "checkpoint.load_step {} needs checkpoint.folder, the folder that holds step {}", ck.load_step, ck.load_step);
   if (ck.folder.empty()) return std::nullopt;
   if (ck.load_step > 0) {
-    const std::string path = (std::filesystem::path(ck.folder) / checkpoint_folder_name(ck.load_step)).string();
+    const std::string path = (std::filesystem::path(ck.folder) / checkpoint::checkpoint_folder_name(ck.load_step)).string();
     if (!std::filesystem::is_directory(path)) {
-      const auto newest = latest_checkpoint(ck.folder);
+      const auto newest = checkpoint::latest_checkpoint(ck.folder);
       throw InvalidArgument(fmt::format("checkpoint.load_step {}: there is no checkpoint {} ({}); set 0 for the newest",
                                         ck.load_step, path, newest ? "the newest complete one is " + *newest
                                                                    : "there is no complete one in " + ck.folder));
     }
-    return read_checkpoint_info(path);
+    return checkpoint::read_checkpoint_info(path);
   }
-  const auto newest = latest_checkpoint(ck.folder);
+  const auto newest = checkpoint::latest_checkpoint(ck.folder);
   if (!newest) return std::nullopt;
-  return read_checkpoint_info(*newest);
+  return checkpoint::read_checkpoint_info(*newest);
 }
 
-void Trainer::resume(const CheckpointInfo& checkpoint) {
+void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   std::string failure;
   try {
     const nlohmann::json mine = checkpoint_config(config_);
@@ -630,20 +457,20 @@ void Trainer::resume(const CheckpointInfo& checkpoint) {
   } catch (const std::exception& e) {
     failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
   }
-  fail_together(failure, world_.get());
-  std::vector<HeldTensor> held = held_tensors();
-  load_checkpoint(checkpoint, held, checkpoint_rank());
+  checkpoint::fail_together(failure, world_.get());
+  std::vector<checkpoint::HeldTensor> held = held_tensors();
+  checkpoint::load_checkpoint(checkpoint, held, checkpoint_rank());
   steps_done_ = checkpoint.state.step;
   updates_applied_ = checkpoint.state.updates_applied;
   cursor_before_step_ = checkpoint.state.data_cursor;
   resumed_from_ = checkpoint.path;
 }
 
-std::vector<HeldTensor> Trainer::held_tensors() {
+std::vector<checkpoint::HeldTensor> Trainer::held_tensors() {
   if (pipeline_) {  // this rank's part of its stages' tensors, on the mesh (pp, dp_replicate, dp_shard, tp)
     const auto specs = models::llama_parameters(config_.model);
     const int pp = pipeline_->pipeline_rank();
-    std::vector<HeldTensor> held;
+    std::vector<checkpoint::HeldTensor> held;
     for (const auto& [name, local] : params_) {
       const Shape& shape = specs.at(name).shape;
       const sharding::Layout layout = pipeline_->mesh_layout(name);
@@ -653,12 +480,11 @@ std::vector<HeldTensor> Trainer::held_tensors() {
     }
     return held;
   }
-  const ModelPart& part = loss_part();
-  const TrainStepGraph& sg = part.step_graph;
-  std::vector<HeldTensor> held;
-  const auto layout = [&](graph::ValueId v) { return world_ ? sharding_.values.at(v) : sharding::Layout{}; };
+  const compile::TrainStepGraph& sg = flat_->step;
+  std::vector<checkpoint::HeldTensor> held;
+  const auto layout = [&](graph::ValueId v) { return world_ ? layout_of(v) : sharding::Layout{}; };
   for (const auto& [name, v] : sg.model.params) {
-    const Shape& shape = part.graph.value(v).info.shape;
+    const Shape& shape = flat_->global.value(v).info.shape;
     held.push_back({name, shape, layout(v), params_.at(name)});
     held.push_back({"optimizer.exp_avg." + name, shape, layout(sg.exp_avg.at(name)), exp_avg_.at(name)});
     held.push_back({"optimizer.exp_avg_sq." + name, shape, layout(sg.exp_avg_sq.at(name)), exp_avg_sq_.at(name)});
@@ -666,7 +492,7 @@ std::vector<HeldTensor> Trainer::held_tensors() {
   return held;
 }
 
-CheckpointRank Trainer::checkpoint_rank() const {
+checkpoint::CheckpointRank Trainer::checkpoint_rank() const {
   if (!world_) return {};
   if (pipeline_) return {pipeline_mesh_.get(), pipeline_mesh_->coordinate(rank()), world_.get()};
   return {&groups_->mesh(), groups_->coordinate(), world_.get()};
@@ -677,29 +503,29 @@ std::string Trainer::save_checkpoint(int64_t step) {
            "step done ({}) nor the one before", step, steps_done_);
   finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_), run_record(config_, step)};
-  std::vector<HeldTensor> held = held_tensors();
+  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_), run_record(config_, step)};
+  std::vector<checkpoint::HeldTensor> held = held_tensors();
   if (!config_.checkpoint.async) {
-    const std::string path = train::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
+    const std::string path = checkpoint::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
     if (rank() == 0)
-      keep_latest_checkpoints(config_.checkpoint.folder,
+      checkpoint::keep_latest_checkpoints(config_.checkpoint.folder,
                               static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
     return path;
   }
   // The stall: a copy of this rank's state into the snapshot buffers (free:
   // the save before is finished); the thread writes them.
-  for (HeldTensor& t : held) {
+  for (checkpoint::HeldTensor& t : held) {
     Tensor& copy = snapshot_[t.name];
     if (!copy.defined() || copy.shape() != t.local.shape() || copy.dtype() != t.local.dtype())
       copy = Tensor::empty(t.local.shape(), t.local.dtype());
     std::memcpy(copy.raw(), t.local.raw(), t.local.nbytes());
     t.local = copy;
   }
-  pending_save_ = std::make_unique<PendingCheckpoint>(
-      begin_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank()));
+  pending_save_ = std::make_unique<checkpoint::PendingCheckpoint>(
+      checkpoint::begin_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank()));
   save_written_ = false;
   save_writer_ = std::thread([this] {
-    write_checkpoint_file(*pending_save_);
+    checkpoint::write_checkpoint_file(*pending_save_);
     save_written_ = true;
   });
   return pending_save_->final_path;
@@ -708,10 +534,10 @@ std::string Trainer::save_checkpoint(int64_t step) {
 std::string Trainer::finish_save() {
   if (!pending_save_) return "";
   if (save_writer_.joinable()) save_writer_.join();
-  std::unique_ptr<PendingCheckpoint> save = std::move(pending_save_);
-  const std::string path = complete_checkpoint(*save);
+  std::unique_ptr<checkpoint::PendingCheckpoint> save = std::move(pending_save_);
+  const std::string path = checkpoint::complete_checkpoint(*save);
   if (rank() == 0)
-    keep_latest_checkpoints(config_.checkpoint.folder,
+    checkpoint::keep_latest_checkpoints(config_.checkpoint.folder,
                             static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
   return path;
 }
@@ -741,7 +567,7 @@ StepMetrics Trainer::step() {
   } else if (world_) {
     // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
     loader_.next(global_tokens_, global_targets_);
-    const auto chunk = sharding::local_chunk(global_tokens_.shape(), sharding_.values.at(loss_part().step_graph.model.tokens),
+    const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(flat_->step.model.tokens),
                                              groups_->mesh(), groups_->coordinate());
     const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
     std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
@@ -761,15 +587,12 @@ StepMetrics Trainer::step() {
     m.loss = r.loss;
     m.grad_norm = r.grad_norm;
   }
-  for (auto& part : parts_) {
-    part->executor->set_profiling(profiling_ && m.step > 1);
-    part->executor->set_tracing(tracing_ && m.step == config_.training.steps);
-    part->executor->run();
-  }
-  if (!pipeline_) {
-    const ModelPart& last = loss_part();
-    m.loss = last.executor->fetch(loss_value_).get(0);
-    m.grad_norm = last.executor->fetch(grad_norm_value_).get(0);
+  if (executor_) {
+    executor_->set_profiling(profiling_ && m.step > 1);
+    executor_->set_tracing(tracing_ && m.step == config_.training.steps);
+    executor_->run();
+    m.loss = executor_->fetch(loss_value_).get(0);
+    m.grad_norm = executor_->fetch(grad_norm_value_).get(0);
   }
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
@@ -793,7 +616,7 @@ StepMetrics Trainer::step() {
 
 double Trainer::flops_per_step() const {
   double total = pipeline_ ? pipeline_->flops_per_step() : 0;
-  for (const auto& part : parts_) total += part->executor->flops();
+  if (executor_) total += executor_->flops();
   return total;
 }
 
@@ -802,8 +625,7 @@ std::string Trainer::trace() {
   if (pipeline_) {
     mine = sched::chrome_trace_events(pipeline_->trace(), rank());
   } else {
-    const ModelPart& part = loss_part();  // the only part today
-    mine = sched::chrome_trace_events(part.running(), part.executor->trace(), rank());
+    mine = sched::chrome_trace_events(flat_->running(), executor_->trace(), rank());
   }
   if (!world_) return sched::chrome_trace({mine});
   const std::vector<std::string> events = comm::all_gather_text(*world_, mine);
@@ -813,14 +635,14 @@ std::string Trainer::trace() {
 std::vector<runtime::Executor::OpTime> Trainer::profile() const {
   std::vector<runtime::Executor::OpTime> all;
   if (pipeline_) all = pipeline_->profile();
-  for (const auto& part : parts_)
-    for (const auto& t : part->executor->profile()) all.push_back(t);
+  if (executor_)
+    for (const auto& t : executor_->profile()) all.push_back(t);
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
   return all;
 }
 
 void Trainer::save(const std::string& path) {
-  if (!world_) return save_safetensors(path, params_);
+  if (!world_) return checkpoint::save_safetensors(path, params_);
   if (pipeline_) {
     // Each parameter gathered whole on its stage's ranks, then sent by the
     // first of them to every rank (collectives: every rank takes part); rank 0 writes.
@@ -832,18 +654,18 @@ void Trainer::save(const std::string& path) {
       world_->broadcast(t, owner)->wait();
       if (rank() == 0) whole[name] = t;
     }
-    if (rank() == 0) save_safetensors(path, whole);
+    if (rank() == 0) checkpoint::save_safetensors(path, whole);
     return;
   }
   // Gather every parameter whole (a collective: every rank takes part); rank 0 writes.
-  const TrainStepGraph& sg = loss_part().step_graph;
+  const compile::TrainStepGraph& sg = flat_->step;
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(groups_->mesh().ndim())));
   std::map<std::string, Tensor> whole;
   for (const auto& [name, v] : sg.model.params)
-    whole[name] = sharding::redistribute(params_.at(name), loss_part().graph.value(v).info.shape,
-                                         sharding_.values.at(v), replicated, *groups_, *planner_);
-  if (rank() == 0) save_safetensors(path, whole);
+    whole[name] = sharding::redistribute(params_.at(name), flat_->global.value(v).info.shape, layout_of(v), replicated,
+                                         *groups_, *flat_->layout->planner);
+  if (rank() == 0) checkpoint::save_safetensors(path, whole);
 }
 
 namespace {

@@ -1,9 +1,7 @@
-// The trainer: builds the training-step graph for a config, initialises or
-// loads the weights, and runs steps with metrics, progress and checkpoints.
-// Given a world of several ranks (mpirun), it lays the step out on the mesh
-// of the [parallel] section (parallel/), propagates and lowers it (spmd/) and
-// runs this rank's graph: every rank computes the single-rank step's numbers
-// on its shards.
+// The trainer: gets its rank's step from the step compiler (compile/),
+// initialises or loads the weights, and runs steps with metrics, progress and
+// checkpoints. Given a world of several ranks (mpirun), every rank computes
+// the single-rank step's numbers on its shards.
 #pragma once
 
 #include <cstdio>
@@ -18,13 +16,11 @@
 #include "sched/hardware.h"
 #include "sched/kernel_times.h"
 #include "sharding/planner.h"
-#include "spmd/lower.h"
-#include "spmd/propagate.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
+#include "compile/compile.h"
+#include "config/config.h"
+#include "checkpoint/checkpoint.h"
 #include "train/data.h"
 #include "train/pipeline_runner.h"
-#include "train/train_step.h"
 
 namespace meshtrain::train {
 
@@ -55,61 +51,6 @@ struct RankReport {
   double pipeline_bubble = 0, activation_peak_bytes = 0, activation_peak_pairs = 0;
 };
 
-// Checks what a run on `world_size` ranks needs of the config (the
-// [parallel] degrees multiply to the rank count, the global batch divides by
-// the data-parallel degree) and returns the mesh. Throws naming the key.
-sharding::DeviceMesh check_parallel_config(const TrainConfig& config, int world_size);
-
-// The training step of a config as one global graph (forward, backward,
-// clipping, AdamW), after the step pass pipeline.
-TrainStepGraph build_step(const TrainConfig& config, graph::Graph& g);
-
-// A step laid out on `world_size` ranks by the [parallel] plan: the mesh,
-// every value's and node's layout (spmd::propagate), and `rank`'s lowered
-// graph. Any rank's, on any machine: nothing runs.
-struct StepLayout {
-  std::unique_ptr<sharding::Planner> planner;  // on the mesh
-  spmd::Sharding sharding;
-  spmd::LoweredGraph lowered;
-  const sharding::DeviceMesh& mesh() const { return planner->mesh(); }
-};
-// The step laid out, lowered for `rank` and put through the lowered-step
-// passes; the reordering (config.schedule.reorder) costs the step on
-// `hardware` and keeps within config.schedule.memory_budget_mb.
-// Benchmark mode: `measured_kernels` is called with the lowered graph before
-// the passes and returns the kernel times they cost compute nodes with (it
-// must outlive the call), or null for the roofline.
-using MeasureKernels = std::function<const sched::KernelTimes*(const graph::Graph& lowered)>;
-// The most ranks a step is laid out for without running it (lower, estimate):
-// each collective node lists its group's ranks, so time and memory grow with
-// the groups (an 8B step on 2^17 ranks of FSDP: about 20 s and 1 GiB here).
-inline constexpr int64_t kMaxLaidOutRanks = int64_t{1} << 17;
-StepLayout lay_out_step(const TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels = {});
-// The profile config.schedule.hardware names ("auto": cpu-2core, as the
-// executor runs on CPUs).
-sched::HardwareProfile scheduling_hardware(const TrainConfig& config);
-// What a trainer of `world_size` ranks holds beside its step: the global
-// batch (tokens and targets) it cuts its rows from, on several ranks.
-double batch_buffer_bytes(const TrainConfig& config, int world_size);
-// config.schedule.memory_budget_mb in bytes (0: none); a rank's step
-// allocation (sched::MemoryEstimate::allocated_bytes) and batch_buffer_bytes
-// must fit in it.
-double memory_budget_bytes(const TrainConfig& config);
-// The error for a step that needs `needed_bytes` (allocated) on `rank`, over
-// the budget: it names the smallest budget that fits.
-std::string over_budget_message(const TrainConfig& config, double needed_bytes, int rank);
-
-// A global output's value in the graph that runs (the lowered graph, or
-// the global one on one rank): the output at the same place.
-std::map<graph::ValueId, graph::ValueId> delivered_outputs(const graph::Graph& global, const graph::Graph& running);
-// The schedule a rank runs: `running` (the lowered step, or the global one;
-// `values` maps each global value to its value there) with every output
-// fetched and the parameters and moments updated in place where the memory
-// plan can.
-graph::Schedule schedule_step(const graph::Graph& global, const TrainStepGraph& step, const graph::Graph& running,
-                              const std::map<graph::ValueId, graph::ValueId>& values);
-
 // Under a launcher with `local_ranks` ranks on this host: the threads each
 // rank's kernels use, so the ranks share the cores instead of each spinning
 // up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x
@@ -121,10 +62,7 @@ int set_threads_per_rank(int local_ranks);
 double shared_core_slowdown(int local_ranks);
 // Throws when `output` (the path of config key or option `what`) is one of
 // the run's inputs (data.path, checkpoint.init_from): writing it would destroy them.
-void check_output_path(const TrainConfig& config, const std::string& output, const std::string& what);
-// Benchmark mode times kernels on this machine's CPUs: the schedule's
-// hardware profile must describe it (shared_host); throws naming the key.
-void check_benchmark_hardware(const sched::HardwareProfile& hardware);
+void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what);
 // Whether a rank of `threads` kernel threads, one of `local_ranks` on this
 // host, has a core beyond them (of its share of the host's, within its
 // affinity mask) for background communication progress
@@ -155,7 +93,7 @@ std::string signal_name(int signal);
 class Trainer {
  public:
   // `world`: the ranks to train on; null (or one rank) trains on this process alone.
-  explicit Trainer(TrainConfig config, comm::ProcessGroupPtr world = nullptr);
+  explicit Trainer(config::TrainConfig config, comm::ProcessGroupPtr world = nullptr);
   // One optimizer step on the next batch; throws NonFiniteStep when its
   // loss or gradient norm is not finite (with a non-finite norm the weights
   // and moments are left as they were).
@@ -181,7 +119,7 @@ class Trainer {
   void save(const std::string& path);
   // The state after `step` (this rank's shards of the parameters and AdamW
   // moments, the step, the data cursor) as a checkpoint folder in
-  // checkpoint.folder (train/checkpoint.h); every rank calls it. Returns its
+  // checkpoint.folder (checkpoint/checkpoint.h); every rank calls it. Returns its
   // path. With checkpoint.async the state is copied and written on a thread
   // while training goes on: the folder is complete once finish_save() has
   // returned it (run() calls it when every rank's writer is done, before the
@@ -211,7 +149,7 @@ class Trainer {
   // The step graph this rank runs as text: its lowered graph on several
   // ranks (spmd::to_text), the global one on one.
   std::string lowered_text() const;
-  const TrainConfig& config() const { return config_; }
+  const config::TrainConfig& config() const { return config_; }
   // The step that runs, costed by sched::estimate_step on config.schedule.hardware
   // (with this machine's kernel times in benchmark mode), in ms: what `meshtrain estimate` says of it.
   // 0 when the profile cannot cost it (no_estimate_because() says why).
@@ -233,43 +171,30 @@ class Trainer {
   void init_parameters(bool from_init_file);  // false: the seeded values (a checkpoint will replace them)
   // The checkpoint to resume from: checkpoint.load_step's, or the newest
   // complete one in checkpoint.folder; none to start afresh.
-  std::optional<CheckpointInfo> checkpoint_to_resume() const;
-  void resume(const CheckpointInfo& checkpoint);
-  std::vector<HeldTensor> held_tensors();  // parameters and moments, as this rank holds them
-  CheckpointRank checkpoint_rank() const;
+  std::optional<checkpoint::CheckpointInfo> checkpoint_to_resume() const;
+  void resume(const checkpoint::CheckpointInfo& checkpoint);
+  std::vector<checkpoint::HeldTensor> held_tensors();  // parameters and moments, as this rank holds them
+  checkpoint::CheckpointRank checkpoint_rank() const;
   RankReport own_report() const;
 
-  // A piece of the model with its own step graph and executor, run in order
-  // each step. Today there is one part, the whole model; pipeline stages
-  // will each be one.
-  struct ModelPart {
-    graph::Graph graph;  // the global step
-    TrainStepGraph step_graph;
-    // This rank's lowered step (several ranks only; its graph empty on one)
-    // and, always, each global value's value in the graph that runs.
-    spmd::LoweredGraph lowered;
-    std::unique_ptr<runtime::Executor> executor;
-    const graph::Graph& running() const { return lowered.graph.num_values() > 0 ? lowered.graph : graph; }
-    graph::ValueId run_value(graph::ValueId global) const { return lowered.values.at(global); }
-  };
-  ModelPart& loss_part() { return *parts_.back(); }  // the part that computes the loss
+  // A flat step's layout of a value of its global graph (several ranks).
+  const sharding::Layout& layout_of(graph::ValueId global) const { return flat_->layout->sharding.values.at(global); }
 
   // Fails on every rank where some rank's step would allocate more than
   // config.schedule.memory_budget_mb (rank 0 says which and by how much).
   void check_memory_budget(double needed_bytes) const;
-  void lay_out(ModelPart& part);  // several ranks: propagate and lower the part's step
   // Benchmark mode: times the kernels of `g` that kernel_times_ lacks (read
   // from config.schedule.kernel_cache first) and, on several ranks, aligns
   // them; every rank calls it. Returns kernel_times_.
   const sched::KernelTimes* benchmark_kernels(const graph::Graph& g);
 
-  TrainConfig config_;
+  config::TrainConfig config_;
   comm::ProcessGroupPtr world_;
-  std::unique_ptr<sharding::MeshGroups> groups_;
-  std::unique_ptr<sharding::Planner> planner_;
-  spmd::Sharding sharding_;
+  std::unique_ptr<sharding::MeshGroups> groups_;  // a flat step on several ranks: its mesh's groups
   Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
-  std::vector<std::unique_ptr<ModelPart>> parts_;  // stable addresses: executors hold their graph
+  // parallel.pp = 1: the compiled step and the executor that runs it (which holds its graph).
+  std::unique_ptr<compile::FlatStep> flat_;
+  std::unique_ptr<runtime::Executor> executor_;
   // parallel.pp > 1: the pipeline runs the step instead of the parts, on the mesh (pp).
   std::unique_ptr<PipelineRunner> pipeline_;
   std::unique_ptr<sharding::DeviceMesh> pipeline_mesh_;
@@ -277,7 +202,7 @@ class Trainer {
   std::map<std::string, Tensor> params_;
   std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
   std::string resumed_from_;
-  std::unique_ptr<PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
+  std::unique_ptr<checkpoint::PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
   std::map<std::string, Tensor> snapshot_;           // checkpoint.async: the state as of the pending save
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};

@@ -17,7 +17,7 @@
 #include "parallel/plan.h"
 #include "sched/pass.h"
 #include "spmd/lower.h"
-#include "train/train_step.h"
+#include "compile/train_step.h"
 
 namespace mtest {
 
@@ -120,18 +120,18 @@ inline models::LlamaConfig tiny_llama() {
 // The tiny Llama's step for a global batch of 4 sequences of 5 tokens, and its layouts under `parallel`.
 struct TinyLlamaStep {
   Graph g;
-  train::TrainStepGraph step;
+  compile::TrainStepGraph step;
   sharding::DeviceMesh mesh;
   parallel::StepLayouts layouts;
   TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks, int64_t micro_batches = 1)
       : mesh(parallel::make_mesh(parallel, ranks)) {
-    train::OptimizerConfig opt;
+    config::OptimizerConfig opt;
     opt.lr = 1e-2;
-    step = train::build_train_step(g, tiny_llama(), 4, 5, opt,
+    step = compile::build_train_step(g, tiny_llama(), 4, 5, opt,
                                    {.max_grad_norm = 0.5, .split_loss = parallel.loss_parallel,
                                     .micro_batches = micro_batches});  // clipping active
     sched::step_pipeline().run(g);
-    layouts = parallel::step_layouts(mesh, g, train::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel);
+    layouts = parallel::step_layouts(mesh, g, compile::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel);
   }
 };
 
@@ -140,7 +140,7 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
   const models::LlamaConfig c = tiny_llama();
   TinyLlamaStep tiny(parallel, pg.size(), micro_batches);
   const Graph& g = tiny.g;
-  const train::TrainStepGraph& step = tiny.step;
+  const compile::TrainStepGraph& step = tiny.step;
   EXPECT_EQ(static_cast<int>(g.outputs().size()), kLlamaStepOutputs);
   Inputs in;
   std::mt19937 rng(23);

@@ -2,8 +2,9 @@
 # The scheduling passes under mpirun change which collectives run and when,
 # never a result: on every layout of the parity test (DDP 2, FSDP 2, 3 and
 # 4, HSDP 2x2, FSDP 2 x TP 2 in f32 and bf16, DDP 2 x TP 2 with sequence and
-# loss parallel, TP 4, FSDP 2 without resharding and with 2 microbatches),
-# the losses and gradient norms of every step with the collectives bucketed
+# loss parallel, TP 4, FSDP 2 without resharding and with 2 microbatches,
+# and two pipelines: pp 2 x FSDP 2 zero-bubble and pp 2 x TP 2 with sequence
+# parallel, whose stages get the same passes), the losses and gradient norms of every step with the collectives bucketed
 # per block (the default) and reordered are bitwise equal to those with
 # neither. The reordering is decided on the H100 profile (--schedule.hardware
 # h100-sxm), where it moves collectives; on this machine's own profile (the
@@ -43,6 +44,8 @@ layouts=(
   "tp4:4:--parallel.dp_shard 1 --parallel.tp 4"
   "fsdp2_keep:2:--parallel.reshard_after_forward false"
   "fsdp2_accum2:2:--training.grad_accum_steps 2"
+  "pp2_fsdp2_zb:4:--parallel.pp 2 --parallel.dp_shard 2 --parallel.pp_schedule zero_bubble"
+  "pp2_tp2_sp:4:--parallel.pp 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true"
 )
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np flags <<< "$layout"
@@ -65,6 +68,12 @@ for x, y in zip(a, b):
             sys.exit(f"FAIL: {name} step {x['step']} {key}: {y[key]!r} reordered vs {x[key]!r} not")
 print(f"{name}: {moved} collective lines differ; 6 steps, losses and gradient norms bitwise equal")
 PY
+done
+
+# A pipeline's --dump-graph shows its stages' bucketed collectives.
+run pp_dump 4 --parallel.pp 2 --parallel.dp_shard 2 --training.steps 1 --dump-graph "$dir/pp_dump_{rank}.txt"
+for r in 0 2; do
+  grep -q '= bucket_pack(' "$dir/pp_dump_$r.txt" || fail "pp 2 x FSDP 2: rank $r's --dump-graph shows no bucket"
 done
 
 # Bucketing by size and automatic bucketing, buckets that copy their

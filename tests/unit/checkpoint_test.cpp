@@ -1,4 +1,4 @@
-// Sharded checkpoints (train/checkpoint.h): saved on one mesh and layout,
+// Sharded checkpoints (checkpoint/checkpoint.h): saved on one mesh and layout,
 // loaded on others (local backend threads) and on one process, each piece
 // bitwise the global tensor's part (sharding::local_piece); the newest
 // complete folder; damaged, truncated and missing files and a checkpoint of
@@ -11,7 +11,7 @@
 
 #include "comm/local_backend.h"
 #include "sharding/local_chunk.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -61,13 +61,13 @@ std::string save_on(const fs::path& folder, const sharding::DeviceMesh& mesh, co
   std::string saved;
   world.run([&](comm::ProcessGroup& pg) {
     const std::vector<int> coord = mesh.coordinate(pg.rank());
-    std::vector<train::HeldTensor> held;
+    std::vector<checkpoint::HeldTensor> held;
     for (size_t i = 0; i < g.size(); ++i) {
       const auto layout = sharding::Layout::parse(layouts[i], mesh.ndim());
       held.push_back({g[i].name, g[i].value.shape(), layout, sharding::local_piece(g[i].value, layout, mesh, coord)});
     }
-    const train::CheckpointState state{step, step - 1, 1234, {{"model.dim", 5}}};
-    const std::string path = train::save_checkpoint(folder.string(), state, held, {&mesh, coord, &pg});
+    const checkpoint::CheckpointState state{step, step - 1, 1234, {{"model.dim", 5}}};
+    const std::string path = checkpoint::save_checkpoint(folder.string(), state, held, {&mesh, coord, &pg});
     if (pg.rank() == 0) saved = path;
   });
   return saved;
@@ -76,19 +76,19 @@ std::string save_on(const fs::path& folder, const sharding::DeviceMesh& mesh, co
 // Loads on `mesh` with `layouts` and checks every rank's pieces bitwise.
 void expect_loads_on(const std::string& path, const sharding::DeviceMesh& mesh, const std::vector<std::string>& layouts) {
   const auto g = globals();
-  const train::CheckpointInfo info = train::read_checkpoint_info(path);
+  const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(20);
   comm::LocalWorld world(mesh.num_ranks(), options);
   world.run([&](comm::ProcessGroup& pg) {
     const std::vector<int> coord = mesh.coordinate(pg.rank());
-    std::vector<train::HeldTensor> held;
+    std::vector<checkpoint::HeldTensor> held;
     for (size_t i = 0; i < g.size(); ++i) {
       const auto layout = sharding::Layout::parse(layouts[i], mesh.ndim());
       const Tensor expected = sharding::local_piece(g[i].value, layout, mesh, coord);
       held.push_back({g[i].name, g[i].value.shape(), layout, Tensor::zeros(expected.shape(), expected.dtype())});
     }
-    train::load_checkpoint(info, held, {&mesh, coord, &pg});
+    checkpoint::load_checkpoint(info, held, {&mesh, coord, &pg});
     for (size_t i = 0; i < g.size(); ++i)
       EXPECT_TRUE(same_bits(held[i].local, sharding::local_piece(g[i].value, held[i].layout, mesh, coord)))
           << g[i].name << " on rank " << pg.rank() << " as " << layouts[i];
@@ -103,7 +103,7 @@ TEST(Checkpoint, SavedOnOneMeshLoadsOnAnyOther) {
   const sharding::DeviceMesh mesh2x2({2, 2}, {"dp_shard", "tp"});
   const std::string path = save_on(dir.path, mesh2x2, {"S(0)S(1)", "S(0)[1]S(0)[0]", "_S(0, 2)R", "RS(1)"}, 10);
   EXPECT_EQ(fs::path(path).filename(), "step_000010");
-  const train::CheckpointInfo info = train::read_checkpoint_info(path);
+  const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
   EXPECT_EQ(info.state.step, 10);
   EXPECT_EQ(info.state.updates_applied, 9);
   EXPECT_EQ(info.state.data_cursor, 1234);
@@ -114,38 +114,38 @@ TEST(Checkpoint, SavedOnOneMeshLoadsOnAnyOther) {
   expect_loads_on(path, sharding::DeviceMesh({4}, {"tp"}), {"S(1)", "S(0)", "R", "S(1)"});  // another rank count
   expect_loads_on(path, sharding::DeviceMesh({3}, {"dp_shard"}), {"S(0)", "S(0)", "S(1)", "R"});  // uneven
   // One process: every tensor whole, bitwise the globals.
-  const auto whole = train::load_checkpoint_whole(info);
+  const auto whole = checkpoint::load_checkpoint_whole(info);
   for (const auto& g : globals()) EXPECT_TRUE(same_bits(whole.at(g.name), g.value)) << g.name;
 
   // Saved on one process, loaded on a mesh.
   TempDir one;
-  std::vector<train::HeldTensor> held;
+  std::vector<checkpoint::HeldTensor> held;
   for (const auto& g : globals()) held.push_back({g.name, g.value.shape(), {}, g.value});
-  const std::string single = train::save_checkpoint(one.path.string(), {3, 3, 0, {}}, held, {});
+  const std::string single = checkpoint::save_checkpoint(one.path.string(), {3, 3, 0, {}}, held, {});
   expect_loads_on(single, mesh2x2, {"S(0)S(1)", "RR", "S(1)R", "RS(1)"});
 }
 
 TEST(Checkpoint, TheNewestCompleteOneIsFound) {
   TempDir dir;
-  EXPECT_FALSE(train::latest_checkpoint(dir.path.string()).has_value());
-  EXPECT_FALSE(train::latest_checkpoint((dir.path / "absent").string()).has_value());
+  EXPECT_FALSE(checkpoint::latest_checkpoint(dir.path.string()).has_value());
+  EXPECT_FALSE(checkpoint::latest_checkpoint((dir.path / "absent").string()).has_value());
   const sharding::DeviceMesh mesh({2});
   for (int64_t step : {5, 20, 10}) save_on(dir.path, mesh, {"S(0)", "R", "S(1)", "R"}, step);
   // A save that did not finish (no rename) and a folder without metadata are passed over.
   fs::create_directories(dir.path / "step_000030.tmp");
   fs::create_directories(dir.path / "step_000040");
-  EXPECT_EQ(train::latest_checkpoint(dir.path.string()), (dir.path / "step_000020").string());
+  EXPECT_EQ(checkpoint::latest_checkpoint(dir.path.string()), (dir.path / "step_000020").string());
   EXPECT_THROW(
       {
         try {
-          train::read_checkpoint_info((dir.path / "step_000040").string());
+          checkpoint::read_checkpoint_info((dir.path / "step_000040").string());
         } catch (const Error& e) {
           EXPECT_NE(std::string(e.what()).find("is not complete"), std::string::npos) << e.what();
           throw;
         }
       },
       Error);
-  train::keep_latest_checkpoints(dir.path.string(), 2);
+  checkpoint::keep_latest_checkpoints(dir.path.string(), 2);
   EXPECT_FALSE(fs::exists(dir.path / "step_000005"));
   EXPECT_TRUE(fs::exists(dir.path / "step_000010"));
   EXPECT_TRUE(fs::exists(dir.path / "step_000020"));
@@ -155,7 +155,7 @@ namespace {
 // The message of loading `path` whole, or "" when it loads.
 std::string load_error(const std::string& path) {
   try {
-    train::load_checkpoint_whole(train::read_checkpoint_info(path));
+    checkpoint::load_checkpoint_whole(checkpoint::read_checkpoint_info(path));
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -207,15 +207,15 @@ TEST(Checkpoint, DamagedFilesAreClearErrors) {
   std::ofstream(meta, std::ios::trunc) << meta_good;
 
   // Another model shape: the tensor and both shapes are named.
-  const train::CheckpointInfo info = train::read_checkpoint_info(path);
-  std::vector<train::HeldTensor> held{{"embed", Shape{8, 5}, {}, Tensor::zeros(Shape{8, 5}, DType::f32)}};
+  const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
+  std::vector<checkpoint::HeldTensor> held{{"embed", Shape{8, 5}, {}, Tensor::zeros(Shape{8, 5}, DType::f32)}};
   try {
-    train::load_checkpoint(info, held, {});
+    checkpoint::load_checkpoint(info, held, {});
     ADD_FAILURE() << "a checkpoint of another shape loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'embed' has shape [7, 5], this run's is [8, 5]"), std::string::npos)
         << e.what();
   }
   held = {{"absent", Shape{2}, {}, Tensor::zeros(Shape{2}, DType::f32)}};
-  EXPECT_THROW(train::load_checkpoint(info, held, {}), Error);
+  EXPECT_THROW(checkpoint::load_checkpoint(info, held, {}), Error);
 }

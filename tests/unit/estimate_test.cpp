@@ -201,7 +201,7 @@ TEST(MemoryEstimate, PeakIsTheInputsAndTheArenaWithWhatIsLiveByKind) {
 // A training step's estimate on one rank: its inputs are the f32 parameters,
 // their two f32 moments and the batch, counted by hand from the config.
 TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
-  train::TrainConfig c;
+  config::TrainConfig c;
   c.model = {.dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 64};
   c.data.batch_size = 2;
   c.data.seq_len = 16;
@@ -225,7 +225,7 @@ TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
 // of the trainer on this rank: the same bytes, up to the allocator's
 // rounding of each block (512 B granules, 128 KiB above 1 MiB).
 TEST(TrainingEstimate, PeakIsWhatATrainerStepAllocates) {
-  train::TrainConfig c;
+  config::TrainConfig c;
   c.model = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 128, .vocab_size = 256};
   c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
   c.data.batch_size = 4;
@@ -264,7 +264,7 @@ TEST(ActivationCheckpoint, SameResultsLessMemoryAsEstimated) {
     for (const Policy policy : {none, full, selective, every_other}) {
       SCOPED_TRACE(fmt::format("{} ({} matmuls), {} microbatches", sched::activation_checkpoint_name(policy.mode),
                                sched::selective_matmuls_name(policy.matmuls), micro_batches));
-      train::TrainConfig c;
+      config::TrainConfig c;
       c.model = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 128, .vocab_size = 256};
       c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
       c.data.batch_size = 4;
@@ -480,11 +480,11 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
 // machine: an H100 profile is refused with what to do instead. On one with
 // cached figures, `meshtrain estimate` takes them as they are.
 TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
-  train::TrainConfig c;
+  config::TrainConfig c;
   c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 64};
   c.data.batch_size = 2;
   c.data.seq_len = 16;
-  c.schedule.estimate = train::EstimateMode::benchmark;
+  c.schedule.estimate = config::EstimateMode::benchmark;
   const std::string refused = message_of([&] { train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
   EXPECT_TRUE(contains(refused, "h100-sxm") && contains(refused, "roofline")) << refused;
 
@@ -499,7 +499,7 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
   sched::save_kernel_times(cached, c.schedule.kernel_cache);
   const train::TrainingEstimate from_cache = train::estimate_training(c, 1, 0, cpu);
   graph::Graph g;
-  train::build_step(c, g);
+  compile::build_step(c, g);
   size_t kernels = 0;
   for (graph::NodeId n : g.order())
     if (!g.node(n).op->is_view && !g.node(n).op->is_collective) ++kernels;
@@ -514,7 +514,7 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
 // makespan is the busiest rank's compute and its bubble; the parameters and
 // moments are this rank's stage's alone, counted by hand.
 TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
-  train::TrainConfig c;
+  config::TrainConfig c;
   c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
   c.data.batch_size = 8;
   c.data.seq_len = 512;

@@ -16,7 +16,7 @@
 #include "runtime/executor.h"
 #include "sched/pass.h"
 #include "sched/schedule.h"
-#include "train/train_step.h"
+#include "compile/train_step.h"
 
 using namespace meshtrain;
 
@@ -123,11 +123,11 @@ struct SteadyStateAllocations {
 std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32,
                                  SteadyStateAllocations* allocations = nullptr, int64_t micro_batches = 1) {
   graph::Graph g;
-  train::OptimizerConfig opt;
+  config::OptimizerConfig opt;
   opt.lr = 1e-2;
   opt.state_dtype = state;
   const double max_grad_norm = 1.0;
-  const auto s = train::build_train_step(g, tiny(tied), 2, 8, opt, {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
+  const auto s = compile::build_train_step(g, tiny(tied), 2, 8, opt, {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
   sched::step_pipeline().run(g);  // as the trainer does
   std::vector<graph::Update> updates;
   for (const auto& [from, to] : s.write_backs) updates.push_back({from, to});

@@ -14,7 +14,7 @@
 #include "graph/op_registry.h"
 #include "test_util.h"
 #include "train/pipeline_runner.h"
-#include "train/pipeline_stage.h"
+#include "compile/pipeline_stage.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -30,8 +30,8 @@ std::string describe(const std::vector<models::LlamaSpan>& spans) {
   return out;
 }
 
-train::TrainConfig small_config(int64_t layers) {
-  train::TrainConfig c;
+config::TrainConfig small_config(int64_t layers) {
+  config::TrainConfig c;
   c.model = {.dim = 32, .n_layers = layers, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
   c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
   c.data.batch_size = 4;
@@ -51,7 +51,7 @@ struct OneRankRun {
 };
 
 OneRankRun one_rank_run(int64_t microbatches, int steps = 3) {
-  train::TrainConfig one = small_config(2);
+  config::TrainConfig one = small_config(2);
   one.training.grad_accum_steps = microbatches;
   OneRankRun run{std::make_unique<train::Trainer>(one), {}};
   for (int s = 0; s < steps; ++s) run.steps.push_back(run.trainer->step());
@@ -63,25 +63,25 @@ OneRankRun one_rank_run(int64_t microbatches, int steps = 3) {
 TEST(PipelineSpans, TheEmbeddingAndTheHeadCountAsALayerEach) {
   models::LlamaConfig m;
   m.n_layers = 6;
-  EXPECT_EQ(describe(train::pipeline_spans(m, 4, {})), "[E0-1][1-3][3-5][5-6H]");
-  EXPECT_EQ(describe(train::pipeline_spans(m, 8, {})), "[E0-0][0-1][1-2][2-3][3-4][4-5][5-6][6-6H]");
-  EXPECT_EQ(describe(train::pipeline_spans(m, 3, {})), "[E0-2][2-5][5-6H]");  // 8 units: 3, 3, 2
-  EXPECT_EQ(describe(train::pipeline_spans(m, 1, {})), "[E0-6H]");
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 4, {})), "[E0-1][1-3][3-5][5-6H]");
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 8, {})), "[E0-0][0-1][1-2][2-3][3-4][4-5][5-6][6-6H]");
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 3, {})), "[E0-2][2-5][5-6H]");  // 8 units: 3, 3, 2
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 1, {})), "[E0-6H]");
   m.n_layers = 2;  // 4 units over 3 stages: the first stage takes the one left over
-  EXPECT_EQ(describe(train::pipeline_spans(m, 3, {})), "[E0-1][1-2][2-2H]");
-  EXPECT_EQ(describe(train::pipeline_spans(m, 2, {1, 3})), "[E0-0][0-2H]");
-  EXPECT_EQ(describe(train::pipeline_spans(m, 2, {3, 1})), "[E0-2][2-2H]");
-  EXPECT_TRUE(contains(message_of([&] { train::pipeline_spans(m, 2, {2, 1}); }),
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 3, {})), "[E0-1][1-2][2-2H]");
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 2, {1, 3})), "[E0-0][0-2H]");
+  EXPECT_EQ(describe(compile::pipeline_spans(m, 2, {3, 1})), "[E0-2][2-2H]");
+  EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 2, {2, 1}); }),
                        "parallel.pp_layers_per_stage [2, 1] adds up to 3, but the model has 4 units"));
-  EXPECT_TRUE(contains(message_of([&] { train::pipeline_spans(m, 2, {1, 1, 2}); }),
+  EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 2, {1, 1, 2}); }),
                        "parallel.pp_layers_per_stage lists 3 stages ([1, 1, 2]) but the pipeline has 2"));
-  EXPECT_TRUE(contains(message_of([&] { train::pipeline_spans(m, 5, {}); }), "fewer than the 5 pipeline stages"));
+  EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 5, {}); }), "fewer than the 5 pipeline stages"));
 }
 
 TEST(PipelineStage, ZeroBubbleLeavesTheWeightGradientMatmulsToTheWeightHalf) {
-  const train::TrainConfig c = small_config(2);
-  const auto spans = train::pipeline_spans(c.model, 2, {});
-  const train::PipelineStage last = train::build_pipeline_stage(c, spans, 1, 2);
+  const config::TrainConfig c = small_config(2);
+  const auto spans = compile::pipeline_spans(c.model, 2, {});
+  const compile::PipelineStage last = compile::build_pipeline_stage(c, spans, 1, 2);
   // The forward program computes no gradient; the backward reads what forward kept.
   for (const graph::NodeId n : last.forward.graph.order())
     EXPECT_EQ(last.forward.graph.node(n).phase, graph::Phase::forward);
@@ -110,7 +110,7 @@ TEST(PipelineStage, ZeroBubbleLeavesTheWeightGradientMatmulsToTheWeightHalf) {
   EXPECT_EQ(last.backward.graph.num_nodes(),
             last.backward_input.graph.num_nodes() + last.backward_weight.graph.num_nodes());
   // The first stage sends nothing back: it has no input half.
-  const train::PipelineStage first = train::build_pipeline_stage(c, spans, 0, 2);
+  const compile::PipelineStage first = compile::build_pipeline_stage(c, spans, 0, 2);
   EXPECT_FALSE(first.input_gradient.valid());
   EXPECT_EQ(first.backward_input.graph.num_nodes(), 0u);
 }
@@ -141,7 +141,7 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
   for (const auto kind : {parallel::PpScheduleKind::gpipe, parallel::PpScheduleKind::one_f_one_b,
                           parallel::PpScheduleKind::interleaved_1f1b, parallel::PpScheduleKind::zero_bubble,
                           parallel::PpScheduleKind::zbv}) {
-    train::TrainConfig c = small_config(2);
+    config::TrainConfig c = small_config(2);
     c.parallel.pp = 2;
     c.parallel.pp_schedule = kind;
     c.parallel.pp_microbatches = 4;
@@ -171,7 +171,7 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
 TEST(PipelineRunner, ComposedWithTensorParallelOrFsdpMatchesOneRank) {
   const std::vector<train::StepMetrics> expected = one_rank_run(2).steps;
   for (const int64_t tp : {2, 1}) {
-    train::TrainConfig c = small_config(2);
+    config::TrainConfig c = small_config(2);
     c.parallel.pp = 2;
     c.parallel.tp = tp;
     c.parallel.dp_shard = 2 / tp;

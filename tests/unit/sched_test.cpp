@@ -25,7 +25,7 @@
 #include "sched/estimate.h"
 #include "sched/trace.h"
 #include "test_util.h"
-#include "train/train_step.h"
+#include "compile/train_step.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
@@ -624,7 +624,7 @@ size_t nbytes(const Graph& g, ValueId v) {
 // A small training step (forward, backward, clipping, AdamW) as the trainer builds it.
 struct StepGraph {
   Graph g;
-  train::TrainStepGraph s;
+  compile::TrainStepGraph s;
   StepGraph() {
     models::LlamaConfig c;
     c.dim = 32;
@@ -633,7 +633,7 @@ struct StepGraph {
     c.n_kv_heads = 2;
     c.ffn_dim = 48;
     c.vocab_size = 29;
-    s = train::build_train_step(g, c, 2, 8, {}, {.max_grad_norm = 1.0});
+    s = compile::build_train_step(g, c, 2, 8, {}, {.max_grad_norm = 1.0});
     sched::step_pipeline().run(g);
   }
 };

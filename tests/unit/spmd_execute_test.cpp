@@ -137,7 +137,7 @@ TEST(SpmdExecute, DdpReducesEachGradientOnceAndGathersNothing) {
 TEST(SpmdExecute, Bf16GradientsAreReducedInTheReduceDtype) {
   for (const char* layout : {"ddp", "fsdp"})
     for (const DType reduce : {DType::f32, DType::bf16}) {
-      train::TrainConfig c;
+      config::TrainConfig c;
       c.model = mtest::tiny_llama();
       c.data.batch_size = 4;
       c.data.seq_len = 5;
@@ -145,8 +145,8 @@ TEST(SpmdExecute, Bf16GradientsAreReducedInTheReduceDtype) {
       c.training.reduce_dtype = reduce;
       if (std::string(layout) == "ddp") c.parallel = mtest::ddp(2);
       Graph g;
-      const train::TrainStepGraph step = train::build_step(c, g);
-      const train::StepLayout l = train::lay_out_step(c, g, step, 2, 0, train::scheduling_hardware(c));
+      const compile::TrainStepGraph step = compile::build_step(c, g);
+      const compile::StepLayout l = compile::lay_out_step(c, g, step, 2, 0, compile::scheduling_hardware(c));
       const Graph& local = l.lowered.graph;
       int reductions = 0;
       for (const NodeId n : local.order()) {

@@ -12,8 +12,8 @@
 
 #include "comm/local_backend.h"
 #include "test_util.h"
-#include "train/safetensors.h"
-#include "train/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -31,7 +31,7 @@ std::string scratch(const std::string& name) {
 }
 
 // The reference's settings, applied through the config keys the CLI uses.
-train::TrainConfig parity_config(const nlohmann::json& ref, const std::string& case_name) {
+config::TrainConfig parity_config(const nlohmann::json& ref, const std::string& case_name) {
   static const std::map<std::string, std::string> train_keys = {
       {"seq_len", "data.seq_len"},           {"batch_size", "data.batch_size"},
       {"lr", "optimizer.lr"},                {"beta1", "optimizer.beta1"},
@@ -40,9 +40,9 @@ train::TrainConfig parity_config(const nlohmann::json& ref, const std::string& c
       {"decay", "lr_scheduler.decay"},       {"min_lr_ratio", "lr_scheduler.min_lr_ratio"},
       {"max_grad_norm", "training.max_grad_norm"}, {"steps", "training.steps"}};
   auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
-  train::TrainConfig c;
-  for (const auto& [key, value] : ref.at("model").items()) train::apply_override(c, "model." + key, text(value));
-  for (const auto& [key, value] : ref.at("train").items()) train::apply_override(c, train_keys.at(key), text(value));
+  config::TrainConfig c;
+  for (const auto& [key, value] : ref.at("model").items()) config::apply_override(c, "model." + key, text(value));
+  for (const auto& [key, value] : ref.at("train").items()) config::apply_override(c, train_keys.at(key), text(value));
   c.data.path = kRoot + "/data/parity/text.txt";
   c.checkpoint.init_from = kRoot + "/data/parity/" + case_name + ".safetensors";
   return c;
@@ -55,7 +55,7 @@ void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nu
   std::ifstream in(kRoot + "/data/parity/" + case_name + ".json");
   ASSERT_TRUE(in.good()) << "missing reference " << case_name;
   const auto ref = nlohmann::json::parse(in);
-  train::TrainConfig config = parity_config(ref, case_name);
+  config::TrainConfig config = parity_config(ref, case_name);
   if (layout == "ddp") {
     config.parallel.dp_replicate = world->size();
     config.parallel.dp_shard = 1;
@@ -85,8 +85,8 @@ void check_parity_on_ranks(const std::string& case_name, int ranks, const std::s
 }
 
 // A one-block Llama on the bundled text, 2 x 16 tokens a step: a step in milliseconds.
-train::TrainConfig tiny_config() {
-  train::TrainConfig c;
+config::TrainConfig tiny_config() {
+  config::TrainConfig c;
   c.model = {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 256};
   c.data.path = std::string(MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
   c.data.batch_size = 2;
@@ -153,22 +153,22 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
   const std::string dir = scratch("st");
   std::ifstream in(kRoot + "/data/parity/mha_untied.json");
   auto config = parity_config(nlohmann::json::parse(in), "mha_untied");
-  auto weights = train::load_safetensors(config.checkpoint.init_from);
+  auto weights = checkpoint::load_safetensors(config.checkpoint.init_from);
   auto missing = weights;
   missing.erase("model.layers.1.mlp.up_proj.weight");
-  train::save_safetensors(dir + "/missing.safetensors", missing);
+  checkpoint::save_safetensors(dir + "/missing.safetensors", missing);
   config.checkpoint.init_from = dir + "/missing.safetensors";
   EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }), "tensor 'model.layers.1.mlp.up_proj.weight' is missing"));
   auto wrong = weights;
   wrong["model.norm.weight"] = Tensor::zeros({63}, DType::f32);
-  train::save_safetensors(dir + "/wrong.safetensors", wrong);
+  checkpoint::save_safetensors(dir + "/wrong.safetensors", wrong);
   config.checkpoint.init_from = dir + "/wrong.safetensors";
   EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }),
                        "tensor 'model.norm.weight' has shape (63), the model expects (64)"));
   auto poisoned = weights;
   poisoned["model.norm.weight"] = weights.at("model.norm.weight").to(DType::f32);
   poisoned["model.norm.weight"].data<float>()[5] = std::nanf("");
-  train::save_safetensors(dir + "/nan.safetensors", poisoned);
+  checkpoint::save_safetensors(dir + "/nan.safetensors", poisoned);
   config.checkpoint.init_from = dir + "/nan.safetensors";
   EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }),
                        "tensor 'model.norm.weight' holds nan at element 5: the checkpoint is damaged"));
@@ -176,7 +176,7 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
     std::ofstream f(dir + "/junk.safetensors", std::ios::binary);
     f << "not a safetensors file";
   }
-  EXPECT_TRUE(contains(message_of([&] { train::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
+  EXPECT_TRUE(contains(message_of([&] { checkpoint::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
   // Headers that lie: two tensors on the same bytes, an end past the file
   // (an offset near 2^64 must not wrap around), an impossible shape.
   const auto write_with_header = [&](const std::string& name, const std::string& header, size_t data_bytes) {
@@ -187,35 +187,35 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
     return dir + "/" + name;
   };
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("overlap.safetensors",
+    checkpoint::load_safetensors(write_with_header("overlap.safetensors",
         R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
   }), "tensors 'a' and 'b' overlap (data bytes 0..8 and 4..12)"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("wrap.safetensors",
+    checkpoint::load_safetensors(write_with_header("wrap.safetensors",
         R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551615]}})", 8));
   }), "'data_offsets' element must be an integer from 0 to 9223372036854775807, got 18446744073709551608"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("far.safetensors",
+    checkpoint::load_safetensors(write_with_header("far.safetensors",
         R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[9223372036854775799,9223372036854775807]}})", 8));
   }), "tensor 'a' ends at byte 9223372036854775807 of the data but the file holds 8 bytes of data"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("shape.safetensors",
+    checkpoint::load_safetensors(write_with_header("shape.safetensors",
         R"({"a":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,8]}})", 8));
   }), "tensor 'a' has a malformed header entry: 'shape' element must be an integer from 0 to"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("float.safetensors",
+    checkpoint::load_safetensors(write_with_header("float.safetensors",
         R"({"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}})", 8));
   }), "'shape' element must be an integer from 0 to 72057594037927936, got 1e+30"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("huge.safetensors",
+    checkpoint::load_safetensors(write_with_header("huge.safetensors",
         R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8));
   }), "tensor 'a' has an impossible shape"));
   EXPECT_TRUE(contains(message_of([&] {
-    train::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0));
+    checkpoint::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0));
   }), "the header is not a JSON object of tensors"));
   // Round trip.
-  train::save_safetensors(dir + "/copy.safetensors", weights);
-  const auto back = train::load_safetensors(dir + "/copy.safetensors");
+  checkpoint::save_safetensors(dir + "/copy.safetensors", weights);
+  const auto back = checkpoint::load_safetensors(dir + "/copy.safetensors");
   ASSERT_EQ(back.size(), weights.size());
   for (const auto& [name, t] : weights)
     EXPECT_EQ(std::memcmp(back.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
@@ -229,34 +229,34 @@ TEST(TrainErrors, ConfigKeysAndValues) {
     std::ofstream f(path);
     f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n[optimizer]\nlearning_rate = 1.0\n";
   }
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {}); }), "unknown config key 'optimizer.learning_rate'"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {}); }), "unknown config key 'optimizer.learning_rate'"));
   {
     std::ofstream f(path);
     f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n";
   }
-  EXPECT_EQ(train::load_config(path, {{"model.dim", "128"}}).model.dim, 128);
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.dim", "big"}}); }),
+  EXPECT_EQ(config::load_config(path, {{"model.dim", "128"}}).model.dim, 128);
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"model.dim", "big"}}); }),
                        "config key model.dim: 'big' is not an integer"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"lr_scheduler.decay", "step"}}); }),
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"lr_scheduler.decay", "step"}}); }),
                        "'step' is not one of none, linear, cosine"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"activation_checkpoint.selective_matmuls", "every_other"}}); }),
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"activation_checkpoint.selective_matmuls", "every_other"}}); }),
                        "activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode selective, not none"));
-  EXPECT_EQ(train::load_config(path, {{"activation_checkpoint.mode", "selective"}, {"activation_checkpoint.selective_matmuls", "every_other"}})
+  EXPECT_EQ(config::load_config(path, {{"activation_checkpoint.mode", "selective"}, {"activation_checkpoint.selective_matmuls", "every_other"}})
                 .activation_checkpoint.selective_matmuls, sched::SelectiveMatmuls::every_other);
-  const auto bf16 = train::load_config(path, {{"training.dtype", "bfloat16"}, {"optimizer.state_dtype", "bfloat16"}});
+  const auto bf16 = config::load_config(path, {{"training.dtype", "bfloat16"}, {"optimizer.state_dtype", "bfloat16"}});
   EXPECT_EQ(bf16.training.dtype, DType::bf16);
   EXPECT_EQ(bf16.optimizer.state_dtype, DType::bf16);
-  EXPECT_EQ(train::load_config(path, {}).training.dtype, DType::f32);
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(path, {{"optimizer.state_dtype", "float16"}}); }),
+  EXPECT_EQ(config::load_config(path, {}).training.dtype, DType::f32);
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"optimizer.state_dtype", "float16"}}); }),
                        "config key optimizer.state_dtype: 'float16' is not one of float32, bfloat16"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir + "/none.toml", {}); }), "none.toml: does not exist"));
-  EXPECT_TRUE(contains(message_of([&] { train::load_config(dir, {}); }), "is not a file"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(dir + "/none.toml", {}); }), "none.toml: does not exist"));
+  EXPECT_TRUE(contains(message_of([&] { config::load_config(dir, {}); }), "is not a file"));
   // Sizes from the config that cannot be held are an error naming the keys, not an overflow.
   const std::string huge = message_of([&] {
-    train::load_config(path, {{"data.batch_size", "4294967296"}, {"data.seq_len", "4294967296"}});
+    config::load_config(path, {{"data.batch_size", "4294967296"}, {"data.seq_len", "4294967296"}});
   });
   EXPECT_TRUE(contains(huge, "data.batch_size 4294967296 x data.seq_len 4294967296")) << huge;
   std::filesystem::remove_all(dir);
@@ -268,7 +268,7 @@ TEST(TrainErrors, ConfigKeysAndValues) {
 // bitwise those after the last good step, the error says so, and run()
 // keeps them as that step's checkpoint before it stops.
 TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
-  train::TrainConfig c = tiny_config();
+  config::TrainConfig c = tiny_config();
   c.optimizer.lr = 1e20;
   c.lr_scheduler.warmup_steps = 0;
   c.training.steps = 20;
@@ -300,9 +300,9 @@ TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
   std::vector<std::string> saved;
   for (const auto& f : std::filesystem::directory_iterator(c.checkpoint.folder)) saved.push_back(f.path().filename());
   ASSERT_EQ(saved.size(), 1u);  // the last good step's, nothing after it
-  const auto checkpoint = train::read_checkpoint_info(c.checkpoint.folder + "/" + saved[0]);
+  const auto checkpoint = checkpoint::read_checkpoint_info(c.checkpoint.folder + "/" + saved[0]);
   EXPECT_EQ(checkpoint.state.step, checkpoint.state.updates_applied);  // every step before it applied its update
-  for (const auto& [name, t] : train::load_checkpoint_whole(checkpoint)) {
+  for (const auto& [name, t] : checkpoint::load_checkpoint_whole(checkpoint)) {
     const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
     for (float x : values.data<const float>()) ASSERT_TRUE(std::isfinite(x)) << name << " in " << saved[0];
   }
@@ -313,7 +313,7 @@ TEST(TrainErrors, NonFiniteStepAppliesNoUpdateAndKeepsTheLastGoodWeights) {
 // counted and passed over; the run goes on to its last step, the weights
 // stay those of the last applied update, and the metrics count the skips.
 TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
-  train::TrainConfig c = tiny_config();
+  config::TrainConfig c = tiny_config();
   c.optimizer.lr = 1e20;
   c.training.steps = 12;
   c.training.skip_nonfinite = true;
@@ -322,7 +322,7 @@ TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
   std::map<std::string, std::vector<float>> good;
   int64_t first_bad = 0;
   {
-    train::TrainConfig stopping = c;
+    config::TrainConfig stopping = c;
     stopping.training.skip_nonfinite = false;
     stopping.metrics.file.clear();
     train::Trainer t(stopping);
@@ -360,7 +360,7 @@ TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
 // its step count and the data cursor all come back). A checkpoint of
 // another model is refused naming the key; load_step names what there is.
 TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
-  train::TrainConfig c = tiny_config();
+  config::TrainConfig c = tiny_config();
   c.training.steps = 20;
   c.lr_scheduler.warmup_steps = 3;
   std::vector<train::StepMetrics> straight;
@@ -388,7 +388,7 @@ TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
       EXPECT_EQ(m.lr, straight[static_cast<size_t>(s - 1)].lr) << "step " << s;
     }
   }
-  train::TrainConfig other = c;
+  config::TrainConfig other = c;
   other.model.norm_eps = 1e-6;
   try {
     train::Trainer trainer(other);
@@ -412,7 +412,7 @@ TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
 // while the next steps run (and change the weights); every checkpoint's file
 // is bitwise the one a save in the loop writes.
 TEST(Checkpointing, AsyncSaveWritesWhatTheSaveInTheLoopWrites) {
-  train::TrainConfig c = tiny_config();
+  config::TrainConfig c = tiny_config();
   c.training.steps = 12;
   c.checkpoint.interval = 4;
   const std::string root = ::testing::TempDir() + "/async_ckpt";
@@ -422,7 +422,7 @@ TEST(Checkpointing, AsyncSaveWritesWhatTheSaveInTheLoopWrites) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   for (const bool async : {false, true}) {
-    train::TrainConfig run = c;
+    config::TrainConfig run = c;
     run.checkpoint.async = async;
     run.checkpoint.folder = root + (async ? "/async" : "/sync");
     train::Trainer trainer(run);

@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "config/config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::config {
 
 double TrainConfig::lr_at(int64_t step) const {
   const double lr = optimizer.lr;
@@ -313,6 +313,29 @@ std::string config_key_help() {
   return out;
 }
 
+std::string config_reference_markdown() {
+  TrainConfig defaults;
+  std::string out =
+      "# Configuration reference\n\n"
+      "<!-- Generated from the key table in src/config/config.cpp by scripts/config-reference.sh; a unit test "
+      "fails when it drifts. Do not edit by hand. -->\n\n"
+      "A training config is a TOML file of `[section]` tables (`configs/` holds examples). Every key can also be "
+      "set on the command line as `--section.key value`, which wins over the file. An unknown key or a bad value "
+      "is an error that names the key.\n";
+  std::string section;
+  for (const auto& k : keys()) {
+    const std::string key_section = k.name.substr(0, k.name.find('.'));
+    if (key_section != section) {
+      section = key_section;
+      out += fmt::format("\n## [{}]\n\n| key | default | value |\n|---|---|---|\n", section);
+    }
+    std::string expects = k.expects;
+    for (size_t at = 0; (at = expects.find('|', at)) != std::string::npos; at += 2) expects.replace(at, 1, "\\|");
+    out += fmt::format("| `{}` | `{}` | {} |\n", k.name.substr(section.size() + 1), k.show(defaults), expects);
+  }
+  return out;
+}
+
 namespace {
 const Key& find_key(const std::string& name) {
   for (const auto& k : keys())
@@ -380,4 +403,4 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   return c;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::config

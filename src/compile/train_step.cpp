@@ -1,9 +1,9 @@
-#include "train/train_step.h"
+#include "compile/train_step.h"
 
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 
-namespace meshtrain::train {
+namespace meshtrain::compile {
 
 namespace {
 
@@ -18,7 +18,7 @@ graph::ValueId microbatch(graph::Builder& b, graph::ValueId v, int64_t k, int64_
 }  // namespace
 
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, const StepOptions& options) {
+                                const config::OptimizerConfig& opt, const StepOptions& options) {
   const int64_t micro_batches = options.micro_batches;
   MT_CHECK(micro_batches >= 1 && batch % micro_batches == 0,
            "the batch of {} sequences does not split into {} microbatches of equal size", batch, micro_batches);
@@ -80,7 +80,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 }
 
 void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
-                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const OptimizerConfig& opt,
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const config::OptimizerConfig& opt,
                       double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s) {
   graph::Builder b(g);
   const graph::Phase saved_phase = g.phase();
@@ -133,4 +133,4 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, b
   return roles;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile

@@ -1,4 +1,4 @@
-#include "train/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -13,7 +13,7 @@
 #include "core/json_integer.h"
 #include "core/file_io.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 namespace {
 
@@ -130,4 +130,4 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   out.commit();
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

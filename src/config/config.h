@@ -10,9 +10,18 @@
 #include "parallel/plan.h"
 #include "sched/passes/bucket_collectives.h"
 #include "sched/passes/checkpoint_activations.h"
-#include "train/train_step.h"
 
-namespace meshtrain::train {
+namespace meshtrain::config {
+
+// AdamW's hyperparameters ([optimizer]).
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  DType state_dtype = DType::f32;  // the moments' storage: f32, or bf16 (f32 math either way)
+};
 
 enum class LrDecay { none, linear, cosine };
 
@@ -74,7 +83,7 @@ struct TrainConfig {
     bool bucket_views = true;       // members as views of their bucket (false: copied in and out)
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
-    std::string hardware = "auto";  // the profile the passes cost the step on; auto: the one for where it runs
+    std::string hardware = "auto";  // the profile the passes cost the step on; auto: cpu-2core
     // How compute nodes are costed: the profile's roofline, or (benchmark)
     // each kernel timed on this machine and agreed across the ranks.
     EstimateMode estimate = EstimateMode::roofline;
@@ -93,5 +102,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
 std::vector<std::string> config_keys();
 // Every key with its default and what its value must be, a line each, for --help.
 std::string config_key_help();
+// docs/configuration.md: every key by section, a table row each (name,
+// default, what its value must be), made from the same table as --help.
+std::string config_reference_markdown();
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::config

@@ -22,7 +22,7 @@
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 // Where this process stands: one process (no mesh), or a rank of a mesh.
 struct CheckpointRank {
@@ -125,4 +125,4 @@ void fail_together(const std::string& failure, comm::ProcessGroup* world);
 // (keep <= 0: none deleted).
 void keep_latest_checkpoints(const std::string& folder, int keep);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -8,18 +8,10 @@
 
 #include "graph/graph.h"
 #include "models/llama.h"
+#include "config/config.h"
 #include "parallel/plan.h"
 
-namespace meshtrain::train {
-
-struct OptimizerConfig {
-  double lr = 3e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-  DType state_dtype = DType::f32;  // the moments' storage: f32, or bf16 (f32 math either way)
-};
+namespace meshtrain::compile {
 
 struct TrainStepGraph {
   models::LlamaGraph model;
@@ -52,7 +44,7 @@ struct StepOptions {
 };
 
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const OptimizerConfig& opt, const StepOptions& options = {});
+                                const config::OptimizerConfig& opt, const StepOptions& options = {});
 
 // Clipping to options.max_grad_norm by `grad_norm` and AdamW for each of
 // `params` (named `names`, gradients `grads`), appended to `g` in the
@@ -60,7 +52,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 // then each update as outputs, and fills those members of `s` (exp_avg,
 // exp_avg_sq, lr, step, applied_gradient_of, write_backs).
 void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
-                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const OptimizerConfig& opt,
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const config::OptimizerConfig& opt,
                       double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
 
 // What each value of the step is to a parallel plan: parameters (split over
@@ -71,4 +63,4 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
 // gradients are reduced before they are widened.
 parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile

@@ -1,4 +1,4 @@
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <array>
@@ -17,9 +17,9 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "sharding/local_chunk.h"
-#include "train/safetensors.h"
+#include "checkpoint/safetensors.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
@@ -539,4 +539,4 @@ void keep_latest_checkpoints(const std::string& folder, int keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second, ec);
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -9,7 +9,7 @@
 
 #include "core/tensor.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 // Every tensor of the file. Throws naming the file and what is wrong.
 std::map<std::string, Tensor> load_safetensors(const std::string& path);
@@ -19,4 +19,4 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path);
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::function<void(std::string_view)>& written = {});
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

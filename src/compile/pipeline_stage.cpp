@@ -1,4 +1,4 @@
-#include "train/pipeline_stage.h"
+#include "compile/pipeline_stage.h"
 
 #include <algorithm>
 #include <numeric>
@@ -9,12 +9,14 @@
 #include "core/error.h"
 #include "graph/autodiff.h"
 #include "parallel/plan.h"
+#include "compile/step.h"
 #include "sched/pass.h"
+#include "sched/schedule.h"
 #include "sharding/planner.h"
 #include "spmd/lower.h"
 #include "spmd/propagate.h"
 
-namespace meshtrain::train {
+namespace meshtrain::compile {
 
 std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, int64_t stages,
                                               const std::vector<int64_t>& layers_per_stage) {
@@ -68,7 +70,8 @@ namespace {
 
 // The stage's joint graph laid out on the stage mesh by the [parallel] plan
 // and lowered for this rank; the stage's values become their local values.
-void lay_out_stage(const TrainConfig& config, const StageMesh& where, const models::LlamaGraph& m,
+void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, const sched::RankDevice* device,
+                   const models::LlamaGraph& m,
                    const std::map<graph::ValueId, graph::ValueId>& gradient_of, PipelineStage& st) {
   const sharding::DeviceMesh& mesh = *where.mesh;
   const graph::Graph& g = st.joint;
@@ -130,6 +133,10 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding sharding = spmd::propagate(g, planner, layouts.given, layouts.deliver);
   spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank, {.reshard_after_forward = false});
+  if (device)
+    run_lowered_step_passes(
+        config, *device, mesh.ndim(), [](const graph::Graph& r) { return sched::make_schedule(r, r.outputs()); },
+        lowered.graph);
   st.batch_layout = sharding.values.at(st.span.embedding ? st.input : st.span.head ? st.targets : st.input);
   // Inputs by the lowering's map; what the stage computes as the lowered graph delivers it.
   std::map<graph::ValueId, graph::ValueId> local = lowered.values;
@@ -146,8 +153,8 @@ void lay_out_stage(const TrainConfig& config, const StageMesh& where, const mode
 
 }  // namespace
 
-PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows, const StageMesh& where) {
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+                                   int64_t rows, const StageMesh& where, const sched::RankDevice* device) {
   MT_CHECK(index >= 0 && index < static_cast<int>(spans.size()), "pipeline stage {} of {}", index, spans.size());
   PipelineStage st;
   st.index = index;
@@ -189,7 +196,7 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   if (st.input_gradient.valid()) g.add_output(st.input_gradient);
   for (const graph::ValueId grad : st.gradients) g.add_output(grad);
   sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
-  if (where.mesh) lay_out_stage(config, where, m, gradient_of, st);
+  if (where.mesh) lay_out_stage(config, where, device, m, gradient_of, st);
 
   std::vector<graph::NodeId> forward, backward;
   for (const graph::NodeId n : g.order()) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);
@@ -246,4 +253,4 @@ PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<
   return st;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile

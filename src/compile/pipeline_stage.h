@@ -11,11 +11,12 @@
 #include "graph/extract.h"
 #include "graph/graph.h"
 #include "models/llama.h"
+#include "sched/estimate.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
-#include "train/config.h"
+#include "config/config.h"
 
-namespace meshtrain::train {
+namespace meshtrain::compile {
 
 // The span of each of `stages` stages: model.n_layers + 2 units (the
 // embedding and the head count as one each) split by `layers_per_stage`, or
@@ -74,8 +75,11 @@ struct PipelineStage {
 // On `mesh`, the stage is laid out by the [parallel] plan (the residual
 // stream it receives and sends lies like the one between blocks; the
 // gradients are reduced into their parameters' layouts) and lowered for
-// mesh.rank before it is cut.
-PipelineStage build_pipeline_stage(const TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows, const StageMesh& mesh = {});
+// mesh.rank before it is cut. Given `device`, the lowered stage then goes
+// through the lowered-step passes a flat step goes through (bucketing,
+// waits sunk, reordering: run_lowered_step_passes), costed on it; null: the
+// stage as lowered.
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
+                                   int64_t rows, const StageMesh& mesh = {}, const sched::RankDevice* device = nullptr);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::compile

@@ -1,0 +1,119 @@
+#include "compile/pipeline_place.h"
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/file_io.h"
+
+namespace meshtrain::compile {
+
+parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ranks, bool fsdp_actions) {
+  const parallel::ParallelConfig& p = config.parallel;
+  MT_CHECK(!config.model.tie_embeddings,
+           "model.tie_embeddings with parallel.pp {}: the embedding (first stage) and the head (last stage) would "
+           "share one weight across ranks, which the pipeline does not support; untie them or set parallel.pp = 1",
+           p.pp);
+  const int64_t accum = config.training.grad_accum_steps;
+  MT_CHECK(accum >= 1 && accum <= 65536, "training.grad_accum_steps {} must be between 1 and 65536", accum);
+  parallel::PpSchedule compute;
+  try {
+    if (!p.pp_schedule_csv.empty()) {
+      compute = parallel::pp_schedule_from_csv(
+          read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
+      MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
+               "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
+               "at 0 to take the file's)", p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
+      MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
+               "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
+               "pp_stages_per_rank at 0 to take the file's)", p.pp_stages_per_rank, p.pp_schedule_csv,
+               compute.stages_per_rank);
+    } else {
+      const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
+      MT_CHECK(per_rank <= 64 && micro <= 65536,
+               "pp_stages_per_rank {} and pp_microbatches {} must be at most 64 and 65536", per_rank, micro);
+      compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro), static_cast<int>(per_rank));
+    }
+  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
+    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
+  }
+  const int64_t micro = compute.microbatches;
+  MT_CHECK(config.data.batch_size % (micro * accum) == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
+           "the batch's sequences", config.data.batch_size, micro,
+           accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
+  try {
+    parallel::validate_pp_schedule(compute);
+    const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
+    MT_CHECK(p.pp_max_active_stages <= 64, "pp_max_active_stages {} must be at most 64", p.pp_max_active_stages);
+    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, static_cast<int>(p.pp_max_active_stages)) : lowered;
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
+  }
+}
+
+bool splits_backward(const parallel::PpSchedule& schedule) {
+  for (const auto& actions : schedule.actions)
+    for (const parallel::PpAction& a : actions)
+      if (a.type == parallel::PpActionType::backward_input) return true;
+  return false;
+}
+
+sharding::DeviceMesh pipeline_mesh(const config::TrainConfig& config, int world_size) {
+  const int64_t pp = config.parallel.pp;
+  MT_CHECK(pp >= 1 && world_size % pp == 0,
+           "parallel.pp {} must divide the job's {} ranks (each stage runs on ranks / pp of them)", pp, world_size);
+  const sharding::DeviceMesh stage = parallel::make_mesh(config.parallel, static_cast<int>(world_size / pp));
+  return sharding::DeviceMesh({static_cast<int>(pp), stage.size(0), stage.size(1), stage.size(2)},
+                              {"pp", "dp_replicate", "dp_shard", "tp"});
+}
+
+std::vector<int> PipelinePlace::stages() const {
+  std::vector<int> out;
+  for (int s = 0; s < schedule.stages(); ++s)
+    if (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank) out.push_back(s);
+  return out;
+}
+
+PipelinePlace pipeline_place(const config::TrainConfig& config, int world_size, int rank, bool fsdp_actions) {
+  PipelinePlace place{.mesh = pipeline_mesh(config, world_size)};
+  MT_CHECK(rank >= 0 && rank < world_size, "pipeline: rank {} is outside the job's {} ranks", rank, world_size);
+  const sharding::DeviceMesh& mesh = place.mesh;
+  place.rank = rank;
+  place.stage_size = world_size / mesh.size(0);
+  place.stage_rank = rank % place.stage_size;
+  place.pp_rank = rank / place.stage_size;
+  if (place.stage_size > 1)
+    place.stage_mesh.emplace(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
+                             std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
+  place.schedule = pipeline_schedule(config, mesh.size(0), fsdp_actions);
+  place.spans = pipeline_spans(config.model, place.schedule.stages(), config.parallel.pp_layers_per_stage);
+  place.accumulation = config.training.grad_accum_steps;
+  place.microbatch_rows = config.data.batch_size / (place.schedule.microbatches * place.accumulation);
+  place.splits_backward = splits_backward(place.schedule);
+  return place;
+}
+
+std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages) {
+  std::string out = fmt::format("# rank {} of mesh {}: pipeline rank {} of {}, {}\n", place.rank, place.mesh.describe(),
+                                place.pp_rank, place.mesh.size(0), parallel::pp_schedule_name(place.schedule.kind));
+  std::vector<std::string> actions;
+  for (const parallel::PpAction& a : place.schedule.actions.at(static_cast<size_t>(place.pp_rank)))
+    actions.push_back(parallel::to_string(a));
+  out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
+  for (const PipelineStage* st : stages) {
+    std::vector<std::pair<const char*, const graph::ExtractedGraph*>> programs{{"unshard", &st->unshard},
+                                                                              {"forward", &st->forward}};
+    if (place.splits_backward) {
+      programs.emplace_back("backward_input", &st->backward_input);
+      programs.emplace_back("backward_weight", &st->backward_weight);
+    } else {
+      programs.emplace_back("backward", &st->backward);
+    }
+    for (const auto& [name, program] : programs)
+      if (program->graph.num_nodes() > 0)
+        out += fmt::format("# stage {} {}\n{}", st->index, name, graph::to_text(program->graph));
+  }
+  return out;
+}
+
+}  // namespace meshtrain::compile
