@@ -199,6 +199,8 @@ std::optional<sharding::DeviceMesh> mesh_from(const nlohmann::json& m, const std
   for (const auto& n : m.at("names")) names.push_back(n.get<std::string>());
   try {
     return sharding::DeviceMesh(shape, names);
+  } catch (const InternalError&) {
+    throw;  // a bug, not a damaged checkpoint
   } catch (const std::exception& e) {
     throw Error(fmt::format("checkpoint {}: its mesh is not valid: {}", path, e.what()));
   }
@@ -405,6 +407,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("checkpoint {}: {} is damaged: {}", path, meta_path, e.what()));
+  } catch (const InternalError&) {
+    throw;  // a bug, not a damaged checkpoint
   } catch (const std::exception& e) {
     throw Error(fmt::format("checkpoint {}: {}: {}", path, meta_path, e.what()));
   }
@@ -515,6 +519,8 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
     for (const auto& [name, shape] : shapes)
       tensors.push_back({name, shape, {},
                          Tensor::empty(shape, parse_dtype(checkpoint.metadata.at("tensors").at(name).at("dtype").get<std::string>()))});
+  } catch (const InternalError&) {
+    throw;  // a bug, not a damaged checkpoint
   } catch (const std::exception& e) {
     throw Error(fmt::format("checkpoint {}: {}", checkpoint.path, e.what()));
   }

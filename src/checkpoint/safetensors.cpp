@@ -71,6 +71,8 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
       dtype_name = info["dtype"].get<std::string>();
       dims = json_integer_list(info, "shape", 0, Shape::kMaxElements);
       offset_list = json_integer_list(info, "data_offsets", 0, std::numeric_limits<int64_t>::max());
+    } catch (const InternalError&) {
+      throw;  // a bug, not a malformed file
     } catch (const std::exception& e) {
       throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, json_error_text(e)));
     }
