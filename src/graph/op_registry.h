@@ -1,7 +1,7 @@
 // The op registry. Each op is defined once, in its family's file under
 // graph/ops/, as an OpDef: its shape and dtype rule, its backward rule (built
 // from other ops) and its FLOP and byte counts. Kernels attach to an op by
-// name from kernels/ (and sharding strategies will, from spmd/); nothing here
+// name from kernels/ and sharding strategies from spmd/; nothing here
 // knows how an op runs.
 #pragma once
 

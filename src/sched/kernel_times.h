@@ -2,7 +2,7 @@
 // for one op, input shapes, dtypes and attributes (its key), so the estimator
 // uses the measurement instead of the roofline for nodes it knows. Kept in
 // memory and, optionally, in a JSON file that later runs and `meshtrain
-// estimate` read (runtime/kernel_benchmark measures and aligns them).
+// estimate` read (train/kernel_benchmark.h measures and aligns them).
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 # dims, layouts and bytes, and the per-phase collective summary. A change to
 # the plan, propagation or lowering shows here as a diff; if it is meant,
 # regenerate with UPDATE=1 and check the summary's counts by hand
-# (docs/architecture.md derives them).
+# (docs/architecture.md says what each is).
 # Usage: lower_golden_test.sh MESHTRAIN SOURCE_DIR
 set -u
 meshtrain=$1 src=$2
