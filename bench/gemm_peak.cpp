@@ -13,7 +13,8 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace {
-template <typename T, typename Gemm> double best_gflops(int64_t n, T fill, Gemm gemm) {
+template <typename T, typename Gemm>
+double best_gflops(int64_t n, T fill, Gemm gemm) {
   std::vector<T> a(static_cast<size_t>(n * n), fill), b(a), c(a.size());
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
   if (dtype == "--blas-core") {
     std::printf("%s\n", openblas_get_corename());
   } else if (dtype == "bfloat16") {
-    std::printf("%.1f\n", best_gflops<meshtrain::bfloat16>(n, meshtrain::f32_to_bf16(0.5f), [&](auto* a, auto* b, auto* c) {
+    std::printf("%.1f\n",
+                best_gflops<meshtrain::bfloat16>(n, meshtrain::f32_to_bf16(0.5f), [&](auto* a, auto* b, auto* c) {
                   k::matmul_bf16(a, b, c, 1, n, n, n, false, false, 0, 0);
                 }));
   } else if (dtype == "float32") {

@@ -6,14 +6,14 @@
 // the files, so the input reaches the shard reader and the resharding copy.
 // A checkpoint that loads must give every tensor the shape and dtype its
 // metadata says; anything else must be a clear error.
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "fuzz/fuzz_input.h"
 #include "checkpoint/checkpoint.h"
+#include "fuzz/fuzz_input.h"
 
 using namespace meshtrain;
 

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "fuzz/fuzz_input.h"
 #include "config/config.h"
+#include "fuzz/fuzz_input.h"
 
 using namespace meshtrain;
 

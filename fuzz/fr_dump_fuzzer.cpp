@@ -3,7 +3,6 @@
 // up to four dumps, fr_rank0.json to fr_rank3.json of one folder; the
 // report must print as text and as JSON.
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "comm/fr_analyze.h"

@@ -18,8 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const double share = hw.rank_share(world);
       fuzz::require(std::isfinite(share) && share > 0);
     }
-    for (comm::OpType op : {comm::OpType::all_reduce, comm::OpType::all_gather, comm::OpType::reduce_scatter,
-                            comm::OpType::all_to_all}) {
+    for (comm::OpType op :
+         {comm::OpType::all_reduce, comm::OpType::all_gather, comm::OpType::reduce_scatter, comm::OpType::all_to_all}) {
       for (int ranks : {2, 3, 8, 16, 256}) {
         std::vector<int64_t> group(static_cast<size_t>(ranks));
         std::iota(group.begin(), group.end(), int64_t{0});

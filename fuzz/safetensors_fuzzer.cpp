@@ -2,8 +2,8 @@
 // A file it loads must be written back identically by save_safetensors.
 #include <cstring>
 
-#include "fuzz/fuzz_input.h"
 #include "checkpoint/safetensors.h"
+#include "fuzz/fuzz_input.h"
 
 using namespace meshtrain;
 

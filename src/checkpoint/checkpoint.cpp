@@ -1,5 +1,10 @@
 #include "checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -8,16 +13,10 @@
 #include <regex>
 #include <sstream>
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "sharding/local_chunk.h"
-#include "checkpoint/safetensors.h"
 
 namespace meshtrain::checkpoint {
 namespace fs = std::filesystem;
@@ -228,8 +227,10 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointSt
   }
   for (const HeldTensor& t : tensors) {
     if (where.mesh != nullptr && t.layout.has_partial() && failure.empty())
-      failure = fmt::format("checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values "
-                            "are saved", t.name, t.layout.to_string());
+      failure = fmt::format(
+          "checkpoint: tensor '{}' is laid out {}, with a pending reduction: only finished values "
+          "are saved",
+          t.name, t.layout.to_string());
     MT_CHECK(t.pipeline_rank < 0 || (where.mesh && t.layout.placements.at(0).is_replicate()),
              "checkpoint: tensor '{}' of pipeline rank {} must be laid out Replicate over the mesh's first dim (pp)",
              t.name, t.pipeline_rank);
@@ -310,14 +311,15 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
       meta["data_cursor"] = save.state.data_cursor;
       meta["config"] = save.state.config;
       meta["run"] = save.state.run;
-      meta["mesh"] = where.mesh ? nlohmann::ordered_json{{"shape", where.mesh->shape()}, {"names", where.mesh->names()}}
-                                : nlohmann::ordered_json{{"shape", nlohmann::json::array()},
-                                                         {"names", nlohmann::json::array()}};
+      meta["mesh"] =
+          where.mesh ? nlohmann::ordered_json{{"shape", where.mesh->shape()}, {"names", where.mesh->names()}}
+                     : nlohmann::ordered_json{{"shape", nlohmann::json::array()}, {"names", nlohmann::json::array()}};
       nlohmann::ordered_json files = nlohmann::ordered_json::array();
       for (int r = 0; r < ranks; ++r) {
         uint64_t sum = 0;
         std::memcpy(&sum, &records.data<int64_t>()[static_cast<size_t>(2 * r + 1)], sizeof(sum));
-        files.push_back({{"file", rank_file_name(r)}, {"bytes", records.data<int64_t>()[static_cast<size_t>(2 * r)]},
+        files.push_back({{"file", rank_file_name(r)},
+                         {"bytes", records.data<int64_t>()[static_cast<size_t>(2 * r)]},
                          {"fnv1a64", hex(sum)}});
       }
       meta["files"] = files;
@@ -378,8 +380,9 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     info.state.updates_applied = m.at("updates_applied").get<int64_t>();
     info.state.data_cursor = m.at("data_cursor").get<int64_t>();
     MT_CHECK(info.state.step >= 0 && info.state.updates_applied >= 0 && info.state.updates_applied <= info.state.step &&
-             info.state.data_cursor >= 0, "step {}, updates_applied {} or data_cursor {} is out of range",
-             info.state.step, info.state.updates_applied, info.state.data_cursor);
+                 info.state.data_cursor >= 0,
+             "step {}, updates_applied {} or data_cursor {} is out of range", info.state.step,
+             info.state.updates_applied, info.state.data_cursor);
     info.state.config = m.at("config");
     const auto mesh = mesh_from(m.at("mesh"), path);
     const int ranks = mesh ? mesh->num_ranks() : 1;
@@ -388,21 +391,25 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
              files.size(), ranks);
     for (size_t r = 0; r < files.size(); ++r) {
       MT_CHECK(files[r].at("file").get<std::string>() == rank_file_name(static_cast<int>(r)),
-               "file {} is '{}', expected {}", r, files[r].at("file").get<std::string>(), rank_file_name(static_cast<int>(r)));
-      MT_CHECK(files[r].at("bytes").get<int64_t>() >= 8, "file {} has {} bytes", r, files[r].at("bytes").get<int64_t>());
+               "file {} is '{}', expected {}", r, files[r].at("file").get<std::string>(),
+               rank_file_name(static_cast<int>(r)));
+      MT_CHECK(files[r].at("bytes").get<int64_t>() >= 8, "file {} has {} bytes", r,
+               files[r].at("bytes").get<int64_t>());
       MT_CHECK(std::regex_match(files[r].at("fnv1a64").get<std::string>(), std::regex("[0-9a-f]{16}")),
                "file {}'s checksum is not 16 hex digits", r);
     }
     for (const auto& [name, t] : m.at("tensors").items()) {
       for (const auto& s : t.at("shape")) MT_CHECK(s.get<int64_t>() >= 0, "tensor '{}' has a negative dim", name);
       parse_dtype(t.at("dtype").get<std::string>());
-      if (mesh) sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).validate(
-          static_cast<int>(t.at("shape").size()));
+      if (mesh)
+        sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim())
+            .validate(static_cast<int>(t.at("shape").size()));
       if (t.contains("pipeline_rank")) {
         const int pp = t.at("pipeline_rank").get<int>();
-        MT_CHECK(version == kPipelineFormatVersion && mesh && pp >= 0 && pp < mesh->size(0) &&
-                     sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).placements[0].is_replicate(),
-                 "tensor '{}' has pipeline_rank {}, which its mesh and layout cannot hold", name, pp);
+        MT_CHECK(
+            version == kPipelineFormatVersion && mesh && pp >= 0 && pp < mesh->size(0) &&
+                sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).placements[0].is_replicate(),
+            "tensor '{}' has pipeline_rank {}, which its mesh and layout cannot hold", name, pp);
       }
     }
   } catch (const nlohmann::json::exception& e) {
@@ -436,13 +443,19 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
       const auto& saved = m.at("tensors").at(t.name);
       const std::vector<int64_t>& want = t.global_shape.dims();
       const auto shape = saved.at("shape").get<std::vector<int64_t>>();
-      MT_CHECK(shape == want, "checkpoint {}: tensor '{}' has shape [{}], this run's is [{}]: the checkpoint is of "
-               "another model shape", checkpoint.path, t.name, fmt::join(shape, ", "), fmt::join(want, ", "));
+      MT_CHECK(shape == want,
+               "checkpoint {}: tensor '{}' has shape [{}], this run's is [{}]: the checkpoint is of "
+               "another model shape",
+               checkpoint.path, t.name, fmt::join(shape, ", "), fmt::join(want, ", "));
       const DType dtype = parse_dtype(saved.at("dtype").get<std::string>());
-      MT_CHECK(dtype == t.local.dtype(), "checkpoint {}: tensor '{}' is {}, this run holds it as {} (was "
-               "optimizer.state_dtype changed?)", checkpoint.path, t.name, dtype_name(dtype), dtype_name(t.local.dtype()));
-      Need n{&t, {}, saved_whole ? sharding::Layout{} : sharding::Layout::parse(saved.at("layout").get<std::string>(),
-                                                                                   saved_mesh->ndim())};
+      MT_CHECK(dtype == t.local.dtype(),
+               "checkpoint {}: tensor '{}' is {}, this run holds it as {} (was "
+               "optimizer.state_dtype changed?)",
+               checkpoint.path, t.name, dtype_name(dtype), dtype_name(t.local.dtype()));
+      Need n{&t,
+             {},
+             saved_whole ? sharding::Layout{}
+                         : sharding::Layout::parse(saved.at("layout").get<std::string>(), saved_mesh->ndim())};
       n.saved_pipeline_rank = saved.value("pipeline_rank", -1);
       const auto held = held_indices(t.global_shape, t.layout, where.mesh, where.coordinate);
       for (size_t d = 0; d < t.global_shape.rank(); ++d) {
@@ -487,8 +500,10 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
       }
     }
     for (const Need& n : needs)
-      MT_CHECK(n.filled == n.tensor->local.shape().numel(), "checkpoint {}: tensor '{}': {} of its {} elements here "
-               "were found in the files", checkpoint.path, n.tensor->name, n.filled, n.tensor->local.shape().numel());
+      MT_CHECK(n.filled == n.tensor->local.shape().numel(),
+               "checkpoint {}: tensor '{}': {} of its {} elements here "
+               "were found in the files",
+               checkpoint.path, n.tensor->name, n.filled, n.tensor->local.shape().numel());
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -517,8 +532,12 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
                stored);
     }
     for (const auto& [name, shape] : shapes)
-      tensors.push_back({name, shape, {},
-                         Tensor::empty(shape, parse_dtype(checkpoint.metadata.at("tensors").at(name).at("dtype").get<std::string>()))});
+      tensors.push_back(
+          {name,
+           shape,
+           {},
+           Tensor::empty(shape,
+                         parse_dtype(checkpoint.metadata.at("tensors").at(name).at("dtype").get<std::string>()))});
   } catch (const InternalError&) {
     throw;  // a bug, not a damaged checkpoint
   } catch (const std::exception& e) {

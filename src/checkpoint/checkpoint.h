@@ -11,11 +11,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
@@ -71,7 +70,7 @@ struct PendingCheckpoint {
   std::string folder, final_path, partial;
   CheckpointState state;
   CheckpointRank where;
-  std::vector<Described> described;     // every tensor, for the metadata
+  std::vector<Described> described;      // every tensor, for the metadata
   std::map<std::string, Tensor> pieces;  // what this rank writes (emptied once written)
   int64_t file_bytes = 0;
   uint64_t checksum = 0;

@@ -6,19 +6,18 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/json_integer.h"
 #include "core/file_io.h"
+#include "core/json_integer.h"
 
 namespace meshtrain::checkpoint {
 
 namespace {
 
 constexpr std::pair<std::string_view, DType> kNames[] = {
-    {"F32", DType::f32}, {"F64", DType::f64}, {"BF16", DType::bf16}, {"F16", DType::f16},
+    {"F32", DType::f32}, {"F64", DType::f64}, {"BF16", DType::bf16},      {"F16", DType::f16},
     {"I32", DType::i32}, {"I64", DType::i64}, {"F8_E4M3", DType::f8e4m3}, {"F8_E5M2", DType::f8e5m2}};
 
 DType dtype_from(const std::string& name, const std::string& path, const std::string& tensor) {
@@ -74,7 +73,8 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
     } catch (const InternalError&) {
       throw;  // a bug, not a malformed file
     } catch (const std::exception& e) {
-      throw InvalidArgument(fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, json_error_text(e)));
+      throw InvalidArgument(
+          fmt::format("{}: tensor '{}' has a malformed header entry: {}", path, name, json_error_text(e)));
     }
     {
       const DType dtype = dtype_from(dtype_name, path, name);
@@ -115,7 +115,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   nlohmann::ordered_json header;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", name_of(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[name] = {
+        {"dtype", name_of(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text = header.dump();

@@ -4,8 +4,8 @@
 
 #include <functional>
 #include <map>
-#include <string_view>
 #include <string>
+#include <string_view>
 
 #include "core/tensor.h"
 

@@ -1,13 +1,13 @@
 #include "cli/bench_comm.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
-#include <optional>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "comm/mpi_backend.h"
 #include "comm/process_group.h"
@@ -36,7 +36,10 @@ struct Buffers {
 Buffers make_buffers(OpType op, int64_t elems, int n) {
   Buffers b;
   switch (op) {
-    case OpType::all_reduce: b.in = Tensor::zeros({elems}, DType::f32); b.out = b.in; break;
+    case OpType::all_reduce:
+      b.in = Tensor::zeros({elems}, DType::f32);
+      b.out = b.in;
+      break;
     case OpType::all_gather:
       b.in = Tensor::zeros({elems / n}, DType::f32);
       b.out = Tensor::zeros({elems}, DType::f32);
@@ -54,10 +57,18 @@ Buffers make_buffers(OpType op, int64_t elems, int n) {
 
 void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
   switch (op) {
-    case OpType::all_reduce: pg.all_reduce(b.in)->wait(); return;
-    case OpType::all_gather: pg.all_gather(b.in, b.out)->wait(); return;
-    case OpType::reduce_scatter: pg.reduce_scatter(b.in, b.out)->wait(); return;
-    default: pg.all_to_all(b.in, b.out)->wait(); return;
+    case OpType::all_reduce:
+      pg.all_reduce(b.in)->wait();
+      return;
+    case OpType::all_gather:
+      pg.all_gather(b.in, b.out)->wait();
+      return;
+    case OpType::reduce_scatter:
+      pg.reduce_scatter(b.in, b.out)->wait();
+      return;
+    default:
+      pg.all_to_all(b.in, b.out)->wait();
+      return;
   }
 }
 
@@ -85,13 +96,18 @@ Bucket make_bucket(OpType op, int64_t elems, int n, int members) {
   for (int m = 0; m < members; ++m) {
     Buffers& member = b.members[m];
     switch (op) {
-      case OpType::all_reduce: member.in = member.out = view_of_packed(b.packed.in, elems, m); break;
-      case OpType::all_gather: member.out = view_of_packed(b.packed.out, elems, m); break;
+      case OpType::all_reduce:
+        member.in = member.out = view_of_packed(b.packed.in, elems, m);
+        break;
+      case OpType::all_gather:
+        member.out = view_of_packed(b.packed.out, elems, m);
+        break;
       case OpType::reduce_scatter:
         member.in = view_of_packed(b.packed.in, elems, m);
         member.out = view_of_packed(b.packed.out, elems / n, m);
         break;
-      default: break;  // all_to_all is never bucketed: run_comm_bench refuses it
+      default:
+        break;  // all_to_all is never bucketed: run_comm_bench refuses it
     }
   }
   b.member_blocks.assign(static_cast<size_t>(members), elems / n);
@@ -106,9 +122,14 @@ void run_bucket(comm::ProcessGroup& pg, OpType op, Bucket& b) {
   for (const Buffers& m : b.members) packing.in.push_back(&m.in);
   pack(packing);
   switch (op) {
-    case OpType::all_gather: pg.all_gather_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait(); break;
-    case OpType::reduce_scatter: pg.reduce_scatter_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait(); break;
-    default: run_meshtrain(pg, op, b.packed);
+    case OpType::all_gather:
+      pg.all_gather_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait();
+      break;
+    case OpType::reduce_scatter:
+      pg.reduce_scatter_coalesced(b.packed.in, b.packed.out, b.member_blocks)->wait();
+      break;
+    default:
+      run_meshtrain(pg, op, b.packed);
   }
   kernels::cpu::KernelArgs unpacking{{&b.packed.out}, {}, none};
   for (Buffers& m : b.members) unpacking.out.push_back(&m.out);
@@ -155,8 +176,8 @@ int run_comm_bench(const CommBenchOptions& o) {
   std::vector<OpType> ops;
   for (const auto& name : o.ops) {
     const OpType op = comm::parse_op_type(name);
-    MT_CHECK(op == OpType::all_reduce || op == OpType::all_gather ||
-                 op == OpType::reduce_scatter || op == OpType::all_to_all,
+    MT_CHECK(op == OpType::all_reduce || op == OpType::all_gather || op == OpType::reduce_scatter ||
+                 op == OpType::all_to_all,
              "bench comm: --ops accepts all_reduce, all_gather, reduce_scatter, all_to_all; got '{}'", name);
     ops.push_back(op);
   }
@@ -165,12 +186,14 @@ int run_comm_bench(const CommBenchOptions& o) {
   MT_CHECK(o.bucket_cap >= 0, "bench comm: --bucket-cap must be >= 0, got {}", o.bucket_cap);
   if (members > 1)
     for (OpType op : ops)
-      MT_CHECK(op != OpType::all_to_all, "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
+      MT_CHECK(op != OpType::all_to_all,
+               "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
                "collectives training buckets), not all_to_all");
   comm::GroupOptions group_options;
   group_options.verify = o.verify;
   auto world = comm::create_world("mpi", group_options);
-  MT_CHECK(world->size() >= 2, "bench comm needs at least 2 ranks; run it under mpirun, e.g. "
+  MT_CHECK(world->size() >= 2,
+           "bench comm needs at least 2 ranks; run it under mpirun, e.g. "
            "`mpirun -np 4 meshtrain bench comm`");
   const int groups_of = o.group_size > 0 ? o.group_size : world->size();
   MT_CHECK(groups_of >= 2 && world->size() % groups_of == 0,
@@ -181,21 +204,23 @@ int run_comm_bench(const CommBenchOptions& o) {
   const bool printer = world->rank() == 0;
   nlohmann::json results = nlohmann::json::array();
   if (printer && !o.json) {
-    fmt::print("meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
-               "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
-               "busBw; bandwidths in GB/s (1e9 B/s)\n",
-               world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
-               o.verify ? "on" : "off", o.rounds);
+    fmt::print(
+        "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
+        "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
+        "busBw; bandwidths in GB/s (1e9 B/s)\n",
+        world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
+        o.verify ? "on" : "off", o.rounds);
     if (members > 1)
-      fmt::print("bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each "
-                 "(all_gather and reduce_scatter coalesced), unpacked (bucket_unpack), members the step's memory plan "
-                 "lays out in the bucket not copied (all but all_gather's inputs); time = all {} of them; MPI: {} plain calls one by one on the members' "
-                 "buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes (one_call_us, "
-                 "ratio_1)\n",
-                 members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one",
-                 members, members);
-    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters",
-               "time_us", "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio",
+      fmt::print(
+          "bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each "
+          "(all_gather and reduce_scatter coalesced), unpacked (bucket_unpack), members the step's memory plan "
+          "lays out in the bucket not copied (all but all_gather's inputs); time = all {} of them; MPI: {} plain calls one by one on the members' "
+          "buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes (one_call_us, "
+          "ratio_1)\n",
+          members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one", members,
+          members);
+    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters", "time_us",
+               "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio",
                members > 1 ? fmt::format(" {:>11} {:>7}", "one_call_us", "ratio_1") : "");
     std::fflush(stdout);
   }
@@ -205,8 +230,7 @@ int run_comm_bench(const CommBenchOptions& o) {
       elems -= elems % n;  // every rank gets a whole block
       if (elems == 0) continue;
       const int64_t used_bytes = elems * 4 * members;  // all the members' (one collective's without a bucket)
-      const int iters = o.iters > 0 ? o.iters
-                                    : static_cast<int>(std::clamp<int64_t>((64ll << 20) / used_bytes, 5, 50));
+      const int iters = o.iters > 0 ? o.iters : static_cast<int>(std::clamp<int64_t>((64ll << 20) / used_bytes, 5, 50));
       Buffers b = make_buffers(op, elems, n);
       // The `members` collectives in buckets of at most `per_bucket` (the cap's worth, at least one).
       std::vector<Bucket> buckets;
@@ -255,10 +279,15 @@ int run_comm_bench(const CommBenchOptions& o) {
       std::vector<double> fused_ratios;
       for (size_t k = 0; k < fused.size(); ++k) fused_ratios.push_back(fused[k] / ours[k]);
       if (!printer) continue;
-      nlohmann::json row{{"op", comm::op_type_name(op)}, {"bytes", used_bytes / members}, {"iters", iters},
-                         {"time_us", t * 1e6}, {"min_time_us", *std::min_element(ours.begin(), ours.end()) * 1e6},
-                         {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
-                         {"mpi_time_us", tm * 1e6}, {"mpi_busbw_gbs", mpi_busbw},
+      nlohmann::json row{{"op", comm::op_type_name(op)},
+                         {"bytes", used_bytes / members},
+                         {"iters", iters},
+                         {"time_us", t * 1e6},
+                         {"min_time_us", *std::min_element(ours.begin(), ours.end()) * 1e6},
+                         {"algbw_gbs", algbw},
+                         {"busbw_gbs", busbw},
+                         {"mpi_time_us", tm * 1e6},
+                         {"mpi_busbw_gbs", mpi_busbw},
                          {"ratio", ratio}};
       if (members > 1) {
         row["members"] = members;
@@ -270,16 +299,17 @@ int run_comm_bench(const CommBenchOptions& o) {
       results.push_back(row);
       if (!o.json) {
         fmt::print("{:<15} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}{}\n",
-                   comm::op_type_name(op), human_bytes(used_bytes / members), iters, t * 1e6, algbw, busbw,
-                   tm * 1e6, mpi_busbw, ratio,
+                   comm::op_type_name(op), human_bytes(used_bytes / members), iters, t * 1e6, algbw, busbw, tm * 1e6,
+                   mpi_busbw, ratio,
                    fused.empty() ? "" : fmt::format(" {:>11.1f} {:>7.3f}", median(fused) * 1e6, median(fused_ratios)));
         std::fflush(stdout);
       }
     }
   }
   if (printer && o.json) {
-    nlohmann::json j{{"ranks", world->size()}, {"group_size", n}, {"dtype", "f32"}, {"verify", o.verify}, {"rounds", o.rounds},
-                     {"bucket", members}, {"bucket_cap", o.bucket_cap}, {"results", results}};
+    nlohmann::json j{{"ranks", world->size()},     {"group_size", n},    {"dtype", "f32"},
+                     {"verify", o.verify},         {"rounds", o.rounds}, {"bucket", members},
+                     {"bucket_cap", o.bucket_cap}, {"results", results}};
     fmt::print("{}\n", j.dump(1));
   }
   return 0;

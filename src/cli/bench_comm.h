@@ -12,9 +12,9 @@ struct CommBenchOptions {
   std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 64 << 20;
-  int rounds = 5;         // alternating meshtrain / MPI rounds; medians are reported
-  int iters = 0;          // per round; 0: chosen per size (5..50)
-  bool verify = true;     // meshtrain's cross-rank fingerprint check
+  int rounds = 5;      // alternating meshtrain / MPI rounds; medians are reported
+  int iters = 0;       // per round; 0: chosen per size (5..50)
+  bool verify = true;  // meshtrain's cross-rank fingerprint check
   bool json = false;
   // Run the collectives in groups of this many ranks, all groups at once
   // (a mesh dim of that size inside a larger job); 0: the whole world. No

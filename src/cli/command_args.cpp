@@ -1,6 +1,5 @@
 #include "cli/command_args.h"
 
-
 #include "core/error.h"
 #include "core/file_io.h"
 
@@ -17,8 +16,8 @@ CommandArgs parse_args(const std::string& command, const std::vector<std::string
       out.help = true;
       continue;
     }
-    MT_CHECK(a.rfind("--", 0) == 0, "{}: unexpected argument '{}'; options look like --config FILE or --section.key value",
-             command, a);
+    MT_CHECK(a.rfind("--", 0) == 0,
+             "{}: unexpected argument '{}'; options look like --config FILE or --section.key value", command, a);
     std::string key = a.substr(2), value;
     if (flags.count(key)) {
       out.flags.insert(key);
@@ -35,15 +34,19 @@ CommandArgs parse_args(const std::string& command, const std::vector<std::string
       std::string known = "--config FILE";
       for (const auto& o : options) known += ", --" + o + " VALUE";
       for (const auto& f : flags) known += ", --" + f;
-      throw InvalidArgument(fmt::format("{}: unknown option --{} ({} takes {}, and config keys as --section.key "
-                                        "value)", command, key, command, known));
+      throw InvalidArgument(
+          fmt::format("{}: unknown option --{} ({} takes {}, and config keys as --section.key "
+                      "value)",
+                      command, key, command, known));
     }
     if (eq == std::string::npos) {
       MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
       value = args[++i];
     }
-    if (key == "config" || options.count(key)) out.options[key] = value;
-    else out.overrides.emplace_back(key, value);
+    if (key == "config" || options.count(key))
+      out.options[key] = value;
+    else
+      out.overrides.emplace_back(key, value);
   }
   return out;
 }

@@ -1,11 +1,11 @@
 #include "cli/estimate_command.h"
 
-#include <chrono>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "cli/command_args.h"
 #include "core/error.h"
@@ -63,8 +63,9 @@ std::string amount(double bytes) {
 }
 
 std::string duration(double us) {
-  return us >= 1e6 ? fmt::format("{:.3f} s", us * 1e-6) : us >= 1e3 ? fmt::format("{:.2f} ms", us * 1e-3)
-                                                                     : fmt::format("{:.1f} us", us);
+  return us >= 1e6   ? fmt::format("{:.3f} s", us * 1e-6)
+         : us >= 1e3 ? fmt::format("{:.2f} ms", us * 1e-3)
+                     : fmt::format("{:.1f} us", us);
 }
 
 double max_resident_bytes() {
@@ -87,15 +88,15 @@ int run_estimate(const std::vector<std::string>& args) {
   const int64_t ranks = integer_option(a, "estimate", "ranks", 1), rank = integer_option(a, "estimate", "rank", 0);
   MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks,
            "estimate: --ranks {} must be between 1 and {} (the estimate lists each group's ranks: its time and memory "
-           "grow with them)", ranks, compile::kMaxLaidOutRanks);
+           "grow with them)",
+           ranks, compile::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "estimate: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
   const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
   const auto trace_path = a.options.find("trace");
   if (trace_path != a.options.end()) write_text(trace_path->second, "");  // fails now if it cannot be written
-  const train::TrainingEstimate e =
-      train::estimate_training(config, static_cast<int>(ranks), static_cast<int>(rank), hardware,
-                               trace_path != a.options.end());
+  const train::TrainingEstimate e = train::estimate_training(config, static_cast<int>(ranks), static_cast<int>(rank),
+                                                             hardware, trace_path != a.options.end());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const double resident = max_resident_bytes();
   const bool fits = hardware.memory_gib <= 0 || gib(e.memory.peak_bytes) <= hardware.memory_gib;
@@ -106,36 +107,35 @@ int run_estimate(const std::vector<std::string>& args) {
     nlohmann::json kinds = nlohmann::json::object();
     for (const auto& [kind, bytes] : e.memory.at_peak) kinds[sched::memory_kind_name(kind)] = bytes;
     kinds["arena unused"] = e.memory.arena_unused_at_peak;
-    const nlohmann::json doc{
-        {"ranks", e.world_size},
-        {"rank", e.rank},
-        {"mesh", e.mesh},
-        {"hardware", hardware.name},
-        {"nodes", e.nodes},
-        {"collectives", e.collectives},
-        {"collective_bytes", e.collective_bytes},
-        {"memory",
-         {{"peak_bytes", e.memory.peak_bytes},
-          {"allocated_bytes", e.memory.allocated_bytes},
-          {"input_bytes", e.memory.input_bytes},
-          {"arena_bytes", e.memory.arena_bytes},
-          {"at_peak", kinds},
-          {"peak_step", e.memory.peak_step},
-          {"device_bytes", hardware.memory_gib * (1ull << 30)},
-          {"fits", fits}}},
-        {"time",
-         {{"step_us", e.time.step_us},
-          {"compute_us", e.time.compute_us},
-          {"communication_us", e.time.communication_us},
-          {"exposed_us", e.time.exposed_us},
-          {"waiting_us", e.time.waiting_us}}},
-        {"tokens_per_step", e.tokens_per_step},
-        {"tokens_per_s_per_device", e.tokens_per_s_per_device},
-        {"flops_per_token", e.flops_per_token},
-        {"peak_gflops", e.peak_gflops},
-        {"mfu", e.mfu},
-        {"estimate_seconds", seconds},
-        {"max_resident_bytes", resident}};
+    const nlohmann::json doc{{"ranks", e.world_size},
+                             {"rank", e.rank},
+                             {"mesh", e.mesh},
+                             {"hardware", hardware.name},
+                             {"nodes", e.nodes},
+                             {"collectives", e.collectives},
+                             {"collective_bytes", e.collective_bytes},
+                             {"memory",
+                              {{"peak_bytes", e.memory.peak_bytes},
+                               {"allocated_bytes", e.memory.allocated_bytes},
+                               {"input_bytes", e.memory.input_bytes},
+                               {"arena_bytes", e.memory.arena_bytes},
+                               {"at_peak", kinds},
+                               {"peak_step", e.memory.peak_step},
+                               {"device_bytes", hardware.memory_gib * (1ull << 30)},
+                               {"fits", fits}}},
+                             {"time",
+                              {{"step_us", e.time.step_us},
+                               {"compute_us", e.time.compute_us},
+                               {"communication_us", e.time.communication_us},
+                               {"exposed_us", e.time.exposed_us},
+                               {"waiting_us", e.time.waiting_us}}},
+                             {"tokens_per_step", e.tokens_per_step},
+                             {"tokens_per_s_per_device", e.tokens_per_s_per_device},
+                             {"flops_per_token", e.flops_per_token},
+                             {"peak_gflops", e.peak_gflops},
+                             {"mfu", e.mfu},
+                             {"estimate_seconds", seconds},
+                             {"max_resident_bytes", resident}};
     nlohmann::json out = doc;
     if (e.pipeline) {
       const train::PipelineEstimate& p = *e.pipeline;
@@ -159,10 +159,11 @@ int run_estimate(const std::vector<std::string>& args) {
     }
     fmt::print("{}\n", out.dump(1));
   } else {
-    fmt::print("meshtrain estimate: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}; batch {} x seq {} "
-               "({:.0f} tokens/step), {} compute\n",
-               m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size, config.data.batch_size,
-               config.data.seq_len, e.tokens_per_step, dtype_name(config.training.dtype));
+    fmt::print(
+        "meshtrain estimate: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}; batch {} x seq {} "
+        "({:.0f} tokens/step), {} compute\n",
+        m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size, config.data.batch_size,
+        config.data.seq_len, e.tokens_per_step, dtype_name(config.training.dtype));
     fmt::print("job: {} rank{} of {} ({}){}; rank {}'s step: {} nodes, {} collectives moving {} per step\n", ranks,
                ranks > 1 ? "s" : "", hardware.name, hardware.description,
                e.mesh.empty() ? "" : fmt::format(", mesh {}", e.mesh), e.rank, e.nodes, e.collectives,
@@ -180,8 +181,9 @@ int run_estimate(const std::vector<std::string>& args) {
     fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}{}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us),
                e.pipeline ? " (with the bubble)" : "",
-               e.time.waiting_us > 0 ? fmt::format(", waiting for a group's slowest rank {}", duration(e.time.waiting_us))
-                                     : "");
+               e.time.waiting_us > 0
+                   ? fmt::format(", waiting for a group's slowest rank {}", duration(e.time.waiting_us))
+                   : "");
     if (e.pipeline) {
       const train::PipelineEstimate& p = *e.pipeline;
       double f = 0, b = 0, p2p = 0;
@@ -190,24 +192,26 @@ int run_estimate(const std::vector<std::string>& args) {
         b = std::max(b, p.backward_input_us[s] + p.backward_weight_us[s]);
         p2p = std::max(p2p, p.p2p_us[s]);
       }
-      fmt::print("pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}{}, bubble {:.1f}% "
-                 "of it{}; a stage's microbatch at most F {} B {}, p2p {}; this rank's stages once a step: gather "
-                 "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
-                 "each at most\n",
-                 p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
-                 p.runs > 1 ? fmt::format(", run {} times a step (training.grad_accum_steps)", p.runs) : "",
-                 100 * p.bubble_fraction,
-                 p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
-                 duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),
-                 duration(p.update_us), p.peak_activation_pairs, amount(p.activation_bytes_per_pair));
+      fmt::print(
+          "pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}{}, bubble {:.1f}% "
+          "of it{}; a stage's microbatch at most F {} B {}, p2p {}; this rank's stages once a step: gather "
+          "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
+          "each at most\n",
+          p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
+          p.runs > 1 ? fmt::format(", run {} times a step (training.grad_accum_steps)", p.runs) : "",
+          100 * p.bubble_fraction,
+          p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
+          duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),
+          duration(p.update_us), p.peak_activation_pairs, amount(p.activation_bytes_per_pair));
     }
     const double tokens_per_s = e.tokens_per_s_per_device;  // a step of hours still shows its rate
-    fmt::print("throughput: {} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
-               "{}\n",
-               tokens_per_s >= 100 ? fmt::format("{:.0f}", tokens_per_s) : fmt::format("{:.3g}", tokens_per_s),
-               e.flops_per_token * 1e-9, 100 * e.mfu,
-               e.peak_gflops >= 1e3 ? fmt::format("{:.1f} TFLOP/s", e.peak_gflops * 1e-3)
-                                    : fmt::format("{:.1f} GFLOP/s (the rank's share)", e.peak_gflops));
+    fmt::print(
+        "throughput: {} tokens/s per device; {:.3g} GFLOP/token (torchtitan's formula); MFU {:.1f}% of "
+        "{}\n",
+        tokens_per_s >= 100 ? fmt::format("{:.0f}", tokens_per_s) : fmt::format("{:.3g}", tokens_per_s),
+        e.flops_per_token * 1e-9, 100 * e.mfu,
+        e.peak_gflops >= 1e3 ? fmt::format("{:.1f} TFLOP/s", e.peak_gflops * 1e-3)
+                             : fmt::format("{:.1f} GFLOP/s (the rank's share)", e.peak_gflops));
     fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, amount(resident));
     if (trace_path != a.options.end())
       fmt::print("estimated trace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", trace_path->second);

@@ -1,17 +1,17 @@
 #include "cli/layout_commands.h"
 
-#include <cmath>
-#include <map>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/dtype.h"
 #include "comm/types.h"
+#include "core/dtype.h"
 #include "core/error.h"
-#include "sharding/planner.h"
 #include "sharding/local_chunk.h"
+#include "sharding/planner.h"
 
 namespace meshtrain::cli {
 
@@ -29,7 +29,8 @@ sharding::LinkParams parse_link(const std::string& text, int& dim) {
            "--link '{}': expected MESH_DIM:LATENCY_US:BANDWIDTH_GBPS, e.g. 0:2.7:25", text);
   MT_CHECK(std::isfinite(lat) && lat >= 0 && std::isfinite(bw) && bw > 0,
            "--link '{}': the latency must be a number >= 0 (microseconds) and the bandwidth a positive number "
-           "(GB/s), got {} and {}", text, lat, bw);
+           "(GB/s), got {} and {}",
+           text, lat, bw);
   return {lat, bw};
 }
 
@@ -48,10 +49,12 @@ int run_layout(const LayoutCommand& c) {
     const auto coord = mesh.coordinate(r);
     const auto chunk = sharding::local_chunk(shape, layout, mesh, coord);
     if (c.json)
-      ranks.push_back({{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape.dims()}, {"global_offset", chunk.offset}});
+      ranks.push_back(
+          {{"rank", r}, {"coord", coord}, {"local_shape", chunk.shape.dims()}, {"global_offset", chunk.offset}});
     else
       fmt::print("{:>5}  {:<12} {:<16} {}\n", r, fmt::format("[{}]", fmt::join(coord, ",")),
-                 fmt::format("[{}]", fmt::join(chunk.shape.dims(), ",")), fmt::format("[{}]", fmt::join(chunk.offset, ",")));
+                 fmt::format("[{}]", fmt::join(chunk.shape.dims(), ",")),
+                 fmt::format("[{}]", fmt::join(chunk.offset, ",")));
   }
   if (c.json) fmt::print("{}\n", nlohmann::ordered_json{{"ranks", ranks}}.dump());
   return 0;
@@ -69,8 +72,8 @@ int run_plan(const PlanCommand& c) {
     int dim = -1;
     const auto link = parse_link(text, dim);
     MT_CHECK(dim >= 0 && dim < mesh.ndim(), "--link '{}': mesh dim {} is outside 0..{}", text, dim, mesh.ndim() - 1);
-    MT_CHECK(!linked.count(dim), "--link '{}' and --link '{}' both set mesh dim {}; give one per dim", linked[dim], text,
-             dim);
+    MT_CHECK(!linked.count(dim), "--link '{}' and --link '{}' both set mesh dim {}; give one per dim", linked[dim],
+             text, dim);
     linked[dim] = text;
     model.links[dim] = link;
   }
@@ -83,20 +86,27 @@ int run_plan(const PlanCommand& c) {
   if (c.json) {
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const auto& s : plan->steps)
-      steps.push_back({{"mesh_dim", s.mesh_dims.front()}, {"mesh_dims", s.mesh_dims}, {"from", s.from.to_string()},
-                       {"to", s.to.to_string()}, {"collective", collective_label(s)},
-                       {"bytes", static_cast<int64_t>(s.bytes)}, {"cost_us", s.cost_us},
+      steps.push_back({{"mesh_dim", s.mesh_dims.front()},
+                       {"mesh_dims", s.mesh_dims},
+                       {"from", s.from.to_string()},
+                       {"to", s.to.to_string()},
+                       {"collective", collective_label(s)},
+                       {"bytes", static_cast<int64_t>(s.bytes)},
+                       {"cost_us", s.cost_us},
                        {"layout", s.after.to_string()}});
-    fmt::print("{}\n", nlohmann::ordered_json{{"steps", steps}, {"total_cost_us", plan->total_cost_us},
-                                      {"trace", plan->trace(from)}}.dump());
+    fmt::print(
+        "{}\n",
+        nlohmann::ordered_json{{"steps", steps}, {"total_cost_us", plan->total_cost_us}, {"trace", plan->trace(from)}}
+            .dump());
     return 0;
   }
   fmt::print("plan {} -> {} for a ({}) {} tensor on mesh {} ({} planner)\n", from.to_string(), to.to_string(),
              fmt::join(shape.dims(), ", "), dtype_name(dtype), mesh.describe(), c.planner);
-  if (plan->steps.empty()) fmt::print("nothing to do: the layouts are equal\n");
+  if (plan->steps.empty())
+    fmt::print("nothing to do: the layouts are equal\n");
   else
-    fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12}  {}\n", "mesh dim", "from -> to", "collective", "bytes",
-               "cost_us", "layout after");
+    fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12}  {}\n", "mesh dim", "from -> to", "collective", "bytes", "cost_us",
+               "layout after");
   for (const auto& s : plan->steps)
     fmt::print("{:<10} {:<18} {:<15} {:>12} {:>12.3f}  {}\n", fmt::format("{}", fmt::join(s.mesh_dims, "+")),
                fmt::format("{} -> {}", s.from.to_string(), s.to.to_string()), collective_label(s),

@@ -1,13 +1,12 @@
 // The `meshtrain` command.
-#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/bench_comm.h"
 #include "cli/estimate_command.h"
@@ -26,15 +25,13 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   meshtrain::cli::CommBenchOptions comm_opts;
-  auto* bench_comm = bench->add_subcommand(
-      "comm",
-      "Time all_reduce, all_gather, reduce_scatter and all_to_all (f32) from --min-bytes to "
-      "--max-bytes (x4 steps): time, algBw and busBw (nccl-tests convention) of meshtrain's "
-      "collectives next to the plain blocking MPI call, measured in the same run. Run under "
-      "mpirun, e.g. `mpirun -np 4 meshtrain bench comm`.");
-  bench_comm->add_option("--ops", comm_opts.ops, "Collectives to time")
-      ->delimiter(',')
-      ->capture_default_str();
+  auto* bench_comm =
+      bench->add_subcommand("comm",
+                            "Time all_reduce, all_gather, reduce_scatter and all_to_all (f32) from --min-bytes to "
+                            "--max-bytes (x4 steps): time, algBw and busBw (nccl-tests convention) of meshtrain's "
+                            "collectives next to the plain blocking MPI call, measured in the same run. Run under "
+                            "mpirun, e.g. `mpirun -np 4 meshtrain bench comm`.");
+  bench_comm->add_option("--ops", comm_opts.ops, "Collectives to time")->delimiter(',')->capture_default_str();
   bench_comm->add_option("--min-bytes", comm_opts.min_bytes, "Smallest size (4K, 1M... allowed)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
@@ -43,37 +40,39 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_option("--rounds", comm_opts.rounds, "Alternating meshtrain/MPI rounds per size (median reported)")
       ->capture_default_str();
-  bench_comm->add_option("--iters", comm_opts.iters, "Iterations per round (0: by size, 5..50)")
-      ->capture_default_str();
+  bench_comm->add_option("--iters", comm_opts.iters, "Iterations per round (0: by size, 5..50)")->capture_default_str();
   bench_comm->add_flag("!--no-verify", comm_opts.verify,
                        "Skip meshtrain's cross-rank fingerprint check (on by default)");
-  bench_comm->add_option("--group-size", comm_opts.group_size,
-                         "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
-                         "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
+  bench_comm
+      ->add_option("--group-size", comm_opts.group_size,
+                   "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
+                   "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
       ->capture_default_str();
-  bench_comm->add_option("--bucket", comm_opts.bucket,
-                         "Time this many collectives of each size at once, bucketed as training buckets them "
-                         "(packed, one collective, unpacked; all_reduce, all_gather, reduce_scatter), next to the "
-                         "same collectives as plain MPI calls one by one and as one MPI call on the packed bytes "
-                         "(0: one at a time)")
+  bench_comm
+      ->add_option("--bucket", comm_opts.bucket,
+                   "Time this many collectives of each size at once, bucketed as training buckets them "
+                   "(packed, one collective, unpacked; all_reduce, all_gather, reduce_scatter), next to the "
+                   "same collectives as plain MPI calls one by one and as one MPI call on the packed bytes "
+                   "(0: one at a time)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  bench_comm->add_option("--bucket-cap", comm_opts.bucket_cap,
-                         "With --bucket: consecutive collectives share a bucket while its bytes (as the size column counts "
-                         "them) stay within this size, one alone runs as a plain "
-                         "collective, as schedule.bucket_mode = \"size_cap\" does (0: all in one bucket)")
+  bench_comm
+      ->add_option("--bucket-cap", comm_opts.bucket_cap,
+                   "With --bucket: consecutive collectives share a bucket while its bytes (as the size column counts "
+                   "them) stay within this size, one alone runs as a plain "
+                   "collective, as schedule.bucket_mode = \"size_cap\" does (0: all in one bucket)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   bench_comm->add_flag("--json", comm_opts.json, "Print one JSON document instead of a table");
 
   std::string fr_dir;
   bool fr_json = false;
-  auto* fr = app.add_subcommand(
-      "fr-analyze",
-      "Read every rank's flight-recorder dump (fr_rank<R>.json, written on a collective timeout) "
-      "and name the first collective where ranks went out of step: the rank that never joined, "
-      "or ranks that disagree on op, dtype or size. Exit code 0: no mismatch; 1: mismatch found; "
-      "2: the dumps could not be read.");
+  auto* fr =
+      app.add_subcommand("fr-analyze",
+                         "Read every rank's flight-recorder dump (fr_rank<R>.json, written on a collective timeout) "
+                         "and name the first collective where ranks went out of step: the rank that never joined, "
+                         "or ranks that disagree on op, dtype or size. Exit code 0: no mismatch; 1: mismatch found; "
+                         "2: the dumps could not be read.");
   fr->add_option("dir", fr_dir, "Directory with the dumps")->required();
   fr->add_flag("--json", fr_json, "Print the report as JSON");
 
@@ -83,25 +82,31 @@ int main(int argc, char** argv) {
       "Write a checkpoint's whole weights (saved on any number of ranks and layout) as one Hugging Face "
       "safetensors file, Llama parameter names as Hugging Face's; the optimizer's moments are left out. "
       "The checkpoint's files are verified (sizes, checksums) as they are read.");
-  export_cmd->add_option("--checkpoint", export_checkpoint,
-                         "A checkpoint folder (checkpoint.folder/step_NNNNNN), or a checkpoint.folder: its newest "
-                         "complete checkpoint")->required();
-  export_cmd->add_option("--out", export_out, "The .safetensors file to write (written whole or not at all)")->required();
+  export_cmd
+      ->add_option("--checkpoint", export_checkpoint,
+                   "A checkpoint folder (checkpoint.folder/step_NNNNNN), or a checkpoint.folder: its newest "
+                   "complete checkpoint")
+      ->required();
+  export_cmd->add_option("--out", export_out, "The .safetensors file to write (written whole or not at all)")
+      ->required();
 
-  auto* train = app.add_subcommand("train", "Train a Llama from a TOML config: meshtrain train --config FILE "
-                                             "[--section.key value ...] (meshtrain train --help lists the keys)");
+  auto* train = app.add_subcommand("train",
+                                   "Train a Llama from a TOML config: meshtrain train --config FILE "
+                                   "[--section.key value ...] (meshtrain train --help lists the keys)");
   train->prefix_command();  // everything after `train` is the trainer's own arguments, --help too
   train->set_help_flag();
 
-  auto* lower = app.add_subcommand("lower", "Print any rank's lowered training step without running it: meshtrain lower "
-                                             "--ranks N [--rank R] --config FILE [--section.key value ...]");
+  auto* lower = app.add_subcommand("lower",
+                                   "Print any rank's lowered training step without running it: meshtrain lower "
+                                   "--ranks N [--rank R] --config FILE [--section.key value ...]");
   lower->prefix_command();
   lower->set_help_flag();
 
   auto* estimate = app.add_subcommand(
-      "estimate", "Estimate a training step's memory, time, tokens/s and MFU for an N-rank job on a hardware profile "
-                  "without running it: meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--json] "
-                  "[--trace FILE]");
+      "estimate",
+      "Estimate a training step's memory, time, tokens/s and MFU for an N-rank job on a hardware profile "
+      "without running it: meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--json] "
+      "[--trace FILE]");
   estimate->prefix_command();
   estimate->set_help_flag();
 
@@ -110,27 +115,31 @@ int main(int argc, char** argv) {
       "layout", "Print every rank's mesh coordinate, local shape and global offset for a tensor layout");
   layout->add_option("--mesh", layout_cmd.mesh, "Mesh shape, e.g. 4,2")->required();
   layout->add_option("--shape", layout_cmd.shape, "Global tensor shape, e.g. 18,2")->required();
-  layout->add_option("--placements", layout_cmd.placements,
-                     "One placement per mesh dim in PyTorch notation: R, S(0), S(0)[1], _S(0, 3), P(sum)")
+  layout
+      ->add_option("--placements", layout_cmd.placements,
+                   "One placement per mesh dim in PyTorch notation: R, S(0), S(0)[1], _S(0, 3), P(sum)")
       ->required();
   layout->add_flag("--json", layout_cmd.json, "Print JSON");
 
   meshtrain::cli::PlanCommand plan_cmd;
   auto* plan = app.add_subcommand(
-      "plan", "Print the cheapest sequence of collectives that redistributes a tensor from one layout to another, "
-              "with each step's bytes and estimated time (PyTorch DTensor's cost model)");
+      "plan",
+      "Print the cheapest sequence of collectives that redistributes a tensor from one layout to another, "
+      "with each step's bytes and estimated time (PyTorch DTensor's cost model)");
   plan->add_option("--mesh", plan_cmd.mesh, "Mesh shape, e.g. 2,2,2")->required();
   plan->add_option("--shape", plan_cmd.shape, "Global tensor shape, e.g. 8,8,8")->required();
   plan->add_option("--from", plan_cmd.from, "Source layout, e.g. S(0)S(0)S(0)")->required();
   plan->add_option("--to", plan_cmd.to, "Target layout, e.g. RS(0)S(0)")->required();
   plan->add_option("--dtype", plan_cmd.dtype, "Element type")->capture_default_str();
-  plan->add_option("--planner", plan_cmd.planner, "dijkstra (optimal under the cost model) or greedy (PyTorch's default)")
+  plan->add_option("--planner", plan_cmd.planner,
+                   "dijkstra (optimal under the cost model) or greedy (PyTorch's default)")
       ->capture_default_str();
   plan->add_option("--devices-per-host", plan_cmd.devices_per_host,
                    "Ranks per host: inner mesh dims within a host get intra-host links (87.7 GB/s, 0.6 us), "
                    "outer ones inter-host links (19.3 GB/s, 2.7 us)")
       ->capture_default_str();
-  plan->add_option("--link", plan_cmd.links, "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable, once per dim)");
+  plan->add_option("--link", plan_cmd.links,
+                   "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable, once per dim)");
   plan->add_option("--all-to-all-penalty-us", plan_cmd.all_to_all_penalty_us,
                    "Extra cost of an all_to_all over an all_gather of the same bytes (PyTorch used 1.0 until 2026)")
       ->capture_default_str();
@@ -139,10 +148,11 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", plan_cmd.json, "Print JSON");
 
   meshtrain::cli::PpScheduleCommand pp_cmd;
-  auto* pp = app.add_subcommand(
-      "pp-schedule", "Print a pipeline schedule's actions per rank, its simulated timeline, its bubble next to the "
-                     "published formula and the activations each rank holds; the sends and receives are checked "
-                     "to run without deadlock");
+  auto* pp =
+      app.add_subcommand("pp-schedule",
+                         "Print a pipeline schedule's actions per rank, its simulated timeline, its bubble next to the "
+                         "published formula and the activations each rank holds; the sends and receives are checked "
+                         "to run without deadlock");
   pp->add_option("--schedule", pp_cmd.schedule, "gpipe, 1f1b, interleaved_1f1b, zero_bubble or zbv")
       ->capture_default_str();
   pp->add_option("--from-csv", pp_cmd.from_csv,
@@ -190,16 +200,18 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub : app.get_subcommands({}))
         if (sub->get_name() == arg) command = sub->get_name();
       if (command.empty()) {
-        std::fprintf(stderr, "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-                     "export, lower, estimate, layout, plan, pp-schedule; meshtrain --help says what each does)\n", argv[i]);
+        std::fprintf(stderr,
+                     "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
+                     "export, lower, estimate, layout, plan, pp-schedule; meshtrain --help says what each does)\n",
+                     argv[i]);
         return 2;
       }
       if (command == "bench" && i + 1 < argc && std::string_view(argv[i + 1]) == "comm") command = "bench comm";
       break;
     }
     const std::string where = command.empty() ? "" : command + ": ";
-    std::fprintf(stderr, "meshtrain: error: %s%s\nRun `meshtrain %s--help` for the options.\n", where.c_str(),
-                 e.what(), command.empty() ? "" : (command + " ").c_str());
+    std::fprintf(stderr, "meshtrain: error: %s%s\nRun `meshtrain %s--help` for the options.\n", where.c_str(), e.what(),
+                 command.empty() ? "" : (command + " ").c_str());
     return 2;
   }
 
@@ -221,8 +233,10 @@ int main(int argc, char** argv) {
       return report.ok() ? 0 : 1;
     }
   } catch (const meshtrain::InternalError& e) {
-    std::fprintf(stderr, "meshtrain: %s\nThis is a bug in meshtrain, not in the input: please report it with the "
-                 "command and config that led to it.\n", e.what());
+    std::fprintf(stderr,
+                 "meshtrain: %s\nThis is a bug in meshtrain, not in the input: please report it with the "
+                 "command and config that led to it.\n",
+                 e.what());
     if (meshtrain::comm::mpi_initialized()) meshtrain::comm::mpi_abort_job(70);
     return 70;
   } catch (const std::exception& e) {

@@ -1,9 +1,9 @@
 #include "cli/pp_schedule_command.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -33,8 +33,10 @@ int run_pp_schedule(const PpScheduleCommand& c) {
     try {
       schedule = make_pp_schedule(kind, c.stages != 0 ? c.stages : 4, c.microbatches, per_rank);
     } catch (const InvalidArgument& e) {  // the library names the config keys; here they are flags
-      throw InvalidArgument(fmt::format("pp-schedule: {} (--stages is pp, --stages-per-rank pp_stages_per_rank, "
-                                        "--microbatches pp_microbatches)", e.what()));
+      throw InvalidArgument(
+          fmt::format("pp-schedule: {} (--stages is pp, --stages-per-rank pp_stages_per_rank, "
+                      "--microbatches pp_microbatches)",
+                      e.what()));
     }
   }
   if (c.csv) {
@@ -66,25 +68,29 @@ int run_pp_schedule(const PpScheduleCommand& c) {
                        {"busy", sim.busy[static_cast<size_t>(r)]},
                        {"peak_activations", sim.peak_activations[static_cast<size_t>(r)]}});
     }
-    nlohmann::ordered_json out{{"schedule", pp_schedule_name(kind)},
-                               {"pp", schedule.ranks},
-                               {"stages_per_rank", v},
-                               {"microbatches", schedule.microbatches},
-                               {"stage_rank", schedule.rank_of_stage},
-                               {"makespan", sim.makespan},
-                               {"bubble_fraction", sim.bubble_fraction},
-                               {"published_bubble_fraction", published < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(published)},
-                               {"ranks", ranks}};
+    nlohmann::ordered_json out{
+        {"schedule", pp_schedule_name(kind)},
+        {"pp", schedule.ranks},
+        {"stages_per_rank", v},
+        {"microbatches", schedule.microbatches},
+        {"stage_rank", schedule.rank_of_stage},
+        {"makespan", sim.makespan},
+        {"bubble_fraction", sim.bubble_fraction},
+        {"published_bubble_fraction", published < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(published)},
+        {"ranks", ranks}};
     fmt::print("{}\n", out.dump(1));
     return 0;
   }
-  fmt::print("pipeline schedule {}: pp {}, {} stage{} per rank ({} stages), {} microbatches; F {} I {} W {} p2p {} "
-             "(one stage's forward of one microbatch = 1; a rank's stage takes 1/{} of it)\n",
-             pp_schedule_name(kind), schedule.ranks, v, v > 1 ? "s" : "", schedule.stages(), schedule.microbatches,
-             c.forward, c.backward_input, c.backward_weight, c.p2p, v);
-  fmt::print("actions per rank{} (stage, F forward / B backward / I input backward / W weight backward, "
-             "microbatch{}):\n", c.comms ? ", with the sends and receives in the order each rank posts them" : "",
-             c.fsdp ? "; FSDP's UNSHARD, REDUCE_GRAD and RESHARD of a stage" : "");
+  fmt::print(
+      "pipeline schedule {}: pp {}, {} stage{} per rank ({} stages), {} microbatches; F {} I {} W {} p2p {} "
+      "(one stage's forward of one microbatch = 1; a rank's stage takes 1/{} of it)\n",
+      pp_schedule_name(kind), schedule.ranks, v, v > 1 ? "s" : "", schedule.stages(), schedule.microbatches, c.forward,
+      c.backward_input, c.backward_weight, c.p2p, v);
+  fmt::print(
+      "actions per rank{} (stage, F forward / B backward / I input backward / W weight backward, "
+      "microbatch{}):\n",
+      c.comms ? ", with the sends and receives in the order each rank posts them" : "",
+      c.fsdp ? "; FSDP's UNSHARD, REDUCE_GRAD and RESHARD of a stage" : "");
   for (int r = 0; r < schedule.ranks; ++r) {
     std::vector<std::string> parts;
     for (const PpAction& a : shown.actions[static_cast<size_t>(r)]) parts.push_back(to_string(a));
@@ -104,8 +110,8 @@ int run_pp_schedule(const PpScheduleCommand& c) {
   else
     fmt::print(" (no closed form published for {}{})\n", pp_schedule_name(kind),
                kind == PpScheduleKind::zero_bubble ? " with several stages per rank" : "");
-  fmt::print("activations held at the peak, per rank ((stage, microbatch) pairs; / {} for whole-stage units): {}\n",
-             v, fmt::join(sim.peak_activations, ", "));
+  fmt::print("activations held at the peak, per rank ((stage, microbatch) pairs; / {} for whole-stage units): {}\n", v,
+             fmt::join(sim.peak_activations, ", "));
   fmt::print("sends and receives: checked to run in order on every rank without deadlock\n");
   return 0;
 }

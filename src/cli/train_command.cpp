@@ -1,12 +1,12 @@
 #include "cli/train_command.h"
 
-#include <cstring>
-
-#include "cli/command_args.h"
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,16 +14,14 @@
 #include <set>
 #include <thread>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "checkpoint/safetensors.h"
+#include "cli/command_args.h"
+#include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "comm/mpi_backend.h"
 #include "graph/graph.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
-#include "checkpoint/safetensors.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -97,7 +95,8 @@ double mib(double bytes) { return bytes / (1 << 20); }
 std::string coordinate_text(const train::RankReport& r, const sharding::DeviceMesh& mesh) {
   std::vector<std::string> parts;
   for (int m = 0; m < mesh.ndim(); ++m)
-    if (mesh.size(m) > 1) parts.push_back(fmt::format("{} {}", mesh.names()[static_cast<size_t>(m)], r.coordinate[static_cast<size_t>(m)]));
+    if (mesh.size(m) > 1)
+      parts.push_back(fmt::format("{} {}", mesh.names()[static_cast<size_t>(m)], r.coordinate[static_cast<size_t>(m)]));
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -127,10 +126,11 @@ void print_did(const std::vector<train::RankReport>& reports, const train::Train
                mib(r.peak_bytes));
     if (!pipeline) continue;
     const auto rank = static_cast<size_t>(r.rank);
-    fmt::print("    last step: bubble {:.1f}% (simulated {:.1f}%), activations held at the peak {:.2f} MiB in {} "
-               "(stage, microbatch) pairs (simulated {})\n",
-               100 * r.pipeline_bubble, 100 * (1 - sim->busy[rank] / sim->makespan), mib(r.activation_peak_bytes),
-               static_cast<int64_t>(r.activation_peak_pairs), sim->peak_activations[rank]);
+    fmt::print(
+        "    last step: bubble {:.1f}% (simulated {:.1f}%), activations held at the peak {:.2f} MiB in {} "
+        "(stage, microbatch) pairs (simulated {})\n",
+        100 * r.pipeline_bubble, 100 * (1 - sim->busy[rank] / sim->makespan), mib(r.activation_peak_bytes),
+        static_cast<int64_t>(r.activation_peak_pairs), sim->peak_activations[rank]);
   }
   if (pipeline) {
     const double published = parallel::published_bubble_fraction(pipeline->schedule());
@@ -148,7 +148,8 @@ int run_lower(const std::vector<std::string>& args) {
     return 0;
   }
   MT_CHECK(a.options.count("config"), "lower: --config FILE is required\n{}", lower_help());
-  MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}", lower_help());
+  MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}",
+           lower_help());
   const int64_t ranks = integer_option(a, "lower", "ranks", 1), rank = integer_option(a, "lower", "rank", 0);
   MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks, "lower: --ranks {} must be between 1 and {}", ranks,
            compile::kMaxLaidOutRanks);
@@ -172,7 +173,8 @@ int run_lower(const std::vector<std::string>& args) {
   }
   if (const auto out = a.options.find("out"); out != a.options.end()) {
     write_text(out->second, text);
-    fmt::print("lower: rank {} of {}: {} nodes to {}\n", rank, ranks, std::count(text.begin(), text.end(), '\n'), out->second);
+    fmt::print("lower: rank {} of {}: {} nodes to {}\n", rank, ranks, std::count(text.begin(), text.end(), '\n'),
+               out->second);
   } else {
     fmt::print("{}", text);
   }
@@ -254,13 +256,15 @@ int run_train(const std::vector<std::string>& args) {
   fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
              c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
              static_cast<double>(trainer.parameter_count()) / 1e6);
-  fmt::print("data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, {} rank{}, {} compute, {:.1f} GFLOP/step{}\n",
-             c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
-             c.training.max_grad_norm, trainer.num_ranks(), several ? "s" : "",
-             dtype_name(c.training.dtype), trainer.flops_per_step() / 1e9, several ? " on rank 0" : "");
+  fmt::print(
+      "data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, {} rank{}, {} compute, {:.1f} GFLOP/step{}\n",
+      c.data.path, c.data.batch_size, c.data.seq_len, c.training.steps, c.optimizer.lr, c.optimizer.weight_decay,
+      c.training.max_grad_norm, trainer.num_ranks(), several ? "s" : "", dtype_name(c.training.dtype),
+      trainer.flops_per_step() / 1e9, several ? " on rank 0" : "");
   if (several) {
-    fmt::print("layout: {}; {} kernel thread{} per rank{}\n", trainer.layout_summary(), threads, threads > 1 ? "s" : "",
-               background_progress ? "" : " (no core to spare: collectives advance where they start and are waited on)");
+    fmt::print(
+        "layout: {}; {} kernel thread{} per rank{}\n", trainer.layout_summary(), threads, threads > 1 ? "s" : "",
+        background_progress ? "" : " (no core to spare: collectives advance where they start and are waited on)");
     print_held(held, trainer);
   }
   std::fflush(stdout);
@@ -272,10 +276,9 @@ int run_train(const std::vector<std::string>& args) {
     const std::string said = fmt::format(
         "stopped by {} after step {} of {}: loss {:.4f}{}\n", train::signal_name(summary.stopped_by_signal),
         summary.last.step, c.training.steps, summary.last.loss,
-        c.checkpoint.folder.empty()
-            ? "; no checkpoint (checkpoint.folder is not set)"
-            : fmt::format("; checkpoint {}/{} (the run resumes from it)", c.checkpoint.folder,
-                          checkpoint::checkpoint_folder_name(summary.last.step)));
+        c.checkpoint.folder.empty() ? "; no checkpoint (checkpoint.folder is not set)"
+                                    : fmt::format("; checkpoint {}/{} (the run resumes from it)", c.checkpoint.folder,
+                                                  checkpoint::checkpoint_folder_name(summary.last.step)));
     std::fputs(said.c_str(), stdout);
     std::fflush(stdout);
     trainer.wait_for_all_ranks();
@@ -285,18 +288,20 @@ int run_train(const std::vector<std::string>& args) {
     fmt::print("nothing to train: {} is at step {}, training.steps is {} (raise it to train on)\n",
                trainer.resumed_from(), trainer.steps_done(), c.training.steps);
   else
-    fmt::print("done: loss {:.4f} -> {:.4f} over {} steps{}, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
-               summary.first.loss, summary.last.loss, summary.steps_run,
-               trainer.resumed_from().empty() ? "" : fmt::format(" (resumed after step {})", summary.first.step - 1),
-               summary.last.tokens_per_s,
-               several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
-               static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
+    fmt::print(
+        "done: loss {:.4f} -> {:.4f} over {} steps{}, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
+        summary.first.loss, summary.last.loss, summary.steps_run,
+        trainer.resumed_from().empty() ? "" : fmt::format(" (resumed after step {})", summary.first.step - 1),
+        summary.last.tokens_per_s,
+        several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
+        static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
   const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
   if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0)
-    fmt::print("estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps {}..{}), ratio {:.3f}\n",
-               hardware, c.schedule.estimate == config::EstimateMode::benchmark ? "kernels timed here" : "roofline",
-               trainer.estimated_step_ms(), summary.median_step_ms, std::min(summary.first.step + 1, c.training.steps),
-               c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
+    fmt::print(
+        "estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps {}..{}), ratio {:.3f}\n",
+        hardware, c.schedule.estimate == config::EstimateMode::benchmark ? "kernels timed here" : "roofline",
+        trainer.estimated_step_ms(), summary.median_step_ms, std::min(summary.first.step + 1, c.training.steps),
+        c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
   else if (summary.steps_run > 0)
     fmt::print("no estimate of this step on {}: {}\n", hardware, trainer.no_estimate_because());
   if (several) print_did(trainer.rank_reports(), trainer);
@@ -319,9 +324,11 @@ int run_export(const std::string& checkpoint, const std::string& out) {
   std::string path = checkpoint;
   if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "metadata.json")) {
     const auto newest = checkpoint::latest_checkpoint(checkpoint);
-    MT_CHECK(newest.has_value() || std::filesystem::exists(std::filesystem::path(checkpoint) / "rank_00000.safetensors"),
-             "export: {} is neither a checkpoint (a folder step_NNNNNN with metadata.json) nor a folder holding a "
-             "complete one", checkpoint);
+    MT_CHECK(
+        newest.has_value() || std::filesystem::exists(std::filesystem::path(checkpoint) / "rank_00000.safetensors"),
+        "export: {} is neither a checkpoint (a folder step_NNNNNN with metadata.json) nor a folder holding a "
+        "complete one",
+        checkpoint);
     if (newest) path = *newest;
   }
   const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);

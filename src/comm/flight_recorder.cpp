@@ -1,18 +1,17 @@
 #include "comm/flight_recorder.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/json_integer.h"
 #include "core/file_io.h"
+#include "core/json_integer.h"
 
 namespace meshtrain::comm {
 
@@ -23,8 +22,7 @@ constexpr std::string_view kStateNames[] = {"scheduled", "started", "completed",
 std::string_view fr_state_name(FrState s) { return kStateNames[static_cast<int>(s)]; }
 
 int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 

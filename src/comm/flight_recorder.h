@@ -6,11 +6,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "comm/types.h"
 #include "core/dtype.h"

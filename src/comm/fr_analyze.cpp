@@ -1,15 +1,15 @@
 #include "comm/fr_analyze.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <set>
-
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "comm/flight_recorder.h"
 #include "core/error.h"
@@ -18,9 +18,8 @@
 namespace meshtrain::comm {
 
 std::string_view fr_finding_kind_name(FrFinding::Kind k) {
-  static constexpr std::string_view names[] = {"missing_rank",  "op_mismatch",    "dtype_mismatch",
-                                               "size_mismatch", "group_mismatch", "no_dump",
-                                               "stalled",       "late"};
+  static constexpr std::string_view names[] = {"missing_rank",   "op_mismatch", "dtype_mismatch", "size_mismatch",
+                                               "group_mismatch", "no_dump",     "stalled",        "late"};
   return names[static_cast<int>(k)];
 }
 
@@ -81,9 +80,8 @@ template <typename Key>
 std::vector<int> minority(const std::map<int, Key>& value_by_rank) {
   std::map<Key, std::vector<int>> classes;
   for (const auto& [rank, v] : value_by_rank) classes[v].push_back(rank);
-  auto largest = std::max_element(classes.begin(), classes.end(), [](const auto& a, const auto& b) {
-    return a.second.size() < b.second.size();
-  });
+  auto largest = std::max_element(classes.begin(), classes.end(),
+                                  [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
   std::vector<int> out;
   for (const auto& [v, ranks] : classes)
     if (&ranks != &largest->second) out.insert(out.end(), ranks.begin(), ranks.end());
@@ -115,8 +113,10 @@ std::optional<FrFinding> late_ranks(const std::string& name, uint64_t seq, const
                                     const std::map<int, RankDump>& dumps) {
   std::map<int, int64_t> gave_up_at;  // rank -> when it stopped waiting
   for (const auto& [r, e] : present) {
-    if (e->state == FrState::failed) gave_up_at[r] = e->time_completed_us;
-    else if (e->state != FrState::completed && dumps.at(r).dumped_at_us > 0) gave_up_at[r] = dumps.at(r).dumped_at_us;
+    if (e->state == FrState::failed)
+      gave_up_at[r] = e->time_completed_us;
+    else if (e->state != FrState::completed && dumps.at(r).dumped_at_us > 0)
+      gave_up_at[r] = dumps.at(r).dumped_at_us;
   }
   if (gave_up_at.empty()) return std::nullopt;
   const auto first_gave_up = std::min_element(gave_up_at.begin(), gave_up_at.end(),
@@ -126,8 +126,8 @@ std::optional<FrFinding> late_ranks(const std::string& name, uint64_t seq, const
   for (const auto& [r, e] : present)
     if (e->state == FrState::completed && e->time_completed_us > first_gave_up->second) {
       late.push_back(r);
-      how.push_back(fmt::format("rank {} issued it {} ms after rank {} and finished it {} ms after rank {} gave up",
-                                r, (e->time_created_us - present.at(first_gave_up->first)->time_created_us) / 1000,
+      how.push_back(fmt::format("rank {} issued it {} ms after rank {} and finished it {} ms after rank {} gave up", r,
+                                (e->time_created_us - present.at(first_gave_up->first)->time_created_us) / 1000,
                                 first_gave_up->first, (e->time_completed_us - first_gave_up->second) / 1000,
                                 first_gave_up->first));
     }
@@ -142,9 +142,8 @@ std::optional<FrFinding> late_ranks(const std::string& name, uint64_t seq, const
   f.message = fmt::format(
       "group '{}' seq {} {}: rank {} waited {} ms in it and gave up; {}: rank(s) {} joined too late (stopped, slow, "
       "or held up before it), and what their dumps show after it happened once rank {} had given up",
-      name, seq, op_type_name(waited.op), first_gave_up->first,
-      (first_gave_up->second - waited.time_created_us) / 1000, fmt::join(how, "; "), rank_list(late),
-      first_gave_up->first);
+      name, seq, op_type_name(waited.op), first_gave_up->first, (first_gave_up->second - waited.time_created_us) / 1000,
+      fmt::join(how, "; "), rank_list(late), first_gave_up->first);
   return f;
 }
 
@@ -176,8 +175,10 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
     std::map<int, const FrEntry*> present;
     for (const auto& [r, seqs] : by_rank) {
       auto it = seqs.find(seq);
-      if (it != seqs.end()) present[r] = it->second;
-      else absent.push_back(r);
+      if (it != seqs.end())
+        present[r] = it->second;
+      else
+        absent.push_back(r);
     }
     const FrEntry& sample = *present.begin()->second;
     int64_t issued = INT64_MAX;
@@ -201,11 +202,10 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
       for (const auto& [r, e] : present) joined.push_back(r);
       f.kind = FrFinding::Kind::missing_rank;
       f.culprits = absent;
-      f.message = fmt::format(
-          "group '{}' seq {} {}: rank{} {} never joined; rank{} {} issued it ({}); {}",
-          name, seq, op_type_name(sample.op), absent.size() > 1 ? "s" : "", rank_list(absent),
-          joined.size() > 1 ? "s" : "", rank_list(joined), fr_state_name(sample.state),
-          fmt::join(lasts, "; "));
+      f.message = fmt::format("group '{}' seq {} {}: rank{} {} never joined; rank{} {} issued it ({}); {}", name, seq,
+                              op_type_name(sample.op), absent.size() > 1 ? "s" : "", rank_list(absent),
+                              joined.size() > 1 ? "s" : "", rank_list(joined), fr_state_name(sample.state),
+                              fmt::join(lasts, "; "));
       return f;
     }
     std::map<int, int> ops;
@@ -223,8 +223,8 @@ std::optional<FrFinding> check_group(const std::string& name, const std::vector<
       for (const auto& [r, e] : present) per_rank.push_back(fmt::format("rank {}: {}", r, describe_entry(*e)));
       f.kind = kind;
       f.culprits = std::move(culprits);
-      f.message = fmt::format("group '{}' seq {}: ranks disagree on the {}; odd one(s) out: rank {} ({})",
-                              name, seq, what, rank_list(f.culprits), fmt::join(per_rank, "; "));
+      f.message = fmt::format("group '{}' seq {}: ranks disagree on the {}; odd one(s) out: rank {} ({})", name, seq,
+                              what, rank_list(f.culprits), fmt::join(per_rank, "; "));
       return f;
     };
     if (!minority(ops).empty()) return report(FrFinding::Kind::op_mismatch, minority(ops), "operation");
@@ -314,12 +314,15 @@ FrReport analyze_flight_records(const std::string& dir) {
     if (!std::regex_match(fname, m, name_re)) continue;
     RankDump d = load_dump(entry.path());
     // Dumps of one job: one per rank, all of one world.
-    MT_CHECK(!file_of.count(d.rank), "fr-analyze: {} records rank {}, which {} also records; the folder must hold "
-             "one job's dumps, one per rank", fname, d.rank, file_of[d.rank]);
+    MT_CHECK(!file_of.count(d.rank),
+             "fr-analyze: {} records rank {}, which {} also records; the folder must hold "
+             "one job's dumps, one per rank",
+             fname, d.rank, file_of[d.rank]);
     if (!dumps.empty())
       MT_CHECK(d.world_size == dumps.begin()->second.world_size,
                "fr-analyze: the dumps disagree on the world size ({} in {}, {} in {}); the folder must hold one "
-               "job's dumps", d.world_size, fname, dumps.begin()->second.world_size, file_of[dumps.begin()->first]);
+               "job's dumps",
+               d.world_size, fname, dumps.begin()->second.world_size, file_of[dumps.begin()->first]);
     file_of[d.rank] = fname;
     dumps[d.rank] = std::move(d);
   }
@@ -355,8 +358,7 @@ FrReport analyze_flight_records(const std::string& dir) {
 
 std::string FrReport::to_text() const {
   std::string out = fmt::format("read dumps of rank(s) {} (world size {})\n", rank_list(ranks_loaded), world_size);
-  if (!ranks_without_dump.empty())
-    out += fmt::format("no dump from rank(s) {}\n", rank_list(ranks_without_dump));
+  if (!ranks_without_dump.empty()) out += fmt::format("no dump from rank(s) {}\n", rank_list(ranks_without_dump));
   if (findings.empty()) return out + "no mismatch: every recorded collective matches across ranks\n";
   out += fmt::format("FIRST MISMATCH: {}\n", findings.front().message);
   for (size_t i = 1; i < findings.size(); ++i) out += fmt::format("also: {}\n", findings[i].message);

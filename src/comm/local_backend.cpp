@@ -1,13 +1,13 @@
 #include "comm/local_backend.h"
 
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
 #include <thread>
 #include <tuple>
-
-#include <fmt/ranges.h>
 
 #include "comm/reduce.h"
 #include "core/error.h"
@@ -31,7 +31,7 @@ struct SharedGroup {
     std::vector<std::optional<Arrival>> arrivals;
     int arrived = 0;
   };
-  std::map<uint64_t, Slot> slots;  // collective seq -> who has arrived
+  std::map<uint64_t, Slot> slots;             // collective seq -> who has arrived
   using Channel = std::tuple<int, int, int>;  // (src, dst, tag)
   std::map<Channel, std::deque<Arrival>> sends, recvs;
   std::map<std::pair<uint64_t, int>, std::shared_ptr<SharedGroup>> children;  // (split seq, color)
@@ -46,7 +46,8 @@ void execute(std::vector<Arrival>& a) {
   const OpDesc& d0 = a[0].desc;
   std::vector<const void*> rows(static_cast<size_t>(n));
   switch (d0.op) {
-    case OpType::barrier: return;
+    case OpType::barrier:
+      return;
     case OpType::all_reduce: {
       std::vector<std::byte> result(bytes_of(d0, d0.in_numel));
       for (int k = 0; k < n; ++k) rows[k] = a[k].desc.in;
@@ -64,8 +65,8 @@ void execute(std::vector<Arrival>& a) {
             for (size_t m = 0; m < to.size(); ++m)
               if (d0.members[m] > 0)
                 std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
-                          static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
-                          bytes_of(d0, d0.members[m]));
+                            static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
+                            bytes_of(d0, d0.members[m]));
         }
         return;
       }
@@ -85,15 +86,15 @@ void execute(std::vector<Arrival>& a) {
             for (int k = 0; k < n; ++k) rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]);
             std::vector<std::byte> result(bytes_of(d0, d0.members[m]));
             reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.members[m]));
-            if (!result.empty()) std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]), result.data(), result.size());
+            if (!result.empty())
+              std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]), result.data(), result.size());
           }
         }
         return;
       }
       const auto disp = displacements(d0.counts);
       for (int r = 0; r < n; ++r) {
-        for (int k = 0; k < n; ++k)
-          rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, disp[r]);
+        for (int k = 0; k < n; ++k) rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, disp[r]);
         std::vector<std::byte> result(bytes_of(d0, d0.counts[r]));
         reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.counts[r]));
         if (!result.empty()) std::memcpy(a[r].desc.out, result.data(), result.size());
@@ -119,16 +120,16 @@ void execute(std::vector<Arrival>& a) {
       return;
     }
     case OpType::send:
-    case OpType::recv: break;
+    case OpType::recv:
+      break;
   }
   throw Error("local backend: p2p operation reached the collective path");
 }
 
 class LocalGroup final : public ProcessGroup {
  public:
-  LocalGroup(std::string name, int rank, std::vector<int> world_ranks,
-             std::shared_ptr<FlightRecorder> recorder, GroupOptions options,
-             std::shared_ptr<SharedGroup> shared)
+  LocalGroup(std::string name, int rank, std::vector<int> world_ranks, std::shared_ptr<FlightRecorder> recorder,
+             GroupOptions options, std::shared_ptr<SharedGroup> shared)
       : ProcessGroup(std::move(name), rank, std::move(world_ranks), std::move(recorder), options),
         shared_(std::move(shared)) {}
 
@@ -139,8 +140,8 @@ class LocalGroup final : public ProcessGroup {
     work->mark_started();
     std::unique_lock lock(shared_->mu);
     if (shared_->aborted) {
-      work->fail(std::make_exception_ptr(CommError(fmt::format(
-          "{}: another rank of the group timed out and aborted it", work->info().describe()))));
+      work->fail(std::make_exception_ptr(
+          CommError(fmt::format("{}: another rank of the group timed out and aborted it", work->info().describe()))));
       return;
     }
     if (is_p2p(desc.op)) return start_p2p(desc, work, lock);
@@ -155,8 +156,8 @@ class LocalGroup final : public ProcessGroup {
     complete_collective(all);
   }
 
-  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq,
-                                              int color, const std::string& name) override {
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq, int color,
+                                              const std::string& name) override {
     if (color < 0) return nullptr;
     std::shared_ptr<SharedGroup> child;
     {
@@ -171,8 +172,7 @@ class LocalGroup final : public ProcessGroup {
       world.push_back(world_ranks()[members[i]]);
       if (members[i] == rank()) new_rank = static_cast<int>(i);
     }
-    return std::make_shared<LocalGroup>(name, new_rank, std::move(world), recorder_ptr(), options(),
-                                        std::move(child));
+    return std::make_shared<LocalGroup>(name, new_rank, std::move(world), recorder_ptr(), options(), std::move(child));
   }
 
   void on_abort() override {
@@ -205,8 +205,7 @@ class LocalGroup final : public ProcessGroup {
   void start_p2p(const OpDesc& desc, const WorkPtr& work, std::unique_lock<std::mutex>& lock) {
     const bool sending = desc.op == OpType::send;
     const SharedGroup::Channel channel =
-        sending ? SharedGroup::Channel{rank(), desc.peer, desc.tag}
-                : SharedGroup::Channel{desc.peer, rank(), desc.tag};
+        sending ? SharedGroup::Channel{rank(), desc.peer, desc.tag} : SharedGroup::Channel{desc.peer, rank(), desc.tag};
     auto& waiting = sending ? shared_->recvs[channel] : shared_->sends[channel];
     if (waiting.empty()) {
       (sending ? shared_->sends : shared_->recvs)[channel].push_back(Arrival{desc, work});
@@ -218,11 +217,11 @@ class LocalGroup final : public ProcessGroup {
     const OpDesc& s = sending ? desc : peer.desc;
     const OpDesc& r = sending ? peer.desc : desc;
     if (s.dtype != r.dtype || s.in_numel != r.out_numel) {
-      const auto error = std::make_exception_ptr(CommError(fmt::format(
-          "send/recv mismatch on group '{}' (tag {}): rank {} sends {} x {} but rank {} receives "
-          "{} x {}",
-          name(), s.tag, std::get<0>(channel), s.in_numel, dtype_name(s.dtype),
-          std::get<1>(channel), r.out_numel, dtype_name(r.dtype))));
+      const auto error = std::make_exception_ptr(
+          CommError(fmt::format("send/recv mismatch on group '{}' (tag {}): rank {} sends {} x {} but rank {} receives "
+                                "{} x {}",
+                                name(), s.tag, std::get<0>(channel), s.in_numel, dtype_name(s.dtype),
+                                std::get<1>(channel), r.out_numel, dtype_name(r.dtype))));
       work->fail(error);
       peer.work->fail(error);
       return;
@@ -243,8 +242,8 @@ LocalWorld::LocalWorld(int size, GroupOptions options) {
   std::vector<int> world(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) world[r] = r;
   for (int r = 0; r < size; ++r)
-    groups_.push_back(std::make_shared<LocalGroup>(
-        "world", r, world, std::make_shared<FlightRecorder>(r, size), options, shared));
+    groups_.push_back(
+        std::make_shared<LocalGroup>("world", r, world, std::make_shared<FlightRecorder>(r, size), options, shared));
 }
 
 ProcessGroupPtr LocalWorld::group(int rank) const {

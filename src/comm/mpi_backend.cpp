@@ -27,8 +27,10 @@ std::string mpi_error_text(int code) {
 
 int to_int_count(int64_t n, const char* what) {
   if (n > INT_MAX)
-    throw CommError(fmt::format("{} of {} bytes exceeds MPI's 2 GiB count limit; split the "
-                                "tensor into smaller pieces", what, n));
+    throw CommError(
+        fmt::format("{} of {} bytes exceeds MPI's 2 GiB count limit; split the "
+                    "tensor into smaller pieces",
+                    what, n));
   return static_cast<int>(n);
 }
 
@@ -45,20 +47,28 @@ std::vector<int> byte_displacements(const std::vector<int64_t>& counts, size_t e
 
 MPI_Datatype native_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::f64: return MPI_DOUBLE;
-    default: return MPI_DATATYPE_NULL;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::f64:
+      return MPI_DOUBLE;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 
 MPI_Op native_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -160,8 +170,8 @@ class Engine {
       }
       MpiOp& op = **it;
       if (!op.done)
-        op.work->fail(std::make_exception_ptr(CommError(fmt::format(
-            "{}: the group was aborted after a timeout", op.work->info().describe()))));
+        op.work->fail(std::make_exception_ptr(
+            CommError(fmt::format("{}: the group was aborted after a timeout", op.work->info().describe()))));
       op.done = true;
       abandoned_.splice(abandoned_.end(), active_, it++);
     }
@@ -207,8 +217,9 @@ class Engine {
       MPI_Query_thread(&provided);
     }
     if (provided < MPI_THREAD_SERIALIZED)
-      throw CommError("the MPI library does not provide MPI_THREAD_SERIALIZED, which the mpi "
-                      "backend needs for its progress thread");
+      throw CommError(
+          "the MPI library does not provide MPI_THREAD_SERIALIZED, which the mpi "
+          "backend needs for its progress thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
     MPI_Comm_dup(MPI_COMM_WORLD, &signal_comm_);
@@ -232,8 +243,7 @@ class Engine {
   static void choose_nonblocking_schedules() {
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
     const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (world && std::atoi(world) <= 8)
-      setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "1", /*overwrite=*/0);
+    if (world && std::atoi(world) <= 8) setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "1", /*overwrite=*/0);
   }
 
   static int grace_ms() {
@@ -250,8 +260,8 @@ class Engine {
       {
         std::lock_guard lock(mu_);
         if (stop_) return;
-        waiter_polling = Clock::now().time_since_epoch().count() -
-                             last_wait_poll_ns_.load(std::memory_order_relaxed) < one_ms;
+        waiter_polling =
+            Clock::now().time_since_epoch().count() - last_wait_poll_ns_.load(std::memory_order_relaxed) < one_ms;
         if (!waiter_polling) progress_locked();
         poll_signal_locked();
         const auto now = Clock::now();
@@ -282,8 +292,7 @@ class Engine {
     stop_reported_ = true;
     const MpiOp* oldest = nullptr;
     for (const auto& op : active_)
-      if (!op->done && (oldest == nullptr || op->work->issued_at() < oldest->work->issued_at()))
-        oldest = op.get();
+      if (!op->done && (oldest == nullptr || op->work->issued_at() < oldest->work->issued_at())) oldest = op.get();
     if (oldest == nullptr) return;
     const WorkInfo& info = oldest->work->info();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->work->issued_at());
@@ -296,11 +305,12 @@ class Engine {
     } catch (const std::exception& e) {
       where = fmt::format("; the flight recorder could not be dumped: {}", e.what());
     }
-    std::fprintf(stderr, "[meshtrain rank %d] %s has waited %lld ms for its other ranks and was still unfinished "
+    std::fprintf(stderr,
+                 "[meshtrain rank %d] %s has waited %lld ms for its other ranks and was still unfinished "
                  "%lld ms after this rank got signal %d (%s): if a rank died (mpirun then stops the job and names "
-                 "it), this is the collective it never joined%s\n", world_rank_, info.describe().c_str(),
-                 static_cast<long long>(waited.count()), static_cast<long long>(kStopReportDelay.count()), signal,
-                 strsignal(signal), where.c_str());
+                 "it), this is the collective it never joined%s\n",
+                 world_rank_, info.describe().c_str(), static_cast<long long>(waited.count()),
+                 static_cast<long long>(kStopReportDelay.count()), signal, strsignal(signal), where.c_str());
   }
 
   // A peer timed out and asks every rank to write its flight recorder.
@@ -312,8 +322,7 @@ class Engine {
       recorder_->dump(FlightRecorder::default_dump_dir(),
                       fmt::format("dump requested by world rank {} after its timeout", status.MPI_SOURCE));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[meshtrain rank %d] could not write flight recorder dump: %s\n",
-                   world_rank_, e.what());
+      std::fprintf(stderr, "[meshtrain rank %d] could not write flight recorder dump: %s\n", world_rank_, e.what());
     }
     MPI_Irecv(&signal_in_, 1, MPI_INT, MPI_ANY_SOURCE, 0, signal_comm_, &signal_request_);
   }
@@ -325,8 +334,7 @@ class Engine {
     for (int r = 0; r < world_size_; ++r) {
       if (r == world_rank_) continue;
       MPI_Request req;
-      if (MPI_Isend(&message, 1, MPI_INT, r, 0, signal_comm_, &req) == MPI_SUCCESS)
-        MPI_Request_free(&req);
+      if (MPI_Isend(&message, 1, MPI_INT, r, 0, signal_comm_, &req) == MPI_SUCCESS) MPI_Request_free(&req);
     }
   }
 
@@ -349,8 +357,10 @@ class Engine {
       for (auto& holder : active_) {
         MpiOp& op = *holder;
         if (op.done) continue;
-        if (op.checking) changed |= test_check(op);
-        else if (!op.requests.empty()) changed |= test_stage(op);
+        if (op.checking)
+          changed |= test_check(op);
+        else if (!op.requests.empty())
+          changed |= test_stage(op);
       }
       for (auto& holder : active_) {
         MpiOp& op = *holder;
@@ -368,8 +378,8 @@ class Engine {
     int flag = 0;
     const int rc = MPI_Test(&op.check_request, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-      fail(op, fmt::format("{}: fingerprint exchange failed: {}", op.work->info().describe(),
-                           mpi_error_text(rc)), true);
+      fail(op, fmt::format("{}: fingerprint exchange failed: {}", op.work->info().describe(), mpi_error_text(rc)),
+           true);
       return true;
     }
     if (!flag) return false;
@@ -391,8 +401,7 @@ class Engine {
     if (op.requests.size() == 1) {
       rc = MPI_Test(&op.requests[0], &flag, &op.status);
     } else {
-      rc = MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag,
-                       MPI_STATUSES_IGNORE);
+      rc = MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag, MPI_STATUSES_IGNORE);
     }
     if (rc != MPI_SUCCESS) {
       fail(op, fmt::format("{} failed in MPI: {}", op.work->info().describe(), mpi_error_text(rc)),
@@ -437,8 +446,7 @@ class Engine {
       }
       changed = true;
       if (rc != MPI_SUCCESS) {
-        fail(op, fmt::format("{} could not start in MPI: {}", op.work->info().describe(),
-                             mpi_error_text(rc)), true);
+        fail(op, fmt::format("{} could not start in MPI: {}", op.work->info().describe(), mpi_error_text(rc)), true);
         pop_head(group);
         continue;
       }
@@ -560,7 +568,8 @@ std::vector<std::pair<MPI_Aint, int>> block_runs(const OpDesc& d, const std::vec
 // datatype per rank), so nothing is packed or unpacked.
 int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
   const int n = op.group->size;
-  const int bytes = to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
+  const int bytes =
+      to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
   std::vector<int> send_counts(static_cast<size_t>(n), bytes), ones(static_cast<size_t>(n), 1),
       zeros(static_cast<size_t>(n), 0);
   op.send_types.assign(static_cast<size_t>(n), MPI_BYTE);
@@ -583,7 +592,8 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
   const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
   const int64_t mine = counts[rank];
   // Every rank cuts every block alike, so all post the same segments.
-  const int64_t segment = std::max<int64_t>(1, std::max(kReduceSegmentBytes / n, kMinSegmentPiece) / static_cast<int64_t>(elem));
+  const int64_t segment =
+      std::max<int64_t>(1, std::max(kReduceSegmentBytes / n, kMinSegmentPiece) / static_cast<int64_t>(elem));
   const int64_t largest = *std::max_element(counts.begin(), counts.end());
   const int64_t segments = std::max<int64_t>(1, (largest + segment - 1) / segment);
   const int64_t out_base = d.op == OpType::all_reduce ? displacements(counts)[rank] : 0;
@@ -599,17 +609,15 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
           op.recv_types.assign(static_cast<size_t>(n), MPI_BYTE);
           std::vector<int> send_counts, zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
           for (int r = 0; r < n; ++r) {
-            const auto runs =
-                block_runs(op.desc, counts, n, r, std::min(counts[r], lo), std::min(counts[r], hi));
+            const auto runs = block_runs(op.desc, counts, n, r, std::min(counts[r], lo), std::min(counts[r], hi));
             send_counts.push_back(runs.empty() ? 0 : 1);
             op.send_types.push_back(runs.empty() ? MPI_BYTE : runs_type(op, runs));
             recv_counts.push_back(to_int_count(my_len * static_cast<int64_t>(elem), "all_to_all block"));
             recv_displs.push_back(to_int_count(r * my_len * static_cast<int64_t>(elem), "all_to_all offset"));
           }
           reqs.resize(1);
-          return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(),
-                                op.scratch.data(), recv_counts.data(), recv_displs.data(), op.recv_types.data(),
-                                op.group->comm, &reqs[0]);
+          return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.scratch.data(),
+                                recv_counts.data(), recv_displs.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
         },
         [my_lo, my_len, out_base, elem, n](MpiOp& op) {
           std::vector<const void*> rows(static_cast<size_t>(n));
@@ -623,8 +631,8 @@ std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gat
                              const auto c = byte_counts(counts, elem, "all_gather block");
                              const auto displs = byte_displacements(counts, elem, "all_gather offset");
                              reqs.resize(1);
-                             return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, op.desc.out, c.data(),
-                                                    displs.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+                             return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, op.desc.out, c.data(), displs.data(),
+                                                    MPI_BYTE, op.group->comm, &reqs[0]);
                            },
                            nullptr});
   return stages;
@@ -646,10 +654,9 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
       if (needs_host_reduction(d.dtype)) return host_reduce_stages(d, n, rank, true);
       return {Stage{[](MpiOp& op, std::vector<MPI_Request>& reqs) {
                       reqs.resize(1);
-                      return MPI_Iallreduce(MPI_IN_PLACE, op.desc.out,
-                                            to_int_count(op.desc.out_numel, "all_reduce"),
-                                            native_type(op.desc.dtype), native_op(op.desc.reduce),
-                                            op.group->comm, &reqs[0]);
+                      return MPI_Iallreduce(MPI_IN_PLACE, op.desc.out, to_int_count(op.desc.out_numel, "all_reduce"),
+                                            native_type(op.desc.dtype), native_op(op.desc.reduce), op.group->comm,
+                                            &reqs[0]);
                     },
                     scale_if_avg}};
     case OpType::reduce_scatter:
@@ -664,13 +671,12 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
         const auto& c = op.desc.counts;
         if (std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; })) {
           const int bytes = to_int_count(c[0] * static_cast<int64_t>(elem), "all_gather block");
-          return MPI_Iallgather(op.desc.in, bytes, MPI_BYTE, op.desc.out, bytes, MPI_BYTE,
-                                op.group->comm, &reqs[0]);
+          return MPI_Iallgather(op.desc.in, bytes, MPI_BYTE, op.desc.out, bytes, MPI_BYTE, op.group->comm, &reqs[0]);
         }
         const auto bc = byte_counts(c, elem, "all_gather block");
         const auto bd = byte_displacements(c, elem, "all_gather offset");
-        return MPI_Iallgatherv(op.desc.in, bc[op.group->rank], MPI_BYTE, op.desc.out, bc.data(),
-                               bd.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+        return MPI_Iallgatherv(op.desc.in, bc[op.group->rank], MPI_BYTE, op.desc.out, bc.data(), bd.data(), MPI_BYTE,
+                               op.group->comm, &reqs[0]);
       });
     case OpType::all_to_all:
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
@@ -682,10 +688,9 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
         // Not decided from this rank's counts: a rank whose blocks happen to be
         // equal (all empty, say) must still make the same call as its peers.
         if (op.desc.equal_blocks)
-          return MPI_Ialltoall(op.desc.in, sc[0], MPI_BYTE, op.desc.out, sc[0], MPI_BYTE,
-                               op.group->comm, &reqs[0]);
-        return MPI_Ialltoallv(op.desc.in, sc.data(), sd.data(), MPI_BYTE, op.desc.out, rc.data(),
-                              rd.data(), MPI_BYTE, op.group->comm, &reqs[0]);
+          return MPI_Ialltoall(op.desc.in, sc[0], MPI_BYTE, op.desc.out, sc[0], MPI_BYTE, op.group->comm, &reqs[0]);
+        return MPI_Ialltoallv(op.desc.in, sc.data(), sd.data(), MPI_BYTE, op.desc.out, rc.data(), rd.data(), MPI_BYTE,
+                              op.group->comm, &reqs[0]);
       });
     case OpType::broadcast:
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
@@ -696,26 +701,26 @@ std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
     case OpType::send:
       return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
         reqs.resize(1);
-        return MPI_Isend(op.desc.in, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "send"),
-                         MPI_BYTE, op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
+        return MPI_Isend(op.desc.in, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "send"), MPI_BYTE,
+                         op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
       });
     case OpType::recv:
       return {Stage{[elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
                       reqs.resize(1);
                       return MPI_Irecv(op.desc.out,
-                                       to_int_count(op.desc.out_numel * static_cast<int64_t>(elem), "recv"),
-                                       MPI_BYTE, op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
+                                       to_int_count(op.desc.out_numel * static_cast<int64_t>(elem), "recv"), MPI_BYTE,
+                                       op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
                     },
                     [elem](MpiOp& op) {
                       int got = 0;
                       MPI_Get_count(&op.status, MPI_BYTE, &got);
                       const int64_t expected = op.desc.out_numel * static_cast<int64_t>(elem);
                       if (got != expected)
-                        throw CommError(fmt::format(
-                            "{}: received {} bytes from rank {} but expected {} ({} x {}); the "
-                            "sender's tensor has a different size or dtype",
-                            op.work->info().describe(), got, op.desc.peer, expected,
-                            op.desc.out_numel, dtype_name(op.desc.dtype)));
+                        throw CommError(
+                            fmt::format("{}: received {} bytes from rank {} but expected {} ({} x {}); the "
+                                        "sender's tensor has a different size or dtype",
+                                        op.work->info().describe(), got, op.desc.peer, expected, op.desc.out_numel,
+                                        dtype_name(op.desc.dtype)));
                     }}};
   }
   return {};
@@ -741,27 +746,24 @@ class MpiGroup final : public ProcessGroup {
     work->set_poller([&engine] { engine.poll(); });
     std::lock_guard lock(engine.mu());
     if (comm_->aborted)
-      throw CommError(fmt::format("{}: the group was aborted after an earlier failure",
-                                  work->info().describe()));
+      throw CommError(fmt::format("{}: the group was aborted after an earlier failure", work->info().describe()));
     if (comm_->verify && !is_p2p(desc.op)) {
       op->checking = true;
       op->check_mine = desc.fingerprint(size());
       op->check_all.resize(op->check_mine.size() * static_cast<size_t>(size()));
-      const int rc = MPI_Iallgather(op->check_mine.data(), static_cast<int>(op->check_mine.size()),
-                                    MPI_INT64_T, op->check_all.data(),
-                                    static_cast<int>(op->check_mine.size()), MPI_INT64_T,
+      const int rc = MPI_Iallgather(op->check_mine.data(), static_cast<int>(op->check_mine.size()), MPI_INT64_T,
+                                    op->check_all.data(), static_cast<int>(op->check_mine.size()), MPI_INT64_T,
                                     comm_->check_comm, &op->check_request);
       if (rc != MPI_SUCCESS)
-        throw CommError(fmt::format("{}: fingerprint exchange could not start: {}",
-                                    work->info().describe(), mpi_error_text(rc)));
+        throw CommError(
+            fmt::format("{}: fingerprint exchange could not start: {}", work->info().describe(), mpi_error_text(rc)));
     }
     if (is_p2p(desc.op)) {
       // p2p is not ordered against collectives: post at once, outside the queue.
       work->mark_started();
       const int rc = op->stages[0].post(*op, op->requests);
       if (rc != MPI_SUCCESS)
-        throw CommError(fmt::format("{} could not start in MPI: {}", work->info().describe(),
-                                    mpi_error_text(rc)));
+        throw CommError(fmt::format("{} could not start in MPI: {}", work->info().describe(), mpi_error_text(rc)));
       op->next_stage = 1;
       engine.add(std::move(op), /*queue=*/false);
       return;
@@ -769,8 +771,8 @@ class MpiGroup final : public ProcessGroup {
     engine.add(std::move(op), /*queue=*/true);
   }
 
-  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq,
-                                              int color, const std::string& name) override {
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq, int color,
+                                              const std::string& name) override {
     auto child = std::make_shared<GroupComm>();
     int key = 0;
     for (size_t i = 0; i < members.size(); ++i)
@@ -783,8 +785,8 @@ class MpiGroup final : public ProcessGroup {
       if (rc == MPI_SUCCESS)
         rc = MPI_Comm_split(comm_->check_comm, color < 0 ? MPI_UNDEFINED : color, key, &child->check_comm);
       if (rc != MPI_SUCCESS)
-        throw CommError(fmt::format("splitting group '{}' (split seq {}) failed in MPI: {}", this->name(),
-                                    split_seq, mpi_error_text(rc)));
+        throw CommError(fmt::format("splitting group '{}' (split seq {}) failed in MPI: {}", this->name(), split_seq,
+                                    mpi_error_text(rc)));
     }
     if (color < 0) return nullptr;
     MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
@@ -822,8 +824,7 @@ ProcessGroupPtr create_mpi_world(GroupOptions options) {
   comm->verify = options.verify;
   std::vector<int> world(static_cast<size_t>(engine.world_size()));
   for (int r = 0; r < engine.world_size(); ++r) world[r] = r;
-  return std::make_shared<MpiGroup>("world", engine.world_rank(), std::move(world), options,
-                                    std::move(comm));
+  return std::make_shared<MpiGroup>("world", engine.world_rank(), std::move(world), options, std::move(comm));
 }
 
 std::mutex& mpi_mutex() { return Engine::get().mu(); }

@@ -1,13 +1,12 @@
 #include "comm/process_group.h"
 
-#include <cstring>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
-
-#include <fmt/ranges.h>
 
 #include "comm/local_backend.h"
 #include "comm/mpi_backend.h"
@@ -35,15 +34,13 @@ void check_tensor(const Tensor& t, std::string_view what, std::string_view op) {
 }
 
 void check_same_dtype(const Tensor& in, const Tensor& out, std::string_view op) {
-  MT_CHECK(in.dtype() == out.dtype(),
-           "{}: output dtype {} differs from input dtype {}; both must have the same dtype", op,
-           dtype_name(out.dtype()), dtype_name(in.dtype()));
+  MT_CHECK(in.dtype() == out.dtype(), "{}: output dtype {} differs from input dtype {}; both must have the same dtype",
+           op, dtype_name(out.dtype()), dtype_name(in.dtype()));
 }
 
-void check_counts(const std::vector<int64_t>& counts, int size, std::string_view what,
-                  std::string_view op) {
-  MT_CHECK(static_cast<int>(counts.size()) == size, "{}: {} has {} entries but the group has {} ranks",
-           op, what, counts.size(), size);
+void check_counts(const std::vector<int64_t>& counts, int size, std::string_view what, std::string_view op) {
+  MT_CHECK(static_cast<int>(counts.size()) == size, "{}: {} has {} entries but the group has {} ranks", op, what,
+           counts.size(), size);
   for (size_t r = 0; r < counts.size(); ++r)
     MT_CHECK(counts[r] >= 0, "{}: {}[{}] = {} is negative", op, what, r, counts[r]);
 }
@@ -51,7 +48,8 @@ void check_counts(const std::vector<int64_t>& counts, int size, std::string_view
 void check_reduce_dtype(ReduceOp op, DType dtype, std::string_view name) {
   MT_CHECK(!(op == ReduceOp::avg && !is_floating(dtype)),
            "{}: reduce op avg is not defined for integer dtype {} (the mean would be truncated); "
-           "use sum and divide in a floating dtype", name, dtype_name(dtype));
+           "use sum and divide in a floating dtype",
+           name, dtype_name(dtype));
 }
 
 // The fields every tensor operation fills alike; the caller adds its own.
@@ -78,9 +76,14 @@ std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
   switch (op) {
     case OpType::all_reduce:
     case OpType::broadcast:
-    case OpType::reduce_scatter: f[5] = in_numel; break;
-    case OpType::all_gather: f[5] = out_numel; break;
-    default: f[5] = 0;
+    case OpType::reduce_scatter:
+      f[5] = in_numel;
+      break;
+    case OpType::all_gather:
+      f[5] = out_numel;
+      break;
+    default:
+      f[5] = 0;
   }
   std::vector<int64_t> sizes = counts;
   if (!members.empty()) {  // a coalesced op: its members' blocks, after a separator
@@ -100,8 +103,10 @@ std::string OpDesc::signature() const {
   if (op != OpType::barrier) s += fmt::format(" {}", dtype_name(dtype));
   if (uses_reduce_op(op)) s += fmt::format(" {}", reduce_op_name(reduce));
   if (op == OpType::broadcast) s += fmt::format(" root={}", root);
-  if (!counts.empty()) s += fmt::format(" counts=[{}]", fmt::join(counts, ","));
-  else if (op == OpType::all_reduce || op == OpType::broadcast) s += fmt::format(" numel={}", in_numel);
+  if (!counts.empty())
+    s += fmt::format(" counts=[{}]", fmt::join(counts, ","));
+  else if (op == OpType::all_reduce || op == OpType::broadcast)
+    s += fmt::format(" numel={}", in_numel);
   if (!members.empty()) s += fmt::format(" members=[{}]", fmt::join(members, ","));
   if (op == OpType::all_to_all)
     s += fmt::format(" send=[{}] recv=[{}]", fmt::join(send_counts, ","), fmt::join(recv_counts, ","));
@@ -120,9 +125,13 @@ std::vector<int64_t> OpDesc::member_blocks_of_rank(int group_size, int r) const 
 
 std::string check_fingerprints(const std::vector<std::vector<int64_t>>& rows, const WorkInfo& info) {
   const int n = static_cast<int>(rows.size());
-  static constexpr std::string_view kFields[] = {
-      "sequence number (a rank skipped or added a collective)", "operation", "dtype", "reduce op",
-      "broadcast root", "element count", "per-rank counts or coalesced members"};
+  static constexpr std::string_view kFields[] = {"sequence number (a rank skipped or added a collective)",
+                                                 "operation",
+                                                 "dtype",
+                                                 "reduce op",
+                                                 "broadcast root",
+                                                 "element count",
+                                                 "per-rank counts or coalesced members"};
   auto value_text = [](size_t field, int64_t v) -> std::string {
     if (field == 1) return std::string(op_type_name(static_cast<OpType>(v)));
     if (field == 2) return v < 0 ? "-" : std::string(dtype_name(static_cast<DType>(v)));
@@ -150,9 +159,10 @@ std::string check_fingerprints(const std::vector<std::vector<int64_t>>& rows, co
         const int64_t sends = rows[i][head + j];
         const int64_t expects = rows[j][head + n + i];
         if (sends != expects)
-          return fmt::format("ranks disagree on the sizes of {}: rank {} sends {} elements to "
-                             "rank {}, which expects {} from it",
-                             info.describe(), i, sends, j, expects);
+          return fmt::format(
+              "ranks disagree on the sizes of {}: rank {} sends {} elements to "
+              "rank {}, which expects {} from it",
+              info.describe(), i, sends, j, expects);
       }
   }
   return {};
@@ -165,8 +175,7 @@ ProcessGroup::ProcessGroup(std::string name, int rank, std::vector<int> world_ra
       world_ranks_(std::move(world_ranks)),
       recorder_(std::move(recorder)),
       options_(options) {
-  MT_CHECK(rank_ >= 0 && rank_ < size(), "rank {} is outside group '{}' of {} ranks", rank_, name_,
-           size());
+  MT_CHECK(rank_ >= 0 && rank_ < size(), "rank {} is outside group '{}' of {} ranks", rank_, name_, size());
   recorder_->add_group(name_, world_ranks_);
 }
 
@@ -181,9 +190,10 @@ std::string ProcessGroup::dump_flight_recorder(const std::string& reason, const 
 
 WorkPtr ProcessGroup::issue(OpDesc desc) {
   if (aborted_.load())
-    throw CommError(fmt::format("{} on group '{}' refused: the group was aborted ({}); its ranks "
-                                "are no longer in step, restart the job",
-                                op_type_name(desc.op), name_, abort_reason_));
+    throw CommError(
+        fmt::format("{} on group '{}' refused: the group was aborted ({}); its ranks "
+                    "are no longer in step, restart the job",
+                    op_type_name(desc.op), name_, abort_reason_));
   const bool p2p = is_p2p(desc.op);
   desc.seq = p2p ? next_p2p_seq_++ : next_seq_++;
   WorkInfo info{name_, size(), rank_, desc.seq, p2p, desc.op, options_.timeout};
@@ -273,19 +283,16 @@ WorkPtr ProcessGroup::all_gather(const Tensor& input, Tensor& output, std::vecto
   check_same_dtype(input, output, "all_gather");
   if (counts.empty()) counts.assign(static_cast<size_t>(size()), input.numel());
   check_counts(counts, size(), "counts", "all_gather");
-  MT_CHECK(counts[rank_] == input.numel(),
-           "all_gather: counts[{}] = {} but this rank's input has {} elements", rank_,
+  MT_CHECK(counts[rank_] == input.numel(), "all_gather: counts[{}] = {} but this rank's input has {} elements", rank_,
            counts[rank_], input.numel());
-  MT_CHECK(output.numel() == sum(counts),
-           "all_gather: output has {} elements but the counts add up to {} ({} ranks)",
+  MT_CHECK(output.numel() == sum(counts), "all_gather: output has {} elements but the counts add up to {} ({} ranks)",
            output.numel(), sum(counts), size());
   OpDesc d = describe_op(OpType::all_gather, input, output);
   d.counts = std::move(counts);
   return issue(std::move(d));
 }
 
-WorkPtr ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
-                                     std::vector<int64_t> counts) {
+WorkPtr ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op, std::vector<int64_t> counts) {
   check_tensor(input, "input", "reduce_scatter");
   check_tensor(output, "output", "reduce_scatter");
   check_same_dtype(input, output, "reduce_scatter");
@@ -298,12 +305,10 @@ WorkPtr ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, Reduce
     counts.assign(static_cast<size_t>(size()), output.numel());
   }
   check_counts(counts, size(), "counts", "reduce_scatter");
-  MT_CHECK(counts[rank_] == output.numel(),
-           "reduce_scatter: counts[{}] = {} but this rank's output has {} elements", rank_,
-           counts[rank_], output.numel());
-  MT_CHECK(input.numel() == sum(counts),
-           "reduce_scatter: input has {} elements but the counts add up to {}", input.numel(),
-           sum(counts));
+  MT_CHECK(counts[rank_] == output.numel(), "reduce_scatter: counts[{}] = {} but this rank's output has {} elements",
+           rank_, counts[rank_], output.numel());
+  MT_CHECK(input.numel() == sum(counts), "reduce_scatter: input has {} elements but the counts add up to {}",
+           input.numel(), sum(counts));
   OpDesc d = describe_op(OpType::reduce_scatter, input, output);
   d.reduce = op;
   d.counts = std::move(counts);
@@ -352,8 +357,7 @@ WorkPtr ProcessGroup::reduce_scatter_coalesced(const Tensor& input, Tensor& outp
   return issue(std::move(d));
 }
 
-WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
-                                 std::vector<int64_t> send_counts,
+WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output, std::vector<int64_t> send_counts,
                                  std::vector<int64_t> recv_counts) {
   check_tensor(input, "input", "all_to_all");
   check_tensor(output, "output", "all_to_all");
@@ -363,23 +367,23 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
   if (send_counts.empty()) {
     MT_CHECK(input.numel() % n == 0,
              "all_to_all: input has {} elements, not divisible by the group size {}; pass "
-             "send_counts for uneven blocks", input.numel(), n);
+             "send_counts for uneven blocks",
+             input.numel(), n);
     send_counts.assign(static_cast<size_t>(n), input.numel() / n);
   }
   if (recv_counts.empty()) {
     MT_CHECK(output.numel() % n == 0,
              "all_to_all: output has {} elements, not divisible by the group size {}; pass "
-             "recv_counts for uneven blocks", output.numel(), n);
+             "recv_counts for uneven blocks",
+             output.numel(), n);
     recv_counts.assign(static_cast<size_t>(n), output.numel() / n);
   }
   check_counts(send_counts, n, "send_counts", "all_to_all");
   check_counts(recv_counts, n, "recv_counts", "all_to_all");
-  MT_CHECK(input.numel() == sum(send_counts),
-           "all_to_all: input has {} elements but send_counts add up to {}", input.numel(),
-           sum(send_counts));
-  MT_CHECK(output.numel() == sum(recv_counts),
-           "all_to_all: output has {} elements but recv_counts add up to {}", output.numel(),
-           sum(recv_counts));
+  MT_CHECK(input.numel() == sum(send_counts), "all_to_all: input has {} elements but send_counts add up to {}",
+           input.numel(), sum(send_counts));
+  MT_CHECK(output.numel() == sum(recv_counts), "all_to_all: output has {} elements but recv_counts add up to {}",
+           output.numel(), sum(recv_counts));
   OpDesc d = describe_op(OpType::all_to_all, input, output);
   d.send_counts = std::move(send_counts);
   d.recv_counts = std::move(recv_counts);
@@ -389,8 +393,8 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   check_tensor(tensor, "input", "broadcast");
-  MT_CHECK(root >= 0 && root < size(), "broadcast: root {} is outside group '{}' (ranks 0..{})",
-           root, name_, size() - 1);
+  MT_CHECK(root >= 0 && root < size(), "broadcast: root {} is outside group '{}' (ranks 0..{})", root, name_,
+           size() - 1);
   OpDesc d = describe_op(OpType::broadcast, tensor, tensor);
   d.root = root;
   return issue(std::move(d));
@@ -406,9 +410,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   return point_to_point(OpType::send, const_cast<Tensor&>(tensor), dst, tag);
 }
 
-WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
-  return point_to_point(OpType::recv, tensor, src, tag);
-}
+WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) { return point_to_point(OpType::recv, tensor, src, tag); }
 
 WorkPtr ProcessGroup::point_to_point(OpType op, Tensor& tensor, int peer, int tag) {
   const bool sending = op == OpType::send;
@@ -441,8 +443,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
   return split_impl(color, key, name, 0, "");
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks,
-                                                         const std::string& name) {
+std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks, const std::string& name) {
   std::string problem;
   std::vector<int> seen(static_cast<size_t>(size()), 0);
   for (int r : ranks) {
@@ -463,8 +464,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
   return split_impl(color, key, name, hash_counts(as64), problem);
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::split_impl(int color, int key, const std::string& name,
-                                                       int64_t list_hash,
+std::shared_ptr<ProcessGroup> ProcessGroup::split_impl(int color, int key, const std::string& name, int64_t list_hash,
                                                        const std::string& problem) {
   Tensor mine = Tensor::empty({kSplitFields}, DType::i64);
   auto m = mine.data<int64_t>();
@@ -479,20 +479,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_impl(int color, int key, const
   // Every rank sees the same table, so every rank raises the same error.
   for (int r = 0; r < size(); ++r) {
     if (a[kSplitFields * r + 3] == 0)
-      throw InvalidArgument(fmt::format(
-          "creating a subgroup of '{}': rank {} passed an invalid member list{}", name_, r,
-          r == rank_ ? ": " + problem : ""));
+      throw InvalidArgument(fmt::format("creating a subgroup of '{}': rank {} passed an invalid member list{}", name_,
+                                        r, r == rank_ ? ": " + problem : ""));
     if (a[kSplitFields * r + 2] != a[2])
-      throw InvalidArgument(fmt::format(
-          "creating a subgroup of '{}': ranks 0 and {} passed different member lists; every rank "
-          "must pass the same list", name_, r));
+      throw InvalidArgument(
+          fmt::format("creating a subgroup of '{}': ranks 0 and {} passed different member lists; every rank "
+                      "must pass the same list",
+                      name_, r));
   }
   std::vector<int> members;
   for (int r = 0; r < size() && color >= 0; ++r)
     if (a[kSplitFields * r] == color) members.push_back(r);
-  std::stable_sort(members.begin(), members.end(), [&](int x, int y) {
-    return a[kSplitFields * x + 1] < a[kSplitFields * y + 1];
-  });
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int x, int y) { return a[kSplitFields * x + 1] < a[kSplitFields * y + 1]; });
   const std::string group_name = name.empty() ? fmt::format("{}/{}", name_, color) : name;
   return make_subgroup(members, split_seq, color, group_name);
 }
@@ -503,8 +502,8 @@ ProcessGroupPtr create_world(std::string_view backend, GroupOptions options) {
     throw InvalidArgument(
         "backend 'local' runs every rank as a thread of one process: build it with "
         "LocalWorld(n) and give each thread its group, instead of create_world");
-  throw InvalidArgument(fmt::format("unknown communication backend '{}': available backends are {}",
-                                    backend, fmt::join(kBackendNames, ", ")));
+  throw InvalidArgument(fmt::format("unknown communication backend '{}': available backends are {}", backend,
+                                    fmt::join(kBackendNames, ", ")));
 }
 
 namespace {

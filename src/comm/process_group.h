@@ -136,16 +136,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::string dump_flight_recorder(const std::string& reason, const std::string& dir = {});
 
  protected:
-  ProcessGroup(std::string name, int rank, std::vector<int> world_ranks,
-               std::shared_ptr<FlightRecorder> recorder, GroupOptions options);
+  ProcessGroup(std::string name, int rank, std::vector<int> world_ranks, std::shared_ptr<FlightRecorder> recorder,
+               GroupOptions options);
 
   // Start the operation; complete `work` with finish()/fail() (possibly later).
   virtual void start(const OpDesc& desc, const WorkPtr& work) = 0;
   // Called on every rank of this group: build the group of `members` (ranks of
   // this group, in new-rank order) that this rank belongs to, or take part and
   // return nullptr when color < 0. `split_seq` and `color` identify the split.
-  virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members,
-                                                      uint64_t split_seq, int color,
+  virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq, int color,
                                                       const std::string& name) = 0;
   // The backend learns that the group is aborted (after a timeout).
   virtual void on_abort() {}
@@ -156,8 +155,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr issue(OpDesc desc);
   // send (tensor is only read) or recv.
   WorkPtr point_to_point(OpType op, Tensor& tensor, int peer, int tag);
-  std::shared_ptr<ProcessGroup> split_impl(int color, int key, const std::string& name,
-                                           int64_t list_hash, const std::string& problem);
+  std::shared_ptr<ProcessGroup> split_impl(int color, int key, const std::string& name, int64_t list_hash,
+                                           const std::string& problem);
   void handle_timeout(Work& work);
 
   std::string name_;

@@ -14,9 +14,12 @@ template <typename Acc>
 Acc combine(ReduceOp op, Acc a, Acc b) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return a + b;
-    case ReduceOp::max: return std::max(a, b);
-    case ReduceOp::min: return std::min(a, b);
+    case ReduceOp::avg:
+      return a + b;
+    case ReduceOp::max:
+      return std::max(a, b);
+    case ReduceOp::min:
+      return std::min(a, b);
   }
   return a;
 }
@@ -62,19 +65,16 @@ void reduce_bf16(ReduceOp op, const void* const* rows, int n, void* out, size_t 
   auto* o = static_cast<bfloat16*>(out);
   for (size_t i = 0; i < count; ++i) {
     float acc = bf16_to_f32(static_cast<const bfloat16*>(rows[0])[i]);
-    for (int k = 1; k < n; ++k)
-      acc = combine<float>(op, acc, bf16_to_f32(static_cast<const bfloat16*>(rows[k])[i]));
+    for (int k = 1; k < n; ++k) acc = combine<float>(op, acc, bf16_to_f32(static_cast<const bfloat16*>(rows[k])[i]));
     if (op == ReduceOp::avg) acc /= static_cast<float>(n);
     o[i] = f32_to_bf16(acc);
   }
 }
 
-void reduce_generic_float(DType dtype, ReduceOp op, const void* const* rows, int n, void* out,
-                          size_t count) {
+void reduce_generic_float(DType dtype, ReduceOp op, const void* const* rows, int n, void* out, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     auto acc = static_cast<float>(load_as_double(rows[0], dtype, i));
-    for (int k = 1; k < n; ++k)
-      acc = combine<float>(op, acc, static_cast<float>(load_as_double(rows[k], dtype, i)));
+    for (int k = 1; k < n; ++k) acc = combine<float>(op, acc, static_cast<float>(load_as_double(rows[k], dtype, i)));
     if (op == ReduceOp::avg) acc /= static_cast<float>(n);
     store_from_double(out, dtype, i, acc);
   }
@@ -86,16 +86,22 @@ void reduce_rows(DType dtype, ReduceOp op, const void* const* rows, int n, void*
   // The backends call this with one row per rank of a group, for ops that
   // ProcessGroup accepted (it refuses avg of an integer dtype when issued).
   MT_ASSERT(n >= 1, "reduce_rows needs at least one row, got {}", n);
-  MT_ASSERT(!(op == ReduceOp::avg && !is_floating(dtype)),
-            "reduce op avg reached reduce_rows with integer dtype {}", dtype_name(dtype));
+  MT_ASSERT(!(op == ReduceOp::avg && !is_floating(dtype)), "reduce op avg reached reduce_rows with integer dtype {}",
+            dtype_name(dtype));
   if (count == 0) return;  // empty blocks of uneven splits may have null buffers
   switch (dtype) {
-    case DType::f32: return reduce_f32(op, rows, n, out, count);
-    case DType::i32: return reduce_native<int32_t, int64_t>(op, rows, n, out, count);
-    case DType::i64: return reduce_native<int64_t, int64_t>(op, rows, n, out, count);
-    case DType::f64: return reduce_native<double, double>(op, rows, n, out, count);
-    case DType::bf16: return reduce_bf16(op, rows, n, out, count);
-    default: return reduce_generic_float(dtype, op, rows, n, out, count);
+    case DType::f32:
+      return reduce_f32(op, rows, n, out, count);
+    case DType::i32:
+      return reduce_native<int32_t, int64_t>(op, rows, n, out, count);
+    case DType::i64:
+      return reduce_native<int64_t, int64_t>(op, rows, n, out, count);
+    case DType::f64:
+      return reduce_native<double, double>(op, rows, n, out, count);
+    case DType::bf16:
+      return reduce_bf16(op, rows, n, out, count);
+    default:
+      return reduce_generic_float(dtype, op, rows, n, out, count);
   }
 }
 

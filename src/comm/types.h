@@ -9,9 +9,7 @@ namespace meshtrain::comm {
 enum class ReduceOp : uint8_t { sum, avg, max, min };
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 
-enum class OpType : uint8_t {
-  all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier, send, recv
-};
+enum class OpType : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier, send, recv };
 
 std::string_view reduce_op_name(ReduceOp op);
 ReduceOp parse_reduce_op(std::string_view name);

@@ -39,15 +39,12 @@ Clock::time_point last_continued() noexcept {
 }
 
 std::string WorkInfo::describe() const {
-  return fmt::format("{} ({}seq {}) on group '{}' ({} ranks)", op_type_name(op), p2p ? "p2p " : "",
-                     seq, group, group_size);
+  return fmt::format("{} ({}seq {}) on group '{}' ({} ranks)", op_type_name(op), p2p ? "p2p " : "", seq, group,
+                     group_size);
 }
 
 Work::Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id)
-    : info_(std::move(info)),
-      recorder_(std::move(recorder)),
-      recorder_id_(recorder_id),
-      issued_at_(Clock::now()) {
+    : info_(std::move(info)), recorder_(std::move(recorder)), recorder_id_(recorder_id), issued_at_(Clock::now()) {
   watch_for_continuation();
 }
 
@@ -103,8 +100,8 @@ void Work::wait() {
   }
   std::lock_guard lock(mu_);
   if (!done_)
-    throw TimeoutError(fmt::format("{} timed out after {} ms and the backend did not cancel it",
-                                   info_.describe(), info_.timeout.count()));
+    throw TimeoutError(fmt::format("{} timed out after {} ms and the backend did not cancel it", info_.describe(),
+                                   info_.timeout.count()));
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -29,7 +29,7 @@ struct FlatStep {
   // graph after the lowered-step passes (none on one rank).
   std::optional<StepLayout> layout;
   std::map<graph::ValueId, graph::ValueId> values;  // each global value's value in running()
-  graph::Schedule schedule;  // running()'s order and memory plan
+  graph::Schedule schedule;                         // running()'s order and memory plan
 
   const graph::Graph& running() const { return layout ? layout->lowered.graph : global; }
 };

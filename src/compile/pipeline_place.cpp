@@ -22,11 +22,12 @@ parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ra
           read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
       MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
                "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
-               "at 0 to take the file's)", p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
+               "at 0 to take the file's)",
+               p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
       MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
                "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
-               "pp_stages_per_rank at 0 to take the file's)", p.pp_stages_per_rank, p.pp_schedule_csv,
-               compute.stages_per_rank);
+               "pp_stages_per_rank at 0 to take the file's)",
+               p.pp_stages_per_rank, p.pp_schedule_csv, compute.stages_per_rank);
     } else {
       const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
       MT_CHECK(per_rank <= 64 && micro <= 65536,
@@ -39,7 +40,8 @@ parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ra
   const int64_t micro = compute.microbatches;
   MT_CHECK(config.data.batch_size % (micro * accum) == 0,
            "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
-           "the batch's sequences", config.data.batch_size, micro,
+           "the batch's sequences",
+           config.data.batch_size, micro,
            accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
   try {
     parallel::validate_pp_schedule(compute);
@@ -102,7 +104,7 @@ std::string pipeline_programs_text(const PipelinePlace& place, const std::vector
   out += fmt::format("# actions: {}\n", fmt::join(actions, " "));
   for (const PipelineStage* st : stages) {
     std::vector<std::pair<const char*, const graph::ExtractedGraph*>> programs{{"unshard", &st->unshard},
-                                                                              {"forward", &st->forward}};
+                                                                               {"forward", &st->forward}};
     if (place.splits_backward) {
       programs.emplace_back("backward_input", &st->backward_input);
       programs.emplace_back("backward_weight", &st->backward_weight);

@@ -36,8 +36,8 @@ struct PipelinePlace {
   std::optional<sharding::DeviceMesh> stage_mesh;
   parallel::PpSchedule schedule;
   std::vector<models::LlamaSpan> spans;
-  int64_t accumulation = 1;    // training.grad_accum_steps: the schedule runs this many times a step
-  int64_t microbatch_rows = 0;  // the step's rows / (microbatches x accumulation)
+  int64_t accumulation = 1;      // training.grad_accum_steps: the schedule runs this many times a step
+  int64_t microbatch_rows = 0;   // the step's rows / (microbatches x accumulation)
   bool splits_backward = false;  // zero-bubble: backward as its input and weight halves
 
   StageMesh where() const { return stage_mesh ? StageMesh{&*stage_mesh, stage_rank} : StageMesh{}; }

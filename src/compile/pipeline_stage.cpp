@@ -1,15 +1,15 @@
 #include "compile/pipeline_stage.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
 
-#include <fmt/ranges.h>
-
+#include "compile/step.h"
 #include "core/error.h"
 #include "graph/autodiff.h"
 #include "parallel/plan.h"
-#include "compile/step.h"
 #include "sched/pass.h"
 #include "sched/schedule.h"
 #include "sharding/planner.h"
@@ -31,7 +31,8 @@ std::vector<models::LlamaSpan> pipeline_spans(const models::LlamaConfig& model, 
   }
   MT_CHECK(static_cast<int64_t>(counts.size()) == stages,
            "parallel.pp_layers_per_stage lists {} stages ([{}]) but the pipeline has {} (parallel.pp x "
-           "parallel.pp_stages_per_rank)", counts.size(), fmt::join(counts, ", "), stages);
+           "parallel.pp_stages_per_rank)",
+           counts.size(), fmt::join(counts, ", "), stages);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   MT_CHECK(total == units,
            "parallel.pp_layers_per_stage [{}] adds up to {}, but the model has {} units to split: model.n_layers {} "
@@ -71,8 +72,8 @@ namespace {
 // The stage's joint graph laid out on the stage mesh by the [parallel] plan
 // and lowered for this rank; the stage's values become their local values.
 void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, const sched::RankDevice* device,
-                   const models::LlamaGraph& m,
-                   const std::map<graph::ValueId, graph::ValueId>& gradient_of, PipelineStage& st) {
+                   const models::LlamaGraph& m, const std::map<graph::ValueId, graph::ValueId>& gradient_of,
+                   PipelineStage& st) {
   const sharding::DeviceMesh& mesh = *where.mesh;
   const graph::Graph& g = st.joint;
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
@@ -153,8 +154,8 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
 
 }  // namespace
 
-PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows, const StageMesh& where, const sched::RankDevice* device) {
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans,
+                                   int index, int64_t rows, const StageMesh& where, const sched::RankDevice* device) {
   MT_CHECK(index >= 0 && index < static_cast<int>(spans.size()), "pipeline stage {} of {}", index, spans.size());
   PipelineStage st;
   st.index = index;
@@ -214,9 +215,10 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   std::set<graph::ValueId> derived;
   for (const graph::NodeId n : forward) {
     const graph::Node& node = g.node(n);
-    const bool only = !node.inputs.empty() && std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
-      return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
-    });
+    const bool only =
+        !node.inputs.empty() && std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
+          return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
+        });
     if (!only) {
       forward_rest.push_back(n);
       continue;

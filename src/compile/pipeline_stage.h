@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "graph/extract.h"
 #include "graph/graph.h"
 #include "models/llama.h"
 #include "sched/estimate.h"
 #include "sharding/device_mesh.h"
 #include "sharding/layout.h"
-#include "config/config.h"
 
 namespace meshtrain::compile {
 
@@ -47,9 +47,9 @@ struct PipelineStage {
   // step reduces the sum into the parameter's layout (REDUCE_GRAD).
   std::map<std::string, sharding::Layout> parameter_layouts, gradient_layouts;
   sharding::Layout batch_layout;  // on a stage mesh: the tokens' and targets' (rows split over data parallel)
-  std::vector<std::string> parameter_names;               // Hugging Face names, in order
-  std::vector<graph::ValueId> parameters, gradients;      // in `joint`, by parameter_names
-  graph::ValueId input;            // the tokens (first stage) or the residual stream received
+  std::vector<std::string> parameter_names;           // Hugging Face names, in order
+  std::vector<graph::ValueId> parameters, gradients;  // in `joint`, by parameter_names
+  graph::ValueId input;                               // the tokens (first stage) or the residual stream received
   graph::ValueId targets, count;   // last stage: the microbatch's targets, the batch's valid-target count
   graph::ValueId output;           // the residual stream sent on, or (last stage) the microbatch's loss
   graph::ValueId output_gradient;  // not last: the gradient of `output` received back
@@ -79,7 +79,8 @@ struct PipelineStage {
 // through the lowered-step passes a flat step goes through (bucketing,
 // waits sunk, reordering: run_lowered_step_passes), costed on it; null: the
 // stage as lowered.
-PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans, int index,
-                                   int64_t rows, const StageMesh& mesh = {}, const sched::RankDevice* device = nullptr);
+PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std::vector<models::LlamaSpan>& spans,
+                                   int index, int64_t rows, const StageMesh& mesh = {},
+                                   const sched::RankDevice* device = nullptr);
 
 }  // namespace meshtrain::compile

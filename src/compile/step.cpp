@@ -31,7 +31,8 @@ void check_benchmark_hardware(const sched::HardwareProfile& hardware) {
   MT_CHECK(hardware.shared_host,
            "schedule.estimate = \"benchmark\" times the kernels on this machine's CPUs, so schedule.hardware (or "
            "--hardware) must be a profile of this machine (shared_host: cpu-2core, or one bench/calibrate.sh made); "
-           "'{}' is not. Use schedule.estimate = \"roofline\" for other hardware", hardware.name);
+           "'{}' is not. Use schedule.estimate = \"roofline\" for other hardware",
+           hardware.name);
 }
 
 namespace {
@@ -49,7 +50,8 @@ sharding::DeviceMesh check_pipeline_config(const config::TrainConfig& config, in
   const parallel::ParallelConfig& p = config.parallel;
   MT_CHECK(world_size % p.pp == 0,
            "parallel.pp {} must divide the job's {} ranks: each pipeline stage runs on ranks / pp of them (mpirun -n "
-           "a multiple of {})", p.pp, world_size, p.pp);
+           "a multiple of {})",
+           p.pp, world_size, p.pp);
   const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
   const int64_t dp = mesh.size(1) * mesh.size(2);
   // The schedule's own checks first, naming the key; its microbatches and stages (read from
@@ -64,7 +66,8 @@ sharding::DeviceMesh check_pipeline_config(const config::TrainConfig& config, in
   check_tp_divides(config);
   MT_CHECK(config.schedule.estimate == config::EstimateMode::roofline && config.schedule.memory_budget_mb == 0,
            "schedule.estimate = \"benchmark\" and schedule.memory_budget_mb with parallel.pp {}: the scheduling "
-           "passes do not cost pipeline stages yet; leave them at their defaults", p.pp);
+           "passes do not cost pipeline stages yet; leave them at their defaults",
+           p.pp);
   pipeline_spans(config.model, schedule.stages(), p.pp_layers_per_stage);
   return mesh;
 }
@@ -126,7 +129,8 @@ std::string over_budget_message(const config::TrainConfig& config, double needed
       config.schedule.memory_budget_mb, rank, needed_bytes / (1 << 20),
       static_cast<int64_t>(std::ceil(needed_bytes / (1 << 20))),
       views ? ", or try schedule.bucket_views = false: buckets then copy their members, which lowers some steps' "
-              "peak and raises others'" : "");
+              "peak and raises others'"
+            : "");
 }
 
 void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device, int mesh_ndim,
@@ -158,26 +162,27 @@ void run_lowered_step_passes(const config::TrainConfig& config, const sched::Ran
   sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(lowered);
 }
 
-StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels) {
+StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step,
+                        int world_size, int rank, const sched::HardwareProfile& hardware,
+                        const MeasureKernels& measured_kernels) {
   MT_CHECK(config.parallel.pp == 1,
            "parallel.pp {}: a pipeline is not laid out as one step graph; each stage is laid out on its own ranks "
-           "(compile/pipeline_stage.h)", config.parallel.pp);
+           "(compile/pipeline_stage.h)",
+           config.parallel.pp);
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
-  const parallel::StepLayouts layouts =
-      parallel::step_layouts(mesh, g,
-                             step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32),
-                             config.parallel);
+  const parallel::StepLayouts layouts = parallel::step_layouts(
+      mesh, g, step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32), config.parallel);
   out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
   out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
                             {.reshard_after_forward = config.parallel.reshard_after_forward});
-  const sched::RankDevice device{hardware, world_size, measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
+  const sched::RankDevice device{hardware, world_size,
+                                 measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
   run_lowered_step_passes(
-      config, device, mesh.ndim(),
-      [&](const graph::Graph& r) { return schedule_step(g, step, r, out.lowered.values); }, out.lowered.graph);
+      config, device, mesh.ndim(), [&](const graph::Graph& r) { return schedule_step(g, step, r, out.lowered.values); },
+      out.lowered.graph);
   return out;
 }
 

@@ -50,8 +50,9 @@ using MeasureKernels = std::function<const sched::KernelTimes*(const graph::Grap
 // each collective node lists its group's ranks, so time and memory grow with
 // the groups (an 8B step on 2^17 ranks of FSDP: about 20 s and 1 GiB here).
 inline constexpr int64_t kMaxLaidOutRanks = int64_t{1} << 17;
-StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step, int world_size,
-                        int rank, const sched::HardwareProfile& hardware, const MeasureKernels& measured_kernels = {});
+StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step,
+                        int world_size, int rank, const sched::HardwareProfile& hardware,
+                        const MeasureKernels& measured_kernels = {});
 // The passes a rank's lowered graph goes through before it is scheduled
 // (sched::lowered_step_pipeline), as config's [schedule] keys ask:
 // collectives bucketed, waits sunk, and collectives started early where

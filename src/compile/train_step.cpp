@@ -61,7 +61,8 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
       }
       s.model.loss = b.add(s.model.loss, m.loss);
       for (size_t i = 0; i < grads.size(); ++i) grads[i] = b.add(grads[i], micro_grads[i]);
-      for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
+      for (const auto member :
+           {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
         (s.model.*member).insert((s.model.*member).end(), (m.*member).begin(), (m.*member).end());
       s.model.param_copies.insert(s.model.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
     }
@@ -80,8 +81,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 }
 
 void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
-                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const config::OptimizerConfig& opt,
-                      double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s) {
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm,
+                      const config::OptimizerConfig& opt, double max_grad_norm,
+                      const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s) {
   graph::Builder b(g);
   const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);

@@ -6,23 +6,23 @@
 #include <map>
 #include <string>
 
+#include "config/config.h"
 #include "graph/graph.h"
 #include "models/llama.h"
-#include "config/config.h"
 #include "parallel/plan.h"
 
 namespace meshtrain::compile {
 
 struct TrainStepGraph {
   models::LlamaGraph model;
-  graph::ValueId lr;         // f64 scalar input, set each step (schedule)
-  graph::ValueId step;       // i64 scalar input, 1-based (bias correction)
-  graph::ValueId grad_norm;  // global L2 norm of the gradients, before clipping
+  graph::ValueId lr;                                          // f64 scalar input, set each step (schedule)
+  graph::ValueId step;                                        // i64 scalar input, 1-based (bias correction)
+  graph::ValueId grad_norm;                                   // global L2 norm of the gradients, before clipping
   std::map<std::string, graph::ValueId> exp_avg, exp_avg_sq;  // optimizer state inputs by parameter name
   // Updated value -> its buffer. The graph's outputs are the loss, grad_norm
   // and every updated value.
   std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs;
-  std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  std::map<graph::ValueId, graph::ValueId> gradient_of;          // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient AdamW reads
 };
 
@@ -35,7 +35,7 @@ struct StepOptions {
   // The forward and backward in another dtype (bf16: each use of a
   // parameter a bf16 copy, activations bf16, the loss f32).
   std::optional<DType> compute_dtype;
-  bool split_loss = false;   // see models::build_llama
+  bool split_loss = false;  // see models::build_llama
   // Gradient accumulation: the batch's rows in this many microbatches (row i
   // in microbatch i mod micro_batches, so each data-parallel rank's rows
   // split alike), each's forward and backward in turn, their gradients
@@ -52,8 +52,9 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
 // then each update as outputs, and fills those members of `s` (exp_avg,
 // exp_avg_sq, lr, step, applied_gradient_of, write_backs).
 void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, const std::vector<graph::ValueId>& params,
-                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm, const config::OptimizerConfig& opt,
-                      double max_grad_norm, const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
+                      const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm,
+                      const config::OptimizerConfig& opt, double max_grad_norm,
+                      const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
 
 // What each value of the step is to a parallel plan: parameters (split over
 // tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer

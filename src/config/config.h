@@ -45,9 +45,9 @@ struct TrainConfig {
   struct {
     int64_t steps = 100;
     int64_t seed = 0;
-    double max_grad_norm = 1.0;  // global gradient-norm clipping; 0: none
-    DType dtype = DType::f32;  // compute dtype: float32 or bfloat16 (master weights stay f32)
-    int64_t grad_accum_steps = 1;  // microbatches per step, their gradients summed
+    double max_grad_norm = 1.0;       // global gradient-norm clipping; 0: none
+    DType dtype = DType::f32;         // compute dtype: float32 or bfloat16 (master weights stay f32)
+    int64_t grad_accum_steps = 1;     // microbatches per step, their gradients summed
     DType reduce_dtype = DType::f32;  // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
     // A step whose gradient norm is NaN or infinite (no update applied):
     // false stops the run naming it; true goes on, counting it in the metrics.
@@ -56,11 +56,11 @@ struct TrainConfig {
   struct {
     std::string init_from;
     std::string folder;
-    int64_t interval = 0;  // 0: only at the end (when folder is set)
-    int64_t load_step = 0;    // the step to resume from; 0: the newest complete checkpoint in folder
+    int64_t interval = 0;       // 0: only at the end (when folder is set)
+    int64_t load_step = 0;      // the step to resume from; 0: the newest complete checkpoint in folder
     int64_t keep_latest_k = 0;  // checkpoints kept in folder; 0: all
-    std::string export_file;  // whole weights as Hugging Face safetensors after the last step; "": none
-    bool async = false;  // copy the state and write it on a thread of its own while training goes on
+    std::string export_file;    // whole weights as Hugging Face safetensors after the last step; "": none
+    bool async = false;         // copy the state and write it on a thread of its own while training goes on
   } checkpoint;
   struct {
     std::string file;
@@ -74,12 +74,12 @@ struct TrainConfig {
     double timeout_s = 600;
   } comm;
   struct {
-    sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;  // none, full or selective
+    sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;      // none, full or selective
     sched::SelectiveMatmuls selective_matmuls = sched::SelectiveMatmuls::all;  // selective: all or every_other kept
   } activation_checkpoint;
   struct {
     sched::BucketMode bucket_mode = sched::BucketMode::per_block;  // none, per_block, size_cap or auto
-    double bucket_cap_mb = 25;      // size_cap: a bucket's bytes per rank
+    double bucket_cap_mb = 25;                                     // size_cap: a bucket's bytes per rank
     bool bucket_views = true;       // members as views of their bucket (false: copied in and out)
     bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
     int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget

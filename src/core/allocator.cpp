@@ -47,8 +47,8 @@ void* CachingAllocator::allocate(size_t bytes) {
       ptr = std::aligned_alloc(kAlignment, size);
     }
     if (ptr == nullptr)
-      throw Error(fmt::format("out of host memory: allocating {} bytes failed ({} bytes in use)",
-                              size, stats_.current_bytes));
+      throw Error(
+          fmt::format("out of host memory: allocating {} bytes failed ({} bytes in use)", size, stats_.current_bytes));
     stats_.reserved_bytes += size;
   }
   live_.emplace(ptr, got);
@@ -61,8 +61,7 @@ void CachingAllocator::deallocate(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard lock(mu_);
   auto it = live_.find(ptr);
-  if (it == live_.end())
-    throw Error(fmt::format("deallocate: pointer {} was not allocated by this allocator", ptr));
+  if (it == live_.end()) throw Error(fmt::format("deallocate: pointer {} was not allocated by this allocator", ptr));
   stats_.current_bytes -= it->second;
   cached_.emplace(it->second, ptr);
   live_.erase(it);

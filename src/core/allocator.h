@@ -38,8 +38,8 @@ class CachingAllocator {
   void free_cached_locked();
 
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> cached_;          // block size -> free block
-  std::unordered_map<void*, size_t> live_;       // block -> block size
+  std::multimap<size_t, void*> cached_;     // block size -> free block
+  std::unordered_map<void*, size_t> live_;  // block -> block size
   AllocatorStats stats_;
 };
 

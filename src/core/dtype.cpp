@@ -11,14 +11,22 @@ namespace meshtrain {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::f8e4m3: return 1;
-    case DType::f8e5m2: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::f64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::f8e4m3:
+      return 1;
+    case DType::f8e5m2:
+      return 1;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::f64:
+      return 8;
   }
   // Every DType is one of the cases above: no input (a file's dtype string, a
   // config key) becomes a DType except through parse_dtype.
@@ -28,32 +36,45 @@ size_t dtype_size(DType t) {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::f8e4m3: return "f8e4m3";
-    case DType::f8e5m2: return "f8e5m2";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::f64: return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::f8e4m3:
+      return "f8e4m3";
+    case DType::f8e5m2:
+      return "f8e5m2";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::f64:
+      return "f64";
   }
   return "invalid";
 }
 
 DType parse_dtype(std::string_view name) {
-  struct Alias { std::string_view name; DType type; };
-  static constexpr Alias aliases[] = {
-      {"f32", DType::f32},        {"float32", DType::f32},       {"float", DType::f32},
-      {"bf16", DType::bf16},      {"bfloat16", DType::bf16},     {"f16", DType::f16},
-      {"float16", DType::f16},    {"half", DType::f16},          {"f8e4m3", DType::f8e4m3},
-      {"float8_e4m3fn", DType::f8e4m3}, {"f8e5m2", DType::f8e5m2}, {"float8_e5m2", DType::f8e5m2},
-      {"i32", DType::i32},        {"int32", DType::i32},         {"i64", DType::i64},
-      {"int64", DType::i64},      {"f64", DType::f64},           {"float64", DType::f64},
-      {"double", DType::f64}};
+  struct Alias {
+    std::string_view name;
+    DType type;
+  };
+  static constexpr Alias aliases[] = {{"f32", DType::f32},       {"float32", DType::f32},
+                                      {"float", DType::f32},     {"bf16", DType::bf16},
+                                      {"bfloat16", DType::bf16}, {"f16", DType::f16},
+                                      {"float16", DType::f16},   {"half", DType::f16},
+                                      {"f8e4m3", DType::f8e4m3}, {"float8_e4m3fn", DType::f8e4m3},
+                                      {"f8e5m2", DType::f8e5m2}, {"float8_e5m2", DType::f8e5m2},
+                                      {"i32", DType::i32},       {"int32", DType::i32},
+                                      {"i64", DType::i64},       {"int64", DType::i64},
+                                      {"f64", DType::f64},       {"float64", DType::f64},
+                                      {"double", DType::f64}};
   for (const auto& a : aliases)
     if (a.name == name) return a.type;
-  throw InvalidArgument(fmt::format(
-      "unknown dtype '{}': expected one of f32, bf16, f16, f8e4m3, f8e5m2, i32, i64, f64", name));
+  throw InvalidArgument(
+      fmt::format("unknown dtype '{}': expected one of f32, bf16, f16, f8e4m3, f8e5m2, i32, i64, f64", name));
 }
 
 bool is_floating(DType t) { return t != DType::i32 && t != DType::i64; }
@@ -83,8 +104,7 @@ uint32_t encode_finite_magnitude(double v, const FloatFormat& f) {
   int e = 0;
   std::frexp(v, &e);
   const int unbiased = e - 1;
-  const auto mantissa =
-      static_cast<uint32_t>(std::ldexp(v, f.mantissa_bits - unbiased)) - (1u << f.mantissa_bits);
+  const auto mantissa = static_cast<uint32_t>(std::ldexp(v, f.mantissa_bits - unbiased)) - (1u << f.mantissa_bits);
   return (static_cast<uint32_t>(unbiased + f.bias) << f.mantissa_bits) | mantissa;
 }
 
@@ -116,10 +136,8 @@ double decode(uint32_t bits, const FloatFormat& f) {
   const uint32_t exp_all_ones = (1u << f.exponent_bits) - 1;
   double v;
   if (f.has_inf && exp_field == exp_all_ones) {
-    v = mantissa == 0 ? std::numeric_limits<double>::infinity()
-                      : std::numeric_limits<double>::quiet_NaN();
-  } else if (!f.has_inf && exp_field == exp_all_ones &&
-             mantissa == (1u << f.mantissa_bits) - 1) {
+    v = mantissa == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  } else if (!f.has_inf && exp_field == exp_all_ones && mantissa == (1u << f.mantissa_bits) - 1) {
     v = std::numeric_limits<double>::quiet_NaN();
   } else if (exp_field == 0) {
     v = std::ldexp(static_cast<double>(mantissa), 1 - f.bias - f.mantissa_bits);
@@ -141,14 +159,22 @@ float e5m2_to_f32(uint8_t bits) { return static_cast<float>(decode(bits, kE5M2))
 
 double load_as_double(const void* data, DType t, size_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const bfloat16*>(data)[i]);
-    case DType::f16: return decode(static_cast<const uint16_t*>(data)[i], kF16);
-    case DType::f8e4m3: return decode(static_cast<const uint8_t*>(data)[i], kE4M3);
-    case DType::f8e5m2: return decode(static_cast<const uint8_t*>(data)[i], kE5M2);
-    case DType::i32: return static_cast<const int32_t*>(data)[i];
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::f64: return static_cast<const double*>(data)[i];
+    case DType::f32:
+      return static_cast<const float*>(data)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const bfloat16*>(data)[i]);
+    case DType::f16:
+      return decode(static_cast<const uint16_t*>(data)[i], kF16);
+    case DType::f8e4m3:
+      return decode(static_cast<const uint8_t*>(data)[i], kE4M3);
+    case DType::f8e5m2:
+      return decode(static_cast<const uint8_t*>(data)[i], kE5M2);
+    case DType::i32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::f64:
+      return static_cast<const double*>(data)[i];
   }
   return 0.0;
 }
@@ -167,14 +193,30 @@ Int round_to_int(double v) {
 void store_from_double(void* data, DType t, size_t i, double v) {
   switch (t) {
     // double -> float rounds to nearest even in the default FP environment.
-    case DType::f32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
-    case DType::bf16: static_cast<bfloat16*>(data)[i] = static_cast<bfloat16>(encode(v, kBF16)); return;
-    case DType::f16: static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(encode(v, kF16)); return;
-    case DType::f8e4m3: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE4M3)); return;
-    case DType::f8e5m2: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE5M2)); return;
-    case DType::i32: static_cast<int32_t*>(data)[i] = round_to_int<int32_t>(v); return;
-    case DType::i64: static_cast<int64_t*>(data)[i] = round_to_int<int64_t>(v); return;
-    case DType::f64: static_cast<double*>(data)[i] = v; return;
+    case DType::f32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      return;
+    case DType::bf16:
+      static_cast<bfloat16*>(data)[i] = static_cast<bfloat16>(encode(v, kBF16));
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(encode(v, kF16));
+      return;
+    case DType::f8e4m3:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE4M3));
+      return;
+    case DType::f8e5m2:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(encode(v, kE5M2));
+      return;
+    case DType::i32:
+      static_cast<int32_t*>(data)[i] = round_to_int<int32_t>(v);
+      return;
+    case DType::i64:
+      static_cast<int64_t*>(data)[i] = round_to_int<int64_t>(v);
+      return;
+    case DType::f64:
+      static_cast<double*>(data)[i] = v;
+      return;
   }
 }
 

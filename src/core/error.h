@@ -43,16 +43,16 @@ class InternalError : public std::logic_error {
 }  // namespace meshtrain
 
 // Throw ExcType with a fmt-formatted message when cond is false.
-#define MT_CHECK_T(ExcType, cond, ...)                     \
-  do {                                                     \
-    if (!(cond)) throw ExcType(fmt::format(__VA_ARGS__));  \
+#define MT_CHECK_T(ExcType, cond, ...)                    \
+  do {                                                    \
+    if (!(cond)) throw ExcType(fmt::format(__VA_ARGS__)); \
   } while (0)
 // A user error: input (config, file, option, argument) that cannot be used.
 #define MT_CHECK(cond, ...) MT_CHECK_T(::meshtrain::InvalidArgument, cond, __VA_ARGS__)
 // An invariant of meshtrain's own: false only through a bug. Names the place.
-#define MT_ASSERT(cond, ...)                                                                        \
-  do {                                                                                              \
-    if (!(cond))                                                                                    \
-      throw ::meshtrain::InternalError(fmt::format("internal error at {}:{} ({}): {}", __FILE__, __LINE__, \
-                                                   #cond, fmt::format(__VA_ARGS__)));               \
+#define MT_ASSERT(cond, ...)                                                                                     \
+  do {                                                                                                           \
+    if (!(cond))                                                                                                 \
+      throw ::meshtrain::InternalError(                                                                          \
+          fmt::format("internal error at {}:{} ({}): {}", __FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__))); \
   } while (0)

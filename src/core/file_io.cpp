@@ -55,8 +55,8 @@ void AtomicFile::commit() {
   if (::close(fd) != 0) {
     const int error = errno;
     ::unlink(temporary_.c_str());
-    throw Error(fmt::format("writing {} failed: close: {}; nothing was written under that name", path_,
-                            std::strerror(error)));
+    throw Error(
+        fmt::format("writing {} failed: close: {}; nothing was written under that name", path_, std::strerror(error)));
   }
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
     const int error = errno;

@@ -48,7 +48,8 @@ std::vector<int64_t> json_integer_list(const Json& j, std::string_view key, int6
   MT_CHECK(j.is_object() && j.contains(key) && j[std::string(key)].is_array(), "key '{}' must be an array of integers",
            key);
   std::vector<int64_t> out;
-  for (const auto& v : j[std::string(key)]) out.push_back(json_integer_value(v, fmt::format("'{}' element", key), lowest, highest));
+  for (const auto& v : j[std::string(key)])
+    out.push_back(json_integer_value(v, fmt::format("'{}' element", key), lowest, highest));
   return out;
 }
 

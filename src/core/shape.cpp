@@ -1,8 +1,8 @@
 #include "core/shape.h"
 
-#include <charconv>
-
 #include <fmt/ranges.h>
+
+#include <charconv>
 
 #include "core/error.h"
 
@@ -14,14 +14,15 @@ Shape::Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {
   int64_t n = 1;
   bool too_many = false, empty = false;
   for (size_t i = 0; i < dims_.size(); ++i) {
-    MT_CHECK(dims_[i] >= 0, "shape ({}) has negative extent {} at dim {}", fmt::join(dims_, ", "),
-             dims_[i], i);
+    MT_CHECK(dims_[i] >= 0, "shape ({}) has negative extent {} at dim {}", fmt::join(dims_, ", "), dims_[i], i);
     empty |= dims_[i] == 0;
     too_many |= __builtin_mul_overflow(n, dims_[i], &n) || n > kMaxElements;
   }
   // An empty dim holds nothing, whatever the others' extents.
-  MT_CHECK(!too_many || empty, "shape ({}) has more elements than fit in memory (over 2^56); a size derived from "
-           "the input (a config key, a file header, a command-line shape) is too large", fmt::join(dims_, ", "));
+  MT_CHECK(!too_many || empty,
+           "shape ({}) has more elements than fit in memory (over 2^56); a size derived from "
+           "the input (a config key, a file header, a command-line shape) is too large",
+           fmt::join(dims_, ", "));
 }
 
 int64_t Shape::dim(int64_t d) const {

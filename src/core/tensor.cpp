@@ -28,8 +28,10 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, CachingAllocator& alloc) {
 
 void Tensor::check_element_type(DType requested) const {
   MT_CHECK(defined(), "data<{}>() on an undefined tensor", dtype_name(requested));
-  MT_CHECK(requested == dtype_, "data<{}>() on a tensor of dtype {}: use data<> with the matching "
-           "element type or convert with to()", dtype_name(requested), dtype_name(dtype_));
+  MT_CHECK(requested == dtype_,
+           "data<{}>() on a tensor of dtype {}: use data<> with the matching "
+           "element type or convert with to()",
+           dtype_name(requested), dtype_name(dtype_));
 }
 
 void Tensor::check_index(int64_t i) const {
@@ -62,15 +64,13 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  MT_CHECK(shape.numel() == numel(), "cannot reshape tensor {} to {}: {} elements vs {}",
-           describe(), shape.to_string(), numel(), shape.numel());
+  MT_CHECK(shape.numel() == numel(), "cannot reshape tensor {} to {}: {} elements vs {}", describe(), shape.to_string(),
+           numel(), shape.numel());
   Tensor t = *this;
   t.shape_ = shape;
   return t;
 }
 
-std::string Tensor::describe() const {
-  return fmt::format("{}{}", dtype_name(dtype_), shape_.to_string());
-}
+std::string Tensor::describe() const { return fmt::format("{}{}", dtype_name(dtype_), shape_.to_string()); }
 
 }  // namespace meshtrain

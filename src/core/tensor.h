@@ -16,12 +16,28 @@
 namespace meshtrain {
 
 // The C++ element type that stores a dtype (f16 and fp8 have none).
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<bfloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
 
 class Tensor {
  public:
@@ -41,11 +57,13 @@ class Tensor {
   const void* raw() const { return storage_ ? storage_->ptr : nullptr; }
 
   // Typed view; throws when T does not store this tensor's dtype.
-  template <typename T> std::span<T> data() {
+  template <typename T>
+  std::span<T> data() {
     check_element_type(dtype_of<std::remove_const_t<T>>::value);
     return {static_cast<T*>(raw()), static_cast<size_t>(numel())};
   }
-  template <typename T> std::span<const T> data() const {
+  template <typename T>
+  std::span<const T> data() const {
     check_element_type(dtype_of<std::remove_const_t<T>>::value);
     return {static_cast<const T*>(raw()), static_cast<size_t>(numel())};
   }

@@ -52,7 +52,7 @@ std::vector<ValueId> Builder::rms_norm_backward(ValueId x, ValueId w, ValueId dy
   return op_outputs("rms_norm_backward", {x, w, dy}, {attr::eps(eps)});
 }
 ValueId Builder::cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, ValueId count,
-                                       int64_t ignore_index) {
+                                        int64_t ignore_index) {
   return op("cross_entropy_backward", {logits, targets, dloss, count}, {attr::ignore_index(ignore_index)});
 }
 ValueId Builder::embedding_backward(ValueId ids, ValueId dout, int64_t vocab) {

@@ -16,7 +16,7 @@ class Builder {
   std::vector<ValueId> op_outputs(const std::string& name, const std::vector<ValueId>& inputs, const Attrs& attrs = {});
 
   ValueId full(const Shape& shape, DType dtype, double value);  // a constant
-  ValueId cast(ValueId x, DType dtype);  // its backward casts the gradient back
+  ValueId cast(ValueId x, DType dtype);                         // its backward casts the gradient back
   ValueId add(ValueId a, ValueId b);
   ValueId mul(ValueId a, ValueId b);
   ValueId scale(ValueId a, double alpha);
@@ -29,7 +29,7 @@ class Builder {
   ValueId reshape(ValueId a, const Shape& shape);
   ValueId transpose(ValueId a, int dim0, int dim1);
   ValueId silu(ValueId x);
-  ValueId softmax(ValueId x);  // over the last dim
+  ValueId softmax(ValueId x);                               // over the last dim
   ValueId rms_norm(ValueId x, ValueId weight, double eps);  // over the last dim
   // Mean over rows whose target != ignore_index; targets i64.
   // The mean over the rows whose target is not ignore_index: count_valid,
@@ -58,13 +58,13 @@ class Builder {
   // the sum of several ranks' sums) in `dtype`.
   ValueId sum_of_squares(const std::vector<ValueId>& xs);
   ValueId norm_from_sum_of_squares(ValueId total, DType dtype);
-  ValueId clip_coefficient(ValueId norm, double max_norm);      // min(1, max_norm / (norm + 1e-6)), as PyTorch
-  ValueId scale_by(ValueId x, ValueId scalar);                      // x * scalar (a one-element tensor)
+  ValueId clip_coefficient(ValueId norm, double max_norm);  // min(1, max_norm / (norm + 1e-6)), as PyTorch
+  ValueId scale_by(ValueId x, ValueId scalar);              // x * scalar (a one-element tensor)
   // AdamW (PyTorch semantics); lr f64 and step i64 are scalar inputs -> {param, m, v} updated.
   // `apply_if_finite` (a scalar, the step's gradient norm): where it is NaN
   // or infinite, the outputs are the inputs unchanged (the step is skipped).
-  std::vector<ValueId> adamw(ValueId param, ValueId grad, ValueId m, ValueId v, ValueId lr, ValueId step, double beta1, double beta2, double eps,
-                         double weight_decay, ValueId apply_if_finite = {});
+  std::vector<ValueId> adamw(ValueId param, ValueId grad, ValueId m, ValueId v, ValueId lr, ValueId step, double beta1,
+                             double beta2, double eps, double weight_decay, ValueId apply_if_finite = {});
 
   // Backward helpers (ops in their own right, used by backward rules).
   ValueId silu_backward(ValueId x, ValueId dy);
@@ -72,7 +72,8 @@ class Builder {
   std::vector<ValueId> rms_norm_backward(ValueId x, ValueId weight, ValueId dy, double eps);  // {dx, dweight}
   ValueId cross_entropy_backward(ValueId logits, ValueId targets, ValueId dloss, ValueId count, int64_t ignore_index);
   ValueId embedding_backward(ValueId ids, ValueId dout, int64_t vocab);
-  std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId out, ValueId lse, ValueId dout, double scale);
+  std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId out, ValueId lse, ValueId dout,
+                                          double scale);
   std::vector<ValueId> swiglu_backward(ValueId gate, ValueId up, ValueId dout);
   ValueId slice_backward(ValueId dout, int dim, int64_t start, int64_t full_size);
 

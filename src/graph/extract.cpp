@@ -15,8 +15,9 @@ ExtractedGraph extract_graph(const Graph& g, const std::vector<NodeId>& nodes, c
     if (const auto it = out.values.find(v); it != out.values.end()) return it->second;
     const Value& source = g.value(v);
     const std::string name = source.producer.valid() ? fmt::format("%{}", v.index) : source.name;
-    const ValueId here = source.kind == ValueKind::parameter ? part.add_parameter(name, source.info.shape, source.info.dtype)
-                                                             : part.add_input(name, source.info.shape, source.info.dtype);
+    const ValueId here = source.kind == ValueKind::parameter
+                             ? part.add_parameter(name, source.info.shape, source.info.dtype)
+                             : part.add_input(name, source.info.shape, source.info.dtype);
     out.values[v] = here;
     out.reads.push_back(v);
     return here;
@@ -32,7 +33,8 @@ ExtractedGraph extract_graph(const Graph& g, const std::vector<NodeId>& nodes, c
     const std::vector<ValueId>& copied = part.node(copy).outputs;
     for (size_t k = 0; k < node.outputs.size(); ++k) out.values[node.outputs[k]] = copied[k];
   }
-  MT_CHECK(chosen.size() == part.num_nodes(), "extract_graph: {} of the {} nodes asked for are not live nodes of the graph",
+  MT_CHECK(chosen.size() == part.num_nodes(),
+           "extract_graph: {} of the {} nodes asked for are not live nodes of the graph",
            chosen.size() - part.num_nodes(), chosen.size());
   part.set_scope("");
   for (const ValueId v : outputs) {

@@ -8,9 +8,7 @@
 
 namespace meshtrain::graph {
 
-void Attrs::missing(std::string_view name) {
-  throw InvalidArgument(fmt::format("attribute '{}' is missing", name));
-}
+void Attrs::missing(std::string_view name) { throw InvalidArgument(fmt::format("attribute '{}' is missing", name)); }
 
 void Attrs::wrong_type(std::string_view name) const {
   throw InvalidArgument(fmt::format("attribute '{}' holds another type than its key says", name));
@@ -21,11 +19,16 @@ std::string attr_value_text(const Attr::Value& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
-        else if constexpr (std::is_same_v<T, DType>) return std::string(dtype_name(x));
-        else if constexpr (std::is_same_v<T, std::string>) return x;
-        else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return fmt::format("[{}]", fmt::join(x, ", "));
-        else return fmt::format("{}", x);
+        if constexpr (std::is_same_v<T, bool>)
+          return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, DType>)
+          return std::string(dtype_name(x));
+        else if constexpr (std::is_same_v<T, std::string>)
+          return x;
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+          return fmt::format("[{}]", fmt::join(x, ", "));
+        else
+          return fmt::format("{}", x);
       },
       v);
 }
@@ -34,15 +37,19 @@ std::string attr_value_text(const Attr::Value& v) {
 std::string Attrs::to_string() const {
   if (values_.empty()) return "";
   std::string out;
-  for (const auto& [name, v] : values_) out += fmt::format("{}{}={}", out.empty() ? "{" : ", ", name, attr_value_text(v));
+  for (const auto& [name, v] : values_)
+    out += fmt::format("{}{}={}", out.empty() ? "{" : ", ", name, attr_value_text(v));
   return out + "}";
 }
 
 std::string_view phase_name(Phase p) {
   switch (p) {
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::optimizer: return "optimizer";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::optimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -109,8 +116,8 @@ void Graph::replace_uses(ValueId from, ValueId to) {
 }
 
 void Graph::replace_input(NodeId node, ValueId from, ValueId to) {
-  MT_CHECK(value(from).info == value(to).info, "replace_input: {} and {} differ in shape or dtype", describe_value(from),
-           describe_value(to));
+  MT_CHECK(value(from).info == value(to).info, "replace_input: {} and {} differ in shape or dtype",
+           describe_value(from), describe_value(to));
   for (ValueId& in : mutable_node(node).inputs)
     if (in == from) in = to;
 }
@@ -229,8 +236,8 @@ std::string to_text(const Graph& g, const std::map<ValueId, std::string>& notes)
     const Node& node = g.node(n);
     std::vector<std::string> outs, ins;
     for (ValueId v : node.outputs)
-      outs.push_back(fmt::format("%{}: {}{}{}", v.index, dtype_name(g.value(v).info.dtype), g.value(v).info.shape.to_string(),
-                                 note(v)));
+      outs.push_back(fmt::format("%{}: {}{}{}", v.index, dtype_name(g.value(v).info.dtype),
+                                 g.value(v).info.shape.to_string(), note(v)));
     for (ValueId v : node.inputs) ins.push_back(value_ref(g, v));
     const std::string attrs = node.attrs.to_string();
     const std::string again =
@@ -247,7 +254,8 @@ std::string to_text(const Graph& g, const std::map<ValueId, std::string>& notes)
 
 void verify(const Graph& g) {
   std::vector<bool> defined(static_cast<size_t>(g.num_values()), false);
-  for (int i = 0; i < g.num_values(); ++i) defined[static_cast<size_t>(i)] = g.value(ValueId(i)).kind != ValueKind::intermediate;
+  for (int i = 0; i < g.num_values(); ++i)
+    defined[static_cast<size_t>(i)] = g.value(ValueId(i)).kind != ValueKind::intermediate;
   std::unordered_set<NodeId> seen;
   for (NodeId n : g.order()) {
     const Node& node = g.node(n);
@@ -255,8 +263,8 @@ void verify(const Graph& g) {
     MT_CHECK(seen.insert(n).second, "verify: node {} ({}) is in the order twice", n.index, node.op->name);
     std::vector<ValueInfo> in;
     for (ValueId v : node.inputs) {
-      MT_CHECK(defined[static_cast<size_t>(v.index)],
-               "verify: node {} ({}) reads {} before it is computed", n.index, node.op->name, g.describe_value(v));
+      MT_CHECK(defined[static_cast<size_t>(v.index)], "verify: node {} ({}) reads {} before it is computed", n.index,
+               node.op->name, g.describe_value(v));
       in.push_back(g.value(v).info);
     }
     const std::vector<ValueInfo> out = node.op->infer(in, node.attrs);

@@ -18,10 +18,10 @@ namespace meshtrain::graph {
 // computed in place over an input it updates (AdamW's new parameter in the
 // parameter's own tensor).
 struct MemoryPlan {
-  std::map<ValueId, size_t> offsets;    // computed value -> byte offset in the arena
-  std::map<ValueId, ValueId> view_of;   // view or in-place value -> the value that owns its storage
+  std::map<ValueId, size_t> offsets;      // computed value -> byte offset in the arena
+  std::map<ValueId, ValueId> view_of;     // view or in-place value -> the value that owns its storage
   std::map<ValueId, size_t> view_offset;  // a view that starts inside that storage -> its byte offset there
-  size_t peak_bytes = 0;                // the arena's size
+  size_t peak_bytes = 0;                  // the arena's size
   // The value whose storage `v` uses: itself unless it is a view.
   ValueId storage_of(ValueId v) const {
     const auto it = view_of.find(v);

@@ -1,7 +1,7 @@
 #include "models/llama.h"
 
-#include <cmath>
 #include <charconv>
+#include <cmath>
 
 #include "core/error.h"
 #include "graph/builder.h"
@@ -11,8 +11,10 @@ namespace meshtrain::models {
 void LlamaConfig::validate() const {
   MT_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && n_kv_heads > 0 && ffn_dim > 0 && vocab_size > 0,
            "model: dim, n_layers, n_heads, n_kv_heads, ffn_dim and vocab_size must be positive");
-  MT_CHECK(n_layers <= kMaxLayers, "model: n_layers {} is more than {}: the step's graph holds every layer's nodes "
-           "(Llama 3.1 405B has 126 layers)", n_layers, kMaxLayers);
+  MT_CHECK(n_layers <= kMaxLayers,
+           "model: n_layers {} is more than {}: the step's graph holds every layer's nodes "
+           "(Llama 3.1 405B has 126 layers)",
+           n_layers, kMaxLayers);
   MT_CHECK(dim % n_heads == 0, "model: dim {} must be divisible by n_heads {}", dim, n_heads);
   MT_CHECK(n_heads % n_kv_heads == 0, "model: n_heads {} must be a multiple of n_kv_heads {}", n_heads, n_kv_heads);
   MT_CHECK(head_dim() % 2 == 0, "model: head dim {} (dim / n_heads) must be even for rotary embeddings", head_dim());
@@ -83,14 +85,14 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
            "llama_span_forward: layers [{}, {}) are not within the model's {}", span.first_layer, end_layer,
            c.n_layers);
   const Shape input_shape = g.value(input).info.shape;
-  const Shape batch_shape = span.embedding || input_shape.rank() != 3
-                                ? input_shape
-                                : Shape{input_shape.dim(0), input_shape.dim(1)};
-  MT_CHECK(span.embedding ? input_shape.rank() == 2
-                          : input_shape.rank() == 3 && input_shape.dim(2) == c.dim &&
-                                g.value(input).info.dtype == compute_dtype,
+  const Shape batch_shape =
+      span.embedding || input_shape.rank() != 3 ? input_shape : Shape{input_shape.dim(0), input_shape.dim(1)};
+  MT_CHECK(span.embedding
+               ? input_shape.rank() == 2
+               : input_shape.rank() == 3 && input_shape.dim(2) == c.dim && g.value(input).info.dtype == compute_dtype,
            "llama_span_forward: the input must be the tokens [batch, seq] for a span with the embedding, else the "
-           "residual stream [batch, seq, {}] in {}; got {}", c.dim, dtype_name(compute_dtype), g.describe_value(input));
+           "residual stream [batch, seq, {}] in {}; got {}",
+           c.dim, dtype_name(compute_dtype), g.describe_value(input));
   if (span.head)
     MT_CHECK(g.value(targets).info.shape == batch_shape,
              "llama_forward: tokens and targets must both be [batch, seq], got {} and {}", batch_shape.to_string(),
@@ -130,8 +132,10 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     }
     {
       graph::ScopeGuard scope(g, "attention");
-      const auto q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
-      const auto k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
+      const auto q =
+          b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
+      const auto k =
+          b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
       const auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
       attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
       h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));

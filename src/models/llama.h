@@ -30,9 +30,9 @@ struct LlamaConfig {
 };
 
 struct LlamaGraph {
-  graph::ValueId tokens;   // i64 [B, T]
-  graph::ValueId targets;  // i64 [B, T]; -100 is ignored
-  graph::ValueId loss;     // mean cross-entropy
+  graph::ValueId tokens;                         // i64 [B, T]
+  graph::ValueId targets;                        // i64 [B, T]; -100 is ignored
+  graph::ValueId loss;                           // mean cross-entropy
   std::map<std::string, graph::ValueId> params;  // Hugging Face name -> parameter value
   // The residual stream [B, T, D]: the embedding's output and each block's
   // sum after attention and after the MLP (what a parallel plan lays out

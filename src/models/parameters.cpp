@@ -13,8 +13,7 @@ std::map<std::string, Tensor> initial_parameters(const std::map<std::string, Par
   for (const auto& [name, spec] : specs) {
     Tensor t = Tensor::empty(spec.shape, DType::f32);
     const std::normal_distribution<float>::param_type param(0.0f, static_cast<float>(spec.init.std));
-    for (float& x : t.data<float>())
-      x = spec.init.kind == ParameterInit::Kind::ones ? 1.0f : normal(rng, param);
+    for (float& x : t.data<float>()) x = spec.init.kind == ParameterInit::Kind::ones ? 1.0f : normal(rng, param);
     out.emplace(name, std::move(t));
   }
   return out;

@@ -1,5 +1,8 @@
 #include "parallel/pipeline_schedule.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -10,9 +13,6 @@
 #include <span>
 #include <tuple>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include "core/error.h"
 
 namespace meshtrain::parallel {
@@ -22,7 +22,7 @@ namespace {
 constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "csv"};
 constexpr size_t kGeneratedSchedules = 5;  // the names before "csv"
 constexpr std::string_view kActionNames[] = {"F",      "I",      "W",       "B",       "SEND_F",     "RECV_F",
-                                              "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"};
+                                             "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"};
 
 // Limits that keep a typed number from asking for billions of actions.
 constexpr int kMaxRanks = 1024;
@@ -111,8 +111,8 @@ void zbv(RankBuilder& b, int p, int m) {
     if (b.next_input_backward[stage] < n) b.input_backward(stage);
   };
   auto w = [&](int stage) {  // the oldest pending weight backward of this stage
-    const auto it = std::find_if(b.pending_weight.begin(), b.pending_weight.end(),
-                                 [&](const auto& e) { return e.first == stage; });
+    const auto it =
+        std::find_if(b.pending_weight.begin(), b.pending_weight.end(), [&](const auto& e) { return e.first == stage; });
     if (it == b.pending_weight.end()) return;
     b.out.push_back({stage, PpActionType::backward_weight, it->second});
     b.pending_weight.erase(it);
@@ -135,11 +135,16 @@ void zbv(RankBuilder& b, int p, int m) {
 
 double duration(const PpAction& a, const PpCosts& c) {
   switch (a.type) {
-    case PpActionType::forward: return c.forward;
-    case PpActionType::backward_input: return c.backward_input;
-    case PpActionType::backward_weight: return c.backward_weight;
-    case PpActionType::backward: return c.backward();
-    default: return 0;
+    case PpActionType::forward:
+      return c.forward;
+    case PpActionType::backward_input:
+      return c.backward_input;
+    case PpActionType::backward_weight:
+      return c.backward_weight;
+    case PpActionType::backward:
+      return c.backward();
+    default:
+      return 0;
   }
 }
 
@@ -161,8 +166,8 @@ std::string pp_schedule_names() {
 PpScheduleKind parse_pp_schedule(std::string_view name) {
   for (size_t k = 0; k < kGeneratedSchedules; ++k)
     if (kScheduleNames[k] == name) return static_cast<PpScheduleKind>(k);
-  throw InvalidArgument(fmt::format("pp_schedule '{}' is not a pipeline schedule; choose one of {}", name,
-                                    pp_schedule_names()));
+  throw InvalidArgument(
+      fmt::format("pp_schedule '{}' is not a pipeline schedule; choose one of {}", name, pp_schedule_names()));
 }
 
 bool is_compute(PpActionType type) {
@@ -179,13 +184,15 @@ bool takes_microbatch(PpActionType type) {
 
 std::string to_string(const PpAction& a) {
   return takes_microbatch(a.type) ? fmt::format("{}{}{}", a.stage, kActionNames[static_cast<int>(a.type)], a.microbatch)
-                        : fmt::format("{}{}", a.stage, kActionNames[static_cast<int>(a.type)]);
+                                  : fmt::format("{}{}", a.stage, kActionNames[static_cast<int>(a.type)]);
 }
 
 PpAction parse_pp_action(std::string_view text) {
   auto fail = [&](std::string_view why) {
-    return InvalidArgument(fmt::format("pipeline action '{}': {} (an action is a stage, a type and a microbatch, as "
-                                       "2F0, 1I3, 0SEND_F1, 1UNSHARD)", text, why));
+    return InvalidArgument(
+        fmt::format("pipeline action '{}': {} (an action is a stage, a type and a microbatch, as "
+                    "2F0, 1I3, 0SEND_F1, 1UNSHARD)",
+                    text, why));
   };
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
@@ -246,7 +253,7 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
              line_number, ranks);
     std::vector<PpAction>& actions = s.actions.emplace_back();
     int cell = 0;
-    for (std::string_view rest = line; ;) {
+    for (std::string_view rest = line;;) {
       const size_t comma = rest.find(',');
       const std::string_view item = trimmed(rest.substr(0, comma));
       ++cell;
@@ -257,16 +264,19 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
         } catch (const InvalidArgument& e) {
           throw InvalidArgument(fmt::format("pipeline schedule CSV line {}, cell {}: {}", line_number, cell, e.what()));
         }
-        MT_CHECK(is_compute(a.type), "pipeline schedule CSV line {}, cell {}: {} is not a compute action (F, I, W or "
-                 "B): the sends, receives and FSDP actions are added from the compute order", line_number, cell, item);
+        MT_CHECK(is_compute(a.type),
+                 "pipeline schedule CSV line {}, cell {}: {} is not a compute action (F, I, W or "
+                 "B): the sends, receives and FSDP actions are added from the compute order",
+                 line_number, cell, item);
         MT_CHECK(a.stage < kMaxRanks * kMaxStagesPerRank && a.microbatch < kMaxMicrobatches,
                  "pipeline schedule CSV line {}, cell {}: {} is past {} stages or {} microbatches", line_number, cell,
                  item, kMaxRanks * kMaxStagesPerRank, kMaxMicrobatches);
         MT_CHECK(++total <= kMaxActions, "pipeline schedule CSV: more than {} actions", kMaxActions);
         const auto [it, added] = stage_rank.try_emplace(a.stage, rank, line_number);
-        MT_CHECK(it->second.first == rank, "pipeline schedule CSV line {}, cell {}: stage {} is on rank {} (line {}) "
-                 "already; a stage lives on one rank", line_number, cell, a.stage, it->second.first,
-                 it->second.second);
+        MT_CHECK(it->second.first == rank,
+                 "pipeline schedule CSV line {}, cell {}: stage {} is on rank {} (line {}) "
+                 "already; a stage lives on one rank",
+                 line_number, cell, a.stage, it->second.first, it->second.second);
         stages = std::max(stages, a.stage + 1);
         microbatches = std::max(microbatches, a.microbatch + 1);
         actions.push_back(a);
@@ -280,8 +290,8 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
   MT_CHECK(static_cast<int>(stage_rank.size()) == stages,
            "pipeline schedule CSV: stages 0 to {} appear, but not all of them: every stage must have actions",
            stages - 1);
-  MT_CHECK(stages % ranks == 0, "pipeline schedule CSV: {} stages over {} ranks: every rank must hold as many",
-           stages, ranks);
+  MT_CHECK(stages % ranks == 0, "pipeline schedule CSV: {} stages over {} ranks: every rank must hold as many", stages,
+           ranks);
   s.stages_per_rank = stages / ranks;
   s.microbatches = microbatches;
   s.rank_of_stage.resize(static_cast<size_t>(stages));
@@ -323,7 +333,7 @@ PpSchedule add_pp_fsdp_actions(const PpSchedule& s, int max_active_stages) {
     const bool all_at_once = max_active_stages == 0 || max_active_stages >= static_cast<int>(local.size());
     if (all_at_once)
       for (const int stage : local) list.push_back({stage, PpActionType::unshard, 0});
-    std::vector<int> active;  // gathered now, in the order they were
+    std::vector<int> active;          // gathered now, in the order they were
     std::map<int, int> weights_done;  // stage -> microbatches whose weight gradients are in
     int reduce = -1;                  // a stage whose REDUCE_GRAD goes after the sends that follow its last backward
     for (size_t i = 0; i < in.size(); ++i) {
@@ -378,23 +388,24 @@ std::set<int> pp_stages_kept_between_runs(const PpSchedule& s, int rank) {
 PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, int stages_per_rank) {
   const std::string_view name = pp_schedule_name(kind);
   MT_CHECK(ranks >= 1 && ranks <= kMaxRanks, "pp = {}: the pipeline needs 1 to {} ranks", ranks, kMaxRanks);
-  MT_CHECK(microbatches >= 1 && microbatches <= kMaxMicrobatches, "pp_microbatches = {}: give 1 to {}",
-           microbatches, kMaxMicrobatches);
-  MT_CHECK(stages_per_rank >= 1 && stages_per_rank <= kMaxStagesPerRank,
-           "pp_stages_per_rank = {}: give 1 to {}", stages_per_rank, kMaxStagesPerRank);
+  MT_CHECK(microbatches >= 1 && microbatches <= kMaxMicrobatches, "pp_microbatches = {}: give 1 to {}", microbatches,
+           kMaxMicrobatches);
+  MT_CHECK(stages_per_rank >= 1 && stages_per_rank <= kMaxStagesPerRank, "pp_stages_per_rank = {}: give 1 to {}",
+           stages_per_rank, kMaxStagesPerRank);
   MT_CHECK(int64_t{ranks} * stages_per_rank * microbatches * 3 <= kMaxActions,
            "pp {} x pp_stages_per_rank {} x pp_microbatches {} is more than {} actions to schedule", ranks,
            stages_per_rank, microbatches, kMaxActions);
   const bool one_stage_each = kind == PpScheduleKind::gpipe || kind == PpScheduleKind::one_f_one_b;
   MT_CHECK(!one_stage_each || stages_per_rank == 1,
            "pp_schedule {} runs one stage per rank, but pp_stages_per_rank = {}; use interleaved_1f1b, "
-           "zero_bubble or zbv for several", name, stages_per_rank);
+           "zero_bubble or zbv for several",
+           name, stages_per_rank);
   MT_CHECK(kind != PpScheduleKind::interleaved_1f1b || stages_per_rank >= 2,
            "pp_schedule interleaved_1f1b needs pp_stages_per_rank >= 2 (got {}); with one stage per rank it is "
-           "1f1b", stages_per_rank);
-  MT_CHECK(kind != PpScheduleKind::zbv || stages_per_rank == 2,
-           "pp_schedule zbv puts exactly 2 stages on each rank (a V), but pp_stages_per_rank = {}",
+           "1f1b",
            stages_per_rank);
+  MT_CHECK(kind != PpScheduleKind::zbv || stages_per_rank == 2,
+           "pp_schedule zbv puts exactly 2 stages on each rank (a V), but pp_stages_per_rank = {}", stages_per_rank);
   MT_CHECK(kind != PpScheduleKind::one_f_one_b || microbatches >= ranks,
            "pp_schedule 1f1b needs pp_microbatches >= pp (got {} microbatches for {} stages): with fewer, no "
            "backward can start before every forward is done; raise pp_microbatches or use gpipe",
@@ -404,7 +415,8 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
     const int rounds = std::max(1, microbatches / ranks);
     MT_CHECK(microbatches % rounds == 0,
              "pp_schedule {} takes microbatches in equal runs of about pp = {}: pp_microbatches = {} splits into "
-             "{} runs unevenly; use a multiple of pp, or fewer than 2 x pp", name, ranks, microbatches, rounds);
+             "{} runs unevenly; use a multiple of pp, or fewer than 2 x pp",
+             name, ranks, microbatches, rounds);
   }
 
   PpSchedule s;
@@ -420,11 +432,21 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
   for (int r = 0; r < ranks; ++r) {
     RankBuilder b{r, s.actions[static_cast<size_t>(r)], {}, {}, {}};
     switch (kind) {
-      case PpScheduleKind::gpipe: gpipe(b, microbatches); break;
-      case PpScheduleKind::one_f_one_b: one_f_one_b(b, ranks, microbatches); break;
-      case PpScheduleKind::interleaved_1f1b: depth_first(b, ranks, stages_per_rank, microbatches, false); break;
-      case PpScheduleKind::zero_bubble: depth_first(b, ranks, stages_per_rank, microbatches, true); break;
-      case PpScheduleKind::zbv: zbv(b, ranks, microbatches); break;
+      case PpScheduleKind::gpipe:
+        gpipe(b, microbatches);
+        break;
+      case PpScheduleKind::one_f_one_b:
+        one_f_one_b(b, ranks, microbatches);
+        break;
+      case PpScheduleKind::interleaved_1f1b:
+        depth_first(b, ranks, stages_per_rank, microbatches, false);
+        break;
+      case PpScheduleKind::zero_bubble:
+        depth_first(b, ranks, stages_per_rank, microbatches, true);
+        break;
+      case PpScheduleKind::zbv:
+        zbv(b, ranks, microbatches);
+        break;
       case PpScheduleKind::csv:
         throw InvalidArgument("pp_schedule csv is read from a file (parallel.pp_schedule_csv), not generated");
     }
@@ -434,9 +456,10 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
   try {
     validate_pp_schedule(s);
   } catch (const InvalidArgument& e) {
-    throw InternalError(fmt::format("internal error: pp_schedule {} (pp {}, {} microbatches, {} stages per rank) "
-                                    "generated an invalid schedule: {}", name, ranks, microbatches, stages_per_rank,
-                                    e.what()));
+    throw InternalError(
+        fmt::format("internal error: pp_schedule {} (pp {}, {} microbatches, {} stages per rank) "
+                    "generated an invalid schedule: {}",
+                    name, ranks, microbatches, stages_per_rank, e.what()));
   }
   return s;
 }
@@ -444,8 +467,8 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
 void validate_pp_schedule(const PpSchedule& s) {
   const int stages = s.stages(), m = s.microbatches;
   MT_CHECK(static_cast<int>(s.rank_of_stage.size()) == stages && static_cast<int>(s.actions.size()) == s.ranks,
-           "pipeline schedule: {} stages on {} ranks, but {} stage placements and {} action lists", stages,
-           s.ranks, s.rank_of_stage.size(), s.actions.size());
+           "pipeline schedule: {} stages on {} ranks, but {} stage placements and {} action lists", stages, s.ranks,
+           s.rank_of_stage.size(), s.actions.size());
   // Per (stage, microbatch): how many of each compute type, in this rank's order.
   std::vector<std::array<int, 4>> seen(static_cast<size_t>(stages) * static_cast<size_t>(m), {0, 0, 0, 0});
   for (int r = 0; r < s.ranks; ++r) {
@@ -472,9 +495,12 @@ void validate_pp_schedule(const PpSchedule& s) {
   for (int stage = 0; stage < stages; ++stage)
     for (int mb = 0; mb < m; ++mb) {
       const auto& c = seen[static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb)];
-      const bool complete = c[0] == 1 && ((c[3] == 1 && c[1] == 0 && c[2] == 0) || (c[3] == 0 && c[1] == 1 && c[2] == 1));
-      MT_CHECK(complete, "pipeline schedule: stage {} microbatch {} has {} F, {} B, {} I and {} W; it needs one F and "
-               "either one B or one I and one W", stage, mb, c[0], c[3], c[1], c[2]);
+      const bool complete =
+          c[0] == 1 && ((c[3] == 1 && c[1] == 0 && c[2] == 0) || (c[3] == 0 && c[1] == 1 && c[2] == 1));
+      MT_CHECK(complete,
+               "pipeline schedule: stage {} microbatch {} has {} F, {} B, {} I and {} W; it needs one F and "
+               "either one B or one I and one W",
+               stage, mb, c[0], c[3], c[1], c[2]);
     }
 }
 
@@ -525,9 +551,10 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
       }
     }
     if (!left) break;
-    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
-             "no rank will produce", pp_schedule_name(s.kind), s.ranks, s.microbatches,
-             describe_stuck(s.actions, next));
+    MT_CHECK(progress,
+             "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
+             "no rank will produce",
+             pp_schedule_name(s.kind), s.ranks, s.microbatches, describe_stuck(s.actions, next));
   }
   // Run the lists in order, a receive blocking until its send is posted.
   std::set<Key> sent;
@@ -547,9 +574,10 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
       left = left || i < list.size();
     }
     if (!left) break;
-    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) deadlocks: {} each wait for a send that "
-             "comes after it", pp_schedule_name(s.kind), s.ranks, s.microbatches,
-             describe_stuck(out.actions, next));
+    MT_CHECK(progress,
+             "pipeline schedule {} (pp {}, {} microbatches) deadlocks: {} each wait for a send that "
+             "comes after it",
+             pp_schedule_name(s.kind), s.ranks, s.microbatches, describe_stuck(out.actions, next));
   }
   return out;
 }
@@ -557,9 +585,9 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
 PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
   // A rank's v stages each run in 1/v of the costs given for the rank.
   const double v = s.stages_per_rank;
-  return simulate_pp_schedule(s, std::vector<PpCosts>(static_cast<size_t>(s.stages()),
-                                                      {costs.forward / v, costs.backward_input / v,
-                                                       costs.backward_weight / v, costs.p2p}));
+  return simulate_pp_schedule(
+      s, std::vector<PpCosts>(static_cast<size_t>(s.stages()),
+                              {costs.forward / v, costs.backward_input / v, costs.backward_weight / v, costs.p2p}));
 }
 
 PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage) {
@@ -577,7 +605,9 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
   constexpr double kNotYet = -1;
   const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(m);
   std::vector<double> forward_end(cells, kNotYet), input_end(cells, kNotYet);
-  auto at = [&](int stage, int mb) { return static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb); };
+  auto at = [&](int stage, int mb) {
+    return static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb);
+  };
 
   PpSimulation sim;
   sim.busy.assign(static_cast<size_t>(s.ranks), 0);
@@ -630,8 +660,10 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
       left = left || i < list.size();
     }
     if (!left) break;
-    MT_CHECK(progress, "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
-             "no rank will produce", pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
+    MT_CHECK(progress,
+             "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
+             "no rank will produce",
+             pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
   }
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   double busy = 0;
@@ -654,13 +686,18 @@ double published_bubble_fraction(const PpSchedule& s, const PpCosts& c) {
   double idle = -1;
   switch (s.kind) {
     case PpScheduleKind::gpipe:
-    case PpScheduleKind::one_f_one_b: idle = (p - 1) * (c.forward + c.backward()); break;
-    case PpScheduleKind::interleaved_1f1b: idle = (p - 1) * (c.forward + c.backward()) / v; break;
+    case PpScheduleKind::one_f_one_b:
+      idle = (p - 1) * (c.forward + c.backward());
+      break;
+    case PpScheduleKind::interleaved_1f1b:
+      idle = (p - 1) * (c.forward + c.backward()) / v;
+      break;
     case PpScheduleKind::zero_bubble:
       if (s.stages_per_rank == 1) idle = (p - 1) * (c.forward + c.backward_input - c.backward_weight);
       break;
     case PpScheduleKind::zbv:
-    case PpScheduleKind::csv: break;
+    case PpScheduleKind::csv:
+      break;
   }
   if (idle < 0) return -1;
   return idle / (m * (c.forward + c.backward()) + idle);

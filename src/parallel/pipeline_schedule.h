@@ -28,7 +28,17 @@ std::string pp_schedule_names();  // "gpipe, 1f1b, interleaved_1f1b, zero_bubble
 // (add_pp_fsdp_actions): UNSHARD gathers a stage's parameters, RESHARD drops
 // the gathered copies, REDUCE_GRAD reduces the stage's summed gradients.
 enum class PpActionType : uint8_t {
-  forward, backward_input, backward_weight, backward, send_f, recv_f, send_b, recv_b, unshard, reshard, reduce_grad
+  forward,
+  backward_input,
+  backward_weight,
+  backward,
+  send_f,
+  recv_f,
+  send_b,
+  recv_b,
+  unshard,
+  reshard,
+  reduce_grad
 };
 
 struct PpAction {
@@ -123,9 +133,9 @@ struct PpTimedAction {
 
 struct PpSimulation {
   double makespan = 0;
-  std::vector<double> busy;                     // per rank
-  double bubble_fraction = 0;                   // idle / (ranks x makespan)
-  std::vector<int> peak_activations;            // per rank: (stage, microbatch) pairs held at once, F to B or W
+  std::vector<double> busy;                          // per rank
+  double bubble_fraction = 0;                        // idle / (ranks x makespan)
+  std::vector<int> peak_activations;                 // per rank: (stage, microbatch) pairs held at once, F to B or W
   std::vector<std::vector<PpTimedAction>> timeline;  // per rank, compute actions only
 };
 

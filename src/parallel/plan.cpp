@@ -14,7 +14,8 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   int64_t dp_shard = c.dp_shard;
   if (dp_shard == -1) {
     MT_CHECK(world_size % (c.dp_replicate * c.tp) == 0,
-             "{} ranks do not divide by parallel.dp_replicate ({}) x parallel.tp ({})", world_size, c.dp_replicate, c.tp);
+             "{} ranks do not divide by parallel.dp_replicate ({}) x parallel.tp ({})", world_size, c.dp_replicate,
+             c.tp);
     dp_shard = world_size / (c.dp_replicate * c.tp);
   }
   MT_CHECK(c.dp_replicate * dp_shard * c.tp == world_size,
@@ -81,7 +82,8 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   // gradient AdamW reads stays there too (computed on the same shard,
   // never gathered for the update).
   for (graph::ValueId p : roles.parameters) {
-    if (const auto it = roles.gradient_of.find(p); it != roles.gradient_of.end()) out.given[it->second] = out.given.at(p);
+    if (const auto it = roles.gradient_of.find(p); it != roles.gradient_of.end())
+      out.given[it->second] = out.given.at(p);
     if (const auto it = roles.applied_gradient_of.find(p); it != roles.applied_gradient_of.end())
       out.given[it->second] = out.given.at(p);
   }

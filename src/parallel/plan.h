@@ -58,15 +58,16 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
 // The values of a training step a plan lays out.
 struct StepRoles {
   std::vector<graph::ValueId> parameters;
-  std::vector<std::pair<graph::ValueId, graph::ValueId>> states;   // optimizer state -> its parameter
-  std::vector<graph::ValueId> batch_inputs;                        // [batch, ...]: split over data parallel
-  std::vector<graph::ValueId> replicated_outputs;                  // loss, gradient norm
-  std::vector<std::pair<graph::ValueId, graph::ValueId>> updates;  // updated value -> the parameter or state it replaces
-  std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> states;  // optimizer state -> its parameter
+  std::vector<graph::ValueId> batch_inputs;                       // [batch, ...]: split over data parallel
+  std::vector<graph::ValueId> replicated_outputs;                 // loss, gradient norm
+  std::vector<std::pair<graph::ValueId, graph::ValueId>>
+      updates;                                  // updated value -> the parameter or state it replaces
+  std::map<graph::ValueId, int> tp_dims;        // parameter -> the tensor dim tp splits (absent: replicated over tp)
   std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
   std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
-  std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  std::map<graph::ValueId, graph::ValueId> gradient_of;          // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient its update reads
   // (compute-dtype copy, parameter): each copy lies like its parameter (the
   // cast runs on the parameter's shard, and FSDP gathers the copy).

@@ -10,7 +10,8 @@ std::optional<CollectiveStep> collective_step(const graph::Node& node, const sha
   CollectiveStep c;
   sharding::PlanStep& s = c.step;
   for (int64_t m : node.attrs.get(graph::attr::mesh_dims)) {
-    MT_CHECK(m >= 0 && m < mesh.ndim(), "{} node: mesh dim {} is outside the mesh {}", node.op->name, m, mesh.describe());
+    MT_CHECK(m >= 0 && m < mesh.ndim(), "{} node: mesh dim {} is outside the mesh {}", node.op->name, m,
+             mesh.describe());
     s.mesh_dims.push_back(static_cast<int>(m));
   }
   MT_CHECK(!s.mesh_dims.empty(), "{} node names no mesh dim", node.op->name);

@@ -26,7 +26,8 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
                node.op->name);
       step_collectives_.push_back(collective_step(node, groups_->mesh()));
       const sharding::PlanStep& s = step_collectives_.back()->step;
-      group_streams.emplace(s.mesh_dims, s.collective ? sharding::comm_stream(*s.collective) : sharding::CommStream::main);
+      group_streams.emplace(s.mesh_dims,
+                            s.collective ? sharding::comm_stream(*s.collective) : sharding::CommStream::main);
     } else {
       step_collectives_.emplace_back();
     }
@@ -62,8 +63,8 @@ void Executor::FreeToAllocator::operator()(std::byte* p) const { default_allocat
 void Executor::bind(graph::ValueId value, Tensor tensor) {
   const graph::Value& v = g_.value(value);
   MT_CHECK(!v.producer.valid(), "bind: {} is computed by the graph, not an input", g_.describe_value(value));
-  MT_CHECK(tensor.dtype() == v.info.dtype && tensor.shape() == v.info.shape, "bind: {} expects {}{}, got {}",
-           v.name, dtype_name(v.info.dtype), v.info.shape.to_string(), tensor.describe());
+  MT_CHECK(tensor.dtype() == v.info.dtype && tensor.shape() == v.info.shape, "bind: {} expects {}{}, got {}", v.name,
+           dtype_name(v.info.dtype), v.info.shape.to_string(), tensor.describe());
   bound_[value] = std::move(tensor);
   run_ready_ = false;
 }
@@ -76,8 +77,9 @@ Tensor Executor::tensor_of(graph::ValueId value) const {
   if (const graph::ValueId r = schedule_.memory.storage_of(value); r != value) {
     const Tensor storage = tensor_of(r);
     const graph::ValueInfo& info = g_.value(value).info;
-    return Tensor::view(static_cast<std::byte*>(const_cast<void*>(storage.raw())) + schedule_.memory.offset_in_storage(value),
-                        info.shape, info.dtype);
+    return Tensor::view(
+        static_cast<std::byte*>(const_cast<void*>(storage.raw())) + schedule_.memory.offset_in_storage(value),
+        info.shape, info.dtype);
   }
   const graph::Value& v = g_.value(value);
   if (!v.producer.valid()) {
@@ -87,9 +89,9 @@ Tensor Executor::tensor_of(graph::ValueId value) const {
     return it->second;
   }
   auto it = schedule_.memory.offsets.find(value);
-  MT_CHECK(it != schedule_.memory.offsets.end(), "{} is not computed by this executor's plan", g_.describe_value(value));
-  return Tensor::view(arena_.get() + it->second, v.info.shape,
-                      v.info.dtype);
+  MT_CHECK(it != schedule_.memory.offsets.end(), "{} is not computed by this executor's plan",
+           g_.describe_value(value));
+  return Tensor::view(arena_.get() + it->second, v.info.shape, v.info.dtype);
 }
 
 void Executor::prepare_run() {

@@ -18,8 +18,8 @@
 #include "graph/schedule.h"
 #include "kernels/cpu/op_kernels.h"
 #include "runtime/collectives.h"
-#include "sharding/redistribute.h"
 #include "sharding/device_mesh.h"
+#include "sharding/redistribute.h"
 
 namespace meshtrain::runtime {
 
@@ -75,7 +75,7 @@ class Executor {
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
-  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views and collectives
+  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;     // per step; nullptr for views and collectives
   std::vector<std::optional<CollectiveStep>> step_collectives_;  // per step
   std::vector<int> started_by_;  // per step: for a wait, the step that started its collective; else -1
   std::vector<sharding::InFlightStep> in_flight_;  // per collective step: started, not yet waited for

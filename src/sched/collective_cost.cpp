@@ -1,10 +1,10 @@
 #include "sched/collective_cost.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "graph/op_registry.h"
@@ -61,8 +61,8 @@ double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int
   const int ll_row = hosts == 1 ? arch : (links.amd_host ? 1 : 0);
   const double channels = links.channels;
   double bw = hosts == 1 ? links.intra_bus_gbps : links.inter_gbps;
-  if (hosts > 1) bw *= 0.77 + 0.23 * std::min(1.0, (hosts - 1) / 7.0);        // NIC efficiency
-  if (hosts > 2) bw *= std::pow(std::max(bytes, 5e7) / 5e7, 0.17);              // several rails
+  if (hosts > 1) bw *= 0.77 + 0.23 * std::min(1.0, (hosts - 1) / 7.0);  // NIC efficiency
+  if (hosts > 2) bw *= std::pow(std::max(bytes, 5e7) / 5e7, 0.17);      // several rails
   double bus = bw;
   if (algo == kRing && proto == kLL) bus = std::min(kLLMaxBw[ll_row][by_hosts], 0.5 * bus);
   if (algo == kRing && proto == kLL128) bus = std::min(0.92 * bus, channels * kPerChannelRingLL128Bw[arch][by_hosts]);
@@ -129,7 +129,8 @@ double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int w
     MT_CHECK(false,
              "the profile's measured collectives have no {} over {} ranks (measured over: {}); bench comm --group-size "
              "measures other group sizes for the profile's tables",
-             comm::op_type_name(kind), ranks, measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
+             comm::op_type_name(kind), ranks,
+             measured.empty() ? std::string("none") : fmt::format("{}", fmt::join(measured, ", ")));
   }
   const auto& p = *points;
   if (bytes <= p.front().first || p.size() == 1) return p.front().second;

@@ -37,7 +37,8 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   return std::max(flops / (peak * efficiency) * 1e-3, memory_us);
 }
 
-double planned_node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device, const graph::MemoryPlan& plan) {
+double planned_node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device,
+                       const graph::MemoryPlan& plan) {
   const double us = node_us(g, id, device);
   const graph::Node& node = g.node(id);
   const bool bucket_op = node.op->name == "bucket_pack" || node.op->name == "bucket_unpack";
@@ -46,10 +47,10 @@ double planned_node_us(const graph::Graph& g, graph::NodeId id, const RankDevice
 
 StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedule, const RankDevice& device) {
   StepEstimate e;
-  double now = 0;                                         // the compute stream
+  double now = 0;                                     // the compute stream
   std::map<CollectiveStream, double> stream_free_at;  // per stream: when it is done
-  std::map<graph::NodeId, double> done_at;                // started collective -> when it completes
-  double synced_at = 0;  // shared host: when this rank last waited for a group
+  std::map<graph::NodeId, double> done_at;            // started collective -> when it completes
+  double synced_at = 0;                               // shared host: when this rank last waited for a group
   // What benchmark mode measured, else the profile's.
   const SyncLateness lateness = device.measured != nullptr
                                     ? device.measured->sync_lateness.over(device.hardware.sync_lateness)
@@ -74,9 +75,8 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
         // collective's bytes, so nothing hides it; and it waits for the
         // group's slowest rank, which trails by its measured lateness over
         // what the ranks computed since they last waited.
-        const double late = lateness.us(device.world_size,
-                                        static_cast<int64_t>(node.attrs.get(graph::attr::group).size()),
-                                        now - synced_at);
+        const double late = lateness.us(
+            device.world_size, static_cast<int64_t>(node.attrs.get(graph::attr::group).size()), now - synced_at);
         e.timeline.push_back({id, now, now + late + us});
         e.exposed_us += us;
         e.waiting_us += late;

@@ -39,14 +39,15 @@ double node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& devi
 
 // node_us under a memory plan: a bucket_pack or bucket_unpack costs only the
 // share of its members that `plan` does not lay out in the bucket.
-double planned_node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& device, const graph::MemoryPlan& plan);
+double planned_node_us(const graph::Graph& g, graph::NodeId node, const RankDevice& device,
+                       const graph::MemoryPlan& plan);
 
 struct StepEstimate {
   double step_us = 0;
-  double compute_us = 0;          // the compute stream's busy time
-  double communication_us = 0;    // the collectives' time, summed
-  double exposed_us = 0;          // the compute stream held by waits
-  double waiting_us = 0;          // shared host: held waiting for a group's slowest rank (SyncLateness)
+  double compute_us = 0;                  // the compute stream's busy time
+  double communication_us = 0;            // the collectives' time, summed
+  double exposed_us = 0;                  // the compute stream held by waits
+  double waiting_us = 0;                  // shared host: held waiting for a group's slowest rank (SyncLateness)
   std::vector<graph::NodeSpan> timeline;  // each step of the schedule, views included (as 0 long)
 };
 

@@ -1,5 +1,8 @@
 #include "sched/hardware.h"
 
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -7,17 +10,12 @@
 #include <set>
 #include <sstream>
 
-#include <fmt/ranges.h>
-#include <toml++/toml.h>
-
 #include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
 
-double HardwareProfile::rank_share(int world_size) const {
-  return shared_host ? 1.0 / std::max(1, world_size) : 1.0;
-}
+double HardwareProfile::rank_share(int world_size) const { return shared_host ? 1.0 / std::max(1, world_size) : 1.0; }
 
 double HardwareProfile::collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group,
                                       int world_size) const {
@@ -78,7 +76,8 @@ struct Reader {
     const toml::node* n = find(key);
     if (!n) return fallback;
     const auto v = n->value<int64_t>();
-    if (!v || *v < 1 || *v > most) fail(key, fmt::format("must be an integer from 1 to {}, got {}", most, toml_value_text(*n)));
+    if (!v || *v < 1 || *v > most)
+      fail(key, fmt::format("must be an integer from 1 to {}, got {}", most, toml_value_text(*n)));
     return static_cast<int>(*v);
   }
   std::string text(const std::string& key, const std::string& fallback) {
@@ -115,8 +114,10 @@ void unknown_keys(const toml::table& t, const std::string& prefix, const std::se
   for (const auto& [k, v] : t) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (used.count(key)) continue;
-    if (const toml::table* sub = v.as_table()) unknown_keys(*sub, key, used, out);
-    else out.push_back(key);
+    if (const toml::table* sub = v.as_table())
+      unknown_keys(*sub, key, used, out);
+    else
+      out.push_back(key);
   }
 }
 
@@ -130,11 +131,13 @@ double SyncLateness::us(int64_t world, int64_t ranks, double interval_us) const 
   if (it == end) it = std::prev(end);
   const std::vector<Point>& points = it->second;
   if (points.empty()) return 0;
-  const auto above = std::find_if(points.begin(), points.end(),
-                                  [&](const Point& p) { return p.interval_us >= interval_us; });
+  const auto above =
+      std::find_if(points.begin(), points.end(), [&](const Point& p) { return p.interval_us >= interval_us; });
   double share;
-  if (above == points.begin()) share = above->share;
-  else if (above == points.end()) share = points.back().share;
+  if (above == points.begin())
+    share = above->share;
+  else if (above == points.end())
+    share = points.back().share;
   else {
     const Point& below = *(above - 1);
     const double t = (interval_us - below.interval_us) / (above->interval_us - below.interval_us);
@@ -150,7 +153,7 @@ SyncLateness SyncLateness::over(const SyncLateness& base) const {
 }
 
 std::vector<SyncLateness::Point> checked_lateness(SyncLateness::Key key, const std::vector<double>& interval_us,
-                                                 const std::vector<double>& share) {
+                                                  const std::vector<double>& share) {
   const auto [world, ranks] = key;
   MT_CHECK(ranks >= 2 && ranks <= world && world <= (1 << 24),
            "for groups of {} ranks in a job of {}: need 2 <= ranks <= world <= 2^24", ranks, world);
@@ -164,7 +167,8 @@ std::vector<SyncLateness::Point> checked_lateness(SyncLateness::Key key, const s
              world, interval_us[i], i == 0 ? 0.0 : interval_us[i - 1]);
     MT_CHECK(std::isfinite(share[i]) && share[i] >= 0 && share[i] <= static_cast<double>(ranks - 1),
              "for groups of {} ranks in a job of {}: a share must be a number from 0 to {} (a fraction of the "
-             "stretch, not a percentage), got {}", ranks, world, ranks - 1, share[i]);
+             "stretch, not a percentage), got {}",
+             ranks, world, ranks - 1, share[i]);
     points.push_back({interval_us[i], share[i]});
   }
   return points;
@@ -214,7 +218,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
                                                         {"ampere", NcclLinks::Arch::ampere},
                                                         {"hopper", NcclLinks::Arch::hopper},
                                                         {"blackwell", NcclLinks::Arch::blackwell}};
-    if (!arches.count(arch)) r.fail("collectives.arch", fmt::format("'{}' is not volta, ampere, hopper or blackwell", arch));
+    if (!arches.count(arch))
+      r.fail("collectives.arch", fmt::format("'{}' is not volta, ampere, hopper or blackwell", arch));
     p.nccl.arch = arches.at(arch);
     p.nccl.intra_bus_gbps = r.number("collectives.intra_bus_gbps", p.nccl.intra_bus_gbps, true);
     p.nccl.inter_gbps = r.number("collectives.inter_gbps", p.nccl.inter_gbps, true);
@@ -224,7 +229,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
     p.collectives = HardwareProfile::CollectiveModel::measured;
     r.used.insert("collectives.table");
     const toml::array* tables = root.at_path("collectives.table").as_array();
-    if (!tables || tables->empty()) r.fail("collectives.table", "must be an array of tables ([[collectives.table]]) with model = \"measured\"");
+    if (!tables || tables->empty())
+      r.fail("collectives.table", "must be an array of tables ([[collectives.table]]) with model = \"measured\"");
     for (const auto& entry : *tables) {
       const toml::table* t = entry.as_table();
       if (!t) r.fail("collectives.table", "must hold tables");
@@ -234,7 +240,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const auto op = (*t)["op"].value<std::string>();
       const auto ranks = (*t)["ranks"].value<int64_t>();
       if (!op) r.fail("collectives.table.op", "is required (all_gather, reduce_scatter, all_reduce, all_to_all)");
-      if (!ranks || *ranks < 2 || *ranks > (1 << 20)) r.fail("collectives.table.ranks", "must be an integer from 2 to 2^20");
+      if (!ranks || *ranks < 2 || *ranks > (1 << 20))
+        r.fail("collectives.table.ranks", "must be an integer from 2 to 2^20");
       const int64_t world = (*t)["world"].value<int64_t>().value_or(0);
       if (world != 0 && (world < *ranks || world % *ranks != 0 || world > (1 << 20)))
         r.fail("collectives.table.world", fmt::format("{} must be a multiple of ranks {}", world, *ranks));
@@ -247,7 +254,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const std::vector<double> bytes = r.numbers(*t, "bytes", "collectives.table"),
                                 us = r.numbers(*t, "us", "collectives.table");
       if (bytes.size() != us.size() || bytes.empty())
-        r.fail("collectives.table", fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
+        r.fail("collectives.table",
+               fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
       auto& points = p.measured.tables[{kind, static_cast<int>(*ranks), static_cast<int>(world)}];
       for (size_t i = 0; i < bytes.size(); ++i) {
         if (i > 0 && bytes[i] <= bytes[i - 1])
@@ -261,7 +269,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   r.used.insert("device.sync_lateness");
   if (const toml::node* node = root.at_path("device.sync_lateness").node()) {
     const toml::array* groups = node->as_array();
-    if (!groups || groups->empty()) r.fail("device.sync_lateness", "must be an array of tables ([[device.sync_lateness]])");
+    if (!groups || groups->empty())
+      r.fail("device.sync_lateness", "must be an array of tables ([[device.sync_lateness]])");
     if (!p.shared_host)
       r.fail("device.sync_lateness", "is for ranks that share a host's cores: set device.shared_host = true");
     for (const toml::node& g : *groups) {
@@ -282,8 +291,8 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
         *field = *v;
       }
       if (p.sync_lateness.tables.count(key))
-        r.fail("device.sync_lateness", fmt::format("for groups of {} ranks in a job of {}: given twice", key.ranks,
-                                                   key.world));
+        r.fail("device.sync_lateness",
+               fmt::format("for groups of {} ranks in a job of {}: given twice", key.ranks, key.world));
       const std::vector<double> intervals = r.numbers(*t, "interval_us", "device.sync_lateness"),
                                 shares = r.numbers(*t, "share", "device.sync_lateness");
       try {
@@ -331,8 +340,10 @@ HardwareProfile builtin_hardware(const std::string& name) {
 
 HardwareProfile load_hardware(const std::string& name_or_path, const std::string& option) {
   if (const HardwareProfile* p = find_builtin(name_or_path)) return *p;
-  MT_CHECK(!std::filesystem::is_directory(name_or_path), "{} '{}' is a directory; give a built-in profile ({}) or a "
-           "profile file (TOML)", option, name_or_path, fmt::join(builtin_hardware_names(), ", "));
+  MT_CHECK(!std::filesystem::is_directory(name_or_path),
+           "{} '{}' is a directory; give a built-in profile ({}) or a "
+           "profile file (TOML)",
+           option, name_or_path, fmt::join(builtin_hardware_names(), ", "));
   std::ifstream f(name_or_path);
   MT_CHECK(f.good(), "{} '{}' is neither a built-in profile ({}) nor a readable file", option, name_or_path,
            fmt::join(builtin_hardware_names(), ", "));

@@ -77,7 +77,7 @@ struct HardwareProfile {
 // intervals positive and increasing, each share from 0 to ranks - 1 (the
 // most a slowest rank can trail its group's mean by).
 std::vector<SyncLateness::Point> checked_lateness(SyncLateness::Key key, const std::vector<double>& interval_us,
-                                                 const std::vector<double>& share);
+                                                  const std::vector<double>& share);
 
 // The built-in profiles' names, and one of them; fails listing them.
 std::vector<std::string> builtin_hardware_names();

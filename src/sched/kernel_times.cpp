@@ -1,12 +1,11 @@
 #include "sched/kernel_times.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -53,8 +52,10 @@ std::optional<double> KernelTimes::find(const std::string& key) const {
 KernelTimes load_kernel_times(const std::string& path) {
   KernelTimes times;
   if (!std::filesystem::exists(path)) return times;
-  MT_CHECK(std::filesystem::is_regular_file(path), "schedule.kernel_cache {}: is not a file; give the path of a JSON "
-           "file (it is made when absent)", path);
+  MT_CHECK(std::filesystem::is_regular_file(path),
+           "schedule.kernel_cache {}: is not a file; give the path of a JSON "
+           "file (it is made when absent)",
+           path);
   std::ifstream f(path);
   MT_CHECK(f.good(), "schedule.kernel_cache {}: cannot be read ({})", path, std::strerror(errno));
   try {
@@ -77,8 +78,10 @@ KernelTimes load_kernel_times(const std::string& path) {
   } catch (const InternalError&) {  // a bug of ours, not the file's
     throw;
   } catch (const std::exception& e) {
-    throw InvalidArgument(fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
-                                      "again", path, json_error_text(e)));
+    throw InvalidArgument(
+        fmt::format("schedule.kernel_cache {}: not a kernel-time cache ({}); delete it to measure "
+                    "again",
+                    path, json_error_text(e)));
   }
   return times;
 }

@@ -4,19 +4,24 @@
 #include <set>
 
 #include "core/allocator.h"
-
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
 
 const char* memory_kind_name(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::parameters: return "parameters";
-    case MemoryKind::gradients: return "gradients";
-    case MemoryKind::optimizer_states: return "optimizer states";
-    case MemoryKind::activations: return "activations";
-    case MemoryKind::communication: return "communication buffers";
-    case MemoryKind::other: return "other";
+    case MemoryKind::parameters:
+      return "parameters";
+    case MemoryKind::gradients:
+      return "gradients";
+    case MemoryKind::optimizer_states:
+      return "optimizer states";
+    case MemoryKind::activations:
+      return "activations";
+    case MemoryKind::communication:
+      return "communication buffers";
+    case MemoryKind::other:
+      return "other";
   }
   return "?";
 }
@@ -25,12 +30,15 @@ MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& sch
   using graph::ValueId;
   const graph::MemoryPlan& plan = schedule.memory;
   const std::vector<graph::NodeId>& steps = schedule.steps;
-  auto bytes = [&](ValueId v) { return static_cast<double>(g.value(v).info.shape.numel()) * dtype_size(g.value(v).info.dtype); };
+  auto bytes = [&](ValueId v) {
+    return static_cast<double>(g.value(v).info.shape.numel()) * dtype_size(g.value(v).info.dtype);
+  };
   auto kind = [&](ValueId v) {
     if (kind_of)
       if (const auto k = kind_of(v)) return *k;
     const graph::Value& value = g.value(v);
-    if (!value.producer.valid()) return value.kind == graph::ValueKind::parameter ? MemoryKind::parameters : MemoryKind::other;
+    if (!value.producer.valid())
+      return value.kind == graph::ValueKind::parameter ? MemoryKind::parameters : MemoryKind::other;
     const graph::Node& node = g.node(value.producer);
     if (node.op->is_collective) return MemoryKind::communication;
     return node.phase == graph::Phase::forward ? MemoryKind::activations : MemoryKind::other;
@@ -63,14 +71,15 @@ MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& sch
     const graph::Node& node = g.node(steps[s]);
     for (ValueId out : node.outputs) {
       // A bucket member computed in place in its bucket: the bucket's range is taken now.
-      if (const ValueId bucket = plan.storage_of(out); bucket != out && plan.offsets.count(bucket) &&
-                                                       produced.insert(bucket).second) {
+      if (const ValueId bucket = plan.storage_of(out);
+          bucket != out && plan.offsets.count(bucket) && produced.insert(bucket).second) {
         live[bucket] = bytes(bucket);
         live_sum += bytes(bucket);
       }
       const auto at = plan.offsets.find(out);
-      if (at == plan.offsets.end() || !produced.insert(out).second) continue;  // a view, or an input's own tensor updated in place, or a bucket taken earlier
-      for (ValueId in : node.inputs) {         // computed in place over an input: that range changes hands
+      if (at == plan.offsets.end() || !produced.insert(out).second)
+        continue;                       // a view, or an input's own tensor updated in place, or a bucket taken earlier
+      for (ValueId in : node.inputs) {  // computed in place over an input: that range changes hands
         const ValueId owner = plan.storage_of(in);
         const auto in_at = plan.offsets.find(owner);
         if (in_at != plan.offsets.end() && in_at->second == at->second && live.count(owner)) {

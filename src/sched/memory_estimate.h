@@ -19,11 +19,11 @@ enum class MemoryKind { parameters, gradients, optimizer_states, activations, co
 const char* memory_kind_name(MemoryKind kind);
 
 struct MemoryEstimate {
-  double input_bytes = 0;  // the graph's inputs (parameters, optimizer states, the batch): held throughout
-  double arena_bytes = 0;  // the memory plan's arena, which holds every value the step computes
-  double peak_bytes = 0;   // input_bytes + arena_bytes: what the executor allocates
+  double input_bytes = 0;      // the graph's inputs (parameters, optimizer states, the batch): held throughout
+  double arena_bytes = 0;      // the memory plan's arena, which holds every value the step computes
+  double peak_bytes = 0;       // input_bytes + arena_bytes: what the executor allocates
   double allocated_bytes = 0;  // the same in the blocks the allocator hands out (each rounded up)
-  size_t peak_step = 0;    // the step of the schedule at which the most bytes are live
+  size_t peak_step = 0;        // the step of the schedule at which the most bytes are live
   // At peak_step: the inputs and the live computed values by kind, and
   // "arena_unused": the arena's bytes no live value holds there (first-fit
   // fragmentation). They sum to peak_bytes.
@@ -38,6 +38,7 @@ struct MemoryEstimate {
 // optimizer: other). `kind_of` may refine any value (return nullopt to keep
 // the default).
 using MemoryKindOf = std::function<std::optional<MemoryKind>(graph::ValueId)>;
-MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& schedule, const MemoryKindOf& kind_of = {});
+MemoryEstimate estimate_memory(const graph::Graph& g, const graph::Schedule& schedule,
+                               const MemoryKindOf& kind_of = {});
 
 }  // namespace meshtrain::sched

@@ -12,7 +12,9 @@ namespace meshtrain::sched {
 
 namespace {
 
-size_t block_bytes(size_t n) { return std::max((n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment, kArenaAlignment); }
+size_t block_bytes(size_t n) {
+  return std::max((n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment, kArenaAlignment);
+}
 
 // First-fit over free ranges of the arena, growing it when nothing fits.
 class ArenaPlanner {
@@ -63,9 +65,7 @@ class ArenaPlanner {
 
 size_t nbytes(const graph::ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
 
-bool copies_members(const graph::Node& bucket_op) {
-  return bucket_op.attrs.get_or(graph::attr::copy_members, false);
-}
+bool copies_members(const graph::Node& bucket_op) { return bucket_op.attrs.get_or(graph::attr::copy_members, false); }
 
 // The members of bucket_packs that can be computed in place in
 // their bucket, made views of it (the pack then copies nothing for them):
@@ -141,8 +141,8 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
     for (const graph::OpDef::InPlace& pair : node.op->in_place) {
       const ValueId in = plan.storage_of(node.inputs.at(static_cast<size_t>(pair.input)));
       const ValueId out = node.outputs.at(static_cast<size_t>(pair.output));
-      const auto reads = std::count_if(node.inputs.begin(), node.inputs.end(),
-                                       [&](ValueId v) { return plan.storage_of(v) == in; });
+      const auto reads =
+          std::count_if(node.inputs.begin(), node.inputs.end(), [&](ValueId v) { return plan.storage_of(v) == in; });
       if (reads != 1 || last_use.at(in) != step || fetched.count(in) ||
           nbytes(g.value(in).info) != nbytes(g.value(out).info))
         continue;
@@ -157,10 +157,11 @@ graph::MemoryPlan plan_memory(const graph::Graph& g, const std::vector<graph::No
     for (ValueId out : node.outputs) {
       // A bucket member computed in place in its bucket takes the bucket's
       // range when the first of them is computed.
-      if (const ValueId bucket = plan.storage_of(out); bucket != out && g.value(bucket).producer.valid() &&
-                                                       !plan.offsets.count(bucket))
+      if (const ValueId bucket = plan.storage_of(out);
+          bucket != out && g.value(bucket).producer.valid() && !plan.offsets.count(bucket))
         plan.offsets[bucket] = arena.allocate(nbytes(g.value(bucket).info));
-      if (!plan.view_of.count(out) && !plan.offsets.count(out)) plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
+      if (!plan.view_of.count(out) && !plan.offsets.count(out))
+        plan.offsets[out] = arena.allocate(nbytes(g.value(out).info));
     }
     auto release_if_done = [&](ValueId v) {
       if (!g.value(v).producer.valid() || fetched.count(v) || handed_over.count(v)) return;

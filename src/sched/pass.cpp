@@ -54,10 +54,12 @@ PassPipeline step_pipeline(ActivationCheckpoint checkpoint, SelectiveMatmuls mat
 PassPipeline lowered_step_pipeline(BucketOptions buckets, std::optional<PrefetchOptions> prefetch) {
   PassPipeline p("lowered_step");
   if (buckets.mode != BucketMode::none)
-    p.add({"bucket_collectives", [options = std::move(buckets)](graph::Graph& g) { return bucket_collectives(g, options); }});
+    p.add({"bucket_collectives",
+           [options = std::move(buckets)](graph::Graph& g) { return bucket_collectives(g, options); }});
   p.add({"sink_waits", sink_waits});
   if (prefetch)
-    p.add({"prefetch_collectives", [options = std::move(*prefetch)](graph::Graph& g) { return prefetch_collectives(g, options); }});
+    p.add({"prefetch_collectives",
+           [options = std::move(*prefetch)](graph::Graph& g) { return prefetch_collectives(g, options); }});
   return p;
 }
 

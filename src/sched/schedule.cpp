@@ -13,8 +13,9 @@ graph::Schedule make_schedule(const graph::Graph& g, std::vector<graph::ValueId>
   for (const graph::Update& u : updates) {
     MT_CHECK(!g.value(u.to).producer.valid(), "schedule: update of {}, which is computed by the graph, not an input",
              g.describe_value(u.to));
-    MT_CHECK(g.value(u.from).info == g.value(u.to).info, "schedule: update of {} with {}: they differ in shape or dtype",
-             g.describe_value(u.to), g.describe_value(u.from));
+    MT_CHECK(g.value(u.from).info == g.value(u.to).info,
+             "schedule: update of {} with {}: they differ in shape or dtype", g.describe_value(u.to),
+             g.describe_value(u.from));
     if (std::find(fetches.begin(), fetches.end(), u.from) == fetches.end()) fetches.push_back(u.from);
   }
   // The nodes the fetches need.

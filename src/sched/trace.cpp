@@ -1,8 +1,8 @@
 #include "sched/trace.h"
 
-#include <map>
-
 #include <fmt/format.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -20,7 +20,8 @@ nlohmann::json track_name(int rank, int track, const char* name) {
 
 nlohmann::json rank_tracks(int rank) {
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {}", rank)}}}});
+  events.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {}", rank)}}}});
   events.push_back(track_name(rank, kComputeTrack, "compute"));
   events.push_back(track_name(rank, kCommunicationTrack, "communication"));
   return events;
@@ -30,9 +31,13 @@ nlohmann::json rank_tracks(int rank) {
 std::string chrome_trace_events(const std::vector<NamedSpan>& spans, int rank) {
   nlohmann::json events = rank_tracks(rank);
   for (const NamedSpan& span : spans)
-    events.push_back({{"ph", "X"}, {"name", span.name}, {"cat", span.communication ? "communication" : "kernel"},
-                      {"pid", rank}, {"tid", span.communication ? kCommunicationTrack : kComputeTrack},
-                      {"ts", span.begin_us}, {"dur", span.end_us - span.begin_us}});
+    events.push_back({{"ph", "X"},
+                      {"name", span.name},
+                      {"cat", span.communication ? "communication" : "kernel"},
+                      {"pid", rank},
+                      {"tid", span.communication ? kCommunicationTrack : kComputeTrack},
+                      {"ts", span.begin_us},
+                      {"dur", span.end_us - span.begin_us}});
   return events.dump();
 }
 
@@ -40,15 +45,21 @@ std::string chrome_trace_events(const graph::Graph& g, const std::vector<graph::
   nlohmann::json events = rank_tracks(rank);
   std::map<graph::NodeId, double> started_at;  // a collective's start node -> when it started
   for (const graph::NodeSpan& span : spans) {
-    MT_CHECK(span.node.valid() && static_cast<size_t>(span.node.index) < g.num_node_ids(), "trace: node {} is not in the graph",
-             span.node.index);
+    MT_CHECK(span.node.valid() && static_cast<size_t>(span.node.index) < g.num_node_ids(),
+             "trace: node {} is not in the graph", span.node.index);
     const graph::Node& node = g.node(span.node);
     nlohmann::json args{{"node", span.node.index}, {"phase", std::string(graph::phase_name(node.phase))}};
     if (!node.scope.empty()) args["scope"] = node.scope;
     if (!node.outputs.empty()) args["output"] = g.describe_value(node.outputs[0]);
     const char* category = node.op->is_collective ? "collective start" : node.op->is_wait ? "wait" : "kernel";
-    events.push_back({{"ph", "X"}, {"name", node.op->name}, {"cat", category}, {"pid", rank}, {"tid", kComputeTrack},
-                      {"ts", span.begin_us}, {"dur", span.end_us - span.begin_us}, {"args", std::move(args)}});
+    events.push_back({{"ph", "X"},
+                      {"name", node.op->name},
+                      {"cat", category},
+                      {"pid", rank},
+                      {"tid", kComputeTrack},
+                      {"ts", span.begin_us},
+                      {"dur", span.end_us - span.begin_us},
+                      {"args", std::move(args)}});
     if (node.op->is_collective) started_at[span.node] = span.begin_us;
     if (!node.op->is_wait) continue;
     // The collective it completes, in flight from its start to here. Several
@@ -65,9 +76,8 @@ std::string chrome_trace_events(const graph::Graph& g, const std::vector<graph::
                          {"tid", kCommunicationTrack},
                          {"ts", it->second},
                          {"args", {{"node", start.index}, {"attrs", collective.attrs.to_string()}}}};
-    nlohmann::json end{{"ph", "e"},          {"name", collective.op->name}, {"cat", "communication"},
-                       {"id", start.index},  {"pid", rank},                 {"tid", kCommunicationTrack},
-                       {"ts", span.end_us}};
+    nlohmann::json end{{"ph", "e"},   {"name", collective.op->name}, {"cat", "communication"}, {"id", start.index},
+                       {"pid", rank}, {"tid", kCommunicationTrack},  {"ts", span.end_us}};
     events.push_back(std::move(begin));
     events.push_back(std::move(end));
   }

@@ -1,9 +1,9 @@
 #include "sharding/device_mesh.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <set>
-
-#include <fmt/ranges.h>
 
 #include "core/error.h"
 
@@ -98,9 +98,8 @@ std::vector<int> parse_mesh_shape(std::string_view text) {
 
 MeshGroups::MeshGroups(DeviceMesh mesh, comm::ProcessGroupPtr world)
     : mesh_(std::move(mesh)), world_(std::move(world)) {
-  MT_CHECK(world_->size() == mesh_.num_ranks(),
-           "mesh {} has {} ranks but the world group has {}; run with -np {}", mesh_.describe(),
-           mesh_.num_ranks(), world_->size(), mesh_.num_ranks());
+  MT_CHECK(world_->size() == mesh_.num_ranks(), "mesh {} has {} ranks but the world group has {}; run with -np {}",
+           mesh_.describe(), mesh_.num_ranks(), world_->size(), mesh_.num_ranks());
   coordinate_ = mesh_.coordinate(world_->rank());
   for (int d = 0; d < mesh_.ndim(); ++d) dim_groups_.push_back(make_group({d}, mesh_.names()[d]));
 }

@@ -11,10 +11,14 @@ namespace meshtrain::sharding {
 
 std::string Placement::to_string() const {
   switch (kind) {
-    case Kind::replicate: return "R";
-    case Kind::shard: return fmt::format("S({})", dim);
-    case Kind::strided_shard: return fmt::format("_S({}, {})", dim, split_factor);
-    case Kind::partial: return fmt::format("P({})", comm::reduce_op_name(reduce));
+    case Kind::replicate:
+      return "R";
+    case Kind::shard:
+      return fmt::format("S({})", dim);
+    case Kind::strided_shard:
+      return fmt::format("_S({}, {})", dim, split_factor);
+    case Kind::partial:
+      return fmt::format("P({})", comm::reduce_op_name(reduce));
   }
   return "?";
 }
@@ -40,9 +44,10 @@ struct Cursor {
     return true;
   }
   [[noreturn]] void fail(std::string_view what) const {
-    throw InvalidArgument(fmt::format("cannot parse layout '{}' at position {}: {}. Expected placements "
-                                      "like R, S(0), S(0)[1], _S(0, 3), P(sum) — one per mesh dim",
-                                      text, pos, what));
+    throw InvalidArgument(
+        fmt::format("cannot parse layout '{}' at position {}: {}. Expected placements "
+                    "like R, S(0), S(0)[1], _S(0, 3), P(sum) — one per mesh dim",
+                    text, pos, what));
   }
   void expect(std::string_view token) {
     if (!accept(token)) fail(fmt::format("expected '{}'", token));
@@ -112,8 +117,8 @@ Layout Layout::parse(std::string_view text, int mesh_ndim) {
     explicit_order.push_back(k);
   }
   MT_CHECK(static_cast<int>(placements.size()) == mesh_ndim,
-           "layout '{}' has {} placements but the mesh has {} dims; give one per mesh dim", text,
-           placements.size(), mesh_ndim);
+           "layout '{}' has {} placements but the mesh has {} dims; give one per mesh dim", text, placements.size(),
+           mesh_ndim);
   Layout layout = from_placements(std::move(placements));
   // Explicit [k]: all or none of the shards of a tensor dim, a permutation.
   std::map<int, std::vector<int>> by_dim;
@@ -124,7 +129,8 @@ Layout Layout::parse(std::string_view text, int mesh_ndim) {
     if (given == 0) continue;
     MT_CHECK(given == static_cast<long>(mesh_dims.size()),
              "layout '{}': tensor dim {} is sharded by {} mesh dims but only {} carry an order index [k]; "
-             "give all or none", text, dim, mesh_dims.size(), given);
+             "give all or none",
+             text, dim, mesh_dims.size(), given);
     std::vector<int> seen(mesh_dims.size(), 0);
     for (int m : mesh_dims) {
       const int k = explicit_order[m];

@@ -17,8 +17,8 @@ using comm::ReduceOp;
 struct Placement {
   enum class Kind : uint8_t { replicate, shard, strided_shard, partial };
   Kind kind = Kind::replicate;
-  int dim = -1;          // tensor dim of shard / strided_shard
-  int split_factor = 1;  // strided_shard: shards the dim already has from the right (>= 2)
+  int dim = -1;                     // tensor dim of shard / strided_shard
+  int split_factor = 1;             // strided_shard: shards the dim already has from the right (>= 2)
   ReduceOp reduce = ReduceOp::sum;  // partial
 
   static Placement replicate() { return {}; }

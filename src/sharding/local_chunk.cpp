@@ -44,11 +44,12 @@ std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Pla
   return out;
 }
 
-std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int tensor_dim,
-                                   const DeviceMesh& mesh, const std::vector<int>& coord) {
+std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int tensor_dim, const DeviceMesh& mesh,
+                                   const std::vector<int>& coord) {
   std::vector<int64_t> idx(static_cast<size_t>(dim_size));
   for (int64_t k = 0; k < dim_size; ++k) idx[k] = k;
-  for (int m : layout.shard_sequence(tensor_dim)) idx = split_indices(idx, layout.placements[m], mesh.size(m), coord[m]);
+  for (int m : layout.shard_sequence(tensor_dim))
+    idx = split_indices(idx, layout.placements[m], mesh.size(m), coord[m]);
   return idx;
 }
 

@@ -25,8 +25,8 @@ std::vector<int64_t> torch_chunk_sizes(int64_t total, int n);
 std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Placement& p, int n, int i);
 
 // Global indices along tensor dim d held at mesh coordinate `coord`.
-std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int tensor_dim,
-                                   const DeviceMesh& mesh, const std::vector<int>& coord);
+std::vector<int64_t> shard_indices(int64_t dim_size, const Layout& layout, int tensor_dim, const DeviceMesh& mesh,
+                                   const std::vector<int>& coord);
 
 struct LocalChunk {
   Shape shape;

@@ -121,11 +121,16 @@ struct SearchSpace {
     if (!c || n == 1) return {0.0, 0.0};
     const double local = local_bytes(before);
     switch (*c) {
-      case OpType::all_gather: return {local * n, model->all_gather_us(local * n, n, link)};
-      case OpType::reduce_scatter: return {local, model->reduce_scatter_us(local, n, link)};
-      case OpType::all_reduce: return {local, model->all_reduce_us(local, n, link)};
-      case OpType::all_to_all: return {local, model->all_to_all_us(local, n, link)};
-      default: break;  // the planner emits no other collective
+      case OpType::all_gather:
+        return {local * n, model->all_gather_us(local * n, n, link)};
+      case OpType::reduce_scatter:
+        return {local, model->reduce_scatter_us(local, n, link)};
+      case OpType::all_reduce:
+        return {local, model->all_reduce_us(local, n, link)};
+      case OpType::all_to_all:
+        return {local, model->all_to_all_us(local, n, link)};
+      default:
+        break;  // the planner emits no other collective
     }
     return {0.0, kInf};
   }
@@ -192,8 +197,8 @@ struct SearchSpace {
   }
 };
 
-SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const Shape& shape,
-                 size_t element_size, const Layout& dst) {
+SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const Shape& shape, size_t element_size,
+                              const Layout& dst) {
   SearchSpace sp;
   sp.ndim = mesh.ndim();
   sp.tensor_rank = static_cast<int>(shape.rank());
@@ -233,8 +238,7 @@ void normalize_order(State& s, int ndim) {
     }
     int8_t rank = 0;
     for (int k = 0; k < ndim; ++k)
-      if (k != m && is_sharding(s.code[k]) && dim_of(s.code[k]) == dim_of(s.code[m]) && s.order[k] < s.order[m])
-        ++rank;
+      if (k != m && is_sharding(s.code[k]) && dim_of(s.code[k]) == dim_of(s.code[m]) && s.order[k] < s.order[m]) ++rank;
     s.order[m] = rank;
   }
 }
@@ -399,8 +403,8 @@ Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const Sh
       // A flat split over the merged group equals the nested one only when
       // every nested chunk is even (torch.chunk(5,4) != chunk(chunk(5,2),2)).
       const State& sharded = c == OpType::all_gather ? first.before : raw[j].after;
-      const int d = dim_of(c == OpType::all_gather ? first.before.code[first.mesh_dim]
-                                                       : raw[j].after.code[raw[j].mesh_dim]);
+      const int d =
+          dim_of(c == OpType::all_gather ? first.before.code[first.mesh_dim] : raw[j].after.code[raw[j].mesh_dim]);
       merged = evenly_sharded(sp, sharded, d, shape[d]);
     }
     // (bytes, cost) of the first step alone, or of the merged collective when it is cheaper.
@@ -409,8 +413,10 @@ Plan build_plan(const SearchSpace& sp, const std::vector<RawStep>& raw, const Sh
       int n = 1;
       for (int m : dims) n *= sp.sizes[m];
       const auto combined = sp.step(first.before, c, n, sp.model->merged_link(dims));
-      if (combined.second < separate_cost) chosen = combined;
-      else merged = false;
+      if (combined.second < separate_cost)
+        chosen = combined;
+      else
+        merged = false;
     }
     if (!merged) j = i;
     PlanStep out;
@@ -450,13 +456,13 @@ Planner::Planner(DeviceMesh mesh, CostModel model) : mesh_(std::move(mesh)), mod
            model_.links.size(), mesh_.ndim());
 }
 
-Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layout& src,
-                            const Layout& dst, PlanOptions options) const {
+Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layout& src, const Layout& dst,
+                            PlanOptions options) const {
   const int rank = static_cast<int>(shape.rank());
   MT_CHECK(rank <= 127, "tensors of up to 127 dims, got {}", rank);
   for (const Layout* l : {&src, &dst})
-    MT_CHECK(l->mesh_ndim() == mesh_.ndim(), "layout {} has {} placements but the mesh {} has {} dims",
-             l->to_string(), l->mesh_ndim(), mesh_.describe(), mesh_.ndim());
+    MT_CHECK(l->mesh_ndim() == mesh_.ndim(), "layout {} has {} placements but the mesh {} has {} dims", l->to_string(),
+             l->mesh_ndim(), mesh_.describe(), mesh_.ndim());
   src.validate(rank);
   dst.validate(rank);
   for (int m = 0; m < mesh_.ndim(); ++m) {
@@ -469,12 +475,13 @@ Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layou
   }
   if (src == dst) return {};
   const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, dst);
-  const auto raw = options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
+  const auto raw =
+      options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
   return build_plan(sp, raw, shape, options.merge);
 }
 
-std::shared_ptr<const Plan> Planner::plan(const Shape& shape, size_t element_size, const Layout& src,
-                                          const Layout& dst, PlanOptions options) {
+std::shared_ptr<const Plan> Planner::plan(const Shape& shape, size_t element_size, const Layout& src, const Layout& dst,
+                                          PlanOptions options) {
   CacheKey key{shape, element_size, src, dst, options};
   {
     std::lock_guard lock(mu_);
@@ -486,8 +493,7 @@ std::shared_ptr<const Plan> Planner::plan(const Shape& shape, size_t element_siz
   return cache_.emplace(std::move(key), std::move(plan)).first->second;
 }
 
-double Planner::step_cost(const Shape& shape, size_t element_size, const Layout& from,
-                          const Layout& to) const {
+double Planner::step_cost(const Shape& shape, size_t element_size, const Layout& from, const Layout& to) const {
   const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, to);
   const State a = to_state(from), b = to_state(to);
   double cost = kInf;

@@ -53,15 +53,14 @@ class Planner {
   // Cached. Throws InvalidArgument for illegal requests (a Partial target the
   // source does not already have on that mesh dim, mixed reduce ops, a tensor
   // dim out of range, greedy with non-default shard orders).
-  std::shared_ptr<const Plan> plan(const Shape& global_shape, size_t element_size,
-                                   const Layout& src, const Layout& dst, PlanOptions options = {});
-  Plan plan_uncached(const Shape& global_shape, size_t element_size, const Layout& src,
-                     const Layout& dst, PlanOptions options = {}) const;
+  std::shared_ptr<const Plan> plan(const Shape& global_shape, size_t element_size, const Layout& src, const Layout& dst,
+                                   PlanOptions options = {});
+  Plan plan_uncached(const Shape& global_shape, size_t element_size, const Layout& src, const Layout& dst,
+                     PlanOptions options = {}) const;
 
   // Cost of one step between layouts that differ on exactly one mesh dim
   // (infinity when no single collective does it). For checks and tests.
-  double step_cost(const Shape& global_shape, size_t element_size, const Layout& from,
-                   const Layout& to) const;
+  double step_cost(const Shape& global_shape, size_t element_size, const Layout& from, const Layout& to) const;
   // Every layout one step away from `from` (the planner's edges, in order).
   std::vector<Layout> neighbours(const Layout& from, int tensor_rank, const Layout& dst) const;
 

@@ -1,9 +1,9 @@
 #include "sharding/redistribute.h"
 
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <numeric>
-
-#include <fmt/ranges.h>
 
 #include "sharding/local_chunk.h"
 
@@ -21,8 +21,8 @@ Around around(const Shape& shape, int d, size_t elem) {
 }
 
 // dst[o, k] = src[o, rows[k]] along dim d; dst has len = rows.size().
-void take_rows(const std::byte* src, const Shape& src_shape, int d, size_t elem,
-               const std::vector<int64_t>& rows, std::byte* dst) {
+void take_rows(const std::byte* src, const Shape& src_shape, int d, size_t elem, const std::vector<int64_t>& rows,
+               std::byte* dst) {
   const Around a = around(src_shape, d, elem);
   const auto n = static_cast<int64_t>(rows.size());
   for (int64_t o = 0; o < a.outer; ++o)
@@ -201,14 +201,17 @@ void local_step(const Tensor& cur, Tensor& out, const StepContext& c) {
     // R -> P: the group must reduce back to the value. Sum: group rank 0
     // keeps it and the others hold zero (exact; PyTorch divides by n, which
     // rounds). avg, max, min: every rank keeps it.
-    if (s.to.reduce == ReduceOp::sum && c.group_rank != 0) std::memset(out.raw(), 0, out.nbytes());
-    else if (out.raw() != cur.raw()) std::memcpy(out.raw(), cur.raw(), out.nbytes());
+    if (s.to.reduce == ReduceOp::sum && c.group_rank != 0)
+      std::memset(out.raw(), 0, out.nbytes());
+    else if (out.raw() != cur.raw())
+      std::memcpy(out.raw(), cur.raw(), out.nbytes());
     return;
   }
   // R -> S / SS: keep this rank's part of the dim.
   const int d = s.to.dim;
   const auto rows = c.member_rows(c.before_shape[d], s.to, c.group_rank);
-  take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows, static_cast<std::byte*>(out.raw()));
+  take_rows(static_cast<const std::byte*>(cur.raw()), c.before_shape, d, c.elem, rows,
+            static_cast<std::byte*>(out.raw()));
 }
 
 }  // namespace
@@ -228,8 +231,10 @@ StepBuffers step_buffers(const Shape& global_shape, const PlanStep& step, const 
       const bool in_place = split_in_place(c, c.before_shape, d, step.to);
       return {in_place ? 0 : c.before_shape.numel(), in_place};
     }
-    case comm::OpType::all_to_all: return {c.before_shape.numel() + c.after_shape.numel(), false};
-    default: return {};  // all_reduce: on the output, which starts as a copy of the input
+    case comm::OpType::all_to_all:
+      return {c.before_shape.numel() + c.after_shape.numel(), false};
+    default:
+      return {};  // all_reduce: on the output, which starts as a copy of the input
   }
 }
 
@@ -255,10 +260,14 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
   }
   comm::ProcessGroup& group = groups.merged_group(step.mesh_dims, comm_stream(*step.collective));
   switch (*step.collective) {
-    case comm::OpType::all_gather: return start_all_gather(local, out, buffer, c, group);
-    case comm::OpType::reduce_scatter: return start_reduce_scatter(local, out, buffer, c, group);
-    case comm::OpType::all_to_all: return start_all_to_all(local, out, buffer, c, group);
-    case comm::OpType::all_reduce: return start_all_reduce(local, out, c, group);
+    case comm::OpType::all_gather:
+      return start_all_gather(local, out, buffer, c, group);
+    case comm::OpType::reduce_scatter:
+      return start_reduce_scatter(local, out, buffer, c, group);
+    case comm::OpType::all_to_all:
+      return start_all_to_all(local, out, buffer, c, group);
+    case comm::OpType::all_reduce:
+      return start_all_reduce(local, out, c, group);
     default:
       throw Error(fmt::format("redistribute: a plan step cannot be a {}", comm::op_type_name(*step.collective)));
   }
@@ -280,8 +289,8 @@ Tensor execute_step(const Tensor& local, const Shape& global_shape, const PlanSt
   const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));
   if (c.group_size == 1) return local;
   Tensor out = Tensor::empty(c.after_shape, local.dtype());
-  const Tensor buffer =
-      Tensor::empty({step_buffers(global_shape, step, groups.mesh(), groups.coordinate()).buffer_elements}, local.dtype());
+  const Tensor buffer = Tensor::empty(
+      {step_buffers(global_shape, step, groups.mesh(), groups.coordinate()).buffer_elements}, local.dtype());
   start_step(local, out, buffer, global_shape, step, groups).complete();
   return out;
 }

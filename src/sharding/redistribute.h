@@ -14,8 +14,8 @@ namespace meshtrain::sharding {
 
 // `local` must have the shape `src` gives this rank (local_chunk). Partial
 // targets keep the source's pending reduction. Throws with what was wrong.
-Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout& src,
-                    const Layout& dst, MeshGroups& groups, Planner& planner);
+Tensor redistribute(const Tensor& local, const Shape& global_shape, const Layout& src, const Layout& dst,
+                    MeshGroups& groups, Planner& planner);
 
 // Run one step of a plan on this rank's local tensor (a new tensor, or
 // `local` itself where the step's group has one rank).
@@ -37,8 +37,8 @@ StepBuffers step_buffers(const Shape& global_shape, const PlanStep& step, const 
 // what arrived in place. Until then the output, the buffer and (where
 // step_buffers says so) the input belong to the collective.
 struct InFlightStep {
-  comm::WorkPtr work;             // null for a local step, which is done at start
-  std::function<void()> finish;   // empty when the collective writes the output itself
+  comm::WorkPtr work;            // null for a local step, which is done at start
+  std::function<void()> finish;  // empty when the collective writes the output itself
   void complete();
 };
 
@@ -57,7 +57,6 @@ InFlightStep start_coalesced_step(const Tensor& local, Tensor& out, const PlanSt
                                   const std::vector<int64_t>& member_blocks, MeshGroups& groups);
 
 // Run an already planned sequence of steps.
-Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan,
-                    MeshGroups& groups);
+Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups);
 
 }  // namespace meshtrain::sharding

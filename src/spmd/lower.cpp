@@ -1,8 +1,8 @@
 #include "spmd/lower.h"
 
-#include <tuple>
-
 #include <fmt/ranges.h>
+
+#include <tuple>
 
 #include "core/error.h"
 #include "graph/builder.h"
@@ -65,9 +65,12 @@ struct Lowering {
       for (int m : step.mesh_dims) group_size *= mesh.size(m);
       if (group_size == 1) continue;  // a one-rank group: a relabelling
       std::vector<int64_t> dims(step.mesh_dims.begin(), step.mesh_dims.end());
-      graph::Attrs attrs{graph::attr::shape(local_shape(info.shape, step.after).dims()), graph::attr::mesh_dims(dims),
-                         graph::attr::group(group(step.mesh_dims)), graph::attr::layout_before(step.before.to_string()),
-                         graph::attr::layout_after(step.after.to_string()), graph::attr::global_shape(info.shape.dims()),
+      graph::Attrs attrs{graph::attr::shape(local_shape(info.shape, step.after).dims()),
+                         graph::attr::mesh_dims(dims),
+                         graph::attr::group(group(step.mesh_dims)),
+                         graph::attr::layout_before(step.before.to_string()),
+                         graph::attr::layout_after(step.after.to_string()),
+                         graph::attr::global_shape(info.shape.dims()),
                          graph::attr::comm_bytes(step.bytes)};
       if (!step.collective) {
         local = b.op("shard_locally", {local}, attrs);
@@ -76,8 +79,7 @@ struct Lowering {
       // Started here, waited on at once; sched's sink_waits moves the wait to where the result is first read.
       const sharding::StepBuffers need = sharding::step_buffers(info.shape, step, mesh, coord);
       attrs.set(graph::attr::buffer_elements, need.buffer_elements);
-      const graph::NodeId start =
-          out.graph.add_node(std::string(comm::op_type_name(*step.collective)), {local}, attrs);
+      const graph::NodeId start = out.graph.add_node(std::string(comm::op_type_name(*step.collective)), {local}, attrs);
       std::vector<graph::ValueId> wait_inputs = out.graph.node(start).outputs;
       if (need.reads_input_until_done) wait_inputs.push_back(local);
       local = b.op("wait", wait_inputs);
@@ -179,9 +181,10 @@ std::string collective_summary(const graph::Graph& local, const sharding::Device
     const auto& [phase, op, dims, group] = key;
     std::vector<std::string> names;
     for (int64_t d : dims) names.push_back(mesh.names()[static_cast<size_t>(d)]);
-    text += fmt::format("# {:<9} {:<14} over {:<20} group {:<14} {:>4} x, {:>10.0f} bytes\n",
-                        graph::phase_name(static_cast<graph::Phase>(phase)), op, fmt::format("{}", fmt::join(names, "+")),
-                        fmt::format("{}", fmt::join(group, ",")), t.count, t.bytes);
+    text +=
+        fmt::format("# {:<9} {:<14} over {:<20} group {:<14} {:>4} x, {:>10.0f} bytes\n",
+                    graph::phase_name(static_cast<graph::Phase>(phase)), op, fmt::format("{}", fmt::join(names, "+")),
+                    fmt::format("{}", fmt::join(group, ",")), t.count, t.bytes);
   }
   text += fmt::format("# {} collectives, {:.0f} bytes\n", all.count, all.bytes);
   return text;

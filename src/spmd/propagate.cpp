@@ -1,10 +1,10 @@
 #include "spmd/propagate.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <set>
 #include <utility>
-
-#include <fmt/ranges.h>
 
 #include "core/error.h"
 
@@ -46,7 +46,8 @@ void for_each_combination(const std::vector<DimStrategy>& per_dim, const shardin
 
 // Whether every split a candidate requires to be even is: the dim divides by
 // the product of the mesh dims that shard it.
-bool splits_evenly(const std::vector<const DimStrategy*>& c, const sharding::DeviceMesh& mesh, const graph::ValueInfos& in) {
+bool splits_evenly(const std::vector<const DimStrategy*>& c, const sharding::DeviceMesh& mesh,
+                   const graph::ValueInfos& in) {
   for (const DimStrategy* s : c)
     for (const EvenSplit& e : s->even_splits) {
       int64_t shards = 1;
@@ -100,7 +101,8 @@ void order_like(Layout& l, const std::vector<std::vector<int>>& preferred) {
 // source already has that Partial.
 bool reachable(const Layout& from, const Layout& to) {
   for (int m = 0; m < to.mesh_ndim(); ++m)
-    if (to.placements[static_cast<size_t>(m)].is_partial() && !(from.placements[static_cast<size_t>(m)] == to.placements[static_cast<size_t>(m)]))
+    if (to.placements[static_cast<size_t>(m)].is_partial() &&
+        !(from.placements[static_cast<size_t>(m)] == to.placements[static_cast<size_t>(m)]))
       return false;
   return true;
 }
@@ -139,8 +141,8 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
   const Layout replicated = Layout::from_placements(std::vector<Placement>(static_cast<size_t>(mesh.ndim())));
   std::map<graph::ValueId, Layout> pinned;
   for (const auto& [v, l] : given) {
-    MT_CHECK(v.valid() && v.index < g.num_values(), "propagate: a layout is given for value {}, which is not in the graph",
-             v.index);
+    MT_CHECK(v.valid() && v.index < g.num_values(),
+             "propagate: a layout is given for value {}, which is not in the graph", v.index);
     MT_CHECK(l.mesh_ndim() == mesh.ndim(), "propagate: {} has layout {} for a {}-d mesh", g.describe_value(v),
              l.to_string(), mesh.ndim());
     l.validate(static_cast<int>(g.value(v).info.shape.rank()));
@@ -240,7 +242,8 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       for (graph::ValueId v : node.outputs)
         if (const auto d = deliver.find(v); d != deliver.end())
           asked += fmt::format(", whose output {} must be delivered as {}", g.describe_value(v), d->second.to_string());
-      throw InvalidArgument(fmt::format("propagate: no legal strategy for node {} ({}){}", n.index, node.op->name, asked));
+      throw InvalidArgument(
+          fmt::format("propagate: no legal strategy for node {} ({}){}", n.index, node.op->name, asked));
     }
     best.has_rule = has_strategy_rule(node.op->name);
     for (size_t k = 0; k < outs.size(); ++k) {
@@ -283,8 +286,9 @@ std::string to_text(const graph::Graph& g, const Sharding& s) {
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       const graph::ValueId v = node.inputs[k];
       const Layout& have = s.values.at(v);
-      ins.push_back(have == ns.inputs[k] ? fmt::format("%{}", v.index)
-                                         : fmt::format("%{} {}->{}", v.index, have.to_string(), ns.inputs[k].to_string()));
+      ins.push_back(have == ns.inputs[k]
+                        ? fmt::format("%{}", v.index)
+                        : fmt::format("%{} {}->{}", v.index, have.to_string(), ns.inputs[k].to_string()));
     }
     text += fmt::format("{} = {}({}){}\n", fmt::join(outs, ", "), node.op->name, fmt::join(ins, ", "),
                         ns.has_rule ? "" : "  # no strategy rule: replicated");

@@ -1,8 +1,8 @@
 #include "spmd/strategy.h"
 
-#include <algorithm>
-
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "core/name_registry.h"
@@ -20,22 +20,21 @@ struct Tables {
 Tables& tables() {
   static auto* t = [] {
     auto* tab = new Tables;
-    const strategies::AddRule add{
-        [tab](const std::string& op, StrategyRule r) {
-          graph::find_op(op);  // a rule attaches to an op that exists
-          // Built-in, before any register_strategy_rule: a clash is ours.
-          const bool added = tab->strategies.add(op, std::move(r));
-          MT_ASSERT(added, "built-in op '{}' has two strategy rules", op);
-        },
-        [tab](const std::string& op, LocalizeRule r) {
-          graph::find_op(op);
-          const bool added = tab->localize.add(op, std::move(r));
-          MT_ASSERT(added, "built-in op '{}' has two localize rules", op);
-        }};
-    for (auto add_family : {strategies::add_elementwise_rules, strategies::add_matmul_rules,
-                            strategies::add_reduction_rules, strategies::add_shape_rules,
-                            strategies::add_embedding_rules, strategies::add_attention_rules,
-                            strategies::add_optimizer_rules, strategies::add_loss_rules})
+    const strategies::AddRule add{[tab](const std::string& op, StrategyRule r) {
+                                    graph::find_op(op);  // a rule attaches to an op that exists
+                                    // Built-in, before any register_strategy_rule: a clash is ours.
+                                    const bool added = tab->strategies.add(op, std::move(r));
+                                    MT_ASSERT(added, "built-in op '{}' has two strategy rules", op);
+                                  },
+                                  [tab](const std::string& op, LocalizeRule r) {
+                                    graph::find_op(op);
+                                    const bool added = tab->localize.add(op, std::move(r));
+                                    MT_ASSERT(added, "built-in op '{}' has two localize rules", op);
+                                  }};
+    for (auto add_family :
+         {strategies::add_elementwise_rules, strategies::add_matmul_rules, strategies::add_reduction_rules,
+          strategies::add_shape_rules, strategies::add_embedding_rules, strategies::add_attention_rules,
+          strategies::add_optimizer_rules, strategies::add_loss_rules})
       add_family(add);
     return tab;
   }();

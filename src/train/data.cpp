@@ -36,8 +36,10 @@ std::vector<int64_t> read_llmc_shard(const std::string& path, uint64_t file_size
 
 TokenLoader::TokenLoader(const std::string& path, int64_t batch, int64_t seq_len) : batch_(batch), seq_len_(seq_len) {
   MT_CHECK(std::filesystem::exists(path), "data file '{}' does not exist", path);
-  MT_CHECK(std::filesystem::is_regular_file(path), "data file '{}' is not a file; give a .txt file or an llm.c .bin "
-           "token shard", path);
+  MT_CHECK(std::filesystem::is_regular_file(path),
+           "data file '{}' is not a file; give a .txt file or an llm.c .bin "
+           "token shard",
+           path);
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in.good(), "cannot open data file '{}': {}", path, std::strerror(errno));
   const auto size = static_cast<uint64_t>(std::filesystem::file_size(path));
@@ -54,13 +56,16 @@ TokenLoader::TokenLoader(const std::string& path, int64_t batch, int64_t seq_len
            num_tokens(), batch, seq_len);
 }
 
-int64_t TokenLoader::max_token() const { return tokens_.empty() ? -1 : *std::max_element(tokens_.begin(), tokens_.end()); }
+int64_t TokenLoader::max_token() const {
+  return tokens_.empty() ? -1 : *std::max_element(tokens_.begin(), tokens_.end());
+}
 
 void TokenLoader::set_cursor(int64_t cursor) {
   const int64_t n = batch_ * seq_len_;
   MT_CHECK(cursor >= 0 && cursor % n == 0 && cursor + n + 1 <= num_tokens(),
            "data cursor {} is not where a batch of {} tokens starts in {} tokens of data: the data file or "
-           "data.batch_size x data.seq_len changed since the checkpoint", cursor, n, num_tokens());
+           "data.batch_size x data.seq_len changed since the checkpoint",
+           cursor, n, num_tokens());
   cursor_ = cursor;
 }
 

@@ -5,12 +5,12 @@
 #include <numeric>
 #include <set>
 
+#include "compile/compile.h"
 #include "core/error.h"
 #include "graph/op_registry.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
 #include "sharding/local_chunk.h"
-#include "compile/compile.h"
 #include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
@@ -70,8 +70,7 @@ double bytes_of(const graph::Graph& g, graph::ValueId v) {
 
 void fill_rates(const config::TrainConfig& config, const sched::HardwareProfile& hardware, TrainingEstimate& e) {
   e.tokens_per_step = static_cast<double>(config.data.batch_size * config.data.seq_len);
-  e.tokens_per_s_per_device =
-      e.time.step_us > 0 ? e.tokens_per_step / e.world_size / (e.time.step_us * 1e-6) : 0;
+  e.tokens_per_s_per_device = e.time.step_us > 0 ? e.tokens_per_step / e.world_size / (e.time.step_us * 1e-6) : 0;
   e.flops_per_token = torchtitan_flops_per_token(config.model, config.data.seq_len);
   const bool bf16 = config.training.dtype == DType::bf16 && hardware.peak_gflops_bf16 > 0;
   e.peak_gflops = (bf16 ? hardware.peak_gflops_bf16 : hardware.peak_gflops_f32) * hardware.rank_share(e.world_size);
@@ -152,8 +151,8 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
     parallel::PpCosts c{std::max(forward.step_us, kLeast), std::max(input.step_us, kLeast),
                         std::max(weight.step_us, kLeast), 0};
-    if (s + 1 < schedule.stages() && schedule.rank_of_stage[static_cast<size_t>(s)] !=
-                                         schedule.rank_of_stage[static_cast<size_t>(s + 1)])
+    if (s + 1 < schedule.stages() &&
+        schedule.rank_of_stage[static_cast<size_t>(s)] != schedule.rank_of_stage[static_cast<size_t>(s + 1)])
       c.p2p = hardware.collective_us(comm::OpType::all_gather, 2 * bytes_of(st.joint, st.output),
                                      {world_rank(schedule.rank_of_stage[static_cast<size_t>(s)]),
                                       world_rank(schedule.rank_of_stage[static_cast<size_t>(s + 1)])},
@@ -165,8 +164,7 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     p.p2p_us.push_back(c.p2p);
     if (schedule.rank_of_stage[static_cast<size_t>(s)] != pp_rank) continue;
     // This rank's stage: its tensors, its once-a-step collectives, what it keeps between programs.
-    in_program_comm += per_step *
-                       (forward.communication_us + input.communication_us + weight.communication_us);
+    in_program_comm += per_step * (forward.communication_us + input.communication_us + weight.communication_us);
     for (const graph::ExtractedGraph* part : split ? std::vector{&st.forward, &st.backward_input, &st.backward_weight}
                                                    : std::vector{&st.forward, &st.backward})
       for (const graph::NodeId n : part->graph.order()) {
@@ -178,12 +176,11 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
       }
     double kept_between = 0;
     std::set<graph::ValueId> kept;
-    for (const graph::ExtractedGraph* part : split ? std::vector{&st.backward_input, &st.backward_weight}
-                                                   : std::vector{&st.backward})
+    for (const graph::ExtractedGraph* part :
+         split ? std::vector{&st.backward_input, &st.backward_weight} : std::vector{&st.backward})
       for (const graph::ValueId v : part->reads)
         if (st.joint.value(v).kind != graph::ValueKind::parameter &&
-            std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end() &&
-            kept.insert(v).second)
+            std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end() && kept.insert(v).second)
           kept_between += bytes_of(st.joint, v);
     p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
     // UNSHARD: the unshard program (its gathers costed by the profile), as often as the rank gathers the stage.
@@ -194,9 +191,9 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     for (const graph::ExtractedGraph* part :
          {&st.forward, &st.backward, &st.backward_input, &st.backward_weight, &st.unshard})
       if (part->graph.num_nodes() > 0)
-        arena = std::max(arena, sched::estimate_memory(part->graph, sched::make_schedule(part->graph,
-                                                                                        part->graph.outputs()))
-                                    .arena_bytes);
+        arena = std::max(
+            arena,
+            sched::estimate_memory(part->graph, sched::make_schedule(part->graph, part->graph.outputs())).arena_bytes);
     const auto specs = models::llama_parameters(config.model);
     for (size_t i = 0; i < st.parameter_names.size(); ++i) {
       const double held = bytes_of(st.joint, st.parameters[i]);  // this rank's part, as the plan keeps it
@@ -229,7 +226,8 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   // The update: AdamW reads the parameter, its gradient and moments and
   // writes the parameter and moments; the norm reads the gradient again.
   const double update_bytes = kept_params * 6 + moments * 2;
-  p.update_us = update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
+  p.update_us =
+      update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
   e.time.step_us = p.makespan_us * p.runs + p.unshard_us + p.reduce_grad_us + p.update_us;
   e.time.compute_us = p.rank_busy_us * p.runs + p.update_us;
   e.time.communication_us = p.unshard_us + p.reduce_grad_us + in_program_comm;
@@ -252,7 +250,8 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   e.memory.arena_bytes = arena;
   e.memory.peak_bytes = e.memory.allocated_bytes = e.memory.input_bytes + arena;
   const double budget = compile::memory_budget_bytes(config);
-  MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}", compile::over_budget_message(config, e.memory.peak_bytes, rank));
+  MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}",
+           compile::over_budget_message(config, e.memory.peak_bytes, rank));
   e.pipeline = p;
   fill_rates(config, hardware, e);
   return e;
@@ -265,8 +264,10 @@ TrainingEstimate estimate_training(const config::TrainConfig& config, int world_
   MT_CHECK(world_size >= 1, "estimate: --ranks {} must be at least 1", world_size);
   MT_CHECK(rank >= 0 && rank < world_size, "estimate: --rank {} is outside the {} ranks", rank, world_size);
   if (config.parallel.pp > 1) {
-    MT_CHECK(!with_trace, "estimate --trace with parallel.pp {}: the pipeline's timeline is not drawn yet; "
-             "`meshtrain pp-schedule` prints the schedule's", config.parallel.pp);
+    MT_CHECK(!with_trace,
+             "estimate --trace with parallel.pp {}: the pipeline's timeline is not drawn yet; "
+             "`meshtrain pp-schedule` prints the schedule's",
+             config.parallel.pp);
     return estimate_pipeline(config, world_size, rank, hardware);
   }
   TrainingEstimate e;
@@ -285,7 +286,8 @@ TrainingEstimate estimate_training(const config::TrainConfig& config, int world_
       return &kernel_times;
     };
   }
-  const compile::CompiledRank compiled = compile::compile_rank(config, world_size, rank, hardware, {.measure = measure});
+  const compile::CompiledRank compiled =
+      compile::compile_rank(config, world_size, rank, hardware, {.measure = measure});
   const compile::FlatStep& flat = *compiled.flat;
   if (flat.layout) e.mesh = flat.layout->mesh().describe();
   const graph::Graph& global = flat.global;
@@ -295,7 +297,8 @@ TrainingEstimate estimate_training(const config::TrainConfig& config, int world_
   const graph::Schedule& schedule = flat.schedule;
 
   const sched::RankDevice device{hardware, world_size, measure ? measure(running) : nullptr};
-  if (measure && !config.schedule.kernel_cache.empty()) sched::save_kernel_times(kernel_times, config.schedule.kernel_cache);
+  if (measure && !config.schedule.kernel_cache.empty())
+    sched::save_kernel_times(kernel_times, config.schedule.kernel_cache);
   e.time = sched::estimate_step(running, schedule, device);
   if (with_trace) e.trace = sched::chrome_trace({sched::chrome_trace_events(running, e.time.timeline, rank)});
   std::set<graph::ValueId> states;

@@ -8,9 +8,9 @@
 
 #include <optional>
 
+#include "config/config.h"
 #include "sched/estimate.h"
 #include "sched/memory_estimate.h"
-#include "config/config.h"
 
 namespace meshtrain::train {
 
@@ -22,13 +22,13 @@ struct PipelineEstimate {
   int stages = 0, stages_per_rank = 0, microbatches = 0;
   int runs = 1;  // training.grad_accum_steps: the schedule runs this many times a step
   std::vector<double> forward_us, backward_input_us, backward_weight_us;  // per stage, one microbatch
-  std::vector<double> p2p_us;  // per stage: its output (and its input's gradient) to the next stage's rank
-  double makespan_us = 0;      // the schedule simulated: its last action's end (one run)
-  double bubble_fraction = 0;  // idle over all ranks x makespan
+  std::vector<double> p2p_us;    // per stage: its output (and its input's gradient) to the next stage's rank
+  double makespan_us = 0;        // the schedule simulated: its last action's end (one run)
+  double bubble_fraction = 0;    // idle over all ranks x makespan
   double published_bubble = -1;  // the formula with the mean stage costs (-1: none published)
   double rank_busy_us = 0;       // this rank's compute in the schedule (one run)
   double unshard_us = 0, reduce_grad_us = 0, update_us = 0;  // this rank's, once a step
-  int peak_activation_pairs = 0;      // (stage, microbatch) pairs this rank holds at once, simulated
+  int peak_activation_pairs = 0;         // (stage, microbatch) pairs this rank holds at once, simulated
   double activation_bytes_per_pair = 0;  // the most one of its stages keeps from a forward to its backward
 };
 
@@ -39,12 +39,12 @@ struct TrainingEstimate {
   double collective_bytes = 0;  // moved by this rank per step
   sched::StepEstimate time;
   sched::MemoryEstimate memory;
-  double tokens_per_step = 0;              // the global batch's
+  double tokens_per_step = 0;  // the global batch's
   double tokens_per_s_per_device = 0;
-  double flops_per_token = 0;              // torchtitan's formula (see below)
-  double mfu = 0;                          // flops_per_token x tokens/s per device / the device's peak
-  double peak_gflops = 0;                  // that peak (of the compute dtype, the rank's share)
-  std::string trace;                       // the estimated timeline as a Chrome trace, when asked for
+  double flops_per_token = 0;                // torchtitan's formula (see below)
+  double mfu = 0;                            // flops_per_token x tokens/s per device / the device's peak
+  double peak_gflops = 0;                    // that peak (of the compute dtype, the rank's share)
+  std::string trace;                         // the estimated timeline as a Chrome trace, when asked for
   std::optional<PipelineEstimate> pipeline;  // parallel.pp > 1
 };
 

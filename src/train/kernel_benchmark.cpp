@@ -7,8 +7,8 @@
 #include <map>
 #include <numeric>
 #include <optional>
-#include <span>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -49,7 +49,8 @@ struct KernelCall {
   KernelCall(const graph::Graph& g, graph::NodeId n, uint64_t& state) : args{{}, {}, g.node(n).attrs} {
     const graph::Node& node = g.node(n);
     for (graph::ValueId v : node.inputs) inputs.push_back(filled(g.value(v).info, state));
-    for (graph::ValueId v : node.outputs) outputs.push_back(Tensor::zeros(g.value(v).info.shape, g.value(v).info.dtype));
+    for (graph::ValueId v : node.outputs)
+      outputs.push_back(Tensor::zeros(g.value(v).info.shape, g.value(v).info.dtype));
     for (const Tensor& t : inputs) args.in.push_back(&t);
     for (Tensor& t : outputs) args.out.push_back(&t);
     kernel = kernels::cpu::find_cpu_kernel(node.op->name);
@@ -151,8 +152,8 @@ sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vect
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (!measurable(node)) continue;
-    const double flops = graph::op_flops(*node.op, graph::value_infos(g, node.inputs),
-                                         graph::value_infos(g, node.outputs), node.attrs);
+    const double flops =
+        graph::op_flops(*node.op, graph::value_infos(g, node.inputs), graph::value_infos(g, node.outputs), node.attrs);
     if (flops > most_flops) {
       most_flops = flops;
       heaviest = n;
@@ -175,11 +176,13 @@ sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vect
         const auto window_start = Clock::now();
         int calls = 0;
         for (; calls < 1 || Clock::now() < start + (w + 1) * timing.window; ++calls) call();
-        out[static_cast<size_t>(w)] = std::chrono::duration<double, std::micro>(Clock::now() - window_start).count() / calls;
+        out[static_cast<size_t>(w)] =
+            std::chrono::duration<double, std::micro>(Clock::now() - window_start).count() / calls;
       }
       out[slots - 1] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     } catch (const std::exception& e) {
-      failure = fmt::format("benchmark mode: timing {} side by side failed: {}", sched::kernel_key(g, *heaviest), e.what());
+      failure =
+          fmt::format("benchmark mode: timing {} side by side failed: {}", sched::kernel_key(g, *heaviest), e.what());
       mine.data<double>()[slots - 1] = -1;  // tells the others
     }
   }

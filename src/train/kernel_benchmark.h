@@ -60,8 +60,7 @@ void align_kernel_times(sched::KernelTimes& times, const std::vector<std::string
 // rank calls it, after a barrier, and gets the same figures, or the same
 // error where a rank failed (none where a rank had no kernel to time).
 sched::SyncLateness measure_sync_lateness(const graph::Graph& g, const std::vector<std::vector<int64_t>>& groups,
-                                          comm::ProcessGroup& world, const KernelTiming& timing = {},
-                                          int windows = 64);
+                                          comm::ProcessGroup& world, const KernelTiming& timing = {}, int windows = 64);
 
 // measure_sync_lateness's figures from its windows: `per_rank` holds each
 // world rank's `windows` times per call, one rank after another; a window

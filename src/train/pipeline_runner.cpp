@@ -1,10 +1,10 @@
 #include "train/pipeline_runner.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
-#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -66,8 +66,8 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
     comm::ProcessGroupPtr stage = world->split(pp_rank, stage_rank, fmt::format("pp_stage_{}", pp_rank));
     group_ = world->split(stage_rank, pp_rank, fmt::format("pp_{}", stage_rank));
     stage_groups_ = std::make_unique<sharding::MeshGroups>(*place_.stage_mesh, std::move(stage));
-    stage_planner_ = std::make_unique<sharding::Planner>(*place_.stage_mesh,
-                                                         sharding::CostModel::for_mesh(*place_.stage_mesh));
+    stage_planner_ =
+        std::make_unique<sharding::Planner>(*place_.stage_mesh, sharding::CostModel::for_mesh(*place_.stage_mesh));
   }
   const int64_t m = place_.schedule.microbatches;
   const bool split = place_.splits_backward;
@@ -76,7 +76,8 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
     return std::make_unique<runtime::Executor>(g, sched::make_schedule(g, g.outputs()), stage_groups_.get());
   };
   auto local_part = [&](const Tensor& t, const sharding::Layout& layout) {
-    return place_.stage_mesh ? sharding::local_piece(t, layout, *place_.stage_mesh, stage_groups_->coordinate()) : t.clone();
+    return place_.stage_mesh ? sharding::local_piece(t, layout, *place_.stage_mesh, stage_groups_->coordinate())
+                             : t.clone();
   };
   std::vector<std::string> names;
   std::vector<Tensor> grads;
@@ -136,7 +137,8 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
   graph::Builder count_builder(count_graph_);
   count_targets_ = count_graph_.add_input("targets", {config.data.batch_size * config.data.seq_len}, DType::i64);
   count_graph_.add_output(count_builder.op("count_valid", {count_targets_}, {graph::attr::ignore_index(-100)}));
-  count_run_ = std::make_unique<runtime::Executor>(count_graph_, sched::make_schedule(count_graph_, count_graph_.outputs()));
+  count_run_ =
+      std::make_unique<runtime::Executor>(count_graph_, sched::make_schedule(count_graph_, count_graph_.outputs()));
 
   // The update: the norm from the sum of squares of every stage's gradients
   // (summed over the pipeline between the two graphs), clipping and AdamW as
@@ -156,7 +158,7 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
     update_norm_ = b.norm_from_sum_of_squares(update_squares_, DType::f32);
   }
   compile::append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
-                   config.training.max_grad_norm, {update_norm_}, update_);
+                            config.training.max_grad_norm, {update_norm_}, update_);
   graph::Builder squares_builder(squares_graph_);
   std::vector<graph::ValueId> grad_inputs;
   for (size_t i = 0; i < names.size(); ++i)
@@ -164,8 +166,8 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
   squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
   std::vector<graph::Update> updates;
   if (place_.stage_mesh) {
-    const sharding::Layout replicated =
-        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
+    const sharding::Layout replicated = sharding::Layout::from_placements(
+        std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
     std::map<graph::ValueId, sharding::Layout> given, deliver;
     for (size_t i = 0; i < names.size(); ++i) {
       given[update_params[i]] = given[update_grads[i]] = layouts[i];
@@ -221,7 +223,9 @@ PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
   return *it->second;
 }
 
-int PipelineRunner::peer_tag(int from_stage, bool forward) const { return (2 * from_stage + (forward ? 0 : 1)) % (1 << 20); }
+int PipelineRunner::peer_tag(int from_stage, bool forward) const {
+  return (2 * from_stage + (forward ? 0 : 1)) % (1 << 20);
+}
 
 void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep) {
   // The unshard program (mb -1) keeps its outputs for the step.
@@ -241,8 +245,9 @@ void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<
       continue;
     }
     const auto it = values.find(v);
-    MT_CHECK(it != values.end(), "pipeline stage {}, microbatch {}: a program reads {}, which no earlier action gave it",
-             st.programs.index, mb, joint.describe_value(v));
+    MT_CHECK(it != values.end(),
+             "pipeline stage {}, microbatch {}: a program reads {}, which no earlier action gave it", st.programs.index,
+             mb, joint.describe_value(v));
     ex.bind(part.values.at(v), it->second);
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -272,12 +277,13 @@ void PipelineRunner::reduce_gradients(Stage& st) {
   const compile::PipelineStage& p = st.programs;
   for (size_t i = 0; i < p.parameter_names.size(); ++i) {
     const std::string& name = p.parameter_names[i];
-    const Tensor reduced =
-        sharding::redistribute(st.pending_sums[i], models::llama_parameters(config_.model).at(name).shape,
-                               p.gradient_layouts.at(name), p.parameter_layouts.at(name), *stage_groups_,
-                               *stage_planner_);
-    MT_CHECK(reduced.shape() == st.gradient_sums[i].shape(), "pipeline stage {}: {}'s reduced gradient is {}, its "
-             "parameter {}", p.index, name, reduced.shape().to_string(), st.gradient_sums[i].shape().to_string());
+    const Tensor reduced = sharding::redistribute(
+        st.pending_sums[i], models::llama_parameters(config_.model).at(name).shape, p.gradient_layouts.at(name),
+        p.parameter_layouts.at(name), *stage_groups_, *stage_planner_);
+    MT_CHECK(reduced.shape() == st.gradient_sums[i].shape(),
+             "pipeline stage {}: {}'s reduced gradient is {}, its "
+             "parameter {}",
+             p.index, name, reduced.shape().to_string(), st.gradient_sums[i].shape().to_string());
     std::memcpy(st.gradient_sums[i].raw(), reduced.raw(), reduced.nbytes());
   }
 }
@@ -315,8 +321,9 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     node.mapped().work->wait();
     if (tracing_) {
       waited_until_us_ = since_start_us();  // the action's compute starts once its input is here
-      trace_.push_back({fmt::format("wait {}{}", parallel::to_string(a), &receives == &receives_f_ ? " input" : " gradient"),
-                        true, begin, waited_until_us_});
+      trace_.push_back(
+          {fmt::format("wait {}{}", parallel::to_string(a), &receives == &receives_f_ ? " input" : " gradient"), true,
+           begin, waited_until_us_});
     }
     return node.mapped().tensor;
   };
@@ -331,7 +338,9 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       const compile::PipelineStage& p = st.programs;
       std::map<graph::ValueId, Tensor>& values = held_[{s, mb}];
       auto local = [&](const Tensor& t) {
-        return place_.stage_mesh ? sharding::local_piece(t, p.batch_layout, *place_.stage_mesh, stage_groups_->coordinate()) : t;
+        return place_.stage_mesh
+                   ? sharding::local_piece(t, p.batch_layout, *place_.stage_mesh, stage_groups_->coordinate())
+                   : t;
       };
       if (s == 0)
         values[p.input] = local(tokens_[static_cast<size_t>(mb)]);
@@ -435,7 +444,8 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
       const parallel::PpAction& a = actions[i];
       // Between runs a stage the next run gathers first stays gathered (its RESHARD after the run's last compute
       // waits, its UNSHARD finds it held); gradients are reduced once, after the last run.
-      if ((a.type == T::unshard && local_stage(a.stage).unsharded) || (a.type == T::reduce_grad && chunk + 1 < chunks) ||
+      if ((a.type == T::unshard && local_stage(a.stage).unsharded) ||
+          (a.type == T::reduce_grad && chunk + 1 < chunks) ||
           (a.type == T::reshard && chunk + 1 < chunks && i > last_compute_ && kept_between_runs_.contains(a.stage)))
         continue;
       const double begin = tracing_ ? since_start_us() : 0;
@@ -466,7 +476,8 @@ PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tens
   const double update_begin = tracing_ ? since_start_us() : 0;
   squares_run_->run();
   Tensor sums = Tensor::empty({2}, DType::f64);
-  sums.data<double>()[0] = squares_run_->fetch((place_.stage_mesh ? squares_local_ : squares_graph_).outputs()[0]).get(0);
+  sums.data<double>()[0] =
+      squares_run_->fetch((place_.stage_mesh ? squares_local_ : squares_graph_).outputs()[0]).get(0);
   sums.data<double>()[1] = stages_.contains(place_.schedule.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
   group_->all_reduce(sums)->wait();
   squares_.data<double>()[0] = sums.data<double>()[0];
@@ -484,7 +495,8 @@ double PipelineRunner::since_start_us() const {
 
 int PipelineRunner::first_rank_holding(const std::string& name) const {
   for (size_t s = 0; s < place_.spans.size(); ++s)
-    if (models::span_holds(config_.model, place_.spans[s], name)) return place_.schedule.rank_of_stage[s] * place_.stage_size;
+    if (models::span_holds(config_.model, place_.spans[s], name))
+      return place_.schedule.rank_of_stage[s] * place_.stage_size;
   throw InvalidArgument(fmt::format("no pipeline stage holds parameter '{}'", name));
 }
 
@@ -506,10 +518,10 @@ Tensor PipelineRunner::gather_parameter(const std::string& name) {
   for (const auto& [s, st] : stages_) {
     const auto it = st->programs.parameter_layouts.find(name);
     if (it == st->programs.parameter_layouts.end()) continue;
-    const sharding::Layout replicated =
-        sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
-    return sharding::redistribute(local, models::llama_parameters(config_.model).at(name).shape, it->second,
-                                  replicated, *stage_groups_, *stage_planner_);
+    const sharding::Layout replicated = sharding::Layout::from_placements(
+        std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
+    return sharding::redistribute(local, models::llama_parameters(config_.model).at(name).shape, it->second, replicated,
+                                  *stage_groups_, *stage_planner_);
   }
   throw InvalidArgument(fmt::format("pipeline rank {} holds no parameter '{}'", group_->rank(), name));
 }
@@ -571,7 +583,8 @@ std::vector<runtime::Executor::OpTime> PipelineRunner::profile() const {
     }
   };
   for (const auto& [s, st] : stages_)
-    for (const Program* program : {&st->forward, &st->backward, &st->backward_input, &st->backward_weight, &st->unshard})
+    for (const Program* program :
+         {&st->forward, &st->backward, &st->backward_input, &st->backward_weight, &st->unshard})
       if (program->executor) add(*program->executor);
   add(*update_run_);
   std::vector<runtime::Executor::OpTime> out;

@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "compile/compile.h"
+#include "config/config.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/executor.h"
 #include "sched/trace.h"
 #include "sharding/device_mesh.h"
 #include "sharding/planner.h"
-#include "compile/compile.h"
-#include "config/config.h"
 
 namespace meshtrain::train {
 
@@ -98,11 +98,11 @@ class PipelineRunner {
   struct Stage {
     compile::PipelineStage programs;
     Program forward, backward, backward_input, backward_weight, unshard;
-    std::map<graph::ValueId, Tensor> step_held;  // the unshard program's outputs, from UNSHARD to RESHARD
-    bool unsharded = false;                       // between its UNSHARD and RESHARD
+    std::map<graph::ValueId, Tensor> step_held;      // the unshard program's outputs, from UNSHARD to RESHARD
+    bool unsharded = false;                          // between its UNSHARD and RESHARD
     std::vector<graph::ValueId> kept_after_forward;  // what its backward programs read, computed or given in forward
     std::vector<graph::ValueId> kept_after_input;    // what backward_weight reads
-    std::vector<Tensor> gradient_sums;  // by parameter, over the step's microbatches, in its layout
+    std::vector<Tensor> gradient_sums;               // by parameter, over the step's microbatches, in its layout
     // On a stage mesh: the sums as the programs leave them (pending over data
     // parallel), reduced into gradient_sums after the step's last backward.
     std::vector<Tensor> pending_sums;

@@ -1,38 +1,38 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <csignal>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-#include <fcntl.h>
-#include <unistd.h>
-
+#include "checkpoint/safetensors.h"
 #include "comm/mpi_backend.h"
+#include "compile/compile.h"
+#include "compile/pipeline_stage.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "kernels/cpu/op_kernels.h"
 #include "parallel/plan.h"
+#include "sched/estimate.h"
+#include "sched/memory_estimate.h"
 #include "sched/pass.h"
+#include "sched/schedule.h"
+#include "sched/trace.h"
 #include "sharding/local_chunk.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
-#include "sched/estimate.h"
-#include "sched/memory_estimate.h"
-#include "sched/schedule.h"
-#include "sched/trace.h"
-#include "compile/compile.h"
 #include "train/kernel_benchmark.h"
-#include "checkpoint/safetensors.h"
-#include "compile/pipeline_stage.h"
 
 namespace meshtrain::train {
 
@@ -40,9 +40,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
       loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
-  MT_CHECK(loader_.max_token() < config_.model.vocab_size,
-           "data file {} holds token {} but model.vocab_size is {}", config_.data.path, loader_.max_token(),
-           config_.model.vocab_size);
+  MT_CHECK(loader_.max_token() < config_.model.vocab_size, "data file {} holds token {} but model.vocab_size is {}",
+           config_.data.path, loader_.max_token(), config_.model.vocab_size);
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
@@ -59,8 +58,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   if (benchmark && world_) options.measure = [this](const graph::Graph& lowered) { return benchmark_kernels(lowered); };
   compile::CompiledRank compiled = compile::compile_rank(config_, num_ranks(), rank(), hardware, options);
   if (compiled.pipeline) {
-    MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one", config_.parallel.pp,
-             config_.parallel.pp, config_.parallel.pp);
+    MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one",
+             config_.parallel.pp, config_.parallel.pp, config_.parallel.pp);
     pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(compiled.pipeline->place.mesh);
     pipeline_ = std::make_unique<PipelineRunner>(config_, world_, std::move(*compiled.pipeline), params_);
     params_ = pipeline_->parameters();  // this rank's stages' (the live tensors)
@@ -73,7 +72,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     default_allocator().release_cache();
     if (resume_from) resume(*resume_from);
     if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-      for (const checkpoint::HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
+      for (const checkpoint::HeldTensor& t : held_tensors())
+        snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
     return;
   }
   flat_ = std::move(compiled.flat);
@@ -129,7 +129,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   // checkpoint.async copies the state into buffers of its own: made (and
   // their pages touched) here, so that no save pays for that in the loop.
   if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-    for (const checkpoint::HeldTensor& t : held_tensors()) snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
+    for (const checkpoint::HeldTensor& t : held_tensors())
+      snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
 }
 
 namespace {
@@ -144,7 +145,8 @@ int cores_per_rank(int local_ranks) {
 bool spare_core_for_progress(int threads, int local_ranks) { return threads < cores_per_rank(local_ranks); }
 
 int set_threads_per_rank(int local_ranks) {
-  if (const char* set = std::getenv("OMP_NUM_THREADS"); set != nullptr && *set != '\0') return kernels::cpu::cpu_threads();
+  if (const char* set = std::getenv("OMP_NUM_THREADS"); set != nullptr && *set != '\0')
+    return kernels::cpu::cpu_threads();
   const int threads = cores_per_rank(local_ranks);
   kernels::cpu::set_cpu_threads(threads);
   return threads;
@@ -157,7 +159,8 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
     if (std::filesystem::equivalent(output, input, ec)) return true;
     return std::filesystem::weakly_canonical(output, ec) == std::filesystem::weakly_canonical(input, ec);
   };
-  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"}, {config.checkpoint.init_from, "checkpoint.init_from"},
+  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"},
+                                   {config.checkpoint.init_from, "checkpoint.init_from"},
                                    {config.file, "the --config file"}})
     MT_CHECK(!same(input), "{} {} is also {}: writing it would destroy the input; choose another path", what, output,
              key);
@@ -187,8 +190,8 @@ std::vector<std::vector<int64_t>> mesh_groups(const sharding::DeviceMesh& mesh) 
 }  // namespace
 
 double shared_core_slowdown(int local_ranks) {
-  const int cores = std::min(kernels::cpu::available_cores(),
-                             static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int cores =
+      std::min(kernels::cpu::available_cores(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   return std::max(1.0, static_cast<double>(local_ranks) * kernels::cpu::cpu_threads() / std::max(1, cores));
 }
 
@@ -331,7 +334,9 @@ RankReport Trainer::own_report() const {
     return r;
   }
   const graph::Graph& g = flat_->running();
-  auto bytes = [&](graph::ValueId v) { return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype)); };
+  auto bytes = [&](graph::ValueId v) {
+    return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype));
+  };
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (node.op->name == "adamw") {  // param, grad, m, v, lr, step: each as this rank holds it
@@ -351,10 +356,10 @@ std::vector<RankReport> Trainer::rank_reports() {
   const RankReport own = own_report();
   if (!world_) return {own};
   // Every rank's numbers, gathered: [rank][field].
-  const std::vector<double> fields{own.parameter_bytes,      own.gradient_bytes,
-                                   own.optimizer_state_bytes, own.collectives_per_step,
-                                   own.collective_bytes_per_step, own.peak_bytes, own.step_peak_bytes,
-                                   own.pipeline_bubble, own.activation_peak_bytes, own.activation_peak_pairs};
+  const std::vector<double> fields{
+      own.parameter_bytes,           own.gradient_bytes,       own.optimizer_state_bytes, own.collectives_per_step,
+      own.collective_bytes_per_step, own.peak_bytes,           own.step_peak_bytes,       own.pipeline_bubble,
+      own.activation_peak_bytes,     own.activation_peak_pairs};
   const auto per_rank = static_cast<int64_t>(fields.size());
   Tensor mine = Tensor::empty({per_rank}, DType::f64), all = Tensor::empty({world_->size() * per_rank}, DType::f64);
   std::copy(fields.begin(), fields.end(), mine.data<double>().begin());
@@ -382,14 +387,16 @@ void Trainer::init_parameters(bool from_init_file) {
   for (const auto& [name, spec] : specs) {
     auto it = loaded.find(name);
     MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
-    MT_CHECK(it->second.shape() == spec.shape, "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}",
-             path, name, it->second.shape().to_string(), spec.shape.to_string());
+    MT_CHECK(it->second.shape() == spec.shape,
+             "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}", path, name,
+             it->second.shape().to_string(), spec.shape.to_string());
     params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
     const std::span<const float> values = std::as_const(params_[name]).data<float>();
     const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-    MT_CHECK(bad == values.end(), "checkpoint.init_from {}: tensor '{}' holds {} at element {}: the checkpoint is "
-             "damaged or was saved from a diverged run; start from an earlier one", path, name, *bad,
-             bad - values.begin());
+    MT_CHECK(bad == values.end(),
+             "checkpoint.init_from {}: tensor '{}' holds {} at element {}: the checkpoint is "
+             "damaged or was saved from a diverged run; start from an earlier one",
+             path, name, *bad, bad - values.begin());
   }
 }
 
@@ -398,9 +405,15 @@ namespace {
 // model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
 nlohmann::json checkpoint_config(const config::TrainConfig& c) {
   const models::LlamaConfig& m = c.model;
-  return {{"model.dim", m.dim},           {"model.n_layers", m.n_layers},     {"model.n_heads", m.n_heads},
-          {"model.n_kv_heads", m.n_kv_heads}, {"model.ffn_dim", m.ffn_dim},   {"model.vocab_size", m.vocab_size},
-          {"model.norm_eps", m.norm_eps}, {"model.rope_theta", m.rope_theta}, {"model.tie_embeddings", m.tie_embeddings},
+  return {{"model.dim", m.dim},
+          {"model.n_layers", m.n_layers},
+          {"model.n_heads", m.n_heads},
+          {"model.n_kv_heads", m.n_kv_heads},
+          {"model.ffn_dim", m.ffn_dim},
+          {"model.vocab_size", m.vocab_size},
+          {"model.norm_eps", m.norm_eps},
+          {"model.rope_theta", m.rope_theta},
+          {"model.tie_embeddings", m.tie_embeddings},
           {"optimizer.state_dtype", std::string(dtype_name(c.optimizer.state_dtype))}};
 }
 
@@ -411,28 +424,37 @@ nlohmann::json checkpoint_config(const config::TrainConfig& c) {
 nlohmann::json run_record(const config::TrainConfig& c, int64_t step) {
   const char* decay = c.lr_scheduler.decay == config::LrDecay::none     ? "none"
                       : c.lr_scheduler.decay == config::LrDecay::linear ? "linear"
-                                                                : "cosine";
-  return {{"lr_schedule", {{"lr", c.optimizer.lr}, {"warmup_steps", c.lr_scheduler.warmup_steps}, {"decay", decay},
-                           {"min_lr_ratio", c.lr_scheduler.min_lr_ratio}, {"steps", c.training.steps},
-                           {"lr_of_this_step", step > 0 ? c.lr_at(step) : 0.0}}},
+                                                                        : "cosine";
+  return {{"lr_schedule",
+           {{"lr", c.optimizer.lr},
+            {"warmup_steps", c.lr_scheduler.warmup_steps},
+            {"decay", decay},
+            {"min_lr_ratio", c.lr_scheduler.min_lr_ratio},
+            {"steps", c.training.steps},
+            {"lr_of_this_step", step > 0 ? c.lr_at(step) : 0.0}}},
           {"random", {{"seed", c.training.seed}, {"draws_after_initialisation", 0}}},
-          {"data", {{"path", c.data.path}, {"batch_size", c.data.batch_size}, {"seq_len", c.data.seq_len},
-                    {"cursor_is", "global: every data-parallel rank takes its rows of the global batch there"}}}};
+          {"data",
+           {{"path", c.data.path},
+            {"batch_size", c.data.batch_size},
+            {"seq_len", c.data.seq_len},
+            {"cursor_is", "global: every data-parallel rank takes its rows of the global batch there"}}}};
 }
 }  // namespace
 
 std::optional<checkpoint::CheckpointInfo> Trainer::checkpoint_to_resume() const {
   const auto& ck = config_.checkpoint;
   MT_CHECK(ck.load_step == 0 || !ck.folder.empty(),
-           "checkpoint.load_step {} needs checkpoint.folder, the folder that holds step {}", ck.load_step, ck.load_step);
+           "checkpoint.load_step {} needs checkpoint.folder, the folder that holds step {}", ck.load_step,
+           ck.load_step);
   if (ck.folder.empty()) return std::nullopt;
   if (ck.load_step > 0) {
-    const std::string path = (std::filesystem::path(ck.folder) / checkpoint::checkpoint_folder_name(ck.load_step)).string();
+    const std::string path =
+        (std::filesystem::path(ck.folder) / checkpoint::checkpoint_folder_name(ck.load_step)).string();
     if (!std::filesystem::is_directory(path)) {
       const auto newest = checkpoint::latest_checkpoint(ck.folder);
-      throw InvalidArgument(fmt::format("checkpoint.load_step {}: there is no checkpoint {} ({}); set 0 for the newest",
-                                        ck.load_step, path, newest ? "the newest complete one is " + *newest
-                                                                   : "there is no complete one in " + ck.folder));
+      throw InvalidArgument(fmt::format(
+          "checkpoint.load_step {}: there is no checkpoint {} ({}); set 0 for the newest", ck.load_step, path,
+          newest ? "the newest complete one is " + *newest : "there is no complete one in " + ck.folder));
     }
     return checkpoint::read_checkpoint_info(path);
   }
@@ -450,8 +472,8 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
       MT_CHECK(saved.contains(key) && saved.at(key) == value,
                "checkpoint {} was saved with {} = {}, this run has {}: resume with the same [model] keys and "
                "optimizer.state_dtype, or train in another checkpoint.folder (meshtrain export makes a Hugging Face "
-               "file of it for checkpoint.init_from)", checkpoint.path, key,
-               saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
+               "file of it for checkpoint.init_from)",
+               checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
     }
     loader_.set_cursor(checkpoint.state.data_cursor);
   } catch (const std::exception& e) {
@@ -499,17 +521,20 @@ checkpoint::CheckpointRank Trainer::checkpoint_rank() const {
 }
 
 std::string Trainer::save_checkpoint(int64_t step) {
-  MT_CHECK(step == steps_done_ || step == steps_done_ - 1, "Trainer::save_checkpoint: step {} is neither the last "
-           "step done ({}) nor the one before", step, steps_done_);
+  MT_CHECK(step == steps_done_ || step == steps_done_ - 1,
+           "Trainer::save_checkpoint: step {} is neither the last "
+           "step done ({}) nor the one before",
+           step, steps_done_);
   finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_), run_record(config_, step)};
+  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_),
+                                          run_record(config_, step)};
   std::vector<checkpoint::HeldTensor> held = held_tensors();
   if (!config_.checkpoint.async) {
     const std::string path = checkpoint::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
     if (rank() == 0)
-      checkpoint::keep_latest_checkpoints(config_.checkpoint.folder,
-                              static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
+      checkpoint::keep_latest_checkpoints(
+          config_.checkpoint.folder, static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
     return path;
   }
   // The stall: a copy of this rank's state into the snapshot buffers (free:
@@ -538,7 +563,7 @@ std::string Trainer::finish_save() {
   const std::string path = checkpoint::complete_checkpoint(*save);
   if (rank() == 0)
     checkpoint::keep_latest_checkpoints(config_.checkpoint.folder,
-                            static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
+                                        static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
   return path;
 }
 
@@ -601,16 +626,20 @@ StepMetrics Trainer::step() {
   m.skipped_steps = m.step - 1 - updates_applied_;
   if (!std::isfinite(m.grad_norm)) {
     m.skipped_steps += 1;
-    throw NonFiniteStep(fmt::format(
-        "step {}: the gradient norm is {} (loss {}): the update was not applied, so the weights and optimizer state "
-        "are those of the step before; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, check "
-        "the data, or set training.skip_nonfinite = true to go on past such steps", m.step, m.grad_norm, m.loss,
-        m.lr), m, false);
+    throw NonFiniteStep(
+        fmt::format(
+            "step {}: the gradient norm is {} (loss {}): the update was not applied, so the weights and optimizer state "
+            "are those of the step before; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, check "
+            "the data, or set training.skip_nonfinite = true to go on past such steps",
+            m.step, m.grad_norm, m.loss, m.lr),
+        m, false);
   }
   ++updates_applied_;
   if (!std::isfinite(m.loss))
     throw NonFiniteStep(fmt::format("step {}: the loss is {} with a finite gradient norm {} (the update was applied); "
-                                    "lower optimizer.lr or check the data", m.step, m.loss, m.grad_norm), m, true);
+                                    "lower optimizer.lr or check the data",
+                                    m.step, m.loss, m.grad_norm),
+                        m, true);
   return m;
 }
 
@@ -750,8 +779,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     const double waited = std::chrono::duration<double, std::milli>(t1 - t0).count();
     summary.checkpoint_stall_ms += ms + waited;
     if (save_pending())
-      say(progress, "{}saving {} on a thread: the loop stopped {:.1f} ms to copy the state{}\n", live ? "\n" : "",
-          path, ms, waited >= 0.05 ? fmt::format(" and {:.1f} ms for the save before", waited) : "");
+      say(progress, "{}saving {} on a thread: the loop stopped {:.1f} ms to copy the state{}\n", live ? "\n" : "", path,
+          ms, waited >= 0.05 ? fmt::format(" and {:.1f} ms for the save before", waited) : "");
     else
       say(progress, "{}saved {} ({:.1f} ms)\n", live ? "\n" : "", path, ms);
   };
@@ -783,8 +812,10 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       }
     }
     ++summary.steps_run;
-    if (s == start + 1) summary.first = last;
-    else step_ms.push_back(last.step_ms);
+    if (s == start + 1)
+      summary.first = last;
+    else
+      step_ms.push_back(last.step_ms);
     const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
     const int ranks = num_ranks();
     if (log && world_) {  // every rank takes part
@@ -794,9 +825,12 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       }
     }
     if (log && metrics.is_open()) {
-      nlohmann::ordered_json line{{"step", last.step},        {"loss", last.loss},
-                                  {"lr", last.lr},            {"grad_norm", last.grad_norm},
-                                  {"step_ms", last.step_ms},  {"tokens_per_s", last.tokens_per_s},
+      nlohmann::ordered_json line{{"step", last.step},
+                                  {"loss", last.loss},
+                                  {"lr", last.lr},
+                                  {"grad_norm", last.grad_norm},
+                                  {"step_ms", last.step_ms},
+                                  {"tokens_per_s", last.tokens_per_s},
                                   {"peak_bytes", last.peak_bytes},
                                   {"step_peak_bytes", last.step_peak_bytes},
                                   {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6},
@@ -810,8 +844,10 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       }
       metrics << line.dump() << '\n';
       metrics.flush();
-      MT_CHECK(metrics.good(), "writing metrics file {} failed at step {} (the disk is full, or the file went away); "
-               "the steps before it are in the file", config_.metrics.file, s);
+      MT_CHECK(metrics.good(),
+               "writing metrics file {} failed at step {} (the disk is full, or the file went away); "
+               "the steps before it are in the file",
+               config_.metrics.file, s);
     }
     if (progress && (live || log)) {
       const std::string per_rank =
@@ -822,8 +858,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
           live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
           last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
     }
-    const bool interval_checkpoint = !config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 &&
-                                     s % config_.checkpoint.interval == 0;
+    const bool interval_checkpoint =
+        !config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 && s % config_.checkpoint.interval == 0;
     if (interval_checkpoint && s != config_.training.steps) checkpoint(s);
     // The ranks agree on two things they may see at different steps: a stop
     // asked by a signal (the largest signal number any rank got) and, with
@@ -832,8 +868,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     agreed.data<double>()[0] = stop_signal;
     agreed.data<double>()[1] = save_written() ? 0 : 1;
     if (world_) world_->all_reduce(agreed, comm::ReduceOp::max)->wait();
-    if (save_pending() && agreed.data<double>()[1] == 0)
-      say(progress, "{}saved {}\n", live ? "\n" : "", finish_save());
+    if (save_pending() && agreed.data<double>()[1] == 0) say(progress, "{}saved {}\n", live ? "\n" : "", finish_save());
     if (const int got = static_cast<int>(agreed.data<double>()[0]); got != 0 && s < config_.training.steps) {
       summary.stopped_by_signal = got;
       say(progress, "{}stopping after step {} of {}: {} asked to stop\n", live ? "\n" : "", s, config_.training.steps,

@@ -4,21 +4,21 @@
 // the single-rank step's numbers on its shards.
 #pragma once
 
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
-#include <atomic>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/process_group.h"
+#include "compile/compile.h"
+#include "config/config.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
 #include "sched/kernel_times.h"
 #include "sharding/planner.h"
-#include "compile/compile.h"
-#include "config/config.h"
-#include "checkpoint/checkpoint.h"
 #include "train/data.h"
 #include "train/pipeline_runner.h"
 
@@ -28,9 +28,9 @@ struct StepMetrics {
   int64_t step = 0;
   int64_t skipped_steps = 0;  // so far: steps whose non-finite gradient norm left the weights as they were
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;  // tokens/s: the whole job's
-  size_t peak_bytes = 0;  // this rank's, since it started
+  size_t peak_bytes = 0;                                                  // this rank's, since it started
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
-  size_t peak_bytes_max = 0;  // the largest rank's (gathered at logged steps; else this rank's)
+  size_t peak_bytes_max = 0;   // the largest rank's (gathered at logged steps; else this rank's)
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
 };
 
@@ -100,10 +100,11 @@ class Trainer {
   StepMetrics step();
   struct Summary {
     StepMetrics first, last;
-    double median_step_ms = 0;  // of the steps after the first (the first warms up), or the only one
-    int64_t steps_run = 0;      // by this call: fewer than training.steps after a resume or a stop
+    double median_step_ms = 0;       // of the steps after the first (the first warms up), or the only one
+    int64_t steps_run = 0;           // by this call: fewer than training.steps after a resume or a stop
     double checkpoint_stall_ms = 0;  // the loop stopped for checkpoints: the saves, or with async their copies
-    int stopped_by_signal = 0;  // SIGTERM, SIGINT or SIGUSR1: the run stopped after step last.step (0: it ran every step)
+    int stopped_by_signal =
+        0;  // SIGTERM, SIGINT or SIGUSR1: the run stopped after step last.step (0: it ran every step)
   };
   // All configured steps: metrics to config.metrics.file, progress to
   // `progress` (a live line on a terminal), checkpoints at the interval and
@@ -138,7 +139,9 @@ class Trainer {
   int64_t steps_done() const { return steps_done_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
-  const sharding::DeviceMesh& mesh() const { return pipeline_mesh_ ? *pipeline_mesh_ : groups_->mesh(); }  // several ranks only
+  const sharding::DeviceMesh& mesh() const {
+    return pipeline_mesh_ ? *pipeline_mesh_ : groups_->mesh();
+  }  // several ranks only
   // The mesh and each parameter's layout on it ("" on one rank).
   std::string layout_summary() const;
   // Every rank's report, in rank order (a collective on several ranks:
@@ -191,7 +194,7 @@ class Trainer {
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;
   std::unique_ptr<sharding::MeshGroups> groups_;  // a flat step on several ranks: its mesh's groups
-  Tensor global_tokens_, global_targets_;  // the whole batch, before this rank takes its rows
+  Tensor global_tokens_, global_targets_;         // the whole batch, before this rank takes its rows
   // parallel.pp = 1: the compiled step and the executor that runs it (which holds its graph).
   std::unique_ptr<compile::FlatStep> flat_;
   std::unique_ptr<runtime::Executor> executor_;
@@ -203,7 +206,7 @@ class Trainer {
   std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
   std::string resumed_from_;
   std::unique_ptr<checkpoint::PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
-  std::map<std::string, Tensor> snapshot_;           // checkpoint.async: the state as of the pending save
+  std::map<std::string, Tensor> snapshot_;                       // checkpoint.async: the state as of the pending save
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};
   int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
@@ -215,7 +218,7 @@ class Trainer {
   bool tracing_ = false;
   sched::KernelTimes kernel_times_;  // benchmark mode
   bool kernel_cache_read_ = false;
-  double estimated_step_us_ = 0;     // sched::estimate_step of the step that runs
+  double estimated_step_us_ = 0;  // sched::estimate_step of the step that runs
   std::string no_estimate_because_;
   size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
   size_t last_step_peak_ = 0;    // the last step's peak

@@ -92,16 +92,15 @@ inline void check_all_reduce(ProcessGroup& pg, DType dtype, ReduceOp op, int64_t
   pg.all_reduce(t, op)->wait();
   for (int64_t i = 0; i < numel; ++i)
     expect_reduced(t.get(i), reference_reduce(pg.size(), i, dtype, op, 1), dtype, op,
-                   fmt::format("all_reduce {} {} n={} i={} rank {}", dtype_name(dtype),
-                               comm::reduce_op_name(op), numel, i, pg.rank()));
+                   fmt::format("all_reduce {} {} n={} i={} rank {}", dtype_name(dtype), comm::reduce_op_name(op), numel,
+                               i, pg.rank()));
 }
 
 // `blocks`: these per-rank counts, passed (uneven) or not.
 inline void check_reduce_scatter(ProcessGroup& pg, DType dtype, ReduceOp op, bool uneven,
                                  std::vector<int64_t> blocks = {}) {
   const int n = pg.size();
-  const std::vector<int64_t> counts =
-      !blocks.empty() ? blocks : uneven ? uneven_counts(n) : std::vector<int64_t>(n, 5);
+  const std::vector<int64_t> counts = !blocks.empty() ? blocks : uneven ? uneven_counts(n) : std::vector<int64_t>(n, 5);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const int64_t offset = comm::displacements(counts)[pg.rank()];
   Tensor in = make_input(pg.rank(), total, dtype, 2);
@@ -158,8 +157,9 @@ inline void check_reduce_scatter_coalesced(ProcessGroup& pg, DType dtype, Reduce
   for (size_t m = 0; m < members.size(); ++m) {
     for (int64_t i = 0; i < members[m]; ++i, ++at)
       expect_reduced(out.get(at), reference_reduce(n, member_start + pg.rank() * members[m] + i, dtype, op, 8), dtype,
-                     op, fmt::format("reduce_scatter_coalesced {} {} member {} i={} rank {}", dtype_name(dtype),
-                                     comm::reduce_op_name(op), m, i, pg.rank()));
+                     op,
+                     fmt::format("reduce_scatter_coalesced {} {} member {} i={} rank {}", dtype_name(dtype),
+                                 comm::reduce_op_name(op), m, i, pg.rank()));
     member_start += n * members[m];
   }
 }
@@ -178,8 +178,10 @@ inline void check_all_to_all(ProcessGroup& pg, DType dtype, bool uneven) {
   const int64_t recv_total = std::accumulate(recv.begin(), recv.end(), int64_t{0});
   Tensor in = make_input(me, send_total, dtype, 4);
   Tensor out = Tensor::zeros({recv_total}, dtype);
-  if (uneven) pg.all_to_all(in, out, send, recv)->wait();
-  else pg.all_to_all(in, out)->wait();
+  if (uneven)
+    pg.all_to_all(in, out, send, recv)->wait();
+  else
+    pg.all_to_all(in, out)->wait();
   const auto rdisp = comm::displacements(recv);
   for (int k = 0; k < n; ++k) {
     // Rank k's block for me starts after its blocks for ranks < me.

@@ -35,8 +35,8 @@ inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, double lo = -
 
 // loss = sum(f(inputs) * R) with a random R; compares autodiff gradients of
 // every float input with (L(x+h) - L(x-h)) / 2h, element by element.
-inline void gradcheck(const std::vector<InputSpec>& specs, const std::function<ValueId(Builder&, const std::vector<ValueId>&)>& f,
-               double tolerance = 1e-7) {
+inline void gradcheck(const std::vector<InputSpec>& specs,
+                      const std::function<ValueId(Builder&, const std::vector<ValueId>&)>& f, double tolerance = 1e-7) {
   std::mt19937 rng(7);
   Graph g;
   Builder b(g);
@@ -88,8 +88,7 @@ inline void gradcheck(const std::vector<InputSpec>& specs, const std::function<V
       const double down = loss_now();
       x[j] = saved;
       const double numeric = (up - down) / (2 * h);
-      ASSERT_NEAR(a[j], numeric, tolerance * std::max(1.0, std::fabs(numeric)))
-          << "input " << i << " element " << j;
+      ASSERT_NEAR(a[j], numeric, tolerance * std::max(1.0, std::fabs(numeric))) << "input " << i << " element " << j;
     }
   }
 }

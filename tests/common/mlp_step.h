@@ -67,5 +67,4 @@ struct Mlp {
   }
 };
 
-
 }  // namespace mtest

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "sharding/redistribute.h"
 #include "sharding/local_chunk.h"
+#include "sharding/redistribute.h"
 
 namespace mtest {
 
@@ -70,10 +70,14 @@ inline std::pair<int, int> partial_index(const Layout& layout, const DeviceMesh&
 inline float contribution(float x, ReduceOp op, int t, int count) {
   const float delta = static_cast<float>(2 * t - (count - 1));
   switch (op) {
-    case ReduceOp::sum: return (t == 0 ? x : 0.0f) + delta;
-    case ReduceOp::avg: return x + delta;
-    case ReduceOp::max: return t == count - 1 ? x : x - 1.0f - std::abs(delta);
-    case ReduceOp::min: return t == count - 1 ? x : x + 1.0f + std::abs(delta);
+    case ReduceOp::sum:
+      return (t == 0 ? x : 0.0f) + delta;
+    case ReduceOp::avg:
+      return x + delta;
+    case ReduceOp::max:
+      return t == count - 1 ? x : x - 1.0f - std::abs(delta);
+    case ReduceOp::min:
+      return t == count - 1 ? x : x + 1.0f + std::abs(delta);
   }
   return x;
 }

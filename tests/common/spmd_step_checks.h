@@ -9,15 +9,15 @@
 #include <random>
 
 #include "comm/process_group.h"
+#include "compile/train_step.h"
 #include "mlp_step.h"
-#include "runtime/executor.h"
-#include "sched/schedule.h"
-#include "sharding/local_chunk.h"
 #include "models/llama.h"
 #include "parallel/plan.h"
+#include "runtime/executor.h"
 #include "sched/pass.h"
+#include "sched/schedule.h"
+#include "sharding/local_chunk.h"
 #include "spmd/lower.h"
-#include "compile/train_step.h"
 
 namespace mtest {
 
@@ -36,8 +36,10 @@ inline Inputs make_inputs(const Graph& g) {
     const Value& val = g.value(v);
     if (val.kind == ValueKind::intermediate) continue;
     Tensor t = Tensor::zeros(val.info.shape, val.info.dtype);
-    if (val.name == "lr") t.set(0, 1e-2);
-    else if (val.name == "step") t.set(0, 1);
+    if (val.name == "lr")
+      t.set(0, 1e-2);
+    else if (val.name == "step")
+      t.set(0, 1);
     else if (val.name[0] != 'm' && val.name[0] != 'v')
       for (int64_t k = 0; k < t.numel(); ++k) t.set(k, normal(rng));
     in.values[v] = t;
@@ -62,8 +64,7 @@ inline std::vector<Tensor> run_single(const Graph& g, const Inputs& in) {
 // outputs compared.
 inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mesh, const Graph& g,
                          const std::map<ValueId, Layout>& given, const std::map<ValueId, Layout>& deliver,
-                         const Inputs& in, const std::vector<Tensor>& want, double tolerance,
-                         const std::string& what) {
+                         const Inputs& in, const std::vector<Tensor>& want, double tolerance, const std::string& what) {
   sharding::MeshGroups groups(mesh, pg.shared_from_this());
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding s = spmd::propagate(g, planner, given, deliver);
@@ -72,7 +73,8 @@ inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mes
   sched::lowered_step_pipeline().run(lowered.graph);  // waits sunk, as the trainer runs it
   const Graph& local = lowered.graph;
   runtime::Executor ex(local, sched::make_schedule(local, local.outputs()), &groups);
-  for (const auto& [v, t] : in.values) ex.bind(lowered.values.at(v), local_piece(t, s.values.at(v), mesh, groups.coordinate()));
+  for (const auto& [v, t] : in.values)
+    ex.bind(lowered.values.at(v), local_piece(t, s.values.at(v), mesh, groups.coordinate()));
   ex.run();
   int compared = 0;
   for (size_t k = 0; k < g.outputs().size(); ++k) {
@@ -128,8 +130,9 @@ struct TinyLlamaStep {
     config::OptimizerConfig opt;
     opt.lr = 1e-2;
     step = compile::build_train_step(g, tiny_llama(), 4, 5, opt,
-                                   {.max_grad_norm = 0.5, .split_loss = parallel.loss_parallel,
-                                    .micro_batches = micro_batches});  // clipping active
+                                     {.max_grad_norm = 0.5,
+                                      .split_loss = parallel.loss_parallel,
+                                      .micro_batches = micro_batches});  // clipping active
     sched::step_pipeline().run(g);
     layouts = parallel::step_layouts(mesh, g, compile::step_roles(step, mesh.size(mesh.dim_index("tp")) > 1), parallel);
   }
@@ -151,8 +154,10 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
     const Value& val = g.value(v);
     if (val.kind == ValueKind::intermediate) continue;
     Tensor t = Tensor::zeros(val.info.shape, val.info.dtype);
-    if (v == step.lr) t.set(0, 1e-2);
-    else if (v == step.step) t.set(0, 1);
+    if (v == step.lr)
+      t.set(0, 1e-2);
+    else if (v == step.step)
+      t.set(0, 1);
     else if (val.info.dtype == DType::i64)
       for (int64_t k = 0; k < t.numel(); ++k) t.set(k, static_cast<double>(token(rng)));
     else if (val.kind == ValueKind::parameter)

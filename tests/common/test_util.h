@@ -17,8 +17,6 @@ inline std::string message_of(const std::function<void()>& fn) {
   return "(no error)";
 }
 
-inline bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace mtest

@@ -2,15 +2,14 @@
 #include <gtest/gtest.h>
 
 #include "collective_checks.h"
-#include "test_util.h"
 #include "mpi_world.h"
+#include "test_util.h"
 
 using namespace meshtrain;
 using namespace meshtrain::comm;
 using mtest::contains;
 using mtest::message_of;
 using mtest::mpi_world;
-
 
 TEST(MpiCollectives, EveryCollectiveDtypeAndReduceOp) {
   ASSERT_EQ(mpi_world().backend_name(), "mpi");
@@ -58,9 +57,8 @@ TEST(MpiCollectives, ManyCollectivesInFlightCompleteInOrder) {
   for (int k = 0; k < 16; ++k) {
     const DType dt = k % 2 ? DType::bf16 : DType::f32;
     for (int64_t i = 0; i < tensors[k].numel(); i += 97)
-      mtest::expect_reduced(tensors[k].get(i),
-                                         mtest::reference_reduce(pg.size(), i, dt, ReduceOp::sum, 1),
-                                         dt, ReduceOp::sum, fmt::format("tensor {} i {}", k, i));
+      mtest::expect_reduced(tensors[k].get(i), mtest::reference_reduce(pg.size(), i, dt, ReduceOp::sum, 1), dt,
+                            ReduceOp::sum, fmt::format("tensor {} i {}", k, i));
   }
 }
 
@@ -81,8 +79,10 @@ TEST(MpiErrors, MismatchedDtypeAndOperation) {
   // Rank 1 skips an all_reduce and goes straight to an all_gather.
   Tensor small = Tensor::zeros({2}, DType::f32), big = Tensor::zeros({2 * pg.size()}, DType::f32);
   const auto msg2 = message_of([&] {
-    if (pg.rank() == 1) pg.all_gather(small, big)->wait();
-    else pg.all_reduce(small)->wait();
+    if (pg.rank() == 1)
+      pg.all_gather(small, big)->wait();
+    else
+      pg.all_reduce(small)->wait();
   });
   EXPECT_TRUE(contains(msg2, "ranks disagree on the operation")) << msg2;
   EXPECT_TRUE(contains(msg2, "rank 1: all_gather")) << msg2;
@@ -130,9 +130,12 @@ TEST(MpiCollectives, AllToAllWithAnEmptyRank) {
   std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
   for (int r = 0; r < last; ++r)
     if (me != last) send[static_cast<size_t>(r)] = recv[static_cast<size_t>(r)] = 1;
-  Tensor in = Tensor::empty({me == last ? 0 : last}, DType::f32), out = Tensor::empty({me == last ? 0 : last}, DType::f32);
-  for (int r = 0; r < (me == last ? 0 : last); ++r) in.data<float>()[static_cast<size_t>(r)] = static_cast<float>(100 * me + r);
+  Tensor in = Tensor::empty({me == last ? 0 : last}, DType::f32),
+         out = Tensor::empty({me == last ? 0 : last}, DType::f32);
+  for (int r = 0; r < (me == last ? 0 : last); ++r)
+    in.data<float>()[static_cast<size_t>(r)] = static_cast<float>(100 * me + r);
   pg.all_to_all(in, out, send, recv)->wait();
-  for (int r = 0; r < (me == last ? 0 : last); ++r) EXPECT_EQ(out.data<float>()[static_cast<size_t>(r)], 100.0f * r + me);
+  for (int r = 0; r < (me == last ? 0 : last); ++r)
+    EXPECT_EQ(out.data<float>()[static_cast<size_t>(r)], 100.0f * r + me);
   pg.barrier()->wait();  // and the group goes on
 }

@@ -12,7 +12,8 @@ using namespace meshtrain;
 
 namespace {
 
-void check_mesh(const std::vector<int>& mesh_shape, size_t layouts_per_rank, const std::vector<std::vector<int64_t>>& shapes) {
+void check_mesh(const std::vector<int>& mesh_shape, size_t layouts_per_rank,
+                const std::vector<std::vector<int64_t>>& shapes) {
   comm::ProcessGroup& world = mtest::mpi_world();
   const sharding::DeviceMesh mesh(mesh_shape);
   sharding::MeshGroups groups(mesh, world.shared_from_this());

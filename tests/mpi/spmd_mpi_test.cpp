@@ -16,5 +16,6 @@ TEST(SpmdMpi, LlamaStepFsdpMatchesOneRank) {
 }
 
 TEST(SpmdMpi, LlamaStepDdpMatchesOneRank) {
-  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), mtest::ddp(mtest::mpi_world().size())), mtest::kLlamaStepOutputs);
+  EXPECT_EQ(mtest::check_llama_step(mtest::mpi_world(), mtest::ddp(mtest::mpi_world().size())),
+            mtest::kLlamaStepOutputs);
 }

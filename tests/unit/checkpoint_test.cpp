@@ -3,6 +3,8 @@
 // bitwise the global tensor's part (sharding::local_piece); the newest
 // complete folder; damaged, truncated and missing files and a checkpoint of
 // another model shape, each an error naming what is wrong.
+#include "checkpoint/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,7 +13,6 @@
 
 #include "comm/local_backend.h"
 #include "sharding/local_chunk.h"
-#include "checkpoint/checkpoint.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -74,7 +75,8 @@ std::string save_on(const fs::path& folder, const sharding::DeviceMesh& mesh, co
 }
 
 // Loads on `mesh` with `layouts` and checks every rank's pieces bitwise.
-void expect_loads_on(const std::string& path, const sharding::DeviceMesh& mesh, const std::vector<std::string>& layouts) {
+void expect_loads_on(const std::string& path, const sharding::DeviceMesh& mesh,
+                     const std::vector<std::string>& layouts) {
   const auto g = globals();
   const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
   comm::GroupOptions options;
@@ -109,9 +111,9 @@ TEST(Checkpoint, SavedOnOneMeshLoadsOnAnyOther) {
   EXPECT_EQ(info.state.data_cursor, 1234);
   EXPECT_EQ(info.state.config.at("model.dim"), 5);
 
-  expect_loads_on(path, mesh2x2, {"S(0)S(1)", "S(0)[1]S(0)[0]", "_S(0, 2)R", "RS(1)"});  // as saved
-  expect_loads_on(path, mesh2x2, {"RR", "S(0)R", "S(1)S(0)", "S(0)[0]S(0)[1]"});        // another layout
-  expect_loads_on(path, sharding::DeviceMesh({4}, {"tp"}), {"S(1)", "S(0)", "R", "S(1)"});  // another rank count
+  expect_loads_on(path, mesh2x2, {"S(0)S(1)", "S(0)[1]S(0)[0]", "_S(0, 2)R", "RS(1)"});           // as saved
+  expect_loads_on(path, mesh2x2, {"RR", "S(0)R", "S(1)S(0)", "S(0)[0]S(0)[1]"});                  // another layout
+  expect_loads_on(path, sharding::DeviceMesh({4}, {"tp"}), {"S(1)", "S(0)", "R", "S(1)"});        // another rank count
   expect_loads_on(path, sharding::DeviceMesh({3}, {"dp_shard"}), {"S(0)", "S(0)", "S(1)", "R"});  // uneven
   // One process: every tensor whole, bitwise the globals.
   const auto whole = checkpoint::load_checkpoint_whole(info);
@@ -172,12 +174,15 @@ TEST(Checkpoint, DamagedFilesAreClearErrors) {
     std::ifstream in(shard, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
-  auto write_shard = [&](const std::string& bytes) { std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes; };
+  auto write_shard = [&](const std::string& bytes) {
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  };
   ASSERT_EQ(load_error(path), "");
 
   write_shard(good.substr(0, good.size() - 3));
   EXPECT_NE(load_error(path).find("rank_00001.safetensors has " + std::to_string(good.size() - 3) + " bytes"),
-            std::string::npos) << load_error(path);
+            std::string::npos)
+      << load_error(path);
   std::string flipped = good;
   flipped[flipped.size() - 2] ^= 0x10;
   write_shard(flipped);

@@ -1,23 +1,21 @@
 // The comm layer on the in-process `local` backend (ranks as threads).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
-
 #include "collective_checks.h"
-#include "test_util.h"
 #include "comm/fr_analyze.h"
 #include "comm/local_backend.h"
 #include "comm/reduce.h"
+#include "test_util.h"
 
 using namespace meshtrain;
 using namespace meshtrain::comm;
@@ -35,9 +33,7 @@ std::string fresh_dir(const std::string& name) {
 
 }  // namespace
 
-TEST(Reduce, DisplacementsArePrefixSums) {
-  EXPECT_EQ(displacements({3, 0, 2}), (std::vector<int64_t>{0, 3, 3}));
-}
+TEST(Reduce, DisplacementsArePrefixSums) { EXPECT_EQ(displacements({3, 0, 2}), (std::vector<int64_t>{0, 3, 3})); }
 
 class LocalCollectives : public ::testing::TestWithParam<int> {};
 
@@ -90,16 +86,22 @@ TEST(LocalErrors, MismatchedCoalescedMembersFailOnEveryRank) {
     Tensor in = Tensor::zeros({8}, DType::f32), out = Tensor::zeros({16}, DType::f32);
     const std::vector<int64_t> members = pg.rank() == 0 ? std::vector<int64_t>{3, 5} : std::vector<int64_t>{4, 4};
     const auto msg = message_of([&] { pg.all_gather_coalesced(in, out, members)->wait(); });
-    EXPECT_TRUE(contains(msg, "ranks disagree on the per-rank counts or coalesced members of all_gather (seq 1)")) << msg;
+    EXPECT_TRUE(contains(msg, "ranks disagree on the per-rank counts or coalesced members of all_gather (seq 1)"))
+        << msg;
     mtest::check_all_gather_coalesced(pg, DType::f32);  // still in step
   });
   LocalWorld one(1);
   ProcessGroup& pg = *one.group(0);
   Tensor in = Tensor::zeros({8}, DType::f32), out = Tensor::zeros({8}, DType::f32);
-  EXPECT_TRUE(contains(message_of([&] { pg.all_gather_coalesced(in, out, {3, 4}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         pg.all_gather_coalesced(in, out, {3, 4});
+                       }),
                        "members of 7 elements per rank in all (1 ranks) need 7 elements on this rank's side"));
   EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter_coalesced(in, out, {}); }), "needs at least one member"));
-  EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter_coalesced(in, out, {9, -1}); }), "member 1 has a block of -1 elements; a block has 0 or more"));
+  EXPECT_TRUE(contains(message_of([&] {
+                         pg.reduce_scatter_coalesced(in, out, {9, -1});
+                       }),
+                       "member 1 has a block of -1 elements; a block has 0 or more"));
 }
 
 TEST(LocalErrors, BadArgumentsAreRejectedBeforeCommunicating) {
@@ -110,7 +112,8 @@ TEST(LocalErrors, BadArgumentsAreRejectedBeforeCommunicating) {
   EXPECT_TRUE(contains(message_of([&] { pg.all_gather(f, b); }), "output dtype bf16 differs from input dtype f32"));
   EXPECT_TRUE(contains(message_of([&] { pg.broadcast(f, 3); }), "root 3 is outside group 'world'"));
   EXPECT_TRUE(contains(message_of([&] { pg.send(f, 5); }), "destination 5 is not another rank"));
-  EXPECT_TRUE(contains(message_of([&] { pg.all_reduce(ints, ReduceOp::avg); }), "avg is not defined for integer dtype i32"));
+  EXPECT_TRUE(
+      contains(message_of([&] { pg.all_reduce(ints, ReduceOp::avg); }), "avg is not defined for integer dtype i32"));
   EXPECT_TRUE(contains(message_of([&] { pg.all_gather(f, b, {1, 2}); }), "differs"));
   Tensor out3 = Tensor::zeros({3}, DType::f32);
   EXPECT_TRUE(contains(message_of([&] { pg.reduce_scatter(f, out3); }), "expected group size 1 x output 3"));
@@ -127,7 +130,9 @@ TEST(LocalErrors, SubgroupWithRankOutsideTheGroupFailsOnEveryRank) {
     if (pg.rank() == 0) {
       EXPECT_TRUE(contains(msg, "rank 7 is outside group 'world'")) << msg;
     }
-    const auto msg2 = message_of([&] { pg.new_subgroup(pg.rank() == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1}); });
+    const auto msg2 = message_of([&] {
+      pg.new_subgroup(pg.rank() == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1});
+    });
     EXPECT_TRUE(contains(msg2, "passed different member lists")) << msg2;
   });
 }
@@ -159,7 +164,8 @@ TEST(LocalTimeout, SkippedCollectiveTimesOutAndFrAnalyzeNamesTheRank) {
       ADD_FAILURE() << "expected a timeout";
     } catch (const TimeoutError& e) {
       ++timeouts;
-      EXPECT_TRUE(contains(e.what(), "all_reduce (seq 2) on group 'world' (3 ranks) timed out after 400 ms")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "all_reduce (seq 2) on group 'world' (3 ranks) timed out after 400 ms"))
+          << e.what();
       EXPECT_TRUE(contains(e.what(), "fr-analyze")) << e.what();
     }
     EXPECT_TRUE(pg.aborted());
@@ -238,8 +244,10 @@ TEST(FlightRecorder, ACollectiveNoRankFinishedIsReportedAsStalled) {
   ASSERT_FALSE(report.findings.empty()) << report.to_text();
   EXPECT_EQ(report.findings.front().kind, FrFinding::Kind::stalled) << report.to_text();
   EXPECT_EQ(report.findings.front().seq, 3u) << report.to_text();
-  EXPECT_TRUE(contains(report.to_text(), "seq 3 all_gather: every rank issued it and none finished it "
-                                         "(rank 0 started, rank 1 started)")) << report.to_text();
+  EXPECT_TRUE(contains(report.to_text(),
+                       "seq 3 all_gather: every rank issued it and none finished it "
+                       "(rank 0 started, rank 1 started)"))
+      << report.to_text();
   EXPECT_FALSE(report.ok());
   std::filesystem::remove_all(dir);
 }
@@ -267,14 +275,15 @@ TEST(FlightRecorder, ACollectiveInFlightBeforeAFinishedOneNamesTheRankWithoutADu
     fr.dump(dir, "test");
     return analyze_flight_records(dir);
   };
-  const FrReport report =
-      dump_survivor({FrState::completed, FrState::started, FrState::completed, FrState::completed});
+  const FrReport report = dump_survivor({FrState::completed, FrState::started, FrState::completed, FrState::completed});
   ASSERT_FALSE(report.findings.empty()) << report.to_text();
   EXPECT_EQ(report.findings.front().kind, FrFinding::Kind::no_dump) << report.to_text();
   EXPECT_EQ(report.findings.front().seq, 2u) << report.to_text();
   EXPECT_EQ(report.findings.front().culprits, std::vector<int>{0});
-  EXPECT_TRUE(contains(report.to_text(), "group 'dp' seq 2 all_reduce is started on rank 1; rank(s) 0 of this "
-                                         "group left no dump")) << report.to_text();
+  EXPECT_TRUE(contains(report.to_text(),
+                       "group 'dp' seq 2 all_reduce is started on rank 1; rank(s) 0 of this "
+                       "group left no dump"))
+      << report.to_text();
 
   const FrReport failed_then_fine =
       dump_survivor({FrState::completed, FrState::failed, FrState::completed, FrState::failed});
@@ -430,7 +439,8 @@ TEST(FrAnalyze, MalformedDumpsAreErrorsNotCrashes) {
   EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank must be an integer from 0 to 1, got 7"));
   // Found by fuzz/fr_dump_fuzzer: a float where an integer belongs was cast with undefined behaviour.
   rewrite("rank", 6.67e32);
-  EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }), "rank must be an integer from 0 to 1, got 6.67e+32"));
+  EXPECT_TRUE(
+      contains(message_of([&] { analyze_flight_records(dir); }), "rank must be an integer from 0 to 1, got 6.67e+32"));
   rewrite("rank", 1);
   rewrite("groups", nlohmann::json{{"world", {{"ranks", {0, 5}}}}});
   EXPECT_TRUE(contains(message_of([&] { analyze_flight_records(dir); }),

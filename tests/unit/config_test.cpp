@@ -1,11 +1,11 @@
 // The configuration reference page is the key table's, so it cannot drift.
+#include "config/config.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include "config/config.h"
 
 namespace {
 

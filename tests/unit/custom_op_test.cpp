@@ -29,9 +29,8 @@ void register_cube() {
               const ValueId x = n.inputs[0];
               return std::vector<ValueId>{b.mul(g[0], b.scale(b.mul(x, x), 3.0))};
             },
-        .flops = [](const ValueInfos&, const ValueInfos& out, const Attrs&) {
-          return 2.0 * static_cast<double>(out[0].shape.numel());
-        },
+        .flops = [](const ValueInfos&, const ValueInfos& out,
+                    const Attrs&) { return 2.0 * static_cast<double>(out[0].shape.numel()); },
     });
     kernels::cpu::register_cpu_kernel("test_cube", [](const kernels::cpu::KernelArgs& a) {
       auto cube = [&](auto zero) {
@@ -62,21 +61,21 @@ TEST(CustomOp, RunsAndDifferentiatesLikeABuiltIn) {
   for (int i = 0; i < 6; ++i) EXPECT_DOUBLE_EQ(ex.fetch(y).get(i), std::pow(0.5 * i - 1.0, 3));
   EXPECT_DOUBLE_EQ(ex.flops(), 12);
 
-  mtest::gradcheck({{{3, 5}}}, [](Builder& b, const std::vector<ValueId>& in) {
-    return b.op("test_cube", {in[0]});
-  });
+  mtest::gradcheck({{{3, 5}}}, [](Builder& b, const std::vector<ValueId>& in) { return b.op("test_cube", {in[0]}); });
 }
 
 TEST(CustomOp, ClearErrors) {
   register_cube();
-  EXPECT_TRUE(mtest::contains(mtest::message_of([] { register_op({.name = "test_cube", .infer = find_op("add").infer}); }),
-                              "an op named 'test_cube' is already registered"));
+  EXPECT_TRUE(
+      mtest::contains(mtest::message_of([] { register_op({.name = "test_cube", .infer = find_op("add").infer}); }),
+                      "an op named 'test_cube' is already registered"));
   EXPECT_TRUE(mtest::contains(
       mtest::message_of([] { kernels::cpu::register_cpu_kernel("add", [](const kernels::cpu::KernelArgs&) {}); }),
       "op 'add' already has a CPU kernel"));
   // An op without a kernel fails when an executor plans it, naming the op.
   static const bool defined = [] {
-    register_op({.name = "test_no_kernel", .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0]}; }});
+    register_op(
+        {.name = "test_no_kernel", .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0]}; }});
     return true;
   }();
   (void)defined;

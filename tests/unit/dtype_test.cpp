@@ -1,6 +1,8 @@
 // Conversions checked against independent references: the compiler's own
 // _Float16 for f16, and an exhaustive nearest-value search over every code
 // for the 8-bit formats.
+#include "core/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,7 +11,6 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
 #include "core/error.h"
 
 using namespace meshtrain;
@@ -70,8 +71,7 @@ TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(std::bit_cast<float>(0x3F818000u))), 0x3F82);
   EXPECT_EQ(static_cast<uint16_t>(f32_to_bf16(std::bit_cast<float>(0x3F808001u))), 0x3F81);
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-  EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::max())),
-            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::max())), std::numeric_limits<float>::infinity());
   // The fast path and the generic double path agree.
   for (float x : sample_floats(1.0f, 20000)) {
     bfloat16 generic{};
@@ -82,8 +82,8 @@ TEST(DType, Bf16RoundsToNearestEven) {
 
 TEST(DType, F16MatchesCompilerConversion) {
   std::vector<float> values = sample_floats(1.0f, 50000);
-  for (float x : {65504.0f, 65519.0f, 65520.0f, 1e6f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f,
-                  -0.0f, 0.0f, std::numeric_limits<float>::infinity()})
+  for (float x : {65504.0f, 65519.0f, 65520.0f, 1e6f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f, -0.0f, 0.0f,
+                  std::numeric_limits<float>::infinity()})
     values.push_back(x);
   for (float x : values) {
     const auto ref = static_cast<_Float16>(x);
@@ -93,16 +93,18 @@ TEST(DType, F16MatchesCompilerConversion) {
     const auto h = std::bit_cast<_Float16>(static_cast<uint16_t>(code));
     const float ref = static_cast<float>(h);
     const float got = f16_to_f32(static_cast<uint16_t>(code));
-    if (std::isnan(ref)) ASSERT_TRUE(std::isnan(got)) << code;
-    else ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(ref)) << code;
+    if (std::isnan(ref))
+      ASSERT_TRUE(std::isnan(got)) << code;
+    else
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(ref)) << code;
   }
 }
 
 TEST(DType, E4M3KnownValuesAndSaturation) {
-  EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);                 // largest finite
-  EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7F)));           // S.1111.111
-  EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));   // smallest subnormal
-  EXPECT_EQ(e4m3_to_f32(0x08), std::ldexp(1.0f, -6));   // smallest normal
+  EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);                // largest finite
+  EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7F)));          // S.1111.111
+  EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(e4m3_to_f32(0x08), std::ldexp(1.0f, -6));  // smallest normal
   EXPECT_EQ(f32_to_e4m3(449.0f), 0x7E);
   EXPECT_EQ(f32_to_e4m3(1e9f), 0x7E);
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::infinity()), 0x7E);

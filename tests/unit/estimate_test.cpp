@@ -2,6 +2,8 @@
 // hand-worked examples, measured tables, hardware profiles as TOML, and the
 // memory estimate of a schedule against the memory plan and by-hand byte
 // counts.
+#include "train/estimate.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,14 +11,12 @@
 #include <tuple>
 
 #include "comm/local_backend.h"
-
 #include "graph/builder.h"
 #include "sched/collective_cost.h"
 #include "sched/hardware.h"
 #include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "test_util.h"
-#include "train/estimate.h"
 #include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
@@ -144,8 +144,8 @@ us = [5, 15]
                        "collectives.table.world 3 must be a multiple of ranks 2"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
   EXPECT_EQ(p.rank_share(16), 1.0 / 16);
-  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware("colour = 1\n" + measured, "test"); }),
-                       "colour unknown"));
+  EXPECT_TRUE(
+      contains(message_of([&] { sched::parse_hardware("colour = 1\n" + measured, "test"); }), "colour unknown"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "colour = 1\n", "test"); }),
                        "collectives.table.colour unknown"));
   EXPECT_TRUE(contains(message_of([] { sched::parse_hardware("name = \"x\"\n[device]\nmemory_gbps = 1\n", "f.toml"); }),
@@ -415,7 +415,9 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
   // All four, one window: (20-12.5) + (30-15) over 12.5+15; two: (40-27.5) over 27.5.
   EXPECT_NEAR(all[0].share, 22.5 / 27.5, 1e-12);
   EXPECT_NEAR(all[1].share, 12.5 / 27.5, 1e-12);
-  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 4, 8, {{0, 4}}, 1000); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         train::sync_lateness_of(per_rank, 4, 8, {{0, 4}}, 1000);
+                       }),
                        "rank 4 is not in the world of 4"));
   EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 3, 8, groups, 1000); }),
                        "32 figures for 3 ranks of 8 windows"));
@@ -485,7 +487,8 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
   c.data.batch_size = 2;
   c.data.seq_len = 16;
   c.schedule.estimate = config::EstimateMode::benchmark;
-  const std::string refused = message_of([&] { train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
+  const std::string refused =
+      message_of([&] { train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
   EXPECT_TRUE(contains(refused, "h100-sxm") && contains(refused, "roofline")) << refused;
 
   c.schedule.kernel_cache = ::testing::TempDir() + "/estimate_kernel_cache.json";
@@ -557,7 +560,7 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
               1e-9 * twice.time.step_us);
   EXPECT_NEAR(twice.time.compute_us - q.update_us, 2 * q.rank_busy_us, 1e-9 * twice.time.compute_us);
   EXPECT_NEAR(twice.time.compute_us, e.time.compute_us, 0.02 * e.time.compute_us);  // the same microbatches
-  EXPECT_GT(twice.time.step_us, e.time.step_us);  // two runs' bubbles
+  EXPECT_GT(twice.time.step_us, e.time.step_us);                                    // two runs' bubbles
   // FSDP 2 under interleaved 1F1B (2 stages a rank): at most one stage gathered at once holds less and gathers more.
   c.training.grad_accum_steps = 1;
   c.model.n_layers = 6;  // 8 units: each of the 4 stages holds a layer to gather at least

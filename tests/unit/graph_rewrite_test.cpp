@@ -137,10 +137,11 @@ TEST(GraphScopes, LlamaNodesAreScopedPerBlock) {
   std::vector<std::string> scopes;
   for (const auto& [scope, ops] : ops_by_scope) scopes.push_back(scope);
   EXPECT_EQ(scopes, (std::vector<std::string>{"layers.0.attention", "layers.0.attention_norm", "layers.0.feed_forward",
-                                               "layers.0.ffn_norm", "layers.1.attention", "layers.1.attention_norm",
-                                               "layers.1.feed_forward", "layers.1.ffn_norm", "loss", "norm", "output",
-                                               "tok_embeddings"}));
-  EXPECT_EQ(ops_by_scope["layers.1.feed_forward"], (std::vector<std::string>{"matmul", "matmul", "swiglu", "matmul", "add"}));
+                                              "layers.0.ffn_norm", "layers.1.attention", "layers.1.attention_norm",
+                                              "layers.1.feed_forward", "layers.1.ffn_norm", "loss", "norm", "output",
+                                              "tok_embeddings"}));
+  EXPECT_EQ(ops_by_scope["layers.1.feed_forward"],
+            (std::vector<std::string>{"matmul", "matmul", "swiglu", "matmul", "add"}));
   EXPECT_EQ(ops_by_scope["layers.0.attention_norm"], (std::vector<std::string>{"rms_norm"}));
   // Backward nodes land in the scope of the forward node they differentiate.
   std::vector<ValueId> params;

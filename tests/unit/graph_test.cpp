@@ -6,9 +6,9 @@
 #include <functional>
 #include <random>
 
+#include "gradcheck.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
-#include "gradcheck.h"
 #include "runtime/executor.h"
 #include "sched/schedule.h"
 #include "test_util.h"
@@ -22,9 +22,8 @@ using mtest::message_of;
 using mtest::random_tensor;
 
 TEST(GradCheck, AddMulScale) {
-  gradcheck({{{3, 5}}, {{3, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
-    return b.scale(b.add(b.mul(x[0], x[1]), x[0]), -0.7);
-  });
+  gradcheck({{{3, 5}}, {{3, 5}}},
+            [](Builder& b, const std::vector<ValueId>& x) { return b.scale(b.add(b.mul(x[0], x[1]), x[0]), -0.7); });
 }
 
 TEST(GradCheck, MatmulSharedWeights) {
@@ -62,7 +61,8 @@ TEST(GradCheck, RmsNorm) {
 
 TEST(GradCheck, CrossEntropyWithIgnoredRows) {
   InputSpec targets{{6}, DType::i64, {3, 0, -100, 10, 7, -100}};
-  gradcheck({{{6, 11}}, targets}, [](Builder& b, const std::vector<ValueId>& x) { return b.cross_entropy(x[0], x[1]); });
+  gradcheck({{{6, 11}}, targets},
+            [](Builder& b, const std::vector<ValueId>& x) { return b.cross_entropy(x[0], x[1]); });
 }
 
 TEST(GradCheck, SplitCrossEntropyWithIgnoredRows) {
@@ -144,9 +144,9 @@ TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
   Graph g;
   Builder b(g);
   const ValueId x = g.add_input("x", {4, 6}, DType::f64);
-  const ValueId y = b.silu(x);                      // 192 bytes in the arena
+  const ValueId y = b.silu(x);                                // 192 bytes in the arena
   const ValueId y2 = b.reshape(b.reshape(y, {24}), {2, 12});  // views of y
-  const ValueId z = b.silu(b.reshape(x, {2, 12}));  // a view of the bound input
+  const ValueId z = b.silu(b.reshape(x, {2, 12}));            // a view of the bound input
   const ValueId out = b.add(y2, z);
   runtime::Executor ex(g, sched::make_schedule(g, {out, y2}));
   EXPECT_EQ(ex.arena_bytes(), 3 * 192u);  // y, z and out; y is fetched (through y2), so it is never reused
@@ -170,15 +170,15 @@ TEST(Executor, ReshapeIsAViewWithoutCopyOrMemory) {
 TEST(Executor, ByteAndFlopCountsFromTheOpRules) {
   Graph g;
   Builder b(g);
-  const ValueId x = g.add_input("x", {4, 6}, DType::f32);      // 96 bytes
-  const ValueId w = g.add_input("w", {6, 3}, DType::f32);      // 72 bytes
+  const ValueId x = g.add_input("x", {4, 6}, DType::f32);       // 96 bytes
+  const ValueId w = g.add_input("w", {6, 3}, DType::f32);       // 72 bytes
   const ValueId table = g.add_input("t", {11, 6}, DType::f32);  // 264 bytes
   const ValueId ids = g.add_input("ids", {5}, DType::i64);      // 40 bytes
-  const ValueId sum = b.add(x, x);                    // 3 * 96
-  const ValueId prod = b.matmul(sum, w);              // 96 + 72 + 48; 2 * 4 * 3 * 6 FLOPs
-  const ValueId view = b.reshape(prod, {12});         // 0
-  const ValueId part = b.slice(x, 1, 2, 3);           // 2 * 48
-  const ValueId rows = b.embedding(table, ids);       // 40 + 2 * 120
+  const ValueId sum = b.add(x, x);                              // 3 * 96
+  const ValueId prod = b.matmul(sum, w);                        // 96 + 72 + 48; 2 * 4 * 3 * 6 FLOPs
+  const ValueId view = b.reshape(prod, {12});                   // 0
+  const ValueId part = b.slice(x, 1, 2, 3);                     // 2 * 48
+  const ValueId rows = b.embedding(table, ids);                 // 40 + 2 * 120
   runtime::Executor ex(g, sched::make_schedule(g, {sum, view, part, rows}));
   EXPECT_DOUBLE_EQ(ex.bytes(), 3 * 96 + (96 + 72 + 48) + 0 + 2 * 48 + (40 + 2 * 120));
   EXPECT_DOUBLE_EQ(ex.flops(), 4 * 6 + 2 * 4 * 3 * 6);  // the add's one FLOP per element, and the matmul's
@@ -224,7 +224,7 @@ TEST(Attention, MatchesNaiveReference) {
   Graph g;
   Builder b(g);
   const ValueId q = g.add_input("q", {B, T, Hq, D}, DType::f64), k = g.add_input("k", {B, T, Hkv, D}, DType::f64),
-            v = g.add_input("v", {B, T, Hkv, D}, DType::f64);
+                v = g.add_input("v", {B, T, Hkv, D}, DType::f64);
   const ValueId out = b.attention(q, k, v, scale);
   runtime::Executor ex(g, sched::make_schedule(g, {out}));
   Tensor qt = random_tensor({B, T, Hq, D}, rng), kt = random_tensor({B, T, Hkv, D}, rng),
@@ -242,12 +242,14 @@ TEST(Attention, MatchesNaiveReference) {
         double total = 0;
         for (int64_t j = 0; j <= i; ++j) {
           double s = 0;
-          for (int64_t c = 0; c < D; ++c) s += Q[((bi * T + i) * Hq + h) * D + c] * K[((bi * T + j) * Hkv + h / 2) * D + c];
+          for (int64_t c = 0; c < D; ++c)
+            s += Q[((bi * T + i) * Hq + h) * D + c] * K[((bi * T + j) * Hkv + h / 2) * D + c];
           total += p[static_cast<size_t>(j)] = std::exp(s * scale);
         }
         for (int64_t c = 0; c < D; ++c) {
           double want = 0;
-          for (int64_t j = 0; j <= i; ++j) want += p[static_cast<size_t>(j)] / total * V[((bi * T + j) * Hkv + h / 2) * D + c];
+          for (int64_t j = 0; j <= i; ++j)
+            want += p[static_cast<size_t>(j)] / total * V[((bi * T + j) * Hkv + h / 2) * D + c];
           ASSERT_NEAR(got[static_cast<size_t>(((bi * T + i) * Hq + h) * D + c)], want, 1e-12);
         }
       }
@@ -261,8 +263,8 @@ TEST(Optimizer, AdamWAndClippingMatchPyTorchDefinitions) {
   Graph g;
   Builder b(g);
   const ValueId p = g.add_input("p", {4}, DType::f64), grad = g.add_input("g", {4}, DType::f64),
-            m = g.add_input("m", {4}, DType::f64), v = g.add_input("v", {4}, DType::f64),
-            lr_in = g.add_input("lr", {}, DType::f64), step_in = g.add_input("step", {}, DType::i64);
+                m = g.add_input("m", {4}, DType::f64), v = g.add_input("v", {4}, DType::f64),
+                lr_in = g.add_input("lr", {}, DType::f64), step_in = g.add_input("step", {}, DType::i64);
   const ValueId norm = b.global_norm({grad});
   const ValueId clipped = b.scale_by(grad, b.clip_coefficient(norm, max_norm));
   const auto upd = b.adamw(p, clipped, m, v, lr_in, step_in, b1, b2, eps, wd);
@@ -301,7 +303,8 @@ TEST(Optimizer, AdamWAndClippingMatchPyTorchDefinitions) {
     std::copy_n(ex.fetch(upd[1]).data<const double>().begin(), 4, M.data<double>().begin());
     std::copy_n(ex.fetch(upd[2]).data<const double>().begin(), 4, Vt.data<double>().begin());
     for (int i = 0; i < 4; ++i) {
-      EXPECT_NEAR(P.data<double>()[static_cast<size_t>(i)], rp[static_cast<size_t>(i)], 1e-14) << "step " << t << " i " << i;
+      EXPECT_NEAR(P.data<double>()[static_cast<size_t>(i)], rp[static_cast<size_t>(i)], 1e-14)
+          << "step " << t << " i " << i;
       EXPECT_NEAR(M.data<double>()[static_cast<size_t>(i)], rm[static_cast<size_t>(i)], 1e-15);
     }
   }
@@ -347,7 +350,8 @@ TEST(Matmul, Bf16MatchesFloat32UpToRounding) {
         const ValueId got = b.matmul(b.cast(a32, DType::bf16), b.cast(b32, DType::bf16), ta, tb);
         runtime::Executor ex(g, sched::make_schedule(g, {ref, got}));
         // Inputs already bf16-exact, so the f32 reference sees the same numbers.
-        Tensor at = random_tensor(as, rng).to(DType::bf16).to(DType::f32), bt = random_tensor(bs, rng).to(DType::bf16).to(DType::f32);
+        Tensor at = random_tensor(as, rng).to(DType::bf16).to(DType::f32),
+               bt = random_tensor(bs, rng).to(DType::bf16).to(DType::f32);
         ex.bind(a32, at);
         ex.bind(b32, bt);
         ex.run();

@@ -178,8 +178,8 @@ TEST(Bf16Kernels, ElementwiseAndRowOpsMatchFloat32) {
   const auto x = random_tensor({37, 24}, DType::f32, rng), y = random_tensor({37, 24}, DType::f32, rng);
   const auto w = random_tensor({24}, DType::f32, rng, 0.5, 1.5);
   expect_bf16_matches_f32({x, y}, [](Builder& b, const std::vector<ValueId>& in) {
-    return std::vector<ValueId>{b.add(in[0], in[1]), b.mul(in[0], in[1]), b.scale(in[0], 0.37), b.silu(in[0]),
-                            b.swiglu(in[0], in[1]), b.softmax(in[0]), b.sum(in[0]), b.mean(in[1])};
+    return std::vector<ValueId>{b.add(in[0], in[1]),    b.mul(in[0], in[1]), b.scale(in[0], 0.37), b.silu(in[0]),
+                                b.swiglu(in[0], in[1]), b.softmax(in[0]),    b.sum(in[0]),         b.mean(in[1])};
   });
   expect_bf16_matches_f32({x, w}, [](Builder& b, const std::vector<ValueId>& in) {
     return std::vector<ValueId>{b.rms_norm(in[0], in[1], 1e-5)};
@@ -197,8 +197,10 @@ TEST(Bf16Kernels, GradientsMatchFloat32) {
     ids.data<int64_t>()[i] = tok(rng);
     targets.data<int64_t>()[i] = i % 13 == 0 ? -100 : tok(rng);
   }
-  const auto table = random_tensor({V, H * D}, DType::f32, rng), wq = random_tensor({H * D, H * D}, DType::f32, rng, -0.3, 0.3),
-             wo = random_tensor({H * D, V}, DType::f32, rng, -0.3, 0.3), norm_w = random_tensor({H * D}, DType::f32, rng, 0.5, 1.5);
+  const auto table = random_tensor({V, H * D}, DType::f32, rng),
+             wq = random_tensor({H * D, H * D}, DType::f32, rng, -0.3, 0.3),
+             wo = random_tensor({H * D, V}, DType::f32, rng, -0.3, 0.3),
+             norm_w = random_tensor({H * D}, DType::f32, rng, 0.5, 1.5);
   expect_bf16_matches_f32(
       {table, wq, wo, norm_w, ids, targets},
       [&](Builder& b, const std::vector<ValueId>& in) {
@@ -230,13 +232,12 @@ TEST(Bf16Kernels, AdamWWithBf16MomentsTracksFloat32Moments) {
     const Tensor grad = random_tensor({n}, DType::f32, rng);
     kernels::cpu::adamw(p32.data<float>().data(), grad.data<const float>().data(), m32.data<float>().data(),
                         v32.data<float>().data(), n, lr, 0.9, 0.95, 1e-8, 0.1, step);
-    kernels::cpu::adamw(p16.data<float>().data(), grad.data<const float>().data(),
-                        m16.data<bfloat16>().data(), v16.data<bfloat16>().data(), n, lr, 0.9, 0.95, 1e-8,
-                        0.1, step);
+    kernels::cpu::adamw(p16.data<float>().data(), grad.data<const float>().data(), m16.data<bfloat16>().data(),
+                        v16.data<bfloat16>().data(), n, lr, 0.9, 0.95, 1e-8, 0.1, step);
   }
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(p32.get(i) - p16.get(i)));
-  EXPECT_GT(worst, 0.0);            // the bf16 moments do round
+  EXPECT_GT(worst, 0.0);             // the bf16 moments do round
   EXPECT_LT(worst, 20 * lr * 0.02);  // but each step moves by at most lr, off by ~1%
   double m_max = 0, m_worst = 0;
   for (int64_t i = 0; i < n; ++i) {

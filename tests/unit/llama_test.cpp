@@ -2,7 +2,6 @@
 // float64, a few AdamW steps on a repeated batch lowering the loss, and a
 // steady-state step allocating nothing.
 #include <gtest/gtest.h>
-
 #include <omp.h>
 
 #include <algorithm>
@@ -12,11 +11,11 @@
 #include <new>
 #include <random>
 
+#include "compile/train_step.h"
 #include "graph/autodiff.h"
 #include "runtime/executor.h"
 #include "sched/pass.h"
 #include "sched/schedule.h"
-#include "compile/train_step.h"
 
 using namespace meshtrain;
 
@@ -127,7 +126,9 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
   opt.lr = 1e-2;
   opt.state_dtype = state;
   const double max_grad_norm = 1.0;
-  const auto s = compile::build_train_step(g, tiny(tied), 2, 8, opt, {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
+  const auto s = compile::build_train_step(
+      g, tiny(tied), 2, 8, opt,
+      {.max_grad_norm = max_grad_norm, .compute_dtype = compute, .micro_batches = micro_batches});
   sched::step_pipeline().run(g);  // as the trainer does
   std::vector<graph::Update> updates;
   for (const auto& [from, to] : s.write_backs) updates.push_back({from, to});
@@ -166,7 +167,8 @@ std::vector<double> train_losses(DType compute, bool tied, int steps, DType stat
 TEST(Llama, TrainingStepsLowerTheLoss) {
   const auto losses = train_losses(DType::f32, false, 30);
   EXPECT_NEAR(losses.front(), std::log(11.0), 0.5);  // near uniform at the start
-  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "loss did not go down: " << losses.front() << " -> " << losses.back();
+  EXPECT_LT(losses.back(), 0.5 * losses.front())
+      << "loss did not go down: " << losses.front() << " -> " << losses.back();
 }
 
 // Gradient accumulation: two microbatches of one row each, their gradients

@@ -1,16 +1,16 @@
 // Pipeline schedules: the orders of the reference's re-simulation of
 // PyTorch's generators, the published bubble formulas, activation peaks, and
 // deadlock-free lowering for every schedule, pp and microbatch count.
+#include "parallel/pipeline_schedule.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <set>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include "core/error.h"
-#include "parallel/pipeline_schedule.h"
 #include "test_util.h"
 
 using namespace meshtrain;
@@ -35,21 +35,26 @@ TEST(PipelineSchedule, OrdersMatchTheReferenceForFourRanksEightMicrobatches) {
   EXPECT_EQ(order(f1b, 0), "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
   EXPECT_EQ(order(f1b, 3), "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
   const PpSchedule inter = make_pp_schedule(PpScheduleKind::interleaved_1f1b, 4, 8, 2);
-  EXPECT_EQ(order(inter, 0), "0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4 0F5 0F6 4B0 0F7 4B1 4F4 4B2 4F5 4B3 4F6 0B0 4F7 "
-                             "0B1 0B2 0B3 4B4 4B5 4B6 4B7 0B4 0B5 0B6 0B7");
-  EXPECT_EQ(order(inter, 2), "2F0 2F1 2F2 2F3 6F0 6F1 6F2 6B0 6F3 6B1 2F4 6B2 2F5 6B3 2F6 2B0 2F7 2B1 6F4 2B2 6F5 "
-                             "2B3 6F6 6B4 6F7 6B5 6B6 6B7 2B4 2B5 2B6 2B7");
+  EXPECT_EQ(order(inter, 0),
+            "0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4 0F5 0F6 4B0 0F7 4B1 4F4 4B2 4F5 4B3 4F6 0B0 4F7 "
+            "0B1 0B2 0B3 4B4 4B5 4B6 4B7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(order(inter, 2),
+            "2F0 2F1 2F2 2F3 6F0 6F1 6F2 6B0 6F3 6B1 2F4 6B2 2F5 6B3 2F6 2B0 2F7 2B1 6F4 2B2 6F5 "
+            "2B3 6F6 6B4 6F7 6B5 6B6 6B7 2B4 2B5 2B6 2B7");
   const PpSchedule zb2 = make_pp_schedule(PpScheduleKind::zero_bubble, 4, 8, 2);
-  EXPECT_EQ(order(zb2, 3), "3F0 3F1 3F2 3F3 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 3F4 3I0 7W1 3F5 3I1 7W2 3F6 3I2 "
-                           "7W3 3F7 3I3 3W0 7F4 7I4 3W1 7F5 7I5 3W2 7F6 7I6 3W3 7F7 7I7 7W4 3I4 7W5 3I5 7W6 3I6 "
-                           "7W7 3I7 3W4 3W5 3W6 3W7");
+  EXPECT_EQ(order(zb2, 3),
+            "3F0 3F1 3F2 3F3 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 3F4 3I0 7W1 3F5 3I1 7W2 3F6 3I2 "
+            "7W3 3F7 3I3 3W0 7F4 7I4 3W1 7F5 7I5 3W2 7F6 7I6 3W3 7F7 7I7 7W4 3I4 7W5 3I5 7W6 3I6 "
+            "7W7 3I7 3W4 3W5 3W6 3W7");
   const PpSchedule zbv = make_pp_schedule(PpScheduleKind::zbv, 4, 8, 2);
-  EXPECT_EQ(order(zbv, 0), "0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 7W2 7F3 7I3 7W3 0F7 0I0 "
-                           "0W0 7F4 7I4 7W4 0I1 0W1 7F5 7I5 7W5 0I2 0W2 7F6 7I6 7W6 0I3 0W3 7F7 7I7 7W7 0I4 0W4 "
-                           "0I5 0W5 0I6 0W6 0I7 0W7");
-  EXPECT_EQ(order(zbv, 3), "3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4I0 4W0 3F4 3I0 3W0 4F4 4I1 4W1 3F5 3I1 3W1 4F5 4I2 "
-                           "4W2 3F6 3I2 3W2 4F6 4I3 4W3 3F7 3I3 3W3 4F7 4I4 4W4 3I4 4I5 3I5 4I6 3I6 4I7 3I7 3W4 "
-                           "4W5 4W6 4W7 3W5 3W6 3W7");
+  EXPECT_EQ(order(zbv, 0),
+            "0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 7W2 7F3 7I3 7W3 0F7 0I0 "
+            "0W0 7F4 7I4 7W4 0I1 0W1 7F5 7I5 7W5 0I2 0W2 7F6 7I6 7W6 0I3 0W3 7F7 7I7 7W7 0I4 0W4 "
+            "0I5 0W5 0I6 0W6 0I7 0W7");
+  EXPECT_EQ(order(zbv, 3),
+            "3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4I0 4W0 3F4 3I0 3W0 4F4 4I1 4W1 3F5 3I1 3W1 4F5 4I2 "
+            "4W2 3F6 3I2 3W2 4F6 4I3 4W3 3F7 3I3 3W3 4F7 4I4 4W4 3I4 4I5 3I5 4I6 3I6 4I7 3I7 3W4 "
+            "4W5 4W6 4W7 3W5 3W6 3W7");
   EXPECT_EQ(zbv.rank_of_stage, (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
 }
 
@@ -70,8 +75,8 @@ TEST(PipelineSchedule, SimulatedBubbleIsThePublishedFormula) {
           const PpSimulation sim = simulate_pp_schedule(s, costs);
           const double published = published_bubble_fraction(s, costs);
           EXPECT_NEAR(sim.bubble_fraction, published, 1e-12)
-              << pp_schedule_name(kind) << " p " << p << " m " << m << " v " << v << " F " << costs.forward
-              << " I " << costs.backward_input << " W " << costs.backward_weight;
+              << pp_schedule_name(kind) << " p " << p << " m " << m << " v " << v << " F " << costs.forward << " I "
+              << costs.backward_input << " W " << costs.backward_weight;
         }
       }
   // The closed forms themselves, for p 4, m 8, F = I = W = 1.
@@ -126,11 +131,13 @@ TEST(PipelineSchedule, EveryScheduleLowersWithoutDeadlock) {
               if (a == b) continue;
               std::vector<std::string> sends, recvs;
               for (const PpAction& x : with_comms.actions[static_cast<size_t>(a)])
-                if ((x.type == PpActionType::send_f && with_comms.rank_of_stage[static_cast<size_t>(x.stage + 1)] == b) ||
+                if ((x.type == PpActionType::send_f &&
+                     with_comms.rank_of_stage[static_cast<size_t>(x.stage + 1)] == b) ||
                     (x.type == PpActionType::send_b && with_comms.rank_of_stage[static_cast<size_t>(x.stage - 1)] == b))
                   sends.push_back(fmt::format("{}{}", x.type == PpActionType::send_f ? "F" : "B", x.microbatch));
               for (const PpAction& x : with_comms.actions[static_cast<size_t>(b)])
-                if ((x.type == PpActionType::recv_f && with_comms.rank_of_stage[static_cast<size_t>(x.stage - 1)] == a) ||
+                if ((x.type == PpActionType::recv_f &&
+                     with_comms.rank_of_stage[static_cast<size_t>(x.stage - 1)] == a) ||
                     (x.type == PpActionType::recv_b && with_comms.rank_of_stage[static_cast<size_t>(x.stage + 1)] == a))
                   recvs.push_back(fmt::format("{}{}", x.type == PpActionType::recv_f ? "F" : "B", x.microbatch));
               EXPECT_EQ(sends, recvs) << pp_schedule_name(kind) << " p " << p << " m " << m << " v " << v;
@@ -175,9 +182,13 @@ TEST(PipelineSchedule, BadRequestsNameTheKey) {
   // Rank 0 waits for 0B0's gradient before it sends 0F1; rank 1 takes
   // microbatch 1 first: each waits for the other.
   s = make_pp_schedule(PpScheduleKind::gpipe, 2, 2, 1);
-  s.actions[0] = {{0, PpActionType::forward, 0}, {0, PpActionType::backward, 0}, {0, PpActionType::forward, 1},
+  s.actions[0] = {{0, PpActionType::forward, 0},
+                  {0, PpActionType::backward, 0},
+                  {0, PpActionType::forward, 1},
                   {0, PpActionType::backward, 1}};
-  s.actions[1] = {{1, PpActionType::forward, 1}, {1, PpActionType::backward, 1}, {1, PpActionType::forward, 0},
+  s.actions[1] = {{1, PpActionType::forward, 1},
+                  {1, PpActionType::backward, 1},
+                  {1, PpActionType::forward, 0},
                   {1, PpActionType::backward, 0}};
   const std::string stuck = msg([&] { add_pp_communication(s); });
   EXPECT_TRUE(contains(stuck, "cannot proceed: rank 0 at 0B0, rank 1 at 1F1")) << stuck;
@@ -209,16 +220,20 @@ TEST(PipelineSchedule, FsdpActionsGatherOnceAndReduceAfterTheLastBackward) {
             "1UNSHARD 1RECV_F0 1F0 1RECV_F1 1B0 1SEND_B0 1F1 1RECV_F2 1B1 1SEND_B1 1F2 1B2 1SEND_B2 1REDUCE_GRAD "
             "1RESHARD");
   // Zero-bubble: the stage's gradients are complete after its last W, not its last I.
-  const PpSchedule zb = add_pp_fsdp_actions(add_pp_communication(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)));
+  const PpSchedule zb =
+      add_pp_fsdp_actions(add_pp_communication(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)));
   for (const auto& list : zb.actions) {
-    const auto reduce = std::find_if(list.begin(), list.end(),
-                                     [](const PpAction& a) { return a.type == PpActionType::reduce_grad; });
+    const auto reduce =
+        std::find_if(list.begin(), list.end(), [](const PpAction& a) { return a.type == PpActionType::reduce_grad; });
     ASSERT_NE(reduce, list.end());
     for (auto it = reduce + 1; it != list.end(); ++it) EXPECT_FALSE(is_compute(it->type)) << to_string(*it);
-    EXPECT_EQ(std::count_if(list.begin(), reduce, [](const PpAction& a) { return a.type == PpActionType::backward_weight; }), 4);
+    EXPECT_EQ(
+        std::count_if(list.begin(), reduce, [](const PpAction& a) { return a.type == PpActionType::backward_weight; }),
+        4);
   }
   validate_pp_schedule(zb);  // the compute actions are as they were
-  EXPECT_EQ(simulate_pp_schedule(zb).makespan, simulate_pp_schedule(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)).makespan);
+  EXPECT_EQ(simulate_pp_schedule(zb).makespan,
+            simulate_pp_schedule(make_pp_schedule(PpScheduleKind::zero_bubble, 2, 4, 1)).makespan);
 }
 
 // max_active_stages K: walking each rank's list, at most K of its stages
@@ -227,8 +242,8 @@ TEST(PipelineSchedule, FsdpActionsGatherOnceAndReduceAfterTheLastBackward) {
 // that is, nothing stays gathered at the end; the compute order is
 // untouched. K at or above the stages per rank is the plain list.
 TEST(PipelineSchedule, MaxActiveStagesBoundsTheGatheredStages) {
-  for (const auto& [kind, per_rank] : {std::pair{PpScheduleKind::interleaved_1f1b, 3}, {PpScheduleKind::zero_bubble, 4},
-                                       {PpScheduleKind::zbv, 2}})
+  for (const auto& [kind, per_rank] :
+       {std::pair{PpScheduleKind::interleaved_1f1b, 3}, {PpScheduleKind::zero_bubble, 4}, {PpScheduleKind::zbv, 2}})
     for (const int k : {1, 2, 3}) {
       const PpSchedule lowered = add_pp_communication(make_pp_schedule(kind, 2, 4, per_rank));
       const PpSchedule with = add_pp_fsdp_actions(lowered, k);
@@ -265,9 +280,12 @@ TEST(PipelineSchedule, MaxActiveStagesBoundsTheGatheredStages) {
 // read back is the same schedule (its stages' ranks, stages per rank and
 // microbatches read from the actions), and every action's text parses back.
 TEST(PipelineSchedule, CsvRoundTripsEverySchedule) {
-  for (const auto& [kind, per_rank] : {std::pair{PpScheduleKind::gpipe, 1}, {PpScheduleKind::one_f_one_b, 1},
-                                       {PpScheduleKind::interleaved_1f1b, 2}, {PpScheduleKind::zero_bubble, 1},
-                                       {PpScheduleKind::zero_bubble, 3}, {PpScheduleKind::zbv, 2}})
+  for (const auto& [kind, per_rank] : {std::pair{PpScheduleKind::gpipe, 1},
+                                       {PpScheduleKind::one_f_one_b, 1},
+                                       {PpScheduleKind::interleaved_1f1b, 2},
+                                       {PpScheduleKind::zero_bubble, 1},
+                                       {PpScheduleKind::zero_bubble, 3},
+                                       {PpScheduleKind::zbv, 2}})
     for (const int ranks : {1, 2, 4})
       for (const int m : {4, 8}) {
         const PpSchedule s = make_pp_schedule(kind, ranks, m, per_rank);

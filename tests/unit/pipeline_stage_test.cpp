@@ -2,6 +2,8 @@
 // step is cut into forward, input-gradient and weight-gradient programs, and
 // the pipeline's steps on ranks of the local backend against one rank
 // accumulating the same microbatches.
+#include "compile/pipeline_stage.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -14,7 +16,6 @@
 #include "graph/op_registry.h"
 #include "test_util.h"
 #include "train/pipeline_runner.h"
-#include "compile/pipeline_stage.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -71,9 +72,13 @@ TEST(PipelineSpans, TheEmbeddingAndTheHeadCountAsALayerEach) {
   EXPECT_EQ(describe(compile::pipeline_spans(m, 3, {})), "[E0-1][1-2][2-2H]");
   EXPECT_EQ(describe(compile::pipeline_spans(m, 2, {1, 3})), "[E0-0][0-2H]");
   EXPECT_EQ(describe(compile::pipeline_spans(m, 2, {3, 1})), "[E0-2][2-2H]");
-  EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 2, {2, 1}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         compile::pipeline_spans(m, 2, {2, 1});
+                       }),
                        "parallel.pp_layers_per_stage [2, 1] adds up to 3, but the model has 4 units"));
-  EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 2, {1, 1, 2}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         compile::pipeline_spans(m, 2, {1, 1, 2});
+                       }),
                        "parallel.pp_layers_per_stage lists 3 stages ([1, 1, 2]) but the pipeline has 2"));
   EXPECT_TRUE(contains(message_of([&] { compile::pipeline_spans(m, 5, {}); }), "fewer than the 5 pipeline stages"));
 }
@@ -151,7 +156,8 @@ TEST(PipelineRunner, EverySchedulesStepsAreOneRanksBitwise) {
       train::Trainer trainer(c, world.group(g.rank()));
       for (int s = 0; s < 3; ++s) {
         const train::StepMetrics m = trainer.step();
-        EXPECT_EQ(m.loss, expected[static_cast<size_t>(s)].loss) << parallel::pp_schedule_name(kind) << " step " << s + 1;
+        EXPECT_EQ(m.loss, expected[static_cast<size_t>(s)].loss)
+            << parallel::pp_schedule_name(kind) << " step " << s + 1;
         EXPECT_EQ(m.grad_norm, expected[static_cast<size_t>(s)].grad_norm) << parallel::pp_schedule_name(kind);
       }
       std::lock_guard lock(mu);

@@ -1,31 +1,30 @@
 // sched/: the pass pipeline (a pass tested on the text it leaves, invariants
 // checked between passes) and the static memory plan (computed without
 // allocating; sound; exactly what the executor then allocates).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "compile/train_step.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "graph/op_registry.h"
+#include "graph/ops/collective.h"
 #include "runtime/executor.h"
+#include "sched/estimate.h"
+#include "sched/memory_estimate.h"
 #include "sched/memory_plan.h"
 #include "sched/pass.h"
-#include "graph/ops/collective.h"
 #include "sched/passes/bucket_collectives.h"
 #include "sched/passes/dead_code.h"
 #include "sched/passes/prefetch_collectives.h"
 #include "sched/passes/sink_waits.h"
-#include "sched/memory_estimate.h"
 #include "sched/schedule.h"
-#include "sched/estimate.h"
 #include "sched/trace.h"
 #include "test_util.h"
-#include "compile/train_step.h"
 
 using namespace meshtrain;
 using namespace meshtrain::graph;
@@ -62,8 +61,9 @@ TEST(DeadCode, RemovesWhatNoOutputNeeds) {
 
 // A started collective of a lowered graph on mesh dims `dims`, waited on at once.
 static ValueId all_reduce_now(Graph& g, ValueId x, int64_t dim) {
-  const Attrs attrs{attr::shape({4}), attr::mesh_dims({dim}), attr::group({0, 1}), attr::layout_before("P(sum)"),
-                    attr::layout_after("R"), attr::global_shape({4}), attr::buffer_elements(0)};
+  const Attrs attrs{
+      attr::shape({4}),        attr::mesh_dims({dim}),  attr::group({0, 1}),     attr::layout_before("P(sum)"),
+      attr::layout_after("R"), attr::global_shape({4}), attr::buffer_elements(0)};
   const NodeId start = g.add_node("all_reduce", {x}, attrs);
   return g.only_output(g.add_node("wait", g.node(start).outputs));
 }
@@ -108,9 +108,10 @@ static void build_gathered_layers(GatheredLayers& l) {
   ValueId h = g.add_input("x", {2, d}, DType::bf16);
   for (int layer = 0; layer < 3; ++layer) {
     const ValueId shard = b.cast(g.add_parameter(fmt::format("w{}", layer), {d / 2, d}, DType::f32), DType::bf16);
-    const Attrs attrs{attr::shape({d, d}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("S(0)"),
-                      attr::layout_after("R"), attr::global_shape({d, d}), attr::buffer_elements(0),
-                      attr::comm_bytes(static_cast<double>(d * d * 2))};
+    const Attrs attrs{attr::shape({d, d}),      attr::mesh_dims({0}),
+                      attr::group({0, 1}),      attr::layout_before("S(0)"),
+                      attr::layout_after("R"),  attr::global_shape({d, d}),
+                      attr::buffer_elements(0), attr::comm_bytes(static_cast<double>(d * d * 2))};
     const NodeId start = g.add_node("all_gather", {shard}, attrs);
     std::vector<ValueId> wait_inputs = g.node(start).outputs;
     wait_inputs.push_back(shard);
@@ -120,7 +121,10 @@ static void build_gathered_layers(GatheredLayers& l) {
 }
 
 static sched::PrefetchOptions layer_costs(const Graph& g, double gather_us, double budget = 0) {
-  return {.node_us = [&g, gather_us](NodeId n) { return g.node(n).op->name == "matmul" ? 10.0 : g.node(n).op->name == "all_gather" ? gather_us : 0.0; },
+  return {.node_us =
+              [&g, gather_us](NodeId n) {
+                return g.node(n).op->name == "matmul" ? 10.0 : g.node(n).op->name == "all_gather" ? gather_us : 0.0;
+              },
           .schedule_of = [](const Graph& graph) { return sched::make_schedule(graph, graph.outputs()); },
           .memory_budget_bytes = budget};
 }
@@ -201,8 +205,8 @@ TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
   EXPECT_FALSE(pack.attrs.has("copy_members"));
   GatheredLayers copied;
   build_gathered_layers(copied);
-  EXPECT_TRUE(sched::bucket_collectives(copied.g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1,
-                                                   .member_views = false}));
+  EXPECT_TRUE(sched::bucket_collectives(copied.g,
+                                        {.mode = sched::BucketMode::per_block, .mesh_ndim = 1, .member_views = false}));
   int bucket_ops = 0;
   for (NodeId n : copied.g.order()) {
     const Node& node = copied.g.node(n);
@@ -233,8 +237,9 @@ TEST(BucketCollectives, PackAndUnpackLayMembersOneAfterAnother) {
   const ValueId a = g.add_input("a", {4}, DType::f32), b = g.add_input("b", {2, 3}, DType::f32);
   const ValueId packed = g.only_output(g.add_node("bucket_pack", {a, b}));
   EXPECT_EQ(g.value(packed).info.shape, Shape({1, 10}));
-  const NodeId unpack = g.add_node("bucket_unpack", {packed},
-                                   {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})}))});
+  const NodeId unpack =
+      g.add_node("bucket_unpack", {packed},
+                 {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2, 3})}))});
   g.add_output(packed);
   for (ValueId v : g.node(unpack).outputs) g.add_output(v);
   runtime::Executor ex(g, sched::make_schedule(g, g.outputs()), nullptr);
@@ -268,9 +273,9 @@ TEST(MemoryPlan, BucketMembersAreViewsOfTheBucket) {
                 z = g.add_input("z", {2}, DType::f32);
   const ValueId sx = b.silu(x), sy = b.silu(y);
   const ValueId packed = g.only_output(g.add_node("bucket_pack", {sx, z, sy}));
-  const NodeId unpack = g.add_node(
-      "bucket_unpack", {packed},
-      {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2}), Shape({2, 3})}))});
+  const NodeId unpack =
+      g.add_node("bucket_unpack", {packed},
+                 {attr::member_shapes(graph::ops::bucket_member_shapes_attr({Shape({4}), Shape({2}), Shape({2, 3})}))});
   for (ValueId v : g.node(unpack).outputs) g.add_output(v);
   const graph::Schedule schedule = sched::make_schedule(g, g.outputs());
   const graph::MemoryPlan& plan = schedule.memory;
@@ -291,14 +296,16 @@ TEST(MemoryPlan, BucketMembersAreViewsOfTheBucket) {
   EXPECT_EQ(memory.live_bytes[0], memory.input_bytes + 48);  // the bucket's range taken by the first member
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(g.value(packed).producer)), 8.0 / 48);  // z alone
   EXPECT_EQ(sched::bucket_copy_share(g, plan, g.node(unpack)), 0.0);
-  const sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10}, .world_size = 1};
+  const sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10},
+                                 .world_size = 1};
   const NodeId pack = g.value(packed).producer;
   EXPECT_DOUBLE_EQ(sched::planned_node_us(g, pack, device, plan), sched::node_us(g, pack, device) * 8 / 48);
   EXPECT_EQ(sched::planned_node_us(g, unpack, device, plan), 0.0);
   EXPECT_GT(sched::node_us(g, unpack, device), 0.0);
 
   runtime::Executor ex(g, schedule, nullptr);
-  Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32), zs = Tensor::empty({2}, DType::f32);
+  Tensor xs = Tensor::empty({4}, DType::f32), ys = Tensor::empty({2, 3}, DType::f32),
+         zs = Tensor::empty({2}, DType::f32);
   for (int i = 0; i < 4; ++i) xs.data<float>()[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i) - 1;
   for (int i = 0; i < 6; ++i) ys.data<float>()[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i);
   zs.data<float>()[0] = 7;
@@ -392,7 +399,8 @@ TEST(MemoryPlan, AdamwUpdatesItsStateInPlaceWhereNothingReadsItAfter) {
     EXPECT_EQ(schedule.memory.offsets.count(updated[1]), 0u);  // no arena bytes for an update made in place
     // The expected numbers: the same update computed into fresh outputs.
     auto bind_all = [&](runtime::Executor& ex, std::vector<Tensor>& state) {
-      const std::vector<std::vector<float>> values{{1, -2, 3, -4, 5}, {0.5f, 0.1f, -1, 2, 0}, {0.1f, 0, 0.2f, 0, 0.3f}, {1, 2, 3, 4, 5}};
+      const std::vector<std::vector<float>> values{
+          {1, -2, 3, -4, 5}, {0.5f, 0.1f, -1, 2, 0}, {0.1f, 0, 0.2f, 0, 0.3f}, {1, 2, 3, 4, 5}};
       const std::vector<ValueId> inputs{p, grad, m, v};
       state.clear();
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -443,18 +451,24 @@ TEST(Trace, ComputeAndCommunicationTracksFromTheSpans) {
   for (const auto& e : rank1)
     if (e["ph"] == "X") {
       EXPECT_EQ(e["pid"], 1);
-      compute.push_back(fmt::format("{}@{}+{}", e["name"].get<std::string>(), e["ts"].get<double>(), e["dur"].get<double>()));
+      compute.push_back(
+          fmt::format("{}@{}+{}", e["name"].get<std::string>(), e["ts"].get<double>(), e["dur"].get<double>()));
     }
   EXPECT_EQ(compute, (std::vector<std::string>{"silu@0+10", "all_reduce@10+10", "wait@20+10", "add@30+10"}));
   std::vector<std::string> communication;
   for (const auto& e : rank1)
     if (e["ph"] == "b" || e["ph"] == "e")
-      communication.push_back(fmt::format("{}{}@{}", e["ph"].get<std::string>(), e["name"].get<std::string>(), e["ts"].get<double>()));
-  EXPECT_EQ(communication, (std::vector<std::string>{"ball_reduce@10", "eall_reduce@30"}));  // in flight until its wait ended
-  const nlohmann::json doc = nlohmann::json::parse(sched::chrome_trace({sched::chrome_trace_events(g, spans, 0),
-                                                                         sched::chrome_trace_events(g, spans, 1)}));
+      communication.push_back(
+          fmt::format("{}{}@{}", e["ph"].get<std::string>(), e["name"].get<std::string>(), e["ts"].get<double>()));
+  EXPECT_EQ(communication,
+            (std::vector<std::string>{"ball_reduce@10", "eall_reduce@30"}));  // in flight until its wait ended
+  const nlohmann::json doc = nlohmann::json::parse(
+      sched::chrome_trace({sched::chrome_trace_events(g, spans, 0), sched::chrome_trace_events(g, spans, 1)}));
   EXPECT_EQ(doc["traceEvents"].size(), 2 * rank1.size());
-  EXPECT_TRUE(contains(message_of([&] { sched::chrome_trace_events(g, {{NodeId(99), 0, 1}}, 0); }), "node 99 is not in the graph"));
+  EXPECT_TRUE(contains(message_of([&] {
+                         sched::chrome_trace_events(g, {{NodeId(99), 0, 1}}, 0);
+                       }),
+                       "node 99 is not in the graph"));
 }
 
 // An executor tracing its run records every step that ran, views left out,
@@ -497,9 +511,9 @@ void build_reduce_beside_matmul(ReduceBesideMatmul& s) {
   Builder b(g);
   const ValueId x = g.add_input("x", {64, 64}, DType::f32);
   s.y = b.silu(x);
-  const Attrs attrs{attr::shape({64, 64}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("P(sum)"),
-                    attr::layout_after("R"), attr::global_shape({64, 64}), attr::buffer_elements(0),
-                    attr::comm_bytes(64.0 * 64 * 4)};
+  const Attrs attrs{attr::shape({64, 64}),         attr::mesh_dims({0}),           attr::group({0, 1}),
+                    attr::layout_before("P(sum)"), attr::layout_after("R"),        attr::global_shape({64, 64}),
+                    attr::buffer_elements(0),      attr::comm_bytes(64.0 * 64 * 4)};
   s.start = g.add_node("all_reduce", {s.y}, attrs);
   s.z = b.matmul(x, x, false, false);
   s.wait = g.add_node("wait", g.node(s.start).outputs);
@@ -517,8 +531,11 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
   const Graph& g = step.g;
   const ValueId y = step.y, z = step.z;
   const NodeId start = step.start, wait = step.wait;
-  sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
-                                        .compute_efficiency = 1, .memory_efficiency = 1},
+  sched::RankDevice device{.hardware = {.name = "test",
+                                        .peak_gflops_f32 = 100,
+                                        .memory_gbps = 10,
+                                        .compute_efficiency = 1,
+                                        .memory_efficiency = 1},
                            .world_size = 2};
   device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
   device.hardware.measured.tables[{comm::OpType::all_reduce, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
@@ -559,8 +576,12 @@ TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
   const ValueId y = step.y, z = step.z;
   const NodeId start = step.start;
   sched::KernelTimes times;  // no kernel measured: each costs its roofline
-  sched::RankDevice device{.hardware = {.name = "test", .peak_gflops_f32 = 100, .memory_gbps = 10,
-                                        .compute_efficiency = 1, .memory_efficiency = 1, .shared_host = true},
+  sched::RankDevice device{.hardware = {.name = "test",
+                                        .peak_gflops_f32 = 100,
+                                        .memory_gbps = 10,
+                                        .compute_efficiency = 1,
+                                        .memory_efficiency = 1,
+                                        .shared_host = true},
                            .world_size = 2,
                            .measured = &times};
   device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
@@ -701,7 +722,8 @@ TEST(MemoryPlan, ExecutorRejectsAScheduleThatDoesNotPlaceAValue) {
   const ValueId y = b.silu(g.add_input("x", {4}, DType::f32));
   Schedule schedule = sched::make_schedule(g, {y});
   schedule.memory.offsets.clear();
-  EXPECT_TRUE(contains(message_of([&] { runtime::Executor ex(g, schedule); }), "silu.0: f32(4) has no place in the memory plan"));
+  EXPECT_TRUE(contains(message_of([&] { runtime::Executor ex(g, schedule); }),
+                       "silu.0: f32(4) has no place in the memory plan"));
 }
 
 // What backward reads of a block's forward after checkpointing: under full,
@@ -714,8 +736,8 @@ TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
   using Matmuls = sched::SelectiveMatmuls;
   for (const auto& [mode, matmuls] : {std::pair{Mode::full, Matmuls::all}, std::pair{Mode::selective, Matmuls::all},
                                       std::pair{Mode::selective, Matmuls::every_other}}) {
-    SCOPED_TRACE(fmt::format("{}, {} matmuls", sched::activation_checkpoint_name(mode),
-                             sched::selective_matmuls_name(matmuls)));
+    SCOPED_TRACE(
+        fmt::format("{}, {} matmuls", sched::activation_checkpoint_name(mode), sched::selective_matmuls_name(matmuls)));
     StepGraph t;
     const size_t before = t.g.num_nodes();
     std::map<NodeId, int> matmul_index;  // a forward matmul's place among its block's, from 0
@@ -748,14 +770,15 @@ TEST(CheckpointActivations, BackwardReadsOnlyWhatTheBlockKeeps) {
         const Node& producer = t.g.node(p);
         bool read_outside = false;  // by a forward node of another block or outside the blocks
         for (NodeId u : t.g.users(in))
-          read_outside |= t.g.node(u).phase == Phase::forward && t.g.node(u).scope.substr(0, 8) != producer.scope.substr(0, 8);
-        const bool from_parameter = std::all_of(producer.inputs.begin(), producer.inputs.end(), [&](ValueId x) {
-          return t.g.value(x).kind == ValueKind::parameter;
-        });
+          read_outside |=
+              t.g.node(u).phase == Phase::forward && t.g.node(u).scope.substr(0, 8) != producer.scope.substr(0, 8);
+        const bool from_parameter = std::all_of(producer.inputs.begin(), producer.inputs.end(),
+                                                [&](ValueId x) { return t.g.value(x).kind == ValueKind::parameter; });
         const bool kept_by_selective =
             producer.op->name == "attention" ||
             (producer.op->name == "matmul" && (matmuls == Matmuls::all || matmul_index.at(p) % 2 == 0));
-        EXPECT_TRUE(read_outside || from_parameter || (mode == sched::ActivationCheckpoint::selective && kept_by_selective))
+        EXPECT_TRUE(read_outside || from_parameter ||
+                    (mode == sched::ActivationCheckpoint::selective && kept_by_selective))
             << "backward node " << n.index << " (" << node.op->name << ") reads " << t.g.describe_value(in) << " of "
             << producer.op->name << " in " << producer.scope;
       }
@@ -796,7 +819,8 @@ TEST(CheckpointActivations, EveryOtherMatmulIsRecomputedUnderSelective) {
         EXPECT_EQ(recomputed.count(nodes[i]), kept ? 0u : 1u) << block << " matmul " << i + 1;
         // A recomputed output, backward no longer reads.
         bool read_by_backward = false;
-        for (NodeId u : t.g.users(t.g.node(nodes[i]).outputs[0])) read_by_backward |= t.g.node(u).phase == Phase::backward;
+        for (NodeId u : t.g.users(t.g.node(nodes[i]).outputs[0]))
+          read_by_backward |= t.g.node(u).phase == Phase::backward;
         if (!kept) {
           EXPECT_FALSE(read_by_backward) << block << " matmul " << i + 1;
         }

@@ -6,8 +6,8 @@
 #include <map>
 #include <set>
 
-#include "sharding/planner.h"
 #include "sharding/local_chunk.h"
+#include "sharding/planner.h"
 #include "test_util.h"
 
 using namespace meshtrain;
@@ -80,7 +80,8 @@ TEST(DeviceMesh, RowMajorCoordinatesAndValidation) {
   // More ranks than an int counts: an error, not a wrapped count.
   EXPECT_TRUE(contains(message_of([] { DeviceMesh({65536, 65536}); }), "more than 16777216 ranks"));
   EXPECT_EQ(parse_mesh_shape("4,2"), (std::vector<int>{4, 2}));
-  EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("4,x"); }), "cannot read mesh shape '4,x': 'x' is not an integer"));
+  EXPECT_TRUE(
+      contains(message_of([] { parse_mesh_shape("4,x"); }), "cannot read mesh shape '4,x': 'x' is not an integer"));
   EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("99999999999"); }), "99999999999 ranks along a dim"));
   EXPECT_TRUE(contains(message_of([] { parse_mesh_shape("4,"); }), "'' is not an integer"));
 }
@@ -248,7 +249,8 @@ TEST(Planner, ReproducesPyTorchTraces) {
             "S(0)[0]S(0)[1]S(0)[2]->S(0)[0]S(0)[1]R->S(0)RR->S(1)RR->S(1)[0]S(1)[1]R->S(1)[0]S(1)[1]S(1)[2]");
   // Without the penalty (PyTorch after #178175) one all_to_all beats gather + chunk.
   Planner now = make_planner({2, 2, 2});
-  EXPECT_EQ(trace(now, shape, "S(0)[0]S(0)[1]R", "RS(1)S(0)", no_merge), "S(0)[0]S(0)[1]R->S(0)S(1)R->RS(1)R->RS(1)S(0)");
+  EXPECT_EQ(trace(now, shape, "S(0)[0]S(0)[1]R", "RS(1)S(0)", no_merge),
+            "S(0)[0]S(0)[1]R->S(0)S(1)R->RS(1)R->RS(1)S(0)");
 }
 
 // RedistributeTest.test_redistribute_shard_dim_multi_dim_mesh: collectives
@@ -256,8 +258,8 @@ TEST(Planner, ReproducesPyTorchTraces) {
 TEST(Planner, GreedyCollectiveCountsMatchPyTorch) {
   Planner p = make_planner({2, 2, 2}, 1.0);
   const std::vector<std::pair<std::string, std::string>> pairs{
-      {"S(0)S(0)S(0)", "S(1)S(1)S(1)"}, {"S(0)S(1)S(0)", "S(1)S(0)S(0)"}, {"S(0)S(1)S(2)", "S(2)S(1)S(0)"}, {"S(1)S(0)S(0)", "RS(0)S(0)"},
-      {"S(1)RS(0)", "RS(0)S(0)"},       {"S(0)S(0)S(1)", "S(0)S(1)S(2)"}};
+      {"S(0)S(0)S(0)", "S(1)S(1)S(1)"}, {"S(0)S(1)S(0)", "S(1)S(0)S(0)"}, {"S(0)S(1)S(2)", "S(2)S(1)S(0)"},
+      {"S(1)S(0)S(0)", "RS(0)S(0)"},    {"S(1)RS(0)", "RS(0)S(0)"},       {"S(0)S(0)S(1)", "S(0)S(1)S(2)"}};
   const std::vector<int> counts{3, 3, 2, 1, 2, 2};
   for (size_t i = 0; i < pairs.size(); ++i) {
     const auto plan = p.plan({8, 8, 8}, 4, Layout::parse(pairs[i].first, 3), Layout::parse(pairs[i].second, 3),
@@ -299,7 +301,8 @@ TEST(Planner, MergesAdjacentSameCollectivesOnlyWhenEven) {
   const auto merged = p.plan({8, 8}, 4, Layout::parse("S(0)S(0)S(0)", 3), Layout::parse("RRR", 3));
   ASSERT_EQ(merged->steps.size(), 1u);
   EXPECT_EQ(merged->steps[0].mesh_dims, (std::vector<int>{0, 1, 2}));
-  const auto unmerged = p.plan({8, 8}, 4, Layout::parse("S(0)S(0)S(0)", 3), Layout::parse("RRR", 3), {PlannerKind::dijkstra, false});
+  const auto unmerged =
+      p.plan({8, 8}, 4, Layout::parse("S(0)S(0)S(0)", 3), Layout::parse("RRR", 3), {PlannerKind::dijkstra, false});
   EXPECT_EQ(unmerged->steps.size(), 3u);
   EXPECT_LT(merged->total_cost_us, unmerged->total_cost_us);
   // 13 rows do not split evenly over 8: nested chunks differ from a flat split.

@@ -96,8 +96,10 @@ TEST(SpmdExecute, LossParallelNeverHoldsWholeVocabularyRows) {
         whole_rows += shape.rank() >= 2 && shape.dim(-1) == vocab;
       }
     }
-    if (loss_parallel) EXPECT_EQ(whole_rows, 0);
-    else EXPECT_GT(whole_rows, 0);  // the check can see them
+    if (loss_parallel)
+      EXPECT_EQ(whole_rows, 0);
+    else
+      EXPECT_GT(whole_rows, 0);  // the check can see them
   }
 }
 

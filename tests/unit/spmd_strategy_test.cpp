@@ -26,8 +26,8 @@ struct OpCase {
   std::string op;
   std::vector<ValueInfo> inputs;
   Attrs attrs;
-  int64_t id_bound = 2;           // i64 inputs (ids, step) are drawn from [1, id_bound)
-  std::vector<size_t> positive;   // inputs drawn from (0, 1) instead of (-1, 1)
+  int64_t id_bound = 2;          // i64 inputs (ids, step) are drawn from [1, id_bound)
+  std::vector<size_t> positive;  // inputs drawn from (0, 1) instead of (-1, 1)
 };
 
 Tensor random_like(const ValueInfo& v, std::mt19937& rng, bool positive = false, int64_t id_bound = 2) {
@@ -118,7 +118,8 @@ Tensor combine(const std::vector<Tensor>& parts, const Placement& p) {
     const int64_t len = t.shape()[d];
     for (int64_t o = 0; o < a.outer; ++o)
       for (int64_t k = 0; k < len; ++k)
-        for (int64_t i = 0; i < a.inner; ++i) out.set((o * a.dim + start + k) * a.inner + i, t.get((o * len + k) * a.inner + i));
+        for (int64_t i = 0; i < a.inner; ++i)
+          out.set((o * a.dim + start + k) * a.inner + i, t.get((o * len + k) * a.inner + i));
     start += len;
   }
   return out;
@@ -201,8 +202,9 @@ TEST(SpmdStrategies, ElementwiseOps) {
   checked += check_strategies({"cast", {{{5, 7}, DType::f32}}, {attr::dtype(f64)}}, 1e-6);  // widening: P kept
   checked += check_strategies({"cast", {x}, {attr::dtype(DType::f32)}}, 1e-6);
   checked += check_strategies({"sqrt", {x}, {}, 2, {0}}, 1e-13);
-  checked += check_strategies({"full", {}, {attr::shape({5, 7}), attr::dtype(f64), attr::value(0.5)}}, 0);  // S(0), S(1), R
-  checked += check_strategies({"broadcast_scalar", {{{}, f64}}, {attr::shape({5, 7})}}, 0);  // S(0), S(1), P, R
+  checked +=
+      check_strategies({"full", {}, {attr::shape({5, 7}), attr::dtype(f64), attr::value(0.5)}}, 0);  // S(0), S(1), R
+  checked += check_strategies({"broadcast_scalar", {{{}, f64}}, {attr::shape({5, 7})}}, 0);          // S(0), S(1), P, R
   // S(0), S(1) and R for each; add + P.P; mul + P.R, R.P; scale, scale_by and
   // the widening cast + P; each on 2 and 3 ranks.
   EXPECT_EQ(checked, 2 * (4 + 5 + 4 * 3 + 4 + 4 + 4 + 3 + 3 + 3 + 4));
@@ -239,29 +241,33 @@ TEST(SpmdStrategies, OpsWithoutARuleRunReplicated) {
   for (const char* op : {"full", "broadcast_scalar", "clip_coefficient", "sum_squares", "count_valid"})
     EXPECT_TRUE(spmd::has_strategy_rule(op)) << op;
   EXPECT_TRUE(spmd::has_strategy_rule("matmul"));
-  EXPECT_TRUE(mtest::contains(mtest::message_of([] { spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
-                                return std::vector<spmd::DimStrategy>{};
-                              }); }),
+  EXPECT_TRUE(mtest::contains(mtest::message_of([] {
+                                spmd::register_strategy_rule("matmul", [](const spmd::StrategyQuery&) {
+                                  return std::vector<spmd::DimStrategy>{};
+                                });
+                              }),
                               "op 'matmul' already has a strategy rule"));
 }
 
 TEST(SpmdStrategies, ReductionAndRowOps) {
   const ValueInfo x{{5, 7}, f64}, x3{{5, 3, 7}, f64}, w{{7}, f64};
-  int checked = check_strategies({"sum", {x}, {}}, 1e-13);                       // S(0), S(1), P, R
-  checked += check_strategies({"sum_squares", {x}, {}}, 1e-13);                 // S(0), S(1), R
-  checked += check_strategies({"mean", {{{6, 7}, f64}}, {}}, 1e-13);  // S(0) even on 2 and 3, S(1) on neither, P, R
-  checked += check_strategies({"softmax", {x}, {}}, 1e-13);                     // S(0), R
-  checked += check_strategies({"softmax_backward", {x, x}, {}}, 1e-13);         // S(0), R
-  checked += check_strategies({"rms_norm", {x3, w}, {attr::eps(1e-5)}}, 1e-13);  // S(0), S(1), R
+  int checked = check_strategies({"sum", {x}, {}}, 1e-13);               // S(0), S(1), P, R
+  checked += check_strategies({"sum_squares", {x}, {}}, 1e-13);          // S(0), S(1), R
+  checked += check_strategies({"mean", {{{6, 7}, f64}}, {}}, 1e-13);     // S(0) even on 2 and 3, S(1) on neither, P, R
+  checked += check_strategies({"softmax", {x}, {}}, 1e-13);              // S(0), R
+  checked += check_strategies({"softmax_backward", {x, x}, {}}, 1e-13);  // S(0), R
+  checked += check_strategies({"rms_norm", {x3, w}, {attr::eps(1e-5)}}, 1e-13);               // S(0), S(1), R
   checked += check_strategies({"rms_norm_backward", {x3, w, x3}, {attr::eps(1e-5)}}, 1e-12);  // S(0), S(1), R
   EXPECT_EQ(checked, 2 * (4 + 3 + 3 + 2 + 2 + 3 + 3));
 }
 
 TEST(SpmdStrategies, ShapeOps) {
-  int checked = check_strategies({"transpose", {{{5, 7, 3}, f64}}, {attr::dim0(0), attr::dim1(2)}}, 1e-14);  // 3 S, P, R
-  checked += check_strategies({"slice", {{{5, 7}, f64}}, {attr::dim(1), attr::start(2), attr::length(3)}}, 1e-14);  // S(0), P, R
-  checked += check_strategies(
-      {"slice_backward", {{{5, 3}, f64}}, {attr::dim(1), attr::start(2), attr::full_size(7)}}, 1e-14);  // S(0), P, R
+  int checked =
+      check_strategies({"transpose", {{{5, 7, 3}, f64}}, {attr::dim0(0), attr::dim1(2)}}, 1e-14);  // 3 S, P, R
+  checked += check_strategies({"slice", {{{5, 7}, f64}}, {attr::dim(1), attr::start(2), attr::length(3)}},
+                              1e-14);  // S(0), P, R
+  checked += check_strategies({"slice_backward", {{{5, 3}, f64}}, {attr::dim(1), attr::start(2), attr::full_size(7)}},
+                              1e-14);                                                              // S(0), P, R
   checked += check_strategies({"concat", {{{5, 3}, f64}, {{5, 4}, f64}}, {attr::dim(1)}}, 1e-14);  // S(0), P, R
   EXPECT_EQ(checked, 2 * (5 + 3 + 3 + 3));
 }
@@ -271,11 +277,11 @@ TEST(SpmdStrategies, Reshape) {
     return check_strategies({"reshape", {{from, f64}}, {attr::shape(to.dims())}}, 1e-14);
   };
   // Strategies checked, over 2 and 3 ranks; P and R always (4).
-  EXPECT_EQ(reshape({6, 4, 5}, {24, 5}), 2 + 2 + 4);      // 6 merges into 24 (6 splits evenly over 2 and 3); 5 stays
-  EXPECT_EQ(reshape({24, 5}, {6, 4, 5}), 2 + 2 + 4);      // 24 splits into 6 x 4 (6 even over 2 and 3); 5 stays
+  EXPECT_EQ(reshape({6, 4, 5}, {24, 5}), 2 + 2 + 4);  // 6 merges into 24 (6 splits evenly over 2 and 3); 5 stays
+  EXPECT_EQ(reshape({24, 5}, {6, 4, 5}), 2 + 2 + 4);  // 24 splits into 6 x 4 (6 even over 2 and 3); 5 stays
   EXPECT_EQ(reshape({3, 5, 8}, {3, 5, 2, 4}), 2 + 2 + 1 + 4);  // 3, 5 stay; 8 splits into 2 x 4: even over 2 only
-  EXPECT_EQ(reshape({4, 6}, {2, 12}), 1 + 4);              // 4 splits into 2 x 2: even over 2 only; 6 is cut
-  EXPECT_EQ(reshape({2, 6}, {4, 3}), 1 + 4);               // 2 merges with part of 6 into 4: even over 2 only
+  EXPECT_EQ(reshape({4, 6}, {2, 12}), 1 + 4);                  // 4 splits into 2 x 2: even over 2 only; 6 is cut
+  EXPECT_EQ(reshape({2, 6}, {4, 3}), 1 + 4);                   // 2 merges with part of 6 into 4: even over 2 only
 }
 
 TEST(SpmdStrategies, Embedding) {
@@ -293,7 +299,8 @@ TEST(SpmdStrategies, Loss) {
   const Attrs ignore{attr::ignore_index(1)};
   int checked = check_strategies({"count_valid", {targets}, ignore, 7}, 0);  // S(0), S(1), R
   // Any positive count: it is the divisor every rank is given.
-  checked += check_strategies({"cross_entropy", {logits, targets, count}, ignore, 7, {2}}, 1e-13);  // rows S(0), S(1); R
+  checked +=
+      check_strategies({"cross_entropy", {logits, targets, count}, ignore, 7, {2}}, 1e-13);  // rows S(0), S(1); R
   checked += check_strategies({"cross_entropy_backward", {logits, targets, dloss, count}, ignore, 7, {3}}, 1e-13);
   EXPECT_EQ(checked, 2 * (3 + 3 + 3));
 }
@@ -302,21 +309,22 @@ TEST(SpmdStrategies, SplitLoss) {
   // Logits of 11 vocabulary entries: split over 2 and 3 ranks unevenly.
   const ValueInfo logits{{5, 3, 11}, f64}, rows{{5, 3}, f64}, targets{{5, 3}, DType::i64}, count{{}, f64};
   const Attrs ignore{attr::ignore_index(1)};
-  int checked = check_strategies({"row_max", {logits}, {}}, 0);           // rows S(0), S(1); P(max); R
-  checked += check_strategies({"sum_exp", {logits, rows}, {}}, 1e-13);  // rows; vocab P; R
+  int checked = check_strategies({"row_max", {logits}, {}}, 0);             // rows S(0), S(1); P(max); R
+  checked += check_strategies({"sum_exp", {logits, rows}, {}}, 1e-13);      // rows; vocab P; R
   checked += check_strategies({"pick", {logits, targets}, ignore, 11}, 0);  // rows; vocab P; R
   // rows (P); the unread logits split by vocabulary (R); R
   checked += check_strategies({"nll_mean", {logits, rows, rows, rows, targets, count}, ignore, 11, {1, 5}}, 1e-13);
   // rows; vocab (the target's gradient where its part lies); R
-  checked += check_strategies({"split_loss_backward", {logits, targets, rows, rows, count, count}, ignore, 11, {3, 5}},
-                              1e-13);
+  checked +=
+      check_strategies({"split_loss_backward", {logits, targets, rows, rows, count, count}, ignore, 11, {3, 5}}, 1e-13);
   EXPECT_EQ(checked, 2 * (4 + 4 + 4 + 4 + 4));
 }
 
 TEST(SpmdStrategies, RopeAndAttention) {
   const ValueInfo q{{3, 5, 12, 4}, f64}, kv{{3, 5, 6, 4}, f64}, lse{{3, 12, 5}, f64};
-  int checked = check_strategies({"rope", {q}, {attr::theta(10000.0), attr::inverse(false)}}, 1e-13);  // S(0), S(2), P, R
-  checked += check_strategies({"attention", {q, kv, kv}, {attr::scale(0.5)}}, 1e-13);  // batch, heads, R
+  int checked =
+      check_strategies({"rope", {q}, {attr::theta(10000.0), attr::inverse(false)}}, 1e-13);  // S(0), S(2), P, R
+  checked += check_strategies({"attention", {q, kv, kv}, {attr::scale(0.5)}}, 1e-13);        // batch, heads, R
   checked += check_strategies({"attention_backward", {q, kv, kv, q, lse, q}, {attr::scale(0.5)}}, 1e-12);
   EXPECT_EQ(checked, 2 * (4 + 3 + 3));
   // Three kv heads do not split over two ranks: the heads strategy is skipped there, on three it holds.
@@ -330,6 +338,6 @@ TEST(SpmdStrategies, AdamW) {
                  {p, p, p, p, {{}, f64}, {{}, DType::i64}},
                  {attr::beta1(0.9), attr::beta2(0.95), attr::eps(1e-8), attr::weight_decay(0.1)},
                  5,
-                 {3, 4}};  // v and lr positive
+                 {3, 4}};                        // v and lr positive
   EXPECT_EQ(check_strategies(c, 1e-13), 2 * 3);  // S(0), S(1), R
 }

@@ -1,3 +1,5 @@
+#include "core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -5,7 +7,6 @@
 
 #include "core/allocator.h"
 #include "core/file_io.h"
-#include "core/tensor.h"
 #include "test_util.h"
 
 using namespace meshtrain;

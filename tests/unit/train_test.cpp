@@ -7,13 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "comm/local_backend.h"
 #include "test_util.h"
-#include "checkpoint/safetensors.h"
-#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -32,13 +31,18 @@ std::string scratch(const std::string& name) {
 
 // The reference's settings, applied through the config keys the CLI uses.
 config::TrainConfig parity_config(const nlohmann::json& ref, const std::string& case_name) {
-  static const std::map<std::string, std::string> train_keys = {
-      {"seq_len", "data.seq_len"},           {"batch_size", "data.batch_size"},
-      {"lr", "optimizer.lr"},                {"beta1", "optimizer.beta1"},
-      {"beta2", "optimizer.beta2"},          {"eps", "optimizer.eps"},
-      {"weight_decay", "optimizer.weight_decay"}, {"warmup_steps", "lr_scheduler.warmup_steps"},
-      {"decay", "lr_scheduler.decay"},       {"min_lr_ratio", "lr_scheduler.min_lr_ratio"},
-      {"max_grad_norm", "training.max_grad_norm"}, {"steps", "training.steps"}};
+  static const std::map<std::string, std::string> train_keys = {{"seq_len", "data.seq_len"},
+                                                                {"batch_size", "data.batch_size"},
+                                                                {"lr", "optimizer.lr"},
+                                                                {"beta1", "optimizer.beta1"},
+                                                                {"beta2", "optimizer.beta2"},
+                                                                {"eps", "optimizer.eps"},
+                                                                {"weight_decay", "optimizer.weight_decay"},
+                                                                {"warmup_steps", "lr_scheduler.warmup_steps"},
+                                                                {"decay", "lr_scheduler.decay"},
+                                                                {"min_lr_ratio", "lr_scheduler.min_lr_ratio"},
+                                                                {"max_grad_norm", "training.max_grad_norm"},
+                                                                {"steps", "training.steps"}};
   auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
   config::TrainConfig c;
   for (const auto& [key, value] : ref.at("model").items()) config::apply_override(c, "model." + key, text(value));
@@ -50,8 +54,7 @@ config::TrainConfig parity_config(const nlohmann::json& ref, const std::string& 
 
 // Every step against the PyTorch reference; `world` lays the step out on
 // several ranks (null: one rank). Only rank 0 prints.
-void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nullptr,
-                  const std::string& layout = "") {
+void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nullptr, const std::string& layout = "") {
   std::ifstream in(kRoot + "/data/parity/" + case_name + ".json");
   ASSERT_TRUE(in.good()) << "missing reference " << case_name;
   const auto ref = nlohmann::json::parse(in);
@@ -140,8 +143,10 @@ TEST(TrainErrors, LlmcShardBatchesAndWrap) {
   train::TokenLoader loader(dir + "/ok.bin", 2, 2);
   Tensor in = Tensor::empty({2, 2}, DType::i64), out = Tensor::empty({2, 2}, DType::i64);
   loader.next(in, out);
-  EXPECT_EQ(std::vector<int64_t>(in.data<int64_t>().begin(), in.data<int64_t>().end()), (std::vector<int64_t>{0, 1, 2, 3}));
-  EXPECT_EQ(std::vector<int64_t>(out.data<int64_t>().begin(), out.data<int64_t>().end()), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(std::vector<int64_t>(in.data<int64_t>().begin(), in.data<int64_t>().end()),
+            (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(std::vector<int64_t>(out.data<int64_t>().begin(), out.data<int64_t>().end()),
+            (std::vector<int64_t>{1, 2, 3, 4}));
   loader.next(in, out);  // tokens 4..8; the next batch would need up to 13 > 11: wrap
   EXPECT_EQ(in.data<int64_t>()[0], 4);
   loader.next(in, out);
@@ -158,7 +163,8 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
   missing.erase("model.layers.1.mlp.up_proj.weight");
   checkpoint::save_safetensors(dir + "/missing.safetensors", missing);
   config.checkpoint.init_from = dir + "/missing.safetensors";
-  EXPECT_TRUE(contains(message_of([&] { train::Trainer t(config); }), "tensor 'model.layers.1.mlp.up_proj.weight' is missing"));
+  EXPECT_TRUE(
+      contains(message_of([&] { train::Trainer t(config); }), "tensor 'model.layers.1.mlp.up_proj.weight' is missing"));
   auto wrong = weights;
   wrong["model.norm.weight"] = Tensor::zeros({63}, DType::f32);
   checkpoint::save_safetensors(dir + "/wrong.safetensors", wrong);
@@ -176,7 +182,8 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
     std::ofstream f(dir + "/junk.safetensors", std::ios::binary);
     f << "not a safetensors file";
   }
-  EXPECT_TRUE(contains(message_of([&] { checkpoint::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
+  EXPECT_TRUE(
+      contains(message_of([&] { checkpoint::load_safetensors(dir + "/junk.safetensors"); }), "not a safetensors file"));
   // Headers that lie: two tensors on the same bytes, an end past the file
   // (an offset near 2^64 must not wrap around), an impossible shape.
   const auto write_with_header = [&](const std::string& name, const std::string& header, size_t data_bytes) {
@@ -186,39 +193,52 @@ TEST(TrainErrors, SafetensorsMissingTensorAndWrongShape) {
     f << header << std::string(data_bytes, '\0');
     return dir + "/" + name;
   };
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        checkpoint::load_safetensors(write_with_header(
+            "overlap.safetensors",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12));
+      }),
+      "tensors 'a' and 'b' overlap (data bytes 0..8 and 4..12)"));
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        checkpoint::load_safetensors(write_with_header(
+            "wrap.safetensors",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551615]}})", 8));
+      }),
+      "'data_offsets' element must be an integer from 0 to 9223372036854775807, got 18446744073709551608"));
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        checkpoint::load_safetensors(write_with_header(
+            "far.safetensors",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[9223372036854775799,9223372036854775807]}})", 8));
+      }),
+      "tensor 'a' ends at byte 9223372036854775807 of the data but the file holds 8 bytes of data"));
   EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("overlap.safetensors",
-        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
-  }), "tensors 'a' and 'b' overlap (data bytes 0..8 and 4..12)"));
+                         checkpoint::load_safetensors(write_with_header(
+                             "shape.safetensors", R"({"a":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,8]}})", 8));
+                       }),
+                       "tensor 'a' has a malformed header entry: 'shape' element must be an integer from 0 to"));
   EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("wrap.safetensors",
-        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551615]}})", 8));
-  }), "'data_offsets' element must be an integer from 0 to 9223372036854775807, got 18446744073709551608"));
+                         checkpoint::load_safetensors(write_with_header(
+                             "float.safetensors", R"({"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}})", 8));
+                       }),
+                       "'shape' element must be an integer from 0 to 72057594037927936, got 1e+30"));
   EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("far.safetensors",
-        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[9223372036854775799,9223372036854775807]}})", 8));
-  }), "tensor 'a' ends at byte 9223372036854775807 of the data but the file holds 8 bytes of data"));
-  EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("shape.safetensors",
-        R"({"a":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,8]}})", 8));
-  }), "tensor 'a' has a malformed header entry: 'shape' element must be an integer from 0 to"));
-  EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("float.safetensors",
-        R"({"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}})", 8));
-  }), "'shape' element must be an integer from 0 to 72057594037927936, got 1e+30"));
-  EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("huge.safetensors",
-        R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8));
-  }), "tensor 'a' has an impossible shape"));
-  EXPECT_TRUE(contains(message_of([&] {
-    checkpoint::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0));
-  }), "the header is not a JSON object of tensors"));
+                         checkpoint::load_safetensors(write_with_header(
+                             "huge.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8));
+                       }),
+                       "tensor 'a' has an impossible shape"));
+  EXPECT_TRUE(
+      contains(message_of([&] { checkpoint::load_safetensors(write_with_header("list.safetensors", "[1,2]", 0)); }),
+               "the header is not a JSON object of tensors"));
   // Round trip.
   checkpoint::save_safetensors(dir + "/copy.safetensors", weights);
   const auto back = checkpoint::load_safetensors(dir + "/copy.safetensors");
   ASSERT_EQ(back.size(), weights.size());
-  for (const auto& [name, t] : weights)
-    EXPECT_EQ(std::memcmp(back.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+  for (const auto& [name, t] : weights) EXPECT_EQ(std::memcmp(back.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
   std::filesystem::remove_all(dir);
 }
 
@@ -229,28 +249,46 @@ TEST(TrainErrors, ConfigKeysAndValues) {
     std::ofstream f(path);
     f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n[optimizer]\nlearning_rate = 1.0\n";
   }
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {}); }), "unknown config key 'optimizer.learning_rate'"));
+  EXPECT_TRUE(
+      contains(message_of([&] { config::load_config(path, {}); }), "unknown config key 'optimizer.learning_rate'"));
   {
     std::ofstream f(path);
     f << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 4\n[data]\npath = \"x.txt\"\n";
   }
   EXPECT_EQ(config::load_config(path, {{"model.dim", "128"}}).model.dim, 128);
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"model.dim", "big"}}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         config::load_config(path, {{"model.dim", "big"}});
+                       }),
                        "config key model.dim: 'big' is not an integer"));
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"lr_scheduler.decay", "step"}}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         config::load_config(path, {{"lr_scheduler.decay", "step"}});
+                       }),
                        "'step' is not one of none, linear, cosine"));
   EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"optimizer.beta1", "1.5"}}); }), "in [0, 1)"));
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"model.n_heads", "3"}}); }), "divisible by n_heads 3"));
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"data.batch", "3"}}); }), "unknown config key 'data.batch'"));
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"activation_checkpoint.selective_matmuls", "every_other"}}); }),
-                       "activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode selective, not none"));
-  EXPECT_EQ(config::load_config(path, {{"activation_checkpoint.mode", "selective"}, {"activation_checkpoint.selective_matmuls", "every_other"}})
-                .activation_checkpoint.selective_matmuls, sched::SelectiveMatmuls::every_other);
+  EXPECT_TRUE(contains(message_of([&] {
+                         config::load_config(path, {{"model.n_heads", "3"}});
+                       }),
+                       "divisible by n_heads 3"));
+  EXPECT_TRUE(contains(message_of([&] {
+                         config::load_config(path, {{"data.batch", "3"}});
+                       }),
+                       "unknown config key 'data.batch'"));
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        config::load_config(path, {{"activation_checkpoint.selective_matmuls", "every_other"}});
+      }),
+      "activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode selective, not none"));
+  EXPECT_EQ(config::load_config(path, {{"activation_checkpoint.mode", "selective"},
+                                       {"activation_checkpoint.selective_matmuls", "every_other"}})
+                .activation_checkpoint.selective_matmuls,
+            sched::SelectiveMatmuls::every_other);
   const auto bf16 = config::load_config(path, {{"training.dtype", "bfloat16"}, {"optimizer.state_dtype", "bfloat16"}});
   EXPECT_EQ(bf16.training.dtype, DType::bf16);
   EXPECT_EQ(bf16.optimizer.state_dtype, DType::bf16);
   EXPECT_EQ(config::load_config(path, {}).training.dtype, DType::f32);
-  EXPECT_TRUE(contains(message_of([&] { config::load_config(path, {{"optimizer.state_dtype", "float16"}}); }),
+  EXPECT_TRUE(contains(message_of([&] {
+                         config::load_config(path, {{"optimizer.state_dtype", "float16"}});
+                       }),
                        "config key optimizer.state_dtype: 'float16' is not one of float32, bfloat16"));
   EXPECT_TRUE(contains(message_of([&] { config::load_config(dir + "/none.toml", {}); }), "none.toml: does not exist"));
   EXPECT_TRUE(contains(message_of([&] { config::load_config(dir, {}); }), "is not a file"));
@@ -328,7 +366,8 @@ TEST(TrainErrors, SkipNonFiniteGoesOnWithoutTheUpdate) {
     train::Trainer t(stopping);
     for (int64_t s = 1; s <= c.training.steps && first_bad == 0; ++s) {
       good.clear();
-      for (const auto& [name, p] : t.parameters()) good[name].assign(p.data<const float>().begin(), p.data<const float>().end());
+      for (const auto& [name, p] : t.parameters())
+        good[name].assign(p.data<const float>().begin(), p.data<const float>().end());
       try {
         t.step();
       } catch (const train::NonFiniteStep& e) {

@@ -39,7 +39,8 @@ void add_attention_ops(std::vector<OpDef>& ops) {
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             // The rotation's transpose is the rotation by the opposite angle.
-            return std::vector<ValueId>{b.op("rope", {g[0]}, {attr::theta(n.attrs.get(attr::theta)), attr::inverse(!n.attrs.get(attr::inverse))})};
+            return std::vector<ValueId>{b.op(
+                "rope", {g[0]}, {attr::theta(n.attrs.get(attr::theta)), attr::inverse(!n.attrs.get(attr::inverse))})};
           },
       .flops = elementwise_flops(3),
   });
@@ -66,7 +67,10 @@ void add_attention_ops(std::vector<OpDef>& ops) {
   ops.push_back({
       .name = "attention_backward",
       .num_inputs = 6,
-      .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0], in[1], in[2]}; },
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            return ValueInfos{in[0], in[1], in[2]};
+          },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return attention_flops(in[0].shape, 2); },
   });
 }

@@ -19,10 +19,11 @@
 // attribute): it keeps each member whole on the side that holds every
 // rank's block, so neither op ever cuts a member into pieces.
 #include "graph/ops/collective.h"
-#include "graph/ops/families.h"
-#include "graph/ops/op_support.h"
 
 #include <fmt/ranges.h>
+
+#include "graph/ops/families.h"
+#include "graph/ops/op_support.h"
 
 namespace meshtrain::graph::ops {
 
@@ -42,8 +43,10 @@ void read_collective_attrs(const Attrs& at) {
 void check_member_blocks(const std::string& op, const Attrs& at, int64_t own_side) {
   const std::vector<int64_t> blocks = at.get_or(attr::member_blocks, {});
   if (blocks.empty()) return;
-  MT_CHECK(op == "all_gather" || op == "reduce_scatter", "{}: member_blocks are for a coalesced all_gather or "
-           "reduce_scatter", op);
+  MT_CHECK(op == "all_gather" || op == "reduce_scatter",
+           "{}: member_blocks are for a coalesced all_gather or "
+           "reduce_scatter",
+           op);
   int64_t total = 0;
   for (int64_t b : blocks) {
     MT_CHECK(b >= 0, "{}: a member block of {} elements", op, b);
@@ -93,7 +96,8 @@ void add_collective_ops(std::vector<OpDef>& ops) {
             },
         .is_collective = true,
         .starts_async = true,
-        .in_place = name == "all_reduce" ? std::vector<OpDef::InPlace>{{0, 0}} : std::vector<OpDef::InPlace>{},  // reduced in place where its input dies
+        .in_place = name == "all_reduce" ? std::vector<OpDef::InPlace>{{0, 0}}
+                                         : std::vector<OpDef::InPlace>{},  // reduced in place where its input dies
     });
   ops.push_back({
       .name = "shard_locally",

@@ -44,7 +44,10 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             check_same(in[0], in[1]);
             return ValueInfos{in[0]};
           },
-      .backward = [](Builder&, const Node&, const std::vector<ValueId>& g) { return std::vector<ValueId>{g[0], g[0]}; },
+      .backward =
+          [](Builder&, const Node&, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{g[0], g[0]};
+          },
       .flops = elementwise_flops(1),
   });
 
@@ -99,7 +102,8 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             MT_CHECK(in[0].shape.numel() == 1, "input must hold one element, has shape {}", in[0].shape.to_string());
             return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}};
           },
-      .backward = [](Builder& b, const Node&, const std::vector<ValueId>& g) { return std::vector<ValueId>{b.sum(g[0])}; },
+      .backward = [](Builder& b, const Node&,
+                     const std::vector<ValueId>& g) { return std::vector<ValueId>{b.sum(g[0])}; },
   });
 
   ops.push_back({
@@ -144,16 +148,17 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             check_same(in[0], in[1]);
             return ValueInfos{in[0]};
           },
-      .backward =
-          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
-            return b.swiglu_backward(n.inputs[0], n.inputs[1], g[0]);
-          },
+      .backward = [](Builder& b, const Node& n,
+                     const std::vector<ValueId>& g) { return b.swiglu_backward(n.inputs[0], n.inputs[1], g[0]); },
       .flops = elementwise_flops(5),
   });
   ops.push_back({
       .name = "swiglu_backward",
       .num_inputs = 3,
-      .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0], in[1]}; },
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            return ValueInfos{in[0], in[1]};
+          },
       .flops = elementwise_flops(9),
   });
 }

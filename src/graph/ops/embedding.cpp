@@ -22,9 +22,11 @@ void add_embedding_ops(std::vector<OpDef>& ops) {
             const int64_t vocab = b.graph().value(n.inputs[0]).info.shape.dim(0);
             return std::vector<ValueId>{b.embedding_backward(n.inputs[1], g[0], vocab), ValueId{}};
           },
-      .bytes = [](const ValueInfos& in, const ValueInfos& out, const Attrs&) {  // the ids and the rows gathered, not the table
-        return bytes_of(in[1]) + 2 * bytes_of(out[0]);
-      },
+      .bytes =
+          [](const ValueInfos& in, const ValueInfos& out,
+             const Attrs&) {  // the ids and the rows gathered, not the table
+            return bytes_of(in[1]) + 2 * bytes_of(out[0]);
+          },
   });
   ops.push_back({
       .name = "embedding_backward",

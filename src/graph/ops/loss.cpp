@@ -36,7 +36,8 @@ void check_count(const ValueInfo& count) {
 
 void add_split_loss_ops(std::vector<OpDef>& ops) {
   ops.push_back({
-      .name = "row_max",  // x [..., V] -> [...]: the largest of each row (not differentiated: nll_mean's gradient is the logits')
+      .name = "row_max",  // x [..., V] -> [...]: the largest of each row (not differentiated: nll_mean's gradient is
+                          // the logits')
       .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{rows_info(in[0], "row_max input")}; },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]); },
   });

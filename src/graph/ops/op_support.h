@@ -9,8 +9,8 @@
 namespace meshtrain::graph::ops {
 
 inline void check_float(const ValueInfo& v, const char* what) {
-  MT_CHECK(v.dtype == DType::f32 || v.dtype == DType::f64 || v.dtype == DType::bf16, "{} must be f32, f64 or bf16, got {}",
-           what, dtype_name(v.dtype));
+  MT_CHECK(v.dtype == DType::f32 || v.dtype == DType::f64 || v.dtype == DType::bf16,
+           "{} must be f32, f64 or bf16, got {}", what, dtype_name(v.dtype));
 }
 
 inline void check_same(const ValueInfo& a, const ValueInfo& b) {

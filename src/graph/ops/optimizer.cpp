@@ -23,12 +23,14 @@ void add_optimizer_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             MT_CHECK(in.size() == 6 || in.size() == 7,
-                     "adamw takes param, grad, m, v, lr, step and optionally apply_if_finite; got {} inputs", in.size());
+                     "adamw takes param, grad, m, v, lr, step and optionally apply_if_finite; got {} inputs",
+                     in.size());
             check_float(in[0], "adamw param");
             check_same(in[0], in[1]);
             // Moments: the param's dtype, or bf16 for f32 params (f32 math either way).
-            MT_CHECK(in[2].shape == in[0].shape && in[3] == in[2], "moments must have the param's shape {}, got {} and {}",
-                     in[0].shape.to_string(), in[2].shape.to_string(), in[3].shape.to_string());
+            MT_CHECK(in[2].shape == in[0].shape && in[3] == in[2],
+                     "moments must have the param's shape {}, got {} and {}", in[0].shape.to_string(),
+                     in[2].shape.to_string(), in[3].shape.to_string());
             MT_CHECK(in[2].dtype == in[0].dtype || (in[0].dtype == DType::f32 && in[2].dtype == DType::bf16),
                      "moments of a {} param must be {}{}, got {}", dtype_name(in[0].dtype), dtype_name(in[0].dtype),
                      in[0].dtype == DType::f32 ? " or bf16" : "", dtype_name(in[2].dtype));

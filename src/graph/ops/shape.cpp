@@ -36,7 +36,7 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             return std::vector<ValueId>{b.transpose(g[0], static_cast<int>(n.attrs.get(attr::dim0)),
-                                                static_cast<int>(n.attrs.get(attr::dim1)))};
+                                                    static_cast<int>(n.attrs.get(attr::dim1)))};
           },
   });
 
@@ -47,7 +47,8 @@ void add_shape_ops(std::vector<OpDef>& ops) {
             const int64_t d = at.get(attr::dim), start = at.get(attr::start), len = at.get(attr::length);
             MT_CHECK(d >= 0 && d < static_cast<int64_t>(in[0].shape.rank()), "dim {} out of range", d);
             MT_CHECK(start >= 0 && len >= 0 && start + len <= in[0].shape[static_cast<size_t>(d)],
-                     "[{}, {}) is outside dim {} of size {}", start, start + len, d, in[0].shape[static_cast<size_t>(d)]);
+                     "[{}, {}) is outside dim {} of size {}", start, start + len, d,
+                     in[0].shape[static_cast<size_t>(d)]);
             std::vector<int64_t> dims = in[0].shape.dims();
             dims[static_cast<size_t>(d)] = len;
             return ValueInfos{{Shape(dims), in[0].dtype}};
@@ -55,10 +56,12 @@ void add_shape_ops(std::vector<OpDef>& ops) {
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             const int64_t d = n.attrs.get(attr::dim);
-            return std::vector<ValueId>{b.slice_backward(g[0], static_cast<int>(d), n.attrs.get(attr::start),
-                                                     b.graph().value(n.inputs[0]).info.shape[static_cast<size_t>(d)])};
+            return std::vector<ValueId>{
+                b.slice_backward(g[0], static_cast<int>(d), n.attrs.get(attr::start),
+                                 b.graph().value(n.inputs[0]).info.shape[static_cast<size_t>(d)])};
           },
-      .bytes = [](const ValueInfos&, const ValueInfos& out, const Attrs&) { return 2 * bytes_of(out[0]); },  // the slice only
+      .bytes = [](const ValueInfos&, const ValueInfos& out,
+                  const Attrs&) { return 2 * bytes_of(out[0]); },  // the slice only
   });
   ops.push_back({
       .name = "slice_backward",
@@ -81,7 +84,8 @@ void add_shape_ops(std::vector<OpDef>& ops) {
             std::vector<int64_t> dims = in[0].shape.dims();
             dims[static_cast<size_t>(d)] = 0;
             for (const auto& v : in) {
-              MT_CHECK(v.dtype == in[0].dtype && v.shape.rank() == in[0].shape.rank(), "inputs differ in dtype or rank");
+              MT_CHECK(v.dtype == in[0].dtype && v.shape.rank() == in[0].shape.rank(),
+                       "inputs differ in dtype or rank");
               for (size_t k = 0; k < dims.size(); ++k)
                 MT_CHECK(static_cast<int64_t>(k) == d || v.shape[k] == in[0].shape[k],
                          "inputs differ outside dim {}: {} vs {}", d, v.shape.to_string(), in[0].shape.to_string());

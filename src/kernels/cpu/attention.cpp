@@ -28,7 +28,8 @@ constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 512;
 
 // Copy `rows` rows of x (row stride `stride`), d elements each, into packed scratch, widened.
-template <typename T, typename A> void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A* dst) {
+template <typename T, typename A>
+void gather_rows(const T* x, int64_t stride, int64_t rows, int64_t d, A* dst) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < d; ++c) dst[r * d + c] = load(x[r * stride + c]);
 }
@@ -36,12 +37,14 @@ template <typename T, typename A> void gather_rows(const T* x, int64_t stride, i
 // Rows of one head as the block products read them: x itself where T is
 // already the accumulation type A (a GEMM takes the row stride), else a
 // widened packed copy in scratch slot `slot`.
-template <typename A> struct HeadRows {
+template <typename A>
+struct HeadRows {
   const A* data;
   int64_t stride;
   const A* row(int64_t r) const { return data + r * stride; }
 };
-template <typename A, typename T> HeadRows<A> head_rows(const T* x, int64_t stride, int64_t rows, int64_t d, int slot) {
+template <typename A, typename T>
+HeadRows<A> head_rows(const T* x, int64_t stride, int64_t rows, int64_t d, int slot) {
   if constexpr (std::is_same_v<T, A>) {
     return {x, stride};
   } else {
@@ -192,22 +195,22 @@ template <typename T>
     }
 }
 
-
 // ---- bf16 with AVX512_BF16 ------------------------------------------------------
 //
 // Per task, K and V are packed once into the layouts the products read
 // (bf16_dot.h). Scores stay unscaled in the products; the scale is applied
 // in f32 where the softmax reads them, and dS carries it into dQ and dK.
 
-[[MESHTRAIN_AVX512_BF16]] void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* out, float* lse,
-                        int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+[[MESHTRAIN_AVX512_BF16]] void attention_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v,
+                                                  bfloat16* out, float* lse, int64_t b, int64_t t, int64_t hq,
+                                                  int64_t hkv, int64_t d, double scale) {
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
   const auto sc = static_cast<float>(scale);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t kv_offset = (bi * t * hkv + h / group) * d;
-      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);  // K^T, for S = Q K^T
+      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);      // K^T, for S = Q K^T
       uint32_t* v_p = scratch<uint32_t>(static_cast<size_t>((t + 1) / 2 * d), 1);  // V, for O += P V
       uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 2);
       uint32_t* p_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 3);  // P in bf16
@@ -253,9 +256,11 @@ template <typename T>
     }
 }
 
-[[MESHTRAIN_AVX512_BF16]] void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* out,
-                                 const float* lse, const bfloat16* dout, bfloat16* dq, bfloat16* dk, bfloat16* dv,
-                                 int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale) {
+[[MESHTRAIN_AVX512_BF16]] void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v,
+                                                           const bfloat16* out, const float* lse, const bfloat16* dout,
+                                                           bfloat16* dq, bfloat16* dk, bfloat16* dv, int64_t b,
+                                                           int64_t t, int64_t hq, int64_t hkv, int64_t d,
+                                                           double scale) {
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
   const auto sc = static_cast<float>(scale);
   // One task per (batch, key/value head), as in attention_backward_blocked.
@@ -264,18 +269,18 @@ template <typename T>
     for (int64_t hk = 0; hk < hkv; ++hk) {
       const int64_t kv_offset = (bi * t * hkv + hk) * d;
       const int64_t half_t = (t + 1) / 2, half_block = kQueryBlock / 2;
-      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);  // K^T, for S = Q K^T
-      uint32_t* v_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 1);  // V^T, for dP = dO V^T
-      uint32_t* k_p = scratch<uint32_t>(static_cast<size_t>(half_t * d), 2);   // K, for dQ += dS K
-      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 3);    // Q, for S
-      uint32_t* do_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 4);   // dO, for dP
-      uint32_t* q_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 5);           // Q^T, for dK^T
-      uint32_t* do_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 6);          // dO^T, for dV^T
-      uint32_t* p_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 7);   // P, for dV^T
-      uint32_t* ds_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 8);  // dS, for dK^T
+      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);                   // K^T, for S = Q K^T
+      uint32_t* v_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 1);                   // V^T, for dP = dO V^T
+      uint32_t* k_p = scratch<uint32_t>(static_cast<size_t>(half_t * d), 2);                    // K, for dQ += dS K
+      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 3);         // Q, for S
+      uint32_t* do_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 4);        // dO, for dP
+      uint32_t* q_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 5);                // Q^T, for dK^T
+      uint32_t* do_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 6);               // dO^T, for dV^T
+      uint32_t* p_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 7);        // P, for dV^T
+      uint32_t* ds_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 8);       // dS, for dK^T
       uint32_t* ds_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 9);  // dS, for dQ
-      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);   // S, then P
-      float* dp = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 1);  // dP, then dS
+      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);               // S, then P
+      float* dp = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 1);              // dP, then dS
       // dK and dV are accumulated transposed, [D, T]: as dK^T += Q^T dS and
       // dV^T += dO^T P, whose operands pack without transposing the blocks.
       float* dk_t = scratch<float>(static_cast<size_t>(t * d), 2);
@@ -326,8 +331,8 @@ template <typename T>
             pack_pairs(s, n, rows, n, p_b);
             pack_pairs(dp, n, rows, n, ds_b);
             pack_rows(dp, n, rows, n, ds_a);
-            gemm_bf16_pairs(d, n, row_pairs, do_c, row_pairs, p_b, n, dv_t + j0, t, true);  // dV^T += dO^T P
-            gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);  // dK^T += Q^T dS
+            gemm_bf16_pairs(d, n, row_pairs, do_c, row_pairs, p_b, n, dv_t + j0, t, true);           // dV^T += dO^T P
+            gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);           // dK^T += Q^T dS
             gemm_bf16_pairs(rows, d, n_pairs, ds_a, n_pairs, k_p + j0 / 2 * d, d, dq_acc, d, true);  // dQ += dS K
           }
           scatter_rows(dq_acc, d, 1, rows, d, 1.0f, dq + first_row * d, hq * d);
@@ -355,11 +360,11 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   attention_backward_blocked(q, k, v, out, lse, dout, dq, dk, dv, b, t, hq, hkv, d, scale);
 }
 
-#define MESHTRAIN_INSTANTIATE(T)                                                                               \
-  template void attention<T>(const T*, const T*, const T*, T*, Acc<T>*, int64_t, int64_t, int64_t, int64_t,    \
-                             int64_t, double);                                                                 \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const Acc<T>*, const T*, T*, T*, \
-                                      T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);
+#define MESHTRAIN_INSTANTIATE(T)                                                                                     \
+  template void attention<T>(const T*, const T*, const T*, T*, Acc<T>*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                             double);                                                                                \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const Acc<T>*, const T*, T*, T*, T*,   \
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, double);
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)
 MESHTRAIN_INSTANTIATE(bfloat16)

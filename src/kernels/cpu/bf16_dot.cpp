@@ -50,7 +50,7 @@ template <int ROWS>
 using TileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, __mmask16,
                         __mmask16, bool);
 constexpr int kTileRows = 8;
-constexpr TileFn kTiles[kTileRows + 1] = {nullptr,  tile<1>, tile<2>, tile<3>, tile<4>,
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>,
                                           tile<5>, tile<6>, tile<7>, tile<8>};
 
 __mmask16 lane_mask(int64_t lanes) {
@@ -100,7 +100,8 @@ uint32_t pair_word(uint32_t low, uint32_t high) { return low | high << 16; }
 }
 }  // namespace
 
-template <typename S> void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst) {
+template <typename S>
+void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst) {
   if constexpr (std::is_same_v<S, float>) return pack_rows_f32(x, ldx, m, k, dst);
   if constexpr (std::is_same_v<S, bfloat16>)
     if (k % 2 == 0) {  // a bf16 row of even length already is its words
@@ -116,7 +117,8 @@ template <typename S> void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t
   }
 }
 
-template <typename S> void pack_columns(const S* x, int64_t ldx, int64_t k, int64_t m, uint32_t* dst) {
+template <typename S>
+void pack_columns(const S* x, int64_t ldx, int64_t k, int64_t m, uint32_t* dst) {
   const int64_t pairs = (k + 1) / 2;
   for (int64_t p = 0; p < pairs; ++p) {
     const S* even = x + 2 * p * ldx;
@@ -129,7 +131,8 @@ template <typename S> void pack_columns(const S* x, int64_t ldx, int64_t k, int6
   }
 }
 
-template <typename S> void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst) {
+template <typename S>
+void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst) {
   if constexpr (std::is_same_v<S, float>) return pack_pairs_f32(x, ldx, k, n, dst);
   for (int64_t p = 0; p < k / 2; ++p) {
     const S* even = x + 2 * p * ldx;
@@ -144,7 +147,8 @@ template <typename S> void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_
   }
 }
 
-template <typename S> void pack_pairs_transposed(const S* x, int64_t ldx, int64_t n, int64_t k, uint32_t* dst) {
+template <typename S>
+void pack_pairs_transposed(const S* x, int64_t ldx, int64_t n, int64_t k, uint32_t* dst) {
   const int64_t full = k / 2;
   for (int64_t j = 0; j < n; ++j) {
     const S* row = x + j * ldx;
@@ -153,10 +157,10 @@ template <typename S> void pack_pairs_transposed(const S* x, int64_t ldx, int64_
   }
 }
 
-#define MESHTRAIN_INSTANTIATE(S)                                                      \
-  template void pack_rows<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);         \
-  template void pack_columns<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);      \
-  template void pack_pairs<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);        \
+#define MESHTRAIN_INSTANTIATE(S)                                                 \
+  template void pack_rows<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);    \
+  template void pack_columns<S>(const S*, int64_t, int64_t, int64_t, uint32_t*); \
+  template void pack_pairs<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);   \
   template void pack_pairs_transposed<S>(const S*, int64_t, int64_t, int64_t, uint32_t*);
 MESHTRAIN_INSTANTIATE(bfloat16)
 MESHTRAIN_INSTANTIATE(float)

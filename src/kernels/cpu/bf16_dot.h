@@ -30,13 +30,17 @@ bool set_bf16_dot_enabled(bool enabled);
 // Packing, from bf16 or from f32 (rounded to bf16 on the way); an odd k is
 // padded with zeros. Like the GEMM, these require bf16_dot_enabled().
 // A = X for X [m, k] row-major (row stride ldx). dst: [m, ceil(k/2)].
-template <typename S> void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst);
+template <typename S>
+void pack_rows(const S* x, int64_t ldx, int64_t m, int64_t k, uint32_t* dst);
 // A = X^T for X [k, m] row-major. dst: [m, ceil(k/2)].
-template <typename S> void pack_columns(const S* x, int64_t ldx, int64_t k, int64_t m, uint32_t* dst);
+template <typename S>
+void pack_columns(const S* x, int64_t ldx, int64_t k, int64_t m, uint32_t* dst);
 // B = X for X [k, n] row-major: rows 2p and 2p+1 interleaved. dst: [ceil(k/2), n].
-template <typename S> void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst);
+template <typename S>
+void pack_pairs(const S* x, int64_t ldx, int64_t k, int64_t n, uint32_t* dst);
 // B = X^T for X [n, k] row-major. dst: [ceil(k/2), n].
-template <typename S> void pack_pairs_transposed(const S* x, int64_t ldx, int64_t n, int64_t k, uint32_t* dst);
+template <typename S>
+void pack_pairs_transposed(const S* x, int64_t ldx, int64_t n, int64_t k, uint32_t* dst);
 
 // C [m, n] (f32, row stride ldc) = or += A B over k = 2 * pairs, A [m, pairs]
 // words (row stride lda), B pair-packed [pairs, n] (row stride ldb).

@@ -1,7 +1,6 @@
 #include "kernels/cpu/bf16_matmul.h"
 
 #include <dnnl.hpp>
-
 #include <map>
 #include <mutex>
 #include <optional>

@@ -1,6 +1,5 @@
 #include "kernels/cpu/cpu_kernels.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,28 +22,35 @@ void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, i
     gemm(ta, tb, m, n, k, a + i * a_stride, b + i * b_stride, c + i * m * n, accumulate);
 }
 
-
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void add(const T* a, const T* b, T* out, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void add(const T* a, const T* b, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void mul(const T* a, const T* b, T* out, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void mul(const T* a, const T* b, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) * load(b[i]));
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void scale(const T* a, double alpha, T* out, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void scale(const T* a, double alpha, T* out, int64_t n) {
   const auto s = static_cast<Acc<T>>(alpha);
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(s * load(a[i]));
 }
-template <typename T> void fill(double value, T* out, int64_t n) { std::fill(out, out + n, store<T>(value)); }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] double sum(const T* a, int64_t n) {
+template <typename T>
+void fill(double value, T* out, int64_t n) {
+  std::fill(out, out + n, store<T>(value));
+}
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] double sum(const T* a, int64_t n) {
   double acc = 0;
 #pragma omp parallel for reduction(+ : acc) if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) acc += load(a[i]);
   return acc;
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] double sum_squares(const T* a, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] double sum_squares(const T* a, int64_t n) {
   double acc = 0;
 #pragma omp parallel for simd reduction(+ : acc) if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -78,7 +84,8 @@ void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d
   }
 }
 
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu(const T* x, T* y, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void silu(const T* x, T* y, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -86,7 +93,8 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu(const T* x, T* y, in
     y[i] = store<T>(xi / (A(1) + exp_of(-xi)));
   }
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -98,7 +106,8 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void silu_backward(const T* x,
 
 namespace {
 // One row's softmax in Acc: y = exp(x - max) / sum.
-template <typename T> void softmax_row(const T* x, Acc<T>* y, int64_t d) {
+template <typename T>
+void softmax_row(const T* x, Acc<T>* y, int64_t d) {
   using A = Acc<T>;
   A max = -std::numeric_limits<A>::infinity();
 #pragma omp simd reduction(max : max)
@@ -111,7 +120,8 @@ template <typename T> void softmax_row(const T* x, Acc<T>* y, int64_t d) {
 }
 }  // namespace
 
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax(const T* x, T* y, int64_t rows, int64_t d) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void softmax(const T* x, T* y, int64_t rows, int64_t d) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -120,7 +130,8 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax(const T* x, T* y,
     for (int64_t i = 0; i < d; ++i) y[r * d + i] = store<T>(row[i]);
   }
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -133,7 +144,8 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void softmax_backward(const T*
   }
 }
 
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps) {
   using A = Acc<T>;
 #pragma omp parallel for if (rows * d > kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -146,7 +158,8 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void rms_norm(const T* x, cons
   }
 }
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps) {
+[[MESHTRAIN_AVX512_CLONES]] void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows,
+                                                   int64_t d, double eps) {
   using A = Acc<T>;
   // Rows in parallel for dx; each row's 1/rms is kept for dw, which is then
   // summed over rows column by column (no two threads write one element).
@@ -186,7 +199,8 @@ template <typename T>
 }
 
 namespace {
-template <typename T> void check_targets(const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
+template <typename T>
+void check_targets(const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
   for (int64_t r = 0; r < rows; ++r)
     MT_CHECK(targets[r] == ignore_index || (targets[r] >= 0 && targets[r] < vocab),
              "cross_entropy: target {} of row {} is outside the vocabulary [0, {})", targets[r], r, vocab);
@@ -194,7 +208,8 @@ template <typename T> void check_targets(const int64_t* targets, int64_t rows, i
 }  // namespace
 
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t ignore_index) {
+[[MESHTRAIN_AVX512_CLONES]] double cross_entropy(const T* logits, const int64_t* targets, int64_t rows, int64_t vocab,
+                                                 int64_t ignore_index) {
   using A = Acc<T>;
   check_targets<T>(targets, rows, vocab, ignore_index);
   double total = 0;
@@ -214,8 +229,8 @@ template <typename T>
   return total;
 }
 template <typename T>
-[[MESHTRAIN_AVX512_CLONES]] void cross_entropy_backward(const T* logits, const int64_t* targets, double scale, T* dlogits, int64_t rows,
-                            int64_t vocab, int64_t ignore_index) {
+[[MESHTRAIN_AVX512_CLONES]] void cross_entropy_backward(const T* logits, const int64_t* targets, double scale,
+                                                        T* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index) {
   using A = Acc<T>;
   const auto g = static_cast<A>(scale);
 #pragma omp parallel for if (rows * vocab > kParallelElements)
@@ -241,8 +256,10 @@ void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t ro
 #pragma omp parallel for if (n * dim > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = ids[i] - first_row;
-    if (row >= 0 && row < rows) std::copy(table + row * dim, table + (row + 1) * dim, out + i * dim);
-    else std::fill(out + i * dim, out + (i + 1) * dim, T(0));  // another rank's row
+    if (row >= 0 && row < rows)
+      std::copy(table + row * dim, table + (row + 1) * dim, out + i * dim);
+    else
+      std::fill(out + i * dim, out + (i + 1) * dim, T(0));  // another rank's row
   }
 }
 template <typename T>
@@ -325,7 +342,8 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
     }
 }
 
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void swiglu(const T* gate, const T* up, T* out, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void swiglu(const T* gate, const T* up, T* out, int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -333,7 +351,9 @@ template <typename T> [[MESHTRAIN_AVX512_CLONES]] void swiglu(const T* gate, con
     out[i] = store<T>(g / (A(1) + exp_of(-g)) * load(up[i]));
   }
 }
-template <typename T> [[MESHTRAIN_AVX512_CLONES]] void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+template <typename T>
+[[MESHTRAIN_AVX512_CLONES]] void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup,
+                                                 int64_t n) {
   using A = Acc<T>;
 #pragma omp parallel for simd if (n > kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -353,8 +373,8 @@ void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t ds
 }
 
 template <typename T, typename S>
-[[MESHTRAIN_AVX512_CLONES]] void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
-           double weight_decay, int64_t step) {
+[[MESHTRAIN_AVX512_CLONES]] void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1,
+                                       double beta2, double eps, double weight_decay, int64_t step) {
   using A = Acc<T>;
   // Per-step constants in double, element math in Acc (f32 as PyTorch's, f64 for f64).
   const auto b1 = static_cast<A>(beta1), b2 = static_cast<A>(beta2), eps_a = static_cast<A>(eps);
@@ -374,33 +394,33 @@ template <typename T, typename S>
   }
 }
 
-template void matmul<float>(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                            int64_t, int64_t, bool);
+template void matmul<float>(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
+                            int64_t, bool);
 template void matmul<double>(const double*, const double*, double*, int64_t, int64_t, int64_t, int64_t, bool, bool,
                              int64_t, int64_t, bool);
 
-#define MESHTRAIN_INSTANTIATE(T)                                                                                 \
-  template void add<T>(const T*, const T*, T*, int64_t);                                                         \
-  template void mul<T>(const T*, const T*, T*, int64_t);                                                         \
-  template void scale<T>(const T*, double, T*, int64_t);                                                         \
-  template void fill<T>(double, T*, int64_t);                                                                    \
-  template double sum<T>(const T*, int64_t);                                                                     \
-  template double sum_squares<T>(const T*, int64_t);                                                             \
-  template void transpose<T>(const T*, T*, const int64_t*, int, int, int);                                       \
-  template void silu<T>(const T*, T*, int64_t);                                                                  \
-  template void silu_backward<T>(const T*, const T*, T*, int64_t);                                               \
-  template void softmax<T>(const T*, T*, int64_t, int64_t);                                                      \
-  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                                   \
-  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, double);                                   \
-  template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);            \
-  template double cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                         \
-  template void cross_entropy_backward<T>(const T*, const int64_t*, double, T*, int64_t, int64_t, int64_t);      \
-  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);                           \
-  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);                 \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                         \
-  template void swiglu<T>(const T*, const T*, T*, int64_t);                                                      \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                               \
-  template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);     \
+#define MESHTRAIN_INSTANTIATE(T)                                                                            \
+  template void add<T>(const T*, const T*, T*, int64_t);                                                    \
+  template void mul<T>(const T*, const T*, T*, int64_t);                                                    \
+  template void scale<T>(const T*, double, T*, int64_t);                                                    \
+  template void fill<T>(double, T*, int64_t);                                                               \
+  template double sum<T>(const T*, int64_t);                                                                \
+  template double sum_squares<T>(const T*, int64_t);                                                        \
+  template void transpose<T>(const T*, T*, const int64_t*, int, int, int);                                  \
+  template void silu<T>(const T*, T*, int64_t);                                                             \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t);                                          \
+  template void softmax<T>(const T*, T*, int64_t, int64_t);                                                 \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                              \
+  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, double);                              \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);       \
+  template double cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                    \
+  template void cross_entropy_backward<T>(const T*, const int64_t*, double, T*, int64_t, int64_t, int64_t); \
+  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);    \
+  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);    \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                    \
+  template void swiglu<T>(const T*, const T*, T*, int64_t);                                                 \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                          \
+  template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t); \
   template void adamw<T, T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, int64_t);
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)

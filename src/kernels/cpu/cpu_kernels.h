@@ -19,14 +19,18 @@ namespace meshtrain::kernels::cpu {
 
 using meshtrain::bfloat16;
 
-template <typename T> using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 [[gnu::always_inline]] inline float load(bfloat16 x) { return bf16_to_f32(x); }
 inline float load(float x) { return x; }
 inline double load(double x) { return x; }
-template <typename T, typename V> [[gnu::always_inline]] inline T store(V v) {
-  if constexpr (std::is_same_v<T, bfloat16>) return f32_to_bf16(static_cast<float>(v));
-  else return static_cast<T>(v);
+template <typename T, typename V>
+[[gnu::always_inline]] inline T store(V v) {
+  if constexpr (std::is_same_v<T, bfloat16>)
+    return f32_to_bf16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 // C[b] = op(A[b]) @ op(B[b]) for b in [0, batch); op transposes when asked.
@@ -37,24 +41,35 @@ template <typename T>
 void matmul(const T* a, const T* b, T* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transpose_a,
             bool transpose_b, int64_t a_stride, int64_t b_stride, bool accumulate = false);
 
-template <typename T> void add(const T* a, const T* b, T* out, int64_t n);
-template <typename T> void mul(const T* a, const T* b, T* out, int64_t n);
-template <typename T> void scale(const T* a, double alpha, T* out, int64_t n);
-template <typename T> void fill(double value, T* out, int64_t n);
-template <typename T> double sum(const T* a, int64_t n);          // accumulates in double
-template <typename T> double sum_squares(const T* a, int64_t n);  // accumulates in double
+template <typename T>
+void add(const T* a, const T* b, T* out, int64_t n);
+template <typename T>
+void mul(const T* a, const T* b, T* out, int64_t n);
+template <typename T>
+void scale(const T* a, double alpha, T* out, int64_t n);
+template <typename T>
+void fill(double value, T* out, int64_t n);
+template <typename T>
+double sum(const T* a, int64_t n);  // accumulates in double
+template <typename T>
+double sum_squares(const T* a, int64_t n);  // accumulates in double
 // Swap dims d0 < d1 of a row-major tensor of the given shape.
 template <typename T>
 void transpose(const T* a, T* out, const int64_t* shape, int rank, int d0, int d1);
 
-template <typename T> void silu(const T* x, T* y, int64_t n);
-template <typename T> void silu_backward(const T* x, const T* dy, T* dx, int64_t n);
+template <typename T>
+void silu(const T* x, T* y, int64_t n);
+template <typename T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t n);
 
 // Over rows of length d.
-template <typename T> void softmax(const T* x, T* y, int64_t rows, int64_t d);
-template <typename T> void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d);
+template <typename T>
+void softmax(const T* x, T* y, int64_t rows, int64_t d);
+template <typename T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t d);
 // y = x / rms(x) * w, rms = sqrt(mean(x^2) + eps).
-template <typename T> void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps);
+template <typename T>
+void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps);
 template <typename T>
 void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t d, double eps);
 
@@ -81,7 +96,8 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
 // Rotary embedding, Hugging Face Llama's rotate-half convention, on x
 // [B, T, H, D] at positions 0..T-1: out = x * cos + rotate_half(x) * sin,
 // with angle t * theta^(-2i/D) for i < D/2 shared by both halves.
-template <typename T> void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse);
+template <typename T>
+void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse);
 
 // Causal scaled-dot-product attention with grouped-query heads. q [B, T, Hq,
 // D], k and v [B, T, Hkv, D], Hq a multiple of Hkv. Flash-attention style:
@@ -97,8 +113,10 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
                         T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale);
 
 // out = silu(gate) * up, and its backward.
-template <typename T> void swiglu(const T* gate, const T* up, T* out, int64_t n);
-template <typename T> void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
+template <typename T>
+void swiglu(const T* gate, const T* up, T* out, int64_t n);
+template <typename T>
+void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
 
 // Copy rows [start, start + len) of dim d (seen as [outer, dim, inner]) to or from a packed block.
 template <typename T>

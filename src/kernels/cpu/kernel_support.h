@@ -55,7 +55,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, const A
 // 0 below -87.3 (and for -inf), NaN stays NaN.
 [[gnu::always_inline]] inline float exp_fast(float x) {
   const float clamped = x > -88.0f ? (x < 88.3762626647949f ? x : 88.3762626647949f) : -88.0f;  // NaN -> -88
-  const float k = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float k = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                 // round to nearest
   const float r = (clamped - k * 0.693359375f) - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -74,7 +74,8 @@ inline double exp_of(double x) { return std::exp(x); }
 // The largest of init and x[0, n), as a chain of std::max would give (a NaN
 // in x is passed over). Kept in independent lanes, which vectorize; an
 // `omp simd reduction(max)` over std::max stays scalar without -ffast-math.
-template <typename A> [[gnu::always_inline]] inline A max_of(const A* x, int64_t n, A init) {
+template <typename A>
+[[gnu::always_inline]] inline A max_of(const A* x, int64_t n, A init) {
   constexpr int64_t kLanes = 16;
   A lanes[kLanes];
   std::fill(lanes, lanes + kLanes, init);
@@ -88,7 +89,8 @@ template <typename A> [[gnu::always_inline]] inline A max_of(const A* x, int64_t
 
 // Per-thread scratch of n elements in one of a few slots, grown on demand and
 // kept, so a warm kernel allocates nothing.
-template <typename A> A* scratch(size_t n, int slot) {
+template <typename A>
+A* scratch(size_t n, int slot) {
   thread_local std::vector<A> buffers[12];
   auto& buf = buffers[slot];
   if (buf.size() < n) buf.resize(n);

@@ -16,10 +16,14 @@ namespace meshtrain::sched {
 
 std::string_view bucket_mode_name(BucketMode mode) {
   switch (mode) {
-    case BucketMode::none: return "none";
-    case BucketMode::per_block: return "per_block";
-    case BucketMode::size_cap: return "size_cap";
-    case BucketMode::automatic: return "auto";
+    case BucketMode::none:
+      return "none";
+    case BucketMode::per_block:
+      return "per_block";
+    case BucketMode::size_cap:
+      return "size_cap";
+    case BucketMode::automatic:
+      return "auto";
   }
   return "?";
 }
@@ -105,10 +109,10 @@ struct Candidates {
       for (NodeId reader : r->second) m.first_read = std::min(m.first_read, position.at(reader));
     if (const NodeId p = g.value(node.inputs[0]).producer; p.valid()) {
       const graph::Node& producer = g.node(p);
-      const bool from_parameters =
-          !producer.op->is_collective && !producer.op->is_wait &&
-          std::all_of(producer.inputs.begin(), producer.inputs.end(),
-                      [&](ValueId x) { return g.value(x).kind == graph::ValueKind::parameter; });
+      const bool from_parameters = !producer.op->is_collective && !producer.op->is_wait &&
+                                   std::all_of(producer.inputs.begin(), producer.inputs.end(), [&](ValueId x) {
+                                     return g.value(x).kind == graph::ValueKind::parameter;
+                                   });
       if (from_parameters)
         m.prepared_by = p;
       else
@@ -132,8 +136,12 @@ std::vector<Bucket> group_buckets(const graph::Graph& g, BucketMode mode, double
         node.op->name == "all_gather"
             ? ""
             : sharding::Layout::parse(node.attrs.get(graph::attr::layout_before), mesh_ndim).placements[d].to_string();
-    const Key key{node.op->name, reduction, node.attrs.get(graph::attr::mesh_dims), node.attrs.get(graph::attr::group),
-                  g.value(node.inputs[0]).info.dtype, node.phase};
+    const Key key{node.op->name,
+                  reduction,
+                  node.attrs.get(graph::attr::mesh_dims),
+                  node.attrs.get(graph::attr::group),
+                  g.value(node.inputs[0]).info.dtype,
+                  node.phase};
     const std::string block = block_of(node.scope);
     auto it = open.find(key);
     if (it != open.end()) {

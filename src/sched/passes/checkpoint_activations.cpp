@@ -10,9 +10,12 @@ namespace meshtrain::sched {
 
 std::string_view activation_checkpoint_name(ActivationCheckpoint mode) {
   switch (mode) {
-    case ActivationCheckpoint::none: return "none";
-    case ActivationCheckpoint::full: return "full";
-    case ActivationCheckpoint::selective: return "selective";
+    case ActivationCheckpoint::none:
+      return "none";
+    case ActivationCheckpoint::full:
+      return "full";
+    case ActivationCheckpoint::selective:
+      return "selective";
   }
   return "?";
 }
@@ -57,7 +60,8 @@ std::vector<BlockPass> block_passes(const graph::Graph& g) {
 // `readers` and `position`: of the graph before any pass was recomputed
 // (what is recomputed for one pass neither reads nor is read by another's).
 bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode, SelectiveMatmuls matmuls,
-               const std::set<graph::ValueId>& from_parameters, const std::map<graph::ValueId, std::vector<graph::NodeId>>& readers,
+               const std::set<graph::ValueId>& from_parameters,
+               const std::map<graph::ValueId, std::vector<graph::NodeId>>& readers,
                const std::map<graph::NodeId, size_t>& position) {
   const auto users = [&](graph::ValueId v) -> const std::vector<graph::NodeId>& {
     static const std::vector<graph::NodeId> none;
@@ -155,7 +159,8 @@ bool checkpoint_activations(graph::Graph& g, ActivationCheckpoint mode, Selectiv
     for (graph::ValueId in : g.node(n).inputs) readers[in].push_back(n);
   }
   bool changed = false;
-  for (const BlockPass& pass : block_passes(g)) changed |= recompute(g, pass, mode, matmuls, from_parameters, readers, position);
+  for (const BlockPass& pass : block_passes(g))
+    changed |= recompute(g, pass, mode, matmuls, from_parameters, readers, position);
   return changed;
 }
 

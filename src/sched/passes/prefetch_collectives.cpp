@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "core/error.h"
-#include "sched/collective_cost.h"
 #include "graph/op_registry.h"
+#include "sched/collective_cost.h"
 #include "sched/memory_estimate.h"
 
 namespace meshtrain::sched {
@@ -27,8 +27,8 @@ double output_bytes(const graph::Graph& g, const graph::Node& node) {
 
 // One try at the whole order, the live bytes kept within the budget, the
 // first `max_starts` collectives movable: for each position of `order`, the
-// position its node moves before (order.size() for none). `clock`: the estimated compute before each position, stalls not
-// counted. Updates nothing in the graph.
+// position its node moves before (order.size() for none). `clock`: the estimated compute before each position, stalls
+// not counted. Updates nothing in the graph.
 std::vector<size_t> plan_hoists(const graph::Graph& g, const std::vector<graph::NodeId>& order,
                                 const std::vector<double>& clock, std::vector<double> live,
                                 const PrefetchOptions& options, size_t max_starts) {
@@ -46,7 +46,7 @@ std::vector<size_t> plan_hoists(const graph::Graph& g, const std::vector<graph::
   // final for every position before the one being decided, as moving a
   // start earlier changes only when its own wait, further on, returns.
   std::vector<double> now(n + 1, 0.0);
-  std::map<graph::NodeId, double> done_at;                // started collective -> when it completes
+  std::map<graph::NodeId, double> done_at;            // started collective -> when it completes
   std::map<CollectiveStream, double> stream_free_at;  // when each stream is done
   std::map<CollectiveStream, size_t> stream_floor;    // the earliest place for each stream's next start
   for (size_t i = 0; i < n; ++i) {
@@ -95,7 +95,8 @@ std::vector<size_t> plan_hoists(const graph::Graph& g, const std::vector<graph::
     size_t q = i;
     double prepared_bytes = 0;
     for (size_t at : preparation) prepared_bytes += output_bytes(g, g.node(order[at]));
-    while (movable && q > floor && now[q] > issue_by && (room <= 0 || live[q - 1] + bytes + prepared_bytes <= room)) --q;
+    while (movable && q > floor && now[q] > issue_by && (room <= 0 || live[q - 1] + bytes + prepared_bytes <= room))
+      --q;
     if (q < i) {
       hoist_to[i] = q;
       for (size_t k = q; k < i; ++k) live[k] += bytes;

@@ -52,7 +52,7 @@ void add_split_loss_rules(const AddRule& add) {
 
 void add_loss_rules(const AddRule& add) {
   add_split_loss_rules(add);
-  add("count_valid", partial_sum_of_shards);  // targets -> count
+  add("count_valid", partial_sum_of_shards);         // targets -> count
   add("cross_entropy", [](const StrategyQuery& q) {  // logits [..., V], targets [...], count -> loss
     std::vector<DimStrategy> out;
     for (int d = 0; d < row_rank(q); ++d) out.push_back({{P()}, {S(d), S(d), R()}});

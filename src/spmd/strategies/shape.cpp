@@ -34,9 +34,12 @@ std::vector<DimStrategy> reshape_strategies(const StrategyQuery& q) {
     for (size_t d_out = 0; d_out < out.rank() && out_prefix <= in_prefix; out_prefix *= out[d_out], ++d_out) {
       if (out_prefix != in_prefix || out[d_out] <= 1) continue;
       const int a = static_cast<int>(d_in), b = static_cast<int>(d_out);
-      if (in[d_in] == out[d_out]) result.push_back({{S(b)}, {S(a)}});
-      else if (in[d_in] % out[d_out] == 0) result.push_back({{S(b)}, {S(a)}, {{0, a, in[d_in] / out[d_out]}}});
-      else if (out[d_out] % in[d_in] == 0) result.push_back({{S(b)}, {S(a)}, {{0, a, 1}}});
+      if (in[d_in] == out[d_out])
+        result.push_back({{S(b)}, {S(a)}});
+      else if (in[d_in] % out[d_out] == 0)
+        result.push_back({{S(b)}, {S(a)}, {{0, a, in[d_in] / out[d_out]}}});
+      else if (out[d_out] % in[d_in] == 0)
+        result.push_back({{S(b)}, {S(a)}, {{0, a, 1}}});
       break;
     }
   }
@@ -54,7 +57,8 @@ void add_shape_rules(const AddRule& add) {
   add("reshape", reshape_strategies);
   add.localize("reshape", with_local_shape);
   add("transpose", [](const StrategyQuery& q) {
-    const auto d0 = static_cast<int>(q.attrs.get(graph::attr::dim0)), d1 = static_cast<int>(q.attrs.get(graph::attr::dim1));
+    const auto d0 = static_cast<int>(q.attrs.get(graph::attr::dim0)),
+               d1 = static_cast<int>(q.attrs.get(graph::attr::dim1));
     std::vector<DimStrategy> out;
     for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d)
       out.push_back({{S(d == d0 ? d1 : d == d1 ? d0 : d)}, {S(d)}});

@@ -3,9 +3,10 @@
 // member the memory plan laid out in the bucket already (a view of it) is
 // not copied. The collectives themselves run on the mesh groups,
 // not here.
+#include "graph/ops/collective.h"
+
 #include <cstring>
 
-#include "graph/ops/collective.h"
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {

@@ -13,7 +13,8 @@ void add_elementwise_kernels(const AddKernel& add) {
     });
   });
   add("cast", [](const KernelArgs& a) {
-    convert(a.in[0]->raw(), a.in[0]->dtype(), a.out[0]->raw(), a.out[0]->dtype(), static_cast<size_t>(a.in[0]->numel()));
+    convert(a.in[0]->raw(), a.in[0]->dtype(), a.out[0]->raw(), a.out[0]->dtype(),
+            static_cast<size_t>(a.in[0]->numel()));
   });
   add("add", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {

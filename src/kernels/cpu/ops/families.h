@@ -45,8 +45,14 @@ inline TablePart table_part(const KernelArgs& a, int64_t local_extent) {
   return {a.attrs.get_or(attr::start, int64_t{0}), a.attrs.get_or(attr::full_size, local_extent)};
 }
 
-template <typename T> T* out_ptr(const KernelArgs& a, size_t i = 0) { return static_cast<T*>(a.out[i]->raw()); }
-template <typename T> const T* in_ptr(const KernelArgs& a, size_t i) { return static_cast<const T*>(a.in[i]->raw()); }
+template <typename T>
+T* out_ptr(const KernelArgs& a, size_t i = 0) {
+  return static_cast<T*>(a.out[i]->raw());
+}
+template <typename T>
+const T* in_ptr(const KernelArgs& a, size_t i) {
+  return static_cast<const T*>(a.in[i]->raw());
+}
 
 // Rows and row length of a tensor reduced over its last dim.
 inline std::pair<int64_t, int64_t> rows_of(const Tensor& t) {

@@ -91,7 +91,8 @@ void add_split_loss_kernels(const AddKernel& add) {
           continue;
         }
         const auto g = static_cast<Acc<T>>(scale);
-        for (int64_t v = 0; v < vocab; ++v) dr[v] = store<T>(exp_of(load(x[r * vocab + v]) - shift[r]) / sum_exp[r] * g);
+        for (int64_t v = 0; v < vocab; ++v)
+          dr[v] = store<T>(exp_of(load(x[r * vocab + v]) - shift[r]) / sum_exp[r] * g);
         if (const int64_t t = targets[r] - start; t >= 0 && t < vocab)  // this part holds the target
           dr[t] = store<T>(load(dr[t]) - g);
       }

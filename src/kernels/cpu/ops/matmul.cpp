@@ -1,5 +1,6 @@
 // CPU kernel of matmul (graph/ops/matmul.cpp): OpenBLAS for f32 and f64, oneDNN for bf16.
 #include "graph/ops/matmul.h"
+
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/ops/families.h"
 

@@ -28,8 +28,8 @@ void add_optimizer_kernels(const AddKernel& add) {
       using T = decltype(param_type);
       using S = decltype(state_type);
       adamw(out_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<S>(a, 1), out_ptr<S>(a, 2), a.in[0]->numel(), lr,
-            a.attrs.get(attr::beta1), a.attrs.get(attr::beta2), a.attrs.get(attr::eps),
-            a.attrs.get(attr::weight_decay), step);
+            a.attrs.get(attr::beta1), a.attrs.get(attr::beta2), a.attrs.get(attr::eps), a.attrs.get(attr::weight_decay),
+            step);
     };
     if (a.in[0]->dtype() == DType::f32 && a.in[2]->dtype() == DType::bf16) return run(float{}, bfloat16{});
     by_float_type(a.in[0]->dtype(), [&](auto z) { run(z, z); });
