@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "compile/step.h"
 #include "core/error.h"
 #include "graph/op_registry.h"
 #include "kernels/cpu/op_kernels.h"
@@ -243,6 +244,106 @@ sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world
       if (sum[1] > 0) lateness.tables[{world_size, size}].push_back({span * window_us, sum[0] / sum[1]});
   }
   return lateness;
+}
+
+namespace {
+
+// Every group of each mesh dim of more than one rank, and the whole mesh
+// where two or more dims are: the groups whose ranks wait for each other.
+std::vector<std::vector<int64_t>> mesh_groups(const sharding::DeviceMesh& mesh) {
+  std::vector<std::vector<int64_t>> groups;
+  int split_dims = 0;
+  for (int dim = 0; dim < mesh.ndim(); ++dim) {
+    if (mesh.size(dim) == 1) continue;
+    ++split_dims;
+    for (int rank = 0; rank < mesh.num_ranks(); ++rank)
+      if (mesh.coordinate(rank)[static_cast<size_t>(dim)] == 0) groups.push_back(mesh.group_ranks(rank, {dim}));
+  }
+  if (split_dims > 1) {
+    std::vector<int> all(static_cast<size_t>(mesh.ndim()));
+    std::iota(all.begin(), all.end(), 0);
+    groups.push_back(mesh.group_ranks(0, all));
+  }
+  return groups;
+}
+
+}  // namespace
+
+BenchmarkMode::BenchmarkMode(const config::TrainConfig& config, comm::ProcessGroupPtr world)
+    : config_(config), world_(std::move(world)) {}
+
+int BenchmarkMode::rank() const { return world_ ? world_->rank() : 0; }
+
+void BenchmarkMode::save_cache() const {
+  if (rank() == 0 && !config_.schedule.kernel_cache.empty())
+    sched::save_kernel_times(kernel_times_, config_.schedule.kernel_cache);
+}
+
+const sched::KernelTimes* BenchmarkMode::measure(const graph::Graph& g) {
+  if (!kernel_cache_read_ && !config_.schedule.kernel_cache.empty())
+    kernel_times_ = sched::load_kernel_times(config_.schedule.kernel_cache);
+  kernel_cache_read_ = true;
+  // The ranks time their kernels side by side, as they run the step: each
+  // kernel's time then holds what sharing the host's cores (and caches)
+  // costs it. They start together; waiting, a rank sleeps rather than polls,
+  // so that a polling peer takes no part of a core from a rank still timing.
+  if (world_) wait_sleeping(world_->barrier());
+  std::string failure;
+  const KernelBenchmark timed = [&] {
+    try {
+      return measure_kernels(g, kernel_times_);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      return KernelBenchmark{};
+    }
+  }();
+  if (world_) {
+    // Every rank learns the lowest rank that failed, if any: it reports its
+    // error and takes the job down; the others wait for that.
+    Tensor reporter = Tensor::empty({1}, DType::f64);
+    reporter.data<double>()[0] = failure.empty() ? world_->size() : world_->rank();
+    wait_sleeping(world_->all_reduce(reporter, comm::ReduceOp::min));  // some may still be timing
+    const auto first_failed = static_cast<int>(reporter.data<double>()[0]);
+    if (first_failed < world_->size() && first_failed != world_->rank()) world_->barrier()->wait();
+  }
+  MT_CHECK(failure.empty(), "{}", failure);
+  if (world_) align_kernel_times(kernel_times_, measurable_kernels(g), *world_);
+  if (rank() == 0 && timed.measured > 0)
+    fmt::print(stderr, "benchmark mode: timed {} kernels in {:.1f} s ({} known{}){}\n", timed.measured, timed.seconds,
+               timed.known, config_.schedule.kernel_cache.empty() ? "" : " from " + config_.schedule.kernel_cache,
+               world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
+  const std::vector<std::vector<int64_t>> groups =
+      world_ && world_->size() > 1 && config_.parallel.pp == 1
+          ? mesh_groups(compile::check_parallel_config(config_, world_->size()))
+          : std::vector<std::vector<int64_t>>{};
+  // Measured once per run, unless the cache has every group size of the
+  // mesh for a job of this size; the ranks agree on it (each read the cache).
+  bool lateness_missing = std::any_of(groups.begin(), groups.end(), [&](const std::vector<int64_t>& group) {
+    return !kernel_times_.sync_lateness.tables.count({world_->size(), static_cast<int64_t>(group.size())});
+  });
+  if (!groups.empty()) {
+    Tensor missing = Tensor::empty({1}, DType::f64);
+    missing.data<double>()[0] = lateness_missing ? 1 : 0;
+    world_->all_reduce(missing, comm::ReduceOp::max)->wait();
+    lateness_missing = missing.data<double>()[0] > 0;
+  }
+  if (lateness_missing) {
+    wait_sleeping(world_->barrier());
+    const sched::SyncLateness measured =
+        measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)});
+    kernel_times_.sync_lateness = measured.over(kernel_times_.sync_lateness);
+    if (rank() == 0) {
+      std::vector<std::string> per_size;
+      for (const auto& [key, points] : measured.tables)
+        if (!points.empty())
+          per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", key.ranks,
+                                         100 * points.front().share, points.front().interval_us / 1e3,
+                                         100 * points.back().share, points.back().interval_us / 1e3));
+      fmt::print(stderr, "benchmark mode: side by side, a group's slowest rank trails its mean {}\n",
+                 fmt::join(per_size, "; "));
+    }
+  }
+  return &kernel_times_;
 }
 
 }  // namespace meshtrain::train

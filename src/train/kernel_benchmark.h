@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "config/config.h"
 #include "graph/graph.h"
 #include "sched/kernel_times.h"
 
@@ -71,5 +72,27 @@ sched::SyncLateness sync_lateness_of(std::span<const double> per_rank, int world
 // Waits for `work` sleeping between polls, so that the wait takes no part of
 // a core from a rank of this host that is still computing.
 void wait_sleeping(const comm::WorkPtr& work);
+
+// Benchmark mode for a training run: the kernels of the graphs it is given
+// timed by every rank side by side (after those of config.schedule.kernel_cache,
+// read once), the ranks' figures aligned, and once per run how unevenly the
+// ranks advance (measure_sync_lateness), unless the cache has it for every
+// group size of the mesh. A rank that fails to time fails every rank.
+class BenchmarkMode {
+ public:
+  // `world`: the job's ranks (null: one rank).
+  BenchmarkMode(const config::TrainConfig& config, comm::ProcessGroupPtr world);
+  // Times what `g` adds (every rank calls it) and returns the figures so far.
+  const sched::KernelTimes* measure(const graph::Graph& g);
+  // Rank 0 writes the figures to config.schedule.kernel_cache, if set.
+  void save_cache() const;
+
+ private:
+  int rank() const;
+  config::TrainConfig config_;
+  comm::ProcessGroupPtr world_;
+  sched::KernelTimes kernel_times_;
+  bool kernel_cache_read_ = false;
+};
 
 }  // namespace meshtrain::train

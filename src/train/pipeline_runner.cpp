@@ -54,7 +54,7 @@ spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& plan
 
 PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
                                compile::PipelineRank compiled, const std::map<std::string, Tensor>& whole)
-    : config_(config), place_(std::move(compiled.place)) {
+    : config_(config), world_(world), place_(std::move(compiled.place)) {
   MT_ASSERT(world != nullptr && world->size() == place_.mesh.num_ranks() && world->rank() == place_.rank,
             "the pipeline runner's world ({} ranks) is not the one its step was compiled for ({} ranks, rank {})",
             world ? world->size() : 0, place_.mesh.num_ranks(), place_.rank);
@@ -210,6 +210,9 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
   update_run_->bind(update_values_.at(update_squares_), squares_);
   update_run_->bind(update_values_.at(update_.lr), lr_);
   update_run_->bind(update_values_.at(update_.step), adam_step_);
+  const Shape batch{config.data.batch_size, config.data.seq_len};
+  global_tokens_ = Tensor::empty(batch, DType::i64);
+  global_targets_ = Tensor::empty(batch, DType::i64);
 }
 
 PipelineRunner::~PipelineRunner() = default;
@@ -417,11 +420,10 @@ void PipelineRunner::act(const parallel::PpAction& a) {
   }
 }
 
-PipelineRunner::StepResult PipelineRunner::step(const Tensor& tokens, const Tensor& targets, double lr,
-                                                int64_t adam_step) {
-  const Shape batch{config_.data.batch_size, config_.data.seq_len};
-  MT_CHECK(tokens.shape() == batch && targets.shape() == batch, "pipeline step: the batch must be {}, got {} and {}",
-           batch.to_string(), tokens.shape().to_string(), targets.shape().to_string());
+StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
+  const Tensor& tokens = global_tokens_;
+  const Tensor& targets = global_targets_;
+  const Shape& batch = tokens.shape();
   const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
   count_run_->bind(count_targets_, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
   count_run_->run();
@@ -592,5 +594,67 @@ std::vector<runtime::Executor::OpTime> PipelineRunner::profile() const {
   std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.seconds > y.seconds; });
   return out;
 }
+
+std::vector<checkpoint::HeldTensor> PipelineRunner::held_tensors() const {
+  const auto specs = models::llama_parameters(config_.model);
+  const int pp = pipeline_rank();
+  std::vector<checkpoint::HeldTensor> held;
+  for (const auto& [name, local] : params_) {
+    const Shape& shape = specs.at(name).shape;
+    const sharding::Layout layout = mesh_layout(name);
+    held.push_back({name, shape, layout, local, pp});
+    held.push_back({"optimizer.exp_avg." + name, shape, layout, exp_avg_.at(name), pp});
+    held.push_back({"optimizer.exp_avg_sq." + name, shape, layout, exp_avg_sq_.at(name), pp});
+  }
+  return held;
+}
+
+checkpoint::CheckpointRank PipelineRunner::checkpoint_rank() const {
+  return {&place_.mesh, place_.mesh.coordinate(world_->rank()), world_.get()};
+}
+
+std::map<std::string, Tensor> PipelineRunner::whole_parameters() {
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, spec] : models::llama_parameters(config_.model)) {
+    const int owner = first_rank_holding(name);
+    Tensor t = params_.contains(name) ? gather_parameter(name) : Tensor::empty(spec.shape, DType::f32);
+    world_->broadcast(t, owner)->wait();
+    if (world_->rank() == 0) whole[name] = t;
+  }
+  return whole;
+}
+
+std::string PipelineRunner::layout_summary() const {
+  const parallel::PpSchedule& s = place_.schedule;
+  std::vector<std::string> stages;
+  for (const models::LlamaSpan& span : place_.spans) {
+    std::vector<std::string> parts;
+    if (span.embedding) parts.push_back("embedding");
+    if (span.end_layer == span.first_layer + 1) parts.push_back(fmt::format("layer {}", span.first_layer));
+    if (span.end_layer > span.first_layer + 1)
+      parts.push_back(fmt::format("layers {}-{}", span.first_layer, span.end_layer - 1));
+    if (span.head) parts.push_back("head");
+    stages.push_back(fmt::format("{}", fmt::join(parts, "+")));
+  }
+  return fmt::format("mesh {}: pipeline {} of {} stages ({} per rank), {} microbatches; stages: {}",
+                     place_.mesh.describe(), parallel::pp_schedule_name(s.kind), s.stages(), s.stages_per_rank,
+                     s.microbatches, fmt::join(stages, "; "));
+}
+
+void PipelineRunner::report(RankReport& r) const {
+  r.coordinate = place_.mesh.coordinate(world_->rank());
+  for (const auto& [name, p] : params_) {
+    r.parameter_bytes += static_cast<double>(p.nbytes());
+    r.gradient_bytes += static_cast<double>(p.nbytes());
+    r.optimizer_state_bytes += static_cast<double>(exp_avg_.at(name).nbytes() + exp_avg_sq_.at(name).nbytes());
+  }
+  r.collectives_per_step = static_cast<double>(p2p_per_step()) + 1;  // and the loss and norm all_reduce
+  r.collective_bytes_per_step = p2p_bytes_per_step() + 16;
+  r.pipeline_bubble = stats_.bubble();
+  r.activation_peak_bytes = stats_.held_bytes_peak;
+  r.activation_peak_pairs = stats_.held_pairs_peak;
+}
+
+std::string PipelineRunner::trace_events(int rank) const { return sched::chrome_trace_events(trace_, rank); }
 
 }  // namespace meshtrain::train

@@ -23,10 +23,11 @@
 #include "sched/trace.h"
 #include "sharding/device_mesh.h"
 #include "sharding/planner.h"
+#include "train/step_runner.h"
 
 namespace meshtrain::train {
 
-class PipelineRunner {
+class PipelineRunner : public StepRunner {
  public:
   // `world`: every rank of the job, on the mesh of `compiled.place` (a
   // collective: every rank constructs its runner); `compiled`: this rank's
@@ -34,23 +35,32 @@ class PipelineRunner {
   // by Hugging Face name (this rank keeps its part of its stages').
   PipelineRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world, compile::PipelineRank compiled,
                  const std::map<std::string, Tensor>& whole);
-  ~PipelineRunner();
+  ~PipelineRunner() override;
 
-  struct StepResult {
-    double loss = 0;       // the batch's mean loss (every rank gets it)
-    double grad_norm = 0;  // over every stage's gradients, before clipping
-  };
-  // One optimizer step on the global batch [batch, seq] (every rank passes it
-  // whole; row i belongs to microbatch i mod (pp_microbatches x
-  // grad_accum_steps), as in single-rank gradient accumulation, and the
-  // schedule runs once per grad_accum_steps chunk of pp_microbatches
-  // microbatches). `adam_step`: AdamW's 1-based count.
-  StepResult step(const Tensor& tokens, const Tensor& targets, double lr, int64_t adam_step);
+  // Every rank takes the whole batch: row i belongs to microbatch i mod
+  // (pp_microbatches x grad_accum_steps), as in single-rank gradient
+  // accumulation, and the schedule runs once per grad_accum_steps chunk of
+  // pp_microbatches microbatches.
+  Tensor& batch_tokens() override { return global_tokens_; }
+  Tensor& batch_targets() override { return global_targets_; }
+  Result step(double lr, int64_t update) override;
 
-  // This rank's parameters and AdamW moments (the live tensors).
-  const std::map<std::string, Tensor>& parameters() const { return params_; }
-  const std::map<std::string, Tensor>& exp_avg() const { return exp_avg_; }
-  const std::map<std::string, Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  const std::map<std::string, Tensor>& parameters() const override { return params_; }
+  const std::map<std::string, Tensor>& exp_avg() const override { return exp_avg_; }
+  const std::map<std::string, Tensor>& exp_avg_sq() const override { return exp_avg_sq_; }
+  // This rank's part of its stages' tensors, on the mesh (pp, dp_replicate, dp_shard, tp).
+  std::vector<checkpoint::HeldTensor> held_tensors() const override;
+  checkpoint::CheckpointRank checkpoint_rank() const override;
+  // Each parameter gathered whole on its stage's ranks, then sent by the
+  // first of them to every rank.
+  std::map<std::string, Tensor> whole_parameters() override;
+  const sharding::DeviceMesh* mesh() const override { return &place_.mesh; }
+  std::string layout_summary() const override;
+  void report(RankReport& r) const override;
+  double estimated_step_us() const override { return 0; }
+  const std::string& no_estimate_because() const override { return no_estimate_because_; }
+  std::string trace_events(int rank) const override;
+
   const parallel::PpSchedule& schedule() const { return place_.schedule; }
   int pipeline_rank() const { return group_->rank(); }
   // Parameter `name` whole on every rank of the stage holding it (a
@@ -64,8 +74,8 @@ class PipelineRunner {
   sharding::Layout mesh_layout(const std::string& name) const;
   std::vector<int> stages() const;  // this rank's, in order
   // This rank's programs as text, stage by stage, and its actions.
-  std::string text() const;
-  double flops_per_step() const;
+  std::string text() const override;
+  double flops_per_step() const override;
   double p2p_bytes_per_step() const;  // sent by this rank
   int64_t p2p_per_step() const;       // sends and receives this rank posts
   // The last step as it ran on this rank: its wall time from the first
@@ -85,10 +95,10 @@ class PipelineRunner {
   // compute actions on the compute track; the waits for receives, FSDP's
   // gathers and reductions, and the step-end all_reduce and update on the
   // communication track.
-  void set_tracing(bool on) { tracing_ = on; }
+  void set_tracing(bool on) override { tracing_ = on; }
   const std::vector<sched::NamedSpan>& trace() const { return trace_; }
-  void set_profiling(bool on);
-  std::vector<runtime::Executor::OpTime> profile() const;
+  void set_profiling(bool on) override;
+  std::vector<runtime::Executor::OpTime> profile() const override;
 
  private:
   struct Program {
@@ -117,6 +127,7 @@ class PipelineRunner {
   int peer_tag(int from_stage, bool forward) const;
 
   config::TrainConfig config_;
+  comm::ProcessGroupPtr world_;  // every rank of the job
   comm::ProcessGroupPtr group_;  // the pipeline: the ranks at this rank's coordinate in every stage
   compile::PipelinePlace place_;
   // Composed with data or tensor parallelism: the groups and planner of the
@@ -160,6 +171,8 @@ class PipelineRunner {
   compile::TrainStepGraph update_;
   graph::ValueId count_targets_, update_squares_, update_norm_;
   Tensor lr_, adam_step_, squares_;
+  Tensor global_tokens_, global_targets_;  // the batch every rank takes its microbatches' rows of
+  std::string no_estimate_because_ = "a pipeline's step is estimated by `meshtrain estimate`, not yet beside a run";
 };
 
 }  // namespace meshtrain::train

@@ -19,7 +19,6 @@
 #include "checkpoint/safetensors.h"
 #include "comm/mpi_backend.h"
 #include "compile/compile.h"
-#include "compile/pipeline_stage.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "kernels/cpu/op_kernels.h"
@@ -45,91 +44,33 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
-  const bool benchmark = config_.schedule.estimate == config::EstimateMode::benchmark;
   const sched::HardwareProfile hardware = compile::scheduling_hardware(config_);
-  if (benchmark) compile::check_benchmark_hardware(hardware);
+  if (config_.schedule.estimate == config::EstimateMode::benchmark) {
+    compile::check_benchmark_hardware(hardware);
+    benchmark_ = std::make_unique<BenchmarkMode>(config_, world_);
+  }
   const std::optional<checkpoint::CheckpointInfo> resume_from = checkpoint_to_resume();
-  init_parameters(!resume_from);
-  lr_ = Tensor::empty({}, DType::f64);
-  step_ = Tensor::empty({}, DType::i64);
+  std::map<std::string, Tensor> initial = initial_parameters(!resume_from);
   // Benchmark mode on several ranks: the passes cost the lowered step with
   // kernel times the ranks measure side by side and agree on.
   compile::CompileOptions options;
-  if (benchmark && world_) options.measure = [this](const graph::Graph& lowered) { return benchmark_kernels(lowered); };
+  if (benchmark_ && world_) options.measure = [this](const graph::Graph& g) { return benchmark_->measure(g); };
   compile::CompiledRank compiled = compile::compile_rank(config_, num_ranks(), rank(), hardware, options);
   if (compiled.pipeline) {
     MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one",
              config_.parallel.pp, config_.parallel.pp, config_.parallel.pp);
-    pipeline_mesh_ = std::make_unique<sharding::DeviceMesh>(compiled.pipeline->place.mesh);
-    pipeline_ = std::make_unique<PipelineRunner>(config_, world_, std::move(*compiled.pipeline), params_);
-    params_ = pipeline_->parameters();  // this rank's stages' (the live tensors)
-    exp_avg_ = pipeline_->exp_avg();
-    exp_avg_sq_ = pipeline_->exp_avg_sq();
-    const Shape batch{config_.data.batch_size, config_.data.seq_len};
-    global_tokens_ = Tensor::empty(batch, DType::i64);
-    global_targets_ = Tensor::empty(batch, DType::i64);
-    no_estimate_because_ = "a pipeline's step is estimated by `meshtrain estimate`, not yet beside a run";
+    runner_ = std::make_unique<PipelineRunner>(config_, world_, std::move(*compiled.pipeline), initial);
+    initial.clear();
     default_allocator().release_cache();
-    if (resume_from) resume(*resume_from);
-    if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-      for (const checkpoint::HeldTensor& t : held_tensors())
-        snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
-    return;
+  } else {
+    runner_ = std::make_unique<FlatStepRunner>(config_, world_, std::move(compiled.flat), std::move(initial), hardware,
+                                               benchmark_.get());
   }
-  flat_ = std::move(compiled.flat);
-  const compile::TrainStepGraph& sg = flat_->step;
-  const auto run_value = [&](graph::ValueId global) { return flat_->values.at(global); };
-  if (world_) {
-    groups_ = std::make_unique<sharding::MeshGroups>(flat_->layout->mesh(), world_);
-    const Shape batch{config_.data.batch_size, config_.data.seq_len};
-    global_tokens_ = Tensor::empty(batch, DType::i64);
-    global_targets_ = Tensor::empty(batch, DType::i64);
-    // This rank's shard of every parameter, cut from the same global initial
-    // weights, all before any is freed, from an empty cache: a shard served
-    // from a freed block up to twice its size would hold memory no step uses.
-    default_allocator().release_cache();
-    std::map<std::string, Tensor> shards;
-    for (const auto& [name, v] : sg.model.params)
-      shards[name] = sharding::local_piece(params_.at(name), layout_of(v), groups_->mesh(), groups_->coordinate());
-    params_ = std::move(shards);
-    default_allocator().release_cache();
-  }
-  const graph::Graph& run_graph = flat_->running();
-  tokens_ = Tensor::empty(run_graph.value(run_value(sg.model.tokens)).info.shape, DType::i64);
-  targets_ = Tensor::empty(run_graph.value(run_value(sg.model.targets)).info.shape, DType::i64);
-  if (config_.schedule.memory_budget_mb > 0)
-    check_memory_budget(sched::estimate_memory(run_graph, flat_->schedule).allocated_bytes +
-                        compile::batch_buffer_bytes(config_, num_ranks()));
-  auto& ex = *(executor_ = std::make_unique<runtime::Executor>(run_graph, flat_->schedule, groups_.get()));
-  const sched::KernelTimes* measured = benchmark ? benchmark_kernels(run_graph) : nullptr;
-  try {  // a report, not a need: a profile without figures for this job leaves it out
-    estimated_step_us_ = sched::estimate_step(run_graph, ex.schedule(), {hardware, num_ranks(), measured}).step_us;
-  } catch (const std::exception& e) {
-    no_estimate_because_ = e.what();
-  }
-  if (benchmark && rank() == 0 && !config_.schedule.kernel_cache.empty())
-    sched::save_kernel_times(kernel_times_, config_.schedule.kernel_cache);
-  default_allocator().release_cache();  // of the measurements
-  for (const auto& [name, v] : sg.model.params) {
-    const Tensor& p = params_.at(name);
-    ex.bind(run_value(v), p);
-    const DType state = config_.optimizer.state_dtype;
-    ex.bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
-    ex.bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
-  }
-  ex.bind(run_value(sg.model.tokens), tokens_);
-  ex.bind(run_value(sg.model.targets), targets_);
-  ex.bind(run_value(sg.lr), lr_);
-  ex.bind(run_value(sg.step), step_);
-  // The loss and the gradient norm as the graph that runs delivers them.
-  const auto delivered = compile::delivered_outputs(flat_->global, run_graph);
-  loss_value_ = delivered.at(sg.model.loss);
-  grad_norm_value_ = delivered.at(sg.grad_norm);
   if (resume_from) resume(*resume_from);
   // checkpoint.async copies the state into buffers of its own: made (and
   // their pages touched) here, so that no save pays for that in the loop.
   if (config_.checkpoint.async && !config_.checkpoint.folder.empty())
-    for (const checkpoint::HeldTensor& t : held_tensors())
+    for (const checkpoint::HeldTensor& t : runner_->held_tensors())
       snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
 }
 
@@ -166,189 +107,18 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
              key);
 }
 
-namespace {
-
-// Every group of each mesh dim of more than one rank, and the whole mesh
-// where two or more dims are: the groups whose ranks wait for each other.
-std::vector<std::vector<int64_t>> mesh_groups(const sharding::DeviceMesh& mesh) {
-  std::vector<std::vector<int64_t>> groups;
-  int split_dims = 0;
-  for (int dim = 0; dim < mesh.ndim(); ++dim) {
-    if (mesh.size(dim) == 1) continue;
-    ++split_dims;
-    for (int rank = 0; rank < mesh.num_ranks(); ++rank)
-      if (mesh.coordinate(rank)[static_cast<size_t>(dim)] == 0) groups.push_back(mesh.group_ranks(rank, {dim}));
-  }
-  if (split_dims > 1) {
-    std::vector<int> all(static_cast<size_t>(mesh.ndim()));
-    std::iota(all.begin(), all.end(), 0);
-    groups.push_back(mesh.group_ranks(0, all));
-  }
-  return groups;
-}
-
-}  // namespace
-
 double shared_core_slowdown(int local_ranks) {
   const int cores =
       std::min(kernels::cpu::available_cores(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   return std::max(1.0, static_cast<double>(local_ranks) * kernels::cpu::cpu_threads() / std::max(1, cores));
 }
 
-void Trainer::check_memory_budget(double needed_bytes) const {
-  const double budget = compile::memory_budget_bytes(config_);
-  if (!world_) {
-    MT_CHECK(needed_bytes <= budget, "{}", compile::over_budget_message(config_, needed_bytes, 0));
-    return;
-  }
-  // Every rank learns every rank's need, so that all of them stop together.
-  Tensor needs = Tensor::zeros({world_->size()}, DType::f64);
-  needs.data<double>()[static_cast<size_t>(world_->rank())] = needed_bytes;
-  world_->all_reduce(needs)->wait();
-  const std::span<double> need = needs.data<double>();
-  const auto most = static_cast<size_t>(std::max_element(need.begin(), need.end()) - need.begin());
-  if (need[most] <= budget) return;
-  // Rank 0 reports it and takes the job down; the others wait to be stopped.
-  if (world_->rank() != 0) world_->barrier()->wait();
-  throw InvalidArgument(compile::over_budget_message(config_, need[most], static_cast<int>(most)));
-}
-
-const sched::KernelTimes* Trainer::benchmark_kernels(const graph::Graph& g) {
-  if (!kernel_cache_read_ && !config_.schedule.kernel_cache.empty())
-    kernel_times_ = sched::load_kernel_times(config_.schedule.kernel_cache);
-  kernel_cache_read_ = true;
-  // The ranks time their kernels side by side, as they run the step: each
-  // kernel's time then holds what sharing the host's cores (and caches)
-  // costs it. They start together; waiting, a rank sleeps rather than polls,
-  // so that a polling peer takes no part of a core from a rank still timing.
-  if (world_) wait_sleeping(world_->barrier());
-  std::string failure;
-  const KernelBenchmark timed = [&] {
-    try {
-      return measure_kernels(g, kernel_times_);
-    } catch (const std::exception& e) {
-      failure = e.what();
-      return KernelBenchmark{};
-    }
-  }();
-  if (world_) {
-    // Every rank learns the lowest rank that failed, if any: it reports its
-    // error and takes the job down; the others wait for that.
-    Tensor reporter = Tensor::empty({1}, DType::f64);
-    reporter.data<double>()[0] = failure.empty() ? world_->size() : rank();
-    wait_sleeping(world_->all_reduce(reporter, comm::ReduceOp::min));  // some may still be timing
-    const auto first_failed = static_cast<int>(reporter.data<double>()[0]);
-    if (first_failed < world_->size() && first_failed != rank()) world_->barrier()->wait();
-  }
-  MT_CHECK(failure.empty(), "{}", failure);
-  if (world_) align_kernel_times(kernel_times_, measurable_kernels(g), *world_);
-  if (rank() == 0 && timed.measured > 0)
-    fmt::print(stderr, "benchmark mode: timed {} kernels in {:.1f} s ({} known{}){}\n", timed.measured, timed.seconds,
-               timed.known, config_.schedule.kernel_cache.empty() ? "" : " from " + config_.schedule.kernel_cache,
-               world_ ? fmt::format(", the median of {} ranks", world_->size()) : "");
-  const std::vector<std::vector<int64_t>> groups =
-      world_ && world_->size() > 1 && config_.parallel.pp == 1
-          ? mesh_groups(compile::check_parallel_config(config_, world_->size()))
-          : std::vector<std::vector<int64_t>>{};
-  // Measured once per run, unless the cache has every group size of the
-  // mesh for a job of this size; the ranks agree on it (each read the cache).
-  bool lateness_missing = std::any_of(groups.begin(), groups.end(), [&](const std::vector<int64_t>& group) {
-    return !kernel_times_.sync_lateness.tables.count({world_->size(), static_cast<int64_t>(group.size())});
-  });
-  if (!groups.empty()) {
-    Tensor missing = Tensor::empty({1}, DType::f64);
-    missing.data<double>()[0] = lateness_missing ? 1 : 0;
-    world_->all_reduce(missing, comm::ReduceOp::max)->wait();
-    lateness_missing = missing.data<double>()[0] > 0;
-  }
-  if (lateness_missing) {
-    wait_sleeping(world_->barrier());
-    const sched::SyncLateness measured =
-        measure_sync_lateness(g, groups, *world_, {.window = std::chrono::milliseconds(10)});
-    kernel_times_.sync_lateness = measured.over(kernel_times_.sync_lateness);
-    if (rank() == 0) {
-      std::vector<std::string> per_size;
-      for (const auto& [key, points] : measured.tables)
-        if (!points.empty())
-          per_size.push_back(fmt::format("in groups of {}, {:.1f}% over {:.0f} ms to {:.1f}% over {:.0f} ms", key.ranks,
-                                         100 * points.front().share, points.front().interval_us / 1e3,
-                                         100 * points.back().share, points.back().interval_us / 1e3));
-      fmt::print(stderr, "benchmark mode: side by side, a group's slowest rank trails its mean {}\n",
-                 fmt::join(per_size, "; "));
-    }
-  }
-  return &kernel_times_;
-}
-
-std::string Trainer::lowered_text() const {
-  if (pipeline_) return pipeline_->text();
-  return world_ ? spmd::to_text(flat_->global, flat_->layout->lowered, flat_->layout->sharding)
-                : graph::to_text(flat_->global);
-}
-
-std::string Trainer::layout_summary() const {
-  if (!world_) return "";
-  if (pipeline_) {
-    const parallel::PpSchedule& s = pipeline_->schedule();
-    const auto spans = compile::pipeline_spans(config_.model, s.stages(), config_.parallel.pp_layers_per_stage);
-    std::vector<std::string> stages;
-    for (const models::LlamaSpan& span : spans) {
-      std::vector<std::string> parts;
-      if (span.embedding) parts.push_back("embedding");
-      if (span.end_layer == span.first_layer + 1) parts.push_back(fmt::format("layer {}", span.first_layer));
-      if (span.end_layer > span.first_layer + 1)
-        parts.push_back(fmt::format("layers {}-{}", span.first_layer, span.end_layer - 1));
-      if (span.head) parts.push_back("head");
-      stages.push_back(fmt::format("{}", fmt::join(parts, "+")));
-    }
-    return fmt::format("mesh {}: pipeline {} of {} stages ({} per rank), {} microbatches; stages: {}",
-                       mesh().describe(), parallel::pp_schedule_name(s.kind), s.stages(), s.stages_per_rank,
-                       s.microbatches, fmt::join(stages, "; "));
-  }
-  std::string out = fmt::format("mesh {}: ", groups_->mesh().describe());
-  std::map<std::string, int> count;
-  for (const auto& [name, v] : flat_->step.model.params) ++count[layout_of(v).to_string()];
-  for (const auto& [layout, n] : count) out += fmt::format("{} parameters {}; ", n, layout);
-  out += fmt::format("batch {}", layout_of(flat_->step.model.tokens).to_string());
-  return out;
-}
-
 RankReport Trainer::own_report() const {
   RankReport r;
   r.rank = rank();
-  if (groups_) r.coordinate = groups_->coordinate();
   r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
   r.step_peak_bytes = static_cast<double>(last_step_peak_);
-  if (pipeline_) {
-    r.coordinate = mesh().coordinate(rank());
-    for (const auto& [name, p] : params_) {
-      r.parameter_bytes += static_cast<double>(p.nbytes());
-      r.gradient_bytes += static_cast<double>(p.nbytes());
-      r.optimizer_state_bytes += static_cast<double>(exp_avg_.at(name).nbytes() + exp_avg_sq_.at(name).nbytes());
-    }
-    r.collectives_per_step = static_cast<double>(pipeline_->p2p_per_step()) + 1;  // and the loss and norm all_reduce
-    r.collective_bytes_per_step = pipeline_->p2p_bytes_per_step() + 16;
-    r.pipeline_bubble = pipeline_->last_step().bubble();
-    r.activation_peak_bytes = pipeline_->last_step().held_bytes_peak;
-    r.activation_peak_pairs = pipeline_->last_step().held_pairs_peak;
-    return r;
-  }
-  const graph::Graph& g = flat_->running();
-  auto bytes = [&](graph::ValueId v) {
-    return static_cast<double>(g.value(v).info.shape.numel() * dtype_size(g.value(v).info.dtype));
-  };
-  for (graph::NodeId n : g.order()) {
-    const graph::Node& node = g.node(n);
-    if (node.op->name == "adamw") {  // param, grad, m, v, lr, step: each as this rank holds it
-      r.parameter_bytes += bytes(node.inputs[0]);
-      r.gradient_bytes += bytes(node.inputs[1]);
-      r.optimizer_state_bytes += bytes(node.inputs[2]) + bytes(node.inputs[3]);
-    }
-    if (node.op->is_collective) {
-      r.collectives_per_step += 1;
-      r.collective_bytes_per_step += node.attrs.get(graph::attr::comm_bytes);
-    }
-  }
+  runner_->report(r);
   return r;
 }
 
@@ -376,12 +146,11 @@ void Trainer::wait_for_all_ranks() {
   if (world_) world_->barrier()->wait();
 }
 
-void Trainer::init_parameters(bool from_init_file) {
+std::map<std::string, Tensor> Trainer::initial_parameters(bool from_init_file) const {
   const auto specs = models::llama_parameters(config_.model);
-  if (config_.checkpoint.init_from.empty() || !from_init_file) {
-    params_ = models::initial_parameters(specs, static_cast<uint64_t>(config_.training.seed));
-    return;
-  }
+  if (config_.checkpoint.init_from.empty() || !from_init_file)
+    return models::initial_parameters(specs, static_cast<uint64_t>(config_.training.seed));
+  std::map<std::string, Tensor> params;
   const std::string& path = config_.checkpoint.init_from;
   auto loaded = checkpoint::load_safetensors(path);
   for (const auto& [name, spec] : specs) {
@@ -390,14 +159,15 @@ void Trainer::init_parameters(bool from_init_file) {
     MT_CHECK(it->second.shape() == spec.shape,
              "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}", path, name,
              it->second.shape().to_string(), spec.shape.to_string());
-    params_[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
-    const std::span<const float> values = std::as_const(params_[name]).data<float>();
+    params[name] = it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32);
+    const std::span<const float> values = std::as_const(params[name]).data<float>();
     const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
     MT_CHECK(bad == values.end(),
              "checkpoint.init_from {}: tensor '{}' holds {} at element {}: the checkpoint is "
              "damaged or was saved from a diverged run; start from an earlier one",
              path, name, *bad, bad - values.begin());
   }
+  return params;
 }
 
 namespace {
@@ -480,44 +250,12 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
     failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
   }
   checkpoint::fail_together(failure, world_.get());
-  std::vector<checkpoint::HeldTensor> held = held_tensors();
-  checkpoint::load_checkpoint(checkpoint, held, checkpoint_rank());
+  std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
+  checkpoint::load_checkpoint(checkpoint, held, runner_->checkpoint_rank());
   steps_done_ = checkpoint.state.step;
   updates_applied_ = checkpoint.state.updates_applied;
   cursor_before_step_ = checkpoint.state.data_cursor;
   resumed_from_ = checkpoint.path;
-}
-
-std::vector<checkpoint::HeldTensor> Trainer::held_tensors() {
-  if (pipeline_) {  // this rank's part of its stages' tensors, on the mesh (pp, dp_replicate, dp_shard, tp)
-    const auto specs = models::llama_parameters(config_.model);
-    const int pp = pipeline_->pipeline_rank();
-    std::vector<checkpoint::HeldTensor> held;
-    for (const auto& [name, local] : params_) {
-      const Shape& shape = specs.at(name).shape;
-      const sharding::Layout layout = pipeline_->mesh_layout(name);
-      held.push_back({name, shape, layout, local, pp});
-      held.push_back({"optimizer.exp_avg." + name, shape, layout, exp_avg_.at(name), pp});
-      held.push_back({"optimizer.exp_avg_sq." + name, shape, layout, exp_avg_sq_.at(name), pp});
-    }
-    return held;
-  }
-  const compile::TrainStepGraph& sg = flat_->step;
-  std::vector<checkpoint::HeldTensor> held;
-  const auto layout = [&](graph::ValueId v) { return world_ ? layout_of(v) : sharding::Layout{}; };
-  for (const auto& [name, v] : sg.model.params) {
-    const Shape& shape = flat_->global.value(v).info.shape;
-    held.push_back({name, shape, layout(v), params_.at(name)});
-    held.push_back({"optimizer.exp_avg." + name, shape, layout(sg.exp_avg.at(name)), exp_avg_.at(name)});
-    held.push_back({"optimizer.exp_avg_sq." + name, shape, layout(sg.exp_avg_sq.at(name)), exp_avg_sq_.at(name)});
-  }
-  return held;
-}
-
-checkpoint::CheckpointRank Trainer::checkpoint_rank() const {
-  if (!world_) return {};
-  if (pipeline_) return {pipeline_mesh_.get(), pipeline_mesh_->coordinate(rank()), world_.get()};
-  return {&groups_->mesh(), groups_->coordinate(), world_.get()};
 }
 
 std::string Trainer::save_checkpoint(int64_t step) {
@@ -529,9 +267,10 @@ std::string Trainer::save_checkpoint(int64_t step) {
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
   const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_),
                                           run_record(config_, step)};
-  std::vector<checkpoint::HeldTensor> held = held_tensors();
+  std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
   if (!config_.checkpoint.async) {
-    const std::string path = checkpoint::save_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank());
+    const std::string path =
+        checkpoint::save_checkpoint(config_.checkpoint.folder, state, held, runner_->checkpoint_rank());
     if (rank() == 0)
       checkpoint::keep_latest_checkpoints(
           config_.checkpoint.folder, static_cast<int>(std::min<int64_t>(config_.checkpoint.keep_latest_k, 1 << 30)));
@@ -547,7 +286,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
     t.local = copy;
   }
   pending_save_ = std::make_unique<checkpoint::PendingCheckpoint>(
-      checkpoint::begin_checkpoint(config_.checkpoint.folder, state, held, checkpoint_rank()));
+      checkpoint::begin_checkpoint(config_.checkpoint.folder, state, held, runner_->checkpoint_rank()));
   save_written_ = false;
   save_writer_ = std::thread([this] {
     checkpoint::write_checkpoint_file(*pending_save_);
@@ -587,38 +326,13 @@ StepMetrics Trainer::step() {
   default_allocator().reset_peak();
   m.lr = config_.lr_at(m.step);
   cursor_before_step_ = loader_.cursor();
-  if (pipeline_) {
-    loader_.next(global_tokens_, global_targets_);  // every pipeline rank takes its microbatches' rows
-  } else if (world_) {
-    // The global batch, then this rank's rows of it (the batch is Shard(0), so they are contiguous).
-    loader_.next(global_tokens_, global_targets_);
-    const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(flat_->step.model.tokens),
-                                             groups_->mesh(), groups_->coordinate());
-    const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
-    std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
-                tokens_.nbytes());
-    std::memcpy(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
-                targets_.nbytes());
-  } else {
-    loader_.next(tokens_, targets_);
-  }
-  lr_.data<double>()[0] = m.lr;
+  loader_.next(runner_->batch_tokens(), runner_->batch_targets());
+  runner_->set_profiling(profiling_ && m.step > 1);
+  runner_->set_tracing(tracing_ && m.step == config_.training.steps);
   // AdamW's step count (its bias correction): the updates it has applied, this one included.
-  step_.data<int64_t>()[0] = updates_applied_ + 1;
-  if (pipeline_) {
-    pipeline_->set_profiling(profiling_ && m.step > 1);
-    pipeline_->set_tracing(tracing_ && m.step == config_.training.steps);
-    const PipelineRunner::StepResult r = pipeline_->step(global_tokens_, global_targets_, m.lr, updates_applied_ + 1);
-    m.loss = r.loss;
-    m.grad_norm = r.grad_norm;
-  }
-  if (executor_) {
-    executor_->set_profiling(profiling_ && m.step > 1);
-    executor_->set_tracing(tracing_ && m.step == config_.training.steps);
-    executor_->run();
-    m.loss = executor_->fetch(loss_value_).get(0);
-    m.grad_norm = executor_->fetch(grad_norm_value_).get(0);
-  }
+  const StepRunner::Result result = runner_->step(m.lr, updates_applied_ + 1);
+  m.loss = result.loss;
+  m.grad_norm = result.grad_norm;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
@@ -643,57 +357,22 @@ StepMetrics Trainer::step() {
   return m;
 }
 
-double Trainer::flops_per_step() const {
-  double total = pipeline_ ? pipeline_->flops_per_step() : 0;
-  if (executor_) total += executor_->flops();
-  return total;
-}
-
 std::string Trainer::trace() {
-  std::string mine;
-  if (pipeline_) {
-    mine = sched::chrome_trace_events(pipeline_->trace(), rank());
-  } else {
-    mine = sched::chrome_trace_events(flat_->running(), executor_->trace(), rank());
-  }
+  const std::string mine = runner_->trace_events(rank());
   if (!world_) return sched::chrome_trace({mine});
   const std::vector<std::string> events = comm::all_gather_text(*world_, mine);
   return sched::chrome_trace(events);
 }
 
 std::vector<runtime::Executor::OpTime> Trainer::profile() const {
-  std::vector<runtime::Executor::OpTime> all;
-  if (pipeline_) all = pipeline_->profile();
-  if (executor_)
-    for (const auto& t : executor_->profile()) all.push_back(t);
+  std::vector<runtime::Executor::OpTime> all = runner_->profile();
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
   return all;
 }
 
 void Trainer::save(const std::string& path) {
-  if (!world_) return checkpoint::save_safetensors(path, params_);
-  if (pipeline_) {
-    // Each parameter gathered whole on its stage's ranks, then sent by the
-    // first of them to every rank (collectives: every rank takes part); rank 0 writes.
-    std::map<std::string, Tensor> whole;
-    for (const auto& [name, spec] : models::llama_parameters(config_.model)) {
-      const int owner = pipeline_->first_rank_holding(name);
-      const bool holds = params_.contains(name);
-      Tensor t = holds ? pipeline_->gather_parameter(name) : Tensor::empty(spec.shape, DType::f32);
-      world_->broadcast(t, owner)->wait();
-      if (rank() == 0) whole[name] = t;
-    }
-    if (rank() == 0) checkpoint::save_safetensors(path, whole);
-    return;
-  }
-  // Gather every parameter whole (a collective: every rank takes part); rank 0 writes.
-  const compile::TrainStepGraph& sg = flat_->step;
-  const sharding::Layout replicated =
-      sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(groups_->mesh().ndim())));
-  std::map<std::string, Tensor> whole;
-  for (const auto& [name, v] : sg.model.params)
-    whole[name] = sharding::redistribute(params_.at(name), flat_->global.value(v).info.shape, layout_of(v), replicated,
-                                         *groups_, *flat_->layout->planner);
+  // Gathered whole (a collective on several ranks: every rank takes part); rank 0 writes.
+  const std::map<std::string, Tensor> whole = runner_->whole_parameters();
   if (rank() == 0) checkpoint::save_safetensors(path, whole);
 }
 

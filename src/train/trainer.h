@@ -20,7 +20,10 @@
 #include "sched/kernel_times.h"
 #include "sharding/planner.h"
 #include "train/data.h"
+#include "train/flat_step_runner.h"
+#include "train/kernel_benchmark.h"
 #include "train/pipeline_runner.h"
+#include "train/step_runner.h"
 
 namespace meshtrain::train {
 
@@ -32,23 +35,6 @@ struct StepMetrics {
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
   size_t peak_bytes_max = 0;   // the largest rank's (gathered at logged steps; else this rank's)
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
-};
-
-// What one rank holds and does each step: its mesh coordinate, the bytes of
-// its parameters, gradients (as the optimizer takes them) and optimizer
-// states, the collectives its step graph runs and the bytes they move, and
-// its peak memory so far and in its last step.
-struct RankReport {
-  int rank = 0;
-  std::vector<int> coordinate;
-  double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
-  double collectives_per_step = 0, collective_bytes_per_step = 0;
-  double peak_bytes = 0;
-  double step_peak_bytes = 0;
-  // Pipeline parallel, the last step: the rank's measured bubble (the share
-  // of the step it did not compute), and its activations held between
-  // programs at their peak: bytes, and (stage, microbatch) pairs.
-  double pipeline_bubble = 0, activation_peak_bytes = 0, activation_peak_pairs = 0;
 };
 
 // Under a launcher with `local_ranks` ranks on this host: the threads each
@@ -114,7 +100,7 @@ class Trainer {
   Summary run(std::FILE* progress);
   // Parameters by Hugging Face name (the live buffers: this rank's shards
   // when the step is laid out on several ranks).
-  const std::map<std::string, Tensor>& parameters() const { return params_; }
+  const std::map<std::string, Tensor>& parameters() const { return runner_->parameters(); }
   // Whole parameters to a Hugging Face safetensors file. On several ranks
   // every rank must call it (the shards are gathered); rank 0 writes.
   void save(const std::string& path);
@@ -135,15 +121,14 @@ class Trainer {
   ~Trainer();
   // The checkpoint this trainer resumed from ("" when it started afresh) and its step.
   const std::string& resumed_from() const { return resumed_from_; }
-  const PipelineRunner* pipeline() const { return pipeline_.get(); }  // parallel.pp > 1; else null
+  // parallel.pp > 1: the pipeline runner; else null.
+  const PipelineRunner* pipeline() const { return dynamic_cast<const PipelineRunner*>(runner_.get()); }
   int64_t steps_done() const { return steps_done_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int num_ranks() const { return world_ ? world_->size() : 1; }
-  const sharding::DeviceMesh& mesh() const {
-    return pipeline_mesh_ ? *pipeline_mesh_ : groups_->mesh();
-  }  // several ranks only
+  const sharding::DeviceMesh& mesh() const { return *runner_->mesh(); }  // several ranks only
   // The mesh and each parameter's layout on it ("" on one rank).
-  std::string layout_summary() const;
+  std::string layout_summary() const { return runner_->layout_summary(); }
   // Every rank's report, in rank order (a collective on several ranks:
   // every rank must call it; all get the list).
   std::vector<RankReport> rank_reports();
@@ -151,15 +136,15 @@ class Trainer {
   void wait_for_all_ranks();
   // The step graph this rank runs as text: its lowered graph on several
   // ranks (spmd::to_text), the global one on one.
-  std::string lowered_text() const;
+  std::string lowered_text() const { return runner_->text(); }
   const config::TrainConfig& config() const { return config_; }
   // The step that runs, costed by sched::estimate_step on config.schedule.hardware
   // (with this machine's kernel times in benchmark mode), in ms: what `meshtrain estimate` says of it.
   // 0 when the profile cannot cost it (no_estimate_because() says why).
-  double estimated_step_ms() const { return estimated_step_us_ * 1e-3; }
-  const std::string& no_estimate_because() const { return no_estimate_because_; }
+  double estimated_step_ms() const { return runner_->estimated_step_us() * 1e-3; }
+  const std::string& no_estimate_because() const { return runner_->no_estimate_because(); }
   size_t parameter_count() const;
-  double flops_per_step() const;
+  double flops_per_step() const { return runner_->flops_per_step(); }
   // Time every op of the steps after the first (the first warms caches); see profile().
   void set_profiling(bool on) { profiling_ = on; }
   // Record the timeline of the last step (see trace()).
@@ -168,58 +153,33 @@ class Trainer {
   // chrome://tracing), every rank's, each from its own start of the step.
   // Under mpirun every rank calls it (it gathers); set_tracing(true) first.
   std::string trace();
-  std::vector<runtime::Executor::OpTime> profile() const;  // every part's, slowest op first
+  std::vector<runtime::Executor::OpTime> profile() const;  // slowest op first
 
  private:
-  void init_parameters(bool from_init_file);  // false: the seeded values (a checkpoint will replace them)
+  // Every parameter whole: checkpoint.init_from's, or (also when
+  // `from_init_file` is false: a checkpoint will replace them) the seeded values.
+  std::map<std::string, Tensor> initial_parameters(bool from_init_file) const;
   // The checkpoint to resume from: checkpoint.load_step's, or the newest
   // complete one in checkpoint.folder; none to start afresh.
   std::optional<checkpoint::CheckpointInfo> checkpoint_to_resume() const;
   void resume(const checkpoint::CheckpointInfo& checkpoint);
-  std::vector<checkpoint::HeldTensor> held_tensors();  // parameters and moments, as this rank holds them
-  checkpoint::CheckpointRank checkpoint_rank() const;
   RankReport own_report() const;
-
-  // A flat step's layout of a value of its global graph (several ranks).
-  const sharding::Layout& layout_of(graph::ValueId global) const { return flat_->layout->sharding.values.at(global); }
-
-  // Fails on every rank where some rank's step would allocate more than
-  // config.schedule.memory_budget_mb (rank 0 says which and by how much).
-  void check_memory_budget(double needed_bytes) const;
-  // Benchmark mode: times the kernels of `g` that kernel_times_ lacks (read
-  // from config.schedule.kernel_cache first) and, on several ranks, aligns
-  // them; every rank calls it. Returns kernel_times_.
-  const sched::KernelTimes* benchmark_kernels(const graph::Graph& g);
 
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;
-  std::unique_ptr<sharding::MeshGroups> groups_;  // a flat step on several ranks: its mesh's groups
-  Tensor global_tokens_, global_targets_;         // the whole batch, before this rank takes its rows
-  // parallel.pp = 1: the compiled step and the executor that runs it (which holds its graph).
-  std::unique_ptr<compile::FlatStep> flat_;
-  std::unique_ptr<runtime::Executor> executor_;
-  // parallel.pp > 1: the pipeline runs the step instead of the parts, on the mesh (pp).
-  std::unique_ptr<PipelineRunner> pipeline_;
-  std::unique_ptr<sharding::DeviceMesh> pipeline_mesh_;
+  std::unique_ptr<BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
+  std::unique_ptr<StepRunner> runner_;        // a flat step's, or a pipeline rank's
   TokenLoader loader_;
-  std::map<std::string, Tensor> params_;
-  std::map<std::string, Tensor> exp_avg_, exp_avg_sq_;  // AdamW's moments, as bound to the executor
   std::string resumed_from_;
   std::unique_ptr<checkpoint::PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
   std::map<std::string, Tensor> snapshot_;                       // checkpoint.async: the state as of the pending save
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};
   int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
-  Tensor tokens_, targets_, lr_, step_;
-  graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
   int64_t steps_done_ = 0;
   int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;
   bool tracing_ = false;
-  sched::KernelTimes kernel_times_;  // benchmark mode
-  bool kernel_cache_read_ = false;
-  double estimated_step_us_ = 0;  // sched::estimate_step of the step that runs
-  std::string no_estimate_because_;
   size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
   size_t last_step_peak_ = 0;    // the last step's peak
 };

@@ -1,0 +1,77 @@
+// A flat training step (parallel.pp = 1) run by one executor: the step the
+// step compiler built, with this rank's shards of the parameters, its AdamW
+// moments and its rows of each batch bound to it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/process_group.h"
+#include "compile/compile.h"
+#include "config/config.h"
+#include "runtime/executor.h"
+#include "sched/hardware.h"
+#include "sharding/device_mesh.h"
+#include "train/kernel_benchmark.h"
+#include "train/step_runner.h"
+
+namespace meshtrain::train {
+
+class FlatStepRunner : public StepRunner {
+ public:
+  // `world`: the job's ranks (null: one rank); `step`: this rank's step as
+  // compile_rank built it; `initial`: every parameter whole (this rank keeps
+  // its shards). The estimate beside the run costs the step on `hardware`,
+  // with `benchmark`'s kernel times when given. On several ranks a
+  // collective: a step over schedule.memory_budget_mb on any rank fails on
+  // every rank (rank 0 says which and by how much).
+  FlatStepRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
+                 std::unique_ptr<compile::FlatStep> step, std::map<std::string, Tensor> initial,
+                 const sched::HardwareProfile& hardware, BenchmarkMode* benchmark);
+
+  Tensor& batch_tokens() override { return world_ ? global_tokens_ : tokens_; }
+  Tensor& batch_targets() override { return world_ ? global_targets_ : targets_; }
+  Result step(double lr, int64_t update) override;
+
+  const std::map<std::string, Tensor>& parameters() const override { return params_; }
+  const std::map<std::string, Tensor>& exp_avg() const override { return exp_avg_; }
+  const std::map<std::string, Tensor>& exp_avg_sq() const override { return exp_avg_sq_; }
+  std::vector<checkpoint::HeldTensor> held_tensors() const override;
+  checkpoint::CheckpointRank checkpoint_rank() const override;
+  std::map<std::string, Tensor> whole_parameters() override;
+
+  const sharding::DeviceMesh* mesh() const override { return groups_ ? &groups_->mesh() : nullptr; }
+  std::string text() const override;
+  std::string layout_summary() const override;
+  void report(RankReport& r) const override;
+  double flops_per_step() const override { return executor_->flops(); }
+  double estimated_step_us() const override { return estimated_step_us_; }
+  const std::string& no_estimate_because() const override { return no_estimate_because_; }
+
+  void set_profiling(bool on) override { executor_->set_profiling(on); }
+  void set_tracing(bool on) override { executor_->set_tracing(on); }
+  std::string trace_events(int rank) const override;
+  std::vector<runtime::Executor::OpTime> profile() const override { return executor_->profile(); }
+
+ private:
+  // A value's layout on the mesh (several ranks).
+  const sharding::Layout& layout_of(graph::ValueId global) const { return step_->layout->sharding.values.at(global); }
+  // Fails on every rank where some rank's step would allocate more than
+  // config.schedule.memory_budget_mb.
+  void check_memory_budget(double needed_bytes) const;
+
+  config::TrainConfig config_;
+  comm::ProcessGroupPtr world_;
+  std::unique_ptr<compile::FlatStep> step_;
+  std::unique_ptr<sharding::MeshGroups> groups_;                 // several ranks: the mesh's groups
+  std::unique_ptr<runtime::Executor> executor_;                  // holds step_'s graph
+  std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;  // as bound to the executor
+  Tensor global_tokens_, global_targets_;        // several ranks: the whole batch, before this rank takes its rows
+  Tensor tokens_, targets_, lr_, update_;        // bound to the executor
+  graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
+  double estimated_step_us_ = 0;
+  std::string no_estimate_because_;
+};
+
+}  // namespace meshtrain::train
