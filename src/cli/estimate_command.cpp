@@ -9,7 +9,7 @@
 
 #include "cli/command_args.h"
 #include "core/error.h"
-#include "train/estimate.h"
+#include "estimate/estimate.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -95,8 +95,8 @@ int run_estimate(const std::vector<std::string>& args) {
   const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
   const auto trace_path = a.options.find("trace");
   if (trace_path != a.options.end()) write_text(trace_path->second, "");  // fails now if it cannot be written
-  const train::TrainingEstimate e = train::estimate_training(config, static_cast<int>(ranks), static_cast<int>(rank),
-                                                             hardware, trace_path != a.options.end());
+  const estimate::TrainingEstimate e = estimate::estimate_training(
+      config, static_cast<int>(ranks), static_cast<int>(rank), hardware, trace_path != a.options.end());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const double resident = max_resident_bytes();
   const bool fits = hardware.memory_gib <= 0 || gib(e.memory.peak_bytes) <= hardware.memory_gib;
@@ -138,7 +138,7 @@ int run_estimate(const std::vector<std::string>& args) {
                              {"max_resident_bytes", resident}};
     nlohmann::json out = doc;
     if (e.pipeline) {
-      const train::PipelineEstimate& p = *e.pipeline;
+      const estimate::PipelineEstimate& p = *e.pipeline;
       out["pipeline"] = {{"schedule", p.schedule},
                          {"stages", p.stages},
                          {"stages_per_rank", p.stages_per_rank},
@@ -185,7 +185,7 @@ int run_estimate(const std::vector<std::string>& args) {
                    ? fmt::format(", waiting for a group's slowest rank {}", duration(e.time.waiting_us))
                    : "");
     if (e.pipeline) {
-      const train::PipelineEstimate& p = *e.pipeline;
+      const estimate::PipelineEstimate& p = *e.pipeline;
       double f = 0, b = 0, p2p = 0;
       for (size_t s = 0; s < p.forward_us.size(); ++s) {
         f = std::max(f, p.forward_us[s]);

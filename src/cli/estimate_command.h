@@ -1,5 +1,5 @@
 // `meshtrain estimate`: a config's training step costed for an N-rank job on
-// a hardware profile without running it (train/estimate.h).
+// a hardware profile without running it (estimate/estimate.h).
 #pragma once
 
 #include <string>

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "graph/graph.h"
+#include "runtime/cpu_threads.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
 #include "train/trainer.h"
@@ -214,8 +215,8 @@ int run_train(const std::vector<std::string>& args) {
   int threads = 0;
   bool background_progress = true;
   if (launched.size > 1) {
-    threads = train::set_threads_per_rank(launched.local_size);
-    background_progress = train::spare_core_for_progress(threads, launched.local_size);
+    threads = runtime::set_threads_per_rank(launched.local_size);
+    background_progress = runtime::spare_core_for_progress(threads, launched.local_size);
     comm::GroupOptions options;
     options.verify = a.flags.count("no-verify") == 0;
     options.background_progress = background_progress;

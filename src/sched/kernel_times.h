@@ -2,7 +2,7 @@
 // for one op, input shapes, dtypes and attributes (its key), so the estimator
 // uses the measurement instead of the roofline for nodes it knows. Kept in
 // memory and, optionally, in a JSON file that later runs and `meshtrain
-// estimate` read (train/kernel_benchmark.h measures and aligns them).
+// estimate` read (estimate/kernel_benchmark.h measures and aligns them).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ uint64_t kernel_key_hash(const std::string& key);
 struct KernelTimes {
   std::map<std::string, double> us;  // key -> microseconds per call
   // How unevenly the job's ranks advanced side by side, measured with the
-  // kernels (train::measure_sync_lateness); the estimate takes it over the
+  // kernels (estimate::measure_sync_lateness); the estimate takes it over the
   // hardware profile's.
   SyncLateness sync_lateness;
   std::optional<double> find(const std::string& key) const;

@@ -17,7 +17,7 @@ namespace meshtrain::train {
 
 FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
                                std::unique_ptr<compile::FlatStep> step, std::map<std::string, Tensor> initial,
-                               const sched::HardwareProfile& hardware, BenchmarkMode* benchmark)
+                               const sched::HardwareProfile& hardware, estimate::BenchmarkMode* benchmark)
     : config_(config), world_(std::move(world)), step_(std::move(step)) {
   MT_ASSERT(step_ != nullptr && (world_ == nullptr) == !step_->layout,
             "a flat step runner needs a step laid out exactly when it has several ranks");

@@ -10,10 +10,10 @@
 #include "comm/process_group.h"
 #include "compile/compile.h"
 #include "config/config.h"
+#include "estimate/kernel_benchmark.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
 #include "sharding/device_mesh.h"
-#include "train/kernel_benchmark.h"
 #include "train/step_runner.h"
 
 namespace meshtrain::train {
@@ -28,7 +28,7 @@ class FlatStepRunner : public StepRunner {
   // every rank (rank 0 says which and by how much).
   FlatStepRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
                  std::unique_ptr<compile::FlatStep> step, std::map<std::string, Tensor> initial,
-                 const sched::HardwareProfile& hardware, BenchmarkMode* benchmark);
+                 const sched::HardwareProfile& hardware, estimate::BenchmarkMode* benchmark);
 
   Tensor& batch_tokens() override { return world_ ? global_tokens_ : tokens_; }
   Tensor& batch_targets() override { return world_ ? global_targets_ : targets_; }

@@ -21,6 +21,7 @@
 #include "compile/compile.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "estimate/kernel_benchmark.h"
 #include "kernels/cpu/op_kernels.h"
 #include "parallel/plan.h"
 #include "sched/estimate.h"
@@ -31,7 +32,6 @@
 #include "sharding/local_chunk.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
-#include "train/kernel_benchmark.h"
 
 namespace meshtrain::train {
 
@@ -47,7 +47,7 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   const sched::HardwareProfile hardware = compile::scheduling_hardware(config_);
   if (config_.schedule.estimate == config::EstimateMode::benchmark) {
     compile::check_benchmark_hardware(hardware);
-    benchmark_ = std::make_unique<BenchmarkMode>(config_, world_);
+    benchmark_ = std::make_unique<estimate::BenchmarkMode>(config_, world_);
   }
   const std::optional<checkpoint::CheckpointInfo> resume_from = checkpoint_to_resume();
   std::map<std::string, Tensor> initial = initial_parameters(!resume_from);
@@ -74,25 +74,6 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
       snapshot_[t.name] = Tensor::zeros(t.local.shape(), t.local.dtype());
 }
 
-namespace {
-// The cores one of `local_ranks` ranks on this host may use: its share of
-// the host's, and no more than its affinity mask allows.
-int cores_per_rank(int local_ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, std::min(kernels::cpu::available_cores(), cores / std::max(1, local_ranks)));
-}
-}  // namespace
-
-bool spare_core_for_progress(int threads, int local_ranks) { return threads < cores_per_rank(local_ranks); }
-
-int set_threads_per_rank(int local_ranks) {
-  if (const char* set = std::getenv("OMP_NUM_THREADS"); set != nullptr && *set != '\0')
-    return kernels::cpu::cpu_threads();
-  const int threads = cores_per_rank(local_ranks);
-  kernels::cpu::set_cpu_threads(threads);
-  return threads;
-}
-
 void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what) {
   const auto same = [&](const std::string& input) {
     if (input.empty()) return false;
@@ -105,12 +86,6 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
                                    {config.file, "the --config file"}})
     MT_CHECK(!same(input), "{} {} is also {}: writing it would destroy the input; choose another path", what, output,
              key);
-}
-
-double shared_core_slowdown(int local_ranks) {
-  const int cores =
-      std::min(kernels::cpu::available_cores(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  return std::max(1.0, static_cast<double>(local_ranks) * kernels::cpu::cpu_threads() / std::max(1, cores));
 }
 
 RankReport Trainer::own_report() const {

@@ -15,13 +15,13 @@
 #include "comm/process_group.h"
 #include "compile/compile.h"
 #include "config/config.h"
+#include "estimate/kernel_benchmark.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
 #include "sched/kernel_times.h"
 #include "sharding/planner.h"
 #include "train/data.h"
 #include "train/flat_step_runner.h"
-#include "train/kernel_benchmark.h"
 #include "train/pipeline_runner.h"
 #include "train/step_runner.h"
 
@@ -37,23 +37,9 @@ struct StepMetrics {
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
 };
 
-// Under a launcher with `local_ranks` ranks on this host: the threads each
-// rank's kernels use, so the ranks share the cores instead of each spinning
-// up a thread per core (4 ranks x 2 OpenMP threads on 2 cores trained 25x
-// slower). The user's OMP_NUM_THREADS wins when set. Returns the count.
-int set_threads_per_rank(int local_ranks);
-// How much slower one of `local_ranks` ranks on this host runs a kernel than
-// the same threads alone on it: the ranks' threads over the cores (the
-// OpenMP threads set_threads_per_rank gives each), at least 1.
-double shared_core_slowdown(int local_ranks);
 // Throws when `output` (the path of config key or option `what`) is one of
 // the run's inputs (data.path, checkpoint.init_from): writing it would destroy them.
 void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what);
-// Whether a rank of `threads` kernel threads, one of `local_ranks` on this
-// host, has a core beyond them (of its share of the host's, within its
-// affinity mask) for background communication progress
-// (comm::GroupOptions::background_progress).
-bool spare_core_for_progress(int threads, int local_ranks);
 
 // A step whose loss or gradient norm is NaN or infinite: a step with a
 // non-finite gradient norm applied no update (AdamW skips it in the graph);
@@ -167,8 +153,8 @@ class Trainer {
 
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;
-  std::unique_ptr<BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
-  std::unique_ptr<StepRunner> runner_;        // a flat step's, or a pipeline rank's
+  std::unique_ptr<estimate::BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
+  std::unique_ptr<StepRunner> runner_;                  // a flat step's, or a pipeline rank's
   TokenLoader loader_;
   std::string resumed_from_;
   std::unique_ptr<checkpoint::PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_

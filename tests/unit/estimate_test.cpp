@@ -2,7 +2,7 @@
 // hand-worked examples, measured tables, hardware profiles as TOML, and the
 // memory estimate of a schedule against the memory plan and by-hand byte
 // counts.
-#include "train/estimate.h"
+#include "estimate/estimate.h"
 
 #include <gtest/gtest.h>
 
@@ -11,13 +11,13 @@
 #include <tuple>
 
 #include "comm/local_backend.h"
+#include "estimate/kernel_benchmark.h"
 #include "graph/builder.h"
 #include "sched/collective_cost.h"
 #include "sched/hardware.h"
 #include "sched/memory_estimate.h"
 #include "sched/schedule.h"
 #include "test_util.h"
-#include "train/kernel_benchmark.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
@@ -206,7 +206,7 @@ TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
   c.data.batch_size = 2;
   c.data.seq_len = 16;
   const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
-  const train::TrainingEstimate e = train::estimate_training(c, 1, 0, h100);
+  const estimate::TrainingEstimate e = estimate::estimate_training(c, 1, 0, h100);
   double params = 0;
   for (const auto& [name, spec] : models::llama_parameters(c.model)) params += static_cast<double>(spec.shape.numel());
   const double batch = 2 * (2 * 16 * 8) + 8 + 8;  // tokens and targets (i64), lr (f64) and step (i64)
@@ -218,7 +218,7 @@ TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
   // torchtitan's FLOPs per token: 6 x non-embedding parameters + 12 L H Q T.
   EXPECT_EQ(e.flops_per_token, 6 * (params - 64 * 32) + 12.0 * 2 * 4 * 8 * 16);
   EXPECT_NEAR(e.mfu, e.flops_per_token * e.tokens_per_s_per_device / (h100.peak_gflops_f32 * 1e9), 1e-12);
-  EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 3, 0, h100); }), "parallel"));
+  EXPECT_TRUE(contains(message_of([&] { estimate::estimate_training(c, 3, 0, h100); }), "parallel"));
 }
 
 // What a step allocates, estimated without running it, against a real step
@@ -231,7 +231,7 @@ TEST(TrainingEstimate, PeakIsWhatATrainerStepAllocates) {
   c.data.batch_size = 4;
   c.data.seq_len = 32;
   c.training.steps = 2;
-  const train::TrainingEstimate e = train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm"));
+  const estimate::TrainingEstimate e = estimate::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm"));
   train::Trainer trainer(c);
   trainer.step();
   const double measured = static_cast<double>(trainer.step().step_peak_bytes);
@@ -273,7 +273,7 @@ TEST(ActivationCheckpoint, SameResultsLessMemoryAsEstimated) {
       c.training.grad_accum_steps = micro_batches;
       c.activation_checkpoint.mode = policy.mode;
       c.activation_checkpoint.selective_matmuls = policy.matmuls;
-      const train::TrainingEstimate e = train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm"));
+      const estimate::TrainingEstimate e = estimate::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm"));
       train::Trainer trainer(c);
       std::vector<std::pair<double, double>> steps;
       double peak = 0;
@@ -327,15 +327,15 @@ TEST(BenchmarkMode, TimesEachKernelOnceAndCachesToAFile) {
   const ValueId x = g.add_input("x", {64, 32}, DType::f32), w = g.add_input("w", {32, 32}, DType::f32);
   const ValueId y = b.matmul(b.matmul(x, w), w);
   g.add_output(b.silu(y));
-  const std::vector<std::string> keys = train::measurable_kernels(g);
+  const std::vector<std::string> keys = estimate::measurable_kernels(g);
   ASSERT_EQ(keys.size(), 2u);  // matmul (twice, one key) and silu
   sched::KernelTimes times;
-  const train::KernelBenchmark first = train::measure_kernels(g, times);
+  const estimate::KernelBenchmark first = estimate::measure_kernels(g, times);
   EXPECT_EQ(first.measured, 2);
   EXPECT_EQ(first.known, 0);
   EXPECT_GE(first.seconds, 2 * 0.020);  // each kernel called for its whole window (20 ms by default)
   for (const std::string& key : keys) EXPECT_GT(times.find(key).value_or(0), 0) << key;
-  const train::KernelBenchmark again = train::measure_kernels(g, times);
+  const estimate::KernelBenchmark again = estimate::measure_kernels(g, times);
   EXPECT_EQ(again.measured, 0);
   EXPECT_EQ(again.known, 2);
 
@@ -380,7 +380,7 @@ TEST(BenchmarkMode, RanksAgreeOnTheMedian) {
       times.us["odd"] = 100.0 * r;
       keys.push_back("odd");
     }
-    train::align_kernel_times(times, keys, pg);
+    estimate::align_kernel_times(times, keys, pg);
     after[static_cast<size_t>(r)] = times;
   });
   for (int r = 0; r < 4; ++r) {
@@ -400,7 +400,7 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
   for (const std::vector<double>& two : {std::vector<double>{10, 10}, {20, 10}, {10, 30}, {10, 10}})
     for (int i = 0; i < 4; ++i) per_rank.insert(per_rank.end(), two.begin(), two.end());
   const std::vector<std::vector<int64_t>> groups{{0, 1}, {2, 3}, {0, 1, 2, 3}};
-  const auto lateness = train::sync_lateness_of(per_rank, 4, 8, groups, 1000);
+  const auto lateness = estimate::sync_lateness_of(per_rank, 4, 8, groups, 1000);
   ASSERT_EQ(lateness.tables.size(), 2u);
   const auto& pairs = lateness.tables.at({4, 2});
   const auto& all = lateness.tables.at({4, 4});
@@ -416,10 +416,10 @@ TEST(BenchmarkMode, LatenessIsHowFarAGroupsSlowestRankTrails) {
   EXPECT_NEAR(all[0].share, 22.5 / 27.5, 1e-12);
   EXPECT_NEAR(all[1].share, 12.5 / 27.5, 1e-12);
   EXPECT_TRUE(contains(message_of([&] {
-                         train::sync_lateness_of(per_rank, 4, 8, {{0, 4}}, 1000);
+                         estimate::sync_lateness_of(per_rank, 4, 8, {{0, 4}}, 1000);
                        }),
                        "rank 4 is not in the world of 4"));
-  EXPECT_TRUE(contains(message_of([&] { train::sync_lateness_of(per_rank, 3, 8, groups, 1000); }),
+  EXPECT_TRUE(contains(message_of([&] { estimate::sync_lateness_of(per_rank, 3, 8, groups, 1000); }),
                        "32 figures for 3 ranks of 8 windows"));
 
   // The wait after computing a stretch: the share there (linear between the
@@ -465,7 +465,7 @@ TEST(BenchmarkMode, RanksMeasureTheSameLateness) {
   std::vector<sched::SyncLateness> measured(2);
   world.run([&](comm::ProcessGroup& pg) {
     measured[static_cast<size_t>(pg.rank())] =
-        train::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 16);
+        estimate::measure_sync_lateness(g, {{0, 1}}, pg, {.window = std::chrono::milliseconds(1)}, 16);
   });
   ASSERT_EQ(measured[0].tables.size(), 1u);
   const auto& points = measured[0].tables.at({2, 2});
@@ -488,19 +488,19 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
   c.data.seq_len = 16;
   c.schedule.estimate = config::EstimateMode::benchmark;
   const std::string refused =
-      message_of([&] { train::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
+      message_of([&] { estimate::estimate_training(c, 1, 0, sched::builtin_hardware("h100-sxm")); });
   EXPECT_TRUE(contains(refused, "h100-sxm") && contains(refused, "roofline")) << refused;
 
   c.schedule.kernel_cache = ::testing::TempDir() + "/estimate_kernel_cache.json";
   std::filesystem::remove(c.schedule.kernel_cache);
   const sched::HardwareProfile cpu = sched::builtin_hardware("cpu-2core");
-  const train::TrainingEstimate timed = train::estimate_training(c, 1, 0, cpu);
+  const estimate::TrainingEstimate timed = estimate::estimate_training(c, 1, 0, cpu);
   sched::KernelTimes cached = sched::load_kernel_times(c.schedule.kernel_cache);
   ASSERT_FALSE(cached.us.empty());
   // Every kernel costed 1 ms in the cache: the step is 1 ms per compute node that has a kernel.
   for (auto& [key, us] : cached.us) us = 1000;
   sched::save_kernel_times(cached, c.schedule.kernel_cache);
-  const train::TrainingEstimate from_cache = train::estimate_training(c, 1, 0, cpu);
+  const estimate::TrainingEstimate from_cache = estimate::estimate_training(c, 1, 0, cpu);
   graph::Graph g;
   compile::build_step(c, g);
   size_t kernels = 0;
@@ -523,13 +523,13 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   c.data.seq_len = 512;
   c.training.grad_accum_steps = 4;
   const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
-  const train::TrainingEstimate whole = train::estimate_training(c, 1, 0, h100);
+  const estimate::TrainingEstimate whole = estimate::estimate_training(c, 1, 0, h100);
   c.training.grad_accum_steps = 1;
   c.parallel.pp = 2;
   c.parallel.pp_microbatches = 4;
-  const train::TrainingEstimate e = train::estimate_training(c, 2, 0, h100);
+  const estimate::TrainingEstimate e = estimate::estimate_training(c, 2, 0, h100);
   ASSERT_TRUE(e.pipeline.has_value());
-  const train::PipelineEstimate& p = *e.pipeline;
+  const estimate::PipelineEstimate& p = *e.pipeline;
   ASSERT_EQ(p.forward_us.size(), 2u);
   double compute = 0;
   for (size_t s = 0; s < 2; ++s) compute += 4 * (p.forward_us[s] + p.backward_input_us[s] + p.backward_weight_us[s]);
@@ -548,13 +548,13 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::optimizer_states), 8 * params);
   EXPECT_EQ(p.peak_activation_pairs, 2);  // 1F1B: rank 0 of 2 holds 2 microbatches at once
   EXPECT_GT(p.activation_bytes_per_pair, 0);
-  EXPECT_TRUE(contains(message_of([&] { train::estimate_training(c, 2, 0, h100, true); }), "--trace"));
+  EXPECT_TRUE(contains(message_of([&] { estimate::estimate_training(c, 2, 0, h100, true); }), "--trace"));
   // Accumulating 2 chunks of 2 microbatches: the schedule of 2 runs twice; the once-a-step work once.
   c.parallel.pp_microbatches = 2;
   c.training.grad_accum_steps = 2;
-  const train::TrainingEstimate twice = train::estimate_training(c, 2, 0, h100);
+  const estimate::TrainingEstimate twice = estimate::estimate_training(c, 2, 0, h100);
   ASSERT_TRUE(twice.pipeline.has_value());
-  const train::PipelineEstimate& q = *twice.pipeline;
+  const estimate::PipelineEstimate& q = *twice.pipeline;
   EXPECT_EQ(q.runs, 2);
   EXPECT_NEAR(twice.time.step_us, 2 * q.makespan_us + q.unshard_us + q.reduce_grad_us + q.update_us,
               1e-9 * twice.time.step_us);
@@ -566,9 +566,9 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   c.model.n_layers = 6;  // 8 units: each of the 4 stages holds a layer to gather at least
   c.parallel.pp_microbatches = 4;
   c.parallel.pp_schedule = parallel::PpScheduleKind::interleaved_1f1b;
-  const train::TrainingEstimate both = train::estimate_training(c, 4, 0, h100);
+  const estimate::TrainingEstimate both = estimate::estimate_training(c, 4, 0, h100);
   c.parallel.pp_max_active_stages = 1;
-  const train::TrainingEstimate one_at_a_time = train::estimate_training(c, 4, 0, h100);
+  const estimate::TrainingEstimate one_at_a_time = estimate::estimate_training(c, 4, 0, h100);
   EXPECT_LT(one_at_a_time.memory.at_peak.at(sched::MemoryKind::parameters),
             both.memory.at_peak.at(sched::MemoryKind::parameters));
   EXPECT_GT(one_at_a_time.pipeline->unshard_us, 1.5 * both.pipeline->unshard_us);

@@ -1,4 +1,4 @@
-#include "train/kernel_benchmark.h"
+#include "estimate/kernel_benchmark.h"
 
 #include <algorithm>
 #include <array>
@@ -17,7 +17,7 @@
 #include "graph/op_registry.h"
 #include "kernels/cpu/op_kernels.h"
 
-namespace meshtrain::train {
+namespace meshtrain::estimate {
 
 namespace {
 
@@ -346,4 +346,4 @@ const sched::KernelTimes* BenchmarkMode::measure(const graph::Graph& g) {
   return &kernel_times_;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::estimate

@@ -1,4 +1,4 @@
-#include "train/estimate.h"
+#include "estimate/estimate.h"
 
 #include <algorithm>
 #include <map>
@@ -7,14 +7,14 @@
 
 #include "compile/compile.h"
 #include "core/error.h"
+#include "estimate/kernel_benchmark.h"
 #include "graph/op_registry.h"
+#include "runtime/cpu_threads.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
 #include "sharding/local_chunk.h"
-#include "train/kernel_benchmark.h"
-#include "train/trainer.h"
 
-namespace meshtrain::train {
+namespace meshtrain::estimate {
 
 double torchtitan_flops_per_token(const models::LlamaConfig& model, int64_t seq_len) {
   double params = 0;
@@ -280,8 +280,8 @@ TrainingEstimate estimate_training(const config::TrainConfig& config, int world_
   if (config.schedule.estimate == config::EstimateMode::benchmark) {
     compile::check_benchmark_hardware(hardware);
     if (!config.schedule.kernel_cache.empty()) kernel_times = sched::load_kernel_times(config.schedule.kernel_cache);
-    set_threads_per_rank(world_size);
-    measure = [&kernel_times, slowdown = shared_core_slowdown(world_size)](const graph::Graph& g) {
+    runtime::set_threads_per_rank(world_size);
+    measure = [&kernel_times, slowdown = runtime::shared_core_slowdown(world_size)](const graph::Graph& g) {
       measure_kernels(g, kernel_times, {.slowdown = slowdown});
       return &kernel_times;
     };
@@ -325,4 +325,4 @@ TrainingEstimate estimate_training(const config::TrainConfig& config, int world_
   return e;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::estimate

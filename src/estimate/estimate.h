@@ -12,7 +12,7 @@
 #include "sched/estimate.h"
 #include "sched/memory_estimate.h"
 
-namespace meshtrain::train {
+namespace meshtrain::estimate {
 
 // A pipeline-parallel step (parallel.pp > 1): each stage's programs costed
 // on its ranks' layout, the schedule simulated with those costs and the
@@ -57,4 +57,4 @@ double torchtitan_flops_per_token(const models::LlamaConfig& model, int64_t seq_
 TrainingEstimate estimate_training(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware, bool with_trace = false);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::estimate

@@ -16,7 +16,7 @@
 #include "graph/graph.h"
 #include "sched/kernel_times.h"
 
-namespace meshtrain::train {
+namespace meshtrain::estimate {
 
 struct KernelBenchmark {
   int measured = 0;    // kernels timed by this call
@@ -36,7 +36,7 @@ struct KernelTiming {
   std::chrono::microseconds window{20000};
   // 1 when the ranks of the host time side by side, as they run the step; a
   // kernel timed alone on a rank's threads runs that much slower when the
-  // host's ranks share its cores (train::shared_core_slowdown).
+  // host's ranks share its cores (runtime::shared_core_slowdown).
   double slowdown = 1.0;
 };
 
@@ -95,4 +95,4 @@ class BenchmarkMode {
   bool kernel_cache_read_ = false;
 };
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::estimate
