@@ -132,8 +132,10 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   for (size_t i = 0; i < st.gradients.size(); ++i)
     layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  const spmd::Sharding sharding = spmd::propagate(g, planner, layouts.given, layouts.deliver);
-  spmd::LoweredGraph lowered = spmd::lower(g, sharding, planner, where.rank, {.reshard_after_forward = false});
+  LaidOut laid_out =
+      lay_out_graph(g, planner, where.rank, layouts.given, layouts.deliver, {.reshard_after_forward = false});
+  const spmd::Sharding& sharding = laid_out.sharding;
+  spmd::LoweredGraph& lowered = laid_out.lowered;
   if (device)
     run_lowered_step_passes(
         config, *device, mesh.ndim(), [](const graph::Graph& r) { return sched::make_schedule(r, r.outputs()); },

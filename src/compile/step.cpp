@@ -162,6 +162,15 @@ void run_lowered_step_passes(const config::TrainConfig& config, const sched::Ran
   sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(lowered);
 }
 
+LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int rank,
+                      const std::map<graph::ValueId, sharding::Layout>& given,
+                      const std::map<graph::ValueId, sharding::Layout>& deliver, const spmd::LowerOptions& options) {
+  LaidOut out;
+  out.sharding = spmd::propagate(g, planner, given, deliver);
+  out.lowered = spmd::lower(g, out.sharding, planner, rank, options);
+  return out;
+}
+
 StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step,
                         int world_size, int rank, const sched::HardwareProfile& hardware,
                         const MeasureKernels& measured_kernels) {
@@ -175,9 +184,10 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   const parallel::StepLayouts layouts = parallel::step_layouts(
       mesh, g, step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32), config.parallel);
-  out.sharding = spmd::propagate(g, *out.planner, layouts.given, layouts.deliver);
-  out.lowered = spmd::lower(g, out.sharding, *out.planner, rank,
-                            {.reshard_after_forward = config.parallel.reshard_after_forward});
+  LaidOut laid_out = lay_out_graph(g, *out.planner, rank, layouts.given, layouts.deliver,
+                                   {.reshard_after_forward = config.parallel.reshard_after_forward});
+  out.sharding = std::move(laid_out.sharding);
+  out.lowered = std::move(laid_out.lowered);
   const sched::RankDevice device{hardware, world_size,
                                  measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
   run_lowered_step_passes(

@@ -53,6 +53,19 @@ inline constexpr int64_t kMaxLaidOutRanks = int64_t{1} << 17;
 StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g, const TrainStepGraph& step,
                         int world_size, int rank, const sched::HardwareProfile& hardware,
                         const MeasureKernels& measured_kernels = {});
+// A global graph laid out on `planner`'s mesh and lowered for `rank`: every
+// value's layout (spmd::propagate from the `given` layouts, outputs as
+// `deliver` says) and the rank's local graph with its collectives
+// (spmd::lower). Every step and pipeline graph is laid out here.
+struct LaidOut {
+  spmd::Sharding sharding;
+  spmd::LoweredGraph lowered;
+};
+LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int rank,
+                      const std::map<graph::ValueId, sharding::Layout>& given,
+                      const std::map<graph::ValueId, sharding::Layout>& deliver,
+                      const spmd::LowerOptions& options = {});
+
 // The passes a rank's lowered graph goes through before it is scheduled
 // (sched::lowered_step_pipeline), as config's [schedule] keys ask:
 // collectives bucketed, waits sunk, and collectives started early where

@@ -46,8 +46,7 @@ namespace {
 spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& planner, int rank,
                                   const std::map<graph::ValueId, sharding::Layout>& given,
                                   const std::map<graph::ValueId, sharding::Layout>& deliver) {
-  const spmd::Sharding sharding = spmd::propagate(g, planner, given, deliver);
-  return spmd::lower(g, sharding, planner, rank);
+  return compile::lay_out_graph(g, planner, rank, given, deliver).lowered;
 }
 
 }  // namespace
