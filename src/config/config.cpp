@@ -34,7 +34,14 @@ struct Key {
   std::function<void(TrainConfig&, const std::string&)> from_text;
   std::string expects;                            // what a value must be, and what it means, for --help
   std::function<std::string(TrainConfig&)> show;  // the value a config holds, as TOML writes it
+  std::string default_text;                       // the default, as --section.key takes it
 };
+
+// `key` with its default: what a TrainConfig holds until it is set.
+Key with_default(const std::string& default_text, Key key) {
+  key.default_text = default_text;
+  return key;
+}
 
 std::string toml_text(const toml::node& n) {
   std::ostringstream out;
@@ -47,42 +54,44 @@ std::string toml_text(const toml::node& n) {
 }
 
 template <typename T>
-Key number_key(std::string name, std::function<T&(TrainConfig&)> field, std::function<bool(T)> valid,
-               std::string constraint) {
+Key number_key(std::string name, const std::string& default_text, std::function<T&(TrainConfig&)> field,
+               std::function<bool(T)> valid, std::string constraint) {
   auto set = [name, field, valid, constraint](TrainConfig& c, T v, const std::string& text) {
     if (!valid(v)) bad_value(name, text, constraint);
     field(c) = v;
   };
-  return {name,
-          [name, set](TrainConfig& c, const toml::node& n) {
-            if constexpr (std::is_same_v<T, double>) {
-              auto v = n.value<double>();  // integers are accepted as reals
-              if (!v) bad_value(name, toml_text(n), "a number");
-              set(c, *v, toml_text(n));
-            } else {
-              auto v = n.as_integer();
-              if (!v) bad_value(name, toml_text(n), "an integer");
-              set(c, static_cast<T>(v->get()), toml_text(n));
-            }
-          },
-          [name, set](TrainConfig& c, const std::string& text) {
-            size_t used = 0;
-            T v{};
-            try {
-              if constexpr (std::is_same_v<T, double>)
-                v = std::stod(text, &used);
-              else
-                v = static_cast<T>(std::stoll(text, &used));
-            } catch (const std::out_of_range&) {
-              bad_value(name, text, std::is_same_v<T, double> ? "a number a double holds" : "an integer below 2^63");
-            } catch (const std::exception&) {
-              used = 0;
-            }
-            if (used == 0 || used != text.size())
-              bad_value(name, text, std::is_same_v<T, double> ? "a number" : "an integer");
-            set(c, v, text);
-          },
-          constraint, [field](TrainConfig& c) { return fmt::format("{}", field(c)); }};
+  return with_default(default_text,
+                      {name,
+                       [name, set](TrainConfig& c, const toml::node& n) {
+                         if constexpr (std::is_same_v<T, double>) {
+                           auto v = n.value<double>();  // integers are accepted as reals
+                           if (!v) bad_value(name, toml_text(n), "a number");
+                           set(c, *v, toml_text(n));
+                         } else {
+                           auto v = n.as_integer();
+                           if (!v) bad_value(name, toml_text(n), "an integer");
+                           set(c, static_cast<T>(v->get()), toml_text(n));
+                         }
+                       },
+                       [name, set](TrainConfig& c, const std::string& text) {
+                         size_t used = 0;
+                         T v{};
+                         try {
+                           if constexpr (std::is_same_v<T, double>)
+                             v = std::stod(text, &used);
+                           else
+                             v = static_cast<T>(std::stoll(text, &used));
+                         } catch (const std::out_of_range&) {
+                           bad_value(name, text,
+                                     std::is_same_v<T, double> ? "a number a double holds" : "an integer below 2^63");
+                         } catch (const std::exception&) {
+                           used = 0;
+                         }
+                         if (used == 0 || used != text.size())
+                           bad_value(name, text, std::is_same_v<T, double> ? "a number" : "an integer");
+                         set(c, v, text);
+                       },
+                       constraint, [field](TrainConfig& c) { return fmt::format("{}", field(c)); }});
 }
 
 // A key whose value is text: a TOML string, or the command-line text as is.
@@ -97,88 +106,95 @@ Key text_key(std::string name, std::function<void(TrainConfig&, const std::strin
           set, std::move(expects), std::move(show)};
 }
 
-Key string_key(std::string name, std::function<std::string&(TrainConfig&)> field, std::string expects) {
-  return text_key(
-      name, [field](TrainConfig& c, const std::string& v) { field(c) = v; }, std::move(expects),
-      [field](TrainConfig& c) { return fmt::format("\"{}\"", field(c)); });
+Key string_key(std::string name, const std::string& default_text, std::function<std::string&(TrainConfig&)> field,
+               std::string expects) {
+  return with_default(default_text,
+                      text_key(
+                          name, [field](TrainConfig& c, const std::string& v) { field(c) = v; }, std::move(expects),
+                          [field](TrainConfig& c) { return fmt::format("\"{}\"", field(c)); }));
 }
 
 // A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).
 template <typename E>
-Key choice_key(std::string name, std::function<E&(TrainConfig&)> field,
+Key choice_key(std::string name, const std::string& default_text, std::function<E&(TrainConfig&)> field,
                std::vector<std::pair<std::string, E>> choices) {
   std::vector<std::string> names;
   for (const auto& choice : choices) names.push_back(choice.first);
   std::string expects = fmt::format("one of {}", fmt::join(names, ", "));
-  return text_key(
-      name,
-      [name, field, choices, expects](TrainConfig& c, const std::string& v) {
-        for (const auto& [choice, value] : choices) {
-          if (v == choice) {
-            field(c) = value;
-            return;
-          }
-        }
-        bad_value(name, v, expects);
-      },
-      expects,
-      [field, choices](TrainConfig& c) {
-        for (const auto& [choice, value] : choices)
-          if (field(c) == value) return fmt::format("\"{}\"", choice);
-        return std::string("?");
-      });
+  return with_default(default_text, text_key(
+                                        name,
+                                        [name, field, choices, expects](TrainConfig& c, const std::string& v) {
+                                          for (const auto& [choice, value] : choices) {
+                                            if (v == choice) {
+                                              field(c) = value;
+                                              return;
+                                            }
+                                          }
+                                          bad_value(name, v, expects);
+                                        },
+                                        expects,
+                                        [field, choices](TrainConfig& c) {
+                                          for (const auto& [choice, value] : choices)
+                                            if (field(c) == value) return fmt::format("\"{}\"", choice);
+                                          return std::string("?");
+                                        }));
 }
 
-Key bool_key(std::string name, std::function<bool&(TrainConfig&)> field, const std::string& meaning) {
-  return {name,
-          [name, field](TrainConfig& c, const toml::node& n) {
-            auto v = n.value<bool>();
-            if (!v) bad_value(name, toml_text(n), "true or false");
-            field(c) = *v;
-          },
-          [name, field](TrainConfig& c, const std::string& text) {
-            if (text != "true" && text != "false") bad_value(name, text, "true or false");
-            field(c) = text == "true";
-          },
-          "true or false: " + meaning, [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }};
+Key bool_key(std::string name, const std::string& default_text, std::function<bool&(TrainConfig&)> field,
+             const std::string& meaning) {
+  return with_default(default_text, {name,
+                                     [name, field](TrainConfig& c, const toml::node& n) {
+                                       auto v = n.value<bool>();
+                                       if (!v) bad_value(name, toml_text(n), "true or false");
+                                       field(c) = *v;
+                                     },
+                                     [name, field](TrainConfig& c, const std::string& text) {
+                                       if (text != "true" && text != "false") bad_value(name, text, "true or false");
+                                       field(c) = text == "true";
+                                     },
+                                     "true or false: " + meaning,
+                                     [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }});
 }
 
 // A key whose value is a list of positive integers: a TOML array, or the
 // command-line text "3,2,3".
-Key count_list_key(std::string name, std::function<std::vector<int64_t>&(TrainConfig&)> field, std::string expects) {
+Key count_list_key(std::string name, const std::string& default_text,
+                   std::function<std::vector<int64_t>&(TrainConfig&)> field, std::string expects) {
   auto element = [name](int64_t v, const std::string& text) {
     if (v < 1 || v > (int64_t{1} << 40)) bad_value(name, text, "a list of positive integers");
     return v;
   };
-  return {name,
-          [name, field, element](TrainConfig& c, const toml::node& n) {
-            const toml::array* list = n.as_array();
-            if (!list) bad_value(name, toml_text(n), "an array of positive integers");
-            std::vector<int64_t> values;
-            for (const toml::node& item : *list) {
-              const auto v = item.as_integer();
-              if (!v) bad_value(name, toml_text(n), "an array of positive integers");
-              values.push_back(element(v->get(), toml_text(n)));
-            }
-            field(c) = std::move(values);
-          },
-          [name, field, element](TrainConfig& c, const std::string& text) {
-            std::vector<int64_t> values;
-            std::stringstream items(text);
-            for (std::string item; std::getline(items, item, ',');) {
-              size_t used = 0;
-              int64_t v = 0;
-              try {
-                v = std::stoll(item, &used);
-              } catch (const std::exception&) {
-                used = 0;
-              }
-              if (used == 0 || used != item.size()) bad_value(name, text, "a list of positive integers such as 3,2,3");
-              values.push_back(element(v, text));
-            }
-            field(c) = std::move(values);
-          },
-          std::move(expects), [field](TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(c), ", ")); }};
+  return with_default(
+      default_text,
+      {name,
+       [name, field, element](TrainConfig& c, const toml::node& n) {
+         const toml::array* list = n.as_array();
+         if (!list) bad_value(name, toml_text(n), "an array of positive integers");
+         std::vector<int64_t> values;
+         for (const toml::node& item : *list) {
+           const auto v = item.as_integer();
+           if (!v) bad_value(name, toml_text(n), "an array of positive integers");
+           values.push_back(element(v->get(), toml_text(n)));
+         }
+         field(c) = std::move(values);
+       },
+       [name, field, element](TrainConfig& c, const std::string& text) {
+         std::vector<int64_t> values;
+         std::stringstream items(text);
+         for (std::string item; std::getline(items, item, ',');) {
+           size_t used = 0;
+           int64_t v = 0;
+           try {
+             v = std::stoll(item, &used);
+           } catch (const std::exception&) {
+             used = 0;
+           }
+           if (used == 0 || used != item.size()) bad_value(name, text, "a list of positive integers such as 3,2,3");
+           values.push_back(element(v, text));
+         }
+         field(c) = std::move(values);
+       },
+       std::move(expects), [field](TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(c), ", ")); }});
 }
 
 const std::vector<Key>& keys() {
@@ -189,199 +205,218 @@ const std::vector<Key>& keys() {
   auto unit = [](double v) { return v >= 0 && v < 1; };
   static const std::vector<Key> table = {
       number_key<int64_t>(
-          "model.dim", [](TrainConfig& c) -> int64_t& { return c.model.dim; }, pos, "a positive integer"),
+          "model.dim", "256", [](TrainConfig& c) -> int64_t& { return c.model.dim; }, pos, "a positive integer"),
       number_key<int64_t>(
-          "model.n_layers", [](TrainConfig& c) -> int64_t& { return c.model.n_layers; }, pos, "a positive integer"),
+          "model.n_layers", "6", [](TrainConfig& c) -> int64_t& { return c.model.n_layers; }, pos,
+          "a positive integer"),
       number_key<int64_t>(
-          "model.n_heads", [](TrainConfig& c) -> int64_t& { return c.model.n_heads; }, pos, "a positive integer"),
+          "model.n_heads", "16", [](TrainConfig& c) -> int64_t& { return c.model.n_heads; }, pos, "a positive integer"),
       number_key<int64_t>(
-          "model.n_kv_heads", [](TrainConfig& c) -> int64_t& { return c.model.n_kv_heads; }, pos, "a positive integer"),
+          "model.n_kv_heads", "16", [](TrainConfig& c) -> int64_t& { return c.model.n_kv_heads; }, pos,
+          "a positive integer"),
       number_key<int64_t>(
-          "model.ffn_dim", [](TrainConfig& c) -> int64_t& { return c.model.ffn_dim; }, pos, "a positive integer"),
+          "model.ffn_dim", "768", [](TrainConfig& c) -> int64_t& { return c.model.ffn_dim; }, pos,
+          "a positive integer"),
       number_key<int64_t>(
-          "model.vocab_size", [](TrainConfig& c) -> int64_t& { return c.model.vocab_size; }, pos, "a positive integer"),
+          "model.vocab_size", "256", [](TrainConfig& c) -> int64_t& { return c.model.vocab_size; }, pos,
+          "a positive integer"),
       number_key<double>(
-          "model.norm_eps", [](TrainConfig& c) -> double& { return c.model.norm_eps; }, posf, "a positive number"),
+          "model.norm_eps", "1e-05", [](TrainConfig& c) -> double& { return c.model.norm_eps; }, posf,
+          "a positive number"),
       number_key<double>(
-          "model.rope_theta", [](TrainConfig& c) -> double& { return c.model.rope_theta; }, posf, "a positive number"),
+          "model.rope_theta", "10000", [](TrainConfig& c) -> double& { return c.model.rope_theta; }, posf,
+          "a positive number"),
       bool_key(
-          "model.tie_embeddings", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; },
+          "model.tie_embeddings", "false", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; },
           "the output projection is the token embedding's weight"),
       string_key(
-          "data.path", [](TrainConfig& c) -> std::string& { return c.data.path; },
+          "data.path", "", [](TrainConfig& c) -> std::string& { return c.data.path; },
           "a .txt file (bytes as tokens) or an llm.c .bin token shard; required"),
       number_key<int64_t>(
-          "data.seq_len", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
+          "data.seq_len", "128", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
       number_key<int64_t>(
-          "data.batch_size", [](TrainConfig& c) -> int64_t& { return c.data.batch_size; }, pos, "a positive integer"),
+          "data.batch_size", "8", [](TrainConfig& c) -> int64_t& { return c.data.batch_size; }, pos,
+          "a positive integer"),
       number_key<double>(
-          "optimizer.lr", [](TrainConfig& c) -> double& { return c.optimizer.lr; }, nonnegf, "a number >= 0"),
+          "optimizer.lr", "0.0003", [](TrainConfig& c) -> double& { return c.optimizer.lr; }, nonnegf, "a number >= 0"),
       number_key<double>(
-          "optimizer.beta1", [](TrainConfig& c) -> double& { return c.optimizer.beta1; }, unit, "in [0, 1)"),
+          "optimizer.beta1", "0.9", [](TrainConfig& c) -> double& { return c.optimizer.beta1; }, unit, "in [0, 1)"),
       number_key<double>(
-          "optimizer.beta2", [](TrainConfig& c) -> double& { return c.optimizer.beta2; }, unit, "in [0, 1)"),
+          "optimizer.beta2", "0.95", [](TrainConfig& c) -> double& { return c.optimizer.beta2; }, unit, "in [0, 1)"),
       number_key<double>(
-          "optimizer.eps", [](TrainConfig& c) -> double& { return c.optimizer.eps; }, posf, "a positive number"),
+          "optimizer.eps", "1e-08", [](TrainConfig& c) -> double& { return c.optimizer.eps; }, posf,
+          "a positive number"),
       number_key<double>(
-          "optimizer.weight_decay", [](TrainConfig& c) -> double& { return c.optimizer.weight_decay; }, nonnegf,
+          "optimizer.weight_decay", "0.1", [](TrainConfig& c) -> double& { return c.optimizer.weight_decay; }, nonnegf,
           "a number >= 0"),
-      choice_key<DType>("optimizer.state_dtype", [](TrainConfig& c) -> DType& { return c.optimizer.state_dtype; },
+      choice_key<DType>("optimizer.state_dtype", "float32",
+                        [](TrainConfig& c) -> DType& { return c.optimizer.state_dtype; },
                         {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       number_key<int64_t>(
-          "lr_scheduler.warmup_steps", [](TrainConfig& c) -> int64_t& { return c.lr_scheduler.warmup_steps; }, nonneg,
-          "an integer >= 0"),
-      choice_key<LrDecay>("lr_scheduler.decay", [](TrainConfig& c) -> LrDecay& { return c.lr_scheduler.decay; },
+          "lr_scheduler.warmup_steps", "0", [](TrainConfig& c) -> int64_t& { return c.lr_scheduler.warmup_steps; },
+          nonneg, "an integer >= 0"),
+      choice_key<LrDecay>("lr_scheduler.decay", "none", [](TrainConfig& c) -> LrDecay& { return c.lr_scheduler.decay; },
                           {{"none", LrDecay::none}, {"linear", LrDecay::linear}, {"cosine", LrDecay::cosine}}),
       number_key<double>(
-          "lr_scheduler.min_lr_ratio", [](TrainConfig& c) -> double& { return c.lr_scheduler.min_lr_ratio; },
+          "lr_scheduler.min_lr_ratio", "0", [](TrainConfig& c) -> double& { return c.lr_scheduler.min_lr_ratio; },
           [](double v) { return v >= 0 && v <= 1; }, "in [0, 1]"),
       number_key<int64_t>(
-          "training.steps", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos, "a positive integer"),
+          "training.steps", "100", [](TrainConfig& c) -> int64_t& { return c.training.steps; }, pos,
+          "a positive integer"),
       number_key<double>(
-          "training.max_grad_norm", [](TrainConfig& c) -> double& { return c.training.max_grad_norm; }, nonnegf,
+          "training.max_grad_norm", "1", [](TrainConfig& c) -> double& { return c.training.max_grad_norm; }, nonnegf,
           "a number >= 0 (0: no clipping)"),
       number_key<int64_t>(
-          "training.seed", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
-      choice_key<DType>("training.dtype", [](TrainConfig& c) -> DType& { return c.training.dtype; },
+          "training.seed", "0", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
+      choice_key<DType>("training.dtype", "float32", [](TrainConfig& c) -> DType& { return c.training.dtype; },
                         {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
-      choice_key<DType>("training.reduce_dtype", [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; },
+      choice_key<DType>("training.reduce_dtype", "float32",
+                        [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; },
                         {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
       bool_key(
-          "training.skip_nonfinite", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; },
+          "training.skip_nonfinite", "false", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; },
           "a step whose gradient norm is NaN or infinite is passed over (no update, counted in the metrics) instead of stopping the run"),
       number_key<int64_t>(
-          "training.grad_accum_steps", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
+          "training.grad_accum_steps", "1", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
           "a positive integer (microbatches per step; data.batch_size must divide by it; with parallel.pp the "
           "schedule runs this many times a step over parallel.pp_microbatches each)"),
       string_key(
-          "checkpoint.init_from", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; },
+          "checkpoint.init_from", "", [](TrainConfig& c) -> std::string& { return c.checkpoint.init_from; },
           "a Hugging Face safetensors file the weights start from, when there is no checkpoint to resume from; \"\": the seeded initialisation"),
       string_key(
-          "checkpoint.folder", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; },
+          "checkpoint.folder", "", [](TrainConfig& c) -> std::string& { return c.checkpoint.folder; },
           "where checkpoints go, a folder step_NNNNNN each (every rank's shards and metadata.json); a run resumes "
           "from the newest complete one there; \"\": none"),
       number_key<int64_t>(
-          "checkpoint.interval", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg,
+          "checkpoint.interval", "0", [](TrainConfig& c) -> int64_t& { return c.checkpoint.interval; }, nonneg,
           "an integer >= 0: a checkpoint every this many steps and one after the last; 0: only after the last"),
       number_key<int64_t>(
-          "checkpoint.load_step", [](TrainConfig& c) -> int64_t& { return c.checkpoint.load_step; }, nonneg,
+          "checkpoint.load_step", "0", [](TrainConfig& c) -> int64_t& { return c.checkpoint.load_step; }, nonneg,
           "an integer >= 0: the step of checkpoint.folder to resume from; 0: the newest complete one"),
       number_key<int64_t>(
-          "checkpoint.keep_latest_k", [](TrainConfig& c) -> int64_t& { return c.checkpoint.keep_latest_k; }, nonneg,
-          "an integer >= 0: older checkpoints are deleted once this many are saved; 0: all kept"),
+          "checkpoint.keep_latest_k", "0", [](TrainConfig& c) -> int64_t& { return c.checkpoint.keep_latest_k; },
+          nonneg, "an integer >= 0: older checkpoints are deleted once this many are saved; 0: all kept"),
       bool_key(
-          "checkpoint.async", [](TrainConfig& c) -> bool& { return c.checkpoint.async; },
+          "checkpoint.async", "false", [](TrainConfig& c) -> bool& { return c.checkpoint.async; },
           "the loop only copies the state (into buffers kept for it: a second copy of this rank's state in memory) and a thread writes it while training goes on"),
       string_key(
-          "checkpoint.export", [](TrainConfig& c) -> std::string& { return c.checkpoint.export_file; },
+          "checkpoint.export", "", [](TrainConfig& c) -> std::string& { return c.checkpoint.export_file; },
           "a Hugging Face safetensors file of the whole weights written after the last step; \"\": none "
           "(meshtrain export makes one from any checkpoint)"),
       string_key(
-          "metrics.file", [](TrainConfig& c) -> std::string& { return c.metrics.file; },
+          "metrics.file", "", [](TrainConfig& c) -> std::string& { return c.metrics.file; },
           "a JSON-lines file of every step's metrics; \"\": none"),
       number_key<int64_t>(
-          "metrics.log_every", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos,
+          "metrics.log_every", "1", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos,
           "a positive integer: steps between progress lines"),
       number_key<int64_t>(
-          "parallel.dp_replicate", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_replicate; }, pos,
+          "parallel.dp_replicate", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_replicate; }, pos,
           "a positive integer"),
       number_key<int64_t>(
-          "parallel.dp_shard", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_shard; },
+          "parallel.dp_shard", "-1", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_shard; },
           [](int64_t v) { return v >= 1 || v == -1; }, "a positive integer or -1 (the ranks left over)"),
       number_key<int64_t>(
-          "parallel.tp", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
+          "parallel.tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
       bool_key(
-          "parallel.sequence_parallel", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; },
+          "parallel.sequence_parallel", "false", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; },
           "the norms and residuals between tensor-parallel blocks are sharded along the sequence (Megatron SP)"),
       bool_key(
-          "parallel.loss_parallel", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; },
+          "parallel.loss_parallel", "false", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; },
           "with tp > 1 the logits stay sharded over the vocabulary and the loss is computed on the shards, never gathered"),
       bool_key(
-          "parallel.reshard_after_forward", [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; },
+          "parallel.reshard_after_forward", "true",
+          [](TrainConfig& c) -> bool& { return c.parallel.reshard_after_forward; },
           "FSDP gathers each weight again for backward, so the gathered weights are freed between forward and backward; false: kept from forward to backward"),
       number_key<int64_t>(
-          "parallel.pp", [](TrainConfig& c) -> int64_t& { return c.parallel.pp; }, pos,
+          "parallel.pp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.pp; }, pos,
           "a positive integer: pipeline-parallel ranks, each running its stages of the model"),
       choice_key<parallel::PpScheduleKind>(
-          "parallel.pp_schedule", [](TrainConfig& c) -> parallel::PpScheduleKind& { return c.parallel.pp_schedule; },
+          "parallel.pp_schedule", "1f1b",
+          [](TrainConfig& c) -> parallel::PpScheduleKind& { return c.parallel.pp_schedule; },
           {{"gpipe", parallel::PpScheduleKind::gpipe},
            {"1f1b", parallel::PpScheduleKind::one_f_one_b},
            {"interleaved_1f1b", parallel::PpScheduleKind::interleaved_1f1b},
            {"zero_bubble", parallel::PpScheduleKind::zero_bubble},
            {"zbv", parallel::PpScheduleKind::zbv}}),
       number_key<int64_t>(
-          "parallel.pp_microbatches", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_microbatches; }, nonneg,
+          "parallel.pp_microbatches", "0", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_microbatches; },
+          nonneg,
           "an integer >= 0: microbatches a step's batch is cut into for the pipeline (data.batch_size must divide by it); 0: as many as there are stages"),
       number_key<int64_t>(
-          "parallel.pp_stages_per_rank", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_stages_per_rank; },
+          "parallel.pp_stages_per_rank", "0", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_stages_per_rank; },
           nonneg,
           "an integer >= 0: stages each pipeline rank holds (virtual stages); 0: 2 for interleaved_1f1b and zbv, else 1"),
       string_key(
-          "parallel.pp_schedule_csv", [](TrainConfig& c) -> std::string& { return c.parallel.pp_schedule_csv; },
+          "parallel.pp_schedule_csv", "", [](TrainConfig& c) -> std::string& { return c.parallel.pp_schedule_csv; },
           "a file of one's own pipeline schedule, one line per pipeline rank of its compute actions in order "
           "(0F0,0F1,0I0,0W0,...; `meshtrain pp-schedule --csv` prints any schedule so), which then replaces "
           "pp_schedule and gives the stages per rank and microbatches; \"\": none"),
       number_key<int64_t>(
-          "parallel.pp_max_active_stages", [](TrainConfig& c) -> int64_t& { return c.parallel.pp_max_active_stages; },
-          nonneg,
+          "parallel.pp_max_active_stages", "0",
+          [](TrainConfig& c) -> int64_t& { return c.parallel.pp_max_active_stages; }, nonneg,
           "an integer >= 0: with several stages per pipeline rank, at most this many have their "
           "weights gathered at once (each gathered just before its next use, looking ahead, and "
           "dropped when another is needed: less memory, more gathers); 0: all of a rank's, for the whole step"),
       count_list_key(
-          "parallel.pp_layers_per_stage",
+          "parallel.pp_layers_per_stage", "",
           [](TrainConfig& c) -> std::vector<int64_t>& { return c.parallel.pp_layers_per_stage; },
           "a list of positive integers, one per stage, summing to model.n_layers + 2 (the embedding and the head count as one layer each); []: as even as can be"),
       number_key<double>(
-          "comm.timeout_s", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },
+          "comm.timeout_s", "600", [](TrainConfig& c) -> double& { return c.comm.timeout_s; },
           [](double v) { return v >= 0.1 && v <= 604800; },
           "seconds in [0.1, 604800]: a collective not finished after this long (a rank died or hangs) "
           "stops the job, naming it; every rank dumps its flight recorder to MESHTRAIN_FR_DIR "
           "(default ./meshtrain_fr) for meshtrain fr-analyze"),
       choice_key<sched::ActivationCheckpoint>(
-          "activation_checkpoint.mode",
+          "activation_checkpoint.mode", "none",
           [](TrainConfig& c) -> sched::ActivationCheckpoint& { return c.activation_checkpoint.mode; },
           {{"none", sched::ActivationCheckpoint::none},
            {"full", sched::ActivationCheckpoint::full},
            {"selective", sched::ActivationCheckpoint::selective}}),
       choice_key<sched::SelectiveMatmuls>(
-          "activation_checkpoint.selective_matmuls",
+          "activation_checkpoint.selective_matmuls", "all",
           [](TrainConfig& c) -> sched::SelectiveMatmuls& { return c.activation_checkpoint.selective_matmuls; },
           {{"all", sched::SelectiveMatmuls::all}, {"every_other", sched::SelectiveMatmuls::every_other}}),
-      choice_key<sched::BucketMode>("schedule.bucket_mode",
+      choice_key<sched::BucketMode>("schedule.bucket_mode", "per_block",
                                     [](TrainConfig& c) -> sched::BucketMode& { return c.schedule.bucket_mode; },
                                     {{"none", sched::BucketMode::none},
                                      {"per_block", sched::BucketMode::per_block},
                                      {"size_cap", sched::BucketMode::size_cap},
                                      {"auto", sched::BucketMode::automatic}}),
       number_key<double>(
-          "schedule.bucket_cap_mb", [](TrainConfig& c) -> double& { return c.schedule.bucket_cap_mb; }, posf,
+          "schedule.bucket_cap_mb", "25", [](TrainConfig& c) -> double& { return c.schedule.bucket_cap_mb; }, posf,
           "a positive number (MiB of a bucket's collective buffers per rank)"),
       bool_key(
-          "schedule.bucket_views", [](TrainConfig& c) -> bool& { return c.schedule.bucket_views; },
+          "schedule.bucket_views", "true", [](TrainConfig& c) -> bool& { return c.schedule.bucket_views; },
           "a bucket's members are views of the bucket where the memory plan can lay them out there (no copy "
           "in or out; a gradient bucket then holds its bytes from its first gradient on); false: they are "
           "copied in and out (as PyTorch DDP's gradient_as_bucket_view = False), so a bucket lives only "
           "around its collective but each copy holds the members and the bucket at once: the peak may go "
           "down or up"),
       bool_key(
-          "schedule.reorder", [](TrainConfig& c) -> bool& { return c.schedule.reorder; },
+          "schedule.reorder", "true", [](TrainConfig& c) -> bool& { return c.schedule.reorder; },
           "collectives start early, so that compute hides them"),
       number_key<int64_t>(
-          "schedule.memory_budget_mb", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; }, nonneg,
-          "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
+          "schedule.memory_budget_mb", "0", [](TrainConfig& c) -> int64_t& { return c.schedule.memory_budget_mb; },
+          nonneg, "an integer >= 0 (MiB a rank's step may allocate; 0: no budget)"),
       string_key(
-          "schedule.hardware", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; },
+          "schedule.hardware", "auto", [](TrainConfig& c) -> std::string& { return c.schedule.hardware; },
           "the profile the passes cost the step on: auto (cpu-2core), a built-in name or a profile file"),
-      choice_key<EstimateMode>("schedule.estimate", [](TrainConfig& c) -> EstimateMode& { return c.schedule.estimate; },
+      choice_key<EstimateMode>("schedule.estimate", "roofline",
+                               [](TrainConfig& c) -> EstimateMode& { return c.schedule.estimate; },
                                {{"roofline", EstimateMode::roofline}, {"benchmark", EstimateMode::benchmark}}),
       string_key(
-          "schedule.kernel_cache", [](TrainConfig& c) -> std::string& { return c.schedule.kernel_cache; },
+          "schedule.kernel_cache", "", [](TrainConfig& c) -> std::string& { return c.schedule.kernel_cache; },
           "benchmark mode: a JSON file of kernel times, read first and written back; \"\": none"),
   };
   return table;
 }
 
 }  // namespace
+
+TrainConfig::TrainConfig() {
+  for (const Key& k : keys()) k.from_text(*this, k.default_text);
+}
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> names;

@@ -13,14 +13,15 @@
 
 namespace meshtrain::config {
 
-// AdamW's hyperparameters ([optimizer]).
+// AdamW's hyperparameters ([optimizer]); a TrainConfig's are the key
+// table's defaults.
 struct OptimizerConfig {
-  double lr = 3e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-  DType state_dtype = DType::f32;  // the moments' storage: f32, or bf16 (f32 math either way)
+  double lr{};
+  double beta1{};
+  double beta2{};
+  double eps{};
+  double weight_decay{};
+  DType state_dtype{};  // the moments' storage: f32, or bf16 (f32 math either way)
 };
 
 enum class LrDecay { none, linear, cosine };
@@ -33,62 +34,68 @@ struct TrainConfig {
   models::LlamaConfig model;
   struct {
     std::string path;
-    int64_t seq_len = 128;
-    int64_t batch_size = 8;
+    int64_t seq_len{};
+    int64_t batch_size{};
   } data;
   OptimizerConfig optimizer;  // optimizer.state_dtype: float32 or bfloat16
   struct {
-    int64_t warmup_steps = 0;
-    LrDecay decay = LrDecay::none;
-    double min_lr_ratio = 0.0;
+    int64_t warmup_steps{};
+    LrDecay decay{};
+    double min_lr_ratio{};
   } lr_scheduler;
   struct {
-    int64_t steps = 100;
-    int64_t seed = 0;
-    double max_grad_norm = 1.0;       // global gradient-norm clipping; 0: none
-    DType dtype = DType::f32;         // compute dtype: float32 or bfloat16 (master weights stay f32)
-    int64_t grad_accum_steps = 1;     // microbatches per step, their gradients summed
-    DType reduce_dtype = DType::f32;  // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
+    int64_t steps{};
+    int64_t seed{};
+    double max_grad_norm{};      // global gradient-norm clipping; 0: none
+    DType dtype{};               // compute dtype: float32 or bfloat16 (master weights stay f32)
+    int64_t grad_accum_steps{};  // microbatches per step, their gradients summed
+    DType reduce_dtype{};        // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
     // A step whose gradient norm is NaN or infinite (no update applied):
     // false stops the run naming it; true goes on, counting it in the metrics.
-    bool skip_nonfinite = false;
+    bool skip_nonfinite{};
   } training;
   struct {
     std::string init_from;
     std::string folder;
-    int64_t interval = 0;       // 0: only at the end (when folder is set)
-    int64_t load_step = 0;      // the step to resume from; 0: the newest complete checkpoint in folder
-    int64_t keep_latest_k = 0;  // checkpoints kept in folder; 0: all
-    std::string export_file;    // whole weights as Hugging Face safetensors after the last step; "": none
-    bool async = false;         // copy the state and write it on a thread of its own while training goes on
+    int64_t interval{};       // 0: only at the end (when folder is set)
+    int64_t load_step{};      // the step to resume from; 0: the newest complete checkpoint in folder
+    int64_t keep_latest_k{};  // checkpoints kept in folder; 0: all
+    std::string export_file;  // whole weights as Hugging Face safetensors after the last step; "": none
+    bool async{};             // copy the state and write it on a thread of its own while training goes on
   } checkpoint;
   struct {
     std::string file;
-    int64_t log_every = 1;
+    int64_t log_every{};
   } metrics;
   parallel::ParallelConfig parallel;  // used under mpirun
   struct {
     // A collective that has not finished after this long (a rank died or
     // hangs) stops the job: the error names it, every rank dumps its flight
     // recorder (MESHTRAIN_FR_DIR), and `meshtrain fr-analyze` names who never joined.
-    double timeout_s = 600;
+    double timeout_s{};
   } comm;
   struct {
-    sched::ActivationCheckpoint mode = sched::ActivationCheckpoint::none;      // none, full or selective
-    sched::SelectiveMatmuls selective_matmuls = sched::SelectiveMatmuls::all;  // selective: all or every_other kept
+    sched::ActivationCheckpoint mode{};           // none, full or selective
+    sched::SelectiveMatmuls selective_matmuls{};  // selective: all or every_other kept
   } activation_checkpoint;
   struct {
-    sched::BucketMode bucket_mode = sched::BucketMode::per_block;  // none, per_block, size_cap or auto
-    double bucket_cap_mb = 25;                                     // size_cap: a bucket's bytes per rank
-    bool bucket_views = true;       // members as views of their bucket (false: copied in and out)
-    bool reorder = true;            // start collectives early, so compute hides them (sched::prefetch_collectives)
-    int64_t memory_budget_mb = 0;   // a rank's step may allocate at most this; 0: no budget
-    std::string hardware = "auto";  // the profile the passes cost the step on; auto: cpu-2core
+    sched::BucketMode bucket_mode{};  // none, per_block, size_cap or auto
+    double bucket_cap_mb{};           // size_cap: a bucket's bytes per rank
+    bool bucket_views{};              // members as views of their bucket (false: copied in and out)
+    bool reorder{};                   // start collectives early, so compute hides them (sched::prefetch_collectives)
+    int64_t memory_budget_mb{};       // a rank's step may allocate at most this; 0: no budget
+    std::string hardware{};           // the profile the passes cost the step on; auto: cpu-2core
     // How compute nodes are costed: the profile's roofline, or (benchmark)
     // each kernel timed on this machine and agreed across the ranks.
-    EstimateMode estimate = EstimateMode::roofline;
+    EstimateMode estimate{};
     std::string kernel_cache;  // benchmark mode: a JSON file of kernel times read first and written back ("": none)
   } schedule;
+
+  // Every key at its default, from the key table (config.cpp), the one
+  // place a key's default is declared: the members' own initial values are
+  // only the types' zeros (and models::LlamaConfig's and
+  // parallel::ParallelConfig's library defaults, which the table's replace).
+  TrainConfig();
 
   // Learning rate of 1-based step `step`: linear warmup, then the decay.
   double lr_at(int64_t step) const;

@@ -127,7 +127,7 @@ struct TinyLlamaStep {
   parallel::StepLayouts layouts;
   TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks, int64_t micro_batches = 1)
       : mesh(parallel::make_mesh(parallel, ranks)) {
-    config::OptimizerConfig opt;
+    config::OptimizerConfig opt = config::TrainConfig().optimizer;
     opt.lr = 1e-2;
     step = compile::build_train_step(g, tiny_llama(), 4, 5, opt,
                                      {.max_grad_norm = 0.5,

@@ -122,7 +122,7 @@ struct SteadyStateAllocations {
 std::vector<double> train_losses(DType compute, bool tied, int steps, DType state = DType::f32,
                                  SteadyStateAllocations* allocations = nullptr, int64_t micro_batches = 1) {
   graph::Graph g;
-  config::OptimizerConfig opt;
+  config::OptimizerConfig opt = config::TrainConfig().optimizer;
   opt.lr = 1e-2;
   opt.state_dtype = state;
   const double max_grad_norm = 1.0;
