@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -313,6 +314,49 @@ int run_comm_bench(const CommBenchOptions& o) {
     fmt::print("{}\n", j.dump(1));
   }
   return 0;
+}
+
+Command add_bench_comm_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto opts = std::make_shared<CommBenchOptions>();
+  CLI::App* comm =
+      bench->add_subcommand("comm",
+                            "Time all_reduce, all_gather, reduce_scatter and all_to_all (f32) from --min-bytes to "
+                            "--max-bytes (x4 steps): time, algBw and busBw (nccl-tests convention) of meshtrain's "
+                            "collectives next to the plain blocking MPI call, measured in the same run. Run under "
+                            "mpirun, e.g. `mpirun -np 4 meshtrain bench comm`.");
+  comm->add_option("--ops", opts->ops, "Collectives to time")->delimiter(',')->capture_default_str();
+  comm->add_option("--min-bytes", opts->min_bytes, "Smallest size (4K, 1M... allowed)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  comm->add_option("--max-bytes", opts->max_bytes, "Largest size")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  comm->add_option("--rounds", opts->rounds, "Alternating meshtrain/MPI rounds per size (median reported)")
+      ->capture_default_str();
+  comm->add_option("--iters", opts->iters, "Iterations per round (0: by size, 5..50)")->capture_default_str();
+  comm->add_flag("!--no-verify", opts->verify, "Skip meshtrain's cross-rank fingerprint check (on by default)");
+  comm->add_option("--group-size", opts->group_size,
+                   "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
+                   "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
+      ->capture_default_str();
+  comm->add_option("--bucket", opts->bucket,
+                   "Time this many collectives of each size at once, bucketed as training buckets them "
+                   "(packed, one collective, unpacked; all_reduce, all_gather, reduce_scatter), next to the "
+                   "same collectives as plain MPI calls one by one and as one MPI call on the packed bytes "
+                   "(0: one at a time)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  comm->add_option("--bucket-cap", opts->bucket_cap,
+                   "With --bucket: consecutive collectives share a bucket while its bytes (as the size column counts "
+                   "them) stay within this size, one alone runs as a plain "
+                   "collective, as schedule.bucket_mode = \"size_cap\" does (0: all in one bucket)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  comm->add_flag("--json", opts->json, "Print one JSON document instead of a table");
+
+  return {comm, [opts] { return run_comm_bench(*opts); }};
 }
 
 }  // namespace meshtrain::cli

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/command.h"
+
 namespace meshtrain::cli {
 
 struct CommBenchOptions {
@@ -34,5 +36,8 @@ struct CommBenchOptions {
 
 // Run under mpirun; rank 0 prints. Returns the process exit code.
 int run_comm_bench(const CommBenchOptions& options);
+
+// `meshtrain bench comm`, added to `app` with its options.
+Command add_bench_comm_command(CLI::App& app);
 
 }  // namespace meshtrain::cli

@@ -1,5 +1,6 @@
 #include "cli/command_args.h"
 
+#include "config/config.h"
 #include "core/error.h"
 #include "core/file_io.h"
 
@@ -7,48 +8,50 @@ namespace meshtrain::cli {
 
 void write_text(const std::string& path, const std::string& text) { write_file_atomically(path, text); }
 
-CommandArgs parse_args(const std::string& command, const std::vector<std::string>& args,
-                       const std::set<std::string>& flags, const std::set<std::string>& options) {
-  CommandArgs out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      out.help = true;
-      continue;
-    }
-    MT_CHECK(a.rfind("--", 0) == 0,
-             "{}: unexpected argument '{}'; options look like --config FILE or --section.key value", command, a);
-    std::string key = a.substr(2), value;
-    if (flags.count(key)) {
-      out.flags.insert(key);
-      continue;
-    }
-    const auto eq = key.find('=');
-    if (eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    }
-    MT_CHECK(!flags.count(key), "{}: --{} is a flag and takes no value (give --{} alone)", command, key, key);
-    // Options of the command, or config keys (section.key), which the config checks.
-    if (key != "config" && !options.count(key) && key.find('.') == std::string::npos) {
-      std::string known = "--config FILE";
-      for (const auto& o : options) known += ", --" + o + " VALUE";
-      for (const auto& f : flags) known += ", --" + f;
-      throw InvalidArgument(
-          fmt::format("{}: unknown option --{} ({} takes {}, and config keys as --section.key "
-                      "value)",
-                      command, key, command, known));
-    }
-    if (eq == std::string::npos) {
-      MT_CHECK(i + 1 < args.size(), "{}: option --{} needs a value", command, key);
-      value = args[++i];
-    }
-    if (key == "config" || options.count(key))
-      out.options[key] = value;
-    else
-      out.overrides.emplace_back(key, value);
+void add_engine_options(CLI::App& command, CommandArgs& args, const std::vector<OptionSpec>& options,
+                        const std::vector<OptionSpec>& flags) {
+  std::vector<OptionSpec> all = options;
+  all.insert(all.begin(), {"config", "FILE", "The training config (TOML; configs/ holds examples)", true});
+  for (const OptionSpec& o : all) {
+    CLI::Option* added = command.add_option_function<std::string>(
+        "--" + o.name, [&args, name = o.name](const std::string& value) { args.options[name] = value; }, o.help);
+    added->type_name(o.value_name);
+    if (o.required) added->required();
   }
-  return out;
+  for (const OptionSpec& f : flags)
+    command
+        .add_flag_callback(
+            "--" + f.name, [&args, name = f.name] { args.flags.insert(name); }, f.help)
+        ->disable_flag_override();  // a flag takes no value
+  // Words no option takes are kept for check_no_unexpected, which names an unknown key as the config does.
+  command.allow_extras();
+  command.callback([&args, &command] { args.unexpected = command.remaining(); });
+  for (const config::KeyDoc& key : config::config_key_docs())
+    command
+        .add_option_function<std::string>(
+            "--" + key.name,
+            [&args, name = key.name](const std::string& value) { args.overrides.emplace_back(name, value); },
+            key.expects)
+        ->type_name("VALUE")
+        ->default_str(key.default_text.empty() ? "\"\"" : key.default_text)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+        ->group(
+            "Config keys (--section.key VALUE; a config file's values replace the defaults shown, the command "
+            "line replaces both)");
+}
+
+void check_no_unexpected(const CommandArgs& a, const std::string& command) {
+  if (a.unexpected.empty()) return;
+  const std::string& word = a.unexpected.front();
+  if (word.starts_with("--") && word.find('.') != std::string::npos) {
+    config::TrainConfig scratch;  // names the key and the known ones when it is unknown
+    const auto eq = word.find('=');
+    config::apply_override(scratch, word.substr(2, eq == std::string::npos ? std::string::npos : eq - 2), "");
+  }
+  throw InvalidArgument(fmt::format(
+      "{}: unexpected argument '{}'; options look like --config FILE or --section.key value (`meshtrain {} --help` "
+      "lists them)",
+      command, word, command));
 }
 
 int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {

@@ -14,10 +14,29 @@
 
 namespace meshtrain::cli {
 
-std::string estimate_help() {
+namespace {
+
+double gib(double bytes) { return bytes / (1ull << 30); }
+
+std::string amount(double bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.2f} GiB", gib(bytes)) : fmt::format("{:.1f} MiB", bytes / (1 << 20));
+}
+
+std::string duration(double us) {
+  return us >= 1e6   ? fmt::format("{:.3f} s", us * 1e-6)
+         : us >= 1e3 ? fmt::format("{:.2f} ms", us * 1e-3)
+                     : fmt::format("{:.1f} us", us);
+}
+
+double max_resident_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+// What `meshtrain estimate --help` says after the options.
+std::string estimate_footer() {
   return fmt::format(
-      "meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--rank R] [--json] [--trace FILE]\n"
-      "                   [--section.key value ...]\n"
       "Cost the config's training step for an N-rank job without running it: the step is built, laid out on the\n"
       "mesh of its [parallel] keys and lowered for rank R (default 0; the torch.chunk rule gives rank 0 the\n"
       "largest shards) exactly as `mpirun -np N meshtrain train` would, then scheduled. Nothing is allocated and\n"
@@ -54,36 +73,29 @@ std::string estimate_help() {
       fmt::join(sched::builtin_hardware_names(), ", "));
 }
 
-namespace {
-
-double gib(double bytes) { return bytes / (1ull << 30); }
-
-std::string amount(double bytes) {
-  return bytes >= (1ull << 30) ? fmt::format("{:.2f} GiB", gib(bytes)) : fmt::format("{:.1f} MiB", bytes / (1 << 20));
-}
-
-std::string duration(double us) {
-  return us >= 1e6   ? fmt::format("{:.3f} s", us * 1e-6)
-         : us >= 1e3 ? fmt::format("{:.2f} ms", us * 1e-3)
-                     : fmt::format("{:.1f} us", us);
-}
-
-double max_resident_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: KiB
-}
-
 }  // namespace
 
-int run_estimate(const std::vector<std::string>& args) {
-  const CommandArgs a = parse_args("estimate", args, {"json"}, {"ranks", "rank", "hardware", "trace"});
-  if (a.help) {
-    fmt::print("{}", estimate_help());
-    return 0;
-  }
-  for (const char* required : {"config", "ranks", "hardware"})
-    MT_CHECK(a.options.count(required), "estimate: --{} is required\n{}", required, estimate_help());
+int run_estimate(const CommandArgs& a);
+
+Command add_estimate_command(CLI::App& app) {
+  auto args = std::make_shared<CommandArgs>();
+  CLI::App* estimate = app.add_subcommand(
+      "estimate",
+      "Estimate a training step's memory, time, tokens/s and MFU for an N-rank job on a hardware profile "
+      "without running it: meshtrain estimate --config FILE --ranks N --hardware NAME|FILE [--json] "
+      "[--trace FILE]");
+  estimate->footer(estimate_footer());
+  add_engine_options(*estimate, *args,
+                     {{"ranks", "N", "The job's ranks", true},
+                      {"rank", "R", "The rank whose step to cost (default 0)"},
+                      {"hardware", "NAME|FILE", "A built-in hardware profile or a profile file", true},
+                      {"trace", "FILE", "Write the estimated timeline as a Chrome trace"}},
+                     {{"json", "", "Print one JSON document instead"}});
+  return {estimate, [args] { return run_estimate(*args); }};
+}
+
+int run_estimate(const CommandArgs& a) {
+  check_no_unexpected(a, "estimate");
   const auto started = std::chrono::steady_clock::now();
   const int64_t ranks = integer_option(a, "estimate", "ranks", 1), rank = integer_option(a, "estimate", "rank", 0);
   MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks,

@@ -2,13 +2,13 @@
 // a hardware profile without running it (estimate/estimate.h).
 #pragma once
 
-#include <string>
-#include <vector>
+#include <CLI/CLI.hpp>
+
+#include "cli/command.h"
 
 namespace meshtrain::cli {
 
-// args: the words after `estimate`. Returns the exit code.
-int run_estimate(const std::vector<std::string>& args);
-std::string estimate_help();
+// Added to `app` with its options.
+Command add_estimate_command(CLI::App& app);
 
 }  // namespace meshtrain::cli

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "comm/types.h"
@@ -113,6 +114,50 @@ int run_plan(const PlanCommand& c) {
                static_cast<int64_t>(s.bytes), s.cost_us, s.after.to_string());
   fmt::print("total {:.3f} us   trace {}\n", plan->total_cost_us, plan->trace(from));
   return 0;
+}
+
+Command add_layout_command(CLI::App& app) {
+  auto cmd = std::make_shared<LayoutCommand>();
+  CLI::App* layout = app.add_subcommand(
+      "layout", "Print every rank's mesh coordinate, local shape and global offset for a tensor layout");
+  layout->add_option("--mesh", cmd->mesh, "Mesh shape, e.g. 4,2")->required();
+  layout->add_option("--shape", cmd->shape, "Global tensor shape, e.g. 18,2")->required();
+  layout
+      ->add_option("--placements", cmd->placements,
+                   "One placement per mesh dim in PyTorch notation: R, S(0), S(0)[1], _S(0, 3), P(sum)")
+      ->required();
+  layout->add_flag("--json", cmd->json, "Print JSON");
+
+  return {layout, [cmd] { return run_layout(*cmd); }};
+}
+
+Command add_plan_command(CLI::App& app) {
+  auto cmd = std::make_shared<PlanCommand>();
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "Print the cheapest sequence of collectives that redistributes a tensor from one layout to another, "
+      "with each step's bytes and estimated time (PyTorch DTensor's cost model)");
+  plan->add_option("--mesh", cmd->mesh, "Mesh shape, e.g. 2,2,2")->required();
+  plan->add_option("--shape", cmd->shape, "Global tensor shape, e.g. 8,8,8")->required();
+  plan->add_option("--from", cmd->from, "Source layout, e.g. S(0)S(0)S(0)")->required();
+  plan->add_option("--to", cmd->to, "Target layout, e.g. RS(0)S(0)")->required();
+  plan->add_option("--dtype", cmd->dtype, "Element type")->capture_default_str();
+  plan->add_option("--planner", cmd->planner, "dijkstra (optimal under the cost model) or greedy (PyTorch's default)")
+      ->capture_default_str();
+  plan->add_option("--devices-per-host", cmd->devices_per_host,
+                   "Ranks per host: inner mesh dims within a host get intra-host links (87.7 GB/s, 0.6 us), "
+                   "outer ones inter-host links (19.3 GB/s, 2.7 us)")
+      ->capture_default_str();
+  plan->add_option("--link", cmd->links,
+                   "Override one mesh dim's link: DIM:LATENCY_US:BANDWIDTH_GBPS (repeatable, once per dim)");
+  plan->add_option("--all-to-all-penalty-us", cmd->all_to_all_penalty_us,
+                   "Extra cost of an all_to_all over an all_gather of the same bytes (PyTorch used 1.0 until 2026)")
+      ->capture_default_str();
+  plan->add_flag("!--no-merge", cmd->merge,
+                 "Do not merge consecutive same collectives on adjacent mesh dims into one flattened-group collective");
+  plan->add_flag("--json", cmd->json, "Print JSON");
+
+  return {plan, [cmd] { return run_plan(*cmd); }};
 }
 
 }  // namespace meshtrain::cli

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/command.h"
+
 namespace meshtrain::cli {
 
 struct LayoutCommand {
@@ -28,5 +30,9 @@ struct PlanCommand {
   bool json = false;
 };
 int run_plan(const PlanCommand& c);
+
+// `meshtrain layout` and `meshtrain plan`, added to `app` with their options.
+Command add_layout_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 
 }  // namespace meshtrain::cli

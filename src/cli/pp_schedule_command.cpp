@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -114,6 +115,48 @@ int run_pp_schedule(const PpScheduleCommand& c) {
              fmt::join(sim.peak_activations, ", "));
   fmt::print("sends and receives: checked to run in order on every rank without deadlock\n");
   return 0;
+}
+
+Command add_pp_schedule_command(CLI::App& app) {
+  auto cmd = std::make_shared<PpScheduleCommand>();
+  CLI::App* pp =
+      app.add_subcommand("pp-schedule",
+                         "Print a pipeline schedule's actions per rank, its simulated timeline, its bubble next to the "
+                         "published formula and the activations each rank holds; the sends and receives are checked "
+                         "to run without deadlock");
+  pp->add_option("--schedule", cmd->schedule, "gpipe, 1f1b, interleaved_1f1b, zero_bubble or zbv")
+      ->capture_default_str();
+  pp->add_option("--from-csv", cmd->from_csv,
+                 "A schedule of one's own instead of --schedule: a line per pipeline rank of its compute actions in "
+                 "order (0F0,0F1,0B0,...), as parallel.pp_schedule_csv takes it; its stages per rank and "
+                 "microbatches are read from it");
+  pp->add_option("--stages", cmd->stages,
+                 "Pipeline ranks (pp); the model has pp x stages-per-rank stages (default: 4, or --from-csv's lines)");
+  pp->add_option("--stages-per-rank", cmd->stages_per_rank,
+                 "Stages on each rank (virtual stages): 1 for gpipe and 1f1b, at least 2 for interleaved_1f1b, "
+                 "exactly 2 for zbv, any for zero_bubble (default: 2 for interleaved_1f1b and zbv, else 1)");
+  pp->add_option("--microbatches", cmd->microbatches, "Microbatches per step")->capture_default_str();
+  pp->add_option("--forward", cmd->forward, "Time of one stage's forward of one microbatch")->capture_default_str();
+  pp->add_option("--backward-input", cmd->backward_input,
+                 "Time of its backward for the stage's input (I; a full backward B is I + W)")
+      ->capture_default_str();
+  pp->add_option("--backward-weight", cmd->backward_weight, "Time of its backward for the stage's weights (W)")
+      ->capture_default_str();
+  pp->add_option("--p2p", cmd->p2p, "Time of a send between stages on different ranks")->capture_default_str();
+  pp->add_flag("--comms", cmd->comms, "List the actions with their sends and receives");
+  pp->add_flag("--fsdp", cmd->fsdp,
+               "List the actions with FSDP's too: UNSHARD of each stage first, REDUCE_GRAD after its last weight "
+               "gradients, RESHARD last (with --comms: with the sends and receives too)");
+  pp->add_option("--max-active-stages", cmd->max_active_stages,
+                 "With --fsdp: at most this many of a rank's stages gathered at once, each gathered ahead of its "
+                 "next use and dropped when another is needed (parallel.pp_max_active_stages; 0: all, for the step)")
+      ->capture_default_str();
+  pp->add_flag("--json", cmd->json, "Print JSON");
+  pp->add_flag("--csv", cmd->csv,
+               "Print only the compute actions, a line per rank, as parallel.pp_schedule_csv and --from-csv take "
+               "them (a schedule to edit and run)");
+
+  return {pp, [cmd] { return run_pp_schedule(*cmd); }};
 }
 
 }  // namespace meshtrain::cli

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "cli/command.h"
+
 namespace meshtrain::cli {
 
 struct PpScheduleCommand {
@@ -21,5 +23,8 @@ struct PpScheduleCommand {
   std::string from_csv;  // a schedule of one's own (parallel.pp_schedule_csv's format) instead of `schedule`
 };
 int run_pp_schedule(const PpScheduleCommand& c);
+
+// `meshtrain pp-schedule`, added to `app` with its options.
+Command add_pp_schedule_command(CLI::App& app);
 
 }  // namespace meshtrain::cli

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <thread>
@@ -27,40 +28,39 @@
 
 namespace meshtrain::cli {
 
-std::string train_help() {
-  return fmt::format(
-      "meshtrain train --config FILE [--section.key value ...]\n"
-      "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
-      "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks: DDP, FSDP, HSDP,\n"
-      "Megatron tensor parallel with sequence_parallel and loss_parallel) and every rank runs its part;\n"
-      "rank 0 prints and writes metrics and checkpoints (--optimizer.lr 1e-3 or --optimizer.lr=1e-3); each\n"
-      "rank's kernels get the host's cores divided by its ranks unless OMP_NUM_THREADS is set.\n"
-      "--profile prints the time of each op after training (summed over all steps but the first), with\n"
-      "GFLOP/s and GB/s by the ops' FLOP and byte counts.\n"
-      "--dump-graph FILE writes the step graph each rank runs as text (its lowered graph under mpirun: every\n"
-      "value's local shape and layout, every collective's group, mesh dims, bytes); a {{rank}} in FILE is\n"
-      "replaced by the rank, and without one only rank 0 writes. --no-verify skips the fingerprint the ranks\n"
-      "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost).\n"
-      "--trace FILE writes the last step's measured timeline as a Chrome trace (Perfetto, chrome://tracing):\n"
-      "per rank a compute track, every kernel, collective start and wait, and a communication track, each\n"
-      "collective from its start to the end of its wait; each rank's times from its own start of the step.\n"
-      "The run ends with its step's estimate on the [schedule] hardware profile next to the measured median;\n"
-      "--schedule.estimate benchmark first times every kernel of the step on each rank, the ranks side by side as\n"
-      "they run the step (they agree on the median; --schedule.kernel_cache FILE keeps the times), and costs the\n"
-      "scheduling passes and that estimate with them instead of the profile's roofline.\n"
-      "SIGTERM, SIGINT or SIGUSR1 stops the run after the step that is running: the ranks agree on the step,\n"
-      "a checkpoint is saved when checkpoint.folder is set, and the exit status is 128 + the signal. Under\n"
-      "mpirun send SIGUSR1 to mpirun (it forwards it at once) or SIGTERM to every rank, as schedulers do;\n"
-      "SIGTERM or Ctrl-C to mpirun reaches the ranks only after OMPI_MCA_odls_base_sigkill_timeout seconds\n"
-      "(1 by default) with SIGKILL as long after, and mpirun prints nothing more of theirs.\n"
-      "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n"
-      "The keys, their defaults (a config file's keys replace them) and their values:\n{}",
-      config::config_key_help());
+namespace {
+
+// What `meshtrain train --help` says after the options.
+std::string train_footer() {
+  return "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
+         "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks: DDP, FSDP, HSDP,\n"
+         "Megatron tensor parallel with sequence_parallel and loss_parallel) and every rank runs its part;\n"
+         "rank 0 prints and writes metrics and checkpoints (--optimizer.lr 1e-3 or --optimizer.lr=1e-3); each\n"
+         "rank's kernels get the host's cores divided by its ranks unless OMP_NUM_THREADS is set.\n"
+         "--profile prints the time of each op after training (summed over all steps but the first), with\n"
+         "GFLOP/s and GB/s by the ops' FLOP and byte counts.\n"
+         "--dump-graph FILE writes the step graph each rank runs as text (its lowered graph under mpirun: every\n"
+         "value's local shape and layout, every collective's group, mesh dims, bytes); a {rank} in FILE is\n"
+         "replaced by the rank, and without one only rank 0 writes. --no-verify skips the fingerprint the ranks\n"
+         "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost).\n"
+         "--trace FILE writes the last step's measured timeline as a Chrome trace (Perfetto, chrome://tracing):\n"
+         "per rank a compute track, every kernel, collective start and wait, and a communication track, each\n"
+         "collective from its start to the end of its wait; each rank's times from its own start of the step.\n"
+         "The run ends with its step's estimate on the [schedule] hardware profile next to the measured median;\n"
+         "--schedule.estimate benchmark first times every kernel of the step on each rank, the ranks side by side as\n"
+         "they run the step (they agree on the median; --schedule.kernel_cache FILE keeps the times), and costs the\n"
+         "scheduling passes and that estimate with them instead of the profile's roofline.\n"
+         "SIGTERM, SIGINT or SIGUSR1 stops the run after the step that is running: the ranks agree on the step,\n"
+         "a checkpoint is saved when checkpoint.folder is set, and the exit status is 128 + the signal. Under\n"
+         "mpirun send SIGUSR1 to mpirun (it forwards it at once) or SIGTERM to every rank, as schedulers do;\n"
+         "SIGTERM or Ctrl-C to mpirun reaches the ranks only after OMPI_MCA_odls_base_sigkill_timeout seconds\n"
+         "(1 by default) with SIGKILL as long after, and mpirun prints nothing more of theirs.\n"
+         "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n";
 }
 
-std::string lower_help() {
-  return "meshtrain lower --ranks N [--rank R] [--out FILE] --config FILE [--section.key value ...]\n"
-         "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
+// What `meshtrain lower --help` says after the options.
+std::string lower_footer() {
+  return "Lay the config's training step out on N ranks by its [parallel] keys, as `mpirun -np N meshtrain train`\n"
          "would, and print rank R's lowered graph (default 0) without running anything: every value with its\n"
          "local shape and layout, every collective with its group, mesh dims, layouts and bytes (each starts\n"
          "where it stands and is completed by a `wait` node, just before the first node that reads its result).\n"
@@ -69,6 +69,8 @@ std::string lower_help() {
          "laid out on the stage's ranks and lowered for R, as `train --dump-graph` writes them.\n"
          "--out FILE writes the graph to FILE instead and prints one line saying how many nodes it holds.\n";
 }
+
+}  // namespace
 
 namespace {
 
@@ -142,15 +144,24 @@ void print_did(const std::vector<train::RankReport>& reports, const train::Train
 
 }  // namespace
 
-int run_lower(const std::vector<std::string>& args) {
-  const CommandArgs a = parse_args("lower", args, {}, {"ranks", "rank", "out"});
-  if (a.help) {
-    fmt::print("{}", lower_help());
-    return 0;
-  }
-  MT_CHECK(a.options.count("config"), "lower: --config FILE is required\n{}", lower_help());
-  MT_CHECK(a.options.count("ranks"), "lower: --ranks N (the ranks to lay the step out on) is required\n{}",
-           lower_help());
+int run_lower(const CommandArgs& a);
+
+Command add_lower_command(CLI::App& app) {
+  auto args = std::make_shared<CommandArgs>();
+  CLI::App* lower = app.add_subcommand("lower",
+                                       "Print any rank's lowered training step without running it: meshtrain lower "
+                                       "--ranks N [--rank R] --config FILE [--section.key value ...]");
+  lower->footer(lower_footer());
+  add_engine_options(*lower, *args,
+                     {{"ranks", "N", "The ranks to lay the step out on", true},
+                      {"rank", "R", "The rank whose step to print (default 0)"},
+                      {"out", "FILE", "Write the graph to FILE instead of printing it"}},
+                     {});
+  return {lower, [args] { return run_lower(*args); }};
+}
+
+int run_lower(const CommandArgs& a) {
+  check_no_unexpected(a, "lower");
   const int64_t ranks = integer_option(a, "lower", "ranks", 1), rank = integer_option(a, "lower", "rank", 0);
   MT_CHECK(ranks >= 1 && ranks <= compile::kMaxLaidOutRanks, "lower: --ranks {} must be between 1 and {}", ranks,
            compile::kMaxLaidOutRanks);
@@ -182,14 +193,25 @@ int run_lower(const std::vector<std::string>& args) {
   return 0;
 }
 
-int run_train(const std::vector<std::string>& args) {
-  const CommandArgs a = parse_args("train", args, {"profile", "no-verify"}, {"dump-graph", "trace"});
-  if (a.help) {
-    fmt::print("{}", train_help());
-    return 0;
-  }
+int run_train(const CommandArgs& a);
+
+Command add_train_command(CLI::App& app) {
+  auto args = std::make_shared<CommandArgs>();
+  CLI::App* train = app.add_subcommand("train",
+                                       "Train a Llama from a TOML config: meshtrain train --config FILE "
+                                       "[--section.key value ...] (meshtrain train --help lists the keys)");
+  train->footer(train_footer());
+  add_engine_options(
+      *train, *args,
+      {{"dump-graph", "FILE", "Write the step graph each rank runs as text ({rank} in FILE: every rank)"},
+       {"trace", "FILE", "Write the last step's measured timeline as a Chrome trace"}},
+      {{"profile", "", "Print each op's time after training (steps 2 and on)"},
+       {"no-verify", "", "Skip the fingerprint the ranks exchange before each collective"}});
+  return {train, [args] { return run_train(*args); }};
+}
+
+int run_train(const CommandArgs& a) {
   const bool profile = a.flags.count("profile") > 0;
-  MT_CHECK(a.options.count("config"), "train: --config FILE is required\n{}", train_help());
   const std::string config_path = a.options.at("config");
   const auto& overrides = a.overrides;
   // Under mpirun every rank reads the same config and checks it the same way
@@ -198,6 +220,7 @@ int run_train(const std::vector<std::string>& args) {
   const comm::LaunchedRank launched = comm::launched_rank();
   config::TrainConfig config;
   try {
+    check_no_unexpected(a, "train");
     config = config::load_config(config_path, overrides);
     if (launched.size > 1) compile::check_parallel_config(config, launched.size);
     if (config.schedule.estimate == config::EstimateMode::benchmark)
@@ -343,6 +366,24 @@ int run_export(const std::string& checkpoint, const std::string& out) {
   fmt::print("exported {} (step {}): {} tensors, {:.2f}M parameters, to {}\n", path, info.state.step, weights.size(),
              static_cast<double>(count) / 1e6, out);
   return 0;
+}
+
+Command add_export_command(CLI::App& app) {
+  auto paths = std::make_shared<std::pair<std::string, std::string>>();  // checkpoint, out
+  CLI::App* export_cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's whole weights (saved on any number of ranks and layout) as one Hugging Face "
+      "safetensors file, Llama parameter names as Hugging Face's; the optimizer's moments are left out. "
+      "The checkpoint's files are verified (sizes, checksums) as they are read.");
+  export_cmd
+      ->add_option("--checkpoint", paths->first,
+                   "A checkpoint folder (checkpoint.folder/step_NNNNNN), or a checkpoint.folder: its newest "
+                   "complete checkpoint")
+      ->required();
+  export_cmd->add_option("--out", paths->second, "The .safetensors file to write (written whole or not at all)")
+      ->required();
+
+  return {export_cmd, [paths] { return run_export(paths->first, paths->second); }};
 }
 
 }  // namespace meshtrain::cli

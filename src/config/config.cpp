@@ -424,11 +424,10 @@ std::vector<std::string> config_keys() {
   return names;
 }
 
-std::string config_key_help() {
-  TrainConfig defaults;
-  std::string out;
-  for (const auto& k : keys()) out += fmt::format("  {} = {}  ({})\n", k.name, k.show(defaults), k.expects);
-  return out;
+std::vector<KeyDoc> config_key_docs() {
+  std::vector<KeyDoc> docs;
+  for (const auto& k : keys()) docs.push_back({k.name, k.default_text, k.expects});
+  return docs;
 }
 
 std::string config_reference_markdown() {

@@ -107,8 +107,12 @@ void apply_override(TrainConfig& config, const std::string& key, const std::stri
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
 // Every key, "section.key".
 std::vector<std::string> config_keys();
-// Every key with its default and what its value must be, a line each, for --help.
-std::string config_key_help();
+// Every key as --help shows it: its name ("section.key"), its default (as
+// --section.key takes it) and what a value must be.
+struct KeyDoc {
+  std::string name, default_text, expects;
+};
+std::vector<KeyDoc> config_key_docs();
 // docs/configuration.md: every key by section, a table row each (name,
 // default, what its value must be), made from the same table as --help.
 std::string config_reference_markdown();
