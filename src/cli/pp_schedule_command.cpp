@@ -131,10 +131,12 @@ Command add_pp_schedule_command(CLI::App& app) {
                  "order (0F0,0F1,0B0,...), as parallel.pp_schedule_csv takes it; its stages per rank and "
                  "microbatches are read from it");
   pp->add_option("--stages", cmd->stages,
-                 "Pipeline ranks (pp); the model has pp x stages-per-rank stages (default: 4, or --from-csv's lines)");
+                 "Pipeline ranks (pp); the model has pp x stages-per-rank stages (default: 4, or --from-csv's lines)")
+      ->check(CLI::Range(1, 1 << 20));
   pp->add_option("--stages-per-rank", cmd->stages_per_rank,
                  "Stages on each rank (virtual stages): 1 for gpipe and 1f1b, at least 2 for interleaved_1f1b, "
-                 "exactly 2 for zbv, any for zero_bubble (default: 2 for interleaved_1f1b and zbv, else 1)");
+                 "exactly 2 for zbv, any for zero_bubble (default: 2 for interleaved_1f1b and zbv, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
   pp->add_option("--microbatches", cmd->microbatches, "Microbatches per step")->capture_default_str();
   pp->add_option("--forward", cmd->forward, "Time of one stage's forward of one microbatch")->capture_default_str();
   pp->add_option("--backward-input", cmd->backward_input,

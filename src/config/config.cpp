@@ -517,6 +517,17 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "config: activation_checkpoint.selective_matmuls every_other applies to activation_checkpoint.mode "
            "selective, not {}; set the mode to selective or leave selective_matmuls at all",
            sched::activation_checkpoint_name(c.activation_checkpoint.mode));
+  // The keys only a pipeline reads: set with parallel.pp 1, they would be ignored without a word.
+  if (c.parallel.pp == 1) {
+    TrainConfig given = c, defaults;
+    for (const char* key :
+         {"parallel.pp_schedule", "parallel.pp_microbatches", "parallel.pp_stages_per_rank", "parallel.pp_schedule_csv",
+          "parallel.pp_max_active_stages", "parallel.pp_layers_per_stage"})
+      MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
+               "config: {} = {} applies to a pipeline, but parallel.pp is 1 (no pipeline): set parallel.pp, or leave "
+               "{} out",
+               key, find_key(key).show(given), key);
+  }
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);

@@ -9,6 +9,10 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.tp >= 1, "parallel.tp must be >= 1, got {}", c.tp);
   MT_CHECK(c.dp_shard >= 1 || c.dp_shard == -1, "parallel.dp_shard must be >= 1 or -1 (the ranks left over), got {}",
            c.dp_shard);
+  // A degree over the job's ranks can never fit, and none left over can make the product overflow.
+  for (const auto& [key, degree] :
+       {std::pair{"parallel.dp_replicate", c.dp_replicate}, {"parallel.dp_shard", c.dp_shard}, {"parallel.tp", c.tp}})
+    MT_CHECK(degree <= world_size, "{} {} is more than the job's {} ranks", key, degree, world_size);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
   int64_t dp_shard = c.dp_shard;

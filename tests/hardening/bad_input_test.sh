@@ -36,6 +36,17 @@ expect_fast() {
   fi
 }
 
+# Degrees whose product overflows, keys that only a pipeline reads set
+# without one, and a pipeline of no ranks (issue 31).
+expect_error "parallel.dp_replicate 4611686018427387905 is more than the job's 2 ranks" lower --ranks 2 \
+  --config configs/debug.toml --parallel.dp_replicate 4611686018427387905 --parallel.dp_shard 4611686018427387905 \
+  --parallel.tp 2
+expect_error "parallel.pp_microbatches = 4 applies to a pipeline, but parallel.pp is 1" lower --ranks 1 \
+  --config configs/debug.toml --parallel.pp_microbatches 4
+expect_error "parallel.pp_schedule_csv = \"missing.csv\" applies to a pipeline" estimate --ranks 1 --hardware h100-sxm \
+  --config configs/debug.toml --parallel.pp_schedule_csv missing.csv
+expect_error "--stages: Value 0 not in range 1 to 1048576" pp-schedule --stages 0
+
 # Sizes from input (class 1).
 expect_error "more elements than" plan --mesh 2 --shape 1000000,1000000,1000000,100 --from "S(0)" --to R
 expect_error "is more elements than a step can hold" train --config configs/debug.toml --data.batch_size 4294967296 \
@@ -104,7 +115,7 @@ expect_error "1f1b needs pp_microbatches >= pp (got 2 microbatches for 4 stages)
 expect_error "splits into 2 runs unevenly" pp-schedule --schedule interleaved_1f1b --microbatches 9
 expect_error "zbv puts exactly 2 stages on each rank" pp-schedule --schedule zbv --stages-per-rank 3
 expect_error "more than 1048576 actions" pp-schedule --schedule gpipe --stages 1024 --microbatches 65536
-expect_error "pp-schedule: Could not convert: --stages = 4294967296" pp-schedule --stages 4294967296
+expect_error "pp-schedule: --stages: Value 4294967296 not in range 1 to 1048576" pp-schedule --stages 4294967296
 expect_error "pipeline costs must be finite, positive" pp-schedule --backward-weight 0
 expect_fast "published formula: 0.0285" pp-schedule --schedule gpipe --stages 16 --microbatches 512
 # The command line itself (CLI11's errors): exit code 2, the command named.
