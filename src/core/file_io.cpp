@@ -16,6 +16,12 @@ namespace meshtrain {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temporary_(path_ + ".tmp") {
   MT_CHECK(!path_.empty(), "an output file was given an empty path; give the path of a file to write");
   MT_CHECK(!std::filesystem::is_directory(path_), "cannot write {}: it is a folder; give the path of a file", path_);
+  // Renaming over a device, a FIFO or a socket would replace the node with a regular file.
+  std::error_code ec;
+  MT_CHECK(!std::filesystem::exists(path_, ec) || std::filesystem::is_regular_file(path_, ec),
+           "cannot write {}: it is not a regular file (a device, FIFO or socket), which writing would replace; give "
+           "the path of a file",
+           path_);
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create " + temporary_, errno);
 }

@@ -2,7 +2,8 @@
 // file, are flushed to the disk and renamed over it. Any failure (opening,
 // a write on a full disk, the flush, the close, the rename) removes the
 // temporary and throws naming the file, and an earlier file of that name is
-// left as it was.
+// left as it was. A path that names anything but a regular file (a folder,
+// a device such as /dev/null, a FIFO) is refused before anything is written.
 #pragma once
 
 #include <cstddef>

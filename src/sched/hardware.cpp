@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "graph/op_registry.h"
 
 namespace meshtrain::sched {
@@ -344,12 +345,10 @@ HardwareProfile load_hardware(const std::string& name_or_path, const std::string
            "{} '{}' is a directory; give a built-in profile ({}) or a "
            "profile file (TOML)",
            option, name_or_path, fmt::join(builtin_hardware_names(), ", "));
-  std::ifstream f(name_or_path);
-  MT_CHECK(f.good(), "{} '{}' is neither a built-in profile ({}) nor a readable file", option, name_or_path,
-           fmt::join(builtin_hardware_names(), ", "));
-  std::stringstream text;
-  text << f.rdbuf();
-  return parse_hardware(text.str(), name_or_path);
+  MT_CHECK(std::filesystem::exists(name_or_path), "{} '{}' is neither a built-in profile ({}) nor a readable file",
+           option, name_or_path, fmt::join(builtin_hardware_names(), ", "));
+  // A regular file of at most 1 MiB: a device or a FIFO is refused, not read without end.
+  return parse_hardware(read_small_file(name_or_path, 1 << 20, option), name_or_path);
 }
 
 }  // namespace meshtrain::sched

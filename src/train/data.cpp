@@ -27,6 +27,10 @@ std::vector<int64_t> read_llmc_shard(const std::string& path, uint64_t file_size
   MT_CHECK(file_size >= sizeof(header) + 2 * count,
            "data file {} is truncated: the header says {} tokens ({} bytes) but only {} bytes follow it", path, count,
            2 * count, file_size - sizeof(header));
+  MT_CHECK(file_size == sizeof(header) + 2 * count,
+           "data file {}: the header says {} tokens ({} bytes) but {} bytes follow it: {} bytes past the shard "
+           "(shards appended to one file?); give one llm.c shard per file",
+           path, count, 2 * count, file_size - sizeof(header), file_size - sizeof(header) - 2 * count);
   std::vector<uint16_t> raw(count);
   in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(2 * count));
   MT_CHECK(in.good() || count == 0, "data file {}: could not read its {} tokens", path, count);

@@ -46,6 +46,22 @@ expect_error "parallel.pp_microbatches = 4 applies to a pipeline, but parallel.p
 expect_error "parallel.pp_schedule_csv = \"missing.csv\" applies to a pipeline" estimate --ranks 1 --hardware h100-sxm \
   --config configs/debug.toml --parallel.pp_schedule_csv missing.csv
 expect_error "--stages: Value 0 not in range 1 to 1048576" pp-schedule --stages 0
+# Readers bounded: a device or a FIFO as a hardware profile is refused, not
+# read without end; a kernel time of 1e308 us, not a step of "inf s"; an
+# llm.c shard with bytes past its header's count, not read short.
+expect_error "--hardware /dev/zero: cannot read it" estimate --ranks 1 --config configs/debug.toml --hardware /dev/zero
+mkfifo "$dir/profile.fifo"
+expect_error "profile.fifo: cannot read it" estimate --ranks 1 --config configs/debug.toml --hardware "$dir/profile.fifo"
+printf '{"kernels": {"matmul": 1e308}}' > "$dir/kernels.json"
+expect_error "entry 'matmul' is 1e+308, not a time of 0 to 1e12 us" estimate --ranks 1 --config configs/debug.toml \
+  --hardware cpu-2core --schedule.estimate benchmark --schedule.kernel_cache "$dir/kernels.json"
+python3 - "$dir/two.bin" <<'PY'
+import struct, sys
+shard = struct.pack("<256i", 20240520, 1, 600, *([0] * 253)) + struct.pack("<600H", *([7] * 600))
+open(sys.argv[1], "wb").write(shard + shard)  # a second shard appended
+PY
+expect_error "bytes past the shard" train --config configs/debug.toml --data.path "$dir/two.bin" --training.steps 1 \
+  --data.batch_size 1 --data.seq_len 8 --checkpoint.folder "" --metrics.file ""
 
 # Sizes from input (class 1).
 expect_error "more elements than" plan --mesh 2 --shape 1000000,1000000,1000000,100 --from "S(0)" --to R

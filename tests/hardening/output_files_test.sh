@@ -35,6 +35,16 @@ out=$(timeout 120 "$meshtrain" train "${model[@]:2}" --config "$dir/config.toml"
 cmp -s configs/debug.toml "$dir/config.toml" || fail "the config file changed"
 echo "an output equal to an input (data, config) is refused; the inputs are untouched"
 
+# An output that names a FIFO (as it would a device such as /dev/null) is
+# refused and the node stays what it was, never renamed over (issue 31).
+mkfifo "$dir/out.fifo"
+out=$(timeout 60 "$meshtrain" lower --ranks 2 "${model[@]}" --out "$dir/out.fifo" 2>&1)
+[ $? -ne 0 ] && grep -q 'out.fifo: it is not a regular file' <<<"$out" || { echo "$out"; fail "lower --out FIFO was not refused"; }
+out=$(timeout 60 "$meshtrain" estimate --ranks 2 "${model[@]}" --hardware cpu-2core --trace "$dir/out.fifo" 2>&1)
+[ $? -ne 0 ] && grep -q 'out.fifo: it is not a regular file' <<<"$out" || { echo "$out"; fail "estimate --trace FIFO was not refused"; }
+[ -p "$dir/out.fifo" ] || fail "the FIFO was replaced"
+echo "an output that is a FIFO is refused and left as it was"
+
 mount_tmpfs() {  # DIR SIZE [ro]
   mkdir -p "$1"
   mount -t tmpfs -o "size=$2${3:+,$3}" tmpfs "$1" 2>/dev/null || return 1
