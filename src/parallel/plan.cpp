@@ -1,5 +1,7 @@
 #include "parallel/plan.h"
 
+#include <string>
+
 #include "core/error.h"
 
 namespace meshtrain::parallel {
@@ -9,22 +11,24 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.tp >= 1, "parallel.tp must be >= 1, got {}", c.tp);
   MT_CHECK(c.dp_shard >= 1 || c.dp_shard == -1, "parallel.dp_shard must be >= 1 or -1 (the ranks left over), got {}",
            c.dp_shard);
-  // A degree over the job's ranks can never fit, and none left over can make the product overflow.
-  for (const auto& [key, degree] :
-       {std::pair{"parallel.dp_replicate", c.dp_replicate}, {"parallel.dp_shard", c.dp_shard}, {"parallel.tp", c.tp}})
-    MT_CHECK(degree <= world_size, "{} {} is more than the job's {} ranks", key, degree, world_size);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
+  // Products checked, so that degrees whose product overflows (2^62 + 1 each) are never taken for a fit.
+  int64_t others = 0;
+  const bool others_overflow = __builtin_mul_overflow(c.dp_replicate, c.tp, &others);
   int64_t dp_shard = c.dp_shard;
   if (dp_shard == -1) {
-    MT_CHECK(world_size % (c.dp_replicate * c.tp) == 0,
+    MT_CHECK(!others_overflow && world_size % others == 0,
              "{} ranks do not divide by parallel.dp_replicate ({}) x parallel.tp ({})", world_size, c.dp_replicate,
              c.tp);
-    dp_shard = world_size / (c.dp_replicate * c.tp);
+    dp_shard = world_size / others;
   }
-  MT_CHECK(c.dp_replicate * dp_shard * c.tp == world_size,
+  int64_t product = 0;
+  const bool overflow = others_overflow || __builtin_mul_overflow(others, dp_shard, &product);
+  MT_CHECK(!overflow && product == world_size,
            "parallel.dp_replicate ({}) x parallel.dp_shard ({}) x parallel.tp ({}) = {}, but the job has {} ranks",
-           c.dp_replicate, dp_shard, c.tp, c.dp_replicate * dp_shard * c.tp, world_size);
+           c.dp_replicate, dp_shard, c.tp, overflow ? std::string("more than 2^63") : std::to_string(product),
+           world_size);
   return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
                               {"dp_replicate", "dp_shard", "tp"});
 }

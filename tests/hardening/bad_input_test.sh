@@ -38,7 +38,7 @@ expect_fast() {
 
 # Degrees whose product overflows, keys that only a pipeline reads set
 # without one, and a pipeline of no ranks (issue 31).
-expect_error "parallel.dp_replicate 4611686018427387905 is more than the job's 2 ranks" lower --ranks 2 \
+expect_error "x parallel.tp (2) = more than 2^63, but the job has 2 ranks" lower --ranks 2 \
   --config configs/debug.toml --parallel.dp_replicate 4611686018427387905 --parallel.dp_shard 4611686018427387905 \
   --parallel.tp 2
 expect_error "parallel.pp_microbatches = 4 applies to a pipeline, but parallel.pp is 1" lower --ranks 1 \
