@@ -34,6 +34,7 @@ std::unique_ptr<PipelineRank> compile_pipeline(const config::TrainConfig& config
   const sched::RankDevice device{hardware, world_size, nullptr};
   for (const int s : stages)
     out->stages.emplace(s, build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where(), &device));
+  out->update = build_pipeline_update(config, place, out->stages);
   return out;
 }
 

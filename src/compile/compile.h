@@ -14,6 +14,7 @@
 
 #include "compile/pipeline_place.h"
 #include "compile/pipeline_stage.h"
+#include "compile/pipeline_update.h"
 #include "compile/step.h"
 #include "config/config.h"
 #include "graph/schedule.h"
@@ -41,6 +42,7 @@ struct PipelineRank {
   // CompileOptions::every_stage every stage of the pipeline, each laid out
   // for the rank at this rank's place in its stage's mesh.
   std::map<int, PipelineStage> stages;
+  PipelineUpdate update;  // the rank's once-a-step graphs, for its own stages
 };
 
 struct CompileOptions {

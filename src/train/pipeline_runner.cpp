@@ -8,12 +8,10 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "graph/builder.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
-#include "spmd/propagate.h"
 #include "train/trainer.h"
 
 namespace meshtrain::train {
@@ -39,17 +37,7 @@ void take_microbatch(const Tensor& batch, int64_t k, int64_t m, Tensor& out) {
 
 }  // namespace
 
-namespace {
-
-// A small global graph of the update's (inputs laid out as `given`, outputs
-// delivered as `deliver`) as this rank runs it on the stage mesh.
-spmd::LoweredGraph lower_on_stage(const graph::Graph& g, sharding::Planner& planner, int rank,
-                                  const std::map<graph::ValueId, sharding::Layout>& given,
-                                  const std::map<graph::ValueId, sharding::Layout>& deliver) {
-  return compile::lay_out_graph(g, planner, rank, given, deliver).lowered;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessGroupPtr world,
                                compile::PipelineRank compiled, const std::map<std::string, Tensor>& whole)
@@ -133,82 +121,28 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
     tokens_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
     targets_.push_back(Tensor::empty({place_.microbatch_rows, config.data.seq_len}, DType::i64));
   }
-  graph::Builder count_builder(count_graph_);
-  count_targets_ = count_graph_.add_input("targets", {config.data.batch_size * config.data.seq_len}, DType::i64);
-  count_graph_.add_output(count_builder.op("count_valid", {count_targets_}, {graph::attr::ignore_index(-100)}));
+  // The once-a-step graphs compile_rank built for this rank's parameters, in the order gathered above.
+  update_ = std::move(compiled.update);
+  MT_ASSERT(update_.names == names, "pipeline rank {}: the update's parameters are not its stages'", pp_rank);
   count_run_ =
-      std::make_unique<runtime::Executor>(count_graph_, sched::make_schedule(count_graph_, count_graph_.outputs()));
-
-  // The update: the norm from the sum of squares of every stage's gradients
-  // (summed over the pipeline between the two graphs), clipping and AdamW as
-  // the single-rank step has them; both laid out on the stage mesh as the
-  // [parallel] plan lays out a step's optimizer.
-  graph::Builder b(update_graph_);
-  std::vector<graph::ValueId> update_params, update_grads;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const Shape& shape = whole.at(names[i]).shape();
-    update_params.push_back(update_graph_.add_parameter(names[i], shape, DType::f32));
-    update_grads.push_back(update_graph_.add_input(names[i] + ".grad", shape, DType::f32));
-  }
-  update_squares_ = update_graph_.add_input("sum_of_squares", {}, DType::f64);
-  update_graph_.set_phase(graph::Phase::optimizer);
-  {
-    graph::ScopeGuard scope(update_graph_, "optimizer");
-    update_norm_ = b.norm_from_sum_of_squares(update_squares_, DType::f32);
-  }
-  compile::append_optimizer(update_graph_, names, update_params, update_grads, update_norm_, config.optimizer,
-                            config.training.max_grad_norm, {update_norm_}, update_);
-  graph::Builder squares_builder(squares_graph_);
-  std::vector<graph::ValueId> grad_inputs;
-  for (size_t i = 0; i < names.size(); ++i)
-    grad_inputs.push_back(squares_graph_.add_input(names[i] + ".grad", whole.at(names[i]).shape(), DType::f32));
-  squares_graph_.add_output(squares_builder.sum_of_squares(grad_inputs));
-  std::vector<graph::Update> updates;
-  if (place_.stage_mesh) {
-    const sharding::Layout replicated = sharding::Layout::from_placements(
-        std::vector<sharding::Placement>(static_cast<size_t>(place_.stage_mesh->ndim())));
-    std::map<graph::ValueId, sharding::Layout> given, deliver;
-    for (size_t i = 0; i < names.size(); ++i) {
-      given[update_params[i]] = given[update_grads[i]] = layouts[i];
-      given[update_.exp_avg.at(names[i])] = given[update_.exp_avg_sq.at(names[i])] = layouts[i];
-    }
-    for (const auto& [updated, buffer] : update_.write_backs) deliver[updated] = given.at(buffer);
-    deliver[update_norm_] = replicated;
-    spmd::LoweredGraph lowered = lower_on_stage(update_graph_, *stage_planner_, stage_rank, given, deliver);
-    update_values_ = lowered.values;
-    const auto delivered = compile::delivered_outputs(update_graph_, lowered.graph);
-    for (const auto& [from, to] : update_.write_backs) updates.push_back({delivered.at(from), update_values_.at(to)});
-    update_values_[update_norm_] = delivered.at(update_norm_);
-    update_local_ = std::move(lowered.graph);
-    std::map<graph::ValueId, sharding::Layout> squares_given;
-    for (size_t i = 0; i < names.size(); ++i) squares_given[grad_inputs[i]] = layouts[i];
-    spmd::LoweredGraph squares = lower_on_stage(squares_graph_, *stage_planner_, stage_rank, squares_given,
-                                                {{squares_graph_.outputs()[0], replicated}});
-    squares_values_ = squares.values;
-    squares_local_ = std::move(squares.graph);
-  } else {
-    for (int i = 0; i < update_graph_.num_values(); ++i) update_values_[graph::ValueId(i)] = graph::ValueId(i);
-    for (int i = 0; i < squares_graph_.num_values(); ++i) squares_values_[graph::ValueId(i)] = graph::ValueId(i);
-    for (const auto& [from, to] : update_.write_backs) updates.push_back({from, to});
-  }
-  const graph::Graph& update_run = place_.stage_mesh ? update_local_ : update_graph_;
-  const graph::Graph& squares_run = place_.stage_mesh ? squares_local_ : squares_graph_;
+      std::make_unique<runtime::Executor>(update_.count, sched::make_schedule(update_.count, update_.count.outputs()));
   update_run_ = std::make_unique<runtime::Executor>(
-      update_run, sched::make_schedule(update_run, update_run.outputs(), std::move(updates)), stage_groups_.get());
-  squares_run_ = executor_for(squares_run);
-  for (size_t i = 0; i < names.size(); ++i) squares_run_->bind(squares_values_.at(grad_inputs[i]), grads[i]);
+      update_.update, sched::make_schedule(update_.update, update_.update.outputs(), update_.write_backs),
+      stage_groups_.get());
+  squares_run_ = executor_for(update_.squares);
+  for (size_t i = 0; i < names.size(); ++i) squares_run_->bind(update_.square_gradients[i], grads[i]);
   lr_ = Tensor::empty({}, DType::f64);
   adam_step_ = Tensor::empty({}, DType::i64);
   squares_ = Tensor::empty({}, DType::f64);
   for (size_t i = 0; i < names.size(); ++i) {
-    update_run_->bind(update_values_.at(update_params[i]), params_.at(names[i]));
-    update_run_->bind(update_values_.at(update_grads[i]), grads[i]);
-    update_run_->bind(update_values_.at(update_.exp_avg.at(names[i])), exp_avg_.at(names[i]));
-    update_run_->bind(update_values_.at(update_.exp_avg_sq.at(names[i])), exp_avg_sq_.at(names[i]));
+    update_run_->bind(update_.parameters[i], params_.at(names[i]));
+    update_run_->bind(update_.gradients[i], grads[i]);
+    update_run_->bind(update_.exp_avg[i], exp_avg_.at(names[i]));
+    update_run_->bind(update_.exp_avg_sq[i], exp_avg_sq_.at(names[i]));
   }
-  update_run_->bind(update_values_.at(update_squares_), squares_);
-  update_run_->bind(update_values_.at(update_.lr), lr_);
-  update_run_->bind(update_values_.at(update_.step), adam_step_);
+  update_run_->bind(update_.sum_of_squares, squares_);
+  update_run_->bind(update_.lr, lr_);
+  update_run_->bind(update_.step, adam_step_);
   const Shape batch{config.data.batch_size, config.data.seq_len};
   global_tokens_ = Tensor::empty(batch, DType::i64);
   global_targets_ = Tensor::empty(batch, DType::i64);
@@ -424,9 +358,9 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   const Tensor& targets = global_targets_;
   const Shape& batch = tokens.shape();
   const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
-  count_run_->bind(count_targets_, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
+  count_run_->bind(update_.count_targets, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
   count_run_->run();
-  count_ = count_run_->fetch(count_graph_.outputs()[0]).clone();
+  count_ = count_run_->fetch(update_.count.outputs()[0]).clone();
   loss_sum_ = 0;
   for (auto& [s, st] : stages_) st->backwards_done = 0;
   stats_ = {};
@@ -477,8 +411,7 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   const double update_begin = tracing_ ? since_start_us() : 0;
   squares_run_->run();
   Tensor sums = Tensor::empty({2}, DType::f64);
-  sums.data<double>()[0] =
-      squares_run_->fetch((place_.stage_mesh ? squares_local_ : squares_graph_).outputs()[0]).get(0);
+  sums.data<double>()[0] = squares_run_->fetch(update_.squares.outputs()[0]).get(0);
   sums.data<double>()[1] = stages_.contains(place_.schedule.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
   group_->all_reduce(sums)->wait();
   squares_.data<double>()[0] = sums.data<double>()[0];
@@ -487,7 +420,7 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   update_run_->run();
   if (tracing_) trace_.push_back({"norm and update", false, update_begin, since_start_us()});
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
-          .grad_norm = update_run_->fetch(update_values_.at(update_norm_)).get(0)};
+          .grad_norm = update_run_->fetch(update_.norm).get(0)};
 }
 
 double PipelineRunner::since_start_us() const {

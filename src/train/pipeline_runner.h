@@ -163,13 +163,8 @@ class PipelineRunner : public StepRunner {
   void note_held();  // updates the peaks of stats_
   // The batch's valid-target count, the sum of squares of this rank's
   // gradients, and the update, each a small graph of its own.
-  graph::Graph count_graph_, squares_graph_, update_graph_;
+  compile::PipelineUpdate update_;  // the count, sum-of-squares and update graphs, as compiled
   std::unique_ptr<runtime::Executor> count_run_, squares_run_, update_run_;
-  // The update and squares graphs as this rank runs them (lowered on the stage mesh, or themselves).
-  graph::Graph squares_local_, update_local_;
-  std::map<graph::ValueId, graph::ValueId> squares_values_, update_values_;  // global -> in the graph that runs
-  compile::TrainStepGraph update_;
-  graph::ValueId count_targets_, update_squares_, update_norm_;
   Tensor lr_, adam_step_, squares_;
   Tensor global_tokens_, global_targets_;  // the batch every rank takes its microbatches' rows of
   std::string no_estimate_because_ = "a pipeline's step is estimated by `meshtrain estimate`, not yet beside a run";
