@@ -14,7 +14,7 @@ std::unique_ptr<FlatStep> compile_flat(const config::TrainConfig& config, int wo
     flat->layout = lay_out_step(config, flat->global, flat->step, world_size, rank, hardware, measure);
     flat->values = flat->layout->lowered.values;
   } else {
-    for (int i = 0; i < flat->global.num_values(); ++i) flat->values[graph::ValueId(i)] = graph::ValueId(i);
+    flat->values = identity_values(flat->global);
   }
   flat->schedule = schedule_step(flat->global, flat->step, flat->running(), flat->values);
   return flat;

@@ -88,8 +88,8 @@ PipelineUpdate build_pipeline_update(const config::TrainConfig& config, const Pi
     square_values = squares_lowered.values;
     out.squares = std::move(squares_lowered.graph);
   } else {
-    for (int i = 0; i < update.num_values(); ++i) update_values[graph::ValueId(i)] = graph::ValueId(i);
-    for (int i = 0; i < squares.num_values(); ++i) square_values[graph::ValueId(i)] = graph::ValueId(i);
+    update_values = identity_values(update);
+    square_values = identity_values(squares);
     for (const auto& [from, to] : roles.write_backs) out.write_backs.push_back({from, to});
     out.update = std::move(update);
     out.squares = std::move(squares);

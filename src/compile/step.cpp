@@ -162,6 +162,12 @@ void run_lowered_step_passes(const config::TrainConfig& config, const sched::Ran
   sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(lowered);
 }
 
+std::map<graph::ValueId, graph::ValueId> identity_values(const graph::Graph& g) {
+  std::map<graph::ValueId, graph::ValueId> values;
+  for (int i = 0; i < g.num_values(); ++i) values[graph::ValueId(i)] = graph::ValueId(i);
+  return values;
+}
+
 LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int rank,
                       const std::map<graph::ValueId, sharding::Layout>& given,
                       const std::map<graph::ValueId, sharding::Layout>& deliver, const spmd::LowerOptions& options) {

@@ -66,6 +66,10 @@ LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int ran
                       const std::map<graph::ValueId, sharding::Layout>& deliver,
                       const spmd::LowerOptions& options = {});
 
+// Every value of `g` mapped to itself: the value map of a graph that runs as
+// it is (one rank, no layout).
+std::map<graph::ValueId, graph::ValueId> identity_values(const graph::Graph& g);
+
 // The passes a rank's lowered graph goes through before it is scheduled
 // (sched::lowered_step_pipeline), as config's [schedule] keys ask:
 // collectives bucketed, waits sunk, and collectives started early where

@@ -22,16 +22,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "estimate/kernel_benchmark.h"
-#include "kernels/cpu/op_kernels.h"
-#include "parallel/plan.h"
-#include "sched/estimate.h"
-#include "sched/memory_estimate.h"
-#include "sched/pass.h"
-#include "sched/schedule.h"
 #include "sched/trace.h"
-#include "sharding/local_chunk.h"
-#include "sharding/redistribute.h"
-#include "spmd/lower.h"
 
 namespace meshtrain::train {
 
