@@ -13,7 +13,16 @@ constexpr size_t kSmallGranule = 512;
 constexpr size_t kLargeGranule = 128 * 1024;
 constexpr size_t kSmallLimit = 1 << 20;
 size_t round_up(size_t n, size_t g) { return (n + g - 1) / g * g; }
+void* host_allocate(size_t bytes) { return std::aligned_alloc(kAlignment, round_up(bytes, kAlignment)); }
+void host_free(void* ptr) { std::free(ptr); }
 }  // namespace
+
+MemorySource host_memory() { return {Device::cpu, "host", host_allocate, host_free}; }
+
+CachingAllocator::CachingAllocator(MemorySource source) : source_(source) {
+  MT_ASSERT(source_.allocate != nullptr && source_.free != nullptr, "memory source '{}' without allocate/free",
+            source_.name);
+}
 
 size_t CachingAllocator::block_size(size_t bytes) {
   if (bytes == 0) bytes = 1;
@@ -40,15 +49,15 @@ void* CachingAllocator::allocate(size_t bytes) {
     cached_.erase(it);
     ++stats_.cache_hits;
   } else {
-    ptr = std::aligned_alloc(kAlignment, size);
+    ptr = source_.allocate(size);
     if (ptr == nullptr) {
       // Retry once after giving the cache back to the system.
       free_cached_locked();
-      ptr = std::aligned_alloc(kAlignment, size);
+      ptr = source_.allocate(size);
     }
     if (ptr == nullptr)
-      throw Error(
-          fmt::format("out of host memory: allocating {} bytes failed ({} bytes in use)", size, stats_.current_bytes));
+      throw Error(fmt::format("out of {} memory: allocating {} bytes failed ({} bytes in use)", source_.name, size,
+                              stats_.current_bytes));
     stats_.reserved_bytes += size;
   }
   live_.emplace(ptr, got);
@@ -74,7 +83,7 @@ void CachingAllocator::release_cache() {
 
 void CachingAllocator::free_cached_locked() {
   for (auto& [size, ptr] : cached_) {
-    std::free(ptr);
+    source_.free(ptr);
     stats_.reserved_bytes -= size;
   }
   cached_.clear();

@@ -12,22 +12,30 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, CachingAllocator& alloc) {
   return t;
 }
 
-Tensor Tensor::view(void* data, const Shape& shape, DType dtype) {
+Tensor Tensor::view(void* data, const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(data);
+  t.storage_ = std::make_shared<Storage>(data, device);
   return t;
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, CachingAllocator& alloc) {
+  MT_CHECK(alloc.device() == Device::cpu, "Tensor::zeros on {}: fill device memory with a kernel",
+           device_name(alloc.device()));
   Tensor t = empty(shape, dtype, alloc);
   std::memset(t.raw(), 0, t.nbytes());
   return t;
 }
 
+void Tensor::check_on_host(const char* what) const {
+  MT_CHECK(device() == Device::cpu, "{} of tensor {} on {}: copy it to the host first", what, describe(),
+           device_name(device()));
+}
+
 void Tensor::check_element_type(DType requested) const {
   MT_CHECK(defined(), "data<{}>() on an undefined tensor", dtype_name(requested));
+  check_on_host("data()");
   MT_CHECK(requested == dtype_,
            "data<{}>() on a tensor of dtype {}: use data<> with the matching "
            "element type or convert with to()",
@@ -36,6 +44,7 @@ void Tensor::check_element_type(DType requested) const {
 
 void Tensor::check_index(int64_t i) const {
   MT_CHECK(defined(), "element access on an undefined tensor");
+  check_on_host("element access");
   MT_CHECK(i >= 0 && i < numel(), "flat index {} out of range for tensor {}", i, describe());
 }
 
@@ -51,6 +60,7 @@ void Tensor::set(int64_t i, double v) {
 
 Tensor Tensor::clone() const {
   MT_CHECK(defined(), "clone() of an undefined tensor");
+  check_on_host("clone()");
   Tensor t = empty(shape_, dtype_, storage_->alloc ? *storage_->alloc : default_allocator());
   std::memcpy(t.raw(), raw(), nbytes());
   return t;
@@ -58,6 +68,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dtype) const {
   MT_CHECK(defined(), "to({}) of an undefined tensor", dtype_name(dtype));
+  check_on_host("to()");
   Tensor t = empty(shape_, dtype, storage_->alloc ? *storage_->alloc : default_allocator());
   convert(raw(), dtype_, t.raw(), dtype, static_cast<size_t>(numel()));
   return t;
@@ -71,6 +82,9 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
-std::string Tensor::describe() const { return fmt::format("{}{}", dtype_name(dtype_), shape_.to_string()); }
+std::string Tensor::describe() const {
+  const std::string where = device() == Device::cpu ? "" : fmt::format(" on {}", device_name(device()));
+  return fmt::format("{}{}{}", dtype_name(dtype_), shape_.to_string(), where);
+}
 
 }  // namespace meshtrain

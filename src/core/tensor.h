@@ -1,5 +1,7 @@
-// Dense, contiguous, row-major host tensor. Copies share storage (like
-// torch.Tensor); clone() makes an independent copy.
+// Dense, contiguous, row-major tensor in host memory or on a CUDA device
+// (device()). Copies share storage (like torch.Tensor); clone() makes an
+// independent copy. Element access, data(), clone() and to() are for host
+// tensors; kernels/cuda copies between host and device.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +47,11 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, CachingAllocator& alloc = default_allocator());
   static Tensor zeros(const Shape& shape, DType dtype, CachingAllocator& alloc = default_allocator());
   // A tensor over memory someone else owns (and keeps alive while the view is used).
-  static Tensor view(void* data, const Shape& shape, DType dtype);
+  static Tensor view(void* data, const Shape& shape, DType dtype, Device device = Device::cpu);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device : Device::cpu; }
   const Shape& shape() const { return shape_; }
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
@@ -80,8 +83,8 @@ class Tensor {
 
  private:
   struct Storage {
-    Storage(CachingAllocator* a, size_t bytes) : alloc(a), ptr(a->allocate(bytes)) {}
-    explicit Storage(void* borrowed) : alloc(nullptr), ptr(borrowed) {}
+    Storage(CachingAllocator* a, size_t bytes) : alloc(a), ptr(a->allocate(bytes)), device(a->device()) {}
+    Storage(void* borrowed, Device d) : alloc(nullptr), ptr(borrowed), device(d) {}
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
     ~Storage() {
@@ -89,7 +92,9 @@ class Tensor {
     }
     CachingAllocator* alloc;  // null for a view
     void* ptr;
+    Device device;
   };
+  void check_on_host(const char* what) const;
   void check_element_type(DType requested) const;
   void check_index(int64_t i) const;
 
