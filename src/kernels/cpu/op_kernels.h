@@ -9,15 +9,11 @@
 
 #include "core/tensor.h"
 #include "graph/graph.h"
+#include "kernels/kernel_args.h"
 
 namespace meshtrain::kernels::cpu {
 
-// What a kernel sees: input and output tensors (views) and the node's attrs.
-struct KernelArgs {
-  std::vector<const Tensor*> in;
-  std::vector<Tensor*> out;
-  const graph::Attrs& attrs;
-};
+using kernels::KernelArgs;
 
 // Takes f32, f64 and bf16 operands (bf16 computed in f32, rounded once per output element).
 using CpuKernel = std::function<void(const KernelArgs& args)>;
