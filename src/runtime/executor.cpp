@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -12,8 +13,15 @@
 
 namespace meshtrain::runtime {
 
-Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups)
-    : g_(g), schedule_(std::move(schedule)), groups_(groups) {
+namespace {
+CachingAllocator& allocator_of(Device device) {
+  return device == Device::cuda ? kernels::cuda::device_allocator() : default_allocator();
+}
+}  // namespace
+
+Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups, Device device)
+    : g_(g), schedule_(std::move(schedule)), groups_(groups), device_(device), arena_(nullptr, {nullptr}) {
+  if (device_ == Device::cuda) stream_ = std::make_unique<kernels::cuda::Stream>();
   // Each step's kernel, FLOPs and bytes; every value it computes has a place.
   std::map<graph::NodeId, int> step_of;
   std::set<std::pair<std::vector<int>, sharding::CommStream>> group_streams;
@@ -22,6 +30,8 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
     const graph::Node& node = g.node(n);
     MT_CHECK(!node.removed, "schedule: step node {} ({}) was removed from the graph", n.index, node.op->name);
     if (node.op->is_collective) {
+      MT_CHECK(device_ == Device::cpu, "node {} is a collective ({}): collectives run on the CPU only, for now",
+               n.index, node.op->name);
       MT_CHECK(groups_ != nullptr, "node {} is a collective ({}) but the executor was given no mesh groups", n.index,
                node.op->name);
       step_collectives_.push_back(collective_step(node, groups_->mesh()));
@@ -40,9 +50,16 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
       started_by_.back() = start->second;
     }
     const bool kernel_free = node.op->is_view || step_collectives_.back().has_value();
-    const kernels::cpu::CpuKernel* kernel = kernel_free ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
-    MT_CHECK(kernel_free || kernel != nullptr, "op {} has no CPU kernel (attach one with register_cpu_kernel)",
-             node.op->name);
+    const bool on_cpu = device_ == Device::cpu;
+    const kernels::cpu::CpuKernel* kernel =
+        kernel_free || !on_cpu ? nullptr : kernels::cpu::find_cpu_kernel(node.op->name);
+    const kernels::cuda::CudaKernel* cuda_kernel =
+        kernel_free || on_cpu ? nullptr : kernels::cuda::find_cuda_kernel(node.op->name);
+    MT_CHECK(kernel_free || !on_cpu || kernel != nullptr,
+             "op {} has no CPU kernel (attach one with register_cpu_kernel)", node.op->name);
+    MT_CHECK(kernel_free || on_cpu || cuda_kernel != nullptr,
+             "op {} has no CUDA kernel (attach one with register_cuda_kernel)", node.op->name);
+    step_cuda_kernels_.push_back(cuda_kernel);
     for (graph::ValueId out : node.outputs)
       MT_CHECK(schedule_.memory.offsets.count(out) || schedule_.memory.view_of.count(out),
                "schedule: {} has no place in the memory plan", g.describe_value(out));
@@ -55,16 +72,24 @@ Executor::Executor(const graph::Graph& g, graph::Schedule schedule, sharding::Me
   // make them now, in the same order on every rank (sorted, whatever order
   // the schedule has).
   for (const auto& [dims, stream] : group_streams) groups_->merged_group(dims, stream);
-  arena_.reset(static_cast<std::byte*>(default_allocator().allocate(std::max<size_t>(schedule_.memory.peak_bytes, 1))));
+  CachingAllocator& arena_allocator = allocator_of(device_);
+  arena_ = std::unique_ptr<std::byte, FreeToAllocator>(
+      static_cast<std::byte*>(arena_allocator.allocate(std::max<size_t>(schedule_.memory.peak_bytes, 1))),
+      FreeToAllocator{&arena_allocator});
 }
 
-void Executor::FreeToAllocator::operator()(std::byte* p) const { default_allocator().deallocate(p); }
+Executor::~Executor() {
+  captured_.reset();
+  if (stream_) stream_->synchronize();  // nothing in flight reads the arena when it goes
+}
 
 void Executor::bind(graph::ValueId value, Tensor tensor) {
   const graph::Value& v = g_.value(value);
   MT_CHECK(!v.producer.valid(), "bind: {} is computed by the graph, not an input", g_.describe_value(value));
   MT_CHECK(tensor.dtype() == v.info.dtype && tensor.shape() == v.info.shape, "bind: {} expects {}{}, got {}", v.name,
            dtype_name(v.info.dtype), v.info.shape.to_string(), tensor.describe());
+  MT_CHECK(tensor.device() == device_, "bind: {} is on {}, the executor runs on {}", v.name,
+           device_name(tensor.device()), device_name(device_));
   bound_[value] = std::move(tensor);
   run_ready_ = false;
 }
@@ -79,7 +104,7 @@ Tensor Executor::tensor_of(graph::ValueId value) const {
     const graph::ValueInfo& info = g_.value(value).info;
     return Tensor::view(
         static_cast<std::byte*>(const_cast<void*>(storage.raw())) + schedule_.memory.offset_in_storage(value),
-        info.shape, info.dtype);
+        info.shape, info.dtype, device_);
   }
   const graph::Value& v = g_.value(value);
   if (!v.producer.valid()) {
@@ -91,7 +116,7 @@ Tensor Executor::tensor_of(graph::ValueId value) const {
   auto it = schedule_.memory.offsets.find(value);
   MT_CHECK(it != schedule_.memory.offsets.end(), "{} is not computed by this executor's plan",
            g_.describe_value(value));
-  return Tensor::view(arena_.get() + it->second, v.info.shape, v.info.dtype);
+  return Tensor::view(arena_.get() + it->second, v.info.shape, v.info.dtype, device_);
 }
 
 void Executor::prepare_run() {
@@ -117,11 +142,14 @@ void Executor::prepare_run() {
     update_copies_.push_back({dst.raw(), tensor_of(u.from).raw(), dst.nbytes()});
   }
   run_ready_ = true;
+  captured_.reset();  // its launches read the old bindings
+  runs_since_prepare_ = 0;
 }
 
 void Executor::run() {
   using Clock = std::chrono::steady_clock;
   if (!run_ready_) prepare_run();
+  if (device_ == Device::cuda) return run_on_gpu();
   if (profiling_) {
     node_seconds_.resize(schedule_.steps.size(), 0.0);
     ++profiled_runs_;
@@ -159,6 +187,41 @@ void Executor::run() {
     }
   }
   for (const Copy& c : update_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
+}
+
+// The first run after a bind runs its launches as they come (warming up
+// cuBLASLt's choices and anything made on first use); the second is
+// captured as a CUDA graph, and it and every later run replay it. Profiling
+// and tracing time each step, so they run uncaptured.
+void Executor::run_on_gpu() {
+  const bool timing = profiling_ || tracing_;
+  MT_CHECK(!timing, "profiling and tracing a GPU step are not there yet");
+  if (cuda_graphs_ && runs_since_prepare_ >= 1 && !captured_) {
+    try {
+      auto graph = std::make_unique<kernels::cuda::CapturedGraph>(*stream_);
+      launch_steps();  // captured, not run: a throw here ends the capture in the graph's destructor
+      graph->end();
+      captured_ = std::move(graph);
+    } catch (const std::exception& e) {  // the step still runs, launch by launch: say so once
+      std::fprintf(stderr, "meshtrain: warning: capturing the step as a CUDA graph failed (%s); it runs uncaptured\n",
+                   e.what());
+      cuda_graphs_ = false;
+    }
+  }
+  if (captured_)
+    captured_->launch(*stream_);
+  else
+    launch_steps();
+  stream_->synchronize();
+  ++runs_since_prepare_;
+}
+
+void Executor::launch_steps() {
+  const kernels::cuda::LaunchContext ctx = kernels::cuda::launch_context(*stream_);
+  for (size_t step = 0; step < schedule_.steps.size(); ++step)
+    if (step_cuda_kernels_[step] != nullptr) (*step_cuda_kernels_[step])(kernel_args_[step], ctx);
+  for (const Copy& c : update_copies_)
+    if (c.dst != c.src) kernels::cuda::copy_bytes(c.dst, c.src, c.bytes, *stream_);
 }
 
 double Executor::flops() const { return std::accumulate(step_flops_.begin(), step_flops_.end(), 0.0); }

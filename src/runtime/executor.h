@@ -1,9 +1,12 @@
-// Runs a graph on the CPU by following a Schedule (made by sched/): its steps
-// in order, each intermediate at its planned offset of one arena of the
-// planned size, allocated once, so a single-rank steady-state run allocates
-// nothing. A lowered (per-rank) graph's collective nodes run on the mesh
-// groups given: each collective starts where it is in the schedule and is
-// completed by its wait node, so kernels run while it is in flight.
+// Runs a graph on the CPU or on the GPU by following a Schedule (made by
+// sched/): its steps in order, each intermediate at its planned offset of
+// one arena of the planned size (host or device memory), allocated once, so
+// a single-rank steady-state run allocates nothing. On the GPU the kernels
+// launch on one stream, and from the second run on a run replays the first
+// one's launches captured as a CUDA graph. A lowered (per-rank) graph's
+// collective nodes run on the mesh groups given (CPU only, for now): each
+// collective starts where it is in the schedule and is completed by its
+// wait node, so kernels run while it is in flight.
 #pragma once
 
 #include <cstddef>
@@ -12,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
 #include "graph/schedule.h"
 #include "kernels/cpu/op_kernels.h"
+#include "kernels/cuda/op_kernels.h"
 #include "runtime/collectives.h"
 #include "sharding/device_mesh.h"
 #include "sharding/redistribute.h"
@@ -25,16 +30,23 @@ namespace meshtrain::runtime {
 
 class Executor {
  public:
-  // Checks that every step has a CPU kernel (or is a collective, when
-  // `groups` is given) and every value a step computes has its place in the
-  // plan; allocates the arena. `groups` must outlive the executor.
-  Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups = nullptr);
+  // Checks that every step has a kernel for `device` (or is a collective,
+  // when `groups` is given) and every value a step computes has its place in
+  // the plan; allocates the arena. `groups` must outlive the executor.
+  Executor(const graph::Graph& g, graph::Schedule schedule, sharding::MeshGroups* groups = nullptr,
+           Device device = Device::cpu);
+  ~Executor();
 
-  // Inputs and parameters: the tensor is used in place (shape and dtype
-  // checked). A run leaves the schedule's updates in the tensors bound to
-  // their `to` (written there in place, or copied after the run).
+  // Inputs and parameters: the tensor is used in place (shape, dtype and
+  // device checked). A run leaves the schedule's updates in the tensors
+  // bound to their `to` (written there in place, or copied after the run).
   void bind(graph::ValueId value, Tensor tensor);
+  // On the GPU, run() returns once the step has finished (its errors raised).
   void run();
+  Device device() const { return device_; }
+  // GPU: replay the captured step from the second run on (default on).
+  void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
+  bool replaying_cuda_graph() const { return captured_ != nullptr; }  // the last run replayed the captured step
   // A fetched value after run(): a view into the arena (valid until the next run) or the bound tensor.
   Tensor fetch(graph::ValueId value) const;
 
@@ -75,8 +87,9 @@ class Executor {
   void prepare_run();
   bool run_ready_ = false;
   std::vector<Tensor> step_tensors_;
-  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;     // per step; nullptr for views and collectives
-  std::vector<std::optional<CollectiveStep>> step_collectives_;  // per step
+  std::vector<const kernels::cpu::CpuKernel*> step_kernels_;  // per step; nullptr for views and collectives (CPU)
+  std::vector<const kernels::cuda::CudaKernel*> step_cuda_kernels_;  // per step; nullptr for views (GPU)
+  std::vector<std::optional<CollectiveStep>> step_collectives_;      // per step
   std::vector<int> started_by_;  // per step: for a wait, the step that started its collective; else -1
   std::vector<sharding::InFlightStep> in_flight_;  // per collective step: started, not yet waited for
   sharding::MeshGroups* groups_ = nullptr;
@@ -87,14 +100,22 @@ class Executor {
     size_t bytes;
   };
   std::vector<Copy> update_copies_;
+  void run_on_gpu();
+  void launch_steps();  // the GPU's kernel launches and update copies, on stream_
+  Device device_ = Device::cpu;
+  bool cuda_graphs_ = true;
+  std::unique_ptr<kernels::cuda::Stream> stream_;           // GPU only
+  std::unique_ptr<kernels::cuda::CapturedGraph> captured_;  // the replayed step, once captured
+  int64_t runs_since_prepare_ = 0;
   bool profiling_ = false;
   bool tracing_ = false;
   std::vector<graph::NodeSpan> trace_;
   std::vector<double> node_seconds_;  // per step, while profiling
   int64_t profiled_runs_ = 0;
-  // The arena: one block of raw bytes from the default allocator.
+  // The arena: one block of raw bytes from the device's allocator.
   struct FreeToAllocator {
-    void operator()(std::byte* p) const;
+    CachingAllocator* allocator;
+    void operator()(std::byte* p) const { allocator->deallocate(p); }
   };
   std::unique_ptr<std::byte, FreeToAllocator> arena_;
 };
