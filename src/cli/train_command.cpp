@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "graph/graph.h"
+#include "kernels/cuda/cuda.h"
 #include "runtime/cpu_threads.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
@@ -210,6 +211,15 @@ Command add_train_command(CLI::App& app) {
   return {train, [args] { return run_train(*args); }};
 }
 
+// training.device cuda: a GPU there, one rank, and none of what needs the CPU executor.
+void check_gpu_run(const CommandArgs& a, int ranks) {
+  const kernels::cuda::GpuInfo& gpu = kernels::cuda::require_gpu();
+  MT_CHECK(ranks == 1, "training.device cuda runs on one rank for now; this job has {} (mpirun -n 1)", ranks);
+  for (const char* flag : {"profile", "trace"})
+    MT_CHECK(!a.flags.count(flag) && !a.options.count(flag), "--{} of a GPU run is not there yet", flag);
+  fmt::print("GPU: {}\n", gpu.describe());
+}
+
 int run_train(const CommandArgs& a) {
   const bool profile = a.flags.count("profile") > 0;
   const std::string config_path = a.options.at("config");
@@ -225,6 +235,7 @@ int run_train(const CommandArgs& a) {
     if (launched.size > 1) compile::check_parallel_config(config, launched.size);
     if (config.schedule.estimate == config::EstimateMode::benchmark)
       compile::check_benchmark_hardware(compile::scheduling_hardware(config));
+    if (config.training.device == Device::cuda) check_gpu_run(a, launched.size);
   } catch (const std::exception&) {
     if (launched.rank != 0) {
       // Rank 0 says what is wrong and exits, and mpirun then ends this rank;

@@ -270,6 +270,8 @@ const std::vector<Key>& keys() {
           "training.seed", "0", [](TrainConfig& c) -> int64_t& { return c.training.seed; }, nonneg, "an integer >= 0"),
       choice_key<DType>("training.dtype", "float32", [](TrainConfig& c) -> DType& { return c.training.dtype; },
                         {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),
+      choice_key<Device>("training.device", "cpu", [](TrainConfig& c) -> Device& { return c.training.device; },
+                         {{"cpu", Device::cpu}, {"cuda", Device::cuda}}),
       choice_key<DType>("training.reduce_dtype", "float32",
                         [](TrainConfig& c) -> DType& { return c.training.reduce_dtype; },
                         {{"float32", DType::f32}, {"bfloat16", DType::bf16}}),

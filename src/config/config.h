@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "models/llama.h"
 #include "parallel/plan.h"
 #include "sched/passes/bucket_collectives.h"
@@ -48,6 +49,7 @@ struct TrainConfig {
     int64_t seed{};
     double max_grad_norm{};      // global gradient-norm clipping; 0: none
     DType dtype{};               // compute dtype: float32 or bfloat16 (master weights stay f32)
+    Device device{};             // where the step runs: cpu, or cuda (one rank, for now)
     int64_t grad_accum_steps{};  // microbatches per step, their gradients summed
     DType reduce_dtype{};        // gradients reduced across ranks in: float32, or bfloat16 (with dtype bfloat16)
     // A step whose gradient norm is NaN or infinite (no update applied):

@@ -21,6 +21,10 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
     : config_(config), world_(std::move(world)), step_(std::move(step)) {
   MT_ASSERT(step_ != nullptr && (world_ == nullptr) == !step_->layout,
             "a flat step runner needs a step laid out exactly when it has several ranks");
+  on_gpu_ = config_.training.device == Device::cuda;
+  MT_CHECK(!on_gpu_ || !world_, "training.device cuda runs on one rank for now; this job has {} (mpirun -n 1)",
+           world_ ? world_->size() : 1);
+  if (on_gpu_) stream_ = std::make_unique<kernels::cuda::Stream>();
   lr_ = Tensor::empty({}, DType::f64);
   update_ = Tensor::empty({}, DType::i64);
   const compile::TrainStepGraph& sg = step_->step;
@@ -48,7 +52,8 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
   if (config_.schedule.memory_budget_mb > 0)
     check_memory_budget(sched::estimate_memory(run_graph, step_->schedule).allocated_bytes +
                         compile::batch_buffer_bytes(config_, ranks));
-  auto& ex = *(executor_ = std::make_unique<runtime::Executor>(run_graph, step_->schedule, groups_.get()));
+  auto& ex = *(executor_ = std::make_unique<runtime::Executor>(run_graph, step_->schedule, groups_.get(),
+                                                               config_.training.device));
   const sched::KernelTimes* measured = benchmark ? benchmark->measure(run_graph) : nullptr;
   try {  // a report, not a need: a profile without figures for this job leaves it out
     estimated_step_us_ = sched::estimate_step(run_graph, ex.schedule(), {hardware, ranks, measured}).step_us;
@@ -59,19 +64,42 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
   default_allocator().release_cache();  // of the measurements
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
-    ex.bind(run_value(v), p);
+    bind(run_value(v), p);
     const DType state = config_.optimizer.state_dtype;
-    ex.bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
-    ex.bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
+    bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
+    bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
   }
-  ex.bind(run_value(sg.model.tokens), tokens_);
-  ex.bind(run_value(sg.model.targets), targets_);
-  ex.bind(run_value(sg.lr), lr_);
-  ex.bind(run_value(sg.step), update_);
+  bind(run_value(sg.model.tokens), tokens_);
+  bind(run_value(sg.model.targets), targets_);
+  bind(run_value(sg.lr), lr_);
+  bind(run_value(sg.step), update_);
   // The loss and the gradient norm as the graph that runs delivers them.
   const auto delivered = compile::delivered_outputs(step_->global, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
+}
+
+void FlatStepRunner::bind(graph::ValueId run_value, const Tensor& host) {
+  if (!on_gpu_) return executor_->bind(run_value, host);
+  Tensor device = kernels::cuda::to_device(host);
+  executor_->bind(run_value, device);
+  gpu_twins_.emplace_back(host, std::move(device));
+}
+
+void FlatStepRunner::download_state() const {
+  if (!on_gpu_) return;
+  const size_t batch_inputs = 4;  // the last bound: tokens, targets, lr, update
+  for (size_t i = 0; i + batch_inputs < gpu_twins_.size(); ++i) {
+    Tensor host = gpu_twins_[i].first;  // shares the storage of the map's tensor
+    kernels::cuda::copy(host, gpu_twins_[i].second, *stream_);
+  }
+  stream_->synchronize();
+}
+
+void FlatStepRunner::state_loaded() {
+  if (!on_gpu_) return;
+  for (auto& [host, device] : gpu_twins_) kernels::cuda::copy(device, host, *stream_);
+  stream_->synchronize();
 }
 
 void FlatStepRunner::check_memory_budget(double needed_bytes) const {
@@ -105,11 +133,20 @@ StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
   }
   lr_.data<double>()[0] = lr;
   update_.data<int64_t>()[0] = update;
+  if (on_gpu_) {  // the batch and the scalars: the last four bound
+    for (size_t i = gpu_twins_.size() - 4; i < gpu_twins_.size(); ++i)
+      kernels::cuda::copy(gpu_twins_[i].second, gpu_twins_[i].first, *stream_);
+    stream_->synchronize();
+    executor_->run();
+    return {kernels::cuda::to_host(executor_->fetch(loss_value_)).get(0),
+            kernels::cuda::to_host(executor_->fetch(grad_norm_value_)).get(0)};
+  }
   executor_->run();
   return {executor_->fetch(loss_value_).get(0), executor_->fetch(grad_norm_value_).get(0)};
 }
 
 std::vector<checkpoint::HeldTensor> FlatStepRunner::held_tensors() const {
+  download_state();
   const compile::TrainStepGraph& sg = step_->step;
   std::vector<checkpoint::HeldTensor> held;
   const auto layout = [&](graph::ValueId v) { return world_ ? layout_of(v) : sharding::Layout{}; };
@@ -128,7 +165,10 @@ checkpoint::CheckpointRank FlatStepRunner::checkpoint_rank() const {
 }
 
 std::map<std::string, Tensor> FlatStepRunner::whole_parameters() {
-  if (!world_) return params_;
+  if (!world_) {
+    download_state();
+    return params_;
+  }
   // Every parameter gathered whole (a collective: every rank takes part).
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(groups_->mesh().ndim())));

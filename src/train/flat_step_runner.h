@@ -1,6 +1,8 @@
 // A flat training step (parallel.pp = 1) run by one executor: the step the
 // step compiler built, with this rank's shards of the parameters, its AdamW
-// moments and its rows of each batch bound to it.
+// moments and its rows of each batch bound to it. With training.device
+// cuda (one rank) the executor runs on the GPU: the state lives there, and
+// the host tensors are its copies for checkpoints, refreshed when asked for.
 #pragma once
 
 #include <map>
@@ -11,6 +13,7 @@
 #include "compile/compile.h"
 #include "config/config.h"
 #include "estimate/kernel_benchmark.h"
+#include "kernels/cuda/cuda.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
 #include "sharding/device_mesh.h"
@@ -38,6 +41,7 @@ class FlatStepRunner : public StepRunner {
   const std::map<std::string, Tensor>& exp_avg() const override { return exp_avg_; }
   const std::map<std::string, Tensor>& exp_avg_sq() const override { return exp_avg_sq_; }
   std::vector<checkpoint::HeldTensor> held_tensors() const override;
+  void state_loaded() override;
   checkpoint::CheckpointRank checkpoint_rank() const override;
   std::map<std::string, Tensor> whole_parameters() override;
 
@@ -60,6 +64,13 @@ class FlatStepRunner : public StepRunner {
   // Fails on every rank where some rank's step would allocate more than
   // config.schedule.memory_budget_mb.
   void check_memory_budget(double needed_bytes) const;
+  // Binds a host tensor, or on the GPU its device twin (kept in gpu_twins_).
+  void bind(graph::ValueId run_value, const Tensor& host);
+  void download_state() const;  // GPU: params_ and moments <- their twins
+
+  bool on_gpu_ = false;
+  std::unique_ptr<kernels::cuda::Stream> stream_;     // GPU: the uploads and downloads
+  std::vector<std::pair<Tensor, Tensor>> gpu_twins_;  // GPU: (host, device) of every bound tensor
 
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;

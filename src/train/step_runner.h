@@ -54,7 +54,10 @@ class StepRunner {
   virtual const std::map<std::string, Tensor>& exp_avg_sq() const = 0;
   // What a checkpoint saves of this rank (parameters and moments, each with
   // its global shape and layout) and where the rank stands on the mesh.
+  // On a GPU they are host copies of the state, taken when asked for; after
+  // writing into them (a resume) call state_loaded() to take them back.
   virtual std::vector<checkpoint::HeldTensor> held_tensors() const = 0;
+  virtual void state_loaded() {}
   virtual checkpoint::CheckpointRank checkpoint_rank() const = 0;
   // Every parameter whole: a collective (every rank calls it); rank 0 gets
   // them all, the others whatever they gathered.

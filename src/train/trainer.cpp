@@ -48,6 +48,9 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   if (benchmark_ && world_) options.measure = [this](const graph::Graph& g) { return benchmark_->measure(g); };
   compile::CompiledRank compiled = compile::compile_rank(config_, num_ranks(), rank(), hardware, options);
   if (compiled.pipeline) {
+    MT_CHECK(config_.training.device == Device::cpu,
+             "training.device {} with parallel.pp {}: pipelines run on the CPU only, for now",
+             device_name(config_.training.device), config_.parallel.pp);
     MT_CHECK(world_, "parallel.pp {} needs {} ranks or a multiple (mpirun -n {}); this run has one",
              config_.parallel.pp, config_.parallel.pp, config_.parallel.pp);
     runner_ = std::make_unique<PipelineRunner>(config_, world_, std::move(*compiled.pipeline), initial);
@@ -218,6 +221,7 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   checkpoint::fail_together(failure, world_.get());
   std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
   checkpoint::load_checkpoint(checkpoint, held, runner_->checkpoint_rank());
+  runner_->state_loaded();
   steps_done_ = checkpoint.state.step;
   updates_applied_ = checkpoint.state.updates_applied;
   cursor_before_step_ = checkpoint.state.data_cursor;
