@@ -55,7 +55,7 @@ run() {
   } | tee "$out/environment.txt"
   local status=0
   echo "== GPU tests: CUDA kernels and executor against the CPU's"
-  timeout 300 "$root/bin/gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log" ||
+  MESHTRAIN_SOURCE_DIR=$PWD timeout 300 "$root/bin/gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log" ||
     status=1
   echo "== the debug model, 20 steps on the GPU against the CPU (loss and grad norm every step)"
   for dtype in float32 bfloat16; do

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -17,6 +19,7 @@
 #include "kernels/cuda/op_kernels.h"
 #include "runtime/executor.h"
 #include "sched/hardware.h"
+#include "train/trainer.h"
 
 namespace meshtrain {
 namespace {
@@ -224,6 +227,47 @@ TEST(GpuExecutor, StepsMatchTheCpuExecutorLossAndGradNormEveryStep) {
       std::printf("%s step %d: loss cpu %.8f gpu %.8f | grad norm cpu %.8f gpu %.8f\n", dtype_name(dtype).data(), step,
                   cpu_loss, gpu_loss, cpu_norm, gpu_norm);
     }
+  }
+}
+
+// The trainer on the GPU: its steps match the CPU's, and a checkpoint
+// saved on either device resumes on the other (steps 5..8 of the resumed
+// run against 8 steps straight on the CPU).
+TEST(GpuTraining, StepsMatchTheCpuAndCheckpointsMoveBetweenDevices) {
+  REQUIRE_GPU();
+  config::TrainConfig c;
+  c.model = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 160, .vocab_size = 256};
+  const char* source_dir = std::getenv("MESHTRAIN_SOURCE_DIR");  // where the tests run from a packed build
+  c.data.path = std::string(source_dir ? source_dir : MESHTRAIN_SOURCE_DIR) + "/data/corpus.txt";
+  c.data.batch_size = 2;
+  c.data.seq_len = 32;
+  c.training.steps = 8;
+  std::vector<train::StepMetrics> straight;
+  {
+    train::Trainer cpu(c);
+    for (int s = 1; s <= 8; ++s) straight.push_back(cpu.step());
+  }
+  const auto expect_near_straight = [&](const train::StepMetrics& m, const char* what) {
+    const train::StepMetrics& want = straight[static_cast<size_t>(m.step - 1)];
+    EXPECT_NEAR(m.loss, want.loss, 1e-5 * want.loss) << what << " step " << m.step;
+    EXPECT_NEAR(m.grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << what << " step " << m.step;
+  };
+  for (Device saver : {Device::cuda, Device::cpu}) {
+    config::TrainConfig save = c;
+    save.training.device = saver;
+    save.checkpoint.folder = ::testing::TempDir() + "/gpu_ckpt_" + std::string(device_name(saver));
+    std::filesystem::remove_all(save.checkpoint.folder);
+    {
+      train::Trainer first(save);
+      for (int s = 1; s <= 4; ++s) expect_near_straight(first.step(), "first four");
+      first.save_checkpoint(4);
+    }
+    config::TrainConfig resume = save;
+    resume.training.device = saver == Device::cuda ? Device::cpu : Device::cuda;
+    train::Trainer second(resume);
+    ASSERT_EQ(second.steps_done(), 4);
+    for (int s = 5; s <= 8; ++s) expect_near_straight(second.step(), "resumed on the other device");
+    std::filesystem::remove_all(save.checkpoint.folder);
   }
 }
 

@@ -134,6 +134,13 @@ expect_error "more than 1048576 actions" pp-schedule --schedule gpipe --stages 1
 expect_error "pp-schedule: --stages: Value 4294967296 not in range 1 to 1048576" pp-schedule --stages 4294967296
 expect_error "pipeline costs must be finite, positive" pp-schedule --backward-weight 0
 expect_fast "published formula: 0.0285" pp-schedule --schedule gpipe --stages 16 --microbatches 512
+# training.device cuda where there is no GPU (or no CUDA in the build): one
+# clear error before anything trains; a device that does not exist is named.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "no GPU: " train --config configs/debug.toml --training.device cuda
+fi
+expect_error "training.device: 'tpu' is not one of cpu, cuda" train --config configs/debug.toml --training.device tpu
+
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate
