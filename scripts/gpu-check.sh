@@ -86,7 +86,11 @@ train_on_both() {
 import json, sys
 cpu, gpu = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 tol = float(sys.argv[4])
-worst = {k: max(abs(g[k] - c[k]) / abs(c[k]) for c, g in zip(cpu, gpu)) for k in ("loss", "grad_norm")}
+diff = {k: [abs(g[k] - c[k]) / abs(c[k]) for c, g in zip(cpu, gpu)] for k in ("loss", "grad_norm")}
+worst = {k: max(v) for k, v in diff.items()}
+for k, v in diff.items():
+    over = [f"{c['step']} ({d:.1e})" for c, d in zip(cpu, v) if d > float(sys.argv[4])]
+    if over: print(f"  {sys.argv[3]} {k} over the tolerance at steps " + ", ".join(over))
 ok = len(cpu) == len(gpu) == 20 and all(v <= tol for v in worst.values())
 print(f"parity {sys.argv[3]}: {len(gpu)} steps, worst relative difference loss {worst['loss']:.2e}, "
       f"grad norm {worst['grad_norm']:.2e} (tolerance {tol:g}): {'ok' if ok else 'FAILED'}; "

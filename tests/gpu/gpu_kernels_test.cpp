@@ -59,7 +59,8 @@ compile::FlatStep compile_step(const config::TrainConfig& config) {
 
 // Inputs as training gives them: token ids in the vocabulary, targets with
 // some ignored (-100), weights of `scale`, non-negative second moments.
-std::map<ValueId, Tensor> step_inputs(const compile::FlatStep& s, int64_t vocab, uint32_t seed, double scale = 0.5) {
+std::map<ValueId, Tensor> step_inputs(const compile::FlatStep& s, int64_t vocab, uint32_t seed, double scale = 0.5,
+                                      double lr = 1e-3) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_int_distribution<int64_t> token(0, vocab - 1);
@@ -79,7 +80,7 @@ std::map<ValueId, Tensor> step_inputs(const compile::FlatStep& s, int64_t vocab,
       double x = scale * normal(rng);
       if (id == s.step.model.tokens) x = static_cast<double>(token(rng));
       if (id == s.step.model.targets) x = e % 7 == 3 ? -100.0 : static_cast<double>(token(rng));
-      if (id == s.step.lr) x = 1e-3;
+      if (id == s.step.lr) x = lr;
       if (id == s.step.step) x = 3;
       if (second_moments.count(id)) x = 1e-4 * std::abs(x);
       if (norm_weights.count(id)) x = 1 + 0.1 * normal(rng);
@@ -199,8 +200,11 @@ TEST(GpuExecutor, StepsMatchTheCpuExecutorLossAndGradNormEveryStep) {
     const StepCase c{"steps", dtype, sched::ActivationCheckpoint::none, 1};
     const config::TrainConfig config = step_config(c);
     const compile::FlatStep s = compile_step(config);
-    // Weights as initialised (0.02): large random ones make the steps chaotic.
-    std::map<ValueId, Tensor> host = step_inputs(s, config.model.vocab_size, 11, 0.02);
+    // Weights as initialised (0.02) and a step size at which six steps stay
+    // smooth: at 1e-3 the gradient norm jumps 1.8 -> 10 at step 2, which
+    // amplifies the devices' different bf16 roundings (the CPU rounds
+    // attention's probabilities to bf16, the GPU keeps them in f32) to 3%.
+    std::map<ValueId, Tensor> host = step_inputs(s, config.model.vocab_size, 11, 0.02, 1e-4);
     runtime::Executor cpu(s.running(), s.schedule);
     runtime::Executor gpu(s.running(), s.schedule, nullptr, Device::cuda);
     std::map<ValueId, Tensor> device;
