@@ -35,29 +35,4 @@ void by_float_type(DType t, Fn&& fn) {
   throw InvalidArgument(fmt::format("no CPU kernel for dtype {}", dtype_name(t)));
 }
 
-// The part of a table (an embedding's rows, logits' vocabulary) a kernel's
-// input holds: its first index and the whole extent (attrs `start` and
-// `full_size`, set by lowering for a vocab-parallel part; else the whole).
-struct TablePart {
-  int64_t start = 0, total = 0;
-};
-inline TablePart table_part(const KernelArgs& a, int64_t local_extent) {
-  return {a.attrs.get_or(attr::start, int64_t{0}), a.attrs.get_or(attr::full_size, local_extent)};
-}
-
-template <typename T>
-T* out_ptr(const KernelArgs& a, size_t i = 0) {
-  return static_cast<T*>(a.out[i]->raw());
-}
-template <typename T>
-const T* in_ptr(const KernelArgs& a, size_t i) {
-  return static_cast<const T*>(a.in[i]->raw());
-}
-
-// Rows and row length of a tensor reduced over its last dim.
-inline std::pair<int64_t, int64_t> rows_of(const Tensor& t) {
-  const int64_t d = t.shape().rank() ? t.shape().dim(-1) : 1;
-  return {d ? t.numel() / d : 0, d};
-}
-
 }  // namespace meshtrain::kernels::cpu::ops

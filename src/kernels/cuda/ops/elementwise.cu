@@ -262,47 +262,6 @@ void broadcast_scalar(const KernelArgs& a, const LaunchContext& ctx) {
 
 // ---- cast: as the CPU's convert (f32 <-> bf16 directly, the other pairs through double) ----
 
-__device__ __forceinline__ double to_f64(float x) { return x; }
-__device__ __forceinline__ double to_f64(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ double to_f64(int32_t x) { return static_cast<double>(x); }
-__device__ __forceinline__ double to_f64(int64_t x) { return static_cast<double>(x); }  // rounds to nearest even
-__device__ __forceinline__ double to_f64(double x) { return x; }
-
-// The CPU's round_to_int: NaN -> 0, else to nearest (ties to even), saturating.
-template <typename I>
-__device__ __forceinline__ I round_to_int(double v) {
-  if (isnan(v)) return 0;
-  const double r = rint(v);
-  constexpr I kMax = std::numeric_limits<I>::max(), kMin = std::numeric_limits<I>::min();
-  if (r >= static_cast<double>(kMax)) return kMax;
-  if (r <= static_cast<double>(kMin)) return kMin;
-  return static_cast<I>(r);
-}
-
-// double -> D rounded once, as the CPU's store_from_double.
-template <typename D>
-__device__ __forceinline__ D from_f64(double v);
-template <>
-__device__ __forceinline__ float from_f64<float>(double v) {
-  return __double2float_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double v) {
-  return __double2bfloat16(v);  // rounds to nearest even from double (no double rounding through f32)
-}
-template <>
-__device__ __forceinline__ int32_t from_f64<int32_t>(double v) {
-  return round_to_int<int32_t>(v);
-}
-template <>
-__device__ __forceinline__ int64_t from_f64<int64_t>(double v) {
-  return round_to_int<int64_t>(v);
-}
-template <>
-__device__ __forceinline__ double from_f64<double>(double v) {
-  return v;
-}
-
 template <typename S, typename D>
 __device__ __forceinline__ D convert_element(S x) {
   if constexpr (std::is_same_v<S, float> && std::is_same_v<D, __nv_bfloat16>)

@@ -16,18 +16,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr size_t kScratchAlign = 256;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Runs launch(std::bool_constant<kVec>) with kVec when rows of `dim` T at each of ptrs are all 16-byte aligned.
-template <typename T, typename Launch>
-void with_row_access(int64_t dim, std::initializer_list<const void*> ptrs, Launch&& launch) {
-  bool vec = dim % static_cast<int64_t>(16 / sizeof(T)) == 0;
-  for (const void* p : ptrs) vec = vec && aligned16(p);
-  if (vec)
-    launch(std::true_type{});
-  else
-    launch(std::false_type{});
-}
 
 // kWidth elements of a row at a time: 16 bytes when kVec, else one element.
 template <typename T, bool kVec>

@@ -10,7 +10,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -57,29 +60,58 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);  // round to nearest even, as the CPU's bfloat16
 }
 
-template <typename T>
-T* out_ptr(const KernelArgs& a, size_t i = 0) {
-  return static_cast<T*>(a.out[i]->raw());
+// double <-> the element types: to double exactly (i64 rounded to nearest),
+// from double rounded once as the CPU's Tensor::set (integers as its
+// round_to_int: NaN -> 0, ties to even, saturating).
+__device__ __forceinline__ double to_f64(float x) { return x; }
+__device__ __forceinline__ double to_f64(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ double to_f64(int32_t x) { return static_cast<double>(x); }
+__device__ __forceinline__ double to_f64(int64_t x) { return static_cast<double>(x); }
+__device__ __forceinline__ double to_f64(double x) { return x; }
+template <typename I>
+__device__ __forceinline__ I round_to_int(double v) {
+  if (isnan(v)) return 0;
+  const double r = rint(v);
+  constexpr I kMax = std::numeric_limits<I>::max(), kMin = std::numeric_limits<I>::min();
+  if (r >= static_cast<double>(kMax)) return kMax;
+  if (r <= static_cast<double>(kMin)) return kMin;
+  return static_cast<I>(r);
 }
-template <typename T>
-const T* in_ptr(const KernelArgs& a, size_t i) {
-  return static_cast<const T*>(a.in[i]->raw());
+template <typename D>
+__device__ __forceinline__ D from_f64(double v);
+template <>
+__device__ __forceinline__ float from_f64<float>(double v) {
+  return __double2float_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double v) {
+  return __double2bfloat16(v);  // rounds to nearest even from double (no double rounding through f32)
+}
+template <>
+__device__ __forceinline__ int32_t from_f64<int32_t>(double v) {
+  return round_to_int<int32_t>(v);
+}
+template <>
+__device__ __forceinline__ int64_t from_f64<int64_t>(double v) {
+  return round_to_int<int64_t>(v);
+}
+template <>
+__device__ __forceinline__ double from_f64<double>(double v) {
+  return v;
 }
 
-// The part of a table (an embedding's rows, logits' vocabulary) a kernel's
-// input holds: its first index and the whole extent (attrs `start` and
-// `full_size`, set by lowering for a vocab-parallel part; else the whole).
-struct TablePart {
-  int64_t start = 0, total = 0;
-};
-inline TablePart table_part(const KernelArgs& a, int64_t local_extent) {
-  return {a.attrs.get_or(attr::start, int64_t{0}), a.attrs.get_or(attr::full_size, local_extent)};
-}
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Rows and row length of a tensor reduced over its last dim.
-inline std::pair<int64_t, int64_t> rows_of(const Tensor& t) {
-  const int64_t d = t.shape().rank() ? t.shape().dim(-1) : 1;
-  return {d ? t.numel() / d : 0, d};
+// Runs launch(std::true_type) when rows of `row_length` T starting at each
+// of ptrs are all 16-byte aligned (16-byte loads), else launch(std::false_type).
+template <typename T, typename Launch>
+void with_row_access(int64_t row_length, std::initializer_list<const void*> ptrs, Launch&& launch) {
+  bool vec = row_length % static_cast<int64_t>(16 / sizeof(T)) == 0;
+  for (const void* p : ptrs) vec = vec && aligned16(p);
+  if (vec)
+    launch(std::true_type{});
+  else
+    launch(std::false_type{});
 }
 
 // Scratch from the launch context, checked to be large enough.

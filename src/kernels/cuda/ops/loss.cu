@@ -358,19 +358,6 @@ void launch_sum(Value value, int64_t n, Finish finish, double* partials, cudaStr
 // Threads of a block that walks a row of `chunks` loads.
 int row_threads(int64_t chunks) { return chunks >= 4096 ? 512 : (chunks >= 1024 ? 256 : 128); }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Runs launch(std::bool_constant<kVec>) with kVec when rows of `row_length` T starting at each of ptrs are all
-// 16-byte aligned.
-template <typename T, typename Launch>
-void with_row_access(int64_t row_length, std::initializer_list<const void*> ptrs, Launch&& launch) {
-  bool vec = row_length % static_cast<int64_t>(16 / sizeof(T)) == 0;
-  for (const void* p : ptrs) vec = vec && aligned16(p);
-  if (vec)
-    launch(std::true_type{});
-  else
-    launch(std::false_type{});
-}
 
 // Blocks and threads of a block-per-row kernel over rows of `vocab` T.
 template <typename T, bool kVec>

@@ -12,26 +12,6 @@ constexpr int kPack = 4;  // elements per vector load of the AdamW kernel
 
 // ---- clip_coefficient ----
 
-__device__ __forceinline__ double to_f64(float x) { return x; }
-__device__ __forceinline__ double to_f64(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ double to_f64(double x) { return x; }
-
-// double -> T rounding to nearest even once, as the CPU's Tensor::set.
-template <typename T>
-__device__ __forceinline__ T from_f64(double x);
-template <>
-__device__ __forceinline__ float from_f64<float>(double x) {
-  return __double2float_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double x) {
-  return __double2bfloat16(x);
-}
-template <>
-__device__ __forceinline__ double from_f64<double>(double x) {
-  return x;
-}
-
 // torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)) in double.
 // std::min(1.0, q) is (q < 1.0 ? q : 1.0): a NaN norm gives 1, an infinite one 0.
 template <typename T>

@@ -29,11 +29,6 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const Pack<T, kVec>&
   *reinterpret_cast<Pack<T, kVec>*>(p + i) = pack;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-__device__ __forceinline__ double to_f64(float x) { return x; }
-__device__ __forceinline__ double to_f64(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ double to_f64(double x) { return x; }
 
 // A double result stored as the CPU's store<T>(double): f32 by a cast, bf16 through f32.
 template <typename Out>
