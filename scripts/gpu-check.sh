@@ -7,8 +7,11 @@
 #                                  CUDA machine lacks, into .gpu-pack/ (ignored by git)
 #   scripts/gpu-check.sh run OUT   on the GPU machine, from the repository root with
 #                                  .gpu-pack/ beside it: runs the GPU tests (the CUDA
-#                                  kernels and executor against the CPU's) and writes
-#                                  logs and results under OUT
+#                                  kernels and executor against the CPU's), the
+#                                  debug model on GPU and CPU, and bench/gpu.sh
+#                                  (meshtrain against PyTorch on the card), writing
+#                                  logs and results under OUT (PARTS=tests,parity,bench
+#                                  picks some)
 # Without a GPU, `run` says so and the tests skip; nothing fails for want of one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,18 +56,26 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi: not found"
     ldd "$root/bin/gpu_tests" | grep -E 'not found|cublas|cudart' || true
   } | tee "$out/environment.txt"
-  local status=0
-  echo "== GPU tests: CUDA kernels and executor against the CPU's"
-  MESHTRAIN_SOURCE_DIR=$PWD timeout 300 "$root/bin/gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log" ||
-    status=1
-  echo "== the debug model, 20 steps on the GPU against the CPU (loss and grad norm every step)"
-  for dtype in float32 bfloat16; do
-    train_on_both "$root" "$out" "$dtype" || status=1
-  done
+  local status=0 parts=${PARTS:-tests,parity,bench}
+  if [[ $parts == *tests* ]]; then
+    echo "== GPU tests: CUDA kernels and executor against the CPU's"
+    MESHTRAIN_SOURCE_DIR=$PWD timeout 300 "$root/bin/gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" 2>&1 |
+      tee "$out/gpu_tests.log" || status=1
+  fi
+  if [[ $parts == *parity* ]]; then
+    echo "== the debug model, 20 steps on the GPU against the CPU (loss and grad norm every step)"
+    for dtype in float32 bfloat16; do
+      train_on_both "$root" "$out" "$dtype" || status=1
+    done
+  fi
+  if [[ $parts == *bench* ]]; then
+    echo "== bench/gpu.sh: meshtrain against PyTorch on this GPU"
+    MESHTRAIN=$root/bin/meshtrain bench/gpu.sh 2 8 "$root/bench" 2>&1 | tee "$out/bench.txt" || status=1
+  fi
   echo "== summary"
   {
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests? (failed|skipped)' "$out/gpu_tests.log" || true
-    grep -h -E '^(parity|done|GPU:)' "$out/train.log" || true
+    grep -s -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests? (failed|skipped)' "$out/gpu_tests.log" || true
+    grep -s -h -E '^(parity|done|GPU:)' "$out/train.log" || true
   } | tee "$out/summary.txt"
   return $status
 }
@@ -103,5 +114,5 @@ PY
 case ${1:-} in
   pack) pack ;;
   run) shift && run "$@" ;;
-  *) sed -n '2,13p' "$0" >&2 && exit 2 ;;
+  *) sed -n '2,16p' "$0" >&2 && exit 2 ;;
 esac

@@ -191,11 +191,11 @@ void Executor::run() {
 
 // The first run after a bind runs its launches as they come (warming up
 // cuBLASLt's choices and anything made on first use); the second is
-// captured as a CUDA graph, and it and every later run replay it. Profiling
-// and tracing time each step, so they run uncaptured.
+// captured as a CUDA graph, and it and every later run replay it.
+// Profiling times each step between CUDA events, so it runs uncaptured.
 void Executor::run_on_gpu() {
-  const bool timing = profiling_ || tracing_;
-  MT_CHECK(!timing, "profiling and tracing a GPU step are not there yet");
+  MT_CHECK(!tracing_, "tracing a GPU step is not there yet");
+  if (profiling_) return profile_on_gpu();
   if (cuda_graphs_ && runs_since_prepare_ >= 1 && !captured_) {
     try {
       auto graph = std::make_unique<kernels::cuda::CapturedGraph>(*stream_);
@@ -216,10 +216,26 @@ void Executor::run_on_gpu() {
   ++runs_since_prepare_;
 }
 
-void Executor::launch_steps() {
-  const kernels::cuda::LaunchContext ctx = kernels::cuda::launch_context(*stream_);
+void Executor::profile_on_gpu() {
+  node_seconds_.resize(schedule_.steps.size(), 0.0);
+  ++profiled_runs_;
+  if (step_events_.empty())
+    for (size_t i = 0; i <= schedule_.steps.size(); ++i)
+      step_events_.push_back(std::make_unique<kernels::cuda::Event>());
+  launch_steps(true);
+  stream_->synchronize();
   for (size_t step = 0; step < schedule_.steps.size(); ++step)
+    node_seconds_[step] += 1e-3 * step_events_[step + 1]->ms_since(*step_events_[step]);
+  ++runs_since_prepare_;
+}
+
+void Executor::launch_steps(bool timed) {
+  const kernels::cuda::LaunchContext ctx = kernels::cuda::launch_context(*stream_);
+  for (size_t step = 0; step < schedule_.steps.size(); ++step) {
+    if (timed) step_events_[step]->record(*stream_);
     if (step_cuda_kernels_[step] != nullptr) (*step_cuda_kernels_[step])(kernel_args_[step], ctx);
+  }
+  if (timed) step_events_.back()->record(*stream_);
   for (const Copy& c : update_copies_)
     if (c.dst != c.src) kernels::cuda::copy_bytes(c.dst, c.src, c.bytes, *stream_);
 }

@@ -3,7 +3,8 @@
 // one arena of the planned size (host or device memory), allocated once, so
 // a single-rank steady-state run allocates nothing. On the GPU the kernels
 // launch on one stream, and from the second run on a run replays the first
-// one's launches captured as a CUDA graph. A lowered (per-rank) graph's
+// one's launches captured as a CUDA graph (profiling times each kernel
+// between CUDA events, uncaptured). A lowered (per-rank) graph's
 // collective nodes run on the mesh groups given (CPU only, for now): each
 // collective starts where it is in the schedule and is completed by its
 // wait node, so kernels run while it is in flight.
@@ -101,7 +102,11 @@ class Executor {
   };
   std::vector<Copy> update_copies_;
   void run_on_gpu();
-  void launch_steps();  // the GPU's kernel launches and update copies, on stream_
+  void profile_on_gpu();
+  // The GPU's kernel launches and update copies, on stream_; `timed`: an
+  // event recorded before each step and after the last.
+  void launch_steps(bool timed = false);
+  std::vector<std::unique_ptr<kernels::cuda::Event>> step_events_;  // profiling on the GPU
   Device device_ = Device::cpu;
   bool cuda_graphs_ = true;
   std::unique_ptr<kernels::cuda::Stream> stream_;           // GPU only

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "estimate/kernel_benchmark.h"
+#include "kernels/cuda/cuda.h"
 #include "sched/trace.h"
 
 namespace meshtrain::train {
@@ -85,7 +86,7 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
 RankReport Trainer::own_report() const {
   RankReport r;
   r.rank = rank();
-  r.peak_bytes = static_cast<double>(std::max(peak_before_step_, default_allocator().stats().peak_bytes));
+  r.peak_bytes = static_cast<double>(std::max(peak_before_step_, step_memory().stats().peak_bytes));
   r.step_peak_bytes = static_cast<double>(last_step_peak_);
   runner_->report(r);
   return r;
@@ -287,13 +288,17 @@ size_t Trainer::parameter_count() const {
   return n;
 }
 
+CachingAllocator& Trainer::step_memory() const {
+  return config_.training.device == Device::cuda ? kernels::cuda::device_allocator() : default_allocator();
+}
+
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m;
   m.step = ++steps_done_;
   // The step's own peak from here; the peak so far is kept beside it.
-  peak_before_step_ = std::max(peak_before_step_, default_allocator().stats().peak_bytes);
-  default_allocator().reset_peak();
+  peak_before_step_ = std::max(peak_before_step_, step_memory().stats().peak_bytes);
+  step_memory().reset_peak();
   m.lr = config_.lr_at(m.step);
   cursor_before_step_ = loader_.cursor();
   loader_.next(runner_->batch_tokens(), runner_->batch_targets());
@@ -305,7 +310,7 @@ StepMetrics Trainer::step() {
   m.grad_norm = result.grad_norm;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
-  m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = default_allocator().stats().peak_bytes;
+  m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = step_memory().stats().peak_bytes;
   m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
   m.skipped_steps = m.step - 1 - updates_applied_;
   if (!std::isfinite(m.grad_norm)) {

@@ -28,7 +28,7 @@ struct StepMetrics {
   int64_t step = 0;
   int64_t skipped_steps = 0;  // so far: steps whose non-finite gradient norm left the weights as they were
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;  // tokens/s: the whole job's
-  size_t peak_bytes = 0;                                                  // this rank's, since it started
+  size_t peak_bytes = 0;       // this rank's, since it started (training.device cuda: GPU memory)
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
   size_t peak_bytes_max = 0;   // the largest rank's (gathered at logged steps; else this rank's)
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
@@ -159,6 +159,9 @@ class Trainer {
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};
   int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
+  // Where the step's memory is: the GPU's for training.device cuda (what
+  // the peak-memory metrics count), else the host's.
+  CachingAllocator& step_memory() const;
   int64_t steps_done_ = 0;
   int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;

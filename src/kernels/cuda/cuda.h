@@ -50,6 +50,21 @@ class Stream {
   void* handle_ = nullptr;
 };
 
+// A point on a stream's timeline, for timing the kernels between two.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(const Stream& stream);
+  // Milliseconds from `start` to this event, both recorded and done.
+  float ms_since(const Event& start) const;
+
+ private:
+  void* handle_ = nullptr;  // a cudaEvent_t
+};
+
 // A stream's launches captured as a CUDA graph (begun at construction,
 // ended by end()), replayed with launch().
 class CapturedGraph {

@@ -127,6 +127,29 @@ void Stream::synchronize() const {
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "a kernel on the stream (cudaStreamSynchronize)");
 }
 
+Event::Event() {
+  require_gpu();
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate");
+  handle_ = e;
+}
+
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+void Event::record(const Stream& stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle())),
+        "cudaEventRecord");
+}
+
+float Event::ms_since(const Event& start) const {
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(handle_)),
+        "cudaEventElapsedTime");
+  return ms;
+}
+
 void copy(Tensor& dst, const Tensor& src, const Stream& stream) {
   MT_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy: {} into {}", src.describe(),
            dst.describe());

@@ -25,6 +25,10 @@ void Stream::synchronize() const { no_cuda(); }
 void copy(Tensor&, const Tensor&, const Stream&) { no_cuda(); }
 void copy_bytes(void*, const void*, size_t, const Stream&) { no_cuda(); }
 void fill_zero(Tensor&, const Stream&) { no_cuda(); }
+Event::Event() { no_cuda(); }
+Event::~Event() = default;
+void Event::record(const Stream&) { no_cuda(); }
+float Event::ms_since(const Event&) const { no_cuda(); }
 CapturedGraph::CapturedGraph(const Stream& stream) : capturing_(stream) { no_cuda(); }
 CapturedGraph::~CapturedGraph() = default;
 void CapturedGraph::end() { no_cuda(); }
