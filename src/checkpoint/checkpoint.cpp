@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/hash.h"
 #include "sharding/local_chunk.h"
 
 namespace meshtrain::checkpoint {
@@ -43,25 +44,7 @@ std::string read_file_bytes(const std::string& path) {
   return std::move(bytes).str();
 }
 
-// FNV-1a (64-bit) of the bytes: finds a flipped or lost byte, not an attacker.
-// Fed in pieces, the same as over the whole.
-struct Fnv1a {
-  uint64_t hash = 14695981039346656037ull;
-  void add(std::string_view bytes) {
-    uint64_t h = hash;
-    for (const char c : bytes) {
-      h ^= static_cast<unsigned char>(c);
-      h *= 1099511628211ull;
-    }
-    hash = h;
-  }
-};
-
-uint64_t checksum_of(std::string_view bytes) {
-  Fnv1a sum;
-  sum.add(bytes);
-  return sum.hash;
-}
+uint64_t checksum_of(std::string_view bytes) { return fnv1a(bytes); }
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 

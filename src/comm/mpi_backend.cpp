@@ -807,9 +807,32 @@ class MpiGroup final : public ProcessGroup {
 
 }  // namespace
 
+namespace {
+// The fingerprint check is a protocol every rank must speak: a rank started
+// with --no-verify and one without would wait for each other forever.
+void check_same_verify(bool verify, int rank) {
+  int mine = verify ? 1 : 0, low = 0, high = 0;
+  {
+    std::lock_guard lock(Engine::get().mu());
+    MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &high, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  }
+  if (low == high) return;
+  const std::string message =
+      "--no-verify is given to some ranks and not to others: every rank must take the same command-line flags";
+  if (rank != 0) {
+    std::lock_guard lock(Engine::get().mu());
+    MPI_Barrier(MPI_COMM_WORLD);  // until rank 0 ends the job
+    throw Error(message);
+  }
+  throw InvalidArgument(message);
+}
+}  // namespace
+
 ProcessGroupPtr create_mpi_world(GroupOptions options) {
   Engine& engine = Engine::get();
   engine.init();
+  check_same_verify(options.verify, engine.world_rank());
   engine.set_background_progress(options.background_progress);
   auto comm = std::make_shared<GroupComm>();
   {

@@ -426,6 +426,13 @@ std::vector<std::string> config_keys() {
   return names;
 }
 
+std::vector<std::pair<std::string, std::string>> config_values(const TrainConfig& config) {
+  TrainConfig copy = config;  // show() reads through the same accessors that set
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const Key& k : keys()) values.emplace_back(k.name, k.show(copy));
+  return values;
+}
+
 std::vector<KeyDoc> config_key_docs() {
   std::vector<KeyDoc> docs;
   for (const auto& k : keys()) docs.push_back({k.name, k.default_text, k.expects});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -109,6 +110,8 @@ void apply_override(TrainConfig& config, const std::string& key, const std::stri
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
 // Every key, "section.key".
 std::vector<std::string> config_keys();
+// Every key with the value `config` holds, as TOML writes it, in key order.
+std::vector<std::pair<std::string, std::string>> config_values(const TrainConfig& config);
 // Every key as --help shows it: its name ("section.key"), its default (as
 // --section.key takes it) and what a value must be.
 struct KeyDoc {

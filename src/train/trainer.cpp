@@ -24,6 +24,7 @@
 #include "estimate/kernel_benchmark.h"
 #include "kernels/cuda/cuda.h"
 #include "sched/trace.h"
+#include "train/rank_agreement.h"
 
 namespace meshtrain::train {
 
@@ -31,6 +32,7 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
       loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
+  if (world_) check_ranks_agree(config_, *world_);  // before any other collective
   MT_CHECK(loader_.max_token() < config_.model.vocab_size, "data file {} holds token {} but model.vocab_size is {}",
            config_.data.path, loader_.max_token(), config_.model.vocab_size);
   // What the trainer holds is allocated fresh: a block cached from earlier
