@@ -345,6 +345,16 @@ std::optional<std::string> latest_checkpoint(const std::string& folder) {
   return newest->second;
 }
 
+std::vector<std::string> checkpoint_step_folders(const std::string& folder) {
+  std::error_code ec;
+  std::vector<std::string> steps;
+  if (folder.empty() || !fs::is_directory(folder, ec)) return steps;
+  static const std::regex name(R"(step_(\d{6,18}))");
+  for (const auto& entry : fs::directory_iterator(folder, ec))
+    if (std::regex_match(entry.path().filename().string(), name)) steps.push_back(entry.path().string());
+  return steps;
+}
+
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   const std::string meta_path = (fs::path(path) / kMetadataFile).string();
   MT_CHECK(fs::is_regular_file(meta_path),

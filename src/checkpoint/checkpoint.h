@@ -96,6 +96,8 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
 // The newest complete checkpoint (step_N with its metadata) in `folder`, or
 // none (no folder, or nothing complete in it).
 std::optional<std::string> latest_checkpoint(const std::string& folder);
+// Every step_N folder in `folder`, complete or not (none when it is missing).
+std::vector<std::string> checkpoint_step_folders(const std::string& folder);
 
 // A checkpoint's metadata, checked: what it holds and how it was laid out.
 struct CheckpointInfo {

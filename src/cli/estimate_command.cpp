@@ -9,6 +9,7 @@
 
 #include "cli/command_args.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "estimate/estimate.h"
 #include "train/trainer.h"
 
@@ -106,7 +107,11 @@ int run_estimate(const CommandArgs& a) {
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
   const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
   const auto trace_path = a.options.find("trace");
-  if (trace_path != a.options.end()) write_text(trace_path->second, "");  // fails now if it cannot be written
+  if (trace_path != a.options.end()) {
+    train::check_output_path(config, trace_path->second, "--trace");
+    check_not_an_input(trace_path->second, "--trace", {{a.options.at("hardware"), "the --hardware profile"}});
+    write_text(trace_path->second, "");  // fails now if it cannot be written
+  }
   const estimate::TrainingEstimate e = estimate::estimate_training(
       config, static_cast<int>(ranks), static_cast<int>(rank), hardware, trace_path != a.options.end());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -168,6 +168,8 @@ int run_lower(const CommandArgs& a) {
            compile::kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < ranks, "lower: --rank {} is outside the {} ranks (0..{})", rank, ranks, ranks - 1);
   const config::TrainConfig config = config::load_config(a.options.at("config"), a.overrides);
+  if (const auto out = a.options.find("out"); out != a.options.end())
+    train::check_output_path(config, out->second, "--out");
   const compile::CompiledRank compiled = compile::compile_rank(config, static_cast<int>(ranks), static_cast<int>(rank),
                                                                compile::scheduling_hardware(config));
   std::string text;
@@ -262,7 +264,10 @@ int run_train(const CommandArgs& a) {
     std::string path = dump->second;
     const auto at = path.find("{rank}");
     if (at != std::string::npos) path.replace(at, 6, std::to_string(trainer.rank()));
-    if (at != std::string::npos || trainer.rank() == 0) write_text(path, trainer.lowered_text());
+    if (at != std::string::npos || trainer.rank() == 0) {
+      train::check_output_path(trainer.config(), path, "--dump-graph");
+      write_text(path, trainer.lowered_text());
+    }
   }
   const bool printer = trainer.rank() == 0;
   const bool several = trainer.num_ranks() > 1;
@@ -366,6 +371,10 @@ int run_export(const std::string& checkpoint, const std::string& out) {
     if (newest) path = *newest;
   }
   const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
+  std::vector<InputPath> inputs{{path, "the checkpoint being exported"}};
+  for (const std::string& step : checkpoint::checkpoint_step_folders(checkpoint))
+    inputs.push_back({step, "a checkpoint in " + checkpoint});
+  check_not_an_input(out, "--out", inputs);
   check_output_file(out, "--out");
   std::map<std::string, Tensor> weights;
   for (auto& [name, t] : checkpoint::load_checkpoint_whole(info))

@@ -109,4 +109,23 @@ void check_output_file(const std::string& path, const std::string& what) {
   check_writable_directory(folder.empty() ? "." : folder.string(), "the folder of " + what);
 }
 
+void check_not_an_input(const std::string& output, const std::string& what, const std::vector<InputPath>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(output, ec);
+  const bool out_exists = fs::exists(output, ec);
+  for (const InputPath& input : inputs) {
+    if (input.path.empty() || !fs::exists(input.path, ec)) continue;
+    const fs::path in = fs::weakly_canonical(input.path, ec);
+    const bool same = (out_exists && fs::equivalent(output, input.path, ec)) || out == in;
+    MT_CHECK(!same, "{} {} is also {}: writing it would destroy that input; choose another path", what, output,
+             input.what);
+    if (!out_exists || !fs::is_directory(in, ec)) continue;
+    const fs::path inside = out.lexically_relative(in);
+    MT_CHECK(inside.empty() || *inside.begin() == "..",
+             "{} {} is a file of {} ({}): writing it would destroy that input; choose another path", what, output,
+             input.what, input.path);
+  }
+}
+
 }  // namespace meshtrain

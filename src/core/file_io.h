@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace meshtrain {
 
@@ -43,5 +44,17 @@ void check_writable_directory(const std::string& dir, const std::string& what);
 // The same for a file to be written at `path`: a path that is not empty nor a
 // folder, in a folder where a file can be created.
 void check_output_file(const std::string& path, const std::string& what);
+
+// Something a command reads that an output must not replace: a file, or a
+// folder whose files it must not replace. `what` names it ("data.path").
+struct InputPath {
+  std::string path;
+  std::string what;
+};
+// Throws InvalidArgument when writing `output` (called `what`, "--out")
+// would replace one of `inputs`: the same file by any name (links
+// followed), the folder itself, or a file that exists in an input folder.
+// Inputs that do not exist are passed over.
+void check_not_an_input(const std::string& output, const std::string& what, const std::vector<InputPath>& inputs);
 
 }  // namespace meshtrain

@@ -72,17 +72,14 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
 }
 
 void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what) {
-  const auto same = [&](const std::string& input) {
-    if (input.empty()) return false;
-    std::error_code ec;
-    if (std::filesystem::equivalent(output, input, ec)) return true;
-    return std::filesystem::weakly_canonical(output, ec) == std::filesystem::weakly_canonical(input, ec);
-  };
-  for (const auto& [input, key] : {std::pair{config.data.path, "data.path"},
-                                   {config.checkpoint.init_from, "checkpoint.init_from"},
-                                   {config.file, "the --config file"}})
-    MT_CHECK(!same(input), "{} {} is also {}: writing it would destroy the input; choose another path", what, output,
-             key);
+  std::vector<InputPath> inputs{{config.data.path, "data.path"},
+                                {config.checkpoint.init_from, "checkpoint.init_from"},
+                                {config.file, "the --config file"},
+                                {config.schedule.hardware, "schedule.hardware"},
+                                {config.parallel.pp_schedule_csv, "parallel.pp_schedule_csv"}};
+  for (const std::string& step : checkpoint::checkpoint_step_folders(config.checkpoint.folder))
+    inputs.push_back({step, "a checkpoint in checkpoint.folder"});
+  check_not_an_input(output, what, inputs);
 }
 
 RankReport Trainer::own_report() const {

@@ -34,8 +34,10 @@ struct StepMetrics {
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
 };
 
-// Throws when `output` (the path of config key or option `what`) is one of
-// the run's inputs (data.path, checkpoint.init_from): writing it would destroy them.
+// Throws when writing `output` (the path of config key or option `what`)
+// would replace one of the run's inputs: data.path, checkpoint.init_from,
+// the --config file, a hardware profile or pipeline CSV file, or a file of a
+// checkpoint in checkpoint.folder.
 void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what);
 
 // A step whose loss or gradient norm is NaN or infinite: a step with a

@@ -35,6 +35,42 @@ out=$(timeout 120 "$meshtrain" train "${model[@]:2}" --config "$dir/config.toml"
 cmp -s configs/debug.toml "$dir/config.toml" || fail "the config file changed"
 echo "an output equal to an input (data, config) is refused; the inputs are untouched"
 
+# Every command's outputs against its inputs (issue 31, item 4): export --out
+# onto the checkpoint's shard or metadata, checkpoint.export onto an older
+# checkpoint's shard, --dump-graph onto the data file or the shard being
+# resumed, lower --out and estimate --trace onto the config or the hardware
+# profile. Each refused, the input unchanged.
+refused() {  # WORDS FILE ARGS...: meshtrain ARGS fails saying WORDS, FILE unchanged
+  local words=$1 file=$2 sum out
+  shift 2
+  sum=$(sha256sum < "$file")
+  out=$(timeout 120 "$meshtrain" "$@" 2>&1)
+  [ $? -ne 0 ] && grep -qF -- "$words" <<<"$out" || { echo "$out"; fail "not refused: meshtrain $*"; }
+  [ "$(sha256sum < "$file")" = "$sum" ] || fail "$file changed: meshtrain $*"
+}
+ckpt=$dir/ckpt
+train --training.steps 2 --checkpoint.folder "$ckpt" --checkpoint.interval 1 >/dev/null || fail "training for the checkpoints failed"
+shard=$ckpt/step_000001/rank_00000.safetensors
+refused "is a file of the checkpoint being exported" "$shard" export --checkpoint "$ckpt/step_000001" --out "$shard"
+refused "is a file of the checkpoint being exported" "$ckpt/step_000002/metadata.json" export --checkpoint "$ckpt" \
+  --out "$ckpt/step_000002/metadata.json"
+refused "is a file of a checkpoint in checkpoint.folder" "$shard" train "${model[@]}" --training.steps 3 \
+  --checkpoint.folder "$ckpt" --checkpoint.export "$shard"
+refused "--dump-graph $dir/data.txt is also data.path" "$dir/data.txt" train "${model[@]}" --data.path "$dir/data.txt" \
+  --training.steps 1 --checkpoint.folder "" --dump-graph "$dir/data.txt"
+refused "is a file of a checkpoint in checkpoint.folder" "$ckpt/step_000002/rank_00000.safetensors" train "${model[@]}" \
+  --training.steps 3 --checkpoint.folder "$ckpt" --dump-graph "$ckpt/step_000002/rank_00000.safetensors"
+cp configs/hardware/h100-sxm.toml "$dir/profile.toml"
+refused "--out $dir/config.toml is also the --config file" "$dir/config.toml" lower --ranks 2 "${model[@]:2}" \
+  --config "$dir/config.toml" --out "$dir/config.toml"
+refused "is also schedule.hardware" "$dir/profile.toml" lower --ranks 2 "${model[@]}" --schedule.hardware "$dir/profile.toml" \
+  --out "$dir/profile.toml"
+refused "--trace $dir/config.toml is also the --config file" "$dir/config.toml" estimate --ranks 2 "${model[@]:2}" \
+  --config "$dir/config.toml" --hardware h100-sxm --trace "$dir/config.toml"
+refused "--trace $dir/profile.toml is also the --hardware profile" "$dir/profile.toml" estimate --ranks 2 "${model[@]}" \
+  --hardware "$dir/profile.toml" --trace "$dir/profile.toml"
+echo "no command's output replaces its inputs (checkpoints, data, config, hardware profile)"
+
 # An output that names a FIFO (as it would a device such as /dev/null) is
 # refused and the node stays what it was, never renamed over (issue 31).
 mkfifo "$dir/out.fifo"
