@@ -2,8 +2,9 @@
 // checkpoint::load_checkpoint_whole): its metadata.json and up to two rank files.
 // Input: a flags byte, then sections each prefixed by a 4-byte little-endian
 // length: metadata.json, rank_00000.safetensors, rank_00001.safetensors.
-// With flag bit 0 the metadata's file sizes and checksums are made to match
-// the files, so the input reaches the shard reader and the resharding copy.
+// With flag bit 0 the metadata's file sizes and checksums, and its own
+// checksum, are made to match, so the input reaches the metadata's
+// semantics, the shard reader and the resharding copy.
 // A checkpoint that loads must give every tensor the shape and dtype its
 // metadata says; anything else must be a clear error.
 #include <fmt/format.h>
@@ -13,20 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "core/hash.h"
 #include "fuzz/fuzz_input.h"
 
 using namespace meshtrain;
-
-namespace {
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 14695981039346656037ull;
-  for (const char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -48,11 +39,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string metadata = sections[0];
   if ((flags & 1) != 0) {
     try {
-      auto m = nlohmann::json::parse(metadata);
+      auto m = nlohmann::ordered_json::parse(metadata);
       for (size_t r = 1; r < sections.size(); ++r) {
         m.at("files").at(r - 1)["bytes"] = sections[r].size();
-        m.at("files").at(r - 1)["fnv1a64"] = fmt::format("{:016x}", fnv1a64(sections[r]));
+        m.at("files").at(r - 1)["fnv1a64"] = fmt::format("{:016x}", fnv1a(sections[r]));
       }
+      m.erase("metadata_fnv1a64");
+      m["metadata_fnv1a64"] = fmt::format("{:016x}", fnv1a(m.dump()));
       metadata = m.dump();
     } catch (const nlohmann::json::exception&) {
     }

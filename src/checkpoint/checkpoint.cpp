@@ -29,6 +29,7 @@ constexpr int kFormatVersion = 1;
 constexpr int kPipelineFormatVersion = 2;
 constexpr const char* kFormat = "meshtrain checkpoint";
 constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kMetadataChecksum = "metadata_fnv1a64";  // the last key: FNV-1a of the others
 
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
 
@@ -307,6 +308,7 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
       }
       meta["files"] = files;
       meta["tensors"] = described;
+      meta[kMetadataChecksum] = hex(checksum_of(meta.dump()));  // of everything above, as dump() writes it
       write_file_atomically((fs::path(save.partial) / kMetadataFile).string(), meta.dump(1) + "\n");
       sync_directory(save.partial);
       // The rename marks it complete; a step saved before (a run resumed
@@ -337,7 +339,9 @@ std::optional<std::string> latest_checkpoint(const std::string& folder) {
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
     std::smatch m;
     const std::string base = entry.path().filename().string();
-    if (!std::regex_match(base, m, name) || !fs::is_regular_file(entry.path() / kMetadataFile, ec)) continue;
+    if (!std::regex_match(base, m, name) || entry.is_symlink(ec) ||
+        !fs::is_regular_file(entry.path() / kMetadataFile, ec))
+      continue;  // a link is not a step this run saved
     const int64_t step = std::stoll(m[1].str());
     if (!newest || step > newest->first) newest = {step, entry.path().string()};
   }
@@ -355,6 +359,31 @@ std::vector<std::string> checkpoint_step_folders(const std::string& folder) {
   return steps;
 }
 
+namespace {
+// metadata.json as it was written: its checksum over the other keys, in
+// their order, matches (an edited step, layout or file checksum does not).
+void check_metadata_checksum(const std::string& bytes) {
+  nlohmann::ordered_json meta = nlohmann::ordered_json::parse(bytes);
+  MT_CHECK(meta.contains(kMetadataChecksum),
+           "it has no {} (saved by a meshtrain older than this one, or edited): it cannot be trusted",
+           kMetadataChecksum);
+  const std::string listed = meta.at(kMetadataChecksum).get<std::string>();
+  meta.erase(kMetadataChecksum);
+  MT_CHECK(hex(checksum_of(meta.dump())) == listed,
+           "its contents do not match its {} (edited or damaged after it was written)", kMetadataChecksum);
+}
+
+// A folder step_N holds step N: a renamed or linked folder is not the step its name says.
+void check_folder_name(const std::string& path, int64_t step) {
+  static const std::regex name(R"(step_(\d{6,18}))");
+  std::smatch m;
+  const std::string base = fs::path(path).lexically_normal().filename().string();
+  if (!std::regex_match(base, m, name)) return;
+  MT_CHECK(std::stoll(m[1].str()) == step, "the folder {} holds step {} (renamed, or a link to another step)", base,
+           step);
+}
+}  // namespace
+
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   const std::string meta_path = (fs::path(path) / kMetadataFile).string();
   MT_CHECK(fs::is_regular_file(meta_path),
@@ -363,8 +392,11 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   CheckpointInfo info;
   info.path = path;
   try {
-    info.metadata = nlohmann::json::parse(read_file_bytes(meta_path));
+    const std::string bytes = read_file_bytes(meta_path);
+    check_metadata_checksum(bytes);
+    info.metadata = nlohmann::json::parse(bytes);
     const auto& m = info.metadata;
+    check_folder_name(path, m.at("step").get<int64_t>());
     MT_CHECK(m.at("format").get<std::string>() == kFormat, "it is not a meshtrain checkpoint");
     const int version = m.at("version").get<int>();
     MT_CHECK(version == kFormatVersion || version == kPipelineFormatVersion,

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace meshtrain {
 
@@ -107,6 +109,19 @@ void check_output_file(const std::string& path, const std::string& what) {
   MT_CHECK(!std::filesystem::is_directory(path), "{} {} is a folder; give the path of a file to write", what, path);
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   check_writable_directory(folder.empty() ? "." : folder.string(), "the folder of " + what);
+}
+
+std::string file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "(not readable)";
+  Fnv1a sum;
+  int64_t bytes = 0;
+  std::vector<char> buffer(1 << 20);
+  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+    sum.add({buffer.data(), static_cast<size_t>(in.gcount())});
+    bytes += in.gcount();
+  }
+  return fmt::format("{} bytes, FNV-1a {:016x}", bytes, sum.hash);
 }
 
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<InputPath>& inputs) {

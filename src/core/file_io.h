@@ -45,6 +45,10 @@ void check_writable_directory(const std::string& dir, const std::string& what);
 // folder, in a folder where a file can be created.
 void check_output_file(const std::string& path, const std::string& what);
 
+// "N bytes, FNV-1a HHHHHHHHHHHHHHHH" of a file's contents (read in 1 MiB
+// pieces), or "(not readable)": two files of one size but other bytes differ.
+std::string file_digest(const std::string& path);
+
 // Something a command reads that an output must not replace: a file, or a
 // folder whose files it must not replace. `what` names it ("data.path").
 struct InputPath {

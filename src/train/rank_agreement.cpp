@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,24 +18,10 @@ namespace {
 
 constexpr size_t kValueBytes = 256;  // a value as the error shows it (longer ones cut)
 
-// Size and FNV-1a of a file's bytes: two files of the same size but other
-// contents differ.
-std::string contents_digest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "(not readable here)";  // the loader says why, on the rank that cannot read it
-  Fnv1a sum;
-  int64_t bytes = 0;
-  std::vector<char> buffer(1 << 20);
-  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-    sum.add({buffer.data(), static_cast<size_t>(in.gcount())});
-    bytes += in.gcount();
-  }
-  return fmt::format("{} bytes, FNV-1a {:016x}", bytes, sum.hash);
-}
-
-std::vector<std::pair<std::string, std::string>> what_must_agree(const config::TrainConfig& config) {
+std::vector<std::pair<std::string, std::string>> what_must_agree(const config::TrainConfig& config,
+                                                                 const std::string& data_digest) {
   auto lines = config::config_values(config);
-  lines.emplace_back("the contents of data.path", contents_digest(config.data.path));
+  lines.emplace_back("the contents of data.path", data_digest);
   return lines;
 }
 
@@ -70,8 +55,8 @@ std::string ranks_by_value(const Tensor& values, int ranks) {
 
 }  // namespace
 
-void check_ranks_agree(const config::TrainConfig& config, comm::ProcessGroup& world) {
-  const auto lines = what_must_agree(config);
+void check_ranks_agree(const config::TrainConfig& config, const std::string& data_digest, comm::ProcessGroup& world) {
+  const auto lines = what_must_agree(config, data_digest);
   const auto n = static_cast<int64_t>(lines.size());
   Tensor mine = Tensor::empty({n}, DType::i64);
   for (int64_t i = 0; i < n; ++i) {

@@ -31,8 +31,9 @@ namespace meshtrain::train {
 Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
-      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len) {
-  if (world_) check_ranks_agree(config_, *world_);  // before any other collective
+      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len),
+      data_digest_(file_digest(config_.data.path)) {
+  if (world_) check_ranks_agree(config_, data_digest_, *world_);  // before any other collective
   MT_CHECK(loader_.max_token() < config_.model.vocab_size, "data file {} holds token {} but model.vocab_size is {}",
            config_.data.path, loader_.max_token(), config_.model.vocab_size);
   // What the trainer holds is allocated fresh: a block cached from earlier
@@ -142,9 +143,10 @@ std::map<std::string, Tensor> Trainer::initial_parameters(bool from_init_file) c
 namespace {
 // The keys a checkpoint must have been saved with to resume this run: the
 // model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
-nlohmann::json checkpoint_config(const config::TrainConfig& c) {
+nlohmann::json checkpoint_config(const config::TrainConfig& c, const std::string& data_digest) {
   const models::LlamaConfig& m = c.model;
-  return {{"model.dim", m.dim},
+  return {{"the contents of data.path", data_digest},  // the data cursor points into this file
+          {"model.dim", m.dim},
           {"model.n_layers", m.n_layers},
           {"model.n_heads", m.n_heads},
           {"model.n_kv_heads", m.n_kv_heads},
@@ -205,14 +207,15 @@ std::optional<checkpoint::CheckpointInfo> Trainer::checkpoint_to_resume() const 
 void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   std::string failure;
   try {
-    const nlohmann::json mine = checkpoint_config(config_);
+    const nlohmann::json mine = checkpoint_config(config_, data_digest_);
     for (const auto& [key, value] : mine.items()) {
       const auto& saved = checkpoint.state.config;
-      MT_CHECK(saved.contains(key) && saved.at(key) == value,
-               "checkpoint {} was saved with {} = {}, this run has {}: resume with the same [model] keys and "
-               "optimizer.state_dtype, or train in another checkpoint.folder (meshtrain export makes a Hugging Face "
-               "file of it for checkpoint.init_from)",
-               checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
+      MT_CHECK(
+          saved.contains(key) && saved.at(key) == value,
+          "checkpoint {} was saved with {} = {}, this run has {}: resume with the same data file, [model] keys "
+          "and optimizer.state_dtype, or train in another checkpoint.folder (meshtrain export makes a Hugging Face "
+          "file of it for checkpoint.init_from)",
+          checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
     }
     loader_.set_cursor(checkpoint.state.data_cursor);
   } catch (const std::exception& e) {
@@ -235,7 +238,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
            step, steps_done_);
   finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_),
+  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_, data_digest_),
                                           run_record(config_, step)};
   std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
   if (!config_.checkpoint.async) {

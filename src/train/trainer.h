@@ -164,6 +164,7 @@ class Trainer {
   // Where the step's memory is: the GPU's for training.device cuda (what
   // the peak-memory metrics count), else the host's.
   CachingAllocator& step_memory() const;
+  std::string data_digest_;  // core's file_digest of data.path (checkpoints and the ranks' agreement)
   int64_t steps_done_ = 0;
   int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "comm/local_backend.h"
+#include "core/hash.h"
 #include "sharding/local_chunk.h"
 
 using namespace meshtrain;
@@ -193,23 +194,43 @@ TEST(Checkpoint, DamagedFilesAreClearErrors) {
   write_shard(good);
   ASSERT_EQ(load_error(path), "");
 
-  // Metadata: not JSON, a field of the wrong type, an impossible step.
+  // Metadata: not JSON; edited (its own checksum no longer matches); and,
+  // edited with the checksum made to match again, a field of the wrong
+  // type, an impossible step, a step other than its folder's.
   const fs::path meta = fs::path(path) / "metadata.json";
   const std::string meta_good = [&] {
     std::ifstream in(meta);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
+  const auto resealed = [](nlohmann::ordered_json m) {
+    m.erase("metadata_fnv1a64");
+    m["metadata_fnv1a64"] = fmt::format("{:016x}", fnv1a(m.dump()));
+    return m.dump();
+  };
   std::ofstream(meta, std::ios::trunc) << meta_good.substr(0, meta_good.size() / 2);
   EXPECT_NE(load_error(path).find("metadata.json is damaged"), std::string::npos) << load_error(path);
-  auto edited = nlohmann::json::parse(meta_good);
+  auto edited = nlohmann::ordered_json::parse(meta_good);
+  edited["step"] = 3;
+  std::ofstream(meta, std::ios::trunc) << edited.dump();
+  EXPECT_NE(load_error(path).find("its contents do not match its metadata_fnv1a64"), std::string::npos)
+      << load_error(path);
+  std::ofstream(meta, std::ios::trunc) << resealed(edited);
+  EXPECT_NE(load_error(path).find("the folder step_000001 holds step 3"), std::string::npos) << load_error(path);
+  edited = nlohmann::ordered_json::parse(meta_good);
   edited["step"] = "ten";
-  std::ofstream(meta, std::ios::trunc) << edited.dump();
+  std::ofstream(meta, std::ios::trunc) << resealed(edited);
   EXPECT_NE(load_error(path).find("metadata.json is damaged"), std::string::npos) << load_error(path);
-  edited = nlohmann::json::parse(meta_good);
+  edited = nlohmann::ordered_json::parse(meta_good);
   edited["updates_applied"] = 7;  // more updates than steps
-  std::ofstream(meta, std::ios::trunc) << edited.dump();
+  std::ofstream(meta, std::ios::trunc) << resealed(edited);
   EXPECT_NE(load_error(path).find("out of range"), std::string::npos) << load_error(path);
   std::ofstream(meta, std::ios::trunc) << meta_good;
+  // A link named as a newer step is not taken for the newest checkpoint.
+  const fs::path link = fs::path(path).parent_path() / "step_000009";
+  fs::create_directory_symlink(fs::path(path).filename(), link);
+  EXPECT_EQ(checkpoint::latest_checkpoint(fs::path(path).parent_path().string()), path);
+  EXPECT_NE(load_error(link.string()).find("the folder step_000009 holds step 1"), std::string::npos);
+  fs::remove(link);
 
   // Another model shape: the tensor and both shapes are named.
   const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);

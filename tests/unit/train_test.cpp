@@ -435,6 +435,21 @@ TEST(Checkpointing, ResumeIsBitwiseTheStraightRun) {
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "was saved with model.norm_eps = 1e-05, this run has 1e-06")) << e.what();
   }
+  // The same size of data but other bytes: its cursor would point elsewhere.
+  other = c;
+  other.data.path = c.checkpoint.folder + "/other_corpus.txt";
+  {
+    std::ifstream in(c.data.path, std::ios::binary);
+    std::string bytes(std::istreambuf_iterator<char>(in), {});
+    bytes[100] ^= 1;
+    std::ofstream(other.data.path, std::ios::binary) << bytes;
+  }
+  try {
+    train::Trainer trainer(other);
+    ADD_FAILURE() << "resumed on another data file";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "was saved with the contents of data.path = \"69344 bytes, FNV-1a")) << e.what();
+  }
   other = c;
   other.checkpoint.load_step = 7;
   try {
