@@ -1,9 +1,11 @@
 #include "train/trainer.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -373,13 +376,29 @@ extern "C" void on_stop_signal(int signal) {
 
 // Progress is best effort: a line that cannot be written (a launcher that
 // stopped reading after a signal) is dropped, never an error or a stall.
+// While true the main thread may be blocked writing progress to a launcher
+// that stopped reading: a stop signal wakes it (wake_blocked_writer).
+std::atomic<bool> writing_progress{false};
+pthread_t progress_writer{};
+constexpr int kWakeSignal = SIGURG;  // ignored by default; its handler does nothing
+extern "C" void on_wake_signal(int) {}
+
 template <typename... Args>
 void say(std::FILE* out, fmt::format_string<Args...> format, Args&&... args) {
   if (out == nullptr) return;
   const std::string text = fmt::format(format, std::forward<Args>(args)...);
+  writing_progress.store(true);
   std::fwrite(text.data(), 1, text.size(), out);
   std::fflush(out);
+  writing_progress.store(false);
   std::clearerr(out);
+}
+
+// After on_stop_signal made the output non-blocking: a write already
+// blocked stays so until a signal interrupts it (the stop signals go to a
+// thread of their own), so the writer is sent one, only while it writes.
+void wake_blocked_writer() {
+  if (writing_progress.load()) pthread_kill(progress_writer, kWakeSignal);
 }
 }  // namespace
 
@@ -390,15 +409,55 @@ std::string signal_name(int signal) {
   return strsignal(signal);
 }
 
+namespace {
+std::atomic<bool> stop_at_step_end{false};  // else a stop signal ends the process as by default
+
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&set, signal);
+  return set;
+}
+
+// The thread the stop signals go to.
+void wait_for_stop_signals(sigset_t set) {
+  for (;;) {
+    int signal = 0;
+    if (sigwait(&set, &signal) != 0) continue;
+    if (stop_at_step_end.load()) {
+      on_stop_signal(signal);
+      if (unblock_output_on_stop != 0 && signal != SIGUSR1) wake_blocked_writer();
+      continue;
+    }
+    std::signal(signal, SIG_DFL);  // not training yet: what the signal would have done
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, signal);
+    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    raise(signal);
+  }
+}
+}  // namespace
+
+void hand_stop_signals_to_a_thread() {
+  static std::once_flag started;
+  std::call_once(started, [] {
+    const sigset_t set = stop_signals();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread(wait_for_stop_signals, set).detach();
+  });
+}
+
 void stop_at_step_end_on_signals(bool under_launcher) {
   unblock_output_on_stop = under_launcher ? 1 : 0;
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGUSR1, &action, nullptr);  // mpirun forwards it to the ranks at once
+  progress_writer = pthread_self();
+  struct sigaction wake {};
+  wake.sa_handler = on_wake_signal;
+  sigemptyset(&wake.sa_mask);
+  wake.sa_flags = 0;  // no SA_RESTART: the blocked write returns
+  sigaction(kWakeSignal, &wake, nullptr);
+  hand_stop_signals_to_a_thread();  // a no-op where the command did it first, as it should
+  stop_at_step_end.store(true);
 }
 
 Trainer::Summary Trainer::run(std::FILE* progress) {
