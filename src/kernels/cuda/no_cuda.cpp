@@ -7,7 +7,7 @@
 namespace meshtrain::kernels::cuda {
 
 namespace {
-[[noreturn]] void no_cuda() { throw InvalidArgument(no_gpu_reason()); }
+[[noreturn]] void no_cuda() { throw InvalidArgument("no GPU: " + no_gpu_reason()); }
 }  // namespace
 
 bool built_with_cuda() { return false; }
