@@ -49,6 +49,14 @@ uint64_t checksum_of(std::string_view bytes) { return fnv1a(bytes); }
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
+// N of a checkpoint folder's name step_N (6 to 18 digits), or none.
+std::optional<int64_t> step_in_name(const std::string& base) {
+  static const std::regex name(R"(step_(\d{6,18}))");
+  std::smatch m;
+  if (!std::regex_match(base, m, name)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+
 // The global indices along every tensor dim that the rank at `coord` holds
 // (every index with no mesh), in its local storage order.
 std::vector<std::vector<int64_t>> held_indices(const Shape& shape, const sharding::Layout& layout,
@@ -334,16 +342,12 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
 std::optional<std::string> latest_checkpoint(const std::string& folder) {
   std::error_code ec;
   if (folder.empty() || !fs::is_directory(folder, ec)) return std::nullopt;
-  static const std::regex name(R"(step_(\d{6,18}))");
   std::optional<std::pair<int64_t, std::string>> newest;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    std::smatch m;
-    const std::string base = entry.path().filename().string();
-    if (!std::regex_match(base, m, name) || entry.is_symlink(ec) ||
-        !fs::is_regular_file(entry.path() / kMetadataFile, ec))
+    const std::optional<int64_t> step = step_in_name(entry.path().filename().string());
+    if (!step || entry.is_symlink(ec) || !fs::is_regular_file(entry.path() / kMetadataFile, ec))
       continue;  // a link is not a step this run saved
-    const int64_t step = std::stoll(m[1].str());
-    if (!newest || step > newest->first) newest = {step, entry.path().string()};
+    if (!newest || *step > newest->first) newest = {*step, entry.path().string()};
   }
   if (!newest) return std::nullopt;
   return newest->second;
@@ -353,9 +357,8 @@ std::vector<std::string> checkpoint_step_folders(const std::string& folder) {
   std::error_code ec;
   std::vector<std::string> steps;
   if (folder.empty() || !fs::is_directory(folder, ec)) return steps;
-  static const std::regex name(R"(step_(\d{6,18}))");
   for (const auto& entry : fs::directory_iterator(folder, ec))
-    if (std::regex_match(entry.path().filename().string(), name)) steps.push_back(entry.path().string());
+    if (step_in_name(entry.path().filename().string())) steps.push_back(entry.path().string());
   return steps;
 }
 
@@ -375,12 +378,9 @@ void check_metadata_checksum(const std::string& bytes) {
 
 // A folder step_N holds step N: a renamed or linked folder is not the step its name says.
 void check_folder_name(const std::string& path, int64_t step) {
-  static const std::regex name(R"(step_(\d{6,18}))");
-  std::smatch m;
   const std::string base = fs::path(path).lexically_normal().filename().string();
-  if (!std::regex_match(base, m, name)) return;
-  MT_CHECK(std::stoll(m[1].str()) == step, "the folder {} holds step {} (renamed, or a link to another step)", base,
-           step);
+  const std::optional<int64_t> named = step_in_name(base);
+  MT_CHECK(!named || *named == step, "the folder {} holds step {} (renamed, or a link to another step)", base, step);
 }
 }  // namespace
 
@@ -576,14 +576,11 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
 
 void keep_latest_checkpoints(const std::string& folder, int keep) {
   if (keep <= 0) return;
-  static const std::regex name(R"(step_(\d{6,18}))");
   std::vector<std::pair<int64_t, fs::path>> complete;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    std::smatch m;
-    const std::string base = entry.path().filename().string();
-    if (std::regex_match(base, m, name) && fs::is_regular_file(entry.path() / kMetadataFile, ec))
-      complete.push_back({std::stoll(m[1].str()), entry.path()});
+    const std::optional<int64_t> step = step_in_name(entry.path().filename().string());
+    if (step && fs::is_regular_file(entry.path() / kMetadataFile, ec)) complete.push_back({*step, entry.path()});
   }
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second, ec);
