@@ -7,16 +7,13 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/op_kernels.h"
 
 namespace meshtrain::kernels::cuda {
 
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw Error(fmt::format("CUDA: {} failed: {}", what, cudaGetErrorString(status)));
-}
 
 struct Probe {
   std::optional<GpuInfo> info;
@@ -37,8 +34,8 @@ const Probe& probe() {
       return r;
     }
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    check(cudaSetDevice(0), "cudaSetDevice");
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    check_cuda(cudaSetDevice(0), "cudaSetDevice");
     GpuInfo g;
     g.index = 0;
     g.name = prop.name;
@@ -80,6 +77,10 @@ cudaMemcpyKind kind_of(Device dst, Device src) {
 
 }  // namespace
 
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Error(fmt::format("CUDA: {} failed: {}", what, cudaGetErrorString(status)));
+}
+
 bool built_with_cuda() { return true; }
 
 std::string GpuInfo::describe() const {
@@ -115,7 +116,7 @@ CachingAllocator& pinned_allocator() {
 Stream::Stream() {
   require_gpu();
   cudaStream_t s = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   handle_ = s;
 }
 
@@ -124,13 +125,14 @@ Stream::~Stream() {
 }
 
 void Stream::synchronize() const {
-  check(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "a kernel on the stream (cudaStreamSynchronize)");
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)),
+             "a kernel on the stream (cudaStreamSynchronize)");
 }
 
 Event::Event() {
   require_gpu();
   cudaEvent_t e = nullptr;
-  check(cudaEventCreate(&e), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&e), "cudaEventCreate");
   handle_ = e;
 }
 
@@ -139,41 +141,41 @@ Event::~Event() {
 }
 
 void Event::record(const Stream& stream) {
-  check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle())),
-        "cudaEventRecord");
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle())),
+             "cudaEventRecord");
 }
 
 float Event::ms_since(const Event& start) const {
   float ms = 0;
-  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(handle_)),
-        "cudaEventElapsedTime");
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(handle_)),
+             "cudaEventElapsedTime");
   return ms;
 }
 
 void copy(Tensor& dst, const Tensor& src, const Stream& stream) {
   MT_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy: {} into {}", src.describe(),
            dst.describe());
-  check(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind_of(dst.device(), src.device()),
-                        static_cast<cudaStream_t>(stream.handle())),
-        "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind_of(dst.device(), src.device()),
+                             static_cast<cudaStream_t>(stream.handle())),
+             "cudaMemcpyAsync");
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, const Stream& stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream.handle())),
-        "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream.handle())),
+             "cudaMemcpyAsync");
 }
 
 CapturedGraph::CapturedGraph(const Stream& stream) : capturing_(stream) {
-  check(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream.handle()), cudaStreamCaptureModeThreadLocal),
-        "cudaStreamBeginCapture");
+  check_cuda(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream.handle()), cudaStreamCaptureModeThreadLocal),
+             "cudaStreamBeginCapture");
 }
 
 void CapturedGraph::end() {
   cudaGraph_t graph = nullptr;
-  check(cudaStreamEndCapture(static_cast<cudaStream_t>(capturing_.handle()), &graph), "cudaStreamEndCapture");
+  check_cuda(cudaStreamEndCapture(static_cast<cudaStream_t>(capturing_.handle()), &graph), "cudaStreamEndCapture");
   graph_ = graph;
   cudaGraphExec_t exec = nullptr;
-  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   exec_ = exec;
 }
 
@@ -190,8 +192,8 @@ CapturedGraph::~CapturedGraph() {
 }
 
 void CapturedGraph::launch(const Stream& stream) const {
-  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
-        "cudaGraphLaunch");
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
+             "cudaGraphLaunch");
 }
 
 void fill_zero(Tensor& t, const Stream& stream) {
@@ -200,20 +202,20 @@ void fill_zero(Tensor& t, const Stream& stream) {
     std::memset(t.raw(), 0, t.nbytes());
     return;
   }
-  check(cudaMemsetAsync(t.raw(), 0, t.nbytes(), static_cast<cudaStream_t>(stream.handle())), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(t.raw(), 0, t.nbytes(), static_cast<cudaStream_t>(stream.handle())), "cudaMemsetAsync");
 }
 
 Tensor to_device(const Tensor& host) {
   MT_CHECK(host.device() == Device::cpu, "to_device: {} is already on the GPU", host.describe());
   Tensor d = Tensor::empty(host.shape(), host.dtype(), device_allocator());
-  check(cudaMemcpy(d.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy to the GPU");
+  check_cuda(cudaMemcpy(d.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy to the GPU");
   return d;
 }
 
 Tensor to_host(const Tensor& device) {
   MT_CHECK(device.device() == Device::cuda, "to_host: {} is not on the GPU", device.describe());
   Tensor h = Tensor::empty(device.shape(), device.dtype());
-  check(cudaMemcpy(h.raw(), device.raw(), device.nbytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+  check_cuda(cudaMemcpy(h.raw(), device.raw(), device.nbytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
   return h;
 }
 
@@ -227,8 +229,8 @@ LaunchContext launch_context(const Stream& stream, bool allow_tf32) {
   static Shared* shared = [] {
     auto* s = new Shared;  // never destroyed: kernels may run during static destruction
     if (cublasLtCreate(&s->lt) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLASLt: cublasLtCreate failed");
-    check(cudaMalloc(&s->workspace, kWorkspaceBytes), "cudaMalloc of cuBLASLt's workspace");
-    check(cudaMalloc(&s->scratch, kScratchBytes), "cudaMalloc of the kernels' scratch");
+    check_cuda(cudaMalloc(&s->workspace, kWorkspaceBytes), "cudaMalloc of cuBLASLt's workspace");
+    check_cuda(cudaMalloc(&s->scratch, kScratchBytes), "cudaMalloc of the kernels' scratch");
     return s;
   }();
   return LaunchContext{stream.handle(), shared->lt,    shared->workspace, kWorkspaceBytes,

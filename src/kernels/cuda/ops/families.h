@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/op_kernels.h"
 #include "kernels/cuda/ops/registry.h"
 
@@ -24,8 +25,6 @@ namespace meshtrain::kernels::cuda::ops {
 
 namespace attr = graph::attr;  // the typed attribute keys kernels read
 
-// Throws meshtrain::Error naming the call and CUDA's message when `status` is not success.
-void check_cuda(cudaError_t status, const char* what);
 // After a launch: throws when the launch failed (bad configuration, no kernel image for this GPU).
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
