@@ -64,41 +64,40 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
   default_allocator().release_cache();  // of the measurements
   for (const auto& [name, v] : sg.model.params) {
     const Tensor& p = params_.at(name);
-    bind(run_value(v), p);
+    bind(run_value(v), p, state_twins_);
     const DType state = config_.optimizer.state_dtype;
-    bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state));
-    bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state));
+    bind(run_value(sg.exp_avg.at(name)), exp_avg_[name] = Tensor::zeros(p.shape(), state), state_twins_);
+    bind(run_value(sg.exp_avg_sq.at(name)), exp_avg_sq_[name] = Tensor::zeros(p.shape(), state), state_twins_);
   }
-  bind(run_value(sg.model.tokens), tokens_);
-  bind(run_value(sg.model.targets), targets_);
-  bind(run_value(sg.lr), lr_);
-  bind(run_value(sg.step), update_);
+  bind(run_value(sg.model.tokens), tokens_, input_twins_);
+  bind(run_value(sg.model.targets), targets_, input_twins_);
+  bind(run_value(sg.lr), lr_, input_twins_);
+  bind(run_value(sg.step), update_, input_twins_);
   // The loss and the gradient norm as the graph that runs delivers them.
   const auto delivered = compile::delivered_outputs(step_->global, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
 }
 
-void FlatStepRunner::bind(graph::ValueId run_value, const Tensor& host) {
+void FlatStepRunner::bind(graph::ValueId run_value, const Tensor& host, std::vector<Twin>& twins) {
   if (!on_gpu_) return executor_->bind(run_value, host);
   Tensor device = kernels::cuda::to_device(host);
   executor_->bind(run_value, device);
-  gpu_twins_.emplace_back(host, std::move(device));
+  twins.push_back({host, std::move(device)});
 }
 
 void FlatStepRunner::download_state() const {
   if (!on_gpu_) return;
-  const size_t batch_inputs = 4;  // the last bound: tokens, targets, lr, update
-  for (size_t i = 0; i + batch_inputs < gpu_twins_.size(); ++i) {
-    Tensor host = gpu_twins_[i].first;  // shares the storage of the map's tensor
-    kernels::cuda::copy(host, gpu_twins_[i].second, *stream_);
+  for (const Twin& t : state_twins_) {
+    Tensor host = t.host;  // shares the storage of the map's tensor
+    kernels::cuda::copy(host, t.device, *stream_);
   }
   stream_->synchronize();
 }
 
 void FlatStepRunner::state_loaded() {
   if (!on_gpu_) return;
-  for (auto& [host, device] : gpu_twins_) kernels::cuda::copy(device, host, *stream_);
+  for (Twin& t : state_twins_) kernels::cuda::copy(t.device, t.host, *stream_);
   stream_->synchronize();
 }
 
@@ -133,9 +132,8 @@ StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
   }
   lr_.data<double>()[0] = lr;
   update_.data<int64_t>()[0] = update;
-  if (on_gpu_) {  // the batch and the scalars: the last four bound
-    for (size_t i = gpu_twins_.size() - 4; i < gpu_twins_.size(); ++i)
-      kernels::cuda::copy(gpu_twins_[i].second, gpu_twins_[i].first, *stream_);
+  if (on_gpu_) {
+    for (Twin& t : input_twins_) kernels::cuda::copy(t.device, t.host, *stream_);
     stream_->synchronize();
     executor_->run();
     return {kernels::cuda::to_host(executor_->fetch(loss_value_)).get(0),

@@ -64,13 +64,18 @@ class FlatStepRunner : public StepRunner {
   // Fails on every rank where some rank's step would allocate more than
   // config.schedule.memory_budget_mb.
   void check_memory_budget(double needed_bytes) const;
-  // Binds a host tensor, or on the GPU its device twin (kept in gpu_twins_).
-  void bind(graph::ValueId run_value, const Tensor& host);
+  // A host tensor and the device copy bound in its place on the GPU.
+  struct Twin {
+    Tensor host, device;
+  };
+  // Binds a host tensor, or on the GPU its device twin (added to `twins`).
+  void bind(graph::ValueId run_value, const Tensor& host, std::vector<Twin>& twins);
   void download_state() const;  // GPU: params_ and moments <- their twins
 
   bool on_gpu_ = false;
-  std::unique_ptr<kernels::cuda::Stream> stream_;     // GPU: the uploads and downloads
-  std::vector<std::pair<Tensor, Tensor>> gpu_twins_;  // GPU: (host, device) of every bound tensor
+  std::unique_ptr<kernels::cuda::Stream> stream_;  // GPU: the uploads and downloads
+  std::vector<Twin> state_twins_;  // GPU: parameters and moments (downloaded for checkpoints, uploaded on resume)
+  std::vector<Twin> input_twins_;  // GPU: tokens, targets, lr and update count (uploaded each step)
 
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;
