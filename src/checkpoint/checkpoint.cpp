@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 
@@ -301,6 +302,7 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
       meta["step"] = save.state.step;
       meta["updates_applied"] = save.state.updates_applied;
       meta["data_cursor"] = save.state.data_cursor;
+      meta["trajectory"] = save.state.trajectory;
       meta["config"] = save.state.config;
       meta["run"] = save.state.run;
       meta["mesh"] =
@@ -339,18 +341,27 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
   return complete_checkpoint(save);
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& folder) {
+namespace {
+// The complete checkpoints in `folder` (step_N with its metadata; a link is
+// not a step this run saved), by step.
+std::vector<std::pair<int64_t, fs::path>> complete_steps(const std::string& folder) {
+  std::vector<std::pair<int64_t, fs::path>> complete;
   std::error_code ec;
-  if (folder.empty() || !fs::is_directory(folder, ec)) return std::nullopt;
-  std::optional<std::pair<int64_t, std::string>> newest;
+  if (folder.empty() || !fs::is_directory(folder, ec)) return complete;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
     const std::optional<int64_t> step = step_in_name(entry.path().filename().string());
-    if (!step || entry.is_symlink(ec) || !fs::is_regular_file(entry.path() / kMetadataFile, ec))
-      continue;  // a link is not a step this run saved
-    if (!newest || *step > newest->first) newest = {*step, entry.path().string()};
+    if (step && !entry.is_symlink(ec) && fs::is_regular_file(entry.path() / kMetadataFile, ec))
+      complete.emplace_back(*step, entry.path());
   }
-  if (!newest) return std::nullopt;
-  return newest->second;
+  std::sort(complete.begin(), complete.end());
+  return complete;
+}
+}  // namespace
+
+std::optional<std::string> latest_checkpoint(const std::string& folder) {
+  const auto complete = complete_steps(folder);
+  if (complete.empty()) return std::nullopt;
+  return complete.back().second.string();
 }
 
 std::vector<std::string> checkpoint_step_folders(const std::string& folder) {
@@ -360,6 +371,29 @@ std::vector<std::string> checkpoint_step_folders(const std::string& folder) {
   for (const auto& entry : fs::directory_iterator(folder, ec))
     if (step_in_name(entry.path().filename().string())) steps.push_back(entry.path().string());
   return steps;
+}
+
+std::string new_trajectory_id() {
+  std::random_device entropy;
+  const uint64_t id = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  return hex(id);
+}
+
+std::vector<int64_t> set_aside_steps_after(const std::string& folder, int64_t step, const std::string& aside) {
+  std::vector<std::pair<int64_t, fs::path>> later = complete_steps(folder);
+  std::erase_if(later, [&](const auto& s) { return s.first <= step; });
+  std::vector<int64_t> moved;
+  if (later.empty()) return moved;
+  const fs::path into = fs::path(folder) / aside;
+  std::error_code ec;
+  fs::create_directories(into, ec);
+  MT_CHECK(!ec, "cannot make {} to set aside the steps after {}: {}", into.string(), step, ec.message());
+  for (const auto& [n, path] : later) {
+    fs::rename(path, into / path.filename(), ec);
+    MT_CHECK(!ec, "cannot move {} into {}: {}", path.string(), into.string(), ec.message());
+    moved.push_back(n);
+  }
+  return moved;
 }
 
 namespace {
@@ -408,6 +442,9 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
                  info.state.data_cursor >= 0,
              "step {}, updates_applied {} or data_cursor {} is out of range", info.state.step,
              info.state.updates_applied, info.state.data_cursor);
+    info.state.trajectory = m.value("trajectory", "");
+    MT_CHECK(info.state.trajectory.empty() || std::regex_match(info.state.trajectory, std::regex("[0-9a-f]{16}")),
+             "its trajectory '{}' is not 16 hex digits", info.state.trajectory);
     info.state.config = m.at("config");
     const auto mesh = mesh_from(m.at("mesh"), path);
     const int ranks = mesh ? mesh->num_ranks() : 1;
@@ -576,13 +613,8 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
 
 void keep_latest_checkpoints(const std::string& folder, int keep) {
   if (keep <= 0) return;
-  std::vector<std::pair<int64_t, fs::path>> complete;
+  const auto complete = complete_steps(folder);
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    const std::optional<int64_t> step = step_in_name(entry.path().filename().string());
-    if (step && fs::is_regular_file(entry.path() / kMetadataFile, ec)) complete.push_back({*step, entry.path()});
-  }
-  std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second, ec);
 }
 

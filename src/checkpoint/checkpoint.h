@@ -47,6 +47,10 @@ struct CheckpointState {
   int64_t updates_applied = 0;  // the optimizer's updates (steps less those skipped)
   int64_t data_cursor = 0;      // the data loader's position (every rank reads the global batch)
   nlohmann::json config;        // the model and optimizer keys a resumed run must match
+  // The line of steps this one is on (16 hex digits): a resume from the
+  // newest step goes on with it, a rollback (an older step resumed) starts a
+  // new one. "" in a checkpoint that does not say.
+  std::string trajectory;
   // For the record (a resumed run does not need it): the LR schedule's keys
   // and the LR of this step (a function of the step), the seed (nothing
   // random is drawn after initialisation), the data file and batch shape.
@@ -81,6 +85,9 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const CheckpointSt
 void write_checkpoint_file(PendingCheckpoint& save);
 std::string complete_checkpoint(PendingCheckpoint& save);  // returns the checkpoint's path
 
+// A fresh trajectory id: 16 random hex digits.
+std::string new_trajectory_id();
+
 // "step_000010": the folder of a step's checkpoint.
 std::string checkpoint_folder_name(int64_t step);
 
@@ -98,6 +105,11 @@ std::string save_checkpoint(const std::string& folder, const CheckpointState& st
 std::optional<std::string> latest_checkpoint(const std::string& folder);
 // Every step_N folder in `folder`, complete or not (none when it is missing).
 std::vector<std::string> checkpoint_step_folders(const std::string& folder);
+
+// A rollback: every complete checkpoint in `folder` after `step` moved into
+// `folder`/`aside` (made), where nothing resumes or deletes it. Returns the
+// steps moved, in order.
+std::vector<int64_t> set_aside_steps_after(const std::string& folder, int64_t step, const std::string& aside);
 
 // A checkpoint's metadata, checked: what it holds and how it was laid out.
 struct CheckpointInfo {
@@ -123,7 +135,7 @@ std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkp
 void fail_together(const std::string& failure, comm::ProcessGroup* world);
 
 // Deletes all but the newest `keep` complete checkpoints in `folder`
-// (keep <= 0: none deleted).
+// (keep <= 0: none deleted; a link to a step is not one).
 void keep_latest_checkpoints(const std::string& folder, int keep);
 
 }  // namespace meshtrain::checkpoint

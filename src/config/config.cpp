@@ -294,7 +294,8 @@ const std::vector<Key>& keys() {
           "an integer >= 0: a checkpoint every this many steps and one after the last; 0: only after the last"),
       number_key<int64_t>(
           "checkpoint.load_step", "0", [](TrainConfig& c) -> int64_t& { return c.checkpoint.load_step; }, nonneg,
-          "an integer >= 0: the step of checkpoint.folder to resume from; 0: the newest complete one"),
+          "an integer >= 0: the step of checkpoint.folder to resume from; 0: the newest complete one; an older step "
+          "rolls back (the later steps are moved to checkpoint.folder/abandoned_ID)"),
       number_key<int64_t>(
           "checkpoint.keep_latest_k", "0", [](TrainConfig& c) -> int64_t& { return c.checkpoint.keep_latest_k; },
           nonneg, "an integer >= 0: older checkpoints are deleted once this many are saved; 0: all kept"),

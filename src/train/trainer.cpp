@@ -207,6 +207,33 @@ std::optional<checkpoint::CheckpointInfo> Trainer::checkpoint_to_resume() const 
   return checkpoint::read_checkpoint_info(*newest);
 }
 
+namespace {
+std::string steps_text(const std::vector<int64_t>& steps) {
+  std::vector<std::string> each;
+  for (const int64_t s : steps) each.push_back(std::to_string(s));
+  return fmt::format("{}", fmt::join(each, ", "));
+}
+}  // namespace
+
+// Resuming an older step than the folder's newest rolls back: the later
+// steps (rank 0 moves them, the other ranks wait in fail_together) are set
+// aside, never resumed or deleted, and the steps saved from here on are a
+// new trajectory's.
+void Trainer::roll_back_past(const checkpoint::CheckpointInfo& checkpoint) {
+  const std::string aside = "abandoned_" + trajectory_;
+  if (rank() != 0) return;
+  const std::vector<int64_t> moved =
+      checkpoint::set_aside_steps_after(config_.checkpoint.folder, checkpoint.state.step, aside);
+  if (moved.empty()) {
+    trajectory_ = checkpoint.state.trajectory.empty() ? trajectory_ : checkpoint.state.trajectory;
+    return;
+  }
+  rollback_note_ =
+      fmt::format("rolled back to step {}: the later step{} {} moved to {}/{}, where no run resumes or deletes {}\n",
+                  checkpoint.state.step, moved.size() > 1 ? "s" : "", steps_text(moved), config_.checkpoint.folder,
+                  aside, moved.size() > 1 ? "them" : "it");
+}
+
 void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   std::string failure;
   try {
@@ -221,6 +248,7 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
           checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
     }
     loader_.set_cursor(checkpoint.state.data_cursor);
+    roll_back_past(checkpoint);
   } catch (const std::exception& e) {
     failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
   }
@@ -241,8 +269,8 @@ std::string Trainer::save_checkpoint(int64_t step) {
            step, steps_done_);
   finish_save();  // one save at a time, in step order
   const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const checkpoint::CheckpointState state{step, updates_applied_, cursor, checkpoint_config(config_, data_digest_),
-                                          run_record(config_, step)};
+  const checkpoint::CheckpointState state{
+      step, updates_applied_, cursor, checkpoint_config(config_, data_digest_), trajectory_, run_record(config_, step)};
   std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
   if (!config_.checkpoint.async) {
     const std::string path =
@@ -502,8 +530,8 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
 
   const int64_t start = steps_done_;  // 0, or the step resumed from (its state is saved already)
   if (!resumed_from_.empty())
-    say(progress, "resumed from {}: step {} done, {} to go\n", resumed_from_, start,
-        std::max<int64_t>(0, config_.training.steps - start));
+    say(progress, "resumed from {}: step {} done, {} to go\n{}", resumed_from_, start,
+        std::max<int64_t>(0, config_.training.steps - start), rollback_note_);
   for (int64_t s = start + 1; s <= config_.training.steps; ++s) {
     try {
       last = step();

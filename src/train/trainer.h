@@ -156,6 +156,7 @@ class Trainer {
   // complete one in checkpoint.folder; none to start afresh.
   std::optional<checkpoint::CheckpointInfo> checkpoint_to_resume() const;
   void resume(const checkpoint::CheckpointInfo& checkpoint);
+  void roll_back_past(const checkpoint::CheckpointInfo& checkpoint);
   RankReport own_report() const;
 
   config::TrainConfig config_;
@@ -164,6 +165,11 @@ class Trainer {
   std::unique_ptr<StepRunner> runner_;                  // a flat step's, or a pipeline rank's
   TokenLoader loader_;
   std::string resumed_from_;
+  // The line of steps this run is on (checkpoint::CheckpointState::trajectory):
+  // new, or the resumed checkpoint's when it was the newest. A rollback sets
+  // the later steps aside, as `rollback_note_` says.
+  std::string trajectory_ = checkpoint::new_trajectory_id();
+  std::string rollback_note_;
   std::unique_ptr<checkpoint::PendingCheckpoint> pending_save_;  // checkpoint.async: written by save_writer_
   std::map<std::string, Tensor> snapshot_;                       // checkpoint.async: the state as of the pending save
   std::thread save_writer_;

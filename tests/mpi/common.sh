@@ -18,4 +18,15 @@ bad() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
   [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
 }
+# same_checkpoint A B: checkpoint folders A and B hold the same files, bitwise, but for the trajectory in the
+# metadata (a fresh run draws its own) and so the metadata's own checksum.
+same_checkpoint() {
+  local a=$1 b=$2 f
+  [ "$(ls "$a")" = "$(ls "$b")" ] || return 1
+  for f in "$a"/*; do
+    [ "${f##*/}" = metadata.json ] || cmp -s "$f" "$b/${f##*/}" || return 1
+  done
+  diff <(grep -v -e '^ *"trajectory": ' -e '^ *"metadata_fnv1a64": ' "$a/metadata.json") \
+       <(grep -v -e '^ *"trajectory": ' -e '^ *"metadata_fnv1a64": ' "$b/metadata.json") >/dev/null
+}
 cd "$src"

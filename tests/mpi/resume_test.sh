@@ -7,7 +7,8 @@
 #     gradient norms, and the step-20 checkpoint bitwise the straight one's;
 #   - with TP 4, DDP 2 and on one process: within 1e-5 relative.
 # Also: checkpoint.async saves bitwise the same checkpoints; keep_latest_k, load_step, and a folder whose newest step was not
-# completed (step_N.tmp) resumes from the complete one before it.
+# completed (step_N.tmp) resumes from the complete one before it; a rollback (load_step of an older step) sets the later
+# steps aside.
 # Usage: resume_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 source "$(dirname "$0")/common.sh"
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
@@ -41,7 +42,7 @@ run straight 4 "${fsdp_tp[@]}"
 run async 4 "${fsdp_tp[@]}" --checkpoint.async true
 grep -q "saving $dir/async/step_000010 on a thread" "$dir/async.out" || { cat "$dir/async.out"; fail "async: no save on a thread"; }
 for step in step_000010 step_000020; do
-  diff -r "$dir/straight/$step" "$dir/async/$step" >/dev/null || fail "async: $step differs from the synchronous save"
+  same_checkpoint "$dir/straight/$step" "$dir/async/$step" || fail "async: $step differs from the synchronous save"
 done
 echo "checkpoint.async: steps 10 and 20 bitwise the synchronous checkpoints"
 
@@ -66,6 +67,26 @@ grep -q "resumed from $dir/partial/step_000010" "$dir/partial.out" || { cat "$di
 [ "$(ls "$dir/partial" | tr '\n' ' ')" = "step_000012 step_000030.tmp step_000040 " ] ||
   { ls "$dir/partial"; fail "keep_latest_k 1 left other checkpoints"; }
 echo "an unfinished save is passed over; keep_latest_k 1 keeps only the newest"
+
+# load_step of an older step rolls back: the later steps are set aside (never resumed, never deleted), and the
+# steps saved from there on are a new trajectory's.
+mkdir -p "$dir/rollback"
+cp -r "$dir/straight/step_000010" "$dir/straight/step_000020" "$dir/rollback/"
+run rollback 2 --checkpoint.load_step 10 --training.steps 15 --checkpoint.interval 5 --checkpoint.keep_latest_k 1
+grep -q "rolled back to step 10: the later step 20 moved to $dir/rollback/abandoned_[0-9a-f]\{16\}, where no run" \
+  "$dir/rollback.out" || { cat "$dir/rollback.out"; fail "rollback: no word of the step set aside"; }
+aside=$(ls -d "$dir"/rollback/abandoned_*)
+diff -r "$dir/straight/step_000020" "$aside/step_000020" >/dev/null || fail "rollback: step 20 was not set aside whole"
+[ "$(ls "$dir/rollback" | grep step_)" = step_000015 ] || { ls "$dir/rollback"; fail "rollback: expected step_000015 alone"; }
+trajectory() { sed -n 's/^ *"trajectory": "\([0-9a-f]*\)",$/\1/p' "$1/metadata.json"; }
+[ -n "$(trajectory "$dir/rollback/step_000015")" ] && [ "$(trajectory "$dir/rollback/step_000015")" != "$(trajectory "$dir/straight/step_000010")" ] ||
+  fail "rollback: step 15 is not on a trajectory of its own"
+run rollback 2 --training.steps 16
+grep -q "resumed from $dir/rollback/step_000015: step 15 done" "$dir/rollback.out" ||
+  { cat "$dir/rollback.out"; fail "after the rollback: not resumed from step 15"; }
+[ "$(trajectory "$dir/rollback/step_000016")" = "$(trajectory "$dir/rollback/step_000015")" ] ||
+  fail "a resume from the newest step changed the trajectory"
+echo "load_step 10 of 20 rolls back: step 20 set aside whole, step 15 on a new trajectory, the next resume takes it"
 
 # load_step: a step that is not there is an error naming the newest.
 out=$(timeout 60 "$meshtrain" train "${model[@]}" --metrics.file "" --checkpoint.folder "$dir/straight" \
