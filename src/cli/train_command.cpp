@@ -25,6 +25,7 @@
 #include "runtime/cpu_threads.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
+#include "train/signals.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -222,7 +223,7 @@ void check_gpu_run(const CommandArgs& a, int ranks) {
 }
 
 int run_train(const CommandArgs& a) {
-  train::hand_stop_signals_to_a_thread();  // before MPI, OpenMP or anything else starts a thread
+  train::hand_signals_to_a_thread();  // before MPI, OpenMP or anything else starts a thread
   const bool profile = a.flags.count("profile") > 0;
   const std::string config_path = a.options.at("config");
   const auto& overrides = a.overrides;

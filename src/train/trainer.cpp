@@ -1,14 +1,11 @@
 #include "train/trainer.h"
 
-#include <fcntl.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +25,7 @@
 #include "kernels/cuda/cuda.h"
 #include "sched/trace.h"
 #include "train/rank_agreement.h"
+#include "train/signals.h"
 
 namespace meshtrain::train {
 
@@ -385,108 +383,11 @@ void Trainer::save(const std::string& path) {
 }
 
 namespace {
-volatile std::sig_atomic_t stop_signal = 0;  // set by the handler, read at the end of each step
-volatile std::sig_atomic_t unblock_output_on_stop = 0;
-
-extern "C" void on_stop_signal(int signal) {
-  stop_signal = signal;
-  // A collective still waiting a moment later is named (mpirun sends
-  // SIGTERM when a rank dies, then SIGKILL).
-  if (signal != SIGUSR1) comm::note_stop_signal(signal);
-  // mpirun stops reading its ranks' output when it is sent SIGTERM or SIGINT
-  // itself (it forwards SIGUSR1 and goes on reading).
-  if (unblock_output_on_stop == 0 || signal == SIGUSR1) return;
-  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {  // fcntl is async-signal-safe
-    const int flags = fcntl(fd, F_GETFL);
-    if (flags != -1) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-  }
-}
-
-// Progress is best effort: a line that cannot be written (a launcher that
-// stopped reading after a signal) is dropped, never an error or a stall.
-// While true the main thread may be blocked writing progress to a launcher
-// that stopped reading: a stop signal wakes it (wake_blocked_writer).
-std::atomic<bool> writing_progress{false};
-pthread_t progress_writer{};
-constexpr int kWakeSignal = SIGURG;  // ignored by default; its handler does nothing
-extern "C" void on_wake_signal(int) {}
-
 template <typename... Args>
 void say(std::FILE* out, fmt::format_string<Args...> format, Args&&... args) {
-  if (out == nullptr) return;
-  const std::string text = fmt::format(format, std::forward<Args>(args)...);
-  writing_progress.store(true);
-  std::fwrite(text.data(), 1, text.size(), out);
-  std::fflush(out);
-  writing_progress.store(false);
-  std::clearerr(out);
-}
-
-// After on_stop_signal made the output non-blocking: a write already
-// blocked stays so until a signal interrupts it (the stop signals go to a
-// thread of their own), so the writer is sent one, only while it writes.
-void wake_blocked_writer() {
-  if (writing_progress.load()) pthread_kill(progress_writer, kWakeSignal);
+  if (out != nullptr) write_progress(out, fmt::format(format, std::forward<Args>(args)...));
 }
 }  // namespace
-
-std::string signal_name(int signal) {
-  if (signal == SIGTERM) return "SIGTERM";
-  if (signal == SIGINT) return "SIGINT";
-  if (signal == SIGUSR1) return "SIGUSR1";
-  return strsignal(signal);
-}
-
-namespace {
-std::atomic<bool> stop_at_step_end{false};  // else a stop signal ends the process as by default
-
-sigset_t stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (const int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&set, signal);
-  return set;
-}
-
-// The thread the stop signals go to.
-void wait_for_stop_signals(sigset_t set) {
-  for (;;) {
-    int signal = 0;
-    if (sigwait(&set, &signal) != 0) continue;
-    if (stop_at_step_end.load()) {
-      on_stop_signal(signal);
-      if (unblock_output_on_stop != 0 && signal != SIGUSR1) wake_blocked_writer();
-      continue;
-    }
-    std::signal(signal, SIG_DFL);  // not training yet: what the signal would have done
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, signal);
-    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
-    raise(signal);
-  }
-}
-}  // namespace
-
-void hand_stop_signals_to_a_thread() {
-  static std::once_flag started;
-  std::call_once(started, [] {
-    const sigset_t set = stop_signals();
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    std::thread(wait_for_stop_signals, set).detach();
-  });
-}
-
-void stop_at_step_end_on_signals(bool under_launcher) {
-  unblock_output_on_stop = under_launcher ? 1 : 0;
-  progress_writer = pthread_self();
-  struct sigaction wake {};
-  wake.sa_handler = on_wake_signal;
-  sigemptyset(&wake.sa_mask);
-  wake.sa_flags = 0;  // no SA_RESTART: the blocked write returns
-  sigaction(kWakeSignal, &wake, nullptr);
-  hand_stop_signals_to_a_thread();  // a no-op where the command did it first, as it should
-  stop_at_step_end.store(true);
-}
 
 Trainer::Summary Trainer::run(std::FILE* progress) {
   std::ofstream metrics;
@@ -608,7 +509,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
     // asked by a signal (the largest signal number any rank got) and, with
     // a save on its threads, whether every rank's file is written.
     Tensor agreed = Tensor::empty({2}, DType::f64);
-    agreed.data<double>()[0] = stop_signal;
+    agreed.data<double>()[0] = stop_signal_received();
     agreed.data<double>()[1] = save_written() ? 0 : 1;
     if (world_) world_->all_reduce(agreed, comm::ReduceOp::max)->wait();
     if (save_pending() && agreed.data<double>()[1] == 0) say(progress, "{}saved {}\n", live ? "\n" : "", finish_save());

@@ -51,24 +51,6 @@ class NonFiniteStep : public Error {
   bool update_applied;  // false: the weights and moments are the previous step's
 };
 
-// Blocks SIGTERM, SIGINT and SIGUSR1 in this thread, so in every thread it
-// starts after, and hands them to one thread of their own that waits for
-// them: a signal then never interrupts a kernel or a library thread (one
-// arriving inside oneDNN's GEMM corrupted the heap, issue 31). Until
-// stop_at_step_end_on_signals that thread ends the process as the signal
-// would have. Call it first, before MPI or any kernel starts a thread.
-void hand_stop_signals_to_a_thread();
-
-// From now on SIGTERM, SIGINT and SIGUSR1 (preemption, Ctrl-C) ask a running
-// Trainer::run to stop at the end of its step: the ranks agree on it, save a
-// checkpoint when checkpoint.folder is set, and run() returns saying so.
-// `under_launcher`: stdout and stderr go through a launcher (mpirun) that
-// stops reading them once it is signalled itself; the signal makes them
-// non-blocking, so a rank drops lines rather than stall before its save.
-void stop_at_step_end_on_signals(bool under_launcher);
-// "SIGTERM", "SIGINT", "SIGUSR1", or the system's name of another signal.
-std::string signal_name(int signal);
-
 class Trainer {
  public:
   // `world`: the ranks to train on; null (or one rank) trains on this process alone.

@@ -141,6 +141,18 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 expect_error "training.device: 'tpu' is not one of cpu, cuda" train --config configs/debug.toml --training.device tpu
 
+# Resources (issue 31): a file-size limit (ulimit -f) reached while saving
+# is an error naming the file (SIGXFSZ killed the process with no word), and
+# nothing is left in the checkpoint folder.
+out=$(ulimit -f 200; timeout 60 "$meshtrain" train --config configs/debug.toml --training.steps 1 --metrics.file "" \
+      --checkpoint.folder "$dir/fsize" 2>&1)
+rc=$?
+if { [ $rc -ne 1 ] && [ $rc -ne 2 ]; } || ! grep -q "writing .*/fsize/step_000001.tmp/rank_00000.safetensors failed: write: File too large" <<<"$out" ||
+   [ -n "$(ls -A "$dir/fsize")" ]; then
+  echo "FAIL (exit $rc): ulimit -f while saving a checkpoint"; echo "$out" | tail -3; ls -A "$dir/fsize"
+  failures=$((failures + 1))
+fi
+
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate

@@ -18,6 +18,8 @@ bad() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
   [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
 }
+# What glibc, Open MPI and the shell print of a process that crashed (for grep -E).
+crashed='corrupted|free\(\): |malloc\(\): |double free|Segmentation fault|Process received signal|\(Aborted\)|signal 11'
 # same_checkpoint A B: checkpoint folders A and B hold the same files, bitwise, but for the trajectory in the
 # metadata (a fresh run draws its own) and so the metadata's own checksum.
 same_checkpoint() {
