@@ -15,6 +15,7 @@
 #include "cli/train_command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
+#include "runtime/cpu_threads.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: train transformer language models across many CPU processes and hosts (C++20, MPI)"};
@@ -55,6 +56,17 @@ int main(int argc, char** argv) {
     const std::string where = command.empty() ? "" : command + ": ";
     std::fprintf(stderr, "meshtrain: error: %s%s\nRun `meshtrain %s--help` for the options.\n", where.c_str(), e.what(),
                  command.empty() ? "" : (command + " ").c_str());
+    return 2;
+  }
+
+  // Said by the first process only under mpirun; every process exits.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const bool first = rank == nullptr || std::string_view(rank) == "0";
+  try {
+    for (const std::string& note : meshtrain::runtime::fit_cpu_resources())
+      if (first) std::fprintf(stderr, "meshtrain: %s\n", note.c_str());
+  } catch (const std::exception& e) {
+    if (first) std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     return 2;
   }
 

@@ -2,7 +2,19 @@
 // cores (under a launcher such as mpirun), and what sharing them costs.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace meshtrain::runtime {
+
+// Fits the process to what its kernels need; call it first, before any
+// thread starts. A stack limit (ulimit -s) under 1 MiB, on which oneDNN's
+// kernel generation overflows, is raised to 8 MiB (or the hard limit) for
+// the main thread and every thread started after; a kernel thread count
+// (OMP_NUM_THREADS) over the cores this process may use is capped to them
+// (100000 crashed libgomp). Returns a line saying each change; throws when
+// the hard stack limit is under 1 MiB.
+std::vector<std::string> fit_cpu_resources();
 
 // Under a launcher with `local_ranks` ranks on this host: the threads each
 // rank's kernels use, so the ranks share the cores instead of each spinning

@@ -153,6 +153,23 @@ if { [ $rc -ne 1 ] && [ $rc -ne 2 ]; } || ! grep -q "writing .*/fsize/step_00000
   failures=$((failures + 1))
 fi
 
+# A small stack, and more kernel threads than cores: oneDNN's kernel
+# generation overflowed a 128 KiB stack, and libgomp crashed making 100000
+# threads. A soft stack limit is raised, a hard one refused; the threads are
+# capped to the cores. Each said in one line.
+train_with() {  # WORDS EXIT SHELL-SETUP: meshtrain trains 1 step after SHELL-SETUP, exits EXIT and says WORDS
+  local words=$1 expected=$2 setup=$3 out rc
+  out=$(bash -c "$setup; exec timeout 120 \"\$0\" train --config configs/debug.toml --training.steps 1 --metrics.file '' \
+        --checkpoint.folder ''" "$meshtrain" 2>&1)
+  rc=$?
+  if [ $rc -ne "$expected" ] || ! grep -qF -- "$words" <<<"$out"; then
+    echo "FAIL (exit $rc, expected $expected, or no '$words'): $setup"; echo "$out" | tail -3; failures=$((failures + 1))
+  fi
+}
+train_with "meshtrain: the stack limit (ulimit -s) was 64 KiB: raised to" 0 "ulimit -Ss 64"
+train_with "meshtrain: error: the stack limit is 64 KiB and cannot be raised past 64 KiB (ulimit -Hs)" 2 "ulimit -s 64"
+train_with "meshtrain: OMP_NUM_THREADS=100000 is more kernel threads than the" 0 "export OMP_NUM_THREADS=100000"
+
 # The command line itself (CLI11's errors): exit code 2, the command named.
 expect_error "meshtrain: error: layout: --mesh is required" layout --shape 8 --placements R
 expect_error "unknown command 'frobnicate'" frobnicate

@@ -3,8 +3,10 @@
 // blocks; every op's bf16 kernel against its f32 kernel on the same
 // (bf16-representable) inputs; AdamW with bf16 moments; the fast exp; the
 // AVX512_BF16 block GEMM and the bf16 attention built on it against float64.
+#include <dnnl.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -14,6 +16,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/kernel_errors.h"
 #include "runtime/executor.h"
 #include "sched/schedule.h"
 
@@ -395,5 +398,45 @@ TEST(Attention, Bf16DotPathMatchesFloat64) {
     EXPECT_LT(relative_error(dq, want_dq), 8e-3);
     EXPECT_LT(relative_error(dk, want_dk), 8e-3);
     EXPECT_LT(relative_error(dv, want_dv), 8e-3);
+  }
+}
+
+// A failure inside an OpenMP region (an allocation, a GEMM) reaches the
+// caller as the exception it was, where it used to end the process.
+TEST(KernelFailures, CarriedOutOfAParallelRegion) {
+  kernels::cpu::RegionErrors errors;
+  std::atomic<int> ran{0};
+#pragma omp parallel for schedule(dynamic)
+  for (int i = 0; i < 1000; ++i) {
+    if (errors.failed()) continue;
+    try {
+      if (i == 37) throw std::runtime_error("body 37 failed");
+      ran.fetch_add(1);
+    } catch (...) {
+      errors.keep(std::current_exception());
+    }
+  }
+  EXPECT_LT(ran.load(), 1000);
+  EXPECT_THROW(
+      {
+        try {
+          errors.rethrow();
+        } catch (const std::runtime_error& e) {
+          EXPECT_STREQ(e.what(), "body 37 failed");
+          throw;
+        }
+      },
+      std::runtime_error);
+}
+
+// oneDNN's statuses are named: out of memory says what to do, not "status 1".
+TEST(KernelFailures, GemmOutOfMemoryIsNamed) {
+  try {
+    kernels::cpu::throw_gemm_failure(dnnl_out_of_memory, 4096, 4096, 512);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("oneDNN's sgemm of 4096 x 4096 x 512 (m, n, k) ran out of memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("lower data.batch_size"), std::string::npos) << what;
   }
 }

@@ -77,53 +77,60 @@ template <typename T>
   const int64_t group = hq / hkv;
   const auto neg_inf = -std::numeric_limits<A>::infinity();
   const auto sc = static_cast<A>(scale);
+  RegionErrors errors;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < hq; ++h) {
-      const int64_t kv_offset = (bi * t * hkv + h / group) * d;
-      const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
-      const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
-      A* o = scratch<A>(static_cast<size_t>(kQueryBlock * d), 3);
-      A* s = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 4);
-      A row_max[kQueryBlock], row_total[kQueryBlock];
-      for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-        const int64_t rows = std::min(kQueryBlock, t - i0);
-        const HeadRows<A> qs = head_rows<A>(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, 2);
-        std::fill(o, o + rows * d, A(0));
-        std::fill(row_max, row_max + rows, neg_inf);
-        std::fill(row_total, row_total + rows, A(0));
-        for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-          const int64_t n = keys_in_block(i0, rows, j0);
-          gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, s, n, false);  // S = Q K^T
-          for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (unnormalized), in place
-            A* sr = s + r * n;
-            const int64_t visible = visible_keys(i0 + r, j0, n);
-            if (visible == 0) {
-              std::fill(sr, sr + n, A(0));
-              continue;
-            }
+      if (errors.failed()) continue;
+      try {
+        const int64_t kv_offset = (bi * t * hkv + h / group) * d;
+        const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
+        const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
+        A* o = scratch<A>(static_cast<size_t>(kQueryBlock * d), 3);
+        A* s = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 4);
+        A row_max[kQueryBlock], row_total[kQueryBlock];
+        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, t - i0);
+          const HeadRows<A> qs = head_rows<A>(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, 2);
+          std::fill(o, o + rows * d, A(0));
+          std::fill(row_max, row_max + rows, neg_inf);
+          std::fill(row_total, row_total + rows, A(0));
+          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+            const int64_t n = keys_in_block(i0, rows, j0);
+            gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, s, n, false);  // S = Q K^T
+            for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (unnormalized), in place
+              A* sr = s + r * n;
+              const int64_t visible = visible_keys(i0 + r, j0, n);
+              if (visible == 0) {
+                std::fill(sr, sr + n, A(0));
+                continue;
+              }
 #pragma omp simd
-            for (int64_t jj = 0; jj < visible; ++jj) sr[jj] *= sc;
-            const A block_max = max_of(sr, visible, row_max[r]);
-            const A correction = exp_of(row_max[r] - block_max);
-            A block_total = 0;
+              for (int64_t jj = 0; jj < visible; ++jj) sr[jj] *= sc;
+              const A block_max = max_of(sr, visible, row_max[r]);
+              const A correction = exp_of(row_max[r] - block_max);
+              A block_total = 0;
 #pragma omp simd reduction(+ : block_total)
-            for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_of(sr[jj] - block_max));
-            std::fill(sr + visible, sr + n, A(0));
-            row_total[r] = row_total[r] * correction + block_total;
-            row_max[r] = block_max;
-            for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+              for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_of(sr[jj] - block_max));
+              std::fill(sr + visible, sr + n, A(0));
+              row_total[r] = row_total[r] * correction + block_total;
+              row_max[r] = block_max;
+              for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+            }
+            gemm(false, false, rows, d, n, s, n, vs.row(j0), vs.stride, o, d, true);  // O += P V
           }
-          gemm(false, false, rows, d, n, s, n, vs.row(j0), vs.stride, o, d, true);  // O += P V
+          for (int64_t r = 0; r < rows; ++r) {
+            T* dst = out + ((bi * t + i0 + r) * hq + h) * d;
+            const A inv = A(1) / row_total[r];
+            for (int64_t c = 0; c < d; ++c) dst[c] = store<T>(o[r * d + c] * inv);
+            lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
+          }
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          T* dst = out + ((bi * t + i0 + r) * hq + h) * d;
-          const A inv = A(1) / row_total[r];
-          for (int64_t c = 0; c < d; ++c) dst[c] = store<T>(o[r * d + c] * inv);
-          lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
-        }
+      } catch (...) {
+        errors.keep(std::current_exception());
       }
     }
+  errors.rethrow();
 }
 
 template <typename T>
@@ -136,63 +143,70 @@ template <typename T>
   const auto sc = static_cast<A>(scale);
   // One task per (batch, key/value head): it owns those dK, dV rows and the
   // dQ rows of its query heads, so tasks never write the same memory.
+  RegionErrors errors;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t hk = 0; hk < hkv; ++hk) {
-      const int64_t kv_offset = (bi * t * hkv + hk) * d;
-      const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
-      const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
-      A* dk_acc = scratch<A>(static_cast<size_t>(t * d), 2);
-      A* dv_acc = scratch<A>(static_cast<size_t>(t * d), 3);
-      A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ
-      A* p = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 7);
-      A* ds = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 8);
-      A row_lse[kQueryBlock], row_delta[kQueryBlock];
-      std::fill(dk_acc, dk_acc + t * d, A(0));
-      std::fill(dv_acc, dv_acc + t * d, A(0));
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-          const int64_t rows = std::min(kQueryBlock, t - i0);
-          const int64_t first_row = (bi * t + i0) * hq + h;
-          const HeadRows<A> qs = head_rows<A>(q + first_row * d, hq * d, rows, d, 4);
-          const HeadRows<A> dos = head_rows<A>(dout + first_row * d, hq * d, rows, d, 5);
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* o_row = out + (first_row + r * hq) * d;
-            const A* do_row = dos.row(r);
-            A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
-#pragma omp simd reduction(+ : delta)
-            for (int64_t c = 0; c < d; ++c) delta += do_row[c] * load(o_row[c]);
-            row_delta[r] = delta;
-            row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
-          }
-          std::fill(dq_acc, dq_acc + rows * d, A(0));
-          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-            const int64_t n = keys_in_block(i0, rows, j0);
-            gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, p, n, false);     // S = Q K^T
-            gemm(false, true, rows, n, d, dos.data, dos.stride, vs.row(j0), vs.stride, ds, n, false);  // dP = dO V^T
-            // P = exp(S scale - lse) and dS = scale P (dP - delta), zero where masked.
+      if (errors.failed()) continue;
+      try {
+        const int64_t kv_offset = (bi * t * hkv + hk) * d;
+        const HeadRows<A> ks = head_rows<A>(k + kv_offset, hkv * d, t, d, 0);
+        const HeadRows<A> vs = head_rows<A>(v + kv_offset, hkv * d, t, d, 1);
+        A* dk_acc = scratch<A>(static_cast<size_t>(t * d), 2);
+        A* dv_acc = scratch<A>(static_cast<size_t>(t * d), 3);
+        A* dq_acc = scratch<A>(static_cast<size_t>(kQueryBlock * d), 6);  // the block's dQ
+        A* p = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 7);
+        A* ds = scratch<A>(static_cast<size_t>(kQueryBlock * kKeyBlock), 8);
+        A row_lse[kQueryBlock], row_delta[kQueryBlock];
+        std::fill(dk_acc, dk_acc + t * d, A(0));
+        std::fill(dv_acc, dv_acc + t * d, A(0));
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+          for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+            const int64_t rows = std::min(kQueryBlock, t - i0);
+            const int64_t first_row = (bi * t + i0) * hq + h;
+            const HeadRows<A> qs = head_rows<A>(q + first_row * d, hq * d, rows, d, 4);
+            const HeadRows<A> dos = head_rows<A>(dout + first_row * d, hq * d, rows, d, 5);
             for (int64_t r = 0; r < rows; ++r) {
-              A* __restrict pr = p + r * n;
-              A* __restrict dsr = ds + r * n;
-              const int64_t visible = visible_keys(i0 + r, j0, n);
-              const A lse_r = row_lse[r], delta_r = row_delta[r];
-#pragma omp simd
-              for (int64_t jj = 0; jj < visible; ++jj) {
-                pr[jj] = exp_of(pr[jj] * sc - lse_r);
-                dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
-              }
-              std::fill(pr + visible, pr + n, A(0));
-              std::fill(dsr + visible, dsr + n, A(0));
+              const T* o_row = out + (first_row + r * hq) * d;
+              const A* do_row = dos.row(r);
+              A delta = 0;  // rowsum(dO * O): the softmax backward's correction term
+#pragma omp simd reduction(+ : delta)
+              for (int64_t c = 0; c < d; ++c) delta += do_row[c] * load(o_row[c]);
+              row_delta[r] = delta;
+              row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
             }
-            gemm(true, false, n, d, rows, p, n, dos.data, dos.stride, dv_acc + j0 * d, d, true);  // dV += P^T dO
-            gemm(true, false, n, d, rows, ds, n, qs.data, qs.stride, dk_acc + j0 * d, d, true);   // dK += dS^T Q
-            gemm(false, false, rows, d, n, ds, n, ks.row(j0), ks.stride, dq_acc, d, true);        // dQ += dS K
+            std::fill(dq_acc, dq_acc + rows * d, A(0));
+            for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+              const int64_t n = keys_in_block(i0, rows, j0);
+              gemm(false, true, rows, n, d, qs.data, qs.stride, ks.row(j0), ks.stride, p, n, false);     // S = Q K^T
+              gemm(false, true, rows, n, d, dos.data, dos.stride, vs.row(j0), vs.stride, ds, n, false);  // dP = dO V^T
+              // P = exp(S scale - lse) and dS = scale P (dP - delta), zero where masked.
+              for (int64_t r = 0; r < rows; ++r) {
+                A* __restrict pr = p + r * n;
+                A* __restrict dsr = ds + r * n;
+                const int64_t visible = visible_keys(i0 + r, j0, n);
+                const A lse_r = row_lse[r], delta_r = row_delta[r];
+#pragma omp simd
+                for (int64_t jj = 0; jj < visible; ++jj) {
+                  pr[jj] = exp_of(pr[jj] * sc - lse_r);
+                  dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
+                }
+                std::fill(pr + visible, pr + n, A(0));
+                std::fill(dsr + visible, dsr + n, A(0));
+              }
+              gemm(true, false, n, d, rows, p, n, dos.data, dos.stride, dv_acc + j0 * d, d, true);  // dV += P^T dO
+              gemm(true, false, n, d, rows, ds, n, qs.data, qs.stride, dk_acc + j0 * d, d, true);   // dK += dS^T Q
+              gemm(false, false, rows, d, n, ds, n, ks.row(j0), ks.stride, dq_acc, d, true);        // dQ += dS K
+            }
+            scatter_rows(dq_acc, d, 1, rows, d, A(1), dq + first_row * d, hq * d);
           }
-          scatter_rows(dq_acc, d, 1, rows, d, A(1), dq + first_row * d, hq * d);
-        }
-      scatter_rows(dk_acc, d, 1, t, d, A(1), dk + kv_offset, hkv * d);
-      scatter_rows(dv_acc, d, 1, t, d, A(1), dv + kv_offset, hkv * d);
+        scatter_rows(dk_acc, d, 1, t, d, A(1), dk + kv_offset, hkv * d);
+        scatter_rows(dv_acc, d, 1, t, d, A(1), dv + kv_offset, hkv * d);
+      } catch (...) {
+        errors.keep(std::current_exception());
+      }
     }
+  errors.rethrow();
 }
 
 // ---- bf16 with AVX512_BF16 ------------------------------------------------------
@@ -206,54 +220,61 @@ template <typename T>
                                                   int64_t hkv, int64_t d, double scale) {
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
   const auto sc = static_cast<float>(scale);
+  RegionErrors errors;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < hq; ++h) {
-      const int64_t kv_offset = (bi * t * hkv + h / group) * d;
-      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);      // K^T, for S = Q K^T
-      uint32_t* v_p = scratch<uint32_t>(static_cast<size_t>((t + 1) / 2 * d), 1);  // V, for O += P V
-      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 2);
-      uint32_t* p_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 3);  // P in bf16
-      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);
-      float* o = scratch<float>(static_cast<size_t>(kQueryBlock * d), 1);
-      float row_max[kQueryBlock], row_total[kQueryBlock];
-      pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
-      pack_pairs(v + kv_offset, hkv * d, t, d, v_p);
-      for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-        const int64_t rows = std::min(kQueryBlock, t - i0);
-        pack_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, q_a);
-        std::fill(o, o + rows * d, 0.0f);
-        std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
-        std::fill(row_total, row_total + rows, 0.0f);
-        for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-          const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
-          gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);  // S = Q K^T
-          for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (f32, unnormalized), in place
-            float* sr = s + r * n;
-            const int64_t visible = visible_keys(i0 + r, j0, n);
-            float block_max = row_max[r];
+      if (errors.failed()) continue;
+      try {
+        const int64_t kv_offset = (bi * t * hkv + h / group) * d;
+        uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);      // K^T, for S = Q K^T
+        uint32_t* v_p = scratch<uint32_t>(static_cast<size_t>((t + 1) / 2 * d), 1);  // V, for O += P V
+        uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 2);
+        uint32_t* p_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 3);  // P in bf16
+        float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);
+        float* o = scratch<float>(static_cast<size_t>(kQueryBlock * d), 1);
+        float row_max[kQueryBlock], row_total[kQueryBlock];
+        pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
+        pack_pairs(v + kv_offset, hkv * d, t, d, v_p);
+        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, t - i0);
+          pack_rows(q + ((bi * t + i0) * hq + h) * d, hq * d, rows, d, q_a);
+          std::fill(o, o + rows * d, 0.0f);
+          std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+          std::fill(row_total, row_total + rows, 0.0f);
+          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+            const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
+            gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);  // S = Q K^T
+            for (int64_t r = 0; r < rows; ++r) {  // S row -> P row (f32, unnormalized), in place
+              float* sr = s + r * n;
+              const int64_t visible = visible_keys(i0 + r, j0, n);
+              float block_max = row_max[r];
 #pragma omp simd reduction(max : block_max)
-            for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj] * sc);
-            const float correction = visible ? exp_fast(row_max[r] - block_max) : 1.0f;
-            float block_total = 0;
+              for (int64_t jj = 0; jj < visible; ++jj) block_max = std::max(block_max, sr[jj] * sc);
+              const float correction = visible ? exp_fast(row_max[r] - block_max) : 1.0f;
+              float block_total = 0;
 #pragma omp simd reduction(+ : block_total)
-            for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_fast(sr[jj] * sc - block_max));
-            std::fill(sr + visible, sr + n, 0.0f);
-            row_total[r] = row_total[r] * correction + block_total;
-            row_max[r] = block_max;
-            for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+              for (int64_t jj = 0; jj < visible; ++jj) block_total += (sr[jj] = exp_fast(sr[jj] * sc - block_max));
+              std::fill(sr + visible, sr + n, 0.0f);
+              row_total[r] = row_total[r] * correction + block_total;
+              row_max[r] = block_max;
+              for (int64_t c = 0; c < d; ++c) o[r * d + c] *= correction;
+            }
+            pack_rows(s, n, rows, n, p_a);
+            gemm_bf16_pairs(rows, d, n_pairs, p_a, n_pairs, v_p + j0 / 2 * d, d, o, d, true);  // O += P V
           }
-          pack_rows(s, n, rows, n, p_a);
-          gemm_bf16_pairs(rows, d, n_pairs, p_a, n_pairs, v_p + j0 / 2 * d, d, o, d, true);  // O += P V
+          for (int64_t r = 0; r < rows; ++r) {
+            bfloat16* dst = out + ((bi * t + i0 + r) * hq + h) * d;
+            const float inv = 1.0f / row_total[r];
+            for (int64_t c = 0; c < d; ++c) dst[c] = store<bfloat16>(o[r * d + c] * inv);
+            lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
+          }
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          bfloat16* dst = out + ((bi * t + i0 + r) * hq + h) * d;
-          const float inv = 1.0f / row_total[r];
-          for (int64_t c = 0; c < d; ++c) dst[c] = store<bfloat16>(o[r * d + c] * inv);
-          lse[(bi * hq + h) * t + i0 + r] = row_max[r] + std::log(row_total[r]);
-        }
+      } catch (...) {
+        errors.keep(std::current_exception());
       }
     }
+  errors.rethrow();
 }
 
 [[MESHTRAIN_AVX512_BF16]] void attention_backward_bf16_dot(const bfloat16* q, const bfloat16* k, const bfloat16* v,
@@ -264,82 +285,89 @@ template <typename T>
   const int64_t group = hq / hkv, d_pairs = (d + 1) / 2;
   const auto sc = static_cast<float>(scale);
   // One task per (batch, key/value head), as in attention_backward_blocked.
+  RegionErrors errors;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t hk = 0; hk < hkv; ++hk) {
-      const int64_t kv_offset = (bi * t * hkv + hk) * d;
-      const int64_t half_t = (t + 1) / 2, half_block = kQueryBlock / 2;
-      uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);                   // K^T, for S = Q K^T
-      uint32_t* v_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 1);                   // V^T, for dP = dO V^T
-      uint32_t* k_p = scratch<uint32_t>(static_cast<size_t>(half_t * d), 2);                    // K, for dQ += dS K
-      uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 3);         // Q, for S
-      uint32_t* do_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 4);        // dO, for dP
-      uint32_t* q_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 5);                // Q^T, for dK^T
-      uint32_t* do_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 6);               // dO^T, for dV^T
-      uint32_t* p_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 7);        // P, for dV^T
-      uint32_t* ds_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 8);       // dS, for dK^T
-      uint32_t* ds_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 9);  // dS, for dQ
-      float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);               // S, then P
-      float* dp = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 1);              // dP, then dS
-      // dK and dV are accumulated transposed, [D, T]: as dK^T += Q^T dS and
-      // dV^T += dO^T P, whose operands pack without transposing the blocks.
-      float* dk_t = scratch<float>(static_cast<size_t>(t * d), 2);
-      float* dv_t = scratch<float>(static_cast<size_t>(t * d), 3);
-      float* dq_acc = scratch<float>(static_cast<size_t>(kQueryBlock * d), 4);
-      float row_lse[kQueryBlock], row_delta[kQueryBlock];
-      pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
-      pack_pairs_transposed(v + kv_offset, hkv * d, t, d, v_t);
-      pack_pairs(k + kv_offset, hkv * d, t, d, k_p);
-      std::fill(dk_t, dk_t + t * d, 0.0f);
-      std::fill(dv_t, dv_t + t * d, 0.0f);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
-          const int64_t rows = std::min(kQueryBlock, t - i0), row_pairs = (rows + 1) / 2;
-          const int64_t first_row = (bi * t + i0) * hq + h;
-          pack_rows(q + first_row * d, hq * d, rows, d, q_a);
-          pack_rows(dout + first_row * d, hq * d, rows, d, do_a);
-          pack_columns(q + first_row * d, hq * d, rows, d, q_c);
-          pack_columns(dout + first_row * d, hq * d, rows, d, do_c);
-          for (int64_t r = 0; r < rows; ++r) {
-            const bfloat16* o_row = out + (first_row + r * hq) * d;
-            const bfloat16* do_row = dout + (first_row + r * hq) * d;
-            float delta = 0;  // rowsum(dO * O): the softmax backward's correction term
-#pragma omp simd reduction(+ : delta)
-            for (int64_t c = 0; c < d; ++c) delta += load(do_row[c]) * load(o_row[c]);
-            row_delta[r] = delta;
-            row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
-          }
-          std::fill(dq_acc, dq_acc + rows * d, 0.0f);
-          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
-            const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
-            gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);    // S = Q K^T
-            gemm_bf16_pairs(rows, n, d_pairs, do_a, d_pairs, v_t + j0, t, dp, n, false);  // dP = dO V^T
-            // P = exp(S scale - lse) and dS = scale P (dP - delta), in place; 0 where masked.
+      if (errors.failed()) continue;
+      try {
+        const int64_t kv_offset = (bi * t * hkv + hk) * d;
+        const int64_t half_t = (t + 1) / 2, half_block = kQueryBlock / 2;
+        uint32_t* k_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 0);              // K^T, for S = Q K^T
+        uint32_t* v_t = scratch<uint32_t>(static_cast<size_t>(d_pairs * t), 1);              // V^T, for dP = dO V^T
+        uint32_t* k_p = scratch<uint32_t>(static_cast<size_t>(half_t * d), 2);               // K, for dQ += dS K
+        uint32_t* q_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 3);    // Q, for S
+        uint32_t* do_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * d_pairs), 4);   // dO, for dP
+        uint32_t* q_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 5);           // Q^T, for dK^T
+        uint32_t* do_c = scratch<uint32_t>(static_cast<size_t>(d * half_block), 6);          // dO^T, for dV^T
+        uint32_t* p_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 7);   // P, for dV^T
+        uint32_t* ds_b = scratch<uint32_t>(static_cast<size_t>(half_block * kKeyBlock), 8);  // dS, for dK^T
+        uint32_t* ds_a = scratch<uint32_t>(static_cast<size_t>(kQueryBlock * kKeyBlock / 2), 9);  // dS, for dQ
+        float* s = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 0);               // S, then P
+        float* dp = scratch<float>(static_cast<size_t>(kQueryBlock * kKeyBlock), 1);              // dP, then dS
+        // dK and dV are accumulated transposed, [D, T]: as dK^T += Q^T dS and
+        // dV^T += dO^T P, whose operands pack without transposing the blocks.
+        float* dk_t = scratch<float>(static_cast<size_t>(t * d), 2);
+        float* dv_t = scratch<float>(static_cast<size_t>(t * d), 3);
+        float* dq_acc = scratch<float>(static_cast<size_t>(kQueryBlock * d), 4);
+        float row_lse[kQueryBlock], row_delta[kQueryBlock];
+        pack_pairs_transposed(k + kv_offset, hkv * d, t, d, k_t);
+        pack_pairs_transposed(v + kv_offset, hkv * d, t, d, v_t);
+        pack_pairs(k + kv_offset, hkv * d, t, d, k_p);
+        std::fill(dk_t, dk_t + t * d, 0.0f);
+        std::fill(dv_t, dv_t + t * d, 0.0f);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+          for (int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
+            const int64_t rows = std::min(kQueryBlock, t - i0), row_pairs = (rows + 1) / 2;
+            const int64_t first_row = (bi * t + i0) * hq + h;
+            pack_rows(q + first_row * d, hq * d, rows, d, q_a);
+            pack_rows(dout + first_row * d, hq * d, rows, d, do_a);
+            pack_columns(q + first_row * d, hq * d, rows, d, q_c);
+            pack_columns(dout + first_row * d, hq * d, rows, d, do_c);
             for (int64_t r = 0; r < rows; ++r) {
-              float* pr = s + r * n;
-              float* dsr = dp + r * n;
-              const int64_t visible = visible_keys(i0 + r, j0, n);
-              const float lse_r = row_lse[r], delta_r = row_delta[r];
-#pragma omp simd
-              for (int64_t jj = 0; jj < visible; ++jj) {
-                pr[jj] = exp_fast(pr[jj] * sc - lse_r);
-                dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
-              }
-              std::fill(pr + visible, pr + n, 0.0f);
-              std::fill(dsr + visible, dsr + n, 0.0f);
+              const bfloat16* o_row = out + (first_row + r * hq) * d;
+              const bfloat16* do_row = dout + (first_row + r * hq) * d;
+              float delta = 0;  // rowsum(dO * O): the softmax backward's correction term
+#pragma omp simd reduction(+ : delta)
+              for (int64_t c = 0; c < d; ++c) delta += load(do_row[c]) * load(o_row[c]);
+              row_delta[r] = delta;
+              row_lse[r] = lse[(bi * hq + h) * t + i0 + r];
             }
-            pack_pairs(s, n, rows, n, p_b);
-            pack_pairs(dp, n, rows, n, ds_b);
-            pack_rows(dp, n, rows, n, ds_a);
-            gemm_bf16_pairs(d, n, row_pairs, do_c, row_pairs, p_b, n, dv_t + j0, t, true);           // dV^T += dO^T P
-            gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);           // dK^T += Q^T dS
-            gemm_bf16_pairs(rows, d, n_pairs, ds_a, n_pairs, k_p + j0 / 2 * d, d, dq_acc, d, true);  // dQ += dS K
+            std::fill(dq_acc, dq_acc + rows * d, 0.0f);
+            for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyBlock) {
+              const int64_t n = keys_in_block(i0, rows, j0), n_pairs = (n + 1) / 2;
+              gemm_bf16_pairs(rows, n, d_pairs, q_a, d_pairs, k_t + j0, t, s, n, false);    // S = Q K^T
+              gemm_bf16_pairs(rows, n, d_pairs, do_a, d_pairs, v_t + j0, t, dp, n, false);  // dP = dO V^T
+              // P = exp(S scale - lse) and dS = scale P (dP - delta), in place; 0 where masked.
+              for (int64_t r = 0; r < rows; ++r) {
+                float* pr = s + r * n;
+                float* dsr = dp + r * n;
+                const int64_t visible = visible_keys(i0 + r, j0, n);
+                const float lse_r = row_lse[r], delta_r = row_delta[r];
+#pragma omp simd
+                for (int64_t jj = 0; jj < visible; ++jj) {
+                  pr[jj] = exp_fast(pr[jj] * sc - lse_r);
+                  dsr[jj] = sc * pr[jj] * (dsr[jj] - delta_r);
+                }
+                std::fill(pr + visible, pr + n, 0.0f);
+                std::fill(dsr + visible, dsr + n, 0.0f);
+              }
+              pack_pairs(s, n, rows, n, p_b);
+              pack_pairs(dp, n, rows, n, ds_b);
+              pack_rows(dp, n, rows, n, ds_a);
+              gemm_bf16_pairs(d, n, row_pairs, do_c, row_pairs, p_b, n, dv_t + j0, t, true);           // dV^T += dO^T P
+              gemm_bf16_pairs(d, n, row_pairs, q_c, row_pairs, ds_b, n, dk_t + j0, t, true);           // dK^T += Q^T dS
+              gemm_bf16_pairs(rows, d, n_pairs, ds_a, n_pairs, k_p + j0 / 2 * d, d, dq_acc, d, true);  // dQ += dS K
+            }
+            scatter_rows(dq_acc, d, 1, rows, d, 1.0f, dq + first_row * d, hq * d);
           }
-          scatter_rows(dq_acc, d, 1, rows, d, 1.0f, dq + first_row * d, hq * d);
-        }
-      scatter_rows(dk_t, 1, t, t, d, 1.0f, dk + kv_offset, hkv * d);  // from [D, T]
-      scatter_rows(dv_t, 1, t, t, d, 1.0f, dv + kv_offset, hkv * d);
+        scatter_rows(dk_t, 1, t, t, d, 1.0f, dk + kv_offset, hkv * d);  // from [D, T]
+        scatter_rows(dv_t, 1, t, t, d, 1.0f, dv + kv_offset, hkv * d);
+      } catch (...) {
+        errors.keep(std::current_exception());
+      }
     }
+  errors.rethrow();
 }
 }  // namespace
 

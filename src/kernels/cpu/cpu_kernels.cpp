@@ -12,7 +12,13 @@
 namespace meshtrain::kernels::cpu {
 
 void throw_gemm_failure(int status, int64_t m, int64_t n, int64_t k) {
-  throw Error(fmt::format("oneDNN sgemm of {} x {} x {} (m, n, k) failed with status {}", m, n, k, status));
+  const std::string what = fmt::format("oneDNN's sgemm of {} x {} x {} (m, n, k)", m, n, k);
+  if (status == dnnl_out_of_memory)
+    throw Error(what +
+                " ran out of memory: the step needs more than this machine has free; lower "
+                "data.batch_size, set activation_checkpoint.mode or shard the "
+                "model over more ranks");
+  throw Error(fmt::format("{} failed with oneDNN status {}", what, status));
 }
 
 template <typename T>

@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace meshtrain::kernels::cpu {
+#include "kernels/cpu/kernel_errors.h"
 
-[[noreturn]] void throw_gemm_failure(int status, int64_t m, int64_t n, int64_t k);  // cpu_kernels.cpp
+namespace meshtrain::kernels::cpu {
 
 // The elementwise and row kernels are built twice, for x86-64-v3 (the
 // build's target) and for x86-64-v4 (AVX-512), and the loader picks the
