@@ -1,13 +1,17 @@
 #include "core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -111,17 +115,66 @@ void check_output_file(const std::string& path, const std::string& what) {
   check_writable_directory(folder.empty() ? "." : folder.string(), "the folder of " + what);
 }
 
-std::string file_digest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "(not readable)";
+std::optional<std::string> read_and_digest(int fd, const std::function<void(std::string_view)>& each_piece) {
+  constexpr size_t kPiece = 1 << 20;
+  const std::unique_ptr<char[]> buffer(new char[kPiece]);
   Fnv1a sum;
   int64_t bytes = 0;
-  std::vector<char> buffer(1 << 20);
-  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-    sum.add({buffer.data(), static_cast<size_t>(in.gcount())});
-    bytes += in.gcount();
+  for (;;) {
+    size_t filled = 0;  // a piece is filled whole, so that only the last is short
+    while (filled < kPiece) {
+      const ssize_t n = ::read(fd, buffer.get() + filled, kPiece - filled);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return std::nullopt;
+      if (n == 0) break;
+      filled += static_cast<size_t>(n);
+    }
+    if (filled == 0) break;
+    const std::string_view piece(buffer.get(), filled);
+    sum.add(piece);
+    bytes += static_cast<int64_t>(filled);
+    if (each_piece) each_piece(piece);
+    if (filled < kPiece) break;
   }
   return fmt::format("{} bytes, FNV-1a {:016x}", bytes, sum.hash);
+}
+
+std::string file_digest(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "(not readable)";
+  const std::optional<std::string> digest = read_and_digest(fd, nullptr);
+  ::close(fd);
+  return digest.value_or("(not readable)");
+}
+
+MappedFile::MappedFile(const std::string& path, std::string_view what) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd_ >= 0, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  // A throw from the constructor runs no destructor: the fd is closed here.
+  const auto fail = [&](const std::string& why) {
+    ::close(fd_);
+    throw InvalidArgument(fmt::format("cannot map {} '{}' into memory: {}", what, path, why));
+  };
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("it is not a regular file");
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  if (p == MAP_FAILED) fail(fmt::format("{} ({} bytes)", std::strerror(errno), size_));
+  data_ = static_cast<unsigned char*>(p);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::advise(uint64_t begin, uint64_t end, int advice) const {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  end = std::min(end, size_);
+  begin -= begin % page;
+  if (data_ && begin < end) ::madvise(data_ + begin, end - begin, advice);
 }
 
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<InputPath>& inputs) {

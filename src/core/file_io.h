@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +51,33 @@ void check_output_file(const std::string& path, const std::string& what);
 // "N bytes, FNV-1a HHHHHHHHHHHHHHHH" of a file's contents (read in 1 MiB
 // pieces), or "(not readable)": two files of one size but other bytes differ.
 std::string file_digest(const std::string& path);
+// Reads `fd` from its offset to the end once, handing `each_piece` the bytes
+// in order in pieces of exactly 1 MiB (the last shorter; it may be null), and
+// returns file_digest's string of them; nullopt when a read fails.
+std::optional<std::string> read_and_digest(int fd, const std::function<void(std::string_view)>& each_piece);
+
+// A file mapped read-only whole (nothing for an empty file), unmapped and
+// closed when destroyed; its fd stays open for a streamed read of the same
+// file. Throws naming `what` ("data file") and the path when it cannot be.
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, std::string_view what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const unsigned char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }
+  // madvise(`advice`: MADV_SEQUENTIAL, MADV_DONTNEED...) for the pages that
+  // hold bytes [begin, end) of the mapping; advice only: a failure is ignored.
+  void advise(uint64_t begin, uint64_t end, int advice) const;
+
+ private:
+  unsigned char* data_ = nullptr;
+  uint64_t size_ = 0;
+  int fd_ = -1;
+};
 
 // Something a command reads that an output must not replace: a file, or a
 // folder whose files it must not replace. `what` names it ("data.path").

@@ -33,7 +33,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
       loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len),
-      data_digest_(file_digest(config_.data.path)) {
+      // loader_ is declared before data_digest_: it has read the file.
+      data_digest_(loader_.digest()) {
   if (world_) check_ranks_agree(config_, data_digest_, *world_);  // before any other collective
   MT_CHECK(loader_.max_token() < config_.model.vocab_size, "data file {} holds token {} but model.vocab_size is {}",
            config_.data.path, loader_.max_token(), config_.model.vocab_size);
