@@ -18,6 +18,17 @@ bad() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "$*: exit $rc (expected a non-zero exit, not a hang)"; }
   [ "$(grep -cF "$message" <<<"$out")" = 1 ] || { echo "$out"; fail "$*: '$message' is not printed exactly once"; }
 }
+# at_random_moment_after STEP OUT: waits (up to 12 s) until the background $job has logged STEP to OUT, then
+# 0-30 ms more: a random moment inside a later step.
+at_random_moment_after() {
+  local step=$1 out=$2
+  for _ in $(seq 600); do
+    grep -q "^step *$step/" "$out" && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.02
+  done
+  sleep "0.0$((RANDOM % 3))$((RANDOM % 10))"
+}
 # What glibc, Open MPI and the shell print of a process that crashed (for grep -E).
 crashed='corrupted|free\(\): |malloc\(\): |double free|Segmentation fault|Process received signal|\(Aborted\)|signal 11'
 # same_checkpoint A B: checkpoint folders A and B hold the same files, bitwise, but for the trajectory in the

@@ -32,13 +32,7 @@ for trial in $(seq "$trials"); do
     --checkpoint.async $async --metrics.file "" > "$t.out" 2>&1 &
   job=$!
   # A random moment: after step 2..40 is logged, then 0-30 ms more.
-  at=$((2 + RANDOM % 39))
-  for _ in $(seq 600); do
-    grep -q "^step *$at/" "$t.out" && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.02
-  done
-  sleep "0.0$((RANDOM % 3))$((RANDOM % 10))"
+  at_random_moment_after $((2 + RANDOM % 39)) "$t.out"
   ranks=($(pgrep -f "^$meshtrain train .*--checkpoint.folder $t "))
   [ ${#ranks[@]} -eq 2 ] || { cat "$t.out"; fail "trial $trial: ${#ranks[@]} ranks running at the kill (the run ended early?)"; }
   victim=${ranks[$((RANDOM % 2))]}

@@ -20,13 +20,8 @@ for trial in $(seq "$trials"); do
   $mpirun -np 2 "$meshtrain" train "${model[@]}" --checkpoint.folder "$t" > "$t.out" 2>&1 &
   job=$!
   at=$((2 + RANDOM % 9))
-  for _ in $(seq 600); do
-    grep -q "^step *$at/" "$t.out" && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.02
-  done
+  at_random_moment_after $at "$t.out"
   grep -q "^step *$at/" "$t.out" || { cat "$t.out"; fail "trial $trial: the run did not reach step $at"; }
-  sleep "0.0$((RANDOM % 3))$((RANDOM % 10))"
   pattern="^$meshtrain train .*--checkpoint.folder $t\$"
   pkill -CONT -f "$pattern"
   pkill -TERM -f "$pattern"
