@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -23,11 +24,17 @@ class NameRegistry {
     auto it = items_.find(name);
     return it == items_.end() ? nullptr : &it->second;
   }
+  // Every name, sorted.
+  std::vector<std::string> name_list() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [name, _] : items_) out.push_back(name);
+    return out;
+  }
   // Every name, sorted, joined by ", " (for error messages).
   std::string names() const {
-    std::lock_guard lock(mu_);
     std::string out;
-    for (const auto& [name, _] : items_) out += (out.empty() ? "" : ", ") + name;
+    for (const std::string& name : name_list()) out += (out.empty() ? "" : ", ") + name;
     return out;
   }
 

@@ -57,6 +57,8 @@ const OpDef& find_op(const std::string& name) {
   return *op;
 }
 
+std::vector<std::string> registered_op_names() { return registry().name_list(); }
+
 void register_op(OpDef op) {
   MT_CHECK(!op.name.empty() && static_cast<bool>(op.infer), "register_op: an op needs a name and a shape rule (infer)");
   MT_CHECK(op.num_inputs >= 0 || op.num_inputs == OpDef::kVariadic, "register_op: op '{}' has {} inputs", op.name,

@@ -68,6 +68,8 @@ double op_bytes(const OpDef& op, const ValueInfos& in, const ValueInfos& out, co
 // Registered ops by name (the built-in families are registered on first use).
 // Unknown names fail with the list of registered ops.
 const OpDef& find_op(const std::string& name);
+// The names of the registered ops, sorted (the built-in families and any registered so far).
+std::vector<std::string> registered_op_names();
 
 // Adds an op defined outside graph/ops (an extension, or a test's). Fails if
 // the name is taken. The definition lives as long as the program.

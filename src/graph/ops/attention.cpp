@@ -23,6 +23,15 @@ double attention_flops(const Shape& q, double passes) {
          static_cast<double>(q[1] + 1);
 }
 
+// Whether `v` is a gradient autodiff filled with zeros (a `full` of 0):
+// no term of the loss reads the output it belongs to.
+bool is_zeros(const Graph& g, ValueId v) {
+  const NodeId producer = g.value(v).producer;
+  if (!producer.valid()) return false;
+  const Node& n = g.node(producer);
+  return n.op->name == "full" && n.attrs.get(attr::value) == 0.0;
+}
+
 }  // namespace
 
 void add_attention_ops(std::vector<OpDef>& ops) {
@@ -59,6 +68,9 @@ void add_attention_ops(std::vector<OpDef>& ops) {
           },
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            MT_CHECK(is_zeros(b.graph(), g[1]),
+                     "the loss depends on attention's second output, the log-sum-exp, whose gradient attention's "
+                     "backward does not take: read only its first output");
             return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
                                         n.attrs.get(attr::scale));
           },

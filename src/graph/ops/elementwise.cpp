@@ -102,8 +102,13 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
             MT_CHECK(in[0].shape.numel() == 1, "input must hold one element, has shape {}", in[0].shape.to_string());
             return ValueInfos{{Shape(at.get(attr::shape)), in[0].dtype}};
           },
-      .backward = [](Builder& b, const Node&,
-                     const std::vector<ValueId>& g) { return std::vector<ValueId>{b.sum(g[0])}; },
+      // The sum, in the input's shape ([1] as well as a scalar).
+      .backward =
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            const Shape& shape = b.graph().value(n.inputs[0]).info.shape;
+            const ValueId total = b.sum(g[0]);
+            return std::vector<ValueId>{shape.rank() == 0 ? total : b.reshape(total, shape)};
+          },
   });
 
   ops.push_back({
