@@ -4,8 +4,9 @@
 #   scripts/fuzz.sh                  every fuzzer, 10 minutes each
 #   scripts/fuzz.sh 10               every fuzzer, 10 seconds each (the test suite does this)
 #   scripts/fuzz.sh 60 layout config some of them
-# Fuzzers: config safetensors token_shard layout fr_dump hardware checkpoint. Each starts from its
-# seeds in fuzz/corpus/NAME (which hold the inputs of crashes found and fixed)
+# Fuzzers: config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule
+# checkpoint_metadata. Each starts from its seeds in fuzz/corpus/NAME (which
+# hold the inputs of crashes found and fixed)
 # and keeps what it finds in build-fuzz/corpus/NAME. A crash, a hang (over 10 s
 # on one input), a leak or a sanitizer report fails the run; its input is kept
 # under build-fuzz/artifacts/ and the line to reproduce it is printed.
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: SECONDS must be a positive integer, got '$seconds'" >&2; exit 2; }
-all=(config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule)
+all=(config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule checkpoint_metadata)
 names=("$@")
 ((${#names[@]})) || names=("${all[@]}")
 for n in "${names[@]}"; do

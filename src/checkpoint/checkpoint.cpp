@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -49,6 +50,19 @@ std::string read_file_bytes(const std::string& path) {
 uint64_t checksum_of(std::string_view bytes) { return fnv1a(bytes); }
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+// An integer of the metadata, exactly as written: get<> would truncate a
+// fraction (1.5 as 1), wrap what does not fit (2^32 + 2 as the int 2) or, for
+// a double out of range, be undefined. Another type is nlohmann's type error.
+int64_t integer_field(const nlohmann::json& j, std::string_view what, int64_t lo = std::numeric_limits<int64_t>::min(),
+                      int64_t hi = std::numeric_limits<int64_t>::max()) {
+  MT_CHECK(!j.is_number() || j.is_number_integer(), "{} is {}, not an integer", what, j.dump());
+  MT_CHECK(!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(hi), "{} is {}, not in {}..{}", what,
+           j.dump(), lo, hi);
+  const auto v = j.get<int64_t>();
+  MT_CHECK(v >= lo && v <= hi, "{} is {}, not in {}..{}", what, v, lo, hi);
+  return v;
+}
 
 // N of a checkpoint folder's name step_N (6 to 18 digits), or none.
 std::optional<int64_t> step_in_name(const std::string& base) {
@@ -187,7 +201,8 @@ std::optional<sharding::DeviceMesh> mesh_from(const nlohmann::json& m, const std
   if (m.at("shape").empty()) return std::nullopt;
   std::vector<int> shape;
   std::vector<std::string> names;
-  for (const auto& s : m.at("shape")) shape.push_back(s.get<int>());
+  for (const auto& s : m.at("shape"))
+    shape.push_back(static_cast<int>(integer_field(s, "a mesh dim's size", 1, sharding::DeviceMesh::kMaxRanks)));
   for (const auto& n : m.at("names")) names.push_back(n.get<std::string>());
   try {
     return sharding::DeviceMesh(shape, names);
@@ -430,14 +445,14 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     check_metadata_checksum(bytes);
     info.metadata = nlohmann::json::parse(bytes);
     const auto& m = info.metadata;
-    check_folder_name(path, m.at("step").get<int64_t>());
+    check_folder_name(path, integer_field(m.at("step"), "step"));
     MT_CHECK(m.at("format").get<std::string>() == kFormat, "it is not a meshtrain checkpoint");
-    const int version = m.at("version").get<int>();
+    const int64_t version = integer_field(m.at("version"), "version");
     MT_CHECK(version == kFormatVersion || version == kPipelineFormatVersion,
              "format version {} (this meshtrain reads {} and {})", version, kFormatVersion, kPipelineFormatVersion);
-    info.state.step = m.at("step").get<int64_t>();
-    info.state.updates_applied = m.at("updates_applied").get<int64_t>();
-    info.state.data_cursor = m.at("data_cursor").get<int64_t>();
+    info.state.step = integer_field(m.at("step"), "step");
+    info.state.updates_applied = integer_field(m.at("updates_applied"), "updates_applied");
+    info.state.data_cursor = integer_field(m.at("data_cursor"), "data_cursor");
     MT_CHECK(info.state.step >= 0 && info.state.updates_applied >= 0 && info.state.updates_applied <= info.state.step &&
                  info.state.data_cursor >= 0,
              "step {}, updates_applied {} or data_cursor {} is out of range", info.state.step,
@@ -455,19 +470,20 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
       MT_CHECK(files[r].at("file").get<std::string>() == rank_file_name(static_cast<int>(r)),
                "file {} is '{}', expected {}", r, files[r].at("file").get<std::string>(),
                rank_file_name(static_cast<int>(r)));
-      MT_CHECK(files[r].at("bytes").get<int64_t>() >= 8, "file {} has {} bytes", r,
-               files[r].at("bytes").get<int64_t>());
+      const int64_t size = integer_field(files[r].at("bytes"), "a file's bytes");
+      MT_CHECK(size >= 8, "file {} has {} bytes", r, size);
       MT_CHECK(std::regex_match(files[r].at("fnv1a64").get<std::string>(), std::regex("[0-9a-f]{16}")),
                "file {}'s checksum is not 16 hex digits", r);
     }
     for (const auto& [name, t] : m.at("tensors").items()) {
-      for (const auto& s : t.at("shape")) MT_CHECK(s.get<int64_t>() >= 0, "tensor '{}' has a negative dim", name);
+      for (const auto& s : t.at("shape"))
+        MT_CHECK(integer_field(s, "a dim") >= 0, "tensor '{}' has a negative dim", name);
       parse_dtype(t.at("dtype").get<std::string>());
       if (mesh)
         sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim())
             .validate(static_cast<int>(t.at("shape").size()));
       if (t.contains("pipeline_rank")) {
-        const int pp = t.at("pipeline_rank").get<int>();
+        const int64_t pp = integer_field(t.at("pipeline_rank"), "pipeline_rank");
         MT_CHECK(
             version == kPipelineFormatVersion && mesh && pp >= 0 && pp < mesh->size(0) &&
                 sharding::Layout::parse(t.at("layout").get<std::string>(), mesh->ndim()).placements[0].is_replicate(),
@@ -489,6 +505,7 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
   const auto saved_mesh = mesh_from(m.at("mesh"), checkpoint.path);
   const bool saved_whole = !saved_mesh;
   std::string failure;
+  std::exception_ptr bug;  // an InternalError, which is no damaged checkpoint: thrown as it is
   try {
     // What each target needs: where every global index lies in its piece.
     struct Need {
@@ -514,6 +531,9 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
                "checkpoint {}: tensor '{}' is {}, this run holds it as {} (was "
                "optimizer.state_dtype changed?)",
                checkpoint.path, t.name, dtype_name(dtype), dtype_name(t.local.dtype()));
+      // No elements: nothing to read, and no index list as long as a dim
+      // beside the empty one (metadata saying [0, 2^40] would allocate 2^40).
+      if (t.global_shape.numel() == 0) continue;
       Need n{&t,
              {},
              saved_whole ? sharding::Layout{}
@@ -566,10 +586,15 @@ void load_checkpoint(const CheckpointInfo& checkpoint, std::vector<HeldTensor>& 
                "checkpoint {}: tensor '{}': {} of its {} elements here "
                "were found in the files",
                checkpoint.path, n.tensor->name, n.filled, n.tensor->local.shape().numel());
+  } catch (const InternalError& e) {
+    failure = e.what();
+    bug = std::current_exception();
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  fail_together(failure, where.world);
+  const int failed = first_failed(failure, where.world);
+  if (bug && failed == rank_of(where)) std::rethrow_exception(bug);
+  throw_failure(failed, failure, where.world);
 }
 
 std::map<std::string, Tensor> load_checkpoint_whole(const CheckpointInfo& checkpoint) {

@@ -245,3 +245,63 @@ TEST(Checkpoint, DamagedFilesAreClearErrors) {
   held = {{"absent", Shape{2}, {}, Tensor::zeros(Shape{2}, DType::f32)}};
   EXPECT_THROW(checkpoint::load_checkpoint(info, held, {}), Error);
 }
+
+// Found by fuzz/checkpoint_metadata_fuzzer.cpp (resealed metadata, so only
+// the semantic checks stand between it and the load): an integer field is
+// taken exactly or refused, never truncated (step 1.5 as 1, a file of 602.5
+// bytes as 602), wrapped (a mesh dim of 2^32 + 2 as 2) or converted out of
+// range (1e300, undefined behaviour); and an empty tensor whose other dim is
+// huge ([0, 2^40]) loads without a list of 2^40 indices.
+TEST(Checkpoint, MetadataIntegersAreExactAndEmptyTensorsAllocateNothing) {
+  TempDir dir;
+  const std::string path = save_on(dir.path, sharding::DeviceMesh({2}), {"S(0)", "R", "S(1)", "S(1)"}, 1);
+  const fs::path meta = fs::path(path) / "metadata.json";
+  const auto saved = nlohmann::ordered_json::parse(std::ifstream(meta));
+  const auto write_resealed = [&](nlohmann::ordered_json m) {
+    m.erase("metadata_fnv1a64");
+    m["metadata_fnv1a64"] = fmt::format("{:016x}", fnv1a(m.dump()));
+    std::ofstream(meta, std::ios::trunc) << m.dump();
+  };
+  const auto expect_refused = [&](const char* key, const nlohmann::ordered_json& value, const std::string& says) {
+    auto m = saved;
+    m[key] = value;
+    write_resealed(m);
+    const std::string error = load_error(path);
+    EXPECT_NE(error.find(says), std::string::npos) << key << " = " << value.dump() << ": " << error;
+  };
+  expect_refused("data_cursor", 1e300, "data_cursor is 1e+300, not an integer");
+  expect_refused("step", 1.5, "step is 1.5, not an integer");
+  expect_refused("updates_applied", nlohmann::ordered_json(~uint64_t{0}),
+                 "updates_applied is 18446744073709551615, not in");
+  expect_refused("version", 1.0, "version is 1.0, not an integer");
+  auto m = saved;
+  m["mesh"]["shape"][0] = (int64_t{1} << 32) + 2;
+  write_resealed(m);
+  EXPECT_NE(load_error(path).find("a mesh dim's size is 4294967298, not in 1..16777216"), std::string::npos)
+      << load_error(path);
+  m = saved;
+  m["files"][1]["bytes"] = m["files"][1]["bytes"].get<double>() + 0.5;
+  write_resealed(m);
+  EXPECT_NE(load_error(path).find("a file's bytes is"), std::string::npos) << load_error(path);
+  m = saved;
+  m["tensors"]["norm"]["shape"][0] = 13.0;
+  write_resealed(m);
+  EXPECT_NE(load_error(path).find("a dim is 13.0, not an integer"), std::string::npos) << load_error(path);
+  write_resealed(saved);
+  ASSERT_EQ(load_error(path), "");
+
+  // An empty tensor, said to be [0, 2^40]: nothing to read, nothing allocated.
+  TempDir one;
+  std::vector<checkpoint::HeldTensor> held{{"empty", Shape{0, 3}, {}, Tensor::zeros(Shape{0, 3}, DType::f32)},
+                                           {"w", Shape{2}, {}, random_tensor(Shape{2}, DType::f32, 5)}};
+  const std::string single = checkpoint::save_checkpoint(one.path.string(), {1, 1, 0, {}}, held, {});
+  const fs::path single_meta = fs::path(single) / "metadata.json";
+  auto e = nlohmann::ordered_json::parse(std::ifstream(single_meta));
+  e["tensors"]["empty"]["shape"] = {0, int64_t{1} << 40};
+  e.erase("metadata_fnv1a64");
+  e["metadata_fnv1a64"] = fmt::format("{:016x}", fnv1a(e.dump()));
+  std::ofstream(single_meta, std::ios::trunc) << e.dump();
+  const auto whole = checkpoint::load_checkpoint_whole(checkpoint::read_checkpoint_info(single));
+  EXPECT_EQ(whole.at("empty").shape(), (Shape{0, int64_t{1} << 40}));
+  EXPECT_TRUE(same_bits(whole.at("w"), held[1].local));
+}
