@@ -29,14 +29,15 @@ int main(int argc, char** argv) {
       add_train_command(app),      add_lower_command(app),      add_estimate_command(app),
       add_layout_command(app),     add_plan_command(app),       add_pp_schedule_command(app)};
 
+  // What goes wrong before a command runs is said by the first process only under mpirun; every process exits.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const bool first = rank == nullptr || std::string_view(rank) == "0";
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    // Every other mistake on the command line: exit code 2, as for any bad
-    // input, said once (under mpirun by the first process only).
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (rank != nullptr && std::string_view(rank) != "0") return 2;
+    // Every other mistake on the command line: exit code 2, as for any bad input.
+    if (!first) return 2;
     std::string command;
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
@@ -59,9 +60,6 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Said by the first process only under mpirun; every process exits.
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const bool first = rank == nullptr || std::string_view(rank) == "0";
   try {
     for (const std::string& note : meshtrain::runtime::fit_cpu_resources())
       if (first) std::fprintf(stderr, "meshtrain: %s\n", note.c_str());

@@ -206,14 +206,6 @@ std::optional<checkpoint::CheckpointInfo> Trainer::checkpoint_to_resume() const 
   return checkpoint::read_checkpoint_info(*newest);
 }
 
-namespace {
-std::string steps_text(const std::vector<int64_t>& steps) {
-  std::vector<std::string> each;
-  for (const int64_t s : steps) each.push_back(std::to_string(s));
-  return fmt::format("{}", fmt::join(each, ", "));
-}
-}  // namespace
-
 // Resuming an older step than the folder's newest rolls back: the later
 // steps (rank 0 moves them, the other ranks wait in fail_together) are set
 // aside, never resumed or deleted, and the steps saved from here on are a
@@ -229,7 +221,7 @@ void Trainer::roll_back_past(const checkpoint::CheckpointInfo& checkpoint) {
   }
   rollback_note_ =
       fmt::format("rolled back to step {}: the later step{} {} moved to {}/{}, where no run resumes or deletes {}\n",
-                  checkpoint.state.step, moved.size() > 1 ? "s" : "", steps_text(moved), config_.checkpoint.folder,
+                  checkpoint.state.step, moved.size() > 1 ? "s" : "", fmt::join(moved, ", "), config_.checkpoint.folder,
                   aside, moved.size() > 1 ? "them" : "it");
 }
 
