@@ -105,7 +105,7 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
       // The sum, in the input's shape ([1] as well as a scalar).
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
-            const Shape& shape = b.graph().value(n.inputs[0]).info.shape;
+            const Shape shape = b.graph().value(n.inputs[0]).info.shape;  // a copy: b.sum grows the graph
             const ValueId total = b.sum(g[0]);
             return std::vector<ValueId>{shape.rank() == 0 ? total : b.reshape(total, shape)};
           },
