@@ -5,10 +5,11 @@
 # first stage is the embedding alone and the last the head alone) and on 4
 # ranks (a 6-layer one: interleaved and zbv with 2 stages per rank), 20 steps
 # with warmup, cosine decay, weight decay and active clipping. Every step's
-# loss and gradient norm must match the single-rank run within 1e-5
-# relative, and the weights gathered after the last step
-# (checkpoint.export) within 1e-5. Explicit layers per stage, and bf16
-# compute, likewise; and PP 2 composed with FSDP 2 (and TP 2, HSDP 2 x 2, and
+# loss and gradient norm, and the weights gathered after the last step
+# (checkpoint.export), must be bitwise the single-rank run's (each microbatch
+# runs the same kernels on one thread, and the gradients add up in the same
+# order). Explicit layers per stage, and bf16 compute, likewise; and, within
+# the tolerances below, PP 2 composed with FSDP 2 (and TP 2, HSDP 2 x 2, and
 # DDP 2 x TP 2 with sequence and loss parallel) on 4 and 8 processes; with
 # gradient accumulation (the schedule run twice a step). Sharded checkpoints
 # of a pipeline: put together they are the gathered weights; resumed on the
@@ -18,99 +19,114 @@
 # one message, no hang.
 # Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 source "$(dirname "$0")/common.sh"
+# The tolerances where the runs are not bitwise (tests/mpi/compare_runs.py prints how close each run came): loss,
+# grad_norm, weights relative to each tensor's largest magnitude (max) and to its L2 norm (l2). From the largest
+# differences measured over these 20 steps on an AVX-512 CPU (with AVX512_BF16) and on an AVX2-only one (QEMU -cpu
+# Haswell), over shared memory and TCP, each with its margin. Every pipeline alone against one rank accumulating the
+# same microbatches, in f32 and bf16, came out bitwise on both.
+bitwise=(0 0 0 0)
+# f32, with data or tensor parallelism (reductions in another order) or against one rank taking the batch at once:
+# loss and grad_norm 1.2e-7 -> 1e-6 (8.4x); weights max 1.5e-5 (PP 2 x DDP 2 x TP 2 with SP and LP, AVX2) -> 1e-4
+# (6.6x), l2 5.6e-7 -> 4e-6 (7.1x).
+f32=(1e-6 1e-6 1e-4 4e-6)
+# bf16 PP 2 x FSDP 2 against one rank's bf16 run: loss 4.7e-5 -> 4e-4 (8.5x), grad_norm 3.5e-4 -> 3e-3 (8.5x),
+# weights max 8.4e-2 (the embedding's rarely seen rows) -> 0.5 (6x), l2 2.8e-3 (AVX2) -> 2e-2 (7.1x).
+bf16=(4e-4 3e-3 0.5 2e-2)
 model=(--config configs/debug.toml --model.dim 64 --model.n_heads 8 --model.n_kv_heads 4 --model.ffn_dim 160
        --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1 --checkpoint.folder "")
 run() {  # NAME NP [KEY VALUE ...]
   local name=$1 np=$2
   shift 2
-  # One rank runs its kernels on one thread, as each pipeline rank here does: a GEMM split over threads may sum in
-  # another order (oneDNN's f32 GEMM does on an AVX2 CPU), and the comparisons below are bitwise where they can be.
+  # Every rank runs its kernels on one thread, as the one-rank runs do (and each rank of a 2-core machine would): a
+  # GEMM split over threads may sum in another order (oneDNN's f32 GEMM does on an AVX2 CPU), and the comparisons
+  # below are bitwise where they can be, on any machine.
   local launch=(env OMP_NUM_THREADS=1)
-  [ "$np" -gt 1 ] && launch=($mpirun -np "$np")
+  [ "$np" -gt 1 ] && launch+=($mpirun -np "$np")
   timeout 300 "${launch[@]}" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" \
     --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
     { cat "$dir/$name.out"; fail "$name exited non-zero"; }
 }
-compare() {  # NAME BASE [TOLERANCE]: every step's loss and gradient norm and the exported weights
-  python3 tests/mpi/compare_runs.py "$1" "$dir/$2.jsonl" "$dir/$1.jsonl" --tolerance "${3:-1e-5}" \
-    --weights "$dir/$2.safetensors" "$dir/$1.safetensors" --weight-tolerance "${3:-1e-5}" \
+compare() {  # NAME BASE LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2: every step's loss and gradient norm, the exported weights
+  python3 tests/mpi/compare_runs.py "$1" "$dir/$2.jsonl" "$dir/$1.jsonl" --tolerance "$3" --grad-norm-tolerance "$4" \
+    --weights "$dir/$2.safetensors" "$dir/$1.safetensors" --weight-tolerance "$5" --weight-l2-tolerance "$6" \
     --note "$(grep -m1 '^layout:' "$dir/$1.out" | cut -c9-)" || exit 1
 }
 # 2 ranks, 4 microbatches of 2 sequences.
 run one_l2 1 --model.n_layers 2 --training.grad_accum_steps 4
 for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
   run "pp2_$schedule" 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule $schedule --parallel.pp_microbatches 4
-  compare "pp2_$schedule" one_l2
+  compare "pp2_$schedule" one_l2 "${bitwise[@]}"
 done
 # And against one rank taking the whole batch at once (the loss's mean and the gradients summed in another order).
 run one_l2_whole 1 --model.n_layers 2
-compare pp2_1f1b one_l2_whole
-compare pp2_zbv one_l2_whole
+compare pp2_1f1b one_l2_whole "${f32[@]}"
+compare pp2_zbv one_l2_whole "${f32[@]}"
 # Schedules of one's own (parallel.pp_schedule_csv): one written by hand, and zero-bubble with 2 stages per rank as
 # `meshtrain pp-schedule --csv` writes it; their stages per rank and microbatches are read from the file.
 printf '0F0,0F1,0F2,0B0,0F3,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n' > "$dir/own.csv"
 run pp2_csv 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule_csv "$dir/own.csv"
-compare pp2_csv one_l2
+compare pp2_csv one_l2 "${bitwise[@]}"
 "$meshtrain" pp-schedule --schedule zero_bubble --stages 2 --stages-per-rank 2 --microbatches 4 --csv > "$dir/zb.csv" ||
   fail "pp-schedule --csv"
 run pp2_csv_zb 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule_csv "$dir/zb.csv"
-compare pp2_csv_zb one_l2
+compare pp2_csv_zb one_l2 "${bitwise[@]}"
 grep -q "pipeline csv of 4 stages (2 per rank), 4 microbatches" "$dir/pp2_csv_zb.out" ||
   { grep layout "$dir/pp2_csv_zb.out"; fail "the CSV schedule's stages and microbatches are not the file's"; }
 # Gradient accumulation: the schedule runs twice a step over 2 microbatches each (the step's 4, as one rank's).
 run pp2_accum2 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --training.grad_accum_steps 2
-compare pp2_accum2 one_l2
+compare pp2_accum2 one_l2 "${bitwise[@]}"
 # Layers per stage given: the embedding and one block, then one block and the head.
 run pp2_layers 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.pp_layers_per_stage 2,2
-compare pp2_layers one_l2
+compare pp2_layers one_l2 "${bitwise[@]}"
 # 4 ranks, 8 microbatches of one sequence; a 6-layer model so that 8 stages have a layer each but the ends.
 run one_l6 1 --model.n_layers 6 --training.grad_accum_steps 8
 for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zbv; do
   run "pp4_$schedule" 4 --model.n_layers 6 --parallel.pp 4 --parallel.pp_schedule $schedule --parallel.pp_microbatches 8
-  compare "pp4_$schedule" one_l6
+  compare "pp4_$schedule" one_l6 "${bitwise[@]}"
 done
 # Composed with FSDP and TP: PP 2 x FSDP 2 (4 processes) and PP 2 x FSDP 2 x TP 2 (8), each stage laid out on
 # its ranks by the [parallel] plan; with sequence and loss parallel too.
 run pp2_fsdp2_interleaved 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b \
   --parallel.pp_microbatches 2
-compare pp2_fsdp2_interleaved one_l2
+compare pp2_fsdp2_interleaved one_l2 "${f32[@]}"
 for schedule in 1f1b zero_bubble; do
   run "pp2_fsdp2_tp2_$schedule" 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.pp_schedule $schedule \
     --parallel.pp_microbatches 2
-  compare "pp2_fsdp2_tp2_$schedule" one_l2
+  compare "pp2_fsdp2_tp2_$schedule" one_l2 "${f32[@]}"
 done
 run pp2_fsdp2_zb_accum2 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule zero_bubble \
   --parallel.pp_microbatches 2 --training.grad_accum_steps 2
-compare pp2_fsdp2_zb_accum2 one_l2
+compare pp2_fsdp2_zb_accum2 one_l2 "${f32[@]}"
 # At most one of a rank's two stages gathered at once (pp_max_active_stages 1: each gathered again before its next
 # use), with 2 runs of the schedule a step.
 run pp2_fsdp2_interleaved_active1 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule interleaved_1f1b \
   --parallel.pp_microbatches 2 --parallel.pp_max_active_stages 1 --training.grad_accum_steps 2
-compare pp2_fsdp2_interleaved_active1 one_l2
+compare pp2_fsdp2_interleaved_active1 one_l2 "${f32[@]}"
 run pp2_hsdp 8 --model.n_layers 2 --parallel.pp 2 --parallel.dp_replicate 2 --parallel.dp_shard 2 \
   --parallel.pp_microbatches 2
-compare pp2_hsdp one_l2
+compare pp2_hsdp one_l2 "${f32[@]}"
 run pp2_ddp2_tp2_sp_lp 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.dp_replicate 2 \
   --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.loss_parallel true --parallel.pp_microbatches 2
-compare pp2_ddp2_tp2_sp_lp one_l2
+compare pp2_ddp2_tp2_sp_lp one_l2 "${f32[@]}"
 # Checkpoints: PP 2 x FSDP 2 saves at steps 10 and 20; its sharded checkpoint put together is the gathered export,
 # bitwise; resumed from step 10 on the same layout it repeats steps 11-20 bitwise, and on PP 2 x TP 2 x FSDP 2 and
-# on one rank (other layouts) within 1e-5; one rank's checkpoint resumes on PP 2 likewise.
+# on one rank (other layouts) within f32's loss and grad_norm tolerance (measured 1.0e-7); one rank's checkpoint
+# resumes on PP 2 bitwise.
 steps_after_10() {  # NAME BASE TOLERANCE: steps 11-20 of NAME's metrics against BASE's
   python3 tests/mpi/compare_runs.py "$1 resumed at step 10" "$dir/$2.jsonl" "$dir/$1.jsonl" --tolerance "$3" \
     --steps 11-20 || exit 1
 }
 run pp2_fsdp2_ck 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --checkpoint.folder "$dir/ck" \
   --checkpoint.interval 10
-compare pp2_fsdp2_ck one_l2
+compare pp2_fsdp2_ck one_l2 "${f32[@]}"
 "$meshtrain" export --checkpoint "$dir/ck" --out "$dir/ck_from_shards.safetensors" > /dev/null ||
   fail "export of the pipeline's checkpoint failed"
 cmp -s "$dir/ck_from_shards.safetensors" "$dir/pp2_fsdp2_ck.safetensors" ||
   fail "the pipeline's sharded checkpoint exported differs from the weights gathered at the end"
 grep -q '"pipeline_rank": 1' "$dir/ck/step_000020/metadata.json" || fail "the metadata names no pipeline rank"
 for target in "pp2_fsdp2_resumed 4 --parallel.pp 2 --parallel.pp_microbatches 2 0" \
-              "pp2_tp2_fsdp2_resumed 8 --parallel.pp 2 --parallel.tp 2 --parallel.pp_microbatches 2 1e-5" \
-              "one_from_pp 1 --training.grad_accum_steps 4 1e-5"; do
+              "pp2_tp2_fsdp2_resumed 8 --parallel.pp 2 --parallel.tp 2 --parallel.pp_microbatches 2 ${f32[0]}" \
+              "one_from_pp 1 --training.grad_accum_steps 4 ${f32[0]}"; do
   set -- $target
   name=$1 np=$2 tolerance=${*: -1}
   args=("${@:3:$#-3}")
@@ -160,11 +176,11 @@ PY
 # bf16 compute: the activations and their gradients cross the stages in bf16.
 run one_bf16 1 --model.n_layers 2 --training.grad_accum_steps 4 --training.dtype bfloat16
 run pp2_bf16 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --training.dtype bfloat16
-compare pp2_bf16 one_bf16
-# With FSDP the weights' bf16 copies are gathered (once a step): the reductions differ in order, so within 2%, as
-# FSDP 2 x TP 2 in bf16 is held to in train_parity_test.sh.
+compare pp2_bf16 one_bf16 "${bitwise[@]}"
+# With FSDP the weights' bf16 copies are gathered (once a step): the reductions differ in order, so within the bf16
+# tolerances above (train_parity_test.sh holds FSDP 2 x TP 2 in bf16 to its own measured ones).
 run pp2_fsdp2_bf16 4 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --training.dtype bfloat16
-compare pp2_fsdp2_bf16 one_bf16 2e-2
+compare pp2_fsdp2_bf16 one_bf16 "${bf16[@]}"
 
 model+=(--model.n_layers 2)
 bad 2 "config key parallel.pp_schedule: 'looped' is not one of gpipe, 1f1b" --parallel.pp 2 --parallel.pp_schedule looped

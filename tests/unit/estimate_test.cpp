@@ -199,7 +199,8 @@ TEST(MemoryEstimate, PeakIsTheInputsAndTheArenaWithWhatIsLiveByKind) {
 }
 
 // A training step's estimate on one rank: its inputs are the f32 parameters,
-// their two f32 moments and the batch, counted by hand from the config.
+// their two f32 moments and the batch, and its FLOPs per token and MFU, all
+// counted by hand from the config (not with the code's own sums).
 TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
   config::TrainConfig c;
   c.model = {.dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64, .vocab_size = 64};
@@ -207,17 +208,34 @@ TEST(TrainingEstimate, InputsAreTheParametersStatesAndBatch) {
   c.data.seq_len = 16;
   const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
   const estimate::TrainingEstimate e = estimate::estimate_training(c, 1, 0, h100);
-  double params = 0;
-  for (const auto& [name, spec] : models::llama_parameters(c.model)) params += static_cast<double>(spec.shape.numel());
+  // head_dim 8, k and v 2 x 8 = 16 wide. A layer: q 32 x 32 = 1024, k and v
+  // 16 x 32 = 512 each, o 1024, gate, up and down 64 x 32 = 2048 each, two
+  // norms of 32: 9280. Two layers 18560, the embedding and the untied lm_head
+  // 64 x 32 = 2048 each, the final norm 32: 22688 parameters.
+  const double params = 22688;
   const double batch = 2 * (2 * 16 * 8) + 8 + 8;  // tokens and targets (i64), lr (f64) and step (i64)
   EXPECT_EQ(e.memory.input_bytes, 4 * params + 8 * params + batch);
   EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::parameters), 4 * params);
   EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::optimizer_states), 8 * params);
   EXPECT_GT(e.time.step_us, 0);
   EXPECT_EQ(e.collectives, 0u);
-  // torchtitan's FLOPs per token: 6 x non-embedding parameters + 12 L H Q T.
-  EXPECT_EQ(e.flops_per_token, 6 * (params - 64 * 32) + 12.0 * 2 * 4 * 8 * 16);
-  EXPECT_NEAR(e.mfu, e.flops_per_token * e.tokens_per_s_per_device / (h100.peak_gflops_f32 * 1e9), 1e-12);
+  // torchtitan's FLOPs per token: 6 x the 20640 parameters but the
+  // embedding's + 12 x 2 layers x 4 heads x head_dim 8 x 16 tokens =
+  // 123840 + 12288.
+  EXPECT_EQ(e.flops_per_token, 136128);
+  EXPECT_EQ(estimate::torchtitan_flops_per_token(c.model, 16), 136128);
+  // MFU: the step's 2 x 16 tokens' FLOPs over the step's time at the H100's
+  // dense f32 peak (66.9 TFLOP/s); tokens/s on the one device.
+  const double step_s = e.time.step_us * 1e-6;
+  EXPECT_DOUBLE_EQ(e.tokens_per_step, 32);
+  EXPECT_DOUBLE_EQ(e.tokens_per_s_per_device, 32 / step_s);
+  EXPECT_DOUBLE_EQ(e.peak_gflops, 66900);
+  EXPECT_NEAR(e.mfu, 136128.0 * 32 / step_s / 66.9e12, 1e-12 * e.mfu);
+  // On 2 ranks (FSDP 2) each device does half the tokens of a step.
+  const estimate::TrainingEstimate two = estimate::estimate_training(c, 2, 0, h100);
+  const double two_s = two.time.step_us * 1e-6;
+  EXPECT_DOUBLE_EQ(two.tokens_per_s_per_device, 16 / two_s);
+  EXPECT_NEAR(two.mfu, 136128.0 * 16 / two_s / 66.9e12, 1e-12 * two.mfu);
   EXPECT_TRUE(contains(message_of([&] { estimate::estimate_training(c, 3, 0, h100); }), "parallel"));
 }
 
@@ -511,11 +529,31 @@ TEST(BenchmarkMode, EstimateUsesTheCacheAndRefusesOtherHardware) {
   std::filesystem::remove(c.schedule.kernel_cache);
 }
 
+namespace {
+// The makespan of 1F1B over 2 stages on 2 ranks, `m` microbatches, worked
+// out by hand: rank 0 runs F0, then F(i+1) and B(i) in turn, then the last
+// B; rank 1 runs F(i), B(i) in turn. F(i) on rank 1 waits for rank 0's F(i)
+// and the hop `to_next`; B(i) on rank 0 waits for rank 1's B(i) and the hop
+// `to_previous`. F and B are each stage's costs for one microbatch.
+double two_stage_1f1b_makespan(double f0, double b0, double f1, double b1, double to_next, double to_previous, int m) {
+  std::vector<double> forward0(static_cast<size_t>(m));
+  double rank0 = f0, rank1 = 0;
+  forward0[0] = f0;
+  for (int i = 0; i < m; ++i) {
+    rank1 = std::max(rank1, forward0[static_cast<size_t>(i)] + to_next) + f1 + b1;  // F(i) and B(i) on rank 1
+    if (i + 1 < m) rank0 = forward0[static_cast<size_t>(i + 1)] = rank0 + f0;       // F(i + 1) on rank 0
+    rank0 = std::max(rank0, rank1 + to_previous) + b0;                              // B(i) on rank 0
+  }
+  return std::max(rank0, rank1);
+}
+}  // namespace
+
 // A pipeline's estimate (PP 2 on 2 ranks, 4 microbatches): its stages'
 // forward and backward over the microbatches add up to the compute of the
-// same step on one rank accumulating the microbatches; the schedule's
-// makespan is the busiest rank's compute and its bubble; the parameters and
-// moments are this rank's stage's alone, counted by hand.
+// same step on one rank accumulating the microbatches; the step is the 1F1B
+// timeline worked out by hand from the stages' costs, and the update's
+// memory traffic; the parameters and moments are this rank's stage's alone,
+// counted by hand.
 TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   config::TrainConfig c;
   c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
@@ -539,13 +577,30 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_LT(p.bubble_fraction, 0.5);
   EXPECT_EQ(p.p2p_us[1], 0);  // the last stage sends nothing on
   EXPECT_GT(p.p2p_us[0], 0);
-  EXPECT_NEAR(e.time.step_us, p.makespan_us + p.unshard_us + p.reduce_grad_us + p.update_us, 1e-9 * e.time.step_us);
-  // Rank 0 holds the embedding, layer 0 and, with 4 units over 2 stages, nothing of the head.
-  double params = 0;
-  for (const auto& [name, spec] : models::llama_parameters(c.model))
-    if (name.starts_with("model.embed_tokens") || name.starts_with("model.layers.0."))
-      params += static_cast<double>(spec.shape.numel());
+  // Rank 0 holds the embedding (4096 x 1024 = 4194304), layer 0 (q and o
+  // 1024 x 1024, k and v 512 x 1024, gate, up and down 2048 x 1024, two norms
+  // of 1024: 9439232) and, with 4 units over 2 stages, nothing of the head.
+  const double params = 4194304 + 9439232;
   EXPECT_EQ(e.memory.at_peak.at(sched::MemoryKind::optimizer_states), 8 * params);
+  // No data parallelism: nothing to gather or reduce. The update streams 40
+  // bytes a parameter: the f32 parameter read and written, its gradient read
+  // by the norm, read and written by clipping and read by AdamW (6 x 4), m and
+  // v read and written (4 x 4); at 75% of the H100's 3350 GB/s.
+  EXPECT_EQ(p.unshard_us, 0);
+  EXPECT_EQ(p.reduce_grad_us, 0);
+  const double update_us = 40 * params / (3350e3 * 0.75);
+  EXPECT_NEAR(p.update_us, update_us, 1e-9 * update_us);
+  // The step: the 1F1B timeline of the stages' costs (the estimate charges the
+  // gradient's hop back to stage 0 as p2p_us[1], 0), then the update.
+  const auto makespan = [](const estimate::PipelineEstimate& pe, int m) {
+    return two_stage_1f1b_makespan(pe.forward_us[0], pe.backward_input_us[0] + pe.backward_weight_us[0],
+                                   pe.forward_us[1], pe.backward_input_us[1] + pe.backward_weight_us[1], pe.p2p_us[0],
+                                   pe.p2p_us[1], m);
+  };
+  const double busy0 = 4 * (p.forward_us[0] + p.backward_input_us[0] + p.backward_weight_us[0]);
+  EXPECT_NEAR(p.makespan_us, makespan(p, 4), 1e-9 * p.makespan_us);
+  EXPECT_NEAR(e.time.step_us, makespan(p, 4) + update_us, 1e-9 * e.time.step_us);
+  EXPECT_NEAR(e.time.compute_us, busy0 + update_us, 1e-9 * e.time.compute_us);
   EXPECT_EQ(p.peak_activation_pairs, 2);  // 1F1B: rank 0 of 2 holds 2 microbatches at once
   EXPECT_GT(p.activation_bytes_per_pair, 0);
   EXPECT_TRUE(contains(message_of([&] { estimate::estimate_training(c, 2, 0, h100, true); }), "--trace"));
@@ -556,9 +611,10 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   ASSERT_TRUE(twice.pipeline.has_value());
   const estimate::PipelineEstimate& q = *twice.pipeline;
   EXPECT_EQ(q.runs, 2);
-  EXPECT_NEAR(twice.time.step_us, 2 * q.makespan_us + q.unshard_us + q.reduce_grad_us + q.update_us,
-              1e-9 * twice.time.step_us);
-  EXPECT_NEAR(twice.time.compute_us - q.update_us, 2 * q.rank_busy_us, 1e-9 * twice.time.compute_us);
+  EXPECT_NEAR(twice.time.step_us, 2 * makespan(q, 2) + update_us, 1e-9 * twice.time.step_us);
+  EXPECT_NEAR(twice.time.compute_us,
+              2 * 2 * (q.forward_us[0] + q.backward_input_us[0] + q.backward_weight_us[0]) + update_us,
+              1e-9 * twice.time.compute_us);
   EXPECT_NEAR(twice.time.compute_us, e.time.compute_us, 0.02 * e.time.compute_us);  // the same microbatches
   EXPECT_GT(twice.time.step_us, e.time.step_us);                                    // two runs' bubbles
   // FSDP 2 under interleaved 1F1B (2 stages a rank): at most one stage gathered at once holds less and gathers more.

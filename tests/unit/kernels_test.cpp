@@ -348,57 +348,87 @@ std::vector<double> head_rows(const std::vector<bfloat16>& x, int64_t bi, int64_
 }
 }  // namespace
 
-// The bf16 attention on the AVX512_BF16 path and on the generic path, both
-// against float64 on the same bf16 values: grouped-query heads, T = 600
-// across query and key blocks and odd, head size 7 odd (k padding).
+// The bf16 attention on the generic path (every CPU) and on the
+// AVX512_BF16 path (skipped where the CPU has none), each against float64 on
+// the same bf16 values: grouped-query heads, T = 601 across query and key
+// blocks and odd, head size 7 odd (k padding).
+namespace {
+struct Bf16AttentionCase {
+  static constexpr int64_t B = 2, T = 601, Hq = 4, Hkv = 2, D = 7;
+  static constexpr double scale = 0.6;
+  std::vector<bfloat16> q, dout, k, v;
+  // Reference per (batch, query head); dK and dV summed over the group.
+  std::vector<double> want_out, want_dq, want_dk, want_dv;
+  Bf16AttentionCase() {
+    std::mt19937 rng(17);
+    q = random_bf16(B * T * Hq * D, rng);
+    dout = random_bf16(q.size(), rng);
+    k = random_bf16(B * T * Hkv * D, rng);
+    v = random_bf16(k.size(), rng);
+    want_out.resize(q.size());
+    want_dq.resize(q.size());
+    want_dk.assign(k.size(), 0.0);
+    want_dv.assign(k.size(), 0.0);
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t hk = h / (Hq / Hkv);
+        const NaiveAttention ref(head_rows(q, bi, h, T, Hq, D), head_rows(k, bi, hk, T, Hkv, D),
+                                 head_rows(v, bi, hk, T, Hkv, D), head_rows(dout, bi, h, T, Hq, D), T, D, scale);
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t c = 0; c < D; ++c) {
+            const int64_t qi = ((bi * T + j) * Hq + h) * D + c, ki = ((bi * T + j) * Hkv + hk) * D + c;
+            want_out[qi] = ref.out[j * D + c];
+            want_dq[qi] = ref.dq[j * D + c];
+            want_dk[ki] += ref.dk[j * D + c];
+            want_dv[ki] += ref.dv[j * D + c];
+          }
+      }
+  }
+};
+
+// Largest error relative to the largest reference magnitude.
+double relative_error(const std::vector<bfloat16>& got, const std::vector<double>& want) {
+  double worst = 0, scale_of = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(widen(got[i]) - want[i]));
+    scale_of = std::max(scale_of, std::abs(want[i]));
+  }
+  return worst / scale_of;
+}
+
+// The forward and backward on the AVX512_BF16 path (`dot`) or the generic one, against float64.
+void check_bf16_attention(bool dot) {
+  using C = Bf16AttentionCase;
+  static const C c;
+  const bool before = kernels::cpu::set_bf16_dot_enabled(dot);
+  ASSERT_EQ(kernels::cpu::bf16_dot_enabled(), dot);
+  std::vector<bfloat16> out(c.q.size()), dq(c.q.size()), dk(c.k.size()), dv(c.k.size());
+  std::vector<float> lse(static_cast<size_t>(C::B * C::Hq * C::T));
+  kernels::cpu::attention(c.q.data(), c.k.data(), c.v.data(), out.data(), lse.data(), C::B, C::T, C::Hq, C::Hkv, C::D,
+                          C::scale);
+  kernels::cpu::attention_backward(c.q.data(), c.k.data(), c.v.data(), out.data(), lse.data(), c.dout.data(), dq.data(),
+                                   dk.data(), dv.data(), C::B, C::T, C::Hq, C::Hkv, C::D, C::scale);
+  kernels::cpu::set_bf16_dot_enabled(before);
+  // bf16 outputs round at 2^-9; the dot path also rounds P and dS to bf16.
+  // Measured (out, dQ, dK, dV): AVX512_BF16 path 2.4e-3 to 3.7e-3; generic
+  // path 2.0e-3 to 2.6e-3, the same on an AVX-512 CPU and on an AVX2-only
+  // one (QEMU -cpu Haswell). Held to 8e-3 (2.2x and 3.1x: the bf16 rounding
+  // of the outputs alone is up to 2^-9 = 2e-3 of each value).
+  const double errors[4] = {relative_error(out, c.want_out), relative_error(dq, c.want_dq),
+                            relative_error(dk, c.want_dk), relative_error(dv, c.want_dv)};
+  const std::string measured =
+      fmt::format("out {:.2e}, dQ {:.2e}, dK {:.2e}, dV {:.2e}", errors[0], errors[1], errors[2], errors[3]);
+  std::printf("%s path: relative errors to float64: %s\n", dot ? "AVX512_BF16" : "generic", measured.c_str());
+  ::testing::Test::RecordProperty("relative_errors", measured);
+  for (const double e : errors) EXPECT_LT(e, 8e-3) << measured;
+}
+}  // namespace
+
+TEST(Attention, Bf16GenericPathMatchesFloat64) { check_bf16_attention(false); }
+
 TEST(Attention, Bf16DotPathMatchesFloat64) {
   if (!kernels::cpu::bf16_dot_enabled()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
-  const int64_t B = 2, T = 601, Hq = 4, Hkv = 2, D = 7;
-  const double scale = 0.6;
-  std::mt19937 rng(17);
-  const auto q = random_bf16(B * T * Hq * D, rng), dout = random_bf16(q.size(), rng);
-  const auto k = random_bf16(B * T * Hkv * D, rng), v = random_bf16(k.size(), rng);
-  // Reference per (batch, query head); dK and dV summed over the group.
-  std::vector<double> want_out(q.size()), want_dq(q.size()), want_dk(k.size(), 0.0), want_dv(k.size(), 0.0);
-  for (int64_t bi = 0; bi < B; ++bi)
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t hk = h / (Hq / Hkv);
-      const NaiveAttention ref(head_rows(q, bi, h, T, Hq, D), head_rows(k, bi, hk, T, Hkv, D),
-                               head_rows(v, bi, hk, T, Hkv, D), head_rows(dout, bi, h, T, Hq, D), T, D, scale);
-      for (int64_t j = 0; j < T; ++j)
-        for (int64_t c = 0; c < D; ++c) {
-          const int64_t qi = ((bi * T + j) * Hq + h) * D + c, ki = ((bi * T + j) * Hkv + hk) * D + c;
-          want_out[qi] = ref.out[j * D + c];
-          want_dq[qi] = ref.dq[j * D + c];
-          want_dk[ki] += ref.dk[j * D + c];
-          want_dv[ki] += ref.dv[j * D + c];
-        }
-    }
-  // Largest error relative to the largest reference magnitude, per output.
-  auto relative_error = [](const std::vector<bfloat16>& got, const std::vector<double>& want) {
-    double worst = 0, scale_of = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      worst = std::max(worst, std::abs(widen(got[i]) - want[i]));
-      scale_of = std::max(scale_of, std::abs(want[i]));
-    }
-    return worst / scale_of;
-  };
-  for (const bool dot : {true, false}) {
-    const bool before = kernels::cpu::set_bf16_dot_enabled(dot);
-    std::vector<bfloat16> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
-    std::vector<float> lse(static_cast<size_t>(B * Hq * T));
-    kernels::cpu::attention(q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, Hq, Hkv, D, scale);
-    kernels::cpu::attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                                     dk.data(), dv.data(), B, T, Hq, Hkv, D, scale);
-    kernels::cpu::set_bf16_dot_enabled(before);
-    SCOPED_TRACE(dot ? "AVX512_BF16 path" : "generic path");
-    // bf16 outputs round at 2^-9; the dot path also rounds P and dS to bf16.
-    // Measured: 2.6e-3 to 3.7e-3 on both paths.
-    EXPECT_LT(relative_error(out, want_out), 8e-3);
-    EXPECT_LT(relative_error(dq, want_dq), 8e-3);
-    EXPECT_LT(relative_error(dk, want_dk), 8e-3);
-    EXPECT_LT(relative_error(dv, want_dv), 8e-3);
-  }
+  check_bf16_attention(true);
 }
 
 // A failure inside an OpenMP region (an allocation, a GEMM) reaches the

@@ -1,8 +1,9 @@
 // A lowered step runs: on 2 and 3 ranks (threads of the local backend), FSDP
 // and DDP layouts of a small MLP training step, each rank's lowered graph run
-// on its shards of the same global inputs gives the single-rank run's loss
-// and its shards of the updated parameters and moments. (tests/mpi runs the
-// same check in processes under mpirun.)
+// for two optimizer steps on its shards of the same global inputs gives the
+// single-rank run's loss and its shards of the updated parameters and moments
+// at each step (tests/common/spmd_step_checks.h: the tolerances and what they
+// were measured at). (tests/mpi runs the same check in processes under mpirun.)
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -52,6 +52,17 @@ config::TrainConfig parity_config(const nlohmann::json& ref, const std::string& 
   return c;
 }
 
+// Relative to PyTorch's f32 figures at every step, from the largest
+// differences measured over the 4 cases below on an AVX-512 CPU and on an
+// AVX2-only one (QEMU -cpu Haswell: other GEMM kernels and row-kernel clones),
+// with OMP_NUM_THREADS 1 and 2: loss 1.4e-7 (about one f32 ulp of 5.5), held
+// to 1e-6 (7.4x); grad_norm 4.8e-7, held to 4e-6 (8.4x); the learning rate
+// (double) 1.9e-16, held to 1e-15 (5.2x). Each test prints its worst and
+// records it as a property.
+constexpr double kLossTolerance = 1e-6;
+constexpr double kGradNormTolerance = 4e-6;
+constexpr double kLrTolerance = 1e-15;
+
 // Every step against the PyTorch reference; `world` lays the step out on
 // several ranks (null: one rank). Only rank 0 prints.
 void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nullptr, const std::string& layout = "") {
@@ -64,20 +75,31 @@ void check_parity(const std::string& case_name, comm::ProcessGroupPtr world = nu
     config.parallel.dp_shard = 1;
   }
   train::Trainer trainer(std::move(config), world);
-  double worst = 0;
+  double worst_loss = 0, worst_norm = 0, worst_lr = 0;
   for (const auto& r : ref.at("steps")) {
     const auto m = trainer.step();
-    const double want = r.at("loss");
+    const double want = r.at("loss"), want_norm = r.at("grad_norm");
     const double rel = std::fabs(m.loss - want) / std::fabs(want);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-4) << case_name << " step " << m.step << ": meshtrain " << m.loss << ", PyTorch " << want;
-    EXPECT_NEAR(m.lr, r.at("lr").get<double>(), 1e-12 * m.lr + 1e-15) << case_name << " step " << m.step;
-    EXPECT_NEAR(m.grad_norm, r.at("grad_norm").get<double>(), 1e-3 * r.at("grad_norm").get<double>())
-        << case_name << " step " << m.step;
+    const double rel_norm = std::fabs(m.grad_norm - want_norm) / want_norm;
+    const double rel_lr = std::fabs(m.lr - r.at("lr").get<double>()) / r.at("lr").get<double>();
+    worst_loss = std::max(worst_loss, rel);
+    worst_norm = std::max(worst_norm, rel_norm);
+    worst_lr = std::max(worst_lr, rel_lr);
+    EXPECT_LT(rel, kLossTolerance) << case_name << " step " << m.step << ": meshtrain " << m.loss << ", PyTorch "
+                                   << want;
+    EXPECT_LE(rel_lr, kLrTolerance) << case_name << " step " << m.step << ": meshtrain " << m.lr << ", reference "
+                                    << r.at("lr").get<double>();
+    EXPECT_LT(rel_norm, kGradNormTolerance)
+        << case_name << " step " << m.step << ": meshtrain " << m.grad_norm << ", PyTorch " << want_norm;
   }
-  if (trainer.rank() == 0)
-    std::printf("%s%s: 20 steps, worst relative loss difference to PyTorch %.2e\n", case_name.c_str(),
-                world ? fmt::format(" on {} ranks ({})", world->size(), layout).c_str() : "", worst);
+  if (trainer.rank() == 0) {
+    std::printf("%s%s: 20 steps, worst relative difference to PyTorch: loss %.2e, grad_norm %.2e, lr %.2e\n",
+                case_name.c_str(), world ? fmt::format(" on {} ranks ({})", world->size(), layout).c_str() : "",
+                worst_loss, worst_norm, worst_lr);
+    ::testing::Test::RecordProperty("worst_relative_loss_difference", fmt::format("{:.2e}", worst_loss));
+    ::testing::Test::RecordProperty("worst_relative_grad_norm_difference", fmt::format("{:.2e}", worst_norm));
+    ::testing::Test::RecordProperty("worst_relative_lr_difference", fmt::format("{:.2e}", worst_lr));
+  }
 }
 
 void check_parity_on_ranks(const std::string& case_name, int ranks, const std::string& layout) {
