@@ -231,8 +231,10 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   e.time.step_us = p.makespan_us * p.runs + p.unshard_us + p.reduce_grad_us + p.update_us;
   e.time.compute_us = p.rank_busy_us * p.runs + p.update_us;
   e.time.communication_us = p.unshard_us + p.reduce_grad_us + in_program_comm;
-  for (size_t s = 0; s < costs.size(); ++s)
-    if (schedule.rank_of_stage[s] == pp_rank) e.time.communication_us += 2 * per_step * costs[s].p2p;
+  // Each link a stage of this rank's ends carries two transfers a microbatch: the activation and its gradient.
+  for (size_t s = 0; s + 1 < costs.size(); ++s)
+    if (schedule.rank_of_stage[s] == pp_rank || schedule.rank_of_stage[s + 1] == pp_rank)
+      e.time.communication_us += 2 * per_step * costs[s].p2p;
   e.time.exposed_us = e.time.step_us - e.time.compute_us;  // waits: the bubble and the once-a-step collectives
   // Memory: the tensors held through the step, the activations of the
   // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.

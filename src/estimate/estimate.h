@@ -22,7 +22,7 @@ struct PipelineEstimate {
   int stages = 0, stages_per_rank = 0, microbatches = 0;
   int runs = 1;  // training.grad_accum_steps: the schedule runs this many times a step
   std::vector<double> forward_us, backward_input_us, backward_weight_us;  // per stage, one microbatch
-  std::vector<double> p2p_us;    // per stage: its output (and its input's gradient) to the next stage's rank
+  std::vector<double> p2p_us;    // per stage: over the link to the next stage's rank (output on, gradient back)
   double makespan_us = 0;        // the schedule simulated: its last action's end (one run)
   double bubble_fraction = 0;    // idle over all ranks x makespan
   double published_bubble = -1;  // the formula with the mean stage costs (-1: none published)

@@ -620,18 +620,20 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
   std::vector<double> free_at(static_cast<size_t>(s.ranks), 0);
   // When each input is there for `a` on rank r, or kNotYet.
   auto ready_at = [&](int r, const PpAction& a) -> double {
-    auto from = [&](double end, int stage) {
-      return end < 0 ? kNotYet : end + (rank_of(stage) != r ? per_stage[static_cast<size_t>(stage)].p2p : 0);
+    // `end` on stage `stage`'s rank, plus the hop over the link between stages `link` and `link` + 1 when that
+    // rank is another: the activation forward and its gradient back cross the same link.
+    auto from = [&](double end, int stage, int link) {
+      return end < 0 ? kNotYet : end + (rank_of(stage) != r ? per_stage[static_cast<size_t>(link)].p2p : 0);
     };
     switch (a.type) {
       case PpActionType::forward:
-        return a.stage == 0 ? 0 : from(forward_end[at(a.stage - 1, a.microbatch)], a.stage - 1);
+        return a.stage == 0 ? 0 : from(forward_end[at(a.stage - 1, a.microbatch)], a.stage - 1, a.stage - 1);
       case PpActionType::backward:
       case PpActionType::backward_input: {
         const double own = forward_end[at(a.stage, a.microbatch)];
         if (own < 0) return kNotYet;
         if (a.stage == last) return own;
-        const double next_stage = from(input_end[at(a.stage + 1, a.microbatch)], a.stage + 1);
+        const double next_stage = from(input_end[at(a.stage + 1, a.microbatch)], a.stage + 1, a.stage);
         return next_stage < 0 ? kNotYet : std::max(own, next_stage);
       }
       default:  // W: after its own I, which runs earlier on this rank

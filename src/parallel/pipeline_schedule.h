@@ -145,8 +145,9 @@ struct PpSimulation {
 PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const PpCosts& costs = {});
 // The same with each stage's own durations (absolute, in any unit: stages
 // of a model differ, the first holding the embedding and the last the head);
-// costs[s].p2p is the time stage s's output (or its input's gradient) takes
-// to reach the neighbour stage on another rank.
+// costs[s].p2p is the time one microbatch takes over the link between stage
+// s and stage s + 1 on another rank: s's output forward, and its gradient
+// back (the same size); the last stage's is unused.
 PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const std::vector<PpCosts>& per_stage);
 
 // The published bubble fraction for this schedule and these costs:

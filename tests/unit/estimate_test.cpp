@@ -590,12 +590,12 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_EQ(p.reduce_grad_us, 0);
   const double update_us = 40 * params / (3350e3 * 0.75);
   EXPECT_NEAR(p.update_us, update_us, 1e-9 * update_us);
-  // The step: the 1F1B timeline of the stages' costs (the estimate charges the
-  // gradient's hop back to stage 0 as p2p_us[1], 0), then the update.
+  // The step: the 1F1B timeline of the stages' costs, the activation and its
+  // gradient each crossing the one link (p2p_us[0]), then the update.
   const auto makespan = [](const estimate::PipelineEstimate& pe, int m) {
     return two_stage_1f1b_makespan(pe.forward_us[0], pe.backward_input_us[0] + pe.backward_weight_us[0],
                                    pe.forward_us[1], pe.backward_input_us[1] + pe.backward_weight_us[1], pe.p2p_us[0],
-                                   pe.p2p_us[1], m);
+                                   pe.p2p_us[0], m);
   };
   const double busy0 = 4 * (p.forward_us[0] + p.backward_input_us[0] + p.backward_weight_us[0]);
   EXPECT_NEAR(p.makespan_us, makespan(p, 4), 1e-9 * p.makespan_us);

@@ -339,3 +339,17 @@ TEST(PipelineSchedule, StagesKeptBetweenRunsAreGatheredFirstAndDroppedLast) {
   const PpSchedule two = add_pp_fsdp_actions(lowered, 2);
   EXPECT_EQ(pp_stages_kept_between_runs(two, 1), (std::set<int>{1}));
 }
+
+// Per-stage costs: the link between stages 0 and 1 (costs[0].p2p, 5) is
+// crossed twice by one microbatch, its activation forward and its gradient
+// back; the last stage's p2p (100) is over no link and never charged.
+// GPipe on 2 ranks, 1 microbatch: F0 1, hop 5, F1 2 and B1 3, hop 5, B0 4.
+TEST(PipelineSchedule, TheGradientCrossesTheSameLinkBack) {
+  const PpSchedule s = make_pp_schedule(PpScheduleKind::gpipe, 2, 1, 1);
+  const std::vector<PpCosts> per_stage{{.forward = 1, .backward_input = 2, .backward_weight = 2, .p2p = 5},
+                                       {.forward = 2, .backward_input = 1.5, .backward_weight = 1.5, .p2p = 100}};
+  const PpSimulation sim = simulate_pp_schedule(s, per_stage);
+  EXPECT_DOUBLE_EQ(sim.makespan, 1 + 5 + 2 + 3 + 5 + 4);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 1 + 4);
+  EXPECT_DOUBLE_EQ(sim.busy[1], 2 + 3);
+}
