@@ -8,7 +8,8 @@
 # loss and gradient norm, and the weights gathered after the last step
 # (checkpoint.export), must be bitwise the single-rank run's (each microbatch
 # runs the same kernels on one thread, and the gradients add up in the same
-# order). Explicit layers per stage, and bf16 compute, likewise; and, within
+# order). Explicit layers per stage, activation checkpointing (full and
+# selective) and bf16 compute, likewise; and, within
 # the tolerances below, PP 2 composed with FSDP 2 (and TP 2, HSDP 2 x 2, and
 # DDP 2 x TP 2 with sequence and loss parallel) on 4 and 8 processes; with
 # gradient accumulation (the schedule run twice a step). Sharded checkpoints
@@ -75,6 +76,14 @@ grep -q "pipeline csv of 4 stages (2 per rank), 4 microbatches" "$dir/pp2_csv_zb
 # Gradient accumulation: the schedule runs twice a step over 2 microbatches each (the step's 4, as one rank's).
 run pp2_accum2 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 2 --training.grad_accum_steps 2
 compare pp2_accum2 one_l2 "${bitwise[@]}"
+# Activation checkpointing in each stage (full, and selective keeping every other matmul's output): the forward is
+# recomputed in the backward with the same kernels, so bitwise still.
+run pp2_ac_full 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule 1f1b --parallel.pp_microbatches 4 \
+  --activation_checkpoint.mode full
+compare pp2_ac_full one_l2 "${bitwise[@]}"
+run pp2_ac_selective 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_schedule zero_bubble \
+  --parallel.pp_microbatches 4 --activation_checkpoint.mode selective --activation_checkpoint.selective_matmuls every_other
+compare pp2_ac_selective one_l2 "${bitwise[@]}"
 # Layers per stage given: the embedding and one block, then one block and the head.
 run pp2_layers 2 --model.n_layers 2 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.pp_layers_per_stage 2,2
 compare pp2_layers one_l2 "${bitwise[@]}"
