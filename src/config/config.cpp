@@ -106,12 +106,27 @@ Key text_key(std::string name, std::function<void(TrainConfig&, const std::strin
           set, std::move(expects), std::move(show)};
 }
 
+// `text` as a TOML basic string: quoted, its quotes, backslashes and control
+// characters escaped (a path may hold any of them).
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\')
+      out += {'\\', ch};
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04X}", c);
+    else
+      out += ch;
+  }
+  return out + "\"";
+}
+
 Key string_key(std::string name, const std::string& default_text, std::function<std::string&(TrainConfig&)> field,
                std::string expects) {
-  return with_default(default_text,
-                      text_key(
-                          name, [field](TrainConfig& c, const std::string& v) { field(c) = v; }, std::move(expects),
-                          [field](TrainConfig& c) { return fmt::format("\"{}\"", field(c)); }));
+  return with_default(default_text, text_key(
+                                        name, [field](TrainConfig& c, const std::string& v) { field(c) = v; },
+                                        std::move(expects), [field](TrainConfig& c) { return toml_string(field(c)); }));
 }
 
 // A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).

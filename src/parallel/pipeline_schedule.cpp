@@ -287,11 +287,18 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
   }
   MT_CHECK(static_cast<int>(s.actions.size()) == ranks,
            "pipeline schedule CSV: {} lines of actions for pp = {} ranks (one line per rank)", s.actions.size(), ranks);
+  MT_CHECK(stages > 0, "pipeline schedule CSV: no actions on any of the {} lines: every rank needs a stage", ranks);
   MT_CHECK(static_cast<int>(stage_rank.size()) == stages,
            "pipeline schedule CSV: stages 0 to {} appear, but not all of them: every stage must have actions",
            stages - 1);
   MT_CHECK(stages % ranks == 0, "pipeline schedule CSV: {} stages over {} ranks: every rank must hold as many", stages,
            ranks);
+  // Each (stage, microbatch) needs two actions or more: told here, before
+  // validating takes a cell per pair (4 GiB for 64 KiB of text otherwise).
+  MT_CHECK(int64_t{stages} * microbatches <= kMaxActions / 2,
+           "pipeline schedule CSV: {} stages x {} microbatches needs more than the {} actions a schedule may have "
+           "(each pair an F and a B, or an F, an I and a W)",
+           stages, microbatches, kMaxActions);
   s.stages_per_rank = stages / ranks;
   s.microbatches = microbatches;
   s.rank_of_stage.resize(static_cast<size_t>(stages));
@@ -305,6 +312,9 @@ PpSchedule pp_schedule_from_csv(std::string_view text, int ranks) {
              "pipeline schedule CSV: rank {} holds {} stages, but {} stages over {} ranks is {} each", r,
              held[static_cast<size_t>(r)], stages, ranks, s.stages_per_rank);
   validate_pp_schedule(s);
+  // Ranks that wait on each other are refused here, with the file, not left
+  // for the lowering to find (or to pass unseen where none is asked for).
+  add_pp_communication(s);
   return s;
 }
 

@@ -75,8 +75,10 @@ PpSchedule make_pp_schedule(PpScheduleKind kind, int ranks, int microbatches, in
 // compute actions in order ("0F0,0F1,1F0,..."; an empty cell is nothing).
 // The stages each rank holds, the stages per rank and the microbatches are
 // read from the actions (each stage on one rank, every rank the same
-// number). Validated as validate_pp_schedule does; throws InvalidArgument
-// naming the line and cell, or the action that breaks the schedule.
+// number). Validated as validate_pp_schedule does, and lowered once so that
+// a schedule whose ranks would wait on each other forever is refused here;
+// throws InvalidArgument naming the line and cell, or the action that breaks
+// the schedule, or the ranks that would deadlock.
 PpSchedule pp_schedule_from_csv(std::string_view text, int ranks);
 constexpr size_t kMaxScheduleCsvBytes = 64 << 20;  // a schedule file read whole is no larger
 // A schedule's compute actions as that CSV text.

@@ -2,7 +2,9 @@
 #include "config/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -32,6 +34,38 @@ TEST(ConfigReference, ListsEveryKeyOnce) {
     const size_t next_section = page.find("\n## ", at + 1);
     EXPECT_TRUE(next_section == std::string::npos || row < next_section) << key << " is not in its section";
   }
+}
+
+// A regression the config fuzzer found (fuzz/corpus/config/regression_string_escapes):
+// config_values printed a string as it was between quotes, so a path holding a
+// quote, a backslash or a control character printed as TOML that does not read
+// (or reads as another path). Printed, every key reads back as the value it held.
+TEST(ConfigValues, PrintAsTomlThatReadsBack) {
+  using meshtrain::config::config_values;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("meshtrain-config-test-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/c.toml") << "[data]\npath = \"x\"\n"; }
+  const meshtrain::config::TrainConfig c =
+      meshtrain::config::load_config(dir + "/c.toml", {{"data.path", "a \"b\"\\q\tc\x01\x7f\xc3\xa9"},
+                                                       {"checkpoint.folder", "\\\\server\\runs"},
+                                                       {"optimizer.lr", "0.00012345678901234567"}});
+  std::string text, section;
+  for (const auto& [name, value] : config_values(c)) {
+    const std::string key_section = name.substr(0, name.find('.'));
+    if (key_section != section) text += "[" + (section = key_section) + "]\n";
+    text += name.substr(name.find('.') + 1) + " = " + value + "\n";
+  }
+  { std::ofstream(dir + "/printed.toml") << text; }
+  for (const auto& [name, value] : config_values(c))
+    if (name == "data.path") EXPECT_EQ(value, "\"a \\\"b\\\"\\\\q\\u0009c\\u0001\\u007F\xc3\xa9\"");
+  meshtrain::config::TrainConfig back;
+  ASSERT_NO_THROW(back = meshtrain::config::load_config(dir + "/printed.toml", {})) << text;
+  EXPECT_EQ(back.data.path, c.data.path);
+  EXPECT_EQ(back.checkpoint.folder, "\\\\server\\runs");
+  EXPECT_EQ(back.optimizer.lr, c.optimizer.lr);
+  EXPECT_EQ(config_values(back), config_values(c));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

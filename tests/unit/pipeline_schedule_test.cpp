@@ -319,9 +319,36 @@ TEST(PipelineSchedule, BadCsvSchedulesNameTheLineAndCell) {
   EXPECT_TRUE(contains(error("0B0,0F0\n1F0,1B0\n", 2), "rank 0 runs 0B0 before that microbatch's forward"));
   EXPECT_TRUE(contains(error("0F0,0B0\n1F0\n", 2), "stage 1 microbatch 0 has 1 F, 0 B"));  // a backward missing
   EXPECT_TRUE(contains(error("0F0,0F99999999999\n1F0\n", 2), "does not end with a microbatch number"));
-  // Each stage's actions in a possible order, but the ranks wait on each other: the lowering names both.
+  // Each stage's actions in a possible order, but the ranks wait on each other: the reader names both.
   EXPECT_TRUE(contains(error("2F0,0F0,2B0,0B0\n1F0,3F0,3B0,1B0\n", 2),
                        "rank 0 at 2F0, rank 1 at 1F0 each wait for an input no rank will produce"));
+}
+
+// Regressions the pp_schedule fuzzer found (fuzz/corpus/pp_schedule/regression_*): the reader accepted
+// a schedule whose ranks wait on each other (lowering failed later, and `pp-schedule --from-csv --csv`
+// printed it without a word), lines with no actions (0 stages, 0 microbatches: a division by zero in
+// the pipeline's batch check), and a few cells naming 9 stages x 65536 microbatches (validating takes
+// a cell per pair: 64 KiB of text asked for 4 GiB).
+TEST(PipelineSchedule, CsvReaderRefusesWhatCannotRun) {
+  auto error = [](std::string_view text, int ranks) {
+    return mtest::message_of([&] { pp_schedule_from_csv(text, ranks); });
+  };
+  // Interleaved 1F1B with rank 1 taking stage 3's microbatch 1 before 0.
+  const std::string stuck = error(
+      "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2F2,0B0,2F3,0B1,2B2,2B3,0B2,0B3\n"
+      "1F0,3F1,3F0,3B0,1F1,3B1,1F2,1B0,1F3,1B1,3F2,3B2,3F3,3B3,1B2,1B3\n",
+      2);
+  EXPECT_TRUE(contains(stuck, "cannot proceed: rank 0 at 2F1, rank 1 at 3F1 each wait for an input")) << stuck;
+  EXPECT_TRUE(contains(error(",\n,\n", 2), "no actions on any of the 2 lines")) << error(",\n,\n", 2);
+  EXPECT_TRUE(contains(error(" , ", 0), "no actions on any of the 1 lines"));
+  std::string wide;
+  for (int stage = 0; stage < 9; ++stage) wide += fmt::format("{}F0,{}B0,", stage, stage);
+  const std::string big = error(wide + "0F65535", 1);
+  EXPECT_TRUE(contains(big, "9 stages x 65536 microbatches needs more than the 1048576 actions")) << big;
+  // What it accepts lowers: the generated schedules' text, as before.
+  const PpSchedule s = pp_schedule_from_csv(pp_schedule_csv(make_pp_schedule(PpScheduleKind::zbv, 3, 5, 2)), 3);
+  EXPECT_EQ(s.stages_per_rank, 2);
+  EXPECT_NO_THROW(add_pp_communication(s));
 }
 
 // The stages a rank gathers before its first compute and drops after its
