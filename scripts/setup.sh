@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 # ocl-icd-opencl-dev: Debian's libdnnl-dev only recommends it, but its CMake
 # package (dnnl-config.cmake) calls find_package(OpenCL) and fails without it.
 # python3: tests/mpi/train_parity_test.sh compares runs' metrics and
-# checkpoints with it (standard library only).
+# checkpoints with it (standard library only); python3-venv: the tokenizer
+# parity test installs tiktoken and sentencepiece into a venv.
+# libpcre2-dev, libsentencepiece-dev: `meshtrain tokenize` (src/tokenize).
 packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
-          nlohmann-json3-dev libfmt-dev python3)
+          nlohmann-json3-dev libfmt-dev python3 python3-venv libpcre2-dev libsentencepiece-dev)
 source scripts/install-packages.sh
 install_missing_packages "${packages[@]}"
 

@@ -12,6 +12,7 @@
 #include "cli/fr_analyze_command.h"
 #include "cli/layout_commands.h"
 #include "cli/pp_schedule_command.h"
+#include "cli/tokenize_command.h"
 #include "cli/train_command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
@@ -25,9 +26,9 @@ int main(int argc, char** argv) {
   using namespace meshtrain::cli;
   // Each command adds itself and its options; the one given runs.
   const std::vector<Command> commands{
-      add_bench_comm_command(app), add_fr_analyze_command(app), add_export_command(app),
-      add_train_command(app),      add_lower_command(app),      add_estimate_command(app),
-      add_layout_command(app),     add_plan_command(app),       add_pp_schedule_command(app)};
+      add_bench_comm_command(app),  add_fr_analyze_command(app), add_export_command(app), add_train_command(app),
+      add_lower_command(app),       add_estimate_command(app),   add_layout_command(app), add_plan_command(app),
+      add_pp_schedule_command(app), add_tokenize_command(app)};
 
   // What goes wrong before a command runs is said by the first process only under mpirun; every process exits.
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
@@ -45,10 +46,11 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub : app.get_subcommands({}))
         if (sub->get_name() == arg) command = sub->get_name();
       if (command.empty()) {
-        std::fprintf(stderr,
-                     "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-                     "export, lower, estimate, layout, plan, pp-schedule; meshtrain --help says what each does)\n",
-                     argv[i]);
+        std::fprintf(
+            stderr,
+            "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
+            "export, lower, estimate, layout, plan, pp-schedule, tokenize; meshtrain --help says what each does)\n",
+            argv[i]);
         return 2;
       }
       if (command == "bench" && i + 1 < argc && std::string_view(argv[i + 1]) == "comm") command = "bench comm";
