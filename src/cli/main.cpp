@@ -17,6 +17,7 @@
 #include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "runtime/cpu_threads.h"
+#include "train/signals.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: train transformer language models across many CPU processes and hosts (C++20, MPI)"};
@@ -81,7 +82,15 @@ int main(int argc, char** argv) {
     if (meshtrain::comm::mpi_initialized()) meshtrain::comm::mpi_abort_job(70);
     return 70;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    // A rank that fails after its launcher signalled it is being taken down
+    // with the job (a peer's abort; a stopped rank continued only to be
+    // killed): its error is a consequence, said as its own, so that the job's
+    // error is said once.
+    if (const int signal = meshtrain::train::stop_signal_received(); signal != 0 && rank != nullptr)
+      std::fprintf(stderr, "[meshtrain rank %s] error after %s: %s\n", rank,
+                   meshtrain::train::signal_name(signal).c_str(), e.what());
+    else
+      std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     // Under mpirun a failing rank must take the job down with it, or its peers
     // would wait in their next collective until the timeout.
     if (meshtrain::comm::mpi_initialized()) meshtrain::comm::mpi_abort_job(2);
