@@ -20,7 +20,14 @@ namespace meshtrain::kernels::cpu {
 // build's target) and for x86-64-v4 (AVX-512), and the loader picks the
 // clone that the CPU runs (GCC function multiversioning). Why AVX-512 only
 // here and in bf16_dot.h: the note on GCC 12 in CMakeLists.txt.
+// ThreadSanitizer builds (MESHTRAIN_TSAN) keep one build of each: the loader
+// runs a clone's resolver before the TSan runtime is set up, and the
+// instrumented resolver then crashes the program at load.
+#if defined(__SANITIZE_THREAD__)
+#define MESHTRAIN_AVX512_CLONES
+#else
 #define MESHTRAIN_AVX512_CLONES gnu::target_clones("default", "arch=x86-64-v4")
+#endif
 
 // Loops over elements or rows run on OpenMP threads once they are big
 // enough to pay for it.
