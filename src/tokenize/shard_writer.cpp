@@ -10,12 +10,7 @@
 namespace meshtrain::tokenize {
 
 namespace {
-constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
-}
-
-ShardFormat shard_format_for(uint32_t max_id) {
-  if (max_id <= UINT16_MAX) return {20240520, 1, 2};
-  return {20240801, 7, 4};
+constexpr size_t kHeaderBytes = kLlmcHeaderBytes;
 }
 
 std::string shard_path(const std::string& dir, const std::string& split, int64_t index) {
@@ -23,7 +18,10 @@ std::string shard_path(const std::string& dir, const std::string& split, int64_t
 }
 
 ShardWriter::ShardWriter(std::string dir, std::string split, int64_t shard_tokens, uint32_t max_id)
-    : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), format_(shard_format_for(max_id)) {
+    : dir_(std::move(dir)),
+      split_(std::move(split)),
+      shard_tokens_(shard_tokens),
+      format_(llmc_shard_format_for(max_id)) {
   MT_CHECK(shard_tokens > 0 && shard_tokens <= INT32_MAX,
            "--shard-tokens {}: a shard holds 1 to {} tokens (its llm.c header counts them in an int32)", shard_tokens,
            INT32_MAX);

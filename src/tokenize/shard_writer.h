@@ -10,14 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/llmc_shard.h"
+
 namespace meshtrain::tokenize {
 
-struct ShardFormat {
-  int32_t magic, version;
-  int width;  // bytes a token takes
-};
-// The format for ids up to `max_id`.
-ShardFormat shard_format_for(uint32_t max_id);
+using ShardFormat = LlmcShardFormat;
 // DIR/SPLIT_NNNNNN.bin
 std::string shard_path(const std::string& dir, const std::string& split, int64_t index);
 

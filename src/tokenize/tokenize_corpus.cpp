@@ -133,7 +133,7 @@ class CorpusRun {
         val_(o.out_dir, "val", o.shard_tokens, tokenizer.max_token_id()) {
     summary_.files = static_cast<int64_t>(inputs_.size());
     for (const InputFile& f : inputs_) summary_.bytes += f.bytes;
-    summary_.format = shard_format_for(tokenizer.max_token_id());
+    summary_.format = llmc_shard_format_for(tokenizer.max_token_id());
     for (int t = 0; t < threads_; ++t) encoders_.push_back(tokenizer.encoder());
   }
 

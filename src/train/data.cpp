@@ -7,19 +7,14 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/llmc_shard.h"
 
 namespace meshtrain::train {
 
 namespace {
-// The llm.c shard formats (dev/data/data_common.py): magic, version, bytes a token takes.
-struct ShardFormat {
-  int32_t magic, version;
-  uint64_t width;
-  const char* name;
-};
-constexpr ShardFormat kShardFormats[] = {{20240520, 1, 2, "GPT-2, uint16 tokens"},
-                                         {20240801, 7, 4, "Llama-3, uint32 tokens"}};
-constexpr uint64_t kHeaderBytes = 256 * sizeof(int32_t);
+using ShardFormat = LlmcShardFormat;
+constexpr const auto& kShardFormats = kLlmcShardFormats;
+constexpr uint64_t kHeaderBytes = kLlmcHeaderBytes;
 constexpr uint64_t kReleaseStride = 64 << 20;
 
 std::string supported_shards() {
