@@ -317,6 +317,9 @@ std::string complete_checkpoint(PendingCheckpoint& save) {
       meta["step"] = save.state.step;
       meta["updates_applied"] = save.state.updates_applied;
       meta["data_cursor"] = save.state.data_cursor;
+      meta["data_epoch"] = save.state.data_epoch;
+      meta["data_shard_index"] = save.state.data_shard_index;
+      meta["data_shard"] = save.state.data_shard;
       meta["trajectory"] = save.state.trajectory;
       meta["config"] = save.state.config;
       meta["run"] = save.state.run;
@@ -457,6 +460,17 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
                  info.state.data_cursor >= 0,
              "step {}, updates_applied {} or data_cursor {} is out of range", info.state.step,
              info.state.updates_applied, info.state.data_cursor);
+    // The epoch and shard: absent in checkpoints saved before datasets of shards (one file: epoch 0, shard 0).
+    if (m.contains("data_epoch")) info.state.data_epoch = integer_field(m.at("data_epoch"), "data_epoch");
+    if (m.contains("data_shard_index"))
+      info.state.data_shard_index = integer_field(m.at("data_shard_index"), "data_shard_index");
+    MT_CHECK(info.state.data_epoch >= 0 && info.state.data_shard_index >= 0,
+             "data_epoch {} or data_shard_index {} is out of range", info.state.data_epoch,
+             info.state.data_shard_index);
+    if (m.contains("data_shard")) {
+      MT_CHECK(m.at("data_shard").is_string(), "data_shard is {}, not a string", m.at("data_shard").dump());
+      info.state.data_shard = m.at("data_shard").get<std::string>();
+    }
     info.state.trajectory = m.value("trajectory", "");
     MT_CHECK(info.state.trajectory.empty() || std::regex_match(info.state.trajectory, std::regex("[0-9a-f]{16}")),
              "its trajectory '{}' is not 16 hex digits", info.state.trajectory);

@@ -45,7 +45,7 @@ struct HeldTensor {
 struct CheckpointState {
   int64_t step = 0;             // steps done
   int64_t updates_applied = 0;  // the optimizer's updates (steps less those skipped)
-  int64_t data_cursor = 0;      // the data loader's position (every rank reads the global batch)
+  int64_t data_cursor = 0;      // the data's position: the token offset in the shard data_shard (below)
   nlohmann::json config;        // the model and optimizer keys a resumed run must match
   // The line of steps this one is on (16 hex digits): a resume from the
   // newest step goes on with it, a rollback (an older step resumed) starts a
@@ -55,6 +55,11 @@ struct CheckpointState {
   // and the LR of this step (a function of the step), the seed (nothing
   // random is drawn after initialisation), the data file and batch shape.
   nlohmann::json run = nlohmann::json::object();
+  // The rest of the data's position (train::DataCursor; global, whatever
+  // the layout): the epoch, the shard's place in the epoch's order and its
+  // name (0, 0 and "" in a checkpoint saved before datasets of shards).
+  int64_t data_epoch = 0, data_shard_index = 0;
+  std::string data_shard;
 };
 
 // A save in three parts, so that the writing can run beside training:

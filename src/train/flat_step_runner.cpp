@@ -119,6 +119,13 @@ void FlatStepRunner::check_memory_budget(double needed_bytes) const {
   throw InvalidArgument(compile::over_budget_message(config_, need[most], static_cast<int>(most)));
 }
 
+std::vector<RowRange> FlatStepRunner::rows_read() const {
+  if (!world_) return {};
+  const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(step_->step.model.tokens), groups_->mesh(),
+                                           groups_->coordinate());
+  return {{chunk.offset[0], chunk.offset[0] + chunk.shape[0]}};
+}
+
 StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
   if (world_) {
     // This rank's rows of the global batch (the batch is Shard(0), so they are contiguous).

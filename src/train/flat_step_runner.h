@@ -35,6 +35,8 @@ class FlatStepRunner : public StepRunner {
 
   Tensor& batch_tokens() override { return world_ ? global_tokens_ : tokens_; }
   Tensor& batch_targets() override { return world_ ? global_targets_ : targets_; }
+  // Several ranks: the contiguous rows of this rank's data-parallel index (the batch is Shard(0)).
+  std::vector<RowRange> rows_read() const override;
   Result step(double lr, int64_t update) override;
 
   const std::map<std::string, Tensor>& parameters() const override { return params_; }

@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "runtime/executor.h"
 #include "sharding/device_mesh.h"
+#include "train/data.h"
 
 namespace meshtrain::train {
 
@@ -39,6 +40,10 @@ class StepRunner {
   // targets (every rank the same); the runner takes its rows.
   virtual Tensor& batch_tokens() = 0;
   virtual Tensor& batch_targets() = 0;
+  // The rows of the global batch this rank's step reads: the data fills only
+  // those (each data-parallel rank reads only the tokens it trains on).
+  // Empty: every row (one rank, or a pipeline's ranks).
+  virtual std::vector<RowRange> rows_read() const { return {}; }
   struct Result {
     double loss = 0;       // the batch's mean loss (every rank gets it)
     double grad_norm = 0;  // over every gradient, before clipping

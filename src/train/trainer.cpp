@@ -32,12 +32,11 @@ namespace meshtrain::train {
 Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     : config_(std::move(config)),
       world_(world && world->size() > 1 ? std::move(world) : nullptr),
-      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len),
+      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len, config_.training.seed),
       // loader_ is declared before data_digest_: it has read the file.
       data_digest_(loader_.digest()) {
   if (world_) check_ranks_agree(config_, data_digest_, *world_);  // before any other collective
-  MT_CHECK(loader_.max_token() < config_.model.vocab_size, "data file {} holds token {} but model.vocab_size is {}",
-           config_.data.path, loader_.max_token(), config_.model.vocab_size);
+  loader_.check_vocabulary(config_.model.vocab_size);             // naming the shard
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
@@ -147,7 +146,7 @@ namespace {
 // model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
 nlohmann::json checkpoint_config(const config::TrainConfig& c, const std::string& data_digest) {
   const models::LlamaConfig& m = c.model;
-  return {{"the contents of data.path", data_digest},  // the data cursor points into this file
+  return {{"the contents of data.path", data_digest},  // the data cursor points into these shards
           {"model.dim", m.dim},
           {"model.n_layers", m.n_layers},
           {"model.n_heads", m.n_heads},
@@ -163,7 +162,8 @@ nlohmann::json checkpoint_config(const config::TrainConfig& c, const std::string
 // What a checkpoint records of the run beside what a resume needs: the LR
 // schedule is a function of the step and these keys, every data-parallel
 // rank's rows follow from the one global cursor, and no random number is
-// drawn after the seeded initialisation (no dropout; data read in order).
+// drawn after the seeded initialisation (no dropout; the order of shards is
+// a function of the seed and the epoch).
 nlohmann::json run_record(const config::TrainConfig& c, int64_t step) {
   const char* decay = c.lr_scheduler.decay == config::LrDecay::none     ? "none"
                       : c.lr_scheduler.decay == config::LrDecay::linear ? "linear"
@@ -180,7 +180,14 @@ nlohmann::json run_record(const config::TrainConfig& c, int64_t step) {
            {{"path", c.data.path},
             {"batch_size", c.data.batch_size},
             {"seq_len", c.data.seq_len},
-            {"cursor_is", "global: every data-parallel rank takes its rows of the global batch there"}}}};
+            {"cursor_is",
+             "global: every data-parallel rank reads its rows of the global batch there; epoch e's order of shards is "
+             "drawn from (training.seed, e)"}}}};
+}
+
+// The data cursor a checkpoint saved.
+DataCursor cursor_of(const checkpoint::CheckpointState& s) {
+  return {s.data_epoch, s.data_shard_index, s.data_shard, s.data_cursor};
 }
 }  // namespace
 
@@ -238,7 +245,7 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
           "file of it for checkpoint.init_from)",
           checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
     }
-    loader_.set_cursor(checkpoint.state.data_cursor);
+    loader_.set_cursor(cursor_of(checkpoint.state));
     roll_back_past(checkpoint);
   } catch (const std::exception& e) {
     failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
@@ -249,7 +256,7 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   runner_->state_loaded();
   steps_done_ = checkpoint.state.step;
   updates_applied_ = checkpoint.state.updates_applied;
-  cursor_before_step_ = checkpoint.state.data_cursor;
+  cursor_before_step_ = cursor_of(checkpoint.state);
   resumed_from_ = checkpoint.path;
 }
 
@@ -259,9 +266,17 @@ std::string Trainer::save_checkpoint(int64_t step) {
            "step done ({}) nor the one before",
            step, steps_done_);
   finish_save();  // one save at a time, in step order
-  const int64_t cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
-  const checkpoint::CheckpointState state{
-      step, updates_applied_, cursor, checkpoint_config(config_, data_digest_), trajectory_, run_record(config_, step)};
+  const DataCursor cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
+  checkpoint::CheckpointState state;
+  state.step = step;
+  state.updates_applied = updates_applied_;
+  state.data_cursor = cursor.offset;
+  state.data_epoch = cursor.epoch;
+  state.data_shard_index = cursor.shard_index;
+  state.data_shard = cursor.shard;
+  state.config = checkpoint_config(config_, data_digest_);
+  state.trajectory = trajectory_;
+  state.run = run_record(config_, step);
   std::vector<checkpoint::HeldTensor> held = runner_->held_tensors();
   if (!config_.checkpoint.async) {
     const std::string path =
@@ -325,7 +340,7 @@ StepMetrics Trainer::step() {
   step_memory().reset_peak();
   m.lr = config_.lr_at(m.step);
   cursor_before_step_ = loader_.cursor();
-  loader_.next(runner_->batch_tokens(), runner_->batch_targets());
+  loader_.next(runner_->batch_tokens(), runner_->batch_targets(), runner_->rows_read());
   runner_->set_profiling(profiling_ && m.step > 1);
   runner_->set_tracing(tracing_ && m.step == config_.training.steps);
   // AdamW's step count (its bias correction): the updates it has applied, this one included.

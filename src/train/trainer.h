@@ -145,7 +145,7 @@ class Trainer {
   comm::ProcessGroupPtr world_;
   std::unique_ptr<estimate::BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
   std::unique_ptr<StepRunner> runner_;                  // a flat step's, or a pipeline rank's
-  TokenLoader loader_;
+  TokenDataset loader_;                                 // data.path's shards
   std::string resumed_from_;
   // The line of steps this run is on (checkpoint::CheckpointState::trajectory):
   // new, or the resumed checkpoint's when it was the newest. A rollback sets
@@ -156,11 +156,11 @@ class Trainer {
   std::map<std::string, Tensor> snapshot_;                       // checkpoint.async: the state as of the pending save
   std::thread save_writer_;
   std::atomic<bool> save_written_{false};
-  int64_t cursor_before_step_ = 0;  // the data cursor where the last step's batch began
+  DataCursor cursor_before_step_;  // the data cursor where the last step's batch began
   // Where the step's memory is: the GPU's for training.device cuda (what
   // the peak-memory metrics count), else the host's.
   CachingAllocator& step_memory() const;
-  std::string data_digest_;  // core's file_digest of data.path (checkpoints and the ranks' agreement)
+  std::string data_digest_;  // TokenDataset::digest of data.path (checkpoints and the ranks' agreement)
   int64_t steps_done_ = 0;
   int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;
