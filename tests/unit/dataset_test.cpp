@@ -20,7 +20,6 @@ using namespace meshtrain;
 using mtest::contains;
 using mtest::message_of;
 
-
 namespace {
 
 constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
