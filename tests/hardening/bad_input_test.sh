@@ -89,7 +89,8 @@ small=(--config configs/debug.toml --training.steps 1 --model.n_layers 1 --model
        --model.n_kv_heads 2 --model.ffn_dim 64 --data.seq_len 16 --data.batch_size 2 --metrics.file ""
        --checkpoint.folder "")
 expect_error "model: n_layers 2000000000 is more than 4096" lower --ranks 1 "${small[@]}" --model.n_layers 2000000000
-expect_error "data file '$dir/a_folder' is not a file" train "${small[@]}" --data.path "$dir/a_folder"
+# A folder is a dataset of shards (docs/data.md): one with no .bin shard in it is refused.
+expect_error "data.path $dir/a_folder is a directory with no .bin token shard in it" train "${small[@]}" --data.path "$dir/a_folder"
 expect_error "'$dir/a_folder' is not a file; a safetensors file was expected" train "${small[@]}" \
   --checkpoint.init_from "$dir/a_folder"
 expect_error "--trace $dir/a_folder is a folder" train "${small[@]}" --trace "$dir/a_folder"
