@@ -9,7 +9,8 @@
 // shard under a shard); and a pipeline checkpoint (format version 2) on mesh
 // [2, 2] (pp, dp) with tensors of each stage. Each input (FuzzedDataProvider)
 // picks one and a sequence of semantic edits:
-//   - step, updates_applied, data_cursor, version, format: interesting values
+//   - step, updates_applied, the data cursor (data_cursor, data_epoch,
+//     data_shard_index), version, format: interesting values
 //     (0, -1, 2^31, 2^32 + n, 2^53 + 1, int64 and uint64 limits, n + 0.5, n as
 //     a double, 1e300, the number as a string, null, true, [n], {}); or a new
 //     step with updates_applied below it;
@@ -43,7 +44,8 @@
 // internal error, another exception, a sanitizer report or a trap is a bug.
 // Beyond that:
 //  1. read_checkpoint_info accepts only what it can represent exactly: the
-//     state's step, updates_applied and data_cursor equal the metadata's
+//     state's step, updates_applied and data cursor (data_cursor,
+//     data_epoch, data_shard_index, data_shard) equal the metadata's
 //     numbers (no fraction or out-of-range value truncated or wrapped); the
 //     version is 1 or 2; every mesh dim is an integer in 1..2^24 and the
 //     files list has their product of entries, each of an integer size; every
@@ -78,7 +80,7 @@
 //     give each rank sharding::local_piece of the reference (and of the
 //     saved tensor, under 4.'s condition), every element held exactly once.
 //  6. Edits that leave the checkpoint valid (a re-lay, a re-mesh; the step,
-//     updates_applied and data_cursor changed to other valid values with the
+//     updates_applied and data cursor changed to other valid values with the
 //     folder renamed to match; the config and run replaced; the mesh dims
 //     renamed; keys reordered) must not be rejected: read, latest, whole and
 //     target loads all succeed, equal to the tensors saved.
@@ -621,9 +623,11 @@ void apply_edit(FuzzedDataProvider& p, Edited& e, const Base& base) {
     case 1:
       meta["updates_applied"] = interesting(p, int_or(meta["updates_applied"], 0));
       return;
-    case 2:
-      meta["data_cursor"] = interesting(p, int_or(meta["data_cursor"], 0));
+    case 2: {
+      const char* key = p.PickValueInArray({"data_cursor", "data_epoch", "data_shard_index"});
+      meta[key] = interesting(p, int_or(meta[key], 0));
       return;
+    }
     case 3:
       meta["version"] = p.ConsumeBool() ? ojson(p.ConsumeIntegralInRange(0, 3)) : interesting(p, 1);
       return;
@@ -696,8 +700,9 @@ void apply_edit(FuzzedDataProvider& p, Edited& e, const Base& base) {
       return;
     }
     case 15: {  // a top-level key
-      static const char* const keys[] = {"format", "version", "step", "updates_applied", "data_cursor",
-                                         "config", "run",     "mesh", "files",           "tensors"};
+      static const char* const keys[] = {
+          "format", "version", "step",    "updates_applied", "data_cursor",      "config",    "run",
+          "mesh",   "files",   "tensors", "data_epoch",      "data_shard_index", "data_shard"};
       const std::string key = p.PickValueInArray(keys);
       const int how = p.ConsumeIntegralInRange(0, 2);
       if (how == 0) meta.erase(key);
@@ -721,6 +726,9 @@ void apply_edit(FuzzedDataProvider& p, Edited& e, const Base& base) {
     }
     case 18:
       meta["data_cursor"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
+      meta["data_epoch"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
+      meta["data_shard_index"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
+      meta["data_shard"] = p.ConsumeRandomLengthString(16);
       return;
     case 19:
     case 20:
@@ -788,7 +796,8 @@ bool valid_edits_only(const json& m, const Edited& e) {
   if (!e.resealed || !e.files_valid) return false;
   const json valid = plain(e.valid);
   json a = m, b = valid;
-  for (const char* key : {"step", "updates_applied", "data_cursor", "config", "run", "files", "metadata_fnv1a64"}) {
+  for (const char* key : {"step", "updates_applied", "data_cursor", "data_epoch", "data_shard_index", "data_shard",
+                          "config", "run", "files", "metadata_fnv1a64"}) {
     if (!a.contains(key)) return false;
     a.erase(key);
     b.erase(key);
@@ -813,6 +822,9 @@ bool valid_edits_only(const json& m, const Edited& e) {
     return false;
   const auto updates = exact_int(m["updates_applied"], 0, *step);
   const auto cursor = exact_int(m["data_cursor"], 0, std::numeric_limits<int64_t>::max());
+  for (const char* key : {"data_epoch", "data_shard_index"})
+    if (!m[key].is_number_integer() || !exact_int(m[key], 0, std::numeric_limits<int64_t>::max())) return false;
+  if (!m["data_shard"].is_string()) return false;
   if (!updates || !cursor || e.folder != checkpoint::checkpoint_folder_name(*step)) return false;
   const json& valid_names = valid["mesh"]["names"];
   if (valid_names.empty()) return names == valid_names;
@@ -836,6 +848,9 @@ void check_info(const checkpoint::CheckpointInfo& info, const json& m) {
   fuzz::require(json(info.state.step) == m.at("step"));
   fuzz::require(json(info.state.updates_applied) == m.at("updates_applied"));
   fuzz::require(json(info.state.data_cursor) == m.at("data_cursor"));
+  fuzz::require(json(info.state.data_epoch) == m.value("data_epoch", json(0)));
+  fuzz::require(json(info.state.data_shard_index) == m.value("data_shard_index", json(0)));
+  fuzz::require(json(info.state.data_shard) == m.value("data_shard", json("")));
   fuzz::require(m.at("version") == 1 || m.at("version") == 2);
   int64_t ranks = 1;
   const json& mesh_shape = m.at("mesh").at("shape");

@@ -34,17 +34,24 @@ std::string supported_shards() {
 
 bool is_glob(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
 
-// The sorted matches of glob pattern `pattern` that are regular files.
-std::vector<std::string> glob_files(const std::string& pattern) {
+// The sorted matches of glob pattern `pattern`; sets `rc` to glob(3)'s return.
+std::vector<std::string> matches_of(const std::string& pattern, int& rc) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0)
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The sorted matches of glob pattern `pattern` that are regular files.
+std::vector<std::string> glob_files(const std::string& pattern) {
+  int rc = 0;
+  const std::vector<std::string> out = matches_of(pattern, rc);
   MT_CHECK(rc == 0 || rc == GLOB_NOMATCH, "data.path {}: the glob failed (glob(3) error {})", pattern, rc);
   MT_CHECK(!out.empty(), "data.path {}: the glob matches no file", pattern);
-  std::sort(out.begin(), out.end());
   for (const std::string& f : out)
     MT_CHECK(fs::is_regular_file(f), "data.path {}: {} is not a file; a glob must match token shards only", pattern, f);
   return out;
@@ -209,6 +216,13 @@ uint64_t below(std::mt19937_64& rng, uint64_t bound) {
     if (const uint64_t r = rng(); r < limit) return r % bound;
 }
 }  // namespace
+
+std::vector<std::string> glob_matches(const std::string& path) {
+  std::error_code ec;
+  if (!is_glob(path) || fs::exists(path, ec)) return {};
+  int rc = 0;
+  return matches_of(path, rc);
+}
 
 TokenDataset::TokenDataset(const std::string& path, int64_t batch, int64_t seq_len, int64_t seed)
     : batch_(batch), seq_len_(seq_len), seed_(seed) {

@@ -104,6 +104,10 @@ class TokenDataset {
   ReadObserver observer_;
 };
 
+// The files glob `path` matches, sorted; none when it is not a glob, names an
+// existing path or matches nothing (outputs must not replace them).
+std::vector<std::string> glob_matches(const std::string& path);
+
 // One file, as before datasets of shards: the cursor is the token offset.
 class TokenLoader {
  public:

@@ -10,7 +10,7 @@
 namespace meshtrain::train {
 
 // A collective. Throws on every rank when some rank's config keys or data
-// file (`data_digest`: core's file_digest of data.path) differ from rank 0's: rank 0 with the error (the first key that
+// (`data_digest`: TokenDataset::digest of data.path) differ from rank 0's: rank 0 with the error (the first key that
 // differs and each rank's value of it), the others once rank 0 has ended
 // the job.
 void check_ranks_agree(const config::TrainConfig& config, const std::string& data_digest, comm::ProcessGroup& world);

@@ -79,6 +79,7 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
                                 {config.file, "the --config file"},
                                 {config.schedule.hardware, "schedule.hardware"},
                                 {config.parallel.pp_schedule_csv, "parallel.pp_schedule_csv"}};
+  for (const std::string& shard : glob_matches(config.data.path)) inputs.push_back({shard, "a shard of data.path"});
   for (const std::string& step : checkpoint::checkpoint_step_folders(config.checkpoint.folder))
     inputs.push_back({step, "a checkpoint in checkpoint.folder"});
   check_not_an_input(output, what, inputs);

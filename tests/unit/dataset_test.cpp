@@ -15,6 +15,7 @@
 
 #include "test_util.h"
 #include "train/data.h"
+#include "train/trainer.h"
 
 using namespace meshtrain;
 using mtest::contains;
@@ -283,6 +284,17 @@ TEST_F(Shards, BadInputsAreClearErrors) {
   EXPECT_NO_THROW(vocab.check_vocabulary(510));
   EXPECT_TRUE(contains(message_of([&] { vocab.check_vocabulary(509); }),
                        "data file " + path("vocab/b.bin") + " holds token 509 but model.vocab_size is 509"));
+}
+
+// An output named like a shard a glob data.path matches is refused: it would replace that shard.
+TEST_F(Shards, OutputsMustNotReplaceAGlobsShards) {
+  four_shards();
+  config::TrainConfig config;
+  config.data.path = path("set/*.bin");
+  EXPECT_EQ(train::glob_matches(config.data.path).size(), 4u);
+  EXPECT_TRUE(contains(message_of([&] { train::check_output_path(config, path("set/b.bin"), "--out"); }),
+                       "--out " + path("set/b.bin") + " is also a shard of data.path"));
+  EXPECT_NO_THROW(train::check_output_path(config, path("set/e.bin"), "--out"));
 }
 
 // A shard cut short while training is an error naming it, not SIGBUS.
