@@ -246,7 +246,7 @@ const std::vector<Key>& keys() {
           "the output projection is the token embedding's weight"),
       string_key(
           "data.path", "", [](TrainConfig& c) -> std::string& { return c.data.path; },
-          "a .txt file (bytes as tokens) or an llm.c .bin token shard; required"),
+          "a .txt file (bytes as tokens), an llm.c .bin token shard, or a directory or glob of shards; required"),
       number_key<int64_t>(
           "data.seq_len", "128", [](TrainConfig& c) -> int64_t& { return c.data.seq_len; }, pos, "a positive integer"),
       number_key<int64_t>(
