@@ -54,8 +54,9 @@ bool same(const config::TrainConfig& a, const config::TrainConfig& b) {
          a.checkpoint.keep_latest_k == b.checkpoint.keep_latest_k &&
          a.checkpoint.export_file == b.checkpoint.export_file && a.checkpoint.async == b.checkpoint.async &&
          a.metrics.file == b.metrics.file && a.metrics.log_every == b.metrics.log_every &&
-         p.dp_replicate == q.dp_replicate && p.dp_shard == q.dp_shard && p.tp == q.tp &&
-         p.sequence_parallel == q.sequence_parallel && p.loss_parallel == q.loss_parallel &&
+         a.validation.path == b.validation.path && a.validation.every == b.validation.every &&
+         a.validation.steps == b.validation.steps && p.dp_replicate == q.dp_replicate && p.dp_shard == q.dp_shard &&
+         p.tp == q.tp && p.sequence_parallel == q.sequence_parallel && p.loss_parallel == q.loss_parallel &&
          p.reshard_after_forward == q.reshard_after_forward && p.pp == q.pp && p.pp_schedule == q.pp_schedule &&
          p.pp_microbatches == q.pp_microbatches && p.pp_stages_per_rank == q.pp_stages_per_rank &&
          p.pp_max_active_stages == q.pp_max_active_stages && p.pp_layers_per_stage == q.pp_layers_per_stage &&
@@ -91,7 +92,7 @@ bool is_utf8(const std::string& text) {
 bool strings_are_utf8(const config::TrainConfig& c) {
   for (const std::string* s :
        {&c.data.path, &c.checkpoint.init_from, &c.checkpoint.folder, &c.checkpoint.export_file, &c.metrics.file,
-        &c.parallel.pp_schedule_csv, &c.schedule.hardware, &c.schedule.kernel_cache})
+        &c.validation.path, &c.parallel.pp_schedule_csv, &c.schedule.hardware, &c.schedule.kernel_cache})
     if (!is_utf8(*s)) return false;
   return true;
 }

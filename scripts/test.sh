@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and run the whole test suite:
 #   1. Release build: unit tests, GPU tests (built with the CUDA toolkit,
-#      skipped without a GPU), mpirun tests (2, 3, 4 and 8 ranks), install test,
+#      skipped without a GPU), mpirun tests (2, 3, 4 and 8 ranks, over shared
+#      memory, and a subset again over TCP alone: label tcp), install test,
 #      hardening tests that need a big file;
 #   2. Debug build with AddressSanitizer + UBSan (no CUDA): the unit tests again;
 #   3. the fuzzers of fuzz/ for 10 s each (scripts/fuzz.sh runs them longer);
@@ -19,7 +20,7 @@
 #        cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_TSAN=ON -DMESHTRAIN_BUILD_TESTS=ON -DMESHTRAIN_CUDA=OFF
 #        cmake --build build-tsan -j "$(nproc)" --target unit_tests mpi_tests
 #        (cd build-tsan && ctest -L tsan -LE slow -j "$(nproc)" --output-on-failure)
-# Labels let parts run apart: ctest -L unit | gpu | mpi | install | hardening | tsan;
+# Labels let parts run apart: ctest -L unit | gpu | mpi | tcp | install | hardening | tsan;
 # slow marks the ones that take minutes (ctest -LE slow is the quick loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."

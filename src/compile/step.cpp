@@ -90,14 +90,18 @@ sharding::DeviceMesh check_parallel_config(const config::TrainConfig& config, in
   return mesh;
 }
 
-TrainStepGraph build_step(const config::TrainConfig& config, graph::Graph& g) {
+StepOptions step_options(const config::TrainConfig& config) {
   StepOptions options;
   options.max_grad_norm = config.training.max_grad_norm;
   options.compute_dtype = config.training.dtype;
   options.split_loss = config.parallel.loss_parallel;
   options.micro_batches = config.training.grad_accum_steps;
-  TrainStepGraph step =
-      build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer, options);
+  return options;
+}
+
+TrainStepGraph build_step(const config::TrainConfig& config, graph::Graph& g) {
+  TrainStepGraph step = build_train_step(g, config.model, config.data.batch_size, config.data.seq_len, config.optimizer,
+                                         step_options(config));
   sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
   return step;
 }

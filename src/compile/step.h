@@ -26,6 +26,9 @@ namespace meshtrain::compile {
 // the data-parallel degree) and returns the mesh. Throws naming the key.
 sharding::DeviceMesh check_parallel_config(const config::TrainConfig& config, int world_size);
 
+// How the config's step is built beyond the model and the optimizer
+// (clipping, compute dtype, split loss, microbatches).
+StepOptions step_options(const config::TrainConfig& config);
 // The training step of a config as one global graph (forward, backward,
 // clipping, AdamW), after the step pass pipeline.
 TrainStepGraph build_step(const config::TrainConfig& config, graph::Graph& g);

@@ -17,58 +17,68 @@ graph::ValueId microbatch(graph::Builder& b, graph::ValueId v, int64_t k, int64_
 
 }  // namespace
 
-TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
-                                const config::OptimizerConfig& opt, const StepOptions& options) {
+models::LlamaGraph build_forward(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
+                                 const StepOptions& options, const AfterMicrobatch& after_each) {
   const int64_t micro_batches = options.micro_batches;
   MT_CHECK(micro_batches >= 1 && batch % micro_batches == 0,
            "the batch of {} sequences does not split into {} microbatches of equal size", batch, micro_batches);
+  const DType compute = options.compute_dtype.value_or(options.dtype);
+  if (micro_batches == 1) {
+    models::LlamaGraph m = models::build_llama(g, model, batch, seq_len, options.dtype, compute, options.split_loss);
+    if (after_each) after_each(0, m);
+    return m;
+  }
+  model.validate();
+  MT_CHECK(seq_len > 0, "seq_len {} must be positive", seq_len);
+  graph::Builder b(g);
+  const auto param_values = models::add_llama_parameters(g, model, options.dtype);
+  const graph::ValueId tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
+  const graph::ValueId targets = g.add_input("targets", {batch, seq_len}, DType::i64);
+  graph::ValueId count;
+  {
+    graph::ScopeGuard scope(g, "loss");
+    count = b.op("count_valid", {b.reshape(targets, {batch * seq_len})}, {graph::attr::ignore_index(-100)});
+  }
+  models::LlamaGraph whole;
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    const models::LlamaGraph m =
+        models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
+                              microbatch(b, targets, k, micro_batches), count, compute, options.split_loss);
+    if (after_each) after_each(k, m);
+    if (k == 0) {
+      whole = m;
+      continue;
+    }
+    whole.loss = b.add(whole.loss, m.loss);
+    for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
+      (whole.*member).insert((whole.*member).end(), (m.*member).begin(), (m.*member).end());
+    whole.param_copies.insert(whole.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
+  }
+  whole.tokens = tokens;
+  whole.targets = targets;
+  return whole;
+}
+
+TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
+                                const config::OptimizerConfig& opt, const StepOptions& options) {
   graph::Builder b(g);
   TrainStepGraph s;
-  const DType compute = options.compute_dtype.value_or(options.dtype);
   std::vector<std::string> names;
   std::vector<graph::ValueId> params, grads;
-  if (micro_batches == 1) {
-    s.model = models::build_llama(g, model, batch, seq_len, options.dtype, compute, options.split_loss);
-    for (const auto& [name, v] : s.model.params) {
-      names.push_back(name);
-      params.push_back(v);
-    }
-    grads = graph::append_backward(g, s.model.loss, params, &s.gradient_of);
-  } else {
-    model.validate();
-    MT_CHECK(seq_len > 0, "seq_len {} must be positive", seq_len);
-    const auto param_values = models::add_llama_parameters(g, model, options.dtype);
-    for (const auto& [name, v] : param_values) {
-      names.push_back(name);
-      params.push_back(v);
-    }
-    const graph::ValueId tokens = g.add_input("tokens", {batch, seq_len}, DType::i64);
-    const graph::ValueId targets = g.add_input("targets", {batch, seq_len}, DType::i64);
-    graph::ValueId count;
-    {
-      graph::ScopeGuard scope(g, "loss");
-      count = b.op("count_valid", {b.reshape(targets, {batch * seq_len})}, {graph::attr::ignore_index(-100)});
-    }
-    for (int64_t k = 0; k < micro_batches; ++k) {
-      const models::LlamaGraph m =
-          models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
-                                microbatch(b, targets, k, micro_batches), count, compute, options.split_loss);
-      const std::vector<graph::ValueId> micro_grads = graph::append_backward(g, m.loss, params, &s.gradient_of);
-      if (k == 0) {
-        s.model = m;
-        grads = micro_grads;
-        continue;
+  // Each microbatch's backward right after its forward, its gradients summed.
+  s.model = build_forward(g, model, batch, seq_len, options, [&](int64_t k, const models::LlamaGraph& m) {
+    if (k == 0)
+      for (const auto& [name, v] : m.params) {
+        names.push_back(name);
+        params.push_back(v);
       }
-      s.model.loss = b.add(s.model.loss, m.loss);
-      for (size_t i = 0; i < grads.size(); ++i) grads[i] = b.add(grads[i], micro_grads[i]);
-      for (const auto member :
-           {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
-        (s.model.*member).insert((s.model.*member).end(), (m.*member).begin(), (m.*member).end());
-      s.model.param_copies.insert(s.model.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
+    const std::vector<graph::ValueId> micro_grads = graph::append_backward(g, m.loss, params, &s.gradient_of);
+    if (k == 0) {
+      grads = micro_grads;
+      return;
     }
-    s.model.tokens = tokens;
-    s.model.targets = targets;
-  }
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = b.add(grads[i], micro_grads[i]);
+  });
   const graph::Phase saved_phase = g.phase();
   g.set_phase(graph::Phase::optimizer);
   {
@@ -112,25 +122,33 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
   g.set_phase(saved_phase);
 }
 
-parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel) {
   parallel::StepRoles roles;
-  for (const auto& [name, v] : sg.model.params) {
+  for (const auto& [name, v] : m.params) {
     roles.parameters.push_back(v);
-    roles.states.emplace_back(sg.exp_avg.at(name), v);
-    roles.states.emplace_back(sg.exp_avg_sq.at(name), v);
     if (const auto dim = parallel::llama_tp_dim(name); dim && tensor_parallel) roles.tp_dims[v] = *dim;
   }
-  roles.batch_inputs = {sg.model.tokens, sg.model.targets};
+  roles.batch_inputs = {m.tokens, m.targets};
   if (tensor_parallel) {
-    roles.residual_stream = sg.model.residual;
-    roles.block_inputs = sg.model.normed;
-    roles.logits = sg.model.logits;
+    roles.residual_stream = m.residual;
+    roles.block_inputs = m.normed;
+    roles.logits = m.logits;
+  }
+  roles.copies = m.param_copies;
+  roles.replicated_outputs = {m.loss};
+  return roles;
+}
+
+parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {
+  parallel::StepRoles roles = forward_roles(sg.model, tensor_parallel);
+  for (const auto& [name, v] : sg.model.params) {
+    roles.states.emplace_back(sg.exp_avg.at(name), v);
+    roles.states.emplace_back(sg.exp_avg_sq.at(name), v);
   }
   roles.gradient_of = sg.gradient_of;
   roles.applied_gradient_of = sg.applied_gradient_of;
-  roles.copies = sg.model.param_copies;
   roles.reduce_copies_in_compute_dtype = reduce_in_compute_dtype;
-  roles.replicated_outputs = {sg.model.loss, sg.grad_norm};
+  roles.replicated_outputs.push_back(sg.grad_norm);
   roles.updates = sg.write_backs;
   return roles;
 }

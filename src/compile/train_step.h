@@ -3,6 +3,7 @@
 // parameters and moments written back into their buffers after each run.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -43,6 +44,17 @@ struct StepOptions {
   int64_t micro_batches = 1;
 };
 
+// The batch's forward and loss on every parameter of the model: build_llama,
+// or with options.micro_batches > 1 each microbatch's forward in turn (row i
+// in microbatch i mod micro_batches) on the same parameters, each loss a
+// share of the batch's mean, summed. `after_each(k, m)` is called once
+// microbatch k's forward `m` is built (the training step appends its
+// backward there). The result's params, batch, loss and per-block values
+// cover the whole batch.
+using AfterMicrobatch = std::function<void(int64_t k, const models::LlamaGraph& m)>;
+models::LlamaGraph build_forward(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
+                                 const StepOptions& options, const AfterMicrobatch& after_each = {});
+
 TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& model, int64_t batch, int64_t seq_len,
                                 const config::OptimizerConfig& opt, const StepOptions& options = {});
 
@@ -62,6 +74,10 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
 // `tensor_parallel`), the replicated outputs and the write-backs; with
 // `reduce_in_compute_dtype`, the compute-dtype copies of parameters whose
 // gradients are reduced before they are widened.
+// What each value of a forward (build_forward) is to a parallel plan: its
+// parameters, batch, per-block values (when `tensor_parallel`), copies and
+// its loss, replicated. step_roles adds the optimizer's and backward's.
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel);
 parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false);
 
 }  // namespace meshtrain::compile

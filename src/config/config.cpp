@@ -327,6 +327,17 @@ const std::vector<Key>& keys() {
       number_key<int64_t>(
           "metrics.log_every", "1", [](TrainConfig& c) -> int64_t& { return c.metrics.log_every; }, pos,
           "a positive integer: steps between progress lines"),
+      string_key(
+          "validation.path", "", [](TrainConfig& c) -> std::string& { return c.validation.path; },
+          "the validation split, a file as data.path reads (e.g. meshtrain tokenize's val_000000.bin): its loss, "
+          "forward only on the training layout, is logged as val_loss; \"\": no validation"),
+      number_key<int64_t>(
+          "validation.every", "0", [](TrainConfig& c) -> int64_t& { return c.validation.every; }, nonneg,
+          "an integer >= 0: a validation every this many steps and one after the last; 0: only after the last"),
+      number_key<int64_t>(
+          "validation.steps", "10", [](TrainConfig& c) -> int64_t& { return c.validation.steps; }, pos,
+          "a positive integer: the batches (data.batch_size x data.seq_len tokens each) of a validation, the same "
+          "ones each time, from the split's start (wrapping round a split shorter than that)"),
       number_key<int64_t>(
           "parallel.dp_replicate", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.dp_replicate; }, pos,
           "a positive integer"),
@@ -552,6 +563,13 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
                "config: {} = {} applies to a pipeline, but parallel.pp is 1 (no pipeline): set parallel.pp, or leave "
                "{} out",
                key, find_key(key).show(given), key);
+  }
+  if (c.validation.path.empty()) {  // keys that would be ignored without a word
+    TrainConfig given = c, defaults;
+    for (const char* key : {"validation.every", "validation.steps"})
+      MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
+               "config: {} = {} applies to a validation, but validation.path is not set: set it, or leave {} out", key,
+               find_key(key).show(given), key);
   }
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",

@@ -70,6 +70,11 @@ struct TrainConfig {
     std::string file;
     int64_t log_every{};
   } metrics;
+  struct {
+    std::string path;  // the validation split's tokens (as data.path reads them); "": no validation
+    int64_t every{};   // steps between validations (and one after the last step); 0: only after the last
+    int64_t steps{};   // batches of data.batch_size x data.seq_len in each validation, from the split's start
+  } validation;
   parallel::ParallelConfig parallel;  // used under mpirun
   struct {
     // A collective that has not finished after this long (a rank died or

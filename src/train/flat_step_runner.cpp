@@ -126,17 +126,28 @@ std::vector<RowRange> FlatStepRunner::rows_read() const {
   return {{chunk.offset[0], chunk.offset[0] + chunk.shape[0]}};
 }
 
+void FlatStepRunner::take_rows() {
+  if (!world_) return;
+  // This rank's rows of the global batch (the batch is Shard(0), so they are contiguous).
+  const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(step_->step.model.tokens), groups_->mesh(),
+                                           groups_->coordinate());
+  const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
+  std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
+              tokens_.nbytes());
+  std::memcpy(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
+              targets_.nbytes());
+}
+
+const Tensor& FlatStepRunner::bound(const Tensor& host) const {
+  for (const auto* twins : {&state_twins_, &input_twins_})
+    for (const Twin& t : *twins)
+      if (t.host.raw() == host.raw()) return t.device;
+  MT_ASSERT(!on_gpu_, "a host tensor with no device twin on the GPU");
+  return host;
+}
+
 StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
-  if (world_) {
-    // This rank's rows of the global batch (the batch is Shard(0), so they are contiguous).
-    const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(step_->step.model.tokens),
-                                             groups_->mesh(), groups_->coordinate());
-    const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
-    std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
-                tokens_.nbytes());
-    std::memcpy(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
-                targets_.nbytes());
-  }
+  take_rows();
   lr_.data<double>()[0] = lr;
   update_.data<int64_t>()[0] = update;
   if (on_gpu_) {
@@ -148,6 +159,25 @@ StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
   }
   executor_->run();
   return {executor_->fetch(loss_value_).get(0), executor_->fetch(grad_norm_value_).get(0)};
+}
+
+double FlatStepRunner::evaluate() {
+  if (!eval_) eval_ = compile::compile_eval(config_, world_ ? world_->size() : 1, world_ ? world_->rank() : 0);
+  const graph::Graph& g = eval_->running();
+  runtime::Executor ex(g, eval_->schedule, groups_.get(), config_.training.device);
+  const auto run_value = [&](graph::ValueId global) { return eval_->values.at(global); };
+  // The training step's own tensors: its parameters (shards) and its rows of the batch.
+  for (const auto& [name, v] : eval_->model.params) ex.bind(run_value(v), bound(params_.at(name)));
+  ex.bind(run_value(eval_->model.tokens), bound(tokens_));
+  ex.bind(run_value(eval_->model.targets), bound(targets_));
+  take_rows();
+  if (on_gpu_) {
+    for (Twin& t : input_twins_) kernels::cuda::copy(t.device, t.host, *stream_);
+    stream_->synchronize();
+  }
+  ex.run();
+  const Tensor loss = ex.fetch(compile::delivered_outputs(eval_->global, g).at(eval_->model.loss));
+  return on_gpu_ ? kernels::cuda::to_host(loss).get(0) : loss.get(0);
 }
 
 std::vector<checkpoint::HeldTensor> FlatStepRunner::held_tensors() const {

@@ -11,6 +11,7 @@
 
 #include "comm/process_group.h"
 #include "compile/compile.h"
+#include "compile/eval_step.h"
 #include "config/config.h"
 #include "estimate/kernel_benchmark.h"
 #include "kernels/cuda/cuda.h"
@@ -38,6 +39,9 @@ class FlatStepRunner : public StepRunner {
   // Several ranks: the contiguous rows of this rank's data-parallel index (the batch is Shard(0)).
   std::vector<RowRange> rows_read() const override;
   Result step(double lr, int64_t update) override;
+  // Compiles the forward-only program on first use; its executor (and its
+  // memory) lives only while it runs.
+  double evaluate() override;
 
   const std::map<std::string, Tensor>& parameters() const override { return params_; }
   const std::map<std::string, Tensor>& exp_avg() const override { return exp_avg_; }
@@ -73,6 +77,9 @@ class FlatStepRunner : public StepRunner {
   // Binds a host tensor, or on the GPU its device twin (added to `twins`).
   void bind(graph::ValueId run_value, const Tensor& host, std::vector<Twin>& twins);
   void download_state() const;  // GPU: params_ and moments <- their twins
+  // What an executor binds for host tensor `host`: itself, or on the GPU its device twin.
+  const Tensor& bound(const Tensor& host) const;
+  void take_rows();  // several ranks: tokens_ and targets_ <- this rank's rows of the global batch
 
   bool on_gpu_ = false;
   std::unique_ptr<kernels::cuda::Stream> stream_;  // GPU: the uploads and downloads
@@ -88,6 +95,7 @@ class FlatStepRunner : public StepRunner {
   Tensor global_tokens_, global_targets_;        // several ranks: the whole batch, before this rank takes its rows
   Tensor tokens_, targets_, lr_, update_;        // bound to the executor
   graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
+  std::unique_ptr<compile::EvalStep> eval_;      // validation's forward-only program, once compiled
   double estimated_step_us_ = 0;
   std::string no_estimate_because_;
 };

@@ -353,14 +353,60 @@ void PipelineRunner::act(const parallel::PpAction& a) {
   }
 }
 
-StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
-  const Tensor& tokens = global_tokens_;
+void PipelineRunner::count_targets() {
   const Tensor& targets = global_targets_;
-  const Shape& batch = tokens.shape();
-  const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
-  count_run_->bind(update_.count_targets, Tensor::view(const_cast<void*>(targets.raw()), {batch.numel()}, DType::i64));
+  count_run_->bind(update_.count_targets,
+                   Tensor::view(const_cast<void*>(targets.raw()), {targets.shape().numel()}, DType::i64));
   count_run_->run();
   count_ = count_run_->fetch(update_.count.outputs()[0]).clone();
+}
+
+void PipelineRunner::take_microbatches(int64_t chunk) {
+  const int64_t m = place_.schedule.microbatches, all = m * place_.accumulation;
+  for (int64_t k = 0; k < m; ++k) {
+    take_microbatch(global_tokens_, chunk * m + k, all, tokens_[static_cast<size_t>(k)]);
+    take_microbatch(global_targets_, chunk * m + k, all, targets_[static_cast<size_t>(k)]);
+  }
+}
+
+double PipelineRunner::evaluate() {
+  using T = parallel::PpActionType;
+  const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
+  std::set<int> gathered;  // the stages whose schedule gathers their weights (FSDP)
+  for (const parallel::PpAction& a : actions)
+    if (a.type == T::unshard) gathered.insert(a.stage);
+  const int last = place_.schedule.stages() - 1, me = group_->rank();
+  auto rank_of = [&](int stage) { return place_.schedule.rank_of_stage.at(static_cast<size_t>(stage)); };
+  const StepStats kept_stats = stats_;  // the last training step's, which the report shows
+  count_targets();
+  loss_sum_ = 0;
+  for (int s : gathered) act({s, T::unshard, 0});
+  // Each microbatch through every stage in turn: on every rank the order of
+  // stage and microbatch, so a rank waits only for what comes before it.
+  for (int64_t chunk = 0; chunk < place_.accumulation; ++chunk) {
+    take_microbatches(chunk);
+    for (int mb = 0; mb < place_.schedule.microbatches; ++mb)
+      for (const auto& [s, st] : stages_) {
+        if (s > 0 && rank_of(s - 1) != me) act({s, T::recv_f, mb});
+        act({s, T::forward, mb});
+        if (s < last && rank_of(s + 1) != me) act({s, T::send_f, mb});
+        held_.erase({s, mb});  // what a backward would read
+      }
+    for (InFlight& send : sends_) send.work->wait();
+    sends_.clear();
+  }
+  for (int s : gathered) act({s, T::reshard, 0});
+  held_.clear();
+  stats_ = kept_stats;
+  Tensor sum = Tensor::empty({1}, DType::f64);
+  sum.data<double>()[0] = stages_.contains(last) ? static_cast<double>(loss_sum_) : 0.0;
+  group_->all_reduce(sum)->wait();
+  return static_cast<double>(static_cast<float>(sum.data<double>()[0]));
+}
+
+StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
+  const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
+  count_targets();
   loss_sum_ = 0;
   for (auto& [s, st] : stages_) st->backwards_done = 0;
   stats_ = {};
@@ -369,10 +415,7 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   // With gradient accumulation the schedule runs once per chunk of m microbatches (chunk c's microbatch k is the
   // step's microbatch c m + k), the gradients summed on over the chunks and reduced after the last.
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    for (int64_t k = 0; k < m; ++k) {
-      take_microbatch(tokens, chunk * m + k, m * chunks, tokens_[static_cast<size_t>(k)]);
-      take_microbatch(targets, chunk * m + k, m * chunks, targets_[static_cast<size_t>(k)]);
-    }
+    take_microbatches(chunk);
     using T = parallel::PpActionType;
     const std::vector<parallel::PpAction>& actions = place_.schedule.actions.at(static_cast<size_t>(group_->rank()));
     for (size_t i = 0; i < actions.size(); ++i) {

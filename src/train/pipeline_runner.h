@@ -44,6 +44,10 @@ class PipelineRunner : public StepRunner {
   Tensor& batch_tokens() override { return global_tokens_; }
   Tensor& batch_targets() override { return global_targets_; }
   Result step(double lr, int64_t update) override;
+  // Every microbatch's forward through the rank's stages, in microbatch then
+  // stage order on every rank, activations sent on as the step sends them;
+  // nothing kept for a backward.
+  double evaluate() override;
 
   const std::map<std::string, Tensor>& parameters() const override { return params_; }
   const std::map<std::string, Tensor>& exp_avg() const override { return exp_avg_; }
@@ -123,6 +127,8 @@ class PipelineRunner : public StepRunner {
   // them; keeps its outputs there and drops what no later program reads.
   void run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep);
   void add_gradients(Stage& st, int mb);
+  void count_targets();                   // count_ <- the global batch's valid targets
+  void take_microbatches(int64_t chunk);  // tokens_, targets_ <- the chunk's microbatches' rows
   void act(const parallel::PpAction& action);
   int peer_tag(int from_stage, bool forward) const;
 

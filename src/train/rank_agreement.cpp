@@ -19,9 +19,9 @@ namespace {
 constexpr size_t kValueBytes = 256;  // a value as the error shows it (longer ones cut)
 
 std::vector<std::pair<std::string, std::string>> what_must_agree(const config::TrainConfig& config,
-                                                                 const std::string& data_digest) {
+                                                                 const FileDigests& file_digests) {
   auto lines = config::config_values(config);
-  lines.emplace_back("the contents of data.path", data_digest);
+  lines.insert(lines.end(), file_digests.begin(), file_digests.end());
   return lines;
 }
 
@@ -55,8 +55,8 @@ std::string ranks_by_value(const Tensor& values, int ranks) {
 
 }  // namespace
 
-void check_ranks_agree(const config::TrainConfig& config, const std::string& data_digest, comm::ProcessGroup& world) {
-  const auto lines = what_must_agree(config, data_digest);
+void check_ranks_agree(const config::TrainConfig& config, const FileDigests& file_digests, comm::ProcessGroup& world) {
+  const auto lines = what_must_agree(config, file_digests);
   const auto n = static_cast<int64_t>(lines.size());
   Tensor mine = Tensor::empty({n}, DType::i64);
   for (int64_t i = 0; i < n; ++i) {
@@ -83,6 +83,25 @@ void check_ranks_agree(const config::TrainConfig& config, const std::string& dat
     throw Error(message);
   }
   throw InvalidArgument(message);
+}
+
+void fail_together(comm::ProcessGroup* world, const std::function<void()>& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (const Error&) {  // an InternalError is no Error: a bug goes straight on
+    if (!world) throw;
+    error = std::current_exception();
+  }
+  if (!world) return;
+  Tensor first = Tensor::empty({1}, DType::f64);  // the lowest failing rank, or the rank count
+  first.data<double>()[0] = error ? world->rank() : world->size();
+  world->all_reduce(first, comm::ReduceOp::min)->wait();
+  const int failed = static_cast<int>(first.data<double>()[0]);
+  if (failed == world->size()) return;
+  if (failed == world->rank()) std::rethrow_exception(error);
+  world->barrier()->wait();  // the failing rank ends the job: this wait does not return
+  MT_ASSERT(false, "rank {} failed, yet the job goes on", failed);
 }
 
 }  // namespace meshtrain::train

@@ -51,6 +51,10 @@ class StepRunner {
   // One optimizer step on the batch at learning rate `lr`; `update` is
   // AdamW's 1-based count (its bias correction).
   virtual Result step(double lr, int64_t update) = 0;
+  // The batch's mean loss under the parameters as they stand: the forward
+  // only, laid out as the step is, with no gradient, update or optimizer
+  // state touched (validation). A collective: every rank calls it.
+  virtual double evaluate() = 0;
 
   // This rank's parameters and AdamW moments by Hugging Face name: the live
   // tensors the step updates (its shards on several ranks).

@@ -29,14 +29,34 @@
 
 namespace meshtrain::train {
 
+namespace {
+// validation.path's batches, of the training batch's shape; its errors name the key.
+std::unique_ptr<TokenLoader> validation_loader(const config::TrainConfig& c) {
+  try {
+    return std::make_unique<TokenLoader>(c.validation.path, c.data.batch_size, c.data.seq_len);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("validation.path: {}", e.what()));
+  }
+}
+}  // namespace
+
 Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
-    : config_(std::move(config)),
-      world_(world && world->size() > 1 ? std::move(world) : nullptr),
-      loader_(config_.data.path, config_.data.batch_size, config_.data.seq_len, config_.training.seed),
-      // loader_ is declared before data_digest_: it has read the file.
-      data_digest_(loader_.digest()) {
-  if (world_) check_ranks_agree(config_, data_digest_, *world_);  // before any other collective
-  loader_.check_vocabulary(config_.model.vocab_size);             // naming the shard
+    : config_(std::move(config)), world_(world && world->size() > 1 ? std::move(world) : nullptr) {
+  // The data read and checked on every rank, an error said once (every rank reads the same files).
+  fail_together(world_.get(), [&] {
+    loader_.emplace(config_.data.path, config_.data.batch_size, config_.data.seq_len, config_.training.seed);
+    if (!config_.validation.path.empty()) val_loader_ = validation_loader(config_);
+  });
+  data_digest_ = loader_->digest();
+  FileDigests digests{{"the contents of data.path", data_digest_}};
+  if (val_loader_) digests.emplace_back("the contents of validation.path", val_loader_->digest());
+  if (world_) check_ranks_agree(config_, digests, *world_);  // before any collective but fail_together's
+  fail_together(world_.get(), [&] {
+    loader_->check_vocabulary(config_.model.vocab_size);  // naming the shard
+    MT_CHECK(!val_loader_ || val_loader_->max_token() < config_.model.vocab_size,
+             "validation.path {} holds token {} but model.vocab_size is {}", config_.validation.path,
+             val_loader_ ? val_loader_->max_token() : 0, config_.model.vocab_size);
+  });
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
@@ -75,6 +95,7 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
 
 void check_output_path(const config::TrainConfig& config, const std::string& output, const std::string& what) {
   std::vector<InputPath> inputs{{config.data.path, "data.path"},
+                                {config.validation.path, "validation.path"},
                                 {config.checkpoint.init_from, "checkpoint.init_from"},
                                 {config.file, "the --config file"},
                                 {config.schedule.hardware, "schedule.hardware"},
@@ -246,7 +267,7 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
           "file of it for checkpoint.init_from)",
           checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
     }
-    loader_.set_cursor(cursor_of(checkpoint.state));
+    loader_->set_cursor(cursor_of(checkpoint.state));
     roll_back_past(checkpoint);
   } catch (const std::exception& e) {
     failure = fmt::format("resuming from {}: {}", checkpoint.path, e.what());
@@ -267,7 +288,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
            "step done ({}) nor the one before",
            step, steps_done_);
   finish_save();  // one save at a time, in step order
-  const DataCursor cursor = step == steps_done_ ? loader_.cursor() : cursor_before_step_;
+  const DataCursor cursor = step == steps_done_ ? loader_->cursor() : cursor_before_step_;
   checkpoint::CheckpointState state;
   state.step = step;
   state.updates_applied = updates_applied_;
@@ -332,6 +353,17 @@ CachingAllocator& Trainer::step_memory() const {
   return config_.training.device == Device::cuda ? kernels::cuda::device_allocator() : default_allocator();
 }
 
+double Trainer::validate() {
+  MT_CHECK(val_loader_, "validate: validation.path is not set");
+  val_loader_->set_cursor(0);  // the same batches each time
+  double sum = 0;
+  for (int64_t i = 0; i < config_.validation.steps; ++i) {
+    val_loader_->next(runner_->batch_tokens(), runner_->batch_targets());
+    sum += runner_->evaluate();
+  }
+  return sum / static_cast<double>(config_.validation.steps);
+}
+
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m;
@@ -340,8 +372,8 @@ StepMetrics Trainer::step() {
   peak_before_step_ = std::max(peak_before_step_, step_memory().stats().peak_bytes);
   step_memory().reset_peak();
   m.lr = config_.lr_at(m.step);
-  cursor_before_step_ = loader_.cursor();
-  loader_.next(runner_->batch_tokens(), runner_->batch_targets(), runner_->rows_read());
+  cursor_before_step_ = loader_->cursor();
+  loader_->next(runner_->batch_tokens(), runner_->batch_targets(), runner_->rows_read());
   runner_->set_profiling(profiling_ && m.step > 1);
   runner_->set_tracing(tracing_ && m.step == config_.training.steps);
   // AdamW's step count (its bias correction): the updates it has applied, this one included.
@@ -465,11 +497,13 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
       }
     }
     ++summary.steps_run;
+    const int64_t every = config_.validation.every;
+    if (val_loader_ && ((every > 0 && s % every == 0) || s == config_.training.steps)) last.val_loss = validate();
     if (s == start + 1)
       summary.first = last;
     else
       step_ms.push_back(last.step_ms);
-    const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps;
+    const bool log = s % config_.metrics.log_every == 0 || s == config_.training.steps || last.val_loss;
     const int ranks = num_ranks();
     if (log && world_) {  // every rank takes part
       for (const RankReport& r : rank_reports()) {
@@ -489,6 +523,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                   {"gflops_per_s", flops_per_step() / last.step_ms * 1e-6},
                                   {"estimated_step_ms", estimated_step_ms()},
                                   {"skipped_steps", last.skipped_steps}};
+      if (last.val_loss) line["val_loss"] = *last.val_loss;
       if (world_) {
         line["ranks"] = ranks;
         line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;
@@ -507,8 +542,9 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
           world_ ? fmt::format(" ({:.0f} per rank), peak {:.1f} MiB on the largest rank", last.tokens_per_s / ranks,
                                static_cast<double>(last.peak_bytes_max) / (1 << 20))
                  : "";
-      say(progress, "{}step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
-          live ? "\r" : "", s, config_.training.steps, last.loss, last.lr, last.grad_norm, last.step_ms,
+      const std::string val = last.val_loss ? fmt::format("  val_loss {:.4f}", *last.val_loss) : "";
+      say(progress, "{}step {:>5}/{}  loss {:.4f}{}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
+          live ? "\r" : "", s, config_.training.steps, last.loss, val, last.lr, last.grad_norm, last.step_ms,
           last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
     }
     const bool interval_checkpoint =

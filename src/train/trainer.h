@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -32,6 +33,7 @@ struct StepMetrics {
   size_t step_peak_bytes = 0;  // this rank's during this step: what its step allocates (sched::estimate_memory's peak)
   size_t peak_bytes_max = 0;   // the largest rank's (gathered at logged steps; else this rank's)
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
+  std::optional<double> val_loss;  // after a step with a validation: the split's mean loss (Trainer::validate)
 };
 
 // Throws when writing `output` (the path of config key or option `what`)
@@ -59,6 +61,10 @@ class Trainer {
   // loss or gradient norm is not finite (with a non-finite norm the weights
   // and moments are left as they were).
   StepMetrics step();
+  // The validation split's mean loss over validation.steps batches from its
+  // start, under the weights as they stand: forward only on the training
+  // layout, no update (a collective). Needs validation.path.
+  double validate();
   struct Summary {
     StepMetrics first, last;
     double median_step_ms = 0;       // of the steps after the first (the first warms up), or the only one
@@ -145,7 +151,8 @@ class Trainer {
   comm::ProcessGroupPtr world_;
   std::unique_ptr<estimate::BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
   std::unique_ptr<StepRunner> runner_;                  // a flat step's, or a pipeline rank's
-  TokenDataset loader_;                                 // data.path's shards
+  std::optional<TokenDataset> loader_;                  // data.path's shards (made in the constructor)
+  std::unique_ptr<TokenLoader> val_loader_;             // validation.path's batches (none without it)
   std::string resumed_from_;
   // The line of steps this run is on (checkpoint::CheckpointState::trajectory):
   // new, or the resumed checkpoint's when it was the newest. A rollback sets

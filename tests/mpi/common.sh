@@ -1,9 +1,12 @@
 # Sourced by the mpirun test scripts with their arguments ("MPIRUN [FLAGS]"
 # MESHTRAIN SOURCE_DIR ...): sets $mpirun, $meshtrain and $src, makes the
 # scratch folder $dir (removed on exit, with the background $job killed if one
-# is set), defines fail and bad, and works in the source folder.
+# is set), defines fail and bad, and works in the source folder. Says which
+# Open MPI transports the ranks may use where the environment picks them (the
+# tests labelled tcp: OMPI_MCA_btl=tcp,self).
 set -u
 mpirun=$1 meshtrain=$2 src=$3
+[ -z "${OMPI_MCA_btl:-}" ] || echo "transports: OMPI_MCA_pml=${OMPI_MCA_pml:-(default)} OMPI_MCA_btl=$OMPI_MCA_btl"
 dir=$(mktemp -d)
 job=
 trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; rm -rf "$dir"' EXIT
