@@ -110,6 +110,8 @@ TEST(Checkpoint, SavedOnOneMeshLoadsOnAnyOther) {
   EXPECT_EQ(info.state.step, 10);
   EXPECT_EQ(info.state.updates_applied, 9);
   EXPECT_EQ(info.state.data_cursor, 1234);
+  EXPECT_EQ(info.state.data_epoch, 0);  // the rest of the data cursor, as saved (defaults here)
+  EXPECT_EQ(info.state.data_shard, "");
   EXPECT_EQ(info.state.config.at("model.dim"), 5);
 
   expect_loads_on(path, mesh2x2, {"S(0)S(1)", "S(0)[1]S(0)[0]", "_S(0, 2)R", "RS(1)"});           // as saved
@@ -274,6 +276,27 @@ TEST(Checkpoint, MetadataIntegersAreExactAndEmptyTensorsAllocateNothing) {
   expect_refused("updates_applied", nlohmann::ordered_json(~uint64_t{0}),
                  "updates_applied is 18446744073709551615, not in");
   expect_refused("version", 1.0, "version is 1.0, not an integer");
+  // The data cursor's epoch and shard (datasets of shards).
+  expect_refused("data_epoch", 2.5, "data_epoch is 2.5, not an integer");
+  expect_refused("data_shard_index", -1, "data_epoch 0 or data_shard_index -1 is out of range");
+  expect_refused("data_shard", 7, "data_shard is 7, not a string");
+  {  // saved, read back; absent (a checkpoint saved before them): epoch 0, shard 0, no name
+    auto cursor = saved;
+    cursor["data_epoch"] = 3;
+    cursor["data_shard_index"] = 2;
+    cursor["data_shard"] = "train_000004.bin";
+    write_resealed(cursor);
+    const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(path);
+    EXPECT_EQ(info.state.data_epoch, 3);
+    EXPECT_EQ(info.state.data_shard_index, 2);
+    EXPECT_EQ(info.state.data_shard, "train_000004.bin");
+    for (const char* key : {"data_epoch", "data_shard_index", "data_shard"}) cursor.erase(key);
+    write_resealed(cursor);
+    const checkpoint::CheckpointInfo old = checkpoint::read_checkpoint_info(path);
+    EXPECT_EQ(old.state.data_epoch, 0);
+    EXPECT_EQ(old.state.data_shard_index, 0);
+    EXPECT_EQ(old.state.data_shard, "");
+  }
   auto m = saved;
   m["mesh"]["shape"][0] = (int64_t{1} << 32) + 2;
   write_resealed(m);
