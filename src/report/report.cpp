@@ -140,8 +140,12 @@ std::string summary(const Run& run) {
   }
   const std::vector<Point> loss = series_of(log, [](const MetricsPoint& p) { return p.loss; });
   const std::vector<Point> val = series_of(log, [](const MetricsPoint& p) { return p.val_loss; });
-  if (const Point* p = last_finite(loss))
+  if (const Point* p = last_finite(loss); p != nullptr && &loss.back() == p)
     row(out, "Final training loss", fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)));
+  else if (!loss.empty())
+    row(out, "Final training loss",
+        fmt::format("{} at step {} (the last finite: {})", loss.back().y, static_cast<int64_t>(loss.back().x),
+                    p ? fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)) : "none"));
   if (const Point* p = last_finite(val))
     row(out, "Final validation loss", fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)));
   if (!log.points.empty()) {

@@ -2,7 +2,8 @@
 # The run report end to end: `meshtrain train` with metrics.file writes
 # run.json and report.html beside the metrics; `meshtrain report RUN_DIR -o`
 # writes the page again elsewhere; both are valid, self-contained HTML
-# (check_report_html.py) holding the final loss. Refused with a clear error
+# (check_report_html.py) holding the final loss; a run that fails still
+# writes its report, saying why. Refused with a clear error
 # (exit 2): -o naming the metrics file or run.json, a metrics line that is
 # not JSON (named by line), a folder that is no run. A metrics file cut off
 # in its last line (a killed run) still gives a page, with a warning.
@@ -46,6 +47,15 @@ expect_error "is not a folder" report "$dir/none"
 expect_error "holds neither run.json nor metrics.jsonl" report "$dir"
 expect_error "metrics.file $dir/x/run.json: run.json is the name of a file" train --config configs/debug.toml \
   --training.steps 1 --metrics.file "$dir/x/run.json"
+
+# A run that fails (a diverging step) still ends with its report, saying why.
+out=$("$meshtrain" train --config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 \
+  --model.n_kv_heads 2 --model.ffn_dim 128 --data.seq_len 32 --training.steps 6 --metrics.log_every 1 \
+  --optimizer.lr 1e20 --lr_scheduler.warmup_steps 0 --checkpoint.folder "" --metrics.file "$dir/failed/m.jsonl" 2>&1)
+[ $? -eq 2 ] || { echo "$out"; fail "the diverging run did not fail"; }
+grep -qF '"status": "failed: step ' "$dir/failed/run.json" || { cat "$dir/failed/run.json"; fail "run.json does not say the run failed"; }
+grep -qF "<td>failed: step " "$dir/failed/report.html" || fail "the failed run's report does not say it failed"
+check_html "$dir/failed/report.html"
 
 # A killed run: its last line cut off. A page, and a warning naming the line.
 cp -r "$run" "$dir/killed"
