@@ -372,8 +372,11 @@ int run_train(const CommandArgs& a) {
     }
   }
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
-  const std::string ended = summary.steps_run == 0 ? "finished: nothing to train (at training.steps already)"
-                                                   : fmt::format("finished: {} steps run", summary.steps_run);
+  const std::string resumed =
+      trainer.resumed_from().empty() ? "" : fmt::format(" after resuming from {}", trainer.resumed_from());
+  const std::string ended = summary.steps_run == 0
+                                ? "finished: nothing to train (at training.steps already)" + resumed
+                                : fmt::format("finished: {} steps run{}", summary.steps_run, resumed);
   if (const std::string page = run_report.ended(ended, &summary, final_ranks); !page.empty())
     fmt::print("report: {}\n", page);
   if (profile) print_profile(trainer.profile());

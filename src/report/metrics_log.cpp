@@ -21,9 +21,10 @@ void number(const nlohmann::json& j, const char* key, double& out, const std::st
 MetricsPoint parse_point(const nlohmann::json& j, const std::string& where) {
   MT_CHECK(j.is_object(), "{}: not a JSON object but {}", where, j.dump().substr(0, 80));
   const auto step = j.find("step");
-  MT_CHECK(step != j.end() && step->is_number_integer() && step->get<int64_t>() >= 1,
-           "{}: no \"step\" (a positive integer); is this a meshtrain metrics file (metrics.file)?", where);
-  MT_CHECK(j.contains("loss"), "{}: no \"loss\"; is this a meshtrain metrics file (metrics.file)?", where);
+  MT_CHECK(step != j.end() && step->is_number_integer() && step->get<int64_t>() >= 0,
+           "{}: no \"step\" (an integer, 0 or more); is this a meshtrain metrics file (metrics.file)?", where);
+  MT_CHECK(j.contains("loss") || j.contains("val_loss"),
+           "{}: no \"loss\" nor \"val_loss\"; is this a meshtrain metrics file (metrics.file)?", where);
   MetricsPoint p;
   p.step = step->get<int64_t>();
   number(j, "loss", p.loss, where);
@@ -40,7 +41,13 @@ MetricsPoint parse_point(const nlohmann::json& j, const std::string& where) {
 }
 
 // Adds `p`, first dropping the points it logs again (step p.step and later).
-void add(MetricsLog& log, const MetricsPoint& p) {
+// A validation-only line (`validation_only`: no "loss") of the last point's
+// step adds its val_loss to that point.
+void add(MetricsLog& log, const MetricsPoint& p, bool validation_only) {
+  if (validation_only && !log.points.empty() && log.points.back().step == p.step) {
+    log.points.back().val_loss = p.val_loss;
+    return;
+  }
   while (!log.points.empty() && log.points.back().step >= p.step) {
     log.points.pop_back();
     ++log.rerun_steps;
@@ -68,7 +75,7 @@ MetricsLog parse_metrics_log(std::string_view text, const std::string& file) {
     }
     MT_CHECK(!j.is_discarded(), "{}: not JSON: '{}'; a metrics file holds one JSON object a line", where,
              line.substr(0, 80));
-    add(log, parse_point(j, where));
+    add(log, parse_point(j, where), !j.contains("loss"));
   }
   return log;
 }

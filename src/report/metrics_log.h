@@ -28,9 +28,10 @@ struct MetricsLog {
   int64_t rerun_steps = 0;  // logged steps replaced by a later line of the same step (a resumed run)
 };
 
-// The lines of `text`, the contents of `file`. A step logged again (a run
-// resumed from a checkpoint logs the steps after it again) replaces the
-// earlier lines from that step on.
+// The lines of `text`, the contents of `file`. Each needs "step" and "loss"
+// or "val_loss" (a line of validation alone, merged into the line before when
+// that is of its step). A step logged again (a run resumed from a checkpoint
+// logs the steps after it again) replaces the earlier lines from that step on.
 MetricsLog parse_metrics_log(std::string_view text, const std::string& file);
 // The same for the file at `path` (at most 1 GiB).
 MetricsLog read_metrics_log(const std::string& path);

@@ -133,7 +133,7 @@ std::string summary(const Run& run) {
     row(out, "Steps logged", "none yet");
   } else {
     row(out, "Steps logged",
-        fmt::format("{} lines, steps {} to {}{}", log.points.size(), log.points.front().step, log.points.back().step,
+        fmt::format("{}, from step {} to {}{}", log.points.size(), log.points.front().step, log.points.back().step,
                     log.rerun_steps > 0
                         ? fmt::format(" ({} earlier lines replaced: steps run again after a resume)", log.rerun_steps)
                         : ""));
@@ -161,13 +161,20 @@ std::string summary(const Run& run) {
 
 std::string rank_table(const RunRecord& r) {
   std::string out = fmt::format(
-      "<p>Each rank's figures, as taken {}: bytes held, the collectives of one step and the "
-      "bytes they move, peak memory (MiB).</p>\n<table class=\"ranks\">\n<tr>",
+      "<p>Each rank's figures, as taken {}: what it holds, the collectives of one step and the bytes they move, "
+      "its peak memory so far and in its last step.</p>\n<table class=\"ranks\">\n<tr>",
       escape_html(r.ranks_when.empty() ? "by the run" : r.ranks_when));
-  const char* heads[] = {"rank",        "coordinate", "parameters", "gradients", "optimizer states",
-                         "collectives", "moved",      "peak",       "step peak"};
+  const char* heads[] = {"rank",
+                         "coordinate",
+                         "parameters (MiB)",
+                         "gradients (MiB)",
+                         "optimizer states (MiB)",
+                         "collectives / step",
+                         "moved / step (MiB)",
+                         "peak (MiB)",
+                         "step peak (MiB)"};
   for (const char* h : heads) out += fmt::format("<th>{}</th>", h);
-  if (r.pipeline) out += "<th>bubble</th><th>activations</th><th>(stage, microbatch) pairs</th>";
+  if (r.pipeline) out += "<th>bubble</th><th>activations (MiB)</th><th>(stage, microbatch) pairs</th>";
   out += "</tr>\n";
   for (const RankRow& k : r.ranks) {
     out += fmt::format(

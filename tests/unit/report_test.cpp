@@ -86,6 +86,8 @@ TEST(ReportMetrics, GarbageAndMissingFieldsAreRefusedNamingTheLine) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse_metrics_log("{\"step\": 1}\n", "m.jsonl"); }).find("m.jsonl line 1: no \"loss\""),
             std::string::npos);
+  EXPECT_NE(error_of([] { parse_metrics_log("{\"step\": -1, \"loss\": 2}\n", "m.jsonl"); }).find("no \"step\""),
+            std::string::npos);
   EXPECT_NE(error_of([] {
               parse_metrics_log(R"({"step": 1, "loss": 2, "lr": "high"})", "m.jsonl");
             }).find("\"lr\" is \"high\", not a number"),
@@ -109,6 +111,22 @@ TEST(ReportMetrics, NullLossIsNanAndRepeatedStepsReplaceTheEarlier) {
   EXPECT_DOUBLE_EQ(log.points[1].loss, 4.25);
   EXPECT_DOUBLE_EQ(log.points[2].loss, 4.125);
   EXPECT_TRUE(std::isnan(parse_metrics_log(R"({"step":3,"loss":null})", "m").points[0].loss));
+}
+
+TEST(ReportMetrics, ValidationOnlyLinesJoinTheirStep) {
+  // Validation before training (step 0), and on a line of its own after step 2's.
+  const MetricsLog log = parse_metrics_log(R"({"step":0,"val_loss":6})"
+                                           "\n" +
+                                               line(1, 5) + line(2, 4) +
+                                               R"({"step":2,"val_loss":4.5})"
+                                               "\n",
+                                           "m");
+  ASSERT_EQ(log.points.size(), 3u);
+  EXPECT_EQ(log.rerun_steps, 0);
+  EXPECT_TRUE(std::isnan(log.points[0].loss));
+  EXPECT_DOUBLE_EQ(log.points[0].val_loss, 6);
+  EXPECT_DOUBLE_EQ(log.points[2].loss, 4);
+  EXPECT_DOUBLE_EQ(log.points[2].val_loss, 4.5);
 }
 
 TEST(ReportRunRecord, RoundTripsAndRefusesOtherJson) {
