@@ -19,10 +19,12 @@ struct Range {
   double lo = 0, hi = 0;
 };
 
-// Round tick values covering `r` (about `count`), and r widened to the outer ones.
+// Round tick values covering `r` (about `count`), and r widened to the outer
+// ones. A range too narrow for its magnitude (or empty) is widened first.
 std::vector<double> ticks(Range& r, int count) {
-  if (!(r.hi > r.lo)) {
-    const double pad = r.lo == 0 ? 1 : std::abs(r.lo) * 0.1;
+  const double scale = std::max(std::abs(r.lo), std::abs(r.hi));
+  if (!(r.hi - r.lo > scale * 1e-9)) {
+    const double pad = scale == 0 ? 1 : scale * 0.1;
     r = {r.lo - pad, r.hi + pad};
   }
   const double raw = (r.hi - r.lo) / count, magnitude = std::pow(10, std::floor(std::log10(raw)));
@@ -34,7 +36,11 @@ std::vector<double> ticks(Range& r, int count) {
     }
   r = {std::floor(r.lo / step) * step, std::ceil(r.hi / step) * step};
   std::vector<double> out;
-  for (double t = r.lo; t <= r.hi + step * 1e-6; t += step) out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  const int64_t n = std::min<int64_t>(std::llround((r.hi - r.lo) / step), 4 * count);  // counted, never accumulated
+  for (int64_t i = 0; i <= n; ++i) {
+    const double t = r.lo + static_cast<double>(i) * step;
+    out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  }
   return out;
 }
 
@@ -188,6 +194,11 @@ std::string render_svg(const Chart& chart) {
                        kWidth / 2, kHeight / 2);
     return out;
   }
+  // Values whose range overflows a double (1e308 and -1e308) are not drawn.
+  if (!std::isfinite(f.y.hi - f.y.lo) || !std::isfinite(f.x.hi - f.x.lo) || f.x.hi > 1e15)
+    return out + fmt::format(
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">values too large to draw</text>\n</svg>\n",
+                     kWidth / 2, kHeight / 2);
   f.x.hi = std::max(f.x.hi, f.x.lo + 4);  // steps: ticks at whole numbers
   if (chart.y_from_zero) f.y = {std::min(f.y.lo, 0.0), std::max(f.y.hi, 0.0)};
   const std::vector<double> yt = ticks(f.y, 5), xt = ticks(f.x, 6);

@@ -1,6 +1,7 @@
 #include "report/run_record.h"
 
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -31,6 +32,8 @@ template <typename T>
 void get(const nlohmann::json& j, const char* key, T& out, const std::string& file) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return;
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)  // a float would convert: 1e300 to an int is UB
+    MT_CHECK(it->is_number_integer(), "{}: \"{}\" is {}, not an integer", file, key, it->dump());
   try {
     out = it->get<T>();
   } catch (const nlohmann::json::exception&) {
@@ -85,11 +88,12 @@ RunRecord parse_run_record(const std::string& text, const std::string& file) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw InvalidArgument(
         fmt::format("{} is not JSON ({}); meshtrain train writes it beside the metrics file", file, e.what()));
   }
-  MT_CHECK(j.is_object() && j.value("format", "") == kFormat,
+  const auto format = j.is_object() ? j.find("format") : j.end();
+  MT_CHECK(format != j.end() && format->is_string() && *format == kFormat,
            "{} is not a meshtrain run record (no \"format\": \"{}\"); meshtrain train writes one beside the metrics "
            "file",
            file, kFormat);

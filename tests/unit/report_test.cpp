@@ -129,7 +129,7 @@ TEST(ReportMetrics, ValidationOnlyLinesJoinTheirStep) {
   EXPECT_DOUBLE_EQ(log.points[2].val_loss, 4.5);
 }
 
-TEST(ReportRunRecord, RoundTripsAndRefusesOtherJson) {
+TEST(ReportRunRecord, RoundTripsAndRefusesOtherJson) {  // and what the fuzzer found (fuzz/corpus/report/regression_*)
   RunRecord r;
   r.metrics_file = "metrics.jsonl";
   r.config_toml = "[model]\ndim = 64\n";
@@ -151,6 +151,17 @@ TEST(ReportRunRecord, RoundTripsAndRefusesOtherJson) {
   EXPECT_NE(error_of([] {
               parse_run_record(R"({"format": "meshtrain run record 1", "world_size": "two"})", "run.json");
             }).find("\"world_size\" is \"two\""),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { parse_run_record(R"({"format": {"a": 1}})", "run.json"); }).find("not a meshtrain run record"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_run_record(R"({"format": "meshtrain run record 1", "world_size": 1e300})", "r");
+            }).find("not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_run_record(R"({"format": "meshtrain run record 1", "model": 1E962310791})", "r");
+            }).find("r is not JSON"),
             std::string::npos);
 }
 
@@ -187,6 +198,14 @@ TEST(ReportChart, EscapesTextAndFormatsNumbers) {
   for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
   EXPECT_EQ(lines, 2u);
   EXPECT_NE(render_svg({"Empty", "y", {{"s", {}}}}).find("no values logged"), std::string::npos);
+  // Extreme values draw (or say they cannot) without hanging: a range tiny
+  // against its magnitude, one that overflows, one flat.
+  for (const auto& [a, b] :
+       std::vector<std::pair<double, double>>{{1e17, 1e17 + 16}, {-1e308, 1e308}, {5, 5}, {0, 0}}) {
+    const std::string extreme = render_svg({"Extreme", "y", {{"s", {{1, a}, {2, b}}}}});
+    EXPECT_EQ(extreme.find("nan"), std::string::npos) << a << " " << b;
+    EXPECT_LT(extreme.size(), 10000u) << a << " " << b;
+  }
 }
 
 TEST(ReportPage, TenThousandStepsStayUnderTwoMegabytes) {
