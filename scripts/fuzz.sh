@@ -5,11 +5,11 @@
 #   scripts/fuzz.sh 10               every fuzzer, 10 seconds each (the test suite and CI do this:
 #                                    mostly the seeds replayed and a few mutations, a smoke test)
 #   scripts/fuzz.sh 60 layout config some of them
-#   scripts/fuzz.sh 3600             the weekly run: an hour each (10 fuzzers: 5 hours on 2 cores,
-#                                    1 hour on 10 or more); keep build-fuzz/corpus/ from one week to
+#   scripts/fuzz.sh 3600             the weekly run: an hour each (11 fuzzers: 6 hours on 2 cores,
+#                                    1 hour on 11 or more); keep build-fuzz/corpus/ from one week to
 #                                    the next, so that each run goes on from what the last one found
 # Fuzzers: config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule
-# pp_builtin checkpoint_metadata. Each starts from its seeds in fuzz/corpus/NAME (which
+# pp_builtin checkpoint_metadata report. Each starts from its seeds in fuzz/corpus/NAME (which
 # hold the inputs of crashes found and fixed)
 # and keeps what it finds in build-fuzz/corpus/NAME. A crash, a hang (over 10 s
 # on one input), a leak or a sanitizer report fails the run; its input is kept
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: SECONDS must be a positive integer, got '$seconds'" >&2; exit 2; }
-all=(config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule pp_builtin checkpoint_metadata)
+all=(config safetensors token_shard layout fr_dump hardware checkpoint pp_schedule pp_builtin checkpoint_metadata report)
 names=("$@")
 ((${#names[@]})) || names=("${all[@]}")
 for n in "${names[@]}"; do

@@ -11,9 +11,11 @@ cd "$(dirname "$0")/.."
 # checkpoints with it (standard library only); python3-venv: the tokenizer
 # parity test installs tiktoken and sentencepiece into a venv.
 # libpcre2-dev, libsentencepiece-dev: `meshtrain tokenize` (src/tokenize).
+# chromium: tests/cli/report_chromium_test.sh renders a run report headless
+# (81 MB download, 290 MB installed; the test skips without it).
 packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
-          nlohmann-json3-dev libfmt-dev python3 python3-venv libpcre2-dev libsentencepiece-dev)
+          nlohmann-json3-dev libfmt-dev python3 python3-venv libpcre2-dev libsentencepiece-dev chromium)
 source scripts/install-packages.sh
 install_missing_packages "${packages[@]}"
 

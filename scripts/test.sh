@@ -41,7 +41,7 @@ cmake --build build-asan -j "$jobs" --target unit_tests meshtrain
 # minutes in a Debug build, and the release build above runs it.)
 (cd build-asan && ctest -L unit -E '^tokenizer_parity$' -j "$jobs" --output-on-failure)
 
-echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles, checkpoints, pipeline schedules), 10 s each"
+echo "== fuzzers (config, safetensors, token shard, layout, flight-recorder dumps, hardware profiles, checkpoints, pipeline schedules, run reports), 10 s each"
 scripts/fuzz.sh 10
 
 if [ "${TSAN:-0}" = 1 ]; then

@@ -12,6 +12,7 @@
 #include "cli/fr_analyze_command.h"
 #include "cli/layout_commands.h"
 #include "cli/pp_schedule_command.h"
+#include "cli/report_command.h"
 #include "cli/tokenize_command.h"
 #include "cli/train_command.h"
 #include "comm/mpi_backend.h"
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands{
       add_bench_comm_command(app),  add_fr_analyze_command(app), add_export_command(app), add_train_command(app),
       add_lower_command(app),       add_estimate_command(app),   add_layout_command(app), add_plan_command(app),
-      add_pp_schedule_command(app), add_tokenize_command(app)};
+      add_pp_schedule_command(app), add_tokenize_command(app),   add_report_command(app)};
 
   // What goes wrong before a command runs is said by the first process only under mpirun; every process exits.
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
         std::fprintf(
             stderr,
             "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-            "export, lower, estimate, layout, plan, pp-schedule, tokenize; meshtrain --help says what each does)\n",
+            "export, lower, estimate, layout, plan, pp-schedule, tokenize, report; meshtrain --help says what each does)\n",
             argv[i]);
         return 2;
       }

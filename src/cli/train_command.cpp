@@ -17,6 +17,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli/command_args.h"
+#include "cli/report_command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -57,6 +58,8 @@ std::string train_footer() {
          "mpirun send SIGUSR1 to mpirun (it forwards it at once) or SIGTERM to every rank, as schedulers do;\n"
          "SIGTERM or Ctrl-C to mpirun reaches the ranks only after OMPI_MCA_odls_base_sigkill_timeout seconds\n"
          "(1 by default) with SIGKILL as long after, and mpirun prints nothing more of theirs.\n"
+         "With metrics.file set, rank 0 also writes run.json (as the run starts and ends) and, at the end,\n"
+         "report.html beside it: the run's report page (meshtrain report --help says what it holds).\n"
          "A key given twice (in the file, then on the command line, or twice there) takes the last value.\n";
 }
 
@@ -281,6 +284,7 @@ int run_train(const CommandArgs& a) {
     train::check_output_path(trainer.config(), trace_path->second, "--trace");
     check_output_file(trace_path->second, "--trace");  // fails now, not after training
   }
+  TrainReport run_report(trainer);  // rank 0, with metrics.file: run.json and report.html beside it
   // Preemption or Ctrl-C (SIGTERM, SIGINT, SIGUSR1): a checkpoint after the
   // step that is running, then exit 128 + the signal (--help says how under mpirun).
   train::stop_at_step_end_on_signals(several);
@@ -309,10 +313,21 @@ int run_train(const CommandArgs& a) {
     print_held(held, trainer);
   }
   std::fflush(stdout);
+  run_report.started(several ? held : trainer.rank_reports());
   trainer.set_profiling(profile);
-  const auto summary = trainer.run(stdout);
+  train::Trainer::Summary summary;
+  try {
+    summary = trainer.run(stdout);
+  } catch (const std::exception& e) {
+    run_report.failed(e.what());
+    throw;
+  }
+  // Every rank takes part (as the others do after their run): the ranks' tables at the end.
+  const std::vector<train::RankReport> final_ranks = trainer.rank_reports();
   if (summary.stopped_by_signal != 0) {
-    if (several) trainer.rank_reports();  // every rank takes part, as they do after a full run
+    run_report.ended(fmt::format("stopped by {} after step {} of {}", train::signal_name(summary.stopped_by_signal),
+                                 summary.last.step, c.training.steps),
+                     &summary, final_ranks);
     // Written as best it can be: after a signal the output may be non-blocking with nobody reading.
     const std::string said = fmt::format(
         "stopped by {} after step {} of {}: loss {:.4f}{}\n", train::signal_name(summary.stopped_by_signal),
@@ -345,7 +360,7 @@ int run_train(const CommandArgs& a) {
         c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
   else if (summary.steps_run > 0)
     fmt::print("no estimate of this step on {}: {}\n", hardware, trainer.no_estimate_because());
-  if (several) print_did(trainer.rank_reports(), trainer);
+  if (several) print_did(final_ranks, trainer);
   if (trace_path != a.options.end()) {
     const std::string trace = trainer.trace();  // every rank takes part
     if (summary.steps_run == 0) {
@@ -357,6 +372,13 @@ int run_train(const CommandArgs& a) {
     }
   }
   if (!c.metrics.file.empty()) fmt::print("metrics: {}\n", c.metrics.file);
+  const std::string resumed =
+      trainer.resumed_from().empty() ? "" : fmt::format(" after resuming from {}", trainer.resumed_from());
+  const std::string ended = summary.steps_run == 0
+                                ? "finished: nothing to train (at training.steps already)" + resumed
+                                : fmt::format("finished: {} steps run{}", summary.steps_run, resumed);
+  if (const std::string page = run_report.ended(ended, &summary, final_ranks); !page.empty())
+    fmt::print("report: {}\n", page);
   if (profile) print_profile(trainer.profile());
   return 0;
 }

@@ -2,7 +2,8 @@
 # What `meshtrain train` writes fails loudly and loses nothing (issue 15,
 # class 2): on a full disk (a small tmpfs) a checkpoint is an error naming
 # it, with no partial file or temporary left and the earlier checkpoint
-# intact, and a metrics file that cannot grow is an error at that step; a
+# intact, run.json (beside the metrics) an error before the first step, and a
+# metrics file that cannot grow is an error at that step; a
 # read-only checkpoint folder is found before the first step; an output
 # that is also the input (metrics file or trace = the data file) is refused
 # and the data file is untouched. The disk cases mount small tmpfs: as root,
@@ -124,9 +125,19 @@ grep -q 'resumed from .*step_000001' <<<"$out" || { echo "$out"; fail "the secon
 [ "$(ls -A "$dir/mid/ckpt")" = "step_000001" ] || { ls -la "$dir/mid/ckpt"; fail "files left beside the earlier checkpoint"; }
 echo "a failed checkpoint leaves the earlier one intact"
 
-# A metrics file on a disk with no room left.
+# A metrics file on a disk with no room left: run.json, written beside it as
+# the run starts, fails before the first step.
 mount_tmpfs "$dir/metrics" 64k || fail "third tmpfs"
 dd if=/dev/zero of="$dir/metrics/filler" bs=4k 2>/dev/null
+out=$(train --training.steps 3 --checkpoint.folder "" --metrics.file "$dir/metrics/m.jsonl")
+[ $? -ne 0 ] && grep -q 'writing .*metrics/run.json failed: .*No space left' <<<"$out" ||
+  { echo "$out"; fail "no clear error for run.json on a full disk"; }
+grep -q '^step ' <<<"$out" && { echo "$out"; fail "training ran before run.json failed"; }
+[ "$(ls -A "$dir/metrics")" = filler ] || { ls -la "$dir/metrics"; fail "files left beside the filler"; }
+echo "run.json on a full disk: an error before the first step"
+# Room for run.json (one 4 KiB block) and none for the metrics: an error at that step.
+rm "$dir/metrics/filler"
+dd if=/dev/zero of="$dir/metrics/filler" bs=4k count=$(($(df --output=avail -B4096 "$dir/metrics" | tail -1) - 1)) 2>/dev/null
 out=$(train --training.steps 3 --checkpoint.folder "" --metrics.file "$dir/metrics/m.jsonl")
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out"; fail "metrics on a full disk: exit $rc"; }
