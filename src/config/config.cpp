@@ -329,7 +329,8 @@ const std::vector<Key>& keys() {
           "a positive integer: steps between progress lines"),
       string_key(
           "validation.path", "", [](TrainConfig& c) -> std::string& { return c.validation.path; },
-          "the validation split, a file as data.path reads (e.g. meshtrain tokenize's val_000000.bin): its loss, "
+          "the validation split, a file, directory or glob as data.path reads (e.g. meshtrain tokenize's "
+          "OUT/val_*.bin): its loss, "
           "forward only on the training layout, is logged as val_loss; \"\": no validation"),
       number_key<int64_t>(
           "validation.every", "0", [](TrainConfig& c) -> int64_t& { return c.validation.every; }, nonneg,

@@ -31,9 +31,9 @@ namespace meshtrain::train {
 
 namespace {
 // validation.path's batches, of the training batch's shape; its errors name the key.
-std::unique_ptr<TokenLoader> validation_loader(const config::TrainConfig& c) {
+std::unique_ptr<TokenDataset> validation_loader(const config::TrainConfig& c) {
   try {
-    return std::make_unique<TokenLoader>(c.validation.path, c.data.batch_size, c.data.seq_len);
+    return std::make_unique<TokenDataset>(c.validation.path, c.data.batch_size, c.data.seq_len, c.training.seed);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("validation.path: {}", e.what()));
   }
@@ -48,14 +48,17 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     if (!config_.validation.path.empty()) val_loader_ = validation_loader(config_);
   });
   data_digest_ = loader_->digest();
+  if (val_loader_) val_start_ = val_loader_->cursor();
   FileDigests digests{{"the contents of data.path", data_digest_}};
   if (val_loader_) digests.emplace_back("the contents of validation.path", val_loader_->digest());
   if (world_) check_ranks_agree(config_, digests, *world_);  // before any collective but fail_together's
   fail_together(world_.get(), [&] {
     loader_->check_vocabulary(config_.model.vocab_size);  // naming the shard
-    MT_CHECK(!val_loader_ || val_loader_->max_token() < config_.model.vocab_size,
-             "validation.path {} holds token {} but model.vocab_size is {}", config_.validation.path,
-             val_loader_ ? val_loader_->max_token() : 0, config_.model.vocab_size);
+    try {
+      if (val_loader_) val_loader_->check_vocabulary(config_.model.vocab_size);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("validation.path: {}", e.what()));
+    }
   });
   // What the trainer holds is allocated fresh: a block cached from earlier
   // work (another trainer in this process) may be up to twice the request.
@@ -355,10 +358,10 @@ CachingAllocator& Trainer::step_memory() const {
 
 double Trainer::validate() {
   MT_CHECK(val_loader_, "validate: validation.path is not set");
-  val_loader_->set_cursor(0);  // the same batches each time
+  val_loader_->set_cursor(val_start_);  // the same batches each time
   double sum = 0;
   for (int64_t i = 0; i < config_.validation.steps; ++i) {
-    val_loader_->next(runner_->batch_tokens(), runner_->batch_targets());
+    val_loader_->next(runner_->batch_tokens(), runner_->batch_targets(), runner_->rows_read());
     sum += runner_->evaluate();
   }
   return sum / static_cast<double>(config_.validation.steps);

@@ -152,7 +152,8 @@ class Trainer {
   std::unique_ptr<estimate::BenchmarkMode> benchmark_;  // schedule.estimate = benchmark
   std::unique_ptr<StepRunner> runner_;                  // a flat step's, or a pipeline rank's
   std::optional<TokenDataset> loader_;                  // data.path's shards (made in the constructor)
-  std::unique_ptr<TokenLoader> val_loader_;             // validation.path's batches (none without it)
+  std::unique_ptr<TokenDataset> val_loader_;            // validation.path's batches (none without it)
+  DataCursor val_start_;                                // where each validation starts: the split's first batch
   std::string resumed_from_;
   // The line of steps this run is on (checkpoint::CheckpointState::trajectory):
   // new, or the resumed checkpoint's when it was the newest. A rollback sets
