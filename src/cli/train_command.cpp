@@ -345,9 +345,10 @@ int run_train(const CommandArgs& a) {
                trainer.resumed_from(), trainer.steps_done(), c.training.steps);
   else
     fmt::print(
-        "done: loss {:.4f} -> {:.4f} over {} steps{}, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
+        "done: loss {:.4f} -> {:.4f} over {} steps{}{}, {:.0f} tokens/s at the last step{}, peak memory {:.1f} MiB{}\n",
         summary.first.loss, summary.last.loss, summary.steps_run,
         trainer.resumed_from().empty() ? "" : fmt::format(" (resumed after step {})", summary.first.step - 1),
+        summary.last.val_loss ? fmt::format(", val_loss {:.4f}", *summary.last.val_loss) : "",
         summary.last.tokens_per_s,
         several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
         static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
