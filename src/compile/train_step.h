@@ -68,16 +68,16 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
                       const config::OptimizerConfig& opt, double max_grad_norm,
                       const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
 
-// What each value of the step is to a parallel plan: parameters (split over
-// tp as Megatron's Llama plan says when `tensor_parallel`), their optimizer
-// states, the batch, the residual stream, block inputs and logits (when
-// `tensor_parallel`), the replicated outputs and the write-backs; with
-// `reduce_in_compute_dtype`, the compute-dtype copies of parameters whose
-// gradients are reduced before they are widened.
 // What each value of a forward (build_forward) is to a parallel plan: its
-// parameters, batch, per-block values (when `tensor_parallel`), copies and
-// its loss, replicated. step_roles adds the optimizer's and backward's.
+// parameters (split over tp as Megatron's Llama plan says when
+// `tensor_parallel`), the batch, the residual stream, block inputs and
+// logits (when `tensor_parallel`), the compute-dtype copies and its loss,
+// replicated.
 parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel);
+// What each value of the step is to a parallel plan: forward_roles, and the
+// parameters' optimizer states and gradients, the gradient norm (replicated)
+// and the write-backs; with `reduce_in_compute_dtype`, the compute-dtype
+// copies of parameters whose gradients are reduced before they are widened.
 parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false);
 
 }  // namespace meshtrain::compile

@@ -141,13 +141,13 @@ std::string summary(const Run& run) {
   const std::vector<Point> loss = series_of(log, [](const MetricsPoint& p) { return p.loss; });
   const std::vector<Point> val = series_of(log, [](const MetricsPoint& p) { return p.val_loss; });
   if (const Point* p = last_finite(loss); p != nullptr && &loss.back() == p)
-    row(out, "Final training loss", fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)));
+    row(out, "Final training loss", fmt::format("{:.4f} at step {:.0f}", p->y, p->x));
   else if (!loss.empty())
     row(out, "Final training loss",
-        fmt::format("{} at step {} (the last finite: {})", loss.back().y, static_cast<int64_t>(loss.back().x),
-                    p ? fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)) : "none"));
+        fmt::format("{} at step {:.0f} (the last finite: {})", loss.back().y, loss.back().x,
+                    p ? fmt::format("{:.4f} at step {:.0f}", p->y, p->x) : "none"));
   if (const Point* p = last_finite(val))
-    row(out, "Final validation loss", fmt::format("{:.4f} at step {}", p->y, static_cast<int64_t>(p->x)));
+    row(out, "Final validation loss", fmt::format("{:.4f} at step {:.0f}", p->y, p->x));
   if (!log.points.empty()) {
     const MetricsPoint& last = log.points.back();
     row(out, "Throughput", fmt::format("{} tokens/s at step {}", format_number(last.tokens_per_s), last.step));
@@ -178,14 +178,14 @@ std::string rank_table(const RunRecord& r) {
   out += "</tr>\n";
   for (const RankRow& k : r.ranks) {
     out += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{}</td><td>{:.2f}</td>"
+        "<tr><td>{}</td><td>{}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.0f}</td><td>{:.2f}</td>"
         "<td>{:.1f}</td><td>{:.1f}</td>",
         k.rank, escape_html(k.coordinate.empty() ? "-" : k.coordinate), mib(k.parameter_bytes), mib(k.gradient_bytes),
-        mib(k.optimizer_state_bytes), static_cast<int64_t>(k.collectives_per_step), mib(k.collective_bytes_per_step),
-        mib(k.peak_bytes), mib(k.step_peak_bytes));
+        mib(k.optimizer_state_bytes), k.collectives_per_step, mib(k.collective_bytes_per_step), mib(k.peak_bytes),
+        mib(k.step_peak_bytes));
     if (r.pipeline)
-      out += fmt::format("<td>{:.1f}%</td><td>{:.2f}</td><td>{}</td>", 100 * k.pipeline_bubble,
-                         mib(k.activation_peak_bytes), static_cast<int64_t>(k.activation_peak_pairs));
+      out += fmt::format("<td>{:.1f}%</td><td>{:.2f}</td><td>{:.0f}</td>", 100 * k.pipeline_bubble,
+                         mib(k.activation_peak_bytes), k.activation_peak_pairs);
     out += "</tr>\n";
   }
   return out + "</table>\n";

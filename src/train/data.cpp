@@ -47,19 +47,19 @@ std::vector<std::string> matches_of(const std::string& pattern, int& rc) {
 }
 
 // The sorted matches of glob pattern `pattern` that are regular files.
-std::vector<std::string> glob_files(const std::string& pattern) {
+std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
   int rc = 0;
   const std::vector<std::string> out = matches_of(pattern, rc);
-  MT_CHECK(rc == 0 || rc == GLOB_NOMATCH, "data.path {}: the glob failed (glob(3) error {})", pattern, rc);
-  MT_CHECK(!out.empty(), "data.path {}: the glob matches no file", pattern);
+  MT_CHECK(rc == 0 || rc == GLOB_NOMATCH, "{} {}: the glob failed (glob(3) error {})", key, pattern, rc);
+  MT_CHECK(!out.empty(), "{} {}: the glob matches no file", key, pattern);
   for (const std::string& f : out)
-    MT_CHECK(fs::is_regular_file(f), "data.path {}: {} is not a file; a glob must match token shards only", pattern, f);
+    MT_CHECK(fs::is_regular_file(f), "{} {}: {} is not a file; a glob must match token shards only", key, pattern, f);
   return out;
 }
 
 // The sorted .bin files of directory `dir`; refuses meshtrain tokenize's output folder whole (its train_ and val_
-// shards), suggesting the glob of its training split.
-std::vector<std::string> directory_shards(const std::string& dir) {
+// shards), suggesting the glob of the split `key` reads (validation.path: val_, else train_).
+std::vector<std::string> directory_shards(const std::string& dir, const std::string& key) {
   std::vector<std::string> out;
   bool train = false, val = false;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
@@ -69,19 +69,20 @@ std::vector<std::string> directory_shards(const std::string& dir) {
     train = train || name.starts_with("train_");
     val = val || name.starts_with("val_");
   }
-  MT_CHECK(!out.empty(), "data.path {} is a directory with no .bin token shard in it", dir);
+  MT_CHECK(!out.empty(), "{} {} is a directory with no .bin token shard in it", key, dir);
+  const bool validation = key == "validation.path";
   MT_CHECK(!(train && val),
-           "data.path {} holds both train_ and val_ shards (meshtrain tokenize's splits); give the training split's, "
-           "data.path = \"{}\"",
-           dir, (fs::path(dir) / "train_*.bin").string());
+           "{} {} holds both train_ and val_ shards (meshtrain tokenize's splits); give the {} split's, {} = \"{}\"",
+           key, dir, validation ? "validation" : "training", key,
+           (fs::path(dir) / (validation ? "val_*.bin" : "train_*.bin")).string());
   std::sort(out.begin(), out.end());
   return out;
 }
 
 // The files `path` names: itself, a directory's .bin shards or a glob's matches.
-std::vector<std::string> list_files(const std::string& path) {
-  if (fs::is_directory(path)) return directory_shards(path);
-  if (!fs::exists(path) && is_glob(path)) return glob_files(path);
+std::vector<std::string> list_files(const std::string& path, const std::string& key) {
+  if (fs::is_directory(path)) return directory_shards(path, key);
+  if (!fs::exists(path) && is_glob(path)) return glob_files(path, key);
   MT_CHECK(fs::exists(path), "data file '{}' does not exist", path);
   MT_CHECK(fs::is_regular_file(path),
            "data file '{}' is not a file; give a .txt file, an llm.c .bin token shard, a directory of shards or a "
@@ -224,8 +225,9 @@ std::vector<std::string> glob_matches(const std::string& path) {
   return matches_of(path, rc);
 }
 
-TokenDataset::TokenDataset(const std::string& path, int64_t batch, int64_t seq_len, int64_t seed)
-    : batch_(batch), seq_len_(seq_len), seed_(seed) {
+TokenDataset::TokenDataset(const std::string& path, int64_t batch, int64_t seq_len, int64_t seed,
+                           const std::string& key)
+    : key_(key), batch_(batch), seq_len_(seq_len), seed_(seed) {
   list_and_scan(path);
   const int64_t n = batch * seq_len;
   if (shards_.size() == 1)
@@ -235,7 +237,7 @@ TokenDataset::TokenDataset(const std::string& path, int64_t batch, int64_t seq_l
   int64_t longest = 0;
   for (const Shard& s : shards_) longest = std::max(longest, s.tokens);
   MT_CHECK(longest >= n + 1,
-           "data.path {}: no shard holds one batch (batch_size {} x seq_len {} + 1 tokens); the longest holds {}", path,
+           "{} {}: no shard holds one batch (batch_size {} x seq_len {} + 1 tokens); the longest holds {}", key_, path,
            batch, seq_len, longest);
   order_ = order(0);
   while (batches_in(current()) == 0) ++place_;  // a shard shorter than a batch is passed over
@@ -244,21 +246,21 @@ TokenDataset::TokenDataset(const std::string& path, int64_t batch, int64_t seq_l
 TokenDataset::~TokenDataset() = default;
 
 void TokenDataset::list_and_scan(const std::string& path) {
-  const std::vector<std::string> files = list_files(path);
+  const std::vector<std::string> files = list_files(path, key_);
   const bool one = files.size() == 1, text = one && fs::path(files[0]).extension() != ".bin";
   std::set<std::string> names;
   for (const std::string& f : files) names.insert(fs::path(f).filename().string());
   std::optional<Format> first;
   for (const std::string& f : files) {
     MT_CHECK(one || fs::path(f).extension() == ".bin",
-             "data.path {}: {} is not an llm.c .bin shard; a .txt file is read only alone", path, f);
+             "{} {}: {} is not an llm.c .bin shard; a .txt file is read only alone", key_, path, f);
     Shard& s = shards_.emplace_back();
     s.path = f;
     s.name = names.size() == files.size() ? fs::path(f).filename().string() : f;
     const Format format = scan_shard(s, text);
     if (!first) first = format;
-    MT_CHECK(format == *first, "data.path {}: shard {} is {} but shard {} is {}: every shard must have one format",
-             path, s.name, format.text(), shards_[0].name, first->text());
+    MT_CHECK(format == *first, "{} {}: shard {} is {} but shard {} is {}: every shard must have one format", key_, path,
+             s.name, format.text(), shards_[0].name, first->text());
   }
   header_ = first->header;
   width_ = first->width;
@@ -313,7 +315,8 @@ void TokenDataset::set_cursor(const DataCursor& c) {
            count, count);
   std::vector<int64_t> order_then = order(c.epoch);
   const Shard& s = shards_[static_cast<size_t>(order_then[static_cast<size_t>(c.shard_index)])];
-  if (!c.shard.empty() && c.shard != s.name) {
+  // One file is known by its contents alone (its digest), as before datasets of shards: a renamed one resumes.
+  if (!c.shard.empty() && c.shard != s.name && count > 1) {
     const bool known = std::any_of(shards_.begin(), shards_.end(), [&](const Shard& x) { return x.name == c.shard; });
     MT_CHECK(known, "data cursor names shard '{}', which is not in data.path (its {} shards)", c.shard, count);
     throw InvalidArgument(fmt::format(

@@ -45,7 +45,9 @@ class TokenDataset {
   // Lists the shards of `path` (a file, a directory or a glob), checks their
   // headers and reads each once, streamed: its digest and largest token.
   // `seed` draws each epoch's order of shards.
-  TokenDataset(const std::string& path, int64_t batch, int64_t seq_len, int64_t seed = 0);
+  // `key`: the config key that names `path`, as errors say it.
+  TokenDataset(const std::string& path, int64_t batch, int64_t seq_len, int64_t seed = 0,
+               const std::string& key = "data.path");
   ~TokenDataset();
 
   // Fill the rows `rows` (every row when empty) of i64 [B, T] inputs and
@@ -91,6 +93,7 @@ class TokenDataset {
   int64_t current() const { return order_[static_cast<size_t>(place_)]; }
   uint64_t byte_of(int64_t token) const { return header_ + static_cast<uint64_t>(token) * width_; }
 
+  std::string key_;  // data.path or validation.path
   std::vector<Shard> shards_;
   uint64_t header_ = 0;  // bytes before the first token: an llm.c shard's header
   uint64_t width_ = 1;   // bytes a token takes: 1 (.txt), 2 or 4 (llm.c shards)
@@ -105,7 +108,8 @@ class TokenDataset {
 };
 
 // The files glob `path` matches, sorted; none when it is not a glob, names an
-// existing path or matches nothing (outputs must not replace them).
+// existing path or matches nothing (outputs must not replace them; a
+// directory's files are guarded as the directory's).
 std::vector<std::string> glob_matches(const std::string& path);
 
 // One file, as before datasets of shards: the cursor is the token offset.

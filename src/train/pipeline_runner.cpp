@@ -378,6 +378,8 @@ double PipelineRunner::evaluate() {
   const int last = place_.schedule.stages() - 1, me = group_->rank();
   auto rank_of = [&](int stage) { return place_.schedule.rank_of_stage.at(static_cast<size_t>(stage)); };
   const StepStats kept_stats = stats_;  // the last training step's, which the report shows
+  const bool tracing = tracing_;        // a trace shows training steps only
+  tracing_ = false;
   count_targets();
   loss_sum_ = 0;
   for (int s : gathered) act({s, T::unshard, 0});
@@ -398,6 +400,7 @@ double PipelineRunner::evaluate() {
   for (int s : gathered) act({s, T::reshard, 0});
   held_.clear();
   stats_ = kept_stats;
+  tracing_ = tracing;
   Tensor sum = Tensor::empty({1}, DType::f64);
   sum.data<double>()[0] = stages_.contains(last) ? static_cast<double>(loss_sum_) : 0.0;
   group_->all_reduce(sum)->wait();

@@ -1,7 +1,8 @@
 // Every rank of a job must train the same config on the same data: a rank
 // given another learning rate, seed, step count or data file would update
 // its shards by its own rules, or wait forever for a collective the others
-// never make. Checked once, before anything else talks between the ranks.
+// never make. Checked once, before anything else talks between the ranks
+// but fail_together's one all_reduce (an error every rank meets, said once).
 #pragma once
 
 #include <functional>

@@ -37,7 +37,7 @@ class StepRunner {
   virtual ~StepRunner() = default;
 
   // Where the trainer puts each step's global batch, [batch, seq] tokens and
-  // targets (every rank the same); the runner takes its rows.
+  // targets (of which the data fills the rows_read()); the runner takes its rows.
   virtual Tensor& batch_tokens() = 0;
   virtual Tensor& batch_targets() = 0;
   // The rows of the global batch this rank's step reads: the data fills only

@@ -33,9 +33,11 @@ namespace {
 // validation.path's batches, of the training batch's shape; its errors name the key.
 std::unique_ptr<TokenDataset> validation_loader(const config::TrainConfig& c) {
   try {
-    return std::make_unique<TokenDataset>(c.validation.path, c.data.batch_size, c.data.seq_len, c.training.seed);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("validation.path: {}", e.what()));
+    return std::make_unique<TokenDataset>(c.validation.path, c.data.batch_size, c.data.seq_len, c.training.seed,
+                                          "validation.path");
+  } catch (const InvalidArgument& e) {  // a file's own errors say "data file": name the key
+    const std::string what = e.what();
+    throw InvalidArgument(what.starts_with("validation.path") ? what : "validation.path: " + what);
   }
 }
 }  // namespace
@@ -50,7 +52,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   data_digest_ = loader_->digest();
   if (val_loader_) val_start_ = val_loader_->cursor();
   FileDigests digests{{"the contents of data.path", data_digest_}};
-  if (val_loader_) digests.emplace_back("the contents of validation.path", val_loader_->digest());
+  // Every rank gives as many lines (a rank without validation.path gives "" for its contents).
+  digests.emplace_back("the contents of validation.path", val_loader_ ? val_loader_->digest() : "");
   if (world_) check_ranks_agree(config_, digests, *world_);  // before any collective but fail_together's
   fail_together(world_.get(), [&] {
     loader_->check_vocabulary(config_.model.vocab_size);  // naming the shard
@@ -104,6 +107,8 @@ void check_output_path(const config::TrainConfig& config, const std::string& out
                                 {config.schedule.hardware, "schedule.hardware"},
                                 {config.parallel.pp_schedule_csv, "parallel.pp_schedule_csv"}};
   for (const std::string& shard : glob_matches(config.data.path)) inputs.push_back({shard, "a shard of data.path"});
+  for (const std::string& shard : glob_matches(config.validation.path))
+    inputs.push_back({shard, "a shard of validation.path"});
   for (const std::string& step : checkpoint::checkpoint_step_folders(config.checkpoint.folder))
     inputs.push_back({step, "a checkpoint in checkpoint.folder"});
   check_not_an_input(output, what, inputs);

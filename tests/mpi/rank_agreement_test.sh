@@ -32,6 +32,9 @@ for btl in "" tcp,self; do
   differ "the ranks disagree on checkpoint.load_step" "" "--checkpoint.load_step 4"
   differ "--no-verify is given to some ranks and not to others" "" "--no-verify"
 done
+# A key set on one rank only that adds a file to compare (each rank still compares as many lines).
+differ "the ranks disagree on validation.path: rank 0 has \"\"; rank 1 has \"data/corpus.txt\"" "" \
+  "--validation.path data/corpus.txt"
 # The same path, other bytes (each rank in a folder of its own; the config's data.path is relative).
 mkdir -p "$dir/a" "$dir/b"
 cp data/corpus.txt "$dir/a/corpus.txt"

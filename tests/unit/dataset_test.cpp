@@ -233,6 +233,27 @@ TEST_F(Shards, CursorRestoresTheFollowingBatches) {
   EXPECT_TRUE(contains(message_of([&] { second.set_cursor(off); }), "is not where a batch of 8 tokens starts"));
 }
 
+// One file is known by its contents (its digest): a checkpoint's cursor naming it by another name (the file was
+// renamed since) still resumes, as before datasets of shards.
+TEST_F(Shards, OneRenamedFileResumes) {
+  const std::string renamed = shard("renamed.bin", 100, 0);
+  train::TokenDataset data(renamed, 2, 4);
+  EXPECT_NO_THROW(data.set_cursor({0, 0, "original.bin", 16}));
+  EXPECT_EQ(data.cursor().offset, 16);
+}
+
+// validation.path's errors name it, and a tokenize folder suggests its validation split.
+TEST_F(Shards, ValidationPathErrorsNameTheKey) {
+  shard("tok/train_000000.bin", 50, 0);
+  shard("tok/val_000000.bin", 50, 0);
+  const std::string message = message_of([&] { train::TokenDataset(path("tok"), 2, 4, 0, "validation.path"); });
+  EXPECT_TRUE(contains(message, "validation.path " + path("tok") + " holds both train_ and val_ shards")) << message;
+  EXPECT_TRUE(contains(message, "give the validation split's, validation.path = \"" + path("tok") + "/val_*.bin\""))
+      << message;
+  EXPECT_TRUE(contains(message_of([&] { train::TokenDataset(path("tok/x_*.bin"), 2, 4, 0, "validation.path"); }),
+                       "validation.path " + path("tok/x_*.bin") + ": the glob matches no file"));
+}
+
 TEST_F(Shards, GlobAndDirectoryListTheSameSortedShards) {
   four_shards();
   shard("set/notes.bin.txt", 3, 0);  // neither .bin nor matched
@@ -295,6 +316,19 @@ TEST_F(Shards, OutputsMustNotReplaceAGlobsShards) {
   EXPECT_TRUE(contains(message_of([&] { train::check_output_path(config, path("set/b.bin"), "--out"); }),
                        "--out " + path("set/b.bin") + " is also a shard of data.path"));
   EXPECT_NO_THROW(train::check_output_path(config, path("set/e.bin"), "--out"));
+}
+
+// Likewise a shard of a directory data.path, and of a glob validation.path.
+TEST_F(Shards, OutputsMustNotReplaceADirectorysOrTheValidationSplitsShards) {
+  four_shards();
+  config::TrainConfig config;
+  config.data.path = path("set");
+  EXPECT_TRUE(contains(message_of([&] { train::check_output_path(config, path("set/c.bin"), "--out"); }),
+                       "--out " + path("set/c.bin") + " is a file of data.path"));
+  config.data.path = path("elsewhere.txt");
+  config.validation.path = path("set/*.bin");
+  EXPECT_TRUE(contains(message_of([&] { train::check_output_path(config, path("set/a.bin"), "--out"); }),
+                       "--out " + path("set/a.bin") + " is also a shard of validation.path"));
 }
 
 // A shard cut short while training is an error naming it, not SIGBUS.
