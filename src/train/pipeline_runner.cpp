@@ -353,12 +353,42 @@ void PipelineRunner::act(const parallel::PpAction& a) {
   }
 }
 
+std::vector<RowRange> PipelineRunner::rows_read() const {
+  if (!place_.stage_mesh) return {};  // no data parallelism: every row
+  // Microbatch j of all holds rows j, j + all, j + 2 all, ...; this rank takes its data-parallel part of each.
+  const int64_t all = place_.schedule.microbatches * place_.accumulation;
+  const sharding::LocalChunk part = sharding::local_chunk(Shape{place_.microbatch_rows, global_tokens_.shape()[1]},
+                                                          stages_.begin()->second->programs.batch_layout,
+                                                          *place_.stage_mesh, stage_groups_->coordinate());
+  std::vector<RowRange> rows;
+  for (int64_t j = 0; j < all; ++j)
+    for (int64_t r = part.offset[0]; r < part.offset[0] + part.shape[0]; ++r)
+      rows.push_back({r * all + j, r * all + j + 1});
+  std::sort(rows.begin(), rows.end(), [](const RowRange& a, const RowRange& b) { return a.begin < b.begin; });
+  return rows;
+}
+
 void PipelineRunner::count_targets() {
-  const Tensor& targets = global_targets_;
+  Tensor& targets = global_targets_;
+  const std::vector<RowRange> rows = rows_read();
+  if (!rows.empty()) {  // rows no rank of this data-parallel group read count nothing here
+    std::vector<bool> read(static_cast<size_t>(targets.shape()[0]));
+    for (const RowRange& r : rows) std::fill(read.begin() + r.begin, read.begin() + r.end, true);
+    const auto seq = static_cast<size_t>(targets.shape()[1]);
+    std::span<int64_t> t = targets.data<int64_t>();
+    for (size_t row = 0; row < read.size(); ++row)
+      if (!read[row]) std::fill_n(t.begin() + static_cast<std::ptrdiff_t>(row * seq), seq, int64_t{-100});
+  }
   count_run_->bind(update_.count_targets,
                    Tensor::view(const_cast<void*>(targets.raw()), {targets.shape().numel()}, DType::i64));
   count_run_->run();
   count_ = count_run_->fetch(update_.count.outputs()[0]).clone();
+  if (!rows.empty()) {  // each data-parallel rank counted its rows: the batch's count is their sum
+    const sharding::DeviceMesh& mesh = *place_.stage_mesh;
+    stage_groups_->merged_group({mesh.dim_index("dp_replicate"), mesh.dim_index("dp_shard")})
+        .all_reduce(count_)
+        ->wait();
+  }
 }
 
 void PipelineRunner::take_microbatches(int64_t chunk) {

@@ -37,12 +37,16 @@ class PipelineRunner : public StepRunner {
                  const std::map<std::string, Tensor>& whole);
   ~PipelineRunner() override;
 
-  // Every rank takes the whole batch: row i belongs to microbatch i mod
+  // The global batch, of which each rank takes its rows: row i belongs to microbatch i mod
   // (pp_microbatches x grad_accum_steps), as in single-rank gradient
   // accumulation, and the schedule runs once per grad_accum_steps chunk of
   // pp_microbatches microbatches.
   Tensor& batch_tokens() override { return global_tokens_; }
   Tensor& batch_targets() override { return global_targets_; }
+  // On a stage mesh, this rank's data-parallel rows of every microbatch (the
+  // data fills only those; the batch's valid-target count is summed over the
+  // data-parallel ranks). Without data parallelism, every row.
+  std::vector<RowRange> rows_read() const override;
   Result step(double lr, int64_t update) override;
   // Every microbatch's forward through the rank's stages, in microbatch then
   // stage order on every rank, activations sent on as the step sends them;
