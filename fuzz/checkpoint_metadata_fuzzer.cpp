@@ -724,12 +724,15 @@ void apply_edit(FuzzedDataProvider& p, Edited& e, const Base& base) {
       meta["updates_applied"] = p.ConsumeIntegralInRange<int64_t>(0, step);
       return;
     }
-    case 18:
+    case 18: {
       meta["data_cursor"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
       meta["data_epoch"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
       meta["data_shard_index"] = p.ConsumeIntegralInRange<int64_t>(0, std::numeric_limits<int64_t>::max());
-      meta["data_shard"] = p.ConsumeRandomLengthString(16);
+      std::string shard = p.ConsumeRandomLengthString(16);
+      for (char& c : shard) c = static_cast<char>(c & 0x7f);  // JSON text is UTF-8: the dump below needs it
+      meta["data_shard"] = shard;
       return;
+    }
     case 19:
     case 20:
       relay(p, e, base);
