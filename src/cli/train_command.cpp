@@ -325,9 +325,13 @@ int run_train(const CommandArgs& a) {
   // Every rank takes part (as the others do after their run): the ranks' tables at the end.
   const std::vector<train::RankReport> final_ranks = trainer.rank_reports();
   if (summary.stopped_by_signal != 0) {
-    run_report.ended(fmt::format("stopped by {} after step {} of {}", train::signal_name(summary.stopped_by_signal),
-                                 summary.last.step, c.training.steps),
-                     &summary, final_ranks);
+    try {  // a report that cannot be written does not hide the stop's exit status from the scheduler
+      run_report.ended(fmt::format("stopped by {} after step {} of {}", train::signal_name(summary.stopped_by_signal),
+                                   summary.last.step, c.training.steps),
+                       &summary, final_ranks);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "meshtrain: warning: the run report was not written: %s\n", e.what());
+    }
     // Written as best it can be: after a signal the output may be non-blocking with nobody reading.
     const std::string said = fmt::format(
         "stopped by {} after step {} of {}: loss {:.4f}{}\n", train::signal_name(summary.stopped_by_signal),

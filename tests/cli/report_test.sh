@@ -12,7 +12,7 @@ set -u
 meshtrain=$1 src=$2
 cd "$src"
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+trap '[ -n "${job:-}" ] && kill -9 $job 2>/dev/null; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 check_html() { python3 tests/cli/check_report_html.py "$1" || fail "$1 is not a valid self-contained page"; }
 # expect_error WORDS ARGS...: meshtrain ARGS exits 2 saying WORDS.
@@ -68,4 +68,18 @@ sed -i '3s/.*/garbage/' "$dir/killed/metrics.jsonl"
 before=$(md5sum < "$dir/killed/report.html")
 expect_error "$dir/killed/metrics.jsonl line 3: not JSON" report "$dir/killed"
 [ "$(md5sum < "$dir/killed/report.html")" = "$before" ] || fail "a refused report replaced the page"
+# A run stopped by SIGTERM whose report cannot be written (a folder took its name) still exits 128 + 15, warning.
+mkdir -p "$dir/stopped"
+"$meshtrain" train --config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 \
+  --model.n_kv_heads 2 --model.ffn_dim 128 --data.seq_len 32 --training.steps 100000 --checkpoint.folder "" \
+  --metrics.file "$dir/stopped/m.jsonl" > "$dir/stopped.out" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "^step" "$dir/stopped.out" && break; sleep 0.05; done
+mkdir "$dir/stopped/report.html"
+kill -TERM $job
+wait $job
+rc=$?
+[ $rc -eq 143 ] || { cat "$dir/stopped.out"; fail "a stopped run whose report failed exited $rc, not 143"; }
+grep -qF "warning: the run report was not written: cannot write $dir/stopped/report.html" "$dir/stopped.out" ||
+  { cat "$dir/stopped.out"; fail "no warning that the report was not written"; }
 echo "PASS: train's report, report -o, and its refusals"
