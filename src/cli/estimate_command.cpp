@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "estimate/estimate.h"
+#include "models/llama.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -176,11 +177,8 @@ int run_estimate(const CommandArgs& a) {
     }
     fmt::print("{}\n", out.dump(1));
   } else {
-    fmt::print(
-        "meshtrain estimate: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}; batch {} x seq {} "
-        "({:.0f} tokens/step), {} compute\n",
-        m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size, config.data.batch_size,
-        config.data.seq_len, e.tokens_per_step, dtype_name(config.training.dtype));
+    fmt::print("meshtrain estimate: {}; batch {} x seq {} ({:.0f} tokens/step), {} compute\n", models::describe(m),
+               config.data.batch_size, config.data.seq_len, e.tokens_per_step, dtype_name(config.training.dtype));
     fmt::print("job: {} rank{} of {} ({}){}; rank {}'s step: {} nodes, {} collectives moving {} per step\n", ranks,
                ranks > 1 ? "s" : "", hardware.name, hardware.description,
                e.mesh.empty() ? "" : fmt::format(", mesh {}", e.mesh), e.rank, e.nodes, e.collectives,

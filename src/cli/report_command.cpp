@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "models/llama.h"
 #include "report/report.h"
 
 namespace meshtrain::cli {
@@ -62,12 +63,9 @@ std::string config_toml(const config::TrainConfig& c) {
 
 std::string model_line(const train::Trainer& t) {
   const config::TrainConfig& c = t.config();
-  return fmt::format(
-      "Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters; batch {} x seq {}, {} steps, "
-      "{} compute, {:.1f} GFLOP/step",
-      c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
-      static_cast<double>(t.parameter_count()) / 1e6, c.data.batch_size, c.data.seq_len, c.training.steps,
-      dtype_name(c.training.dtype), t.flops_per_step() / 1e9);
+  return fmt::format("{}: {:.2f}M parameters; batch {} x seq {}, {} steps, {} compute, {:.1f} GFLOP/step",
+                     models::describe(c.model), static_cast<double>(t.parameter_count()) / 1e6, c.data.batch_size,
+                     c.data.seq_len, c.training.steps, dtype_name(c.training.dtype), t.flops_per_step() / 1e9);
 }
 
 std::vector<report::RankRow> rank_rows(const train::Trainer& t, const std::vector<train::RankReport>& reports) {

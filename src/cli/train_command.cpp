@@ -23,6 +23,7 @@
 #include "core/file_io.h"
 #include "graph/graph.h"
 #include "kernels/cuda/cuda.h"
+#include "models/llama.h"
 #include "runtime/cpu_threads.h"
 #include "spmd/lower.h"
 #include "train/pipeline_runner.h"
@@ -298,8 +299,7 @@ int run_train(const CommandArgs& a) {
     if (trace_path != a.options.end()) trainer.trace();  // gathered to rank 0
     return 0;
   }
-  fmt::print("meshtrain train: Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}: {:.2f}M parameters\n",
-             c.model.dim, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.ffn_dim, c.model.vocab_size,
+  fmt::print("meshtrain train: {}: {:.2f}M parameters\n", models::describe(c.model),
              static_cast<double>(trainer.parameter_count()) / 1e6);
   fmt::print(
       "data {} (batch {} x seq {}), {} steps, AdamW lr {} wd {}, clip {}, {} rank{}, {} compute, {:.1f} GFLOP/step{}\n",
@@ -408,6 +408,7 @@ int run_export(const std::string& checkpoint, const std::string& out) {
   std::map<std::string, Tensor> weights;
   for (auto& [name, t] : checkpoint::load_checkpoint_whole(info))
     if (!name.starts_with("optimizer.")) weights.emplace(name, std::move(t));
+  weights = models::hf_tensors(std::move(weights));
   checkpoint::save_safetensors(out, weights);
   size_t count = 0;
   for (const auto& [name, t] : weights) count += static_cast<size_t>(t.shape().numel());

@@ -41,9 +41,9 @@ models::LlamaGraph build_forward(graph::Graph& g, const models::LlamaConfig& mod
   }
   models::LlamaGraph whole;
   for (int64_t k = 0; k < micro_batches; ++k) {
-    const models::LlamaGraph m =
-        models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
-                              microbatch(b, targets, k, micro_batches), count, compute, options.split_loss);
+    const models::LlamaGraph m = models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
+                                                       microbatch(b, targets, k, micro_batches), count, compute,
+                                                       options.split_loss, 1.0 / static_cast<double>(micro_batches));
     if (after_each) after_each(k, m);
     if (k == 0) {
       whole = m;

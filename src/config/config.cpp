@@ -244,6 +244,31 @@ const std::vector<Key>& keys() {
       bool_key(
           "model.tie_embeddings", "false", [](TrainConfig& c) -> bool& { return c.model.tie_embeddings; },
           "the output projection is the token embedding's weight"),
+      number_key<int64_t>(
+          "model.n_experts", "0", [](TrainConfig& c) -> int64_t& { return c.model.n_experts; }, nonneg,
+          "an integer >= 0: the experts of each mixture-of-experts layer (Mixtral's sparse block); 0: dense"),
+      number_key<int64_t>(
+          "model.n_experts_per_token", "2", [](TrainConfig& c) -> int64_t& { return c.model.n_experts_per_token; }, pos,
+          "a positive integer: the experts each token is routed to (top-k), at most model.n_experts"),
+      number_key<int64_t>(
+          "model.moe_ffn_dim", "0", [](TrainConfig& c) -> int64_t& { return c.model.moe_ffn_dim; }, nonneg,
+          "an integer >= 0: each expert's SwiGLU hidden size; 0: model.ffn_dim"),
+      number_key<int64_t>(
+          "model.first_dense_layers", "0", [](TrainConfig& c) -> int64_t& { return c.model.first_dense_layers; },
+          nonneg, "an integer >= 0: the first layers keep a dense MLP of model.ffn_dim (as DeepSeek's)"),
+      number_key<int64_t>(
+          "model.n_shared_experts", "0", [](TrainConfig& c) -> int64_t& { return c.model.n_shared_experts; }, nonneg,
+          "an integer >= 0: a SwiGLU of n_shared_experts x moe_ffn_dim every token also goes through, added "
+          "unweighted (DeepSeek's shared experts)"),
+      number_key<double>(
+          "model.router_aux_loss_coef", "0", [](TrainConfig& c) -> double& { return c.model.router_aux_loss_coef; },
+          nonnegf,
+          "a number >= 0: the load-balancing loss's weight in the loss (Switch Transformer's, as Hugging "
+          "Face's load_balancing_loss_func); 0: none"),
+      number_key<double>(
+          "model.capacity_factor", "0", [](TrainConfig& c) -> double& { return c.model.capacity_factor; }, nonnegf,
+          "a number >= 0: each expert takes at most capacity_factor x its even share of a sequence's top-k slots, "
+          "dropping the rest; 0: dropless"),
       string_key(
           "data.path", "", [](TrainConfig& c) -> std::string& { return c.data.path; },
           "a .txt file (bytes as tokens), an llm.c .bin token shard, or a directory or glob of shards; required"),
@@ -565,6 +590,23 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
                "{} out",
                key, find_key(key).show(given), key);
   }
+  if (c.model.n_experts == 0) {  // keys that would be ignored without a word
+    TrainConfig given = c, defaults;
+    for (const char* key : {"model.n_experts_per_token", "model.moe_ffn_dim", "model.first_dense_layers",
+                            "model.n_shared_experts", "model.router_aux_loss_coef", "model.capacity_factor"})
+      MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
+               "config: {} = {} applies to a mixture of experts, but model.n_experts is 0 (dense): set "
+               "model.n_experts, or leave {} out",
+               key, find_key(key).show(given), key);
+  }
+  MT_CHECK(c.training.device == Device::cpu || c.model.n_experts == 0,
+           "config: model.n_experts {} with training.device {}: the mixture-of-experts ops have CPU kernels only, "
+           "for now",
+           c.model.n_experts, device_name(c.training.device));
+  MT_CHECK(c.parallel.pp == 1 || c.model.moe_layers() == 0 || c.model.router_aux_loss_coef == 0,
+           "config: model.router_aux_loss_coef {} with parallel.pp {}: the load-balancing loss over layers on several "
+           "pipeline stages is not supported yet; set it to 0 or train without a pipeline",
+           c.model.router_aux_loss_coef, c.parallel.pp);
   if (c.validation.path.empty()) {  // keys that would be ignored without a word
     TrainConfig given = c, defaults;
     for (const char* key : {"validation.every", "validation.steps"})

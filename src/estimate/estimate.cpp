@@ -17,9 +17,13 @@
 namespace meshtrain::estimate {
 
 double torchtitan_flops_per_token(const models::LlamaConfig& model, int64_t seq_len) {
-  double params = 0;
+  double params = 0;  // active ones: of the routed experts, k of n_experts per token
+  const double active_experts =
+      model.n_experts > 0 ? static_cast<double>(model.n_experts_per_token) / static_cast<double>(model.n_experts) : 1.0;
   for (const auto& [name, spec] : models::llama_parameters(model))
-    if (name != "model.embed_tokens.weight") params += static_cast<double>(spec.shape.numel());
+    if (name != "model.embed_tokens.weight")
+      params += static_cast<double>(spec.shape.numel()) *
+                (name.find("block_sparse_moe.experts.") != std::string::npos ? active_experts : 1.0);
   return 6 * params + 12.0 * static_cast<double>(model.n_layers * model.n_heads * model.head_dim() * seq_len);
 }
 

@@ -49,7 +49,8 @@ struct TrainingEstimate {
 };
 
 // Model FLOPs per token as torchtitan counts them for MFU:
-// 6 x (parameters - the token embedding's) + 12 x layers x heads x head_dim x seq_len.
+// 6 x (parameters - the token embedding's) + 12 x layers x heads x head_dim x seq_len,
+// a mixture of experts' routed experts counted k / n_experts (the active parameters).
 double torchtitan_flops_per_token(const models::LlamaConfig& model, int64_t seq_len);
 
 // `rank`'s step of the config on `world_size` ranks on `hardware`;

@@ -87,6 +87,10 @@ inline constexpr AttrKey<bool> inverse{"inverse"};  // rope: rotate by -angle (i
 inline constexpr AttrKey<double> scale{"scale"};    // attention's softmax scale
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
+// Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the
+// experts there are, and the capacity (0: dropless).
+inline constexpr AttrKey<int64_t> top_k{"top_k"}, n_experts{"n_experts"};
+inline constexpr AttrKey<double> capacity_factor{"capacity_factor"};
 // Collectives of a lowered (per-rank) graph: the mesh dims they run over,
 // this rank's group (global ranks, in group-rank order), the tensor's global
 // shape and its layouts before and after, the collective's buffer bytes per

@@ -64,6 +64,28 @@ ValueId Builder::attention(ValueId q, ValueId k, ValueId v, double scale) {
   return op_outputs("attention", {q, k, v}, {attr::scale(scale)})[0];
 }
 ValueId Builder::swiglu(ValueId gate, ValueId up) { return op("swiglu", {gate, up}); }
+ValueId Builder::moe_topk(ValueId probs, int64_t k) { return op("moe_topk", {probs}, {attr::top_k(k)}); }
+ValueId Builder::moe_route_weights(ValueId probs, ValueId experts) { return op("moe_route_weights", {probs, experts}); }
+Builder::MoeSort Builder::moe_sort(ValueId experts, int64_t n_experts, double capacity_factor) {
+  const auto out =
+      op_outputs("moe_sort", {experts}, {attr::n_experts(n_experts), attr::capacity_factor(capacity_factor)});
+  return {out[0], out[1]};
+}
+ValueId Builder::moe_permute(ValueId x, ValueId order, int64_t k) {
+  return op("moe_permute", {x, order}, {attr::top_k(k)});
+}
+ValueId Builder::grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b) {
+  return op("grouped_matmul", {rows, w, row_expert}, {attr::transpose_b(transpose_b)});
+}
+ValueId Builder::moe_combine(ValueId rows, ValueId order, ValueId weights, int64_t k) {
+  return op("moe_combine", {rows, order, weights}, {attr::top_k(k)});
+}
+ValueId Builder::moe_expert_counts(ValueId experts, int64_t n_experts) {
+  return op("moe_expert_counts", {experts}, {attr::n_experts(n_experts)});
+}
+ValueId Builder::moe_aux_loss(ValueId probs, ValueId counts, double scale) {
+  return op("moe_aux_loss", {probs, counts}, {attr::scale(scale)});
+}
 ValueId Builder::slice(ValueId x, int dim, int64_t start, int64_t length) {
   return op("slice", {x}, {attr::dim(dim), attr::start(start), attr::length(length)});
 }

@@ -49,6 +49,24 @@ class Builder {
   ValueId swiglu(ValueId gate, ValueId up);  // silu(gate) * up
   ValueId slice(ValueId x, int dim, int64_t start, int64_t length);
   ValueId concat(const std::vector<ValueId>& xs, int dim);
+  // Mixture of experts (graph/ops/moe.cpp). Routing: the k most probable
+  // experts of each row of probs [..., E] (i64 [..., k]), and their
+  // probabilities renormalised to sum to 1.
+  ValueId moe_topk(ValueId probs, int64_t k);
+  ValueId moe_route_weights(ValueId probs, ValueId experts);
+  struct MoeSort {
+    ValueId order, row_expert;  // [..., N k] each
+  };
+  // Each group of experts [..., N, k] sorted by expert (capacity_factor 0: dropless).
+  MoeSort moe_sort(ValueId experts, int64_t n_experts, double capacity_factor = 0);
+  ValueId moe_permute(ValueId x, ValueId order, int64_t k);  // [..., N, D] -> rows [..., N k, D]
+  // Rows [..., M, K] each times its expert's w [E, N, K]^T (or [E, K, N]) -> [..., M, N].
+  ValueId grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b = true);
+  // Rows back to tokens, each token's k rows weighted by weights [..., N, k] and summed.
+  ValueId moe_combine(ValueId rows, ValueId order, ValueId weights, int64_t k);
+  ValueId moe_expert_counts(ValueId experts, int64_t n_experts);  // f32 [n_experts]
+  // scale * sum of probs [..., E] times counts [E] (the load-balancing loss's part of one layer).
+  ValueId moe_aux_loss(ValueId probs, ValueId counts, double scale);
   // Optimizer-side ops (not differentiated).
   // sqrt(sum of squares of all elements) in xs[0]'s dtype: sum_squares of each
   // (f64), added, sqrt, cast, so each tensor's part can be summed where it lies.

@@ -16,7 +16,7 @@ NameRegistry<OpDef>& registry() {
     std::vector<OpDef> defs;
     for (auto add : {ops::add_elementwise_ops, ops::add_matmul_ops, ops::add_reduction_ops, ops::add_shape_ops,
                      ops::add_embedding_ops, ops::add_loss_ops, ops::add_attention_ops, ops::add_optimizer_ops,
-                     ops::add_collective_ops})
+                     ops::add_moe_ops, ops::add_collective_ops})
       add(defs);
     for (OpDef& d : defs) {
       const std::string name = d.name;

@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "graph/builder.h"
@@ -19,6 +21,27 @@ void LlamaConfig::validate() const {
   MT_CHECK(n_heads % n_kv_heads == 0, "model: n_heads {} must be a multiple of n_kv_heads {}", n_heads, n_kv_heads);
   MT_CHECK(head_dim() % 2 == 0, "model: head dim {} (dim / n_heads) must be even for rotary embeddings", head_dim());
   MT_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
+  MT_CHECK(n_experts >= 0 && moe_ffn_dim >= 0 && first_dense_layers >= 0 && n_shared_experts >= 0,
+           "model: n_experts, moe_ffn_dim, first_dense_layers and n_shared_experts must be >= 0");
+  MT_CHECK(router_aux_loss_coef >= 0 && capacity_factor >= 0,
+           "model: router_aux_loss_coef {} and capacity_factor {} must be >= 0", router_aux_loss_coef, capacity_factor);
+  if (n_experts == 0) return;
+  MT_CHECK(n_experts_per_token >= 1 && n_experts_per_token <= n_experts,
+           "model: n_experts_per_token {} must be between 1 and n_experts {}", n_experts_per_token, n_experts);
+  MT_CHECK(
+      first_dense_layers < n_layers,
+      "model: first_dense_layers {} leaves none of the {} layers a mixture of experts; lower it or set n_experts 0",
+      first_dense_layers, n_layers);
+}
+
+std::string describe(const LlamaConfig& c) {
+  std::string out = fmt::format("Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}", c.dim, c.n_layers,
+                                c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size);
+  if (c.moe_layers() == 0) return out;
+  return out + fmt::format(", {} experts (top {}, ffn {}{}) in layers {}-{}", c.n_experts, c.n_experts_per_token,
+                           c.expert_ffn_dim(),
+                           c.n_shared_experts ? fmt::format(", {} shared", c.n_shared_experts) : std::string(),
+                           c.first_dense_layers, c.n_layers - 1);
 }
 
 std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& c) {
@@ -34,13 +57,85 @@ std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& c) {
     params[p + "self_attn.v_proj.weight"] = {{kv_dim, c.dim}, weight};
     params[p + "self_attn.o_proj.weight"] = {{c.dim, c.dim}, weight};
     params[p + "post_attention_layernorm.weight"] = {{c.dim}, norm_scale};
-    params[p + "mlp.gate_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
-    params[p + "mlp.up_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
-    params[p + "mlp.down_proj.weight"] = {{c.dim, c.ffn_dim}, weight};
+    if (!c.is_moe_layer(i)) {
+      params[p + "mlp.gate_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
+      params[p + "mlp.up_proj.weight"] = {{c.ffn_dim, c.dim}, weight};
+      params[p + "mlp.down_proj.weight"] = {{c.dim, c.ffn_dim}, weight};
+      continue;
+    }
+    const int64_t e = c.n_experts, f = c.expert_ffn_dim(), shared = c.n_shared_experts * f;
+    params[p + "block_sparse_moe.gate.weight"] = {{e, c.dim}, weight};
+    params[p + "block_sparse_moe.experts.w1.weight"] = {{e, f, c.dim}, weight};
+    params[p + "block_sparse_moe.experts.w3.weight"] = {{e, f, c.dim}, weight};
+    params[p + "block_sparse_moe.experts.w2.weight"] = {{e, c.dim, f}, weight};
+    if (shared == 0) continue;
+    params[p + "block_sparse_moe.shared_experts.w1.weight"] = {{shared, c.dim}, weight};
+    params[p + "block_sparse_moe.shared_experts.w3.weight"] = {{shared, c.dim}, weight};
+    params[p + "block_sparse_moe.shared_experts.w2.weight"] = {{c.dim, shared}, weight};
   }
   params["model.norm.weight"] = {{c.dim}, norm_scale};
   if (!c.tie_embeddings) params["lm_head.weight"] = {{c.vocab_size, c.dim}, weight};
   return params;
+}
+
+namespace {
+
+// "model.layers.3.block_sparse_moe.experts.w1.weight" -> its part before and after "experts.", when it names a
+// stacked expert tensor.
+constexpr std::string_view kExperts = "block_sparse_moe.experts.";
+std::optional<std::pair<std::string, std::string>> stacked_expert_name(const std::string& name) {
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return std::nullopt;
+  const std::string tail = name.substr(at + kExperts.size());
+  if (tail != "w1.weight" && tail != "w2.weight" && tail != "w3.weight") return std::nullopt;
+  return std::pair{name.substr(0, at + kExperts.size()), tail};
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : tensors) {
+    const auto parts = stacked_expert_name(name);
+    if (!parts || t.shape().rank() != 3) {
+      out.emplace(name, std::move(t));
+      continue;
+    }
+    const Shape one{t.shape().dim(1), t.shape().dim(2)};
+    const size_t bytes = static_cast<size_t>(one.numel()) * dtype_size(t.dtype());
+    for (int64_t e = 0; e < t.shape().dim(0); ++e) {
+      Tensor expert = Tensor::empty(one, t.dtype());
+      std::memcpy(expert.raw(), static_cast<const char*>(std::as_const(t).raw()) + static_cast<size_t>(e) * bytes,
+                  bytes);
+      out.emplace(fmt::format("{}{}.{}", parts->first, e, parts->second), std::move(expert));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tensors,
+                                              const std::map<std::string, ParameterSpec>& specs) {
+  for (const auto& [name, spec] : specs) {
+    const auto parts = stacked_expert_name(name);
+    if (!parts || tensors.contains(name)) continue;
+    const Shape one{spec.shape.dim(1), spec.shape.dim(2)};
+    Tensor stacked;
+    for (int64_t e = 0; e < spec.shape.dim(0); ++e) {
+      const std::string expert = fmt::format("{}{}.{}", parts->first, e, parts->second);
+      auto it = tensors.find(expert);
+      MT_CHECK(it != tensors.end(), "tensor '{}' is missing (expert {} of {})", expert, e, spec.shape.dim(0));
+      MT_CHECK(it->second.shape() == one, "tensor '{}' has shape {}, the model expects {}", expert,
+               it->second.shape().to_string(), one.to_string());
+      if (e == 0) stacked = Tensor::empty(spec.shape, it->second.dtype());
+      MT_CHECK(it->second.dtype() == stacked.dtype(), "tensor '{}' is {}, expert 0's is {}", expert,
+               dtype_name(it->second.dtype()), dtype_name(stacked.dtype()));
+      std::memcpy(static_cast<char*>(stacked.raw()) + static_cast<size_t>(e) * it->second.nbytes(),
+                  std::as_const(it->second).raw(), it->second.nbytes());
+      tensors.erase(it);
+    }
+    tensors.emplace(name, std::move(stacked));
+  }
+  return tensors;
 }
 
 std::map<std::string, graph::ValueId> add_llama_parameters(graph::Graph& g, const LlamaConfig& c, DType dtype) {
@@ -70,15 +165,72 @@ bool span_holds(const LlamaConfig& c, const LlamaSpan& span, const std::string& 
   return layer >= span.first_layer && layer < end;
 }
 
+namespace {
+
+// The sparse block of one layer on its normed input y [B, T, D]: the router,
+// the top-k experts' SwiGLU MLPs over the tokens permuted into runs by
+// expert, their outputs weighted back into token order, plus the shared
+// experts. `use` gives a parameter as the compute sees it, `linear` x W^T.
+template <typename Use, typename Linear>
+graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m, const std::string& p,
+                          graph::ValueId y, Use&& use, Linear&& linear) {
+  const DType compute = b.graph().value(y).info.dtype;
+  const DType router = compute == DType::f64 ? DType::f64 : DType::f32;  // softmax in f32, as Hugging Face's
+  const int64_t k = c.n_experts_per_token;
+  const graph::ValueId logits = linear(y, p + "gate.weight");
+  const graph::ValueId probs = b.softmax(compute == router ? logits : b.cast(logits, router));
+  const graph::ValueId experts = b.moe_topk(probs, k);
+  graph::ValueId weights = b.moe_route_weights(probs, experts);
+  if (compute != router) weights = b.cast(weights, compute);
+  m.router_probs.push_back(probs);
+  m.routed_experts.push_back(experts);
+  const graph::Builder::MoeSort sorted = b.moe_sort(experts, c.n_experts, c.capacity_factor);
+  const graph::ValueId rows = b.moe_permute(y, sorted.order, k);
+  const graph::ValueId gate = b.grouped_matmul(rows, use(p + "experts.w1.weight"), sorted.row_expert);
+  const graph::ValueId up = b.grouped_matmul(rows, use(p + "experts.w3.weight"), sorted.row_expert);
+  const graph::ValueId down = b.grouped_matmul(b.swiglu(gate, up), use(p + "experts.w2.weight"), sorted.row_expert);
+  graph::ValueId out = b.moe_combine(down, sorted.order, weights, k);
+  if (c.n_shared_experts > 0) {
+    const graph::ValueId shared_gate = linear(y, p + "shared_experts.w1.weight");
+    const graph::ValueId shared_up = linear(y, p + "shared_experts.w3.weight");
+    out = b.add(out, linear(b.swiglu(shared_gate, shared_up), p + "shared_experts.w2.weight"));
+  }
+  return out;
+}
+
+// Hugging Face's load_balancing_loss_func over the MoE layers' `tokens`
+// tokens each: n_experts x the sum over experts of (the share of top-k picks
+// it got) x (its mean probability), the rows of every layer taken together.
+graph::ValueId load_balancing_loss(graph::Builder& b, const LlamaConfig& c, const LlamaGraph& m, int64_t tokens) {
+  const DType router = b.graph().value(m.router_probs.front()).info.dtype;
+  graph::ValueId counts;
+  for (graph::ValueId experts : m.routed_experts) {
+    const graph::ValueId layer = b.moe_expert_counts(experts, c.n_experts);
+    counts = counts.valid() ? b.add(counts, layer) : layer;
+  }
+  if (router != DType::f32) counts = b.cast(counts, router);
+  const double rows = static_cast<double>(tokens) * static_cast<double>(m.router_probs.size());
+  const double scale = static_cast<double>(c.n_experts) / (rows * rows);
+  graph::ValueId loss;
+  for (graph::ValueId probs : m.router_probs) {
+    const graph::ValueId layer = b.moe_aux_loss(probs, counts, scale);
+    loss = loss.valid() ? b.add(loss, layer) : layer;
+  }
+  return loss;
+}
+
+}  // namespace
+
 LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<std::string, graph::ValueId>& params,
                          graph::ValueId tokens, graph::ValueId targets, graph::ValueId count, DType compute_dtype,
-                         bool split_loss) {
-  return llama_span_forward(g, c, LlamaSpan{}, params, tokens, targets, count, compute_dtype, split_loss);
+                         bool split_loss, double aux_weight) {
+  return llama_span_forward(g, c, LlamaSpan{}, params, tokens, targets, count, compute_dtype, split_loss, aux_weight);
 }
 
 LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const LlamaSpan& span,
                               const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
-                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss) {
+                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss,
+                              double aux_weight) {
   c.validate();
   const int64_t end_layer = span.end_layer < 0 ? c.n_layers : span.end_layer;
   MT_CHECK(span.first_layer >= 0 && span.first_layer <= end_layer && end_layer <= c.n_layers,
@@ -148,13 +300,17 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     }
     {
       graph::ScopeGuard scope(g, "feed_forward");
-      // Gate before up, as the reference computes them (and not in the
-      // compiler's order of evaluating arguments): what the graph's order
-      // decides (selective_matmuls every_other) is the same on every build.
-      const graph::ValueId gate = linear(y, p + "mlp.gate_proj.weight");
-      const graph::ValueId up = linear(y, p + "mlp.up_proj.weight");
-      act = b.swiglu(gate, up);
-      h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+      if (c.is_moe_layer(i)) {
+        h = b.add(h, sparse_moe(b, c, m, p + "block_sparse_moe.", y, use, linear));
+      } else {
+        // Gate before up, as the reference computes them (and not in the
+        // compiler's order of evaluating arguments): what the graph's order
+        // decides (selective_matmuls every_other) is the same on every build.
+        const graph::ValueId gate = linear(y, p + "mlp.gate_proj.weight");
+        const graph::ValueId up = linear(y, p + "mlp.up_proj.weight");
+        act = b.swiglu(gate, up);
+        h = b.add(h, linear(act, p + "mlp.down_proj.weight"));
+      }
       m.residual.push_back(h);
     }
   }
@@ -176,8 +332,19 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
   const graph::ValueId flat_logits = b.reshape(logits, {batch * seq_len, c.vocab_size});
   const graph::ValueId flat_targets = b.reshape(m.targets, {batch * seq_len});
   m.logits.push_back(flat_logits);
-  m.loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
-                      : b.cross_entropy(flat_logits, flat_targets, -100, count);
+  m.loss = m.ce_loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
+                                  : b.cross_entropy(flat_logits, flat_targets, -100, count);
+  if (c.moe_layers() > 0 && c.router_aux_loss_coef > 0) {
+    MT_CHECK(static_cast<int64_t>(m.router_probs.size()) == c.moe_layers(),
+             "model.router_aux_loss_coef: the load-balancing loss is over every MoE layer, and this part of the model "
+             "holds {} of the {} (a pipeline stage): it is not yet supported with parallel.pp > 1",
+             m.router_probs.size(), c.moe_layers());
+    m.aux_loss = load_balancing_loss(b, c, m, batch * seq_len);
+    graph::ValueId weighted = b.scale(m.aux_loss, c.router_aux_loss_coef * aux_weight);
+    if (g.value(weighted).info.dtype != g.value(m.ce_loss).info.dtype)
+      weighted = b.cast(weighted, g.value(m.ce_loss).info.dtype);
+    m.loss = b.add(m.ce_loss, weighted);
+  }
   return m;
 }
 

@@ -4,6 +4,7 @@
 // Parameters carry the Hugging Face names.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,8 +26,25 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
+  // Mixture of experts, Hugging Face Mixtral's sparse block (0 experts: every
+  // layer dense). The first `first_dense_layers` layers keep the dense MLP
+  // (as DeepSeek's); `n_shared_experts` x moe_ffn_dim wide SwiGLU every token
+  // also takes, added unweighted; the load-balancing loss (Switch
+  // Transformer's) over every MoE layer, times its coefficient, is added to
+  // the loss; capacity_factor > 0 drops the slots over each expert's
+  // capacity per sequence (0: dropless).
+  int64_t n_experts = 0;
+  int64_t n_experts_per_token = 2;
+  int64_t moe_ffn_dim = 0;  // 0: ffn_dim
+  int64_t first_dense_layers = 0;
+  int64_t n_shared_experts = 0;
+  double router_aux_loss_coef = 0;
+  double capacity_factor = 0;
   void validate() const;  // throws naming the inconsistent keys
   int64_t head_dim() const { return dim / n_heads; }
+  bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
+  int64_t moe_layers() const { return n_experts > 0 ? std::max<int64_t>(n_layers - first_dense_layers, 0) : 0; }
+  int64_t expert_ffn_dim() const { return moe_ffn_dim > 0 ? moe_ffn_dim : ffn_dim; }
 };
 
 struct LlamaGraph {
@@ -46,6 +64,12 @@ struct LlamaGraph {
   std::vector<std::pair<graph::ValueId, graph::ValueId>> param_copies;
   // A span without the head: the residual stream [B, T, D] it hands on (loss is none).
   graph::ValueId output;
+  // Each MoE layer's router probabilities [B, T, n_experts] (f32, or f64 in
+  // an f64 graph) and chosen experts [B, T, k] (i64); the load-balancing loss
+  // (unweighted, Hugging Face's load_balancing_loss_func; none without MoE
+  // layers or a coefficient) and the cross-entropy the loss adds it to.
+  std::vector<graph::ValueId> router_probs, routed_experts;
+  graph::ValueId aux_loss, ce_loss;
 };
 
 // The part of the model one pipeline stage runs: the token embedding (the
@@ -76,25 +100,44 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& config, int64_t batch
                        bool split_loss = false);
 
 // build_llama's parts: every parameter as a graph parameter of `dtype`, by
-// Hugging Face name; and the forward of a batch given as values (tokens and
+// name; and the forward of a batch given as values (tokens and
 // targets [batch, seq]) on those parameters. `count`: the number of valid
 // targets the loss's mean is over (none: these targets'), so that the losses
-// of microbatches of one batch add up to the batch's mean.
+// of microbatches of one batch add up to the batch's mean; `aux_weight`: the
+// load-balancing loss's share (1 / the microbatches: each microbatch's loss
+// is over its own tokens, and the batch's is their mean).
 std::map<std::string, graph::ValueId> add_llama_parameters(graph::Graph& g, const LlamaConfig& config, DType dtype);
 LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& config,
                          const std::map<std::string, graph::ValueId>& params, graph::ValueId tokens,
-                         graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss);
+                         graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss,
+                         double aux_weight = 1.0);
 // The forward of `span` only: `input` is the tokens [batch, seq] when the
 // span has the embedding, else the residual stream [batch, seq, dim] in the
 // compute dtype; `targets` and `count` are read only by the head. `params`
 // needs only the span's parameters.
 LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& config, const LlamaSpan& span,
                               const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
-                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss);
+                              graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss,
+                              double aux_weight = 1.0);
 
-// Every parameter by Hugging Face name: its shape, and Hugging Face Llama's
+// "Llama dim 256 x 6 layers, 16 heads (16 kv), ffn 768, vocab 256", with
+// ", 8 experts (top 2, ffn 32, 1 shared) in layers 1-5" for a mixture of experts.
+std::string describe(const LlamaConfig& config);
+
+// Every parameter by name: its shape, and Hugging Face Llama's
 // initialisation (normal(0, initializer_range 0.02) for weights, ones for the
-// RMSNorm scales).
+// RMSNorm scales). The names are Hugging Face's but for each MoE layer's
+// experts, held stacked as one [n_experts, ...] tensor per projection
+// (`...block_sparse_moe.experts.w1.weight`), so that expert parallelism
+// shards them on their first dim; hf_tensors and from_hf_tensors convert.
 std::map<std::string, ParameterSpec> llama_parameters(const LlamaConfig& config);
+
+// Tensors by meshtrain's names to Hugging Face's (each stacked expert
+// tensor split into `experts.{e}.w1.weight`, ...), and back: from_hf_tensors
+// stacks each expert tensor into the shapes `specs` hold and fails naming
+// what is missing or misshapen. Other names pass through.
+std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors);
+std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tensors,
+                                              const std::map<std::string, ParameterSpec>& specs);
 
 }  // namespace meshtrain::models

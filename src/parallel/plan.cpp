@@ -118,9 +118,10 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
 
 std::optional<int> llama_tp_dim(std::string_view name) {
   auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
-  for (std::string_view by_output : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"})
+  for (std::string_view by_output : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head",
+                                     "shared_experts.w1", "shared_experts.w3"})
     if (has(by_output)) return 0;
-  for (std::string_view by_input : {"o_proj", "down_proj"})
+  for (std::string_view by_input : {"o_proj", "down_proj", "shared_experts.w2"})
     if (has(by_input)) return 1;
   return std::nullopt;
 }

@@ -112,8 +112,9 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
 // dim tp splits. q/k/v/gate/up by output features (dim 0 of the [out, in]
 // weight) and o/down by input features (dim 1), so that attention heads and
 // MLP columns stay local and each block ends in one partial sum; the
-// embedding and lm_head tables by vocabulary rows (dim 0). Norm scales:
-// none (replicated).
+// embedding and lm_head tables by vocabulary rows (dim 0); a mixture of
+// experts' shared experts as the MLP (w1, w3 by output, w2 by input). Norm
+// scales, the router and the routed experts: none (replicated).
 std::optional<int> llama_tp_dim(std::string_view name);
 
 }  // namespace meshtrain::parallel

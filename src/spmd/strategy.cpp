@@ -34,7 +34,7 @@ Tables& tables() {
     for (auto add_family :
          {strategies::add_elementwise_rules, strategies::add_matmul_rules, strategies::add_reduction_rules,
           strategies::add_shape_rules, strategies::add_embedding_rules, strategies::add_attention_rules,
-          strategies::add_optimizer_rules, strategies::add_loss_rules})
+          strategies::add_optimizer_rules, strategies::add_loss_rules, strategies::add_moe_rules})
       add_family(add);
     return tab;
   }();

@@ -72,7 +72,8 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
     benchmark_ = std::make_unique<estimate::BenchmarkMode>(config_, world_);
   }
   const std::optional<checkpoint::CheckpointInfo> resume_from = checkpoint_to_resume();
-  std::map<std::string, Tensor> initial = initial_parameters(!resume_from);
+  std::map<std::string, Tensor> initial;
+  fail_together(world_.get(), [&] { initial = initial_parameters(!resume_from); });  // init_from's errors said once
   // Benchmark mode on several ranks: the passes cost the lowered step with
   // kernel times the ranks measure side by side and agree on.
   compile::CompileOptions options;
@@ -153,7 +154,12 @@ std::map<std::string, Tensor> Trainer::initial_parameters(bool from_init_file) c
     return models::initial_parameters(specs, static_cast<uint64_t>(config_.training.seed));
   std::map<std::string, Tensor> params;
   const std::string& path = config_.checkpoint.init_from;
-  auto loaded = checkpoint::load_safetensors(path);
+  std::map<std::string, Tensor> loaded;
+  try {
+    loaded = models::from_hf_tensors(checkpoint::load_safetensors(path), specs);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("checkpoint.init_from {}: {}", path, e.what()));
+  }
   for (const auto& [name, spec] : specs) {
     auto it = loaded.find(name);
     MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
@@ -176,17 +182,32 @@ namespace {
 // model and the moments' dtype (the shapes alone miss norm_eps and rope_theta).
 nlohmann::json checkpoint_config(const config::TrainConfig& c, const std::string& data_digest) {
   const models::LlamaConfig& m = c.model;
-  return {{"the contents of data.path", data_digest},  // the data cursor points into these shards
-          {"model.dim", m.dim},
-          {"model.n_layers", m.n_layers},
-          {"model.n_heads", m.n_heads},
-          {"model.n_kv_heads", m.n_kv_heads},
-          {"model.ffn_dim", m.ffn_dim},
-          {"model.vocab_size", m.vocab_size},
-          {"model.norm_eps", m.norm_eps},
-          {"model.rope_theta", m.rope_theta},
-          {"model.tie_embeddings", m.tie_embeddings},
-          {"optimizer.state_dtype", std::string(dtype_name(c.optimizer.state_dtype))}};
+  nlohmann::json keys = {{"the contents of data.path", data_digest},  // the data cursor points into these shards
+                         {"model.dim", m.dim},
+                         {"model.n_layers", m.n_layers},
+                         {"model.n_heads", m.n_heads},
+                         {"model.n_kv_heads", m.n_kv_heads},
+                         {"model.ffn_dim", m.ffn_dim},
+                         {"model.vocab_size", m.vocab_size},
+                         {"model.norm_eps", m.norm_eps},
+                         {"model.rope_theta", m.rope_theta},
+                         {"model.tie_embeddings", m.tie_embeddings},
+                         {"model.n_experts", m.n_experts},
+                         {"optimizer.state_dtype", std::string(dtype_name(c.optimizer.state_dtype))}};
+  if (m.n_experts == 0) return keys;
+  keys["model.n_experts_per_token"] = m.n_experts_per_token;
+  keys["model.moe_ffn_dim"] = m.expert_ffn_dim();
+  keys["model.first_dense_layers"] = m.first_dense_layers;
+  keys["model.n_shared_experts"] = m.n_shared_experts;
+  return keys;
+}
+
+// A key a checkpoint saved before the key existed holds its then only value
+// (checkpoints from before mixtures of experts are dense).
+nlohmann::json saved_value(const nlohmann::json& saved, const std::string& key) {
+  if (saved.contains(key)) return saved.at(key);
+  if (key == "model.n_experts") return 0;
+  return nullptr;
 }
 
 // What a checkpoint records of the run beside what a resume needs: the LR
@@ -267,13 +288,13 @@ void Trainer::resume(const checkpoint::CheckpointInfo& checkpoint) {
   try {
     const nlohmann::json mine = checkpoint_config(config_, data_digest_);
     for (const auto& [key, value] : mine.items()) {
-      const auto& saved = checkpoint.state.config;
+      const nlohmann::json saved = saved_value(checkpoint.state.config, key);
       MT_CHECK(
-          saved.contains(key) && saved.at(key) == value,
+          saved == value,
           "checkpoint {} was saved with {} = {}, this run has {}: resume with the same data file, [model] keys "
           "and optimizer.state_dtype, or train in another checkpoint.folder (meshtrain export makes a Hugging Face "
           "file of it for checkpoint.init_from)",
-          checkpoint.path, key, saved.contains(key) ? saved.at(key).dump() : "nothing", value.dump());
+          checkpoint.path, key, saved.is_null() ? "nothing" : saved.dump(), value.dump());
     }
     loader_->set_cursor(cursor_of(checkpoint.state));
     roll_back_past(checkpoint);
@@ -427,8 +448,8 @@ std::vector<runtime::Executor::OpTime> Trainer::profile() const {
 
 void Trainer::save(const std::string& path) {
   // Gathered whole (a collective on several ranks: every rank takes part); rank 0 writes.
-  const std::map<std::string, Tensor> whole = runner_->whole_parameters();
-  if (rank() == 0) checkpoint::save_safetensors(path, whole);
+  std::map<std::string, Tensor> whole = runner_->whole_parameters();
+  if (rank() == 0) checkpoint::save_safetensors(path, models::hf_tensors(std::move(whole)));
 }
 
 namespace {

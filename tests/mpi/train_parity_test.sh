@@ -31,29 +31,7 @@ bf16=(5e-4 5e-3 0.3 1.5e-2)
 torch_loss=1e-6 torch_grad_norm=4e-6
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 8 --model.n_kv_heads 4
        --model.ffn_dim 160 --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1)
-run() {  # NAME NP [KEY VALUE ...]
-  local name=$1 np=$2
-  shift 2
-  local launch=()
-  [ "$np" -gt 1 ] && launch=($mpirun -np "$np")
-  timeout 300 "${launch[@]}" "$meshtrain" train "${model[@]}" --metrics.file "$dir/$name.jsonl" \
-    --checkpoint.folder "$dir/$name" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
-    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
-  tail -n 3 "$dir/$name.out"
-  # The sharded checkpoint (every rank's pieces) put back together is the gathered export, bitwise.
-  "$meshtrain" export --checkpoint "$dir/$name" --out "$dir/$name.from_shards.safetensors" > /dev/null ||
-    fail "$name: export of its checkpoint failed"
-  cmp -s "$dir/$name.safetensors" "$dir/$name.from_shards.safetensors" ||
-    fail "$name: its sharded checkpoint exported differs from the weights gathered at the end"
-}
-compare() {  # NAME [BASE [LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2]]: against BASE's run (default: one), f32 tolerances
-  local base=${2:-one}
-  local t=("${@:3}")
-  [ ${#t[@]} -eq 4 ] || t=("${f32[@]}")
-  python3 tests/mpi/compare_runs.py "$1" "$dir/$base.jsonl" "$dir/$1.jsonl" --tolerance "${t[0]}" \
-    --grad-norm-tolerance "${t[1]}" --weights "$dir/$base.safetensors" "$dir/$1.safetensors" \
-    --weight-tolerance "${t[2]}" --weight-l2-tolerance "${t[3]}" || exit 1
-}
+source "$(dirname "$0")/parity_runs.sh"
 run one 1
 run ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
 compare ddp2

@@ -93,6 +93,65 @@ Shape mm(std::vector<int64_t> batch, int64_t rows, int64_t cols, bool transposed
 
 // u = 2^-24 = 6e-8, f32's unit roundoff: f32 tolerances are 3-7x the error
 // measured (x86-64 with AVX-512, 2 OpenMP threads), 0 where f32 is exact.
+// Mixture-of-experts cases: 2 groups of 3 tokens, each token's 2 of 3
+// experts fixed (so that a finite difference never changes the routing),
+// sorted in the graph by moe_sort; `capacity` 0.5 keeps one slot per expert
+// and group, dropping the rest.
+const std::vector<int64_t> kMoeExperts = {0, 2, 1, 0, 2, 1, 0, 1, 2, 0, 0, 2};
+Input moe_experts() { return ids({2, 3, 2}, kMoeExperts); }
+Builder::MoeSort moe_sorted(Builder& b, ValueId experts, double capacity = 0) {
+  return b.moe_sort(experts, 3, capacity);
+}
+
+void add_moe_cases(std::vector<Case>& c) {
+  c.push_back({"moe_route_weights",
+               "of_softmax",  // the router's probabilities, renormalised over the chosen two; 8.6e-8
+               {x({2, 3, 3}), moe_experts()},
+               [](Builder& b, auto& in, DType) { return Outputs{b.moe_route_weights(b.softmax(in[0]), in[1])}; },
+               3e-7});
+  c.push_back({"moe_permute",
+               "plain",  // 3.6e-8: each token's two rows' gradients summed
+               {x({2, 3, 4}), moe_experts()},
+               [](Builder& b, auto& in, DType) { return Outputs{b.moe_permute(in[0], moe_sorted(b, in[1]).order, 2)}; },
+               1e-7});
+  c.push_back({"moe_permute",
+               "weighted",  // what moe_combine's backward runs; 5.2e-8
+               {x({2, 3, 4}), moe_experts(), x({2, 3, 2})},
+               [](Builder& b, auto& in, DType) {
+                 return Outputs{b.op("moe_permute", {in[0], moe_sorted(b, in[1]).order, in[2]}, {attr::top_k(2)})};
+               },
+               1e-7});
+  c.push_back(
+      {"moe_combine",
+       "weighted",  // 3.6e-8
+       {x({2, 6, 4}), moe_experts(), x({2, 3, 2})},
+       [](Builder& b, auto& in, DType) { return Outputs{b.moe_combine(in[0], moe_sorted(b, in[1]).order, in[2], 2)}; },
+       1e-7});
+  c.push_back({"moe_combine",
+               "plain",  // what moe_permute's backward runs; exact (its backward copies rows)
+               {x({2, 6, 4}), moe_experts()},
+               [](Builder& b, auto& in, DType) {
+                 return Outputs{b.op("moe_combine", {in[0], moe_sorted(b, in[1]).order}, {attr::top_k(2)})};
+               },
+               0});
+  for (bool tb : {false, true})  // 5.7e-8 to 7.4e-8
+    for (double capacity : {0.0, 0.5})
+      c.push_back({"grouped_matmul",
+                   fmt::format("{}{}", tb ? "nt" : "nn", capacity > 0 ? "_dropping" : ""),
+                   {x({2, 6, 4}), x(tb ? Shape{3, 5, 4} : Shape{3, 4, 5}), moe_experts()},
+                   [tb, capacity](Builder& b, auto& in, DType) {
+                     return Outputs{b.grouped_matmul(in[0], in[1], moe_sorted(b, in[2], capacity).row_expert, tb)};
+                   },
+                   3e-7});
+  c.push_back({"moe_aux_loss",
+               "",  // counts from the experts, in the probabilities' dtype; 3.4e-8
+               {x({2, 3, 3}), moe_experts()},
+               [](Builder& b, auto& in, DType t) {
+                 return Outputs{b.moe_aux_loss(in[0], b.cast(b.moe_expert_counts(in[1], 3), t), 0.25)};
+               },
+               1e-7});
+}
+
 std::vector<Case> cases() {
   const std::vector<int64_t> targets = {3, 0, -100, 10, 7, -100};
   const std::vector<int64_t> batch_targets = {3, 0, -1, 10, 7, 2};  // ignore_index -1, count 9 given
@@ -269,6 +328,7 @@ std::vector<Case> cases() {
                  {x({2, 2, 3, 4}), x(mm({}, 4, 5, tb))},
                  [tb](Builder& b, auto& in, DType) { return matmul_case(b, in, false, tb); },
                  5e-7});
+  add_moe_cases(c);
   // A one-element input of rank 1: its gradient keeps the shape [1] (it was
   // returned as a scalar, found by this test).
   c.push_back({"broadcast_scalar",

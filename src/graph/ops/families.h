@@ -17,6 +17,7 @@ void add_embedding_ops(std::vector<OpDef>& ops);   // embedding
 void add_loss_ops(std::vector<OpDef>& ops);        // count_valid, cross_entropy
 void add_attention_ops(std::vector<OpDef>& ops);   // rope, attention
 void add_optimizer_ops(std::vector<OpDef>& ops);   // clip_coefficient, adamw
+void add_moe_ops(std::vector<OpDef>& ops);         // routing, permutation, grouped_matmul, the aux loss
 void add_collective_ops(std::vector<OpDef>& ops);  // all_gather, reduce_scatter, all_reduce, all_to_all, shard_locally,
                                                    // bucket_pack, bucket_unpack, wait
 

@@ -24,6 +24,7 @@ void add_embedding_rules(const AddRule& add);
 void add_attention_rules(const AddRule& add);
 void add_optimizer_rules(const AddRule& add);
 void add_loss_rules(const AddRule& add);
+void add_moe_rules(const AddRule& add);
 
 inline Placement R() { return Placement::replicate(); }
 inline Placement S(int dim) { return Placement::shard(dim); }

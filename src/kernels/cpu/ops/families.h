@@ -23,6 +23,7 @@ void add_embedding_kernels(const AddKernel& add);
 void add_loss_kernels(const AddKernel& add);
 void add_attention_kernels(const AddKernel& add);
 void add_optimizer_kernels(const AddKernel& add);
+void add_moe_kernels(const AddKernel& add);
 void add_collective_kernels(const AddKernel& add);  // the bucket ops
 
 // Run fn with a value of the C++ type that stores a float dtype (bf16:

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A Mixtral-shaped mixture of experts (8 experts, top-2, one dense first
+# layer, one shared expert, load-balancing loss 0.01) under mpirun against
+# one rank: DDP 2, FSDP 2, HSDP 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence
+# and loss parallel, FSDP 2 with 2 microbatches of gradient accumulation
+# (against one rank accumulating 2), FSDP 2 with full activation
+# checkpointing, and a capacity factor that drops slots. 20 steps with warmup,
+# cosine decay, weight decay and active clipping; every step's loss and
+# gradient norm and the final weights must match one rank's within the
+# tolerances below, and each sharded checkpoint, exported, must be the
+# gathered weights bitwise (Hugging Face's per-expert names). Bad [model]
+# input fails on every rank with one message.
+# Usage: moe_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+source "$(dirname "$0")/common.sh"
+# The tolerances (compare_runs.py prints how close each run came), from the largest differences measured over these
+# 20 steps on every layout below, with their margin: loss 1.1e-7 and grad_norm 1.0e-7 -> 1e-6 (9x, 10x); weights max
+# 9.8e-6 (FSDP 2 x TP 2) -> 5e-5 (5.1x), l2 1.0e-6 (FSDP 2 x TP 2) -> 4e-6 (4x).
+f32=(1e-6 1e-6 5e-5 4e-6)
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 3 --model.n_heads 4 --model.n_kv_heads 2
+       --model.ffn_dim 128 --model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 32
+       --model.first_dense_layers 1 --model.n_shared_experts 1 --model.router_aux_loss_coef 0.01
+       --data.seq_len 32 --data.batch_size 8 --training.steps 20 --metrics.log_every 1)
+source "$(dirname "$0")/parity_runs.sh"
+run one 1
+python3 - "$dir/one.safetensors" <<'PY' || fail "the export does not hold Hugging Face's per-expert names"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    names = set(json.loads(f.read(struct.unpack("<Q", f.read(8))[0])))
+want = {f"model.layers.{i}.block_sparse_moe.experts.{e}.w{w}.weight" for i in (1, 2) for e in range(8) for w in (1, 2, 3)}
+assert want <= names, sorted(want - names)[:3]
+assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.1.block_sparse_moe.gate.weight" in names
+assert not any(".experts.w" in n for n in names), [n for n in names if ".experts.w" in n]
+print(f"export: {len(names)} tensors, Hugging Face Mixtral names")
+PY
+run ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
+compare ddp2
+run fsdp2 2
+compare fsdp2
+run hsdp 4 --parallel.dp_replicate 2 --parallel.dp_shard 2
+compare hsdp
+run fsdp2_tp2 4 --parallel.tp 2
+compare fsdp2_tp2
+run ddp2_tp2_sp_lp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true \
+  --parallel.loss_parallel true
+compare ddp2_tp2_sp_lp
+run fsdp2_full_ac 2 --activation_checkpoint.mode full
+compare fsdp2_full_ac
+# Gradient accumulation: the load-balancing loss is each microbatch's own (over its tokens on every rank), so the
+# reference accumulates the same microbatches.
+run one_accum2 1 --training.grad_accum_steps 2
+run fsdp2_accum2 2 --training.grad_accum_steps 2
+compare fsdp2_accum2 one_accum2
+# Dropping slots over capacity (per sequence: every layout drops the same ones).
+run one_capacity 1 --model.capacity_factor 0.8
+run fsdp2_capacity 2 --model.capacity_factor 0.8
+compare fsdp2_capacity one_capacity
+cmp -s "$dir/one.jsonl" "$dir/one_capacity.jsonl" && fail "capacity_factor 0.8 changed nothing"
+bad 2 'model: n_experts_per_token 9 must be between 1 and n_experts 8' --model.n_experts_per_token 9
+bad 2 "config key model.router_aux_loss_coef: '-1' is not a number >= 0" --model.router_aux_loss_coef -1
+bad 2 'model.n_shared_experts = 1 applies to a mixture of experts, but model.n_experts is 0' --model.n_experts 0 \
+  --model.n_experts_per_token 2 --model.moe_ffn_dim 0 --model.first_dense_layers 0 --model.router_aux_loss_coef 0
+# A dense model's weights into this MoE config, and this model's into a dense one: one clear error each.
+dense=(--model.n_experts 0 --model.moe_ffn_dim 0 --model.first_dense_layers 0 --model.n_shared_experts 0
+       --model.router_aux_loss_coef 0)
+timeout 120 "$meshtrain" train "${model[@]}" "${dense[@]}" --training.steps 1 --checkpoint.folder "" \
+  --metrics.file "" --checkpoint.export "$dir/dense.safetensors" > "$dir/dense.out" 2>&1 ||
+  { cat "$dir/dense.out"; fail "the dense run exited non-zero"; }
+bad 2 "tensor 'model.layers.1.block_sparse_moe.experts.0.w1.weight' is missing" \
+  --checkpoint.init_from "$dir/dense.safetensors" --checkpoint.folder ""
+bad 2 "tensor 'model.layers.1.mlp.down_proj.weight' is missing" "${dense[@]}" \
+  --checkpoint.init_from "$dir/one.safetensors" --checkpoint.folder ""
+bad 2 "was saved with model.n_experts = 8, this run has 0" "${dense[@]}" --checkpoint.folder "$dir/one" \
+  --training.steps 21
+echo "PASS"

@@ -1,0 +1,266 @@
+// The mixture-of-experts block: its ops chained as the model chains them
+// against a plain per-token loop in float64 (dropless and over capacity),
+// top-k ties, the model's gradient against finite differences with the
+// load-balancing loss on, the Hugging Face names of stacked experts, and the
+// config's refusals. (Each op's backward: op_gradcheck_test.cpp; the model
+// against PyTorch: tests/mpi/moe_parity_test.sh.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "config/config.h"
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "models/llama.h"
+#include "runtime/executor.h"
+#include "sched/schedule.h"
+#include "test_util.h"
+
+using namespace meshtrain;
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, std::mt19937& rng, double stddev = 1.0) {
+  std::normal_distribution<double> normal(0.0, stddev);
+  Tensor t = Tensor::empty(shape, DType::f64);
+  for (double& x : t.data<double>()) x = normal(rng);
+  return t;
+}
+
+struct Block {
+  int64_t groups = 3, n = 5, d = 4, e = 4, k = 2, f = 3;
+  double capacity = 0;
+};
+
+// The reference: for each token, its router's softmax, the top k (ties to
+// the lower index), weights renormalised; each chosen expert's SwiGLU
+// unless its slot is over the expert's capacity in this group (slots
+// counted in token, then choice order); the weighted sum.
+std::vector<double> reference_block(const Block& c, const Tensor& x, const Tensor& gate, const Tensor& w1,
+                                    const Tensor& w3, const Tensor& w2, int64_t* dropped) {
+  auto X = x.data<const double>(), G = gate.data<const double>(), W1 = w1.data<const double>(),
+       W3 = w3.data<const double>(), W2 = w2.data<const double>();
+  const int64_t capacity = c.capacity > 0 ? static_cast<int64_t>(std::ceil(c.capacity * c.n * c.k / c.e)) : c.n * c.k;
+  std::vector<double> out(static_cast<size_t>(c.groups * c.n * c.d), 0.0);
+  *dropped = 0;
+  for (int64_t g = 0; g < c.groups; ++g) {
+    std::vector<int64_t> taken(static_cast<size_t>(c.e), 0);
+    for (int64_t t = 0; t < c.n; ++t) {
+      const double* xt = &X[static_cast<size_t>((g * c.n + t) * c.d)];
+      std::vector<double> p(static_cast<size_t>(c.e));
+      double mx = -1e300, z = 0;
+      for (int64_t x_ = 0; x_ < c.e; ++x_) {
+        double s = 0;
+        for (int64_t i = 0; i < c.d; ++i) s += xt[i] * G[static_cast<size_t>(x_ * c.d + i)];
+        p[static_cast<size_t>(x_)] = s;
+        mx = std::max(mx, s);
+      }
+      for (double& v : p) z += (v = std::exp(v - mx));
+      for (double& v : p) v /= z;
+      std::vector<int64_t> idx(static_cast<size_t>(c.e));
+      for (int64_t i = 0; i < c.e; ++i) idx[static_cast<size_t>(i)] = i;
+      std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+      double sum = 0;
+      for (int64_t j = 0; j < c.k; ++j) sum += p[static_cast<size_t>(idx[static_cast<size_t>(j)])];
+      for (int64_t j = 0; j < c.k; ++j) {
+        const int64_t ex = idx[static_cast<size_t>(j)];
+        if (taken[static_cast<size_t>(ex)]++ >= capacity) {
+          ++*dropped;
+          continue;
+        }
+        const double weight = p[static_cast<size_t>(ex)] / sum;
+        std::vector<double> act(static_cast<size_t>(c.f));
+        for (int64_t h = 0; h < c.f; ++h) {
+          double a = 0, b = 0;
+          for (int64_t i = 0; i < c.d; ++i) {
+            a += xt[i] * W1[static_cast<size_t>((ex * c.f + h) * c.d + i)];
+            b += xt[i] * W3[static_cast<size_t>((ex * c.f + h) * c.d + i)];
+          }
+          act[static_cast<size_t>(h)] = a / (1 + std::exp(-a)) * b;
+        }
+        for (int64_t i = 0; i < c.d; ++i) {
+          double y = 0;
+          for (int64_t h = 0; h < c.f; ++h)
+            y += act[static_cast<size_t>(h)] * W2[static_cast<size_t>((ex * c.d + i) * c.f + h)];
+          out[static_cast<size_t>((g * c.n + t) * c.d + i)] += weight * y;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(MoeBlock, MatchesAPerTokenLoopInFloat64) {
+  for (double capacity : {0.0, 0.6}) {
+    const Block c{.capacity = capacity};
+    graph::Graph g;
+    graph::Builder b(g);
+    const auto x = g.add_input("x", {c.groups, c.n, c.d}, DType::f64);
+    const auto gate = g.add_input("gate", {c.e, c.d}, DType::f64);
+    const auto w1 = g.add_input("w1", {c.e, c.f, c.d}, DType::f64);
+    const auto w3 = g.add_input("w3", {c.e, c.f, c.d}, DType::f64);
+    const auto w2 = g.add_input("w2", {c.e, c.d, c.f}, DType::f64);
+    const auto probs = b.softmax(b.matmul(x, gate, false, true));
+    const auto experts = b.moe_topk(probs, c.k);
+    const auto sorted = b.moe_sort(experts, c.e, c.capacity);
+    const auto rows = b.moe_permute(x, sorted.order, c.k);
+    const auto act =
+        b.swiglu(b.grouped_matmul(rows, w1, sorted.row_expert), b.grouped_matmul(rows, w3, sorted.row_expert));
+    const auto out = b.moe_combine(b.grouped_matmul(act, w2, sorted.row_expert), sorted.order,
+                                   b.moe_route_weights(probs, experts), c.k);
+    runtime::Executor ex(g, sched::make_schedule(g, {out, sorted.row_expert}));
+    std::mt19937 rng(3);
+    std::vector<Tensor> values;
+    for (const auto v : {x, gate, w1, w3, w2}) {
+      values.push_back(random_tensor(g.value(v).info.shape, rng));
+      ex.bind(v, values.back());
+    }
+    ex.run();
+    int64_t dropped = 0;
+    const auto want = reference_block(c, values[0], values[1], values[2], values[3], values[4], &dropped);
+    const auto got = ex.fetch(out).data<const double>();
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    std::printf("capacity %.1f: worst difference %.2g, %lld slots dropped\n", capacity, worst,
+                static_cast<long long>(dropped));
+    EXPECT_LT(worst, 1e-13) << "capacity " << capacity;
+    const auto row_expert = ex.fetch(sorted.row_expert).data<const int64_t>();
+    EXPECT_EQ(std::count(row_expert.begin(), row_expert.end(), c.e), dropped) << "capacity " << capacity;
+    if (capacity > 0) {
+      EXPECT_GT(dropped, 0);  // the case drops some slots
+    }
+  }
+}
+
+TEST(MoeBlock, TopKTiesGoToTheLowerExpert) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const auto probs = g.add_input("probs", {2, 5}, DType::f32);
+  const auto experts = b.moe_topk(probs, 3);
+  runtime::Executor ex(g, sched::make_schedule(g, {experts}));
+  Tensor p = Tensor::empty({2, 5}, DType::f32);
+  const std::vector<float> values{0.2f, 0.3f, 0.2f, 0.3f, 0.0f, 0.25f, 0.25f, 0.25f, 0.25f, 0.0f};
+  std::copy(values.begin(), values.end(), p.data<float>().begin());
+  ex.bind(probs, p);
+  ex.run();
+  const auto got = ex.fetch(experts).data<const int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), (std::vector<int64_t>{1, 3, 0, 0, 1, 2}));
+}
+
+models::LlamaConfig tiny_moe() {
+  models::LlamaConfig c;
+  c.dim = 8;
+  c.n_layers = 3;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.ffn_dim = 12;
+  c.vocab_size = 11;
+  c.n_experts = 4;
+  c.n_experts_per_token = 2;
+  c.moe_ffn_dim = 6;
+  c.first_dense_layers = 1;
+  c.n_shared_experts = 1;
+  c.router_aux_loss_coef = 0.3;
+  return c;
+}
+
+TEST(MoeModel, GradientMatchesFiniteDifferences) {
+  graph::Graph g;
+  const auto m = models::build_llama(g, tiny_moe(), 2, 5, DType::f64);
+  ASSERT_TRUE(m.aux_loss.valid());
+  std::vector<graph::ValueId> params;
+  for (const auto& [name, v] : m.params) params.push_back(v);
+  const auto grads = graph::append_backward(g, m.loss, params);
+  std::vector<graph::ValueId> fetches{m.loss, m.aux_loss};
+  fetches.insert(fetches.end(), grads.begin(), grads.end());
+  runtime::Executor ex(g, sched::make_schedule(g, fetches));
+  std::mt19937 rng(11);
+  std::vector<Tensor> values;
+  for (graph::ValueId p : params) {
+    values.push_back(random_tensor(g.value(p).info.shape, rng, 0.5));
+    ex.bind(p, values.back());
+  }
+  Tensor tokens = Tensor::empty({2, 5}, DType::i64), targets = Tensor::empty({2, 5}, DType::i64);
+  for (int64_t i = 0; i < 10; ++i) {
+    tokens.data<int64_t>()[static_cast<size_t>(i)] = (i * 7 + 1) % 11;
+    targets.data<int64_t>()[static_cast<size_t>(i)] = (i * 7 + 4) % 11;
+  }
+  ex.bind(m.tokens, tokens);
+  ex.bind(m.targets, targets);
+  ex.run();
+  // The aux loss is k (2) for routing balanced over experts, n_experts x k at worst.
+  const double aux = ex.fetch(m.aux_loss).data<const double>()[0];
+  EXPECT_GT(aux, 1.0);
+  EXPECT_LT(aux, 8.0);
+  int checked = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor analytic = ex.fetch(grads[i]).clone();
+    auto x = values[i].data<double>();
+    for (size_t j = 0; j < x.size(); j += std::max<size_t>(1, x.size() / 3)) {
+      const double saved = x[j], h = 1e-6;
+      x[j] = saved + h;
+      ex.run();
+      const double up = ex.fetch(m.loss).data<double>()[0];
+      x[j] = saved - h;
+      ex.run();
+      const double down = ex.fetch(m.loss).data<double>()[0];
+      x[j] = saved;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic.data<const double>()[j], numeric, 1e-6 * std::max(1.0, std::fabs(numeric)))
+          << g.value(params[i]).name << "[" << j << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 60);
+}
+
+TEST(MoeModel, ExpertsConvertToAndFromHuggingFaceNames) {
+  const models::LlamaConfig c = tiny_moe();
+  const auto specs = models::llama_parameters(c);
+  ASSERT_TRUE(specs.contains("model.layers.1.block_sparse_moe.experts.w1.weight"));
+  EXPECT_EQ(specs.at("model.layers.1.block_sparse_moe.experts.w2.weight").shape, (Shape{4, 8, 6}));
+  EXPECT_TRUE(specs.contains("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_FALSE(specs.contains("model.layers.1.mlp.gate_proj.weight"));
+  auto params = models::initial_parameters(specs, 7);
+  const auto hf = models::hf_tensors(params);
+  ASSERT_TRUE(hf.contains("model.layers.2.block_sparse_moe.experts.3.w2.weight"));
+  EXPECT_EQ(hf.at("model.layers.2.block_sparse_moe.experts.3.w2.weight").shape(), (Shape{8, 6}));
+  EXPECT_FALSE(hf.contains("model.layers.2.block_sparse_moe.experts.w2.weight"));
+  EXPECT_EQ(hf.at("model.layers.2.block_sparse_moe.experts.3.w1.weight").get(5),
+            params.at("model.layers.2.block_sparse_moe.experts.w1.weight").get(3 * 6 * 8 + 5));
+  const auto back = models::from_hf_tensors(hf, specs);
+  ASSERT_EQ(back.size(), params.size());
+  for (const auto& [name, t] : params) {
+    ASSERT_TRUE(back.contains(name)) << name;
+    ASSERT_EQ(back.at(name).shape(), t.shape()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(back.at(name).get(i), t.get(i)) << name;
+  }
+  auto missing = hf;
+  missing.erase("model.layers.1.block_sparse_moe.experts.2.w3.weight");
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { models::from_hf_tensors(missing, specs); }),
+                              "tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight' is missing"));
+}
+
+TEST(MoeConfig, RefusesWhatCannotWork) {
+  auto message = [](std::vector<std::pair<std::string, std::string>> overrides) {
+    overrides.emplace_back("data.path", "x.txt");
+    return mtest::message_of([&] { config::load_config(MESHTRAIN_SOURCE_DIR "/configs/debug.toml", overrides); });
+  };
+  EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"model.n_experts_per_token", "5"}}),
+                              "n_experts_per_token 5 must be between 1 and n_experts 4"));
+  EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "-0.1"}}),
+                              "model.router_aux_loss_coef"));
+  EXPECT_TRUE(mtest::contains(message({{"model.n_shared_experts", "1"}}),
+                              "model.n_shared_experts = 1 applies to a mixture of experts, but model.n_experts is 0"));
+  EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"model.first_dense_layers", "6"}}),
+                              "first_dense_layers 6 leaves none of the 6 layers"));
+  EXPECT_TRUE(
+      mtest::contains(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}, {"parallel.pp", "2"}}),
+                      "not supported yet"));
+  EXPECT_EQ(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}}), "(no error)");
+}
