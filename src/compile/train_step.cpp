@@ -40,22 +40,30 @@ models::LlamaGraph build_forward(graph::Graph& g, const models::LlamaConfig& mod
     count = b.op("count_valid", {b.reshape(targets, {batch * seq_len})}, {graph::attr::ignore_index(-100)});
   }
   models::LlamaGraph whole;
+  graph::ValueId aux_sum;
   for (int64_t k = 0; k < micro_batches; ++k) {
     const models::LlamaGraph m = models::llama_forward(g, model, param_values, microbatch(b, tokens, k, micro_batches),
                                                        microbatch(b, targets, k, micro_batches), count, compute,
                                                        options.split_loss, 1.0 / static_cast<double>(micro_batches));
     if (after_each) after_each(k, m);
+    if (m.aux_loss.valid()) aux_sum = aux_sum.valid() ? b.add(aux_sum, m.aux_loss) : m.aux_loss;
     if (k == 0) {
       whole = m;
       continue;
     }
     whole.loss = b.add(whole.loss, m.loss);
+    for (size_t l = 0; l < m.expert_load.size(); ++l)
+      whole.expert_load[l] = b.add(whole.expert_load[l], m.expert_load[l]);
     for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
       (whole.*member).insert((whole.*member).end(), (m.*member).begin(), (m.*member).end());
     whole.param_copies.insert(whole.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
   }
   whole.tokens = tokens;
   whole.targets = targets;
+  if (whole.aux_loss.valid()) {  // the microbatches' mean, as the loss weighs them (each microbatch's is its own)
+    graph::ScopeGuard scope(g, "loss");
+    whole.aux_loss = b.scale(aux_sum, 1.0 / static_cast<double>(micro_batches));
+  }
   return whole;
 }
 
@@ -85,7 +93,7 @@ TrainStepGraph build_train_step(graph::Graph& g, const models::LlamaConfig& mode
     graph::ScopeGuard scope(g, "optimizer");
     s.grad_norm = b.global_norm(grads);
   }
-  append_optimizer(g, names, params, grads, s.grad_norm, opt, options.max_grad_norm, {s.model.loss, s.grad_norm}, s);
+  append_optimizer(g, names, params, grads, s.grad_norm, opt, options.max_grad_norm, leading_outputs(s), s);
   g.set_phase(saved_phase);
   return s;
 }
@@ -139,6 +147,13 @@ parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_paral
   return roles;
 }
 
+std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& sg) {
+  std::vector<graph::ValueId> out{sg.model.loss, sg.grad_norm};
+  out.insert(out.end(), sg.model.expert_load.begin(), sg.model.expert_load.end());
+  if (sg.model.aux_loss.valid()) out.push_back(sg.model.aux_loss);
+  return out;
+}
+
 parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {
   parallel::StepRoles roles = forward_roles(sg.model, tensor_parallel);
   for (const auto& [name, v] : sg.model.params) {
@@ -148,7 +163,7 @@ parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, b
   roles.gradient_of = sg.gradient_of;
   roles.applied_gradient_of = sg.applied_gradient_of;
   roles.reduce_copies_in_compute_dtype = reduce_in_compute_dtype;
-  roles.replicated_outputs.push_back(sg.grad_norm);
+  roles.replicated_outputs = leading_outputs(sg);  // summed over the ranks where they are partial sums
   roles.updates = sg.write_backs;
   return roles;
 }

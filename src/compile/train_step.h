@@ -20,8 +20,8 @@ struct TrainStepGraph {
   graph::ValueId step;                                        // i64 scalar input, 1-based (bias correction)
   graph::ValueId grad_norm;                                   // global L2 norm of the gradients, before clipping
   std::map<std::string, graph::ValueId> exp_avg, exp_avg_sq;  // optimizer state inputs by parameter name
-  // Updated value -> its buffer. The graph's outputs are the loss, grad_norm
-  // and every updated value.
+  // Updated value -> its buffer. The graph's outputs are leading_outputs
+  // then every updated value.
   std::vector<std::pair<graph::ValueId, graph::ValueId>> write_backs;
   std::map<graph::ValueId, graph::ValueId> gradient_of;          // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient AdamW reads
@@ -67,6 +67,11 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
                       const std::vector<graph::ValueId>& grads, graph::ValueId grad_norm,
                       const config::OptimizerConfig& opt, double max_grad_norm,
                       const std::vector<graph::ValueId>& leading_outputs, TrainStepGraph& s);
+
+// The step's first outputs, replicated on every rank: the loss, the
+// gradient norm, each MoE layer's expert load and the load-balancing loss
+// (where the model has them).
+std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& step);
 
 // What each value of a forward (build_forward) is to a parallel plan: its
 // parameters (split over tp as Megatron's Llama plan says when

@@ -200,6 +200,10 @@ ScopeGuard::ScopeGuard(Graph& g, const std::string& name) : g_(g), saved_(g.scop
 
 InsertBefore::InsertBefore(Graph& g, NodeId node)
     : g_(g), saved_point_(g.insertion_point()), saved_scope_(g.scope()), saved_phase_(g.phase()) {
+  if (!node.valid()) {  // at the end
+    g.set_insertion_point(node);
+    return;
+  }
   MT_CHECK(!g.node(node).removed, "InsertBefore: node {} is removed", node.index);
   g.set_insertion_point(node);
   g.set_scope(g.node(node).scope);

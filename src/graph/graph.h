@@ -148,7 +148,8 @@ class ScopeGuard {
 };
 
 // Nodes added while an InsertBefore lives go before `node`, in the scope and
-// phase of `node` (a rewrite belongs where it is put).
+// phase of `node` (a rewrite belongs where it is put); an invalid `node`:
+// at the end, in the graph's current scope and phase.
 class InsertBefore {
  public:
   InsertBefore(Graph& g, NodeId node);

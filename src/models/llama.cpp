@@ -185,6 +185,7 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   m.router_probs.push_back(probs);
   m.routed_experts.push_back(experts);
   const graph::Builder::MoeSort sorted = b.moe_sort(experts, c.n_experts, c.capacity_factor);
+  m.expert_load.push_back(b.moe_expert_counts(sorted.row_expert, c.n_experts + 1));  // the dropped count as n_experts
   const graph::ValueId rows = b.moe_permute(y, sorted.order, k);
   const graph::ValueId gate = b.grouped_matmul(rows, use(p + "experts.w1.weight"), sorted.row_expert);
   const graph::ValueId up = b.grouped_matmul(rows, use(p + "experts.w3.weight"), sorted.row_expert);

@@ -70,6 +70,9 @@ struct LlamaGraph {
   // layers or a coefficient) and the cross-entropy the loss adds it to.
   std::vector<graph::ValueId> router_probs, routed_experts;
   graph::ValueId aux_loss, ce_loss;
+  // Each MoE layer's load: f32 [n_experts + 1], the token slots each expert
+  // took, then those dropped over capacity (summed over the batch's rows).
+  std::vector<graph::ValueId> expert_load;
 };
 
 // The part of the model one pipeline stage runs: the token embedding (the

@@ -77,6 +77,8 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
   const auto delivered = compile::delivered_outputs(step_->global, run_graph);
   loss_value_ = delivered.at(sg.model.loss);
   grad_norm_value_ = delivered.at(sg.grad_norm);
+  for (const graph::ValueId load : sg.model.expert_load) expert_load_values_.push_back(delivered.at(load));
+  if (sg.model.aux_loss.valid()) aux_loss_value_ = delivered.at(sg.model.aux_loss);
 }
 
 void FlatStepRunner::bind(graph::ValueId run_value, const Tensor& host, std::vector<Twin>& twins) {
@@ -158,7 +160,14 @@ StepRunner::Result FlatStepRunner::step(double lr, int64_t update) {
             kernels::cuda::to_host(executor_->fetch(grad_norm_value_)).get(0)};
   }
   executor_->run();
-  return {executor_->fetch(loss_value_).get(0), executor_->fetch(grad_norm_value_).get(0)};
+  Result result{executor_->fetch(loss_value_).get(0), executor_->fetch(grad_norm_value_).get(0)};
+  for (const graph::ValueId v : expert_load_values_) {
+    const Tensor& load = executor_->fetch(v);
+    std::vector<double>& layer = result.expert_load.emplace_back();
+    for (int64_t e = 0; e < load.numel(); ++e) layer.push_back(load.get(e));
+  }
+  if (aux_loss_value_.valid()) result.aux_loss = executor_->fetch(aux_loss_value_).get(0);
+  return result;
 }
 
 double FlatStepRunner::evaluate() {

@@ -92,10 +92,12 @@ class FlatStepRunner : public StepRunner {
   std::unique_ptr<sharding::MeshGroups> groups_;                 // several ranks: the mesh's groups
   std::unique_ptr<runtime::Executor> executor_;                  // holds step_'s graph
   std::map<std::string, Tensor> params_, exp_avg_, exp_avg_sq_;  // as bound to the executor
-  Tensor global_tokens_, global_targets_;        // several ranks: the whole batch, before this rank takes its rows
-  Tensor tokens_, targets_, lr_, update_;        // bound to the executor
-  graph::ValueId loss_value_, grad_norm_value_;  // in the graph that runs
-  std::unique_ptr<compile::EvalStep> eval_;      // validation's forward-only program, once compiled
+  Tensor global_tokens_, global_targets_;           // several ranks: the whole batch, before this rank takes its rows
+  Tensor tokens_, targets_, lr_, update_;           // bound to the executor
+  graph::ValueId loss_value_, grad_norm_value_;     // in the graph that runs
+  std::vector<graph::ValueId> expert_load_values_;  // a mixture of experts': each MoE layer's
+  graph::ValueId aux_loss_value_;
+  std::unique_ptr<compile::EvalStep> eval_;  // validation's forward-only program, once compiled
   double estimated_step_us_ = 0;
   std::string no_estimate_because_;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ class StepRunner {
   struct Result {
     double loss = 0;       // the batch's mean loss (every rank gets it)
     double grad_norm = 0;  // over every gradient, before clipping
+    // A mixture of experts' (flat steps only): each MoE layer's token slots
+    // per expert then the dropped ones (models::LlamaGraph::expert_load),
+    // and the load-balancing loss, unweighted.
+    std::vector<std::vector<double>> expert_load;
+    std::optional<double> aux_loss;
   };
   // One optimizer step on the batch at learning rate `lr`; `update` is
   // AdamW's 1-based count (its bias correction).

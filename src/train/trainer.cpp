@@ -409,6 +409,14 @@ StepMetrics Trainer::step() {
   const StepRunner::Result result = runner_->step(m.lr, updates_applied_ + 1);
   m.loss = result.loss;
   m.grad_norm = result.grad_norm;
+  m.aux_loss = result.aux_loss;
+  for (size_t l = 0; l < result.expert_load.size(); ++l) {
+    const std::vector<double>& load = result.expert_load[l];  // per expert, then the dropped
+    const double most = *std::max_element(load.begin(), load.end() - 1);
+    const double total = std::accumulate(load.begin(), load.end() - 1, 0.0);
+    m.expert_load.push_back({config_.model.first_dense_layers + static_cast<int64_t>(l), most,
+                             total / static_cast<double>(load.size() - 1), load.back()});
+  }
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(config_.data.batch_size * config_.data.seq_len) / (m.step_ms / 1000.0);
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = step_memory().stats().peak_bytes;
@@ -453,6 +461,30 @@ void Trainer::save(const std::string& path) {
 }
 
 namespace {
+// A mixture of experts' load in a metrics line: the load-balancing loss and,
+// per MoE layer, the most and the mean token slots of an expert and the dropped.
+void add_expert_load(nlohmann::ordered_json& line, const StepMetrics& m) {
+  if (m.aux_loss) line["aux_loss"] = *m.aux_loss;
+  if (m.expert_load.empty()) return;
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const StepMetrics::ExpertLoad& l : m.expert_load)
+    layers.push_back({{"layer", l.layer},
+                      {"tokens_per_expert_max", l.max},
+                      {"tokens_per_expert_mean", l.mean},
+                      {"dropped", l.dropped}});
+  line["moe"] = layers;
+}
+// "  experts max/mean 1.42 (layer 3)" for the most unbalanced MoE layer, and the slots dropped in all.
+std::string expert_load_summary(const StepMetrics& m) {
+  if (m.expert_load.empty()) return "";
+  const auto worst = std::max_element(m.expert_load.begin(), m.expert_load.end(),
+                                      [](const auto& a, const auto& b) { return a.max * b.mean < b.max * a.mean; });
+  double dropped = 0;
+  for (const StepMetrics::ExpertLoad& l : m.expert_load) dropped += l.dropped;
+  return fmt::format("  experts max/mean {:.2f} (layer {}){}", worst->mean > 0 ? worst->max / worst->mean : 0.0,
+                     worst->layer, dropped > 0 ? fmt::format(", {:.0f} dropped", dropped) : "");
+}
+
 template <typename... Args>
 void say(std::FILE* out, fmt::format_string<Args...> format, Args&&... args) {
   if (out != nullptr) write_progress(out, fmt::format(format, std::forward<Args>(args)...));
@@ -553,6 +585,7 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                   {"estimated_step_ms", estimated_step_ms()},
                                   {"skipped_steps", last.skipped_steps}};
       if (last.val_loss) line["val_loss"] = *last.val_loss;
+      add_expert_load(line, last);
       if (world_) {
         line["ranks"] = ranks;
         line["tokens_per_s_per_rank"] = last.tokens_per_s / ranks;
@@ -572,9 +605,9 @@ Trainer::Summary Trainer::run(std::FILE* progress) {
                                static_cast<double>(last.peak_bytes_max) / (1 << 20))
                  : "";
       const std::string val = last.val_loss ? fmt::format("  val_loss {:.4f}", *last.val_loss) : "";
-      say(progress, "{}step {:>5}/{}  loss {:.4f}{}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}",
+      say(progress, "{}step {:>5}/{}  loss {:.4f}{}  lr {:.2e}  grad_norm {:.3f}  {:.0f} ms  {:.0f} tok/s{}{}{}",
           live ? "\r" : "", s, config_.training.steps, last.loss, val, last.lr, last.grad_norm, last.step_ms,
-          last.tokens_per_s, log ? per_rank : "", live ? "" : "\n");
+          last.tokens_per_s, expert_load_summary(last), log ? per_rank : "", live ? "" : "\n");
     }
     const bool interval_checkpoint =
         !config_.checkpoint.folder.empty() && config_.checkpoint.interval > 0 && s % config_.checkpoint.interval == 0;

@@ -34,6 +34,15 @@ struct StepMetrics {
   size_t peak_bytes_max = 0;   // the largest rank's (gathered at logged steps; else this rank's)
   size_t step_peak_bytes_max = 0;  // the largest rank's step_peak_bytes (gathered likewise)
   std::optional<double> val_loss;  // after a step with a validation: the split's mean loss (Trainer::validate)
+  // A mixture of experts' (flat steps): each MoE layer's load, and the
+  // load-balancing loss (unweighted; the loss holds it times its coefficient).
+  struct ExpertLoad {
+    int64_t layer = 0;
+    double max = 0, mean = 0;  // token slots an expert took: the most, and the mean over experts
+    double dropped = 0;        // slots over capacity
+  };
+  std::vector<ExpertLoad> expert_load;
+  std::optional<double> aux_loss;
 };
 
 // Throws when writing `output` (the path of config key or option `what`)

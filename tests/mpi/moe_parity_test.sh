@@ -4,7 +4,9 @@
 # one rank: DDP 2, FSDP 2, HSDP 2x2, FSDP 2 x TP 2, DDP 2 x TP 2 with sequence
 # and loss parallel, FSDP 2 with 2 microbatches of gradient accumulation
 # (against one rank accumulating 2), FSDP 2 with full activation
-# checkpointing, and a capacity factor that drops slots. 20 steps with warmup,
+# checkpointing, a capacity factor that drops slots, and PP 2 (1F1B; no
+# load-balancing loss) against one rank accumulating its 4 microbatches; the
+# expert load logged per layer must be one rank's. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
 # gradient norm and the final weights must match one rank's within the
 # tolerances below, and each sharded checkpoint, exported, must be the
@@ -34,12 +36,30 @@ print(f"export: {len(names)} tensors, Hugging Face Mixtral names")
 PY
 run ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
 compare ddp2
+# expert_load NAME BASE: NAME logged the same expert load per layer as BASE (counts of top-k picks, summed over the
+# ranks) and its load-balancing loss within the loss's tolerance, every step.
+expert_load() {
+  python3 - "$1" "$dir/$2.jsonl" "$dir/$1.jsonl" "${f32[0]}" <<'PY' || exit 1
+import json, sys
+name, tolerance = sys.argv[1], float(sys.argv[4])
+base, ours = ([json.loads(l) for l in open(f)] for f in sys.argv[2:4])
+for b, o in zip(base, ours):
+    assert o["moe"] == b["moe"], f"{name} step {o['step']}: expert load {o['moe']} vs {b['moe']}"
+    assert abs(o["aux_loss"] - b["aux_loss"]) <= tolerance * b["aux_loss"], (name, o["step"], o["aux_loss"], b["aux_loss"])
+last = ours[-1]
+print(f"{name}: expert load as one rank's at every step (layers {[l['layer'] for l in last['moe']]}, step {last['step']} "
+      f"max/mean {[round(l['tokens_per_expert_max'] / l['tokens_per_expert_mean'], 2) for l in last['moe']]}), "
+      f"aux_loss {last['aux_loss']:.6f}")
+PY
+}
+expert_load ddp2 one
 run fsdp2 2
 compare fsdp2
 run hsdp 4 --parallel.dp_replicate 2 --parallel.dp_shard 2
 compare hsdp
 run fsdp2_tp2 4 --parallel.tp 2
 compare fsdp2_tp2
+expert_load fsdp2_tp2 one
 run ddp2_tp2_sp_lp 4 --parallel.dp_replicate 2 --parallel.dp_shard 1 --parallel.tp 2 --parallel.sequence_parallel true \
   --parallel.loss_parallel true
 compare ddp2_tp2_sp_lp
@@ -54,7 +74,20 @@ compare fsdp2_accum2 one_accum2
 run one_capacity 1 --model.capacity_factor 0.8
 run fsdp2_capacity 2 --model.capacity_factor 0.8
 compare fsdp2_capacity one_capacity
-cmp -s "$dir/one.jsonl" "$dir/one_capacity.jsonl" && fail "capacity_factor 0.8 changed nothing"
+expert_load fsdp2_capacity one_capacity
+python3 - "$dir/one_capacity.jsonl" <<'PY' || fail "capacity_factor 0.8 dropped nothing"
+import json, sys
+dropped = sum(l["dropped"] for line in open(sys.argv[1]) for l in json.loads(line)["moe"])
+assert dropped > 0
+print(f"capacity_factor 0.8: {dropped:.0f} slots dropped over 20 steps")
+PY
+# A pipeline (without the load-balancing loss, which pipelines do not take yet): PP 2, 1F1B over 4 microbatches,
+# against one rank accumulating the same 4.
+run one_noaux_accum4 1 --model.router_aux_loss_coef 0 --training.grad_accum_steps 4
+run pp2 2 --model.router_aux_loss_coef 0 --parallel.pp 2 --parallel.pp_microbatches 4
+compare pp2 one_noaux_accum4
+bad 2 'model.router_aux_loss_coef 0.01 with parallel.pp 2: the load-balancing loss over layers on several pipeline stages is not supported yet' \
+  --parallel.pp 2
 bad 2 'model: n_experts_per_token 9 must be between 1 and n_experts 8' --model.n_experts_per_token 9
 bad 2 "config key model.router_aux_loss_coef: '-1' is not a number >= 0" --model.router_aux_loss_coef -1
 bad 2 'model.n_shared_experts = 1 applies to a mixture of experts, but model.n_experts is 0' --model.n_experts 0 \

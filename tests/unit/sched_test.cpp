@@ -217,6 +217,27 @@ TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
   EXPECT_EQ(bucket_ops, 2);
 }
 
+// Partial sums all-reduced only to be outputs (a mixture of experts' per-layer
+// load): no node reads them, so the bucket's wait and unpack go at the end.
+TEST(BucketCollectives, MembersReadOnlyAsOutputsAreWaitedForAtTheEnd) {
+  Graph g;
+  Builder b(g);
+  for (int layer = 0; layer < 2; ++layer) {
+    const ValueId x = b.scale(g.add_input(fmt::format("x{}", layer), {9}, DType::f32), 2.0);
+    const Attrs attrs{
+        attr::shape({9}),        attr::mesh_dims({0}),    attr::group({0, 1}),      attr::layout_before("P(sum)"),
+        attr::layout_after("R"), attr::global_shape({9}), attr::buffer_elements(0), attr::comm_bytes(9.0 * 4)};
+    const NodeId start = g.add_node("all_reduce", {x}, attrs);
+    g.add_output(g.only_output(g.add_node("wait", g.node(start).outputs)));
+  }
+  EXPECT_TRUE(sched::bucket_collectives(g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
+  verify(g);
+  std::vector<std::string> ops;
+  for (NodeId n : g.order()) ops.push_back(g.node(n).op->name);
+  EXPECT_EQ(fmt::format("{}", fmt::join(ops, " ")), "scale scale bucket_pack all_reduce wait bucket_unpack");
+  for (ValueId out : g.outputs()) EXPECT_EQ(g.node(g.value(out).producer).op->name, "bucket_unpack");
+}
+
 // Under a cap of two gathers' bytes, the first two share a bucket and the
 // third, alone, stays as it was.
 TEST(BucketCollectives, SizeCapClosesABucketAtTheCap) {
