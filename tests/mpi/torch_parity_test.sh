@@ -8,8 +8,10 @@
 # tolerances below. In f32: DDP 2 x TP 2 with sequence and loss parallel, HSDP
 # 2 x 2 and 1F1B PP 2 over 4 microbatches against the whole batch at once,
 # and FSDP 2 with 2 microbatches of gradient accumulation against PyTorch
-# accumulating 2. In bf16 (f32 master weights, bf16 compute): one process and
-# FSDP 2 against PyTorch computing with the same casts.
+# accumulating 2; a Mixtral-shaped mixture of experts on one process and on
+# FSDP 2 x TP 2 (its load-balancing loss too). In bf16 (f32 master weights,
+# bf16 compute): one process and FSDP 2 against PyTorch computing with the
+# same casts.
 # Usage: torch_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
 source "$(dirname "$0")/common.sh"
 # Each tolerance (relative to PyTorch's figure) from the largest difference measured over these 20 steps (the test
@@ -64,10 +66,13 @@ steps = ref["steps"]
 if [m["step"] for m in ours] != [r["step"] for r in steps]:
     sys.exit(f"FAIL: {name}: logged steps {[m['step'] for m in ours]}, PyTorch's are 1-{len(steps)}")
 worst, first = {"loss": 0.0, "grad_norm": 0.0, "lr": 0.0}, {}
+if "aux_loss" in steps[0]:  # a mixture of experts' load-balancing loss, held to the loss's tolerance
+    worst["aux_loss"] = 0.0
 for r, m in zip(steps, ours):
     allowed = {"loss": first_loss, "grad_norm": first_grad_norm} if r["step"] == 1 else \
               {"loss": loss, "grad_norm": grad_norm}
     allowed["lr"] = lr
+    allowed["aux_loss"] = allowed["loss"]
     for key in worst:
         rel = abs(m[key] - r[key]) / abs(r[key])
         worst[key] = max(worst[key], rel)
@@ -79,6 +84,8 @@ for r, m in zip(steps, ours):
 said = (f"{name} vs PyTorch {ref['torch_version']} ({sys.argv[2]}), {len(steps)} steps, worst relative difference: "
         f"loss {worst['loss']:.1e} (allowed {loss:g}), grad_norm {worst['grad_norm']:.1e} (allowed {grad_norm:g}), "
         f"lr {worst['lr']:.1e} (allowed {lr:g})")
+if "aux_loss" in worst:
+    said += f", aux_loss {worst['aux_loss']:.1e}"
 if (first_loss, first_grad_norm) != (loss, grad_norm):
     said += (f"; step 1: loss {first['loss']:.1e} (allowed {first_loss:g}), grad_norm {first['grad_norm']:.1e} "
              f"(allowed {first_grad_norm:g})")
@@ -90,6 +97,11 @@ check ddp2_tp2_sp_lp gqa_tied 4 "${f32[@]}" --parallel.dp_replicate 2 --parallel
 check hsdp2x2 mha_untied 4 "${f32[@]}" --parallel.dp_replicate 2 --parallel.dp_shard 2
 check pp2_1f1b mha_untied 2 "${f32[@]}" --parallel.pp 2 --parallel.pp_schedule 1f1b --parallel.pp_microbatches 4
 check fsdp2_accum2 accum 2 "${f32[@]}"
+# A Mixtral-shaped mixture of experts (8 experts, top-2, a dense first layer, a shared expert, load-balancing loss
+# 0.01): one process, and FSDP 2 x TP 2, against PyTorch's block (checked against transformers' own Mixtral by
+# tests/parity/check_moe_reference.py); the load-balancing loss too.
+check moe_one moe 1 "${f32[@]}"
+check moe_fsdp2_tp2 moe 4 "${f32[@]}" --parallel.tp 2
 check one_bf16 bf16 1 "${bf16_one[@]}"
 check fsdp2_bf16 bf16 2 "${bf16_fsdp[@]}"
 echo "PASS"
