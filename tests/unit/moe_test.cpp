@@ -2,9 +2,13 @@
 // against a plain per-token loop in float64 (dropless and over capacity),
 // top-k ties, the model's gradient against finite differences with the
 // load-balancing loss on, the Hugging Face names of stacked experts, and the
-// config's refusals. (Each op's backward: op_gradcheck_test.cpp; the model
+// config's refusals; the grouped GEMM's f32 and bf16 kernels against a loop
+// on every thread count. (Each op's backward: op_gradcheck_test.cpp; the model
 // against PyTorch: tests/mpi/moe_parity_test.sh.)
+#include "kernels/cpu/moe.h"
+
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -135,6 +139,84 @@ TEST(MoeBlock, MatchesAPerTokenLoopInFloat64) {
       EXPECT_GT(dropped, 0);  // the case drops some slots
     }
   }
+}
+
+// The grouped GEMM's kernels in f32 (and bf16) against a float64 loop over
+// rows, on uneven routing that leaves some runs long (GEMMs in place) and
+// some short (gathered), an expert with no rows and dropped rows, on 1, 2
+// and 3 threads (tasks cut into rows and columns differently).
+TEST(GroupedMatmul, FloatKernelsMatchALoopOnEveryThreadCount) {
+  namespace k = kernels::cpu;
+  const int64_t groups = 3, n = 300, top = 2, e = 5, m = groups * n * top, p = 136, q = 40;
+  std::mt19937 rng(11);
+  std::discrete_distribution<int64_t> pick({6, 3, 1, 0, 0.3});  // expert 3 never chosen
+  std::vector<int64_t> experts(static_cast<size_t>(m)), order(experts.size()), row_expert(experts.size());
+  for (int64_t t = 0; t < groups * n; ++t) {
+    int64_t a = pick(rng), b = pick(rng);
+    while (b == a) b = pick(rng);
+    experts[static_cast<size_t>(t * top)] = a, experts[static_cast<size_t>(t * top + 1)] = b;
+  }
+  const int64_t dropped = k::moe_sort(experts.data(), order.data(), row_expert.data(), groups, n, top, e, 1.5);
+  ASSERT_GT(dropped, 0);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto floats = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const auto x = floats(m * q), g = floats(m * p), w = floats(e * p * q);  // w [e, p, q]
+  // want_fwd[r] = x[r] @ w[e]^T ([p]); want_dgrad[r] = g[r] @ w[e] ([q]); want_wgrad[e] = g^T x ([p, q]).
+  std::vector<double> want_fwd(static_cast<size_t>(m * p), 0.0), want_dgrad(static_cast<size_t>(m * q), 0.0),
+      want_wgrad(static_cast<size_t>(e * p * q), 0.0);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t ex = row_expert[static_cast<size_t>(r)];
+    if (ex == e) continue;
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < q; ++j) {
+        const double wij = w[static_cast<size_t>((ex * p + i) * q + j)];
+        const double xr = x[static_cast<size_t>(r * q + j)], gr = g[static_cast<size_t>(r * p + i)];
+        want_fwd[static_cast<size_t>(r * p + i)] += xr * wij;
+        want_dgrad[static_cast<size_t>(r * q + j)] += gr * wij;
+        want_wgrad[static_cast<size_t>((ex * p + i) * q + j)] += gr * xr;
+      }
+  }
+  auto worst = [](const auto& got, const std::vector<double>& want) {
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    return err / scale;
+  };
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bfloat16> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+    return out;
+  };
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    std::vector<float> fwd(want_fwd.size(), 7.0f), dgrad(want_dgrad.size(), 7.0f), wgrad(want_wgrad.size(), 7.0f);
+    k::grouped_matmul(x.data(), w.data(), row_expert.data(), fwd.data(), m, e, p, q, true);
+    k::grouped_matmul(g.data(), w.data(), row_expert.data(), dgrad.data(), m, e, q, p, false);
+    k::grouped_matmul_wgrad(g.data(), x.data(), row_expert.data(), wgrad.data(), m, e, p, q);
+    EXPECT_LT(worst(fwd, want_fwd), 1e-6) << t << " threads";
+    EXPECT_LT(worst(dgrad, want_dgrad), 1e-6) << t << " threads";
+    EXPECT_LT(worst(wgrad, want_wgrad), 1e-6) << t << " threads";
+    // bf16: the inputs rounded, so only a loose bound (the f32 math is the same code).
+    const auto xb = to_bf16(x), gb = to_bf16(g), wb = to_bf16(w);
+    std::vector<bfloat16> fwd_b(fwd.size()), wgrad_b(wgrad.size());
+    k::grouped_matmul(xb.data(), wb.data(), row_expert.data(), fwd_b.data(), m, e, p, q, true);
+    k::grouped_matmul_wgrad(gb.data(), xb.data(), row_expert.data(), wgrad_b.data(), m, e, p, q);
+    std::vector<float> fwd_f(fwd_b.size()), wgrad_f(wgrad_b.size());
+    for (size_t i = 0; i < fwd_b.size(); ++i) fwd_f[i] = bf16_to_f32(fwd_b[i]);
+    for (size_t i = 0; i < wgrad_b.size(); ++i) wgrad_f[i] = bf16_to_f32(wgrad_b[i]);
+    EXPECT_LT(worst(fwd_f, want_fwd), 2e-2) << t << " threads";
+    EXPECT_LT(worst(wgrad_f, want_wgrad), 2e-2) << t << " threads";
+    // Expert 3 has no rows: its weight gradient is 0; dropped rows' outputs are 0.
+    for (int64_t i = 0; i < p * q; ++i) EXPECT_EQ(wgrad[static_cast<size_t>(3 * p * q + i)], 0.0f);
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(MoeBlock, TopKTiesGoToTheLowerExpert) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -30,29 +31,140 @@ std::vector<Run> runs_of(const int64_t* row_expert, int64_t rows) {
   return runs;
 }
 
-// C (m x n) = or += op(A) op(B) on contiguous row-major operands of any
-// float type: float and double straight to the GEMM, bf16 widened to f32
-// scratch (exact), multiplied there and, unless `c32` takes the f32 result
-// (an accumulator), rounded once into c.
-void gemm_any(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-              int64_t ldb, float* c, bool acc) {
-  gemm(ta, tb, m, n, k, a, lda, b, ldb, c, n, acc);
+// Each expert's runs in row order (one per group it has rows in), and the
+// dropped rows' runs (expert >= e).
+struct ExpertRows {
+  std::vector<std::vector<Run>> runs;
+  std::vector<Run> dropped;
+};
+ExpertRows expert_rows(const int64_t* row_expert, int64_t rows, int64_t e) {
+  ExpertRows r{std::vector<std::vector<Run>>(static_cast<size_t>(e)), {}};
+  for (const Run& run : runs_of(row_expert, rows))
+    (run.expert < e ? r.runs[static_cast<size_t>(run.expert)] : r.dropped).push_back(run);
+  return r;
 }
-void gemm_any(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
-              int64_t ldb, double* c, bool acc) {
-  gemm(ta, tb, m, n, k, a, lda, b, ldb, c, n, acc);
+int64_t total_rows(const std::vector<Run>& runs) {
+  int64_t n = 0;
+  for (const Run& run : runs) n += run.end - run.begin;
+  return n;
 }
-void widen(const bfloat16* from, int64_t count, std::vector<float>& to) {
-  to.resize(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) to[static_cast<size_t>(i)] = bf16_to_f32(from[i]);
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows [first, last) of one expert's rows (its runs laid end to end).
+struct RowTask {
+  int64_t expert, first, last;
+  int64_t rows() const { return last - first; }
+  // The parts of the runs these rows are, in order.
+  std::vector<Run> pieces(const std::vector<Run>& runs) const {
+    std::vector<Run> out;
+    int64_t at = 0;
+    for (const Run& run : runs) {
+      const int64_t lo = std::max(first, at), hi = std::min(last, at + run.end - run.begin);
+      if (lo < hi) out.push_back({run.begin + lo - at, run.begin + hi - at, run.expert});
+      at += run.end - run.begin;
+    }
+    return out;
+  }
+};
+
+// The tasks of a grouped GEMM: on one thread, one per expert; on several,
+// each expert's rows cut into tasks of about 1/4 of a thread's share (but
+// at least kMinTaskRows rows and kMinTaskFlops), so that uneven experts
+// still balance, largest first (for_tasks hands them out in order).
+constexpr int64_t kMinTaskRows = 64;
+constexpr double kMinTaskFlops = 1 << 20;
+std::vector<RowTask> row_tasks(const ExpertRows& r, int64_t flops_per_row) {
+  int64_t total = 0;
+  for (const auto& runs : r.runs) total += total_rows(runs);
+  const int64_t threads = omp_get_max_threads();
+  const int64_t least = std::max<int64_t>(
+      kMinTaskRows, static_cast<int64_t>(kMinTaskFlops / static_cast<double>(std::max<int64_t>(flops_per_row, 1))));
+  const int64_t target = threads > 1 ? std::max(least, ceil_div(total, threads * 4)) : total;
+  std::vector<RowTask> tasks;
+  for (size_t x = 0; x < r.runs.size(); ++x) {
+    const int64_t m = total_rows(r.runs[x]);
+    const int64_t parts = m == 0 ? 0 : ceil_div(m, std::max<int64_t>(target, 1));
+    for (int64_t j = 0; j < parts; ++j) tasks.push_back({static_cast<int64_t>(x), m * j / parts, m * (j + 1) / parts});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const RowTask& a, const RowTask& b) { return a.rows() > b.rows(); });
+  return tasks;
 }
-// a is (ta ? k x m : m x k) with rows lda apart; b likewise (contiguous).
-void gemm_bf16_into_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, const bfloat16* b,
-                        float* c32, bool acc) {
-  thread_local std::vector<float> wa, wb;
-  widen(a, m * k, wa);
-  widen(b, k * n, wb);
-  gemm(ta, tb, m, n, k, wa.data(), ta ? m : k, wb.data(), tb ? k : n, c32, n, acc);
+
+// Columns [p0, p1) of one expert's weight gradient (rows of out[expert]).
+struct ColumnTask {
+  int64_t expert, p0, p1, work;
+};
+// The tasks of grouped_matmul_wgrad: each expert's p columns cut into
+// blocks (a multiple of 16, at least 64 wide) by the same rule as row_tasks,
+// the work of a block its rows x columns; experts with no rows one task each
+// (zeros).
+std::vector<ColumnTask> column_tasks(const ExpertRows& r, int64_t p, int64_t q) {
+  int64_t total = 0;
+  for (const auto& runs : r.runs) total += total_rows(runs);
+  const int64_t threads = omp_get_max_threads();
+  const double least = std::max(kMinTaskFlops / 2 / static_cast<double>(std::max<int64_t>(q, 1)), 64.0 * 64.0);
+  const double target =
+      threads > 1
+          ? std::max(least, static_cast<double>(total) * static_cast<double>(p) / static_cast<double>(threads * 4))
+          : 1e300;
+  std::vector<ColumnTask> tasks;
+  for (size_t x = 0; x < r.runs.size(); ++x) {
+    const int64_t m = total_rows(r.runs[x]);
+    const double work = static_cast<double>(m) * static_cast<double>(p);
+    const int64_t parts =
+        std::clamp<int64_t>(static_cast<int64_t>(std::ceil(work / target)), 1, std::max<int64_t>(p / 64, 1));
+    const int64_t width = std::min(p, ceil_div(ceil_div(p, parts), 16) * 16);
+    for (int64_t p0 = 0; p0 < p; p0 += width) {
+      const int64_t p1 = std::min(p, p0 + width);
+      tasks.push_back({static_cast<int64_t>(x), p0, p1, m * (p1 - p0)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const ColumnTask& a, const ColumnTask& b) { return a.work > b.work; });
+  return tasks;
+}
+
+// dst (rows x cols, in Acc<T>) = columns [col0, col0 + cols) of the rows of
+// `pieces` of src (rows ld apart), in order.
+template <typename T>
+void gather_rows(const T* src, int64_t ld, const std::vector<Run>& pieces, int64_t col0, int64_t cols,
+                 std::vector<Acc<T>>& dst) {
+  dst.resize(static_cast<size_t>(total_rows(pieces) * cols));
+  Acc<T>* to = dst.data();
+  for (const Run& piece : pieces)
+    for (int64_t r = piece.begin; r < piece.end; ++r, to += cols) {
+      const T* from = src + r * ld + col0;
+      for (int64_t j = 0; j < cols; ++j) to[j] = load(from[j]);
+    }
+}
+// The rows of src (n long) back to the rows of `pieces` of out.
+template <typename T>
+void scatter_rows(const Acc<T>* src, int64_t n, const std::vector<Run>& pieces, T* out) {
+  for (const Run& piece : pieces)
+    for (int64_t r = piece.begin; r < piece.end; ++r, src += n)
+      for (int64_t j = 0; j < n; ++j) out[r * n + j] = store<T>(src[j]);
+}
+// Pieces of kDirectRows rows or more run as GEMMs of their own, in place;
+// shorter ones are gathered into one (a GEMM of a few dozen rows packs the
+// whole weight for little work). bf16 gathers all (it widens to f32).
+constexpr int64_t kDirectRows = 64;
+template <typename T>
+std::pair<std::vector<Run>, std::vector<Run>> by_length(const std::vector<Run>& pieces) {
+  std::pair<std::vector<Run>, std::vector<Run>> out;
+  for (const Run& piece : pieces)
+    (!std::is_same_v<T, bfloat16> && piece.end - piece.begin >= kDirectRows ? out.first : out.second).push_back(piece);
+  return out;
+}
+// `count` values of b as the GEMM takes them: b itself, or widened to f32 in buf.
+template <typename T>
+const Acc<T>* widened(const T* b, int64_t count, std::vector<Acc<T>>& buf) {
+  if constexpr (std::is_same_v<T, Acc<T>>) {
+    return b;
+  } else {
+    buf.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) buf[static_cast<size_t>(i)] = load(b[i]);
+    return buf.data();
+  }
 }
 
 // Runs `tasks` items of work: across threads, each single-threaded, when
@@ -223,48 +335,74 @@ void moe_combine_weight_grad(const T* a, const T* rows, const int64_t* order, T*
 template <typename T>
 void grouped_matmul(const T* x, const T* w, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t n_out,
                     int64_t k_in, bool tb) {
-  const std::vector<Run> runs = runs_of(row_expert, rows);
-  for_tasks(static_cast<int64_t>(runs.size()), [&](int64_t i) {
-    const Run& run = runs[static_cast<size_t>(i)];
-    const int64_t m = run.end - run.begin;
-    T* c = out + run.begin * n_out;
-    if (run.expert >= e) {  // dropped rows
-      std::fill(c, c + m * n_out, store<T>(0.0));
-      return;
-    }
-    const T* a = x + run.begin * k_in;
-    const T* b = w + run.expert * n_out * k_in;
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      thread_local std::vector<float> c32;
-      c32.resize(static_cast<size_t>(m * n_out));
-      gemm_bf16_into_f32(false, tb, m, n_out, k_in, a, b, c32.data(), false);
-      for (int64_t j = 0; j < m * n_out; ++j) c[j] = f32_to_bf16(c32[static_cast<size_t>(j)]);
-    } else {
-      gemm_any(false, tb, m, n_out, k_in, a, k_in, b, tb ? k_in : n_out, c, false);
-    }
+  using C = Acc<T>;
+  const ExpertRows by_expert = expert_rows(row_expert, rows, e);
+  for (const Run& run : by_expert.dropped) std::fill(out + run.begin * n_out, out + run.end * n_out, store<T>(0.0));
+  // Tasks of about equal rows, each on one expert's weights: a long piece of
+  // a run straight from x into out, short pieces (one expert's runs in
+  // different groups) gathered into one GEMM and scattered back.
+  const std::vector<RowTask> tasks = row_tasks(by_expert, 2 * n_out * k_in);
+  for_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+    const RowTask& t = tasks[static_cast<size_t>(i)];
+    const T* b = w + t.expert * n_out * k_in;
+    const int64_t ldb = tb ? k_in : n_out;
+    const auto [direct, gathered] = by_length<T>(t.pieces(by_expert.runs[static_cast<size_t>(t.expert)]));
+    if constexpr (!std::is_same_v<T, bfloat16>)
+      for (const Run& piece : direct)
+        gemm(false, tb, piece.end - piece.begin, n_out, k_in, x + piece.begin * k_in, k_in, b, ldb,
+             out + piece.begin * n_out, n_out, false);
+    if (gathered.empty()) return;
+    thread_local std::vector<C> a_rows, c_rows, b_wide;
+    const int64_t m = total_rows(gathered);
+    gather_rows(x, k_in, gathered, 0, k_in, a_rows);
+    c_rows.resize(static_cast<size_t>(m * n_out));
+    gemm(false, tb, m, n_out, k_in, a_rows.data(), k_in, widened(b, n_out * k_in, b_wide), ldb, c_rows.data(), n_out,
+         false);
+    scatter_rows(c_rows.data(), n_out, gathered, out);
   });
 }
 
 template <typename T>
 void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t p,
                           int64_t q) {
-  std::vector<std::vector<Run>> by_expert(static_cast<size_t>(e));
-  for (const Run& run : runs_of(row_expert, rows))
-    if (run.expert < e) by_expert[static_cast<size_t>(run.expert)].push_back(run);
-  // Each expert's runs added in row order, by one thread: the same sum on every run.
-  for_tasks(e, [&](int64_t x) {
-    T* c = out + x * p * q;
+  using C = Acc<T>;
+  const ExpertRows by_expert = expert_rows(row_expert, rows, e);
+  // Tasks: blocks of columns of a (rows of out[x]), each over all of its
+  // expert's rows: the long runs' GEMMs added in row order, then one GEMM
+  // over the short runs gathered. The sum does not depend on the threads.
+  const std::vector<ColumnTask> tasks = column_tasks(by_expert, p, q);
+  for_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+    const ColumnTask& t = tasks[static_cast<size_t>(i)];
+    const int64_t pc = t.p1 - t.p0;
+    const auto [direct, gathered] = by_length<T>(by_expert.runs[static_cast<size_t>(t.expert)]);
+    thread_local std::vector<C> a_rows, b_rows, c32;
+    // bf16 sums into f32 scratch and rounds once.
+    C* c;
+    int64_t ldc;
     if constexpr (std::is_same_v<T, bfloat16>) {
-      thread_local std::vector<float> c32;
-      c32.assign(static_cast<size_t>(p * q), 0.0f);
-      for (const Run& run : by_expert[static_cast<size_t>(x)])
-        gemm_bf16_into_f32(true, false, p, q, run.end - run.begin, a + run.begin * p, b + run.begin * q, c32.data(),
-                           true);
-      for (int64_t j = 0; j < p * q; ++j) c[j] = f32_to_bf16(c32[static_cast<size_t>(j)]);
+      c32.resize(static_cast<size_t>(pc * q));
+      c = c32.data(), ldc = q;
     } else {
-      std::fill(c, c + p * q, T(0));
-      for (const Run& run : by_expert[static_cast<size_t>(x)])
-        gemm_any(true, false, p, q, run.end - run.begin, a + run.begin * p, p, b + run.begin * q, q, c, true);
+      c = out + t.expert * p * q + t.p0 * q, ldc = q;
+    }
+    bool acc = false;
+    if constexpr (!std::is_same_v<T, bfloat16>)
+      for (const Run& piece : direct) {
+        gemm(true, false, pc, q, piece.end - piece.begin, a + piece.begin * p + t.p0, p, b + piece.begin * q, q, c, ldc,
+             acc);
+        acc = true;
+      }
+    if (!gathered.empty()) {
+      const int64_t m = total_rows(gathered);
+      gather_rows(a, p, gathered, t.p0, pc, a_rows);
+      gather_rows(b, q, gathered, 0, q, b_rows);
+      gemm(true, false, pc, q, m, a_rows.data(), pc, b_rows.data(), q, c, ldc, acc);
+      acc = true;
+    }
+    if (!acc) std::fill(c, c + pc * q, C(0));  // an expert with no rows
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      T* o = out + t.expert * p * q + t.p0 * q;
+      for (int64_t j = 0; j < pc * q; ++j) o[j] = f32_to_bf16(c32[static_cast<size_t>(j)]);
     }
   });
 }
