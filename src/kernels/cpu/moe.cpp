@@ -144,15 +144,17 @@ void scatter_rows(const Acc<T>* src, int64_t n, const std::vector<Run>& pieces, 
     for (int64_t r = piece.begin; r < piece.end; ++r, src += n)
       for (int64_t j = 0; j < n; ++j) out[r * n + j] = store<T>(src[j]);
 }
-// Pieces of kDirectRows rows or more run as GEMMs of their own, in place;
-// shorter ones are gathered into one (a GEMM of a few dozen rows packs the
-// whole weight for little work). bf16 gathers all (it widens to f32).
-constexpr int64_t kDirectRows = 64;
+// Which pieces of an expert's rows run as GEMMs of their own, in place, and
+// which are gathered into one: a GEMM packs its whole weight (n x k) for
+// however few rows it has, gathering copies each row's n + k values, so a
+// piece is gathered while its rows x (n + k) is below half of n x k (and
+// below 64 rows at least). bf16 gathers all (it widens to f32).
 template <typename T>
-std::pair<std::vector<Run>, std::vector<Run>> by_length(const std::vector<Run>& pieces) {
+std::pair<std::vector<Run>, std::vector<Run>> by_length(const std::vector<Run>& pieces, int64_t n, int64_t k) {
+  const int64_t direct = std::max<int64_t>(64, n * k / (2 * std::max<int64_t>(n + k, 1)));
   std::pair<std::vector<Run>, std::vector<Run>> out;
   for (const Run& piece : pieces)
-    (!std::is_same_v<T, bfloat16> && piece.end - piece.begin >= kDirectRows ? out.first : out.second).push_back(piece);
+    (!std::is_same_v<T, bfloat16> && piece.end - piece.begin >= direct ? out.first : out.second).push_back(piece);
   return out;
 }
 // `count` values of b as the GEMM takes them: b itself, or widened to f32 in buf.
@@ -338,15 +340,15 @@ void grouped_matmul(const T* x, const T* w, const int64_t* row_expert, T* out, i
   using C = Acc<T>;
   const ExpertRows by_expert = expert_rows(row_expert, rows, e);
   for (const Run& run : by_expert.dropped) std::fill(out + run.begin * n_out, out + run.end * n_out, store<T>(0.0));
-  // Tasks of about equal rows, each on one expert's weights: a long piece of
-  // a run straight from x into out, short pieces (one expert's runs in
+  // Tasks of about equal rows, each on one expert's weights: long pieces of
+  // runs straight from x into out, short ones (one expert's runs in
   // different groups) gathered into one GEMM and scattered back.
   const std::vector<RowTask> tasks = row_tasks(by_expert, 2 * n_out * k_in);
   for_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
     const RowTask& t = tasks[static_cast<size_t>(i)];
     const T* b = w + t.expert * n_out * k_in;
     const int64_t ldb = tb ? k_in : n_out;
-    const auto [direct, gathered] = by_length<T>(t.pieces(by_expert.runs[static_cast<size_t>(t.expert)]));
+    const auto [direct, gathered] = by_length<T>(t.pieces(by_expert.runs[static_cast<size_t>(t.expert)]), n_out, k_in);
     if constexpr (!std::is_same_v<T, bfloat16>)
       for (const Run& piece : direct)
         gemm(false, tb, piece.end - piece.begin, n_out, k_in, x + piece.begin * k_in, k_in, b, ldb,
@@ -374,7 +376,7 @@ void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* 
   for_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
     const ColumnTask& t = tasks[static_cast<size_t>(i)];
     const int64_t pc = t.p1 - t.p0;
-    const auto [direct, gathered] = by_length<T>(by_expert.runs[static_cast<size_t>(t.expert)]);
+    const auto [direct, gathered] = by_length<T>(by_expert.runs[static_cast<size_t>(t.expert)], p, q);
     thread_local std::vector<C> a_rows, b_rows, c32;
     // bf16 sums into f32 scratch and rounds once.
     C* c;
