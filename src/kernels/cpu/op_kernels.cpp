@@ -17,10 +17,10 @@ namespace {
 NameRegistry<CpuKernel>& table() {
   static auto* t = [] {
     auto* tab = new NameRegistry<CpuKernel>;
-    for (auto add : {ops::add_elementwise_kernels, ops::add_matmul_kernels, ops::add_reduction_kernels,
-                     ops::add_shape_kernels, ops::add_embedding_kernels, ops::add_loss_kernels,
-                     ops::add_attention_kernels, ops::add_optimizer_kernels, ops::add_moe_kernels,
-                     ops::add_collective_kernels})
+    for (auto add :
+         {ops::add_elementwise_kernels, ops::add_matmul_kernels, ops::add_reduction_kernels, ops::add_shape_kernels,
+          ops::add_embedding_kernels, ops::add_loss_kernels, ops::add_attention_kernels, ops::add_optimizer_kernels,
+          ops::add_moe_kernels, ops::add_collective_kernels})
       add([&](const std::string& op, CpuKernel k) {  // built-in, before any register_cpu_kernel: a clash is ours
         const bool added = tab->add(op, std::move(k));
         MT_ASSERT(added, "built-in op '{}' has two CPU kernels", op);
