@@ -18,11 +18,13 @@
 //
 // The baseline runs at its best: every rep times it on 1 thread and on
 // THREADS (omp_set_num_threads; oneDNN's sgemm follows OpenMP) and keeps the
-// faster; the grouped GEMM runs on THREADS, as in a training step. Reps
-// alternate the sides (this host's speed drifts); each side's figure is its
-// best rep, and the ratio is grouped / dense GFLOP/s. "step" weighs the six
-// as a training step runs them (w3 as w1): total dense time / total grouped
-// time.
+// faster; the grouped GEMM runs on THREADS, as in a training step. A rep
+// times each side over calls of about 50 ms together, and reps alternate
+// the sides (this host's speed drifts). Each side's figure is its best rep
+// and the ratio is grouped / dense GFLOP/s of those; beside it, the median
+// over reps of each rep's own ratio (a rep's two sides run moments apart, so
+// a busy host slows both). "step" weighs the six as a training step runs
+// them (w3 as w1): total dense time / total grouped time.
 //
 // Usage: grouped_gemm [--threads N] [--reps R] [--quick] [--only NAME] [--skew S]
 //   --quick: only the smallest shapes (a smoke run); --only: the shapes whose
@@ -78,10 +80,11 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
   return v;
 }
 
-double seconds(const std::function<void()>& fn) {
+// Seconds per call of fn, over `calls` calls.
+double seconds(const std::function<void()>& fn, int calls = 1) {
   const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < calls; ++i) fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
 }
 
 struct Variant {
@@ -92,25 +95,37 @@ struct Variant {
 };
 
 struct Result {
-  double grouped_s = 1e30, dense_s = 1e30;
-  int dense_threads = 0;
+  double grouped_s = 1e30, dense_s = 1e30;     // the best rep of each
+  int dense_threads = 0;                       // of the best dense rep
+  std::vector<double> grouped_rep, dense_rep;  // each rep's times (dense: its faster thread count)
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
 
 Result measure(const Variant& v, int threads, int reps) {
   omp_set_num_threads(threads);
   v.grouped();  // warm-up: oneDNN JITs its kernels on first use
-  v.dense();
+  // A rep times each side over calls of about 50 ms together.
+  const int calls = static_cast<int>(std::clamp(0.05 / seconds(v.dense), 1.0, 100.0));
   Result r;
   std::vector<int> dense_threads{threads};
   if (threads > 1) dense_threads.push_back(1);
   for (int rep = 0; rep < reps; ++rep) {
+    double dense = 1e30;
     for (int t : dense_threads) {
       omp_set_num_threads(t);
-      const double s = seconds(v.dense);
+      const double s = seconds(v.dense, calls);
+      dense = std::min(dense, s);
       if (s < r.dense_s) r.dense_s = s, r.dense_threads = t;
     }
     omp_set_num_threads(threads);
-    r.grouped_s = std::min(r.grouped_s, seconds(v.grouped));
+    const double grouped = seconds(v.grouped, calls);
+    r.grouped_s = std::min(r.grouped_s, grouped);
+    r.dense_rep.push_back(dense);
+    r.grouped_rep.push_back(grouped);
   }
   return r;
 }
@@ -156,15 +171,25 @@ void run_shape(const MoeShape& s, int threads, int reps, float skew) {
         static_cast<long>(rows), seq == s.tokens ? "sorted at once" : ("per seq of " + std::to_string(seq)).c_str(),
         static_cast<long>(runs), static_cast<long>(*lo), static_cast<long>(*hi), mean);
     double step_dense = 0, step_grouped = 0;
+    std::vector<double> rep_dense(static_cast<size_t>(reps), 0.0), rep_grouped(rep_dense);
     for (const Variant& v : variants) {
       const Result r = measure(v, threads, reps);
-      std::printf("  %-9s grouped %7.1f GFLOP/s   dense %7.1f GFLOP/s (%d thr)   ratio %.2f\n", v.name,
-                  v.flops / r.grouped_s / 1e9, v.flops / r.dense_s / 1e9, r.dense_threads, r.dense_s / r.grouped_s);
+      std::vector<double> ratios;
+      for (size_t i = 0; i < r.dense_rep.size(); ++i) {
+        ratios.push_back(r.dense_rep[i] / r.grouped_rep[i]);
+        rep_dense[i] += v.step_weight * r.dense_rep[i];
+        rep_grouped[i] += v.step_weight * r.grouped_rep[i];
+      }
+      std::printf("  %-9s grouped %6.1f GFLOP/s  dense %6.1f GFLOP/s (%d thr)  ratio %.2f  (median rep %.2f)\n", v.name,
+                  v.flops / r.grouped_s / 1e9, v.flops / r.dense_s / 1e9, r.dense_threads, r.dense_s / r.grouped_s,
+                  median(ratios));
       step_dense += v.step_weight * r.dense_s;
       step_grouped += v.step_weight * r.grouped_s;
     }
-    std::printf("  %-9s ratio %.2f (dense time / grouped time over a step's nine expert GEMMs)\n", "step",
-                step_dense / step_grouped);
+    std::vector<double> step_ratios;
+    for (size_t i = 0; i < rep_dense.size(); ++i) step_ratios.push_back(rep_dense[i] / rep_grouped[i]);
+    std::printf("  %-9s ratio %.2f  (median rep %.2f): dense time / grouped time over a step's nine expert GEMMs\n",
+                "step", step_dense / step_grouped, median(step_ratios));
     std::fflush(stdout);
   }
 }
