@@ -65,8 +65,11 @@ sharding::DeviceMesh pipeline_mesh(const config::TrainConfig& config, int world_
   MT_CHECK(pp >= 1 && world_size % pp == 0,
            "parallel.pp {} must divide the job's {} ranks (each stage runs on ranks / pp of them)", pp, world_size);
   const sharding::DeviceMesh stage = parallel::make_mesh(config.parallel, static_cast<int>(world_size / pp));
-  return sharding::DeviceMesh({static_cast<int>(pp), stage.size(0), stage.size(1), stage.size(2)},
-                              {"pp", "dp_replicate", "dp_shard", "tp"});
+  std::vector<int> shape{static_cast<int>(pp)};
+  std::vector<std::string> names{"pp"};
+  shape.insert(shape.end(), stage.shape().begin(), stage.shape().end());
+  names.insert(names.end(), stage.names().begin(), stage.names().end());
+  return sharding::DeviceMesh(std::move(shape), std::move(names));
 }
 
 std::vector<int> PipelinePlace::stages() const {
@@ -84,9 +87,9 @@ PipelinePlace pipeline_place(const config::TrainConfig& config, int world_size, 
   place.stage_size = world_size / mesh.size(0);
   place.stage_rank = rank % place.stage_size;
   place.pp_rank = rank / place.stage_size;
-  if (place.stage_size > 1)
-    place.stage_mesh.emplace(std::vector<int>{mesh.size(1), mesh.size(2), mesh.size(3)},
-                             std::vector<std::string>{"dp_replicate", "dp_shard", "tp"});
+  if (place.stage_size > 1)  // the pipeline's mesh without pp
+    place.stage_mesh.emplace(std::vector<int>(mesh.shape().begin() + 1, mesh.shape().end()),
+                             std::vector<std::string>(mesh.names().begin() + 1, mesh.names().end()));
   place.schedule = pipeline_schedule(config, mesh.size(0), fsdp_actions);
   place.spans = pipeline_spans(config.model, place.schedule.stages(), config.parallel.pp_layers_per_stage);
   place.accumulation = config.training.grad_accum_steps;

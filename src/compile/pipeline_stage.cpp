@@ -78,11 +78,17 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   const graph::Graph& g = st.joint;
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   parallel::StepRoles roles;
+  std::set<graph::ValueId> experts;
   for (size_t i = 0; i < st.parameters.size(); ++i) {
     roles.parameters.push_back(st.parameters[i]);
-    if (const auto dim = parallel::llama_tp_dim(st.parameter_names[i]); dim && tensor_parallel)
+    const std::string& name = st.parameter_names[i];
+    if (const auto dim = parallel::llama_tp_dim(name, config.parallel.expert_tp > 1); dim && tensor_parallel)
       roles.tp_dims[st.parameters[i]] = *dim;
+    if (parallel::llama_is_experts(name)) experts.insert(st.parameters[i]);
   }
+  roles.experts.assign(experts.begin(), experts.end());
+  roles.dispatched = m.dispatched;
+  roles.dispatched.insert(roles.dispatched.end(), m.dispatched_experts.begin(), m.dispatched_experts.end());
   if (st.span.embedding) roles.batch_inputs.push_back(st.input);
   if (st.span.head) {
     roles.batch_inputs.push_back(st.targets);
@@ -105,24 +111,17 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   // parameters lie as the plan keeps them, and what the lowering gathers of
   // them (once: reshard_after_forward is off) the stage's unshard program
   // computes once a step (UNSHARD).
-  const auto replicate_dim = static_cast<size_t>(mesh.dim_index("dp_replicate")),
-             shard_dim = static_cast<size_t>(mesh.dim_index("dp_shard"));
-  auto pending = [&](const sharding::Layout& kept) {
-    std::vector<sharding::Placement> placements = kept.placements;
-    for (const size_t d : {replicate_dim, shard_dim})
-      if (mesh.size(static_cast<int>(d)) > 1) placements[d] = sharding::Placement::partial();
-    return sharding::Layout::from_placements(std::move(placements));
+  auto pending = [&](graph::ValueId p) {
+    return parallel::pending_over_data_parallel(mesh, layouts.given.at(p), experts.count(p) > 0);
   };
   for (size_t i = 0; i < st.parameters.size(); ++i) {
     const graph::ValueId p = st.parameters[i];
-    const sharding::Layout kept = layouts.given.at(p);
-    st.parameter_layouts[st.parameter_names[i]] = kept;
-    st.gradient_layouts[st.parameter_names[i]] = pending(kept);
-    if (const auto it = gradient_of.find(p); it != gradient_of.end()) layouts.given[it->second] = pending(kept);
+    st.parameter_layouts[st.parameter_names[i]] = layouts.given.at(p);
+    st.gradient_layouts[st.parameter_names[i]] = pending(p);
+    if (const auto it = gradient_of.find(p); it != gradient_of.end()) layouts.given[it->second] = pending(p);
   }
   for (const auto& [copy, p] : m.param_copies)
-    if (const auto it = gradient_of.find(copy); it != gradient_of.end())
-      layouts.given[it->second] = pending(layouts.given.at(p));
+    if (const auto it = gradient_of.find(copy); it != gradient_of.end()) layouts.given[it->second] = pending(p);
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(mesh.ndim())));
   if (st.count.valid()) layouts.given[st.count] = replicated;

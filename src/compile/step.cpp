@@ -53,7 +53,7 @@ sharding::DeviceMesh check_pipeline_config(const config::TrainConfig& config, in
            "a multiple of {})",
            p.pp, world_size, p.pp);
   const sharding::DeviceMesh mesh = pipeline_mesh(config, world_size);
-  const int64_t dp = mesh.size(1) * mesh.size(2);
+  const int64_t dp = parallel::data_parallel_degree(mesh);
   // The schedule's own checks first, naming the key; its microbatches and stages (read from
   // parallel.pp_schedule_csv, or the keys') are what the rest checks.
   const parallel::PpSchedule schedule = pipeline_schedule(config, static_cast<int>(p.pp));
@@ -76,7 +76,7 @@ sharding::DeviceMesh check_pipeline_config(const config::TrainConfig& config, in
 sharding::DeviceMesh check_parallel_config(const config::TrainConfig& config, int world_size) {
   if (config.parallel.pp > 1) return check_pipeline_config(config, world_size);
   const sharding::DeviceMesh mesh = parallel::make_mesh(config.parallel, world_size);
-  const int64_t dp = mesh.size(mesh.dim_index("dp_replicate")) * mesh.size(mesh.dim_index("dp_shard"));
+  const int64_t dp = parallel::data_parallel_degree(mesh);
   MT_CHECK(config.data.batch_size % dp == 0,
            "data.batch_size {} (the global batch, in sequences) must divide by the data-parallel degree {} "
            "(parallel.dp_replicate x parallel.dp_shard)",
@@ -193,7 +193,8 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   const parallel::StepLayouts layouts = parallel::step_layouts(
-      mesh, g, step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32), config.parallel);
+      mesh, g, step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32, config.parallel.expert_tp > 1),
+      config.parallel);
   LaidOut laid_out = lay_out_graph(g, *out.planner, rank, layouts.given, layouts.deliver,
                                    {.reshard_after_forward = config.parallel.reshard_after_forward});
   out.sharding = std::move(laid_out.sharding);

@@ -130,12 +130,15 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
   g.set_phase(saved_phase);
 }
 
-parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel) {
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp) {
   parallel::StepRoles roles;
   for (const auto& [name, v] : m.params) {
     roles.parameters.push_back(v);
-    if (const auto dim = parallel::llama_tp_dim(name); dim && tensor_parallel) roles.tp_dims[v] = *dim;
+    if (const auto dim = parallel::llama_tp_dim(name, expert_tp); dim && tensor_parallel) roles.tp_dims[v] = *dim;
+    if (parallel::llama_is_experts(name)) roles.experts.push_back(v);
   }
+  roles.dispatched = m.dispatched;
+  roles.dispatched.insert(roles.dispatched.end(), m.dispatched_experts.begin(), m.dispatched_experts.end());
   roles.batch_inputs = {m.tokens, m.targets};
   if (tensor_parallel) {
     roles.residual_stream = m.residual;
@@ -154,8 +157,9 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& sg) {
   return out;
 }
 
-parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype) {
-  parallel::StepRoles roles = forward_roles(sg.model, tensor_parallel);
+parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype,
+                               bool expert_tp) {
+  parallel::StepRoles roles = forward_roles(sg.model, tensor_parallel, expert_tp);
   for (const auto& [name, v] : sg.model.params) {
     roles.states.emplace_back(sg.exp_avg.at(name), v);
     roles.states.emplace_back(sg.exp_avg_sq.at(name), v);

@@ -78,11 +78,12 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& step);
 // `tensor_parallel`), the batch, the residual stream, block inputs and
 // logits (when `tensor_parallel`), the compute-dtype copies and its loss,
 // replicated.
-parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel);
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp = false);
 // What each value of the step is to a parallel plan: forward_roles, and the
 // parameters' optimizer states and gradients, the gradient norm (replicated)
 // and the write-backs; with `reduce_in_compute_dtype`, the compute-dtype
 // copies of parameters whose gradients are reduced before they are widened.
-parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false);
+parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false,
+                               bool expert_tp = false);
 
 }  // namespace meshtrain::compile

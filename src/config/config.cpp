@@ -372,6 +372,15 @@ const std::vector<Key>& keys() {
           [](int64_t v) { return v >= 1 || v == -1; }, "a positive integer or -1 (the ranks left over)"),
       number_key<int64_t>(
           "parallel.tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
+      number_key<int64_t>(
+          "parallel.ep", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.ep; }, pos,
+          "a positive integer dividing parallel.dp_shard and model.n_experts: expert parallelism, each MoE layer's "
+          "experts split over this many of the dp_shard ranks, tokens sent to their experts' ranks and back by "
+          "all_to_all"),
+      number_key<int64_t>(
+          "parallel.expert_tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.expert_tp; }, pos,
+          "1 or parallel.tp: the routed experts' weights also split Megatron-style over tp (1: whole on each tp "
+          "rank)"),
       bool_key(
           "parallel.sequence_parallel", "false", [](TrainConfig& c) -> bool& { return c.parallel.sequence_parallel; },
           "the norms and residuals between tensor-parallel blocks are sharded along the sequence (Megatron SP)"),
@@ -555,6 +564,14 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   }
   for (const auto& [name, value] : overrides) apply_override(c, name, value);
   c.model.validate();
+  MT_CHECK(c.parallel.ep == 1 || c.model.n_experts > 0,
+           "config: parallel.ep {} needs a mixture of experts to split (model.n_experts is 0)", c.parallel.ep);
+  MT_CHECK(c.model.n_experts % c.parallel.ep == 0,
+           "config: parallel.ep {} must divide model.n_experts {} (each expert-parallel rank holds as many experts)",
+           c.parallel.ep, c.model.n_experts);
+  MT_CHECK(c.parallel.expert_tp == 1 || c.parallel.expert_tp == c.parallel.tp,
+           "config: parallel.expert_tp {} must be 1 or parallel.tp {}", c.parallel.expert_tp, c.parallel.tp);
+  c.model.dispatch_blocks = c.parallel.ep;
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");

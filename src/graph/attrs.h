@@ -91,6 +91,10 @@ inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"w
 // experts there are, and the capacity (0: dropless).
 inline constexpr AttrKey<int64_t> top_k{"top_k"}, n_experts{"n_experts"};
 inline constexpr AttrKey<double> capacity_factor{"capacity_factor"};
+// Expert parallelism: rows dispatched into `expert_blocks` blocks of
+// n_experts / expert_blocks experts each (their leading dim); a local
+// grouped GEMM's weights start at expert `first_expert`.
+inline constexpr AttrKey<int64_t> expert_blocks{"expert_blocks"}, first_expert{"first_expert"};
 // Collectives of a lowered (per-rank) graph: the mesh dims they run over,
 // this rank's group (global ranks, in group-rank order), the tensor's global
 // shape and its layouts before and after, the collective's buffer bytes per

@@ -74,8 +74,20 @@ Builder::MoeSort Builder::moe_sort(ValueId experts, int64_t n_experts, double ca
 ValueId Builder::moe_permute(ValueId x, ValueId order, int64_t k) {
   return op("moe_permute", {x, order}, {attr::top_k(k)});
 }
-ValueId Builder::grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b) {
-  return op("grouped_matmul", {rows, w, row_expert}, {attr::transpose_b(transpose_b)});
+ValueId Builder::grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b,
+                                int64_t expert_blocks) {
+  Attrs at{attr::transpose_b(transpose_b)};
+  if (expert_blocks > 0) at.set(attr::expert_blocks, expert_blocks);
+  return op("grouped_matmul", {rows, w, row_expert}, at);
+}
+ValueId Builder::moe_dispatch(ValueId rows, ValueId row_expert, int64_t blocks, int64_t n_experts) {
+  return op("moe_dispatch", {rows, row_expert}, {attr::expert_blocks(blocks), attr::n_experts(n_experts)});
+}
+ValueId Builder::moe_dispatch_experts(ValueId row_expert, int64_t blocks, int64_t n_experts) {
+  return op("moe_dispatch_experts", {row_expert}, {attr::expert_blocks(blocks), attr::n_experts(n_experts)});
+}
+ValueId Builder::moe_undispatch(ValueId blocks_of_rows, ValueId row_expert, int64_t blocks, int64_t n_experts) {
+  return op("moe_undispatch", {blocks_of_rows, row_expert}, {attr::expert_blocks(blocks), attr::n_experts(n_experts)});
 }
 ValueId Builder::moe_combine(ValueId rows, ValueId order, ValueId weights, int64_t k) {
   return op("moe_combine", {rows, order, weights}, {attr::top_k(k)});

@@ -61,7 +61,13 @@ class Builder {
   MoeSort moe_sort(ValueId experts, int64_t n_experts, double capacity_factor = 0);
   ValueId moe_permute(ValueId x, ValueId order, int64_t k);  // [..., N, D] -> rows [..., N k, D]
   // Rows [..., M, K] each times its expert's w [E, N, K]^T (or [E, K, N]) -> [..., M, N].
-  ValueId grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b = true);
+  ValueId grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b = true,
+                         int64_t expert_blocks = 0);
+  // Expert parallelism: rows [..., M, D] into `blocks` blocks of experts
+  // [blocks, ..., M, D], their row_expert likewise, and back.
+  ValueId moe_dispatch(ValueId rows, ValueId row_expert, int64_t blocks, int64_t n_experts);
+  ValueId moe_dispatch_experts(ValueId row_expert, int64_t blocks, int64_t n_experts);
+  ValueId moe_undispatch(ValueId blocks_of_rows, ValueId row_expert, int64_t blocks, int64_t n_experts);
   // Rows back to tokens, each token's k rows weighted by weights [..., N, k] and summed.
   ValueId moe_combine(ValueId rows, ValueId order, ValueId weights, int64_t k);
   ValueId moe_expert_counts(ValueId experts, int64_t n_experts);  // f32 [n_experts]

@@ -186,10 +186,20 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   m.routed_experts.push_back(experts);
   const graph::Builder::MoeSort sorted = b.moe_sort(experts, c.n_experts, c.capacity_factor);
   m.expert_load.push_back(b.moe_expert_counts(sorted.row_expert, c.n_experts + 1));  // the dropped count as n_experts
-  const graph::ValueId rows = b.moe_permute(y, sorted.order, k);
-  const graph::ValueId gate = b.grouped_matmul(rows, use(p + "experts.w1.weight"), sorted.row_expert);
-  const graph::ValueId up = b.grouped_matmul(rows, use(p + "experts.w3.weight"), sorted.row_expert);
-  const graph::ValueId down = b.grouped_matmul(b.swiglu(gate, up), use(p + "experts.w2.weight"), sorted.row_expert);
+  graph::ValueId rows = b.moe_permute(y, sorted.order, k), row_expert = sorted.row_expert;
+  const int64_t blocks = c.dispatch_blocks > 1 ? c.dispatch_blocks : 0;
+  if (blocks > 0) {  // expert parallelism: the rows by block of experts, and back after the experts
+    rows = b.moe_dispatch(rows, sorted.row_expert, blocks, c.n_experts);
+    row_expert = b.moe_dispatch_experts(sorted.row_expert, blocks, c.n_experts);
+    m.dispatched_experts.push_back(row_expert);
+  }
+  const graph::ValueId gate = b.grouped_matmul(rows, use(p + "experts.w1.weight"), row_expert, true, blocks);
+  const graph::ValueId up = b.grouped_matmul(rows, use(p + "experts.w3.weight"), row_expert, true, blocks);
+  graph::ValueId down = b.grouped_matmul(b.swiglu(gate, up), use(p + "experts.w2.weight"), row_expert, true, blocks);
+  if (blocks > 0) {
+    m.dispatched.insert(m.dispatched.end(), {rows, down});
+    down = b.moe_undispatch(down, sorted.row_expert, blocks, c.n_experts);
+  }
   graph::ValueId out = b.moe_combine(down, sorted.order, weights, k);
   if (c.n_shared_experts > 0) {
     const graph::ValueId shared_gate = linear(y, p + "shared_experts.w1.weight");

@@ -40,6 +40,10 @@ struct LlamaConfig {
   int64_t n_shared_experts = 0;
   double router_aux_loss_coef = 0;
   double capacity_factor = 0;
+  // Not a [model] key: expert parallelism's degree (parallel.ep), which
+  // builds each MoE layer's expert rows dispatched into this many blocks of
+  // experts (the same numbers; 1: not dispatched).
+  int64_t dispatch_blocks = 1;
   void validate() const;  // throws naming the inconsistent keys
   int64_t head_dim() const { return dim / n_heads; }
   bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
@@ -73,6 +77,10 @@ struct LlamaGraph {
   // Each MoE layer's load: f32 [n_experts + 1], the token slots each expert
   // took, then those dropped over capacity (summed over the batch's rows).
   std::vector<graph::ValueId> expert_load;
+  // With dispatch_blocks > 1, each MoE layer's rows dispatched by block of
+  // experts [blocks, B, T k, D] into the experts and out of them, and their
+  // experts [blocks, B, T k]: what expert parallelism lays out by block.
+  std::vector<graph::ValueId> dispatched, dispatched_experts;
 };
 
 // The part of the model one pipeline stage runs: the token embedding (the

@@ -1,5 +1,7 @@
 #include "parallel/plan.h"
 
+#include <algorithm>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -29,8 +31,46 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            "parallel.dp_replicate ({}) x parallel.dp_shard ({}) x parallel.tp ({}) = {}, but the job has {} ranks",
            c.dp_replicate, dp_shard, c.tp, overflow ? std::string("more than 2^63") : std::to_string(product),
            world_size);
-  return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
-                              {"dp_replicate", "dp_shard", "tp"});
+  MT_CHECK(c.ep >= 1 && dp_shard % c.ep == 0,
+           "parallel.ep {} must divide parallel.dp_shard {} (expert parallelism takes its ranks from dp_shard)", c.ep,
+           dp_shard);
+  MT_CHECK(c.expert_tp == 1 || c.expert_tp == c.tp, "parallel.expert_tp {} must be 1 or parallel.tp {}", c.expert_tp,
+           c.tp);
+  if (c.ep == 1)
+    return sharding::DeviceMesh(
+        {static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
+        {"dp_replicate", "dp_shard", "tp"});
+  return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard / c.ep),
+                               static_cast<int>(c.ep), static_cast<int>(c.tp)},
+                              {"dp_replicate", "dp_shard", "ep", "tp"});
+}
+
+namespace {
+int ep_dim_of(const sharding::DeviceMesh& mesh) {
+  const auto& names = mesh.names();
+  return std::find(names.begin(), names.end(), "ep") != names.end() ? mesh.dim_index("ep") : -1;
+}
+}  // namespace
+
+std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh) {
+  std::vector<int> dims{mesh.dim_index("dp_replicate"), mesh.dim_index("dp_shard")};
+  if (const int ep = ep_dim_of(mesh); ep >= 0) dims.push_back(ep);
+  return dims;
+}
+
+int64_t data_parallel_degree(const sharding::DeviceMesh& mesh) {
+  int64_t n = 1;
+  for (int d : data_parallel_dims(mesh)) n *= mesh.size(d);
+  return n;
+}
+
+sharding::Layout pending_over_data_parallel(const sharding::DeviceMesh& mesh, const sharding::Layout& kept,
+                                            bool experts) {
+  std::vector<sharding::Placement> placements = kept.placements;
+  const int ep = ep_dim_of(mesh);
+  for (int d : data_parallel_dims(mesh))
+    if (mesh.size(d) > 1 && !(experts && d == ep)) placements[static_cast<size_t>(d)] = sharding::Placement::partial();
+  return sharding::Layout::from_placements(std::move(placements));
 }
 
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
@@ -39,6 +79,8 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   using sharding::Placement;
   const auto replicate = static_cast<size_t>(mesh.dim_index("dp_replicate")),
              shard = static_cast<size_t>(mesh.dim_index("dp_shard")), tp = static_cast<size_t>(mesh.dim_index("tp"));
+  const int ep_dim = ep_dim_of(mesh);
+  const auto ep = static_cast<size_t>(ep_dim);
   const auto ndim = static_cast<size_t>(mesh.ndim());
   // A mesh dim of one rank splits nothing: its placement is Replicate, so
   // layouts read as what they do.
@@ -48,18 +90,30 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   std::vector<Placement> batch(ndim);
   batch[replicate] = split(replicate, 0);
   batch[shard] = split(shard, 0);
+  if (ep_dim >= 0) batch[ep] = split(ep, 0);
   const Layout batch_layout = Layout::from_placements(batch);
   const Layout replicated = Layout::from_placements(std::vector<Placement>(ndim));
+  const std::set<graph::ValueId> experts(roles.experts.begin(), roles.experts.end());
   auto layout_of_param = [&](graph::ValueId p) {
     if (g.value(p).info.shape.rank() == 0) return replicated;  // nothing to shard
     std::vector<Placement> placements(ndim);
-    placements[shard] = split(shard, 0);
+    const bool expert = experts.count(p) > 0;
+    // Dense: FSDP over dp_shard (and ep: all of dp_shard). Experts: split by
+    // expert over ep, FSDP over the rest of dp_shard by dim 1.
+    placements[shard] = split(shard, expert ? 1 : 0);
+    if (ep_dim >= 0) placements[ep] = split(ep, 0);
     const auto tp_dim = roles.tp_dims.find(p);
     if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);
     Layout l = Layout::from_placements(std::move(placements));
-    if (l.shard_sequence(0).size() == 2) {
-      l.order[tp] = 0;  // tp splits dim 0 first, then dp_shard each part
-      l.order[shard] = 1;
+    // Where tp and data parallel split one dim, tp splits it first, then
+    // FSDP each part (so gathering over dp_shard gives that part whole, as
+    // torchtitan's strided shards do).
+    if (tp_dim != roles.tp_dims.end() && l.shard_sequence(tp_dim->second).size() >= 2) {
+      int next = 0;
+      l.order[tp] = next++;
+      for (const size_t d : {shard, ep})
+        if (ep_dim >= 0 || d == shard)
+          if (l.placements[d].is_sharding() && l.placements[d].dim == tp_dim->second) l.order[d] = next++;
     }
     return l;
   };
@@ -81,6 +135,14 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     for (graph::ValueId v : roles.logits)
       pin(v, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
   }
+  if (ep_dim >= 0) {  // dispatched rows [blocks, batch, ...]: by block over ep, the batch one dim in
+    std::vector<Placement> by_block(ndim);
+    by_block[replicate] = split(replicate, 1);
+    by_block[shard] = split(shard, 1);
+    by_block[ep] = split(ep, 0);
+    const Layout l = Layout::from_placements(by_block);
+    for (graph::ValueId v : roles.dispatched) pin(v, l, l);
+  }
   for (graph::ValueId p : roles.parameters) out.given[p] = layout_of_param(p);
   for (const auto& [state, p] : roles.states) out.given[state] = layout_of_param(p);
   for (graph::ValueId v : roles.replicated_outputs) out.deliver[v] = replicated;
@@ -100,24 +162,26 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   // asked; otherwise it stays a pending sum over data parallel until it is
   // widened, and the parameter's gradient is reduced in the parameter's
   // dtype (propagation would reduce the narrower one).
-  auto pending_over_dp = [&](const Layout& l) {
-    std::vector<Placement> placements = l.placements;
-    for (size_t d : {replicate, shard})
-      if (mesh.size(static_cast<int>(d)) > 1) placements[d] = Placement::partial();
-    return Layout::from_placements(std::move(placements));
-  };
   for (const auto& [copy, p] : roles.copies) {
     const Layout& param = out.given.at(p);
     out.given[copy] = param;
     if (const auto it = roles.gradient_of.find(copy); it != roles.gradient_of.end())
-      out.given[it->second] = roles.reduce_copies_in_compute_dtype ? param : pending_over_dp(param);
+      out.given[it->second] = roles.reduce_copies_in_compute_dtype
+                                  ? param
+                                  : pending_over_data_parallel(mesh, param, experts.count(p) > 0);
   }
   for (const auto& [updated, buffer] : roles.updates) out.deliver[updated] = out.given.at(buffer);
   return out;
 }
 
-std::optional<int> llama_tp_dim(std::string_view name) {
+bool llama_is_experts(std::string_view name) { return name.find("block_sparse_moe.experts.") != std::string_view::npos; }
+
+std::optional<int> llama_tp_dim(std::string_view name, bool expert_tp) {
   auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
+  if (llama_is_experts(name)) {
+    if (!expert_tp) return std::nullopt;
+    return has("experts.w2") ? 2 : 1;
+  }
   for (std::string_view by_output : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head",
                                      "shared_experts.w1", "shared_experts.w3"})
     if (has(by_output)) return 0;

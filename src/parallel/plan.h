@@ -24,6 +24,11 @@ struct ParallelConfig {
   int64_t dp_replicate = 1;  // DDP: parameters replicated, gradients reduced
   int64_t dp_shard = -1;     // FSDP / ZeRO-3: parameters, gradients and states Shard(0); -1: the ranks left over
   int64_t tp = 1;            // Megatron tensor parallel: weights split by output or input features
+  // Expert parallelism: each MoE layer's experts split over `ep` of the
+  // dp_shard ranks (ep divides dp_shard), which FSDP then shards the experts
+  // over the rest of; tokens go to their experts' ranks and back by all_to_all.
+  int64_t ep = 1;
+  int64_t expert_tp = 1;  // 1 or tp: the routed experts also split Megatron-style over tp
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
@@ -51,9 +56,15 @@ struct ParallelConfig {
   int64_t microbatches() const { return pp_microbatches > 0 ? pp_microbatches : pp * stages_per_rank(); }
 };
 
-// The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks. Throws naming
-// the [parallel] key when the degrees do not multiply to the world size.
+// The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks, or with ep > 1
+// (dp_replicate, dp_shard, ep, tp), its dp_shard dim then dp_shard / ep
+// ranks. Throws naming the [parallel] key when the degrees do not multiply
+// to the world size or ep does not divide dp_shard.
 sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
+// The mesh dims that split the batch (dp_replicate, dp_shard and ep), and
+// how many ranks they hold together.
+std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh);
+int64_t data_parallel_degree(const sharding::DeviceMesh& mesh);
 
 // The values of a training step a plan lays out.
 struct StepRoles {
@@ -64,6 +75,13 @@ struct StepRoles {
   std::vector<std::pair<graph::ValueId, graph::ValueId>>
       updates;                                  // updated value -> the parameter or state it replaces
   std::map<graph::ValueId, int> tp_dims;        // parameter -> the tensor dim tp splits (absent: replicated over tp)
+  // The routed experts' parameters [n_experts, ...]: split by expert over
+  // ep, and over the rest of dp_shard by dim 1 (FSDP).
+  std::vector<graph::ValueId> experts;
+  // Values laid out by block of experts (dim 0) over ep, the batch their
+  // dim 1: an MoE layer's rows dispatched to the experts and back, and
+  // their experts (graph/ops/moe.cpp's moe_dispatch).
+  std::vector<graph::ValueId> dispatched;
   std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
   std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
   std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
@@ -115,6 +133,15 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
 // embedding and lm_head tables by vocabulary rows (dim 0); a mixture of
 // experts' shared experts as the MLP (w1, w3 by output, w2 by input). Norm
 // scales, the router and the routed experts: none (replicated).
-std::optional<int> llama_tp_dim(std::string_view name);
+// With `expert_tp`, the routed experts ([n_experts, out, in] each) split
+// alike: w1 and w3 by output (dim 1), w2 by input (dim 2).
+std::optional<int> llama_tp_dim(std::string_view name, bool expert_tp = false);
+// Whether the parameter of this name holds routed experts (split over ep).
+bool llama_is_experts(std::string_view name);
+// The pending sum over data parallel a parameter's gradient is before it is
+// reduced into `kept`, its parameter's layout: Partial over dp_replicate,
+// dp_shard and (unless the parameter is split by expert there) ep.
+sharding::Layout pending_over_data_parallel(const sharding::DeviceMesh& mesh, const sharding::Layout& kept,
+                                            bool experts);
 
 }  // namespace meshtrain::parallel

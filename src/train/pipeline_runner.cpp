@@ -10,6 +10,7 @@
 #include "core/file_io.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
+#include "parallel/plan.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
 #include "train/trainer.h"
@@ -385,7 +386,7 @@ void PipelineRunner::count_targets() {
   count_ = count_run_->fetch(update_.count.outputs()[0]).clone();
   if (!rows.empty()) {  // each data-parallel rank counted its rows: the batch's count is their sum
     const sharding::DeviceMesh& mesh = *place_.stage_mesh;
-    stage_groups_->merged_group({mesh.dim_index("dp_replicate"), mesh.dim_index("dp_shard")})
+    stage_groups_->merged_group(parallel::data_parallel_dims(mesh))
         .all_reduce(count_)
         ->wait();
   }

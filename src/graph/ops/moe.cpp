@@ -11,6 +11,13 @@
 // each permuted row the slot it holds, `row_expert` [..., M] its expert (or
 // n_experts: dropped, over capacity). Rows are in expert order, ties in slot
 // order (a stable sort).
+//
+// Expert parallelism splits the experts into B blocks of E / B: dispatch
+// packs each group's rows of block b (a run, the rows being in expert order)
+// to the front of [b, group] of a [B, ..., M, D] tensor, zeros after them;
+// laid out by block, each rank holds the rows of its experts, and a grouped
+// GEMM with `expert_blocks` B computes them on its experts' weights.
+// Undispatch puts them back in their groups' order.
 #include <cmath>
 
 #include "graph/ops/families.h"
@@ -88,12 +95,33 @@ GroupedDims grouped_dims(const ValueInfos& in, bool tb) {
   return d;
 }
 
+// Rows [B, ..., M, K] dispatched into B blocks of experts (0: not dispatched).
+int64_t expert_blocks_of(const Attrs& at, const ValueInfo& rows, int64_t experts) {
+  const int64_t blocks = at.get_or(attr::expert_blocks, int64_t{0});
+  MT_CHECK(blocks >= 0, "expert_blocks must be >= 0, got {}", blocks);
+  if (blocks == 0) return 0;
+  MT_CHECK(rows.shape.rank() >= 3 && rows.shape.dim(0) == blocks && experts % blocks == 0,
+           "rows dispatched into {} blocks must be [{}, ..., M, K] over experts that divide by {}; got rows {}, {} "
+           "experts",
+           blocks, blocks, blocks, rows.shape.to_string(), experts);
+  return blocks;
+}
+// Rows that carry work: a dispatched tensor's B blocks hold each row once.
+double working_rows_share(const Attrs& at) {
+  const int64_t blocks = at.get_or(attr::expert_blocks, int64_t{0});
+  return blocks > 0 ? 1.0 / static_cast<double>(blocks) : 1.0;
+}
+
 std::vector<ValueId> grouped_matmul_backward(Builder& b, const Node& n, const std::vector<ValueId>& g) {
   const ValueId x = n.inputs[0], w = n.inputs[1], re = n.inputs[2];
   const bool tb = n.attrs.get(attr::transpose_b);
   const int64_t experts = b.graph().value(w).info.shape.dim(0);
-  const ValueId dx = b.op("grouped_matmul", {g[0], w, re}, {attr::transpose_b(!tb)});
-  const Attrs wgrad{attr::n_experts(experts)};
+  Attrs dx_attrs{attr::transpose_b(!tb)}, wgrad{attr::n_experts(experts)};
+  if (const int64_t blocks = n.attrs.get_or(attr::expert_blocks, int64_t{0}); blocks > 0) {
+    dx_attrs.set(attr::expert_blocks, blocks);
+    wgrad.set(attr::expert_blocks, blocks);
+  }
+  const ValueId dx = b.op("grouped_matmul", {g[0], w, re}, dx_attrs);
   const ValueId dw =
       tb ? b.op("grouped_matmul_wgrad", {g[0], x, re}, wgrad) : b.op("grouped_matmul_wgrad", {x, g[0], re}, wgrad);
   return {dx, dw, ValueId{}};
@@ -231,6 +259,73 @@ void add_permutation_ops(std::vector<OpDef>& ops) {
   });
 }
 
+// Dispatch's blocks: B >= 1 dividing the experts.
+int64_t dispatch_blocks(const Attrs& at) {
+  const int64_t blocks = at.get(attr::expert_blocks), experts = at.get(attr::n_experts);
+  MT_CHECK(blocks >= 1 && experts >= 1 && experts % blocks == 0,
+           "expert_blocks {} must be >= 1 and divide n_experts {}", blocks, experts);
+  return blocks;
+}
+Shape prepend(const Shape& s, int64_t head) {
+  std::vector<int64_t> dims{head};
+  dims.insert(dims.end(), s.dims().begin(), s.dims().end());
+  return Shape(dims);
+}
+// rows [..., M, D] and row_expert [..., M].
+void check_rows_experts(const ValueInfo& rows, const ValueInfo& row_expert) {
+  check_i64(row_expert, "row_expert");
+  MT_CHECK(rows.shape.rank() >= 2 && row_expert.shape == leading(rows.shape, 1),
+           "rows must be [..., M, D] and row_expert [..., M], got {} and {}", rows.shape.to_string(),
+           row_expert.shape.to_string());
+}
+
+void add_dispatch_ops(std::vector<OpDef>& ops) {
+  ops.push_back({
+      .name = "moe_dispatch",  // rows [..., M, D], row_expert [..., M] -> [B, ..., M, D] by block of experts
+      .num_inputs = 2,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_float(in[0], "moe_dispatch rows");
+            check_rows_experts(in[0], in[1]);
+            return ValueInfos{{prepend(in[0].shape, dispatch_blocks(at)), in[0].dtype}};
+          },
+      .backward =
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.op("moe_undispatch", {g[0], n.inputs[1]}, n.attrs), ValueId{}};
+          },
+      .flops = elementwise_flops(0),
+  });
+  ops.push_back({
+      .name = "moe_undispatch",  // [B, ..., M, D], row_expert [..., M] -> rows [..., M, D]; dropped rows 0
+      .num_inputs = 2,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_float(in[0], "moe_undispatch rows");
+            const int64_t blocks = dispatch_blocks(at);
+            MT_CHECK(in[0].shape.rank() >= 3 && in[0].shape.dim(0) == blocks,
+                     "moe_undispatch takes [{}, ..., M, D], got {}", blocks, in[0].shape.to_string());
+            const ValueInfo rows{Shape(std::vector<int64_t>(in[0].shape.dims().begin() + 1, in[0].shape.dims().end())),
+                                 in[0].dtype};
+            check_rows_experts(rows, in[1]);
+            return ValueInfos{rows};
+          },
+      .backward =
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{b.op("moe_dispatch", {g[0], n.inputs[1]}, n.attrs), ValueId{}};
+          },
+      .flops = elementwise_flops(0),
+  });
+  ops.push_back({
+      .name = "moe_dispatch_experts",  // row_expert [..., M] -> [B, ..., M]: each block's, then n_experts
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_i64(in[0], "row_expert");
+            MT_CHECK(in[0].shape.rank() >= 1, "row_expert must be [..., M], got {}", in[0].shape.to_string());
+            return ValueInfos{{prepend(in[0].shape, dispatch_blocks(at)), DType::i64}};
+          },
+  });
+}
+
 void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
   ops.push_back({
       .name = "grouped_matmul",  // rows [..., M, K], w [E, N, K] (or [E, K, N]), row_expert [..., M] -> [..., M, N]
@@ -238,11 +333,14 @@ void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             const GroupedDims d = grouped_dims(in, at.get(attr::transpose_b));
+            expert_blocks_of(at, in[0], d.experts);
             return ValueInfos{{with_last(in[0].shape, d.n), in[0].dtype}};
           },
       .backward = grouped_matmul_backward,
       .flops = [](const ValueInfos& in, const ValueInfos& out,
-                  const Attrs&) { return 2.0 * numel(out[0]) * static_cast<double>(in[0].shape.dim(-1)); },
+                  const Attrs& at) {
+        return 2.0 * numel(out[0]) * static_cast<double>(in[0].shape.dim(-1)) * working_rows_share(at);
+      },
       .bytes =  // the rows in and out, and each expert's weights once
       [](const ValueInfos& in, const ValueInfos& out, const Attrs&) {
         return bytes_of(in[0]) + bytes_of(in[1]) + bytes_of(in[2]) + bytes_of(out[0]);
@@ -261,10 +359,13 @@ void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
             check_i64(in[2], "row_expert");
             MT_CHECK(in[2].shape == leading(in[0].shape, 1), "row_expert must be {}, got {}",
                      leading(in[0].shape, 1).to_string(), in[2].shape.to_string());
+            expert_blocks_of(at, in[0], at.get(attr::n_experts));
             return ValueInfos{{Shape{at.get(attr::n_experts), in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
           },
       .flops = [](const ValueInfos& in, const ValueInfos&,
-                  const Attrs&) { return 2.0 * numel(in[0]) * static_cast<double>(in[1].shape.dim(-1)); },
+                  const Attrs& at) {
+        return 2.0 * numel(in[0]) * static_cast<double>(in[1].shape.dim(-1)) * working_rows_share(at);
+      },
   });
 }
 
@@ -309,6 +410,7 @@ void add_aux_loss_ops(std::vector<OpDef>& ops) {
 void add_moe_ops(std::vector<OpDef>& ops) {
   add_routing_ops(ops);
   add_permutation_ops(ops);
+  add_dispatch_ops(ops);
   add_grouped_matmul_ops(ops);
   add_aux_loss_ops(ops);
 }

@@ -37,11 +37,23 @@ struct ExpertRows {
   std::vector<std::vector<Run>> runs;
   std::vector<Run> dropped;
 };
-ExpertRows expert_rows(const int64_t* row_expert, int64_t rows, int64_t e) {
+// Experts first .. first + e - 1, indexed from 0; the rest dropped.
+ExpertRows expert_rows(const int64_t* row_expert, int64_t rows, int64_t e, int64_t first) {
   ExpertRows r{std::vector<std::vector<Run>>(static_cast<size_t>(e)), {}};
-  for (const Run& run : runs_of(row_expert, rows))
-    (run.expert < e ? r.runs[static_cast<size_t>(run.expert)] : r.dropped).push_back(run);
+  for (Run run : runs_of(row_expert, rows)) {
+    run.expert -= first;
+    (run.expert >= 0 && run.expert < e ? r.runs[static_cast<size_t>(run.expert)] : r.dropped).push_back(run);
+  }
   return r;
+}
+// Each block's rows [start[b], start[b + 1]) of one group (in expert order);
+// start[blocks] the first dropped row.
+std::vector<int64_t> block_starts(const int64_t* row_expert, int64_t m, int64_t e, int64_t blocks) {
+  MT_CHECK(std::is_sorted(row_expert, row_expert + m), "moe_dispatch: rows are not in expert order");
+  std::vector<int64_t> start(static_cast<size_t>(blocks + 1));
+  for (int64_t b = 0; b <= blocks; ++b)
+    start[static_cast<size_t>(b)] = std::lower_bound(row_expert, row_expert + m, b * (e / blocks)) - row_expert;
+  return start;
 }
 int64_t total_rows(const std::vector<Run>& runs) {
   int64_t n = 0;
@@ -335,10 +347,37 @@ void moe_combine_weight_grad(const T* a, const T* rows, const int64_t* order, T*
 }
 
 template <typename T>
+void moe_dispatch(const T* rows, const int64_t* row_expert, T* out, int64_t groups, int64_t m, int64_t row_len,
+                  int64_t e, int64_t blocks, T fill) {
+  std::fill(out, out + blocks * groups * m * row_len, fill);
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::vector<int64_t> start = block_starts(row_expert + g * m, m, e, blocks);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = start[static_cast<size_t>(b)], end = start[static_cast<size_t>(b + 1)];
+      std::copy(rows + (g * m + first) * row_len, rows + (g * m + end) * row_len, out + (b * groups + g) * m * row_len);
+    }
+  }
+}
+
+template <typename T>
+void moe_undispatch(const T* in, const int64_t* row_expert, T* rows, int64_t groups, int64_t m, int64_t row_len,
+                    int64_t e, int64_t blocks) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::vector<int64_t> start = block_starts(row_expert + g * m, m, e, blocks);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = start[static_cast<size_t>(b)], end = start[static_cast<size_t>(b + 1)];
+      const T* from = in + (b * groups + g) * m * row_len;
+      std::copy(from, from + (end - first) * row_len, rows + (g * m + first) * row_len);
+    }
+    std::fill(rows + (g * m + start.back()) * row_len, rows + (g + 1) * m * row_len, store<T>(0.0));
+  }
+}
+
+template <typename T>
 void grouped_matmul(const T* x, const T* w, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t n_out,
-                    int64_t k_in, bool tb) {
+                    int64_t k_in, bool tb, int64_t first) {
   using C = Acc<T>;
-  const ExpertRows by_expert = expert_rows(row_expert, rows, e);
+  const ExpertRows by_expert = expert_rows(row_expert, rows, e, first);
   for (const Run& run : by_expert.dropped) std::fill(out + run.begin * n_out, out + run.end * n_out, store<T>(0.0));
   // Tasks of about equal rows, each on one expert's weights: long pieces of
   // runs straight from x into out, short ones (one expert's runs in
@@ -366,9 +405,9 @@ void grouped_matmul(const T* x, const T* w, const int64_t* row_expert, T* out, i
 
 template <typename T>
 void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t p,
-                          int64_t q) {
+                          int64_t q, int64_t first) {
   using C = Acc<T>;
-  const ExpertRows by_expert = expert_rows(row_expert, rows, e);
+  const ExpertRows by_expert = expert_rows(row_expert, rows, e, first);
   // Tasks: blocks of columns of a (rows of out[x]), each over all of its
   // expert's rows: the long runs' GEMMs added in row order, then one GEMM
   // over the short runs gathered. The sum does not depend on the threads.
@@ -417,11 +456,17 @@ void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* 
   template void moe_combine<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);          \
   template void moe_combine_weight_grad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t,        \
                                            int64_t);                                                                 \
-  template void grouped_matmul<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, bool); \
-  template void grouped_matmul_wgrad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t);
+  template void moe_dispatch<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, T);      \
+  template void moe_undispatch<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);        \
+  template void grouped_matmul<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, bool,  \
+                                  int64_t);                                                                          \
+  template void grouped_matmul_wgrad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t,  \
+                                        int64_t);
 MESHTRAIN_INSTANTIATE_MOE(float)
 MESHTRAIN_INSTANTIATE_MOE(double)
 MESHTRAIN_INSTANTIATE_MOE(bfloat16)
+template void moe_dispatch<int64_t>(const int64_t*, const int64_t*, int64_t*, int64_t, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t);
 #undef MESHTRAIN_INSTANTIATE_MOE
 
 }  // namespace meshtrain::kernels::cpu

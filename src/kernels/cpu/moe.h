@@ -44,14 +44,26 @@ template <typename T>
 void moe_combine_weight_grad(const T* a, const T* rows, const int64_t* order, T* out, int64_t groups, int64_t n,
                              int64_t k, int64_t d);
 
-// out[r] = x[r] @ w[row_expert[r]]^T (w [e, n_out, k_in]) or @ w[...] (w [e,
-// k_in, n_out]) over runs of one expert; rows of expert >= e (dropped) are 0.
+// Each group's m rows (row_len long, in expert order) of block b, experts
+// [b e / blocks, (b + 1) e / blocks), to the front of out[b, group] ([blocks,
+// groups, m, row_len]), `fill` after them; undispatch puts them back, and
+// the dropped rows (expert >= e) are 0.
+template <typename T>
+void moe_dispatch(const T* rows, const int64_t* row_expert, T* out, int64_t groups, int64_t m, int64_t row_len,
+                  int64_t e, int64_t blocks, T fill);
+template <typename T>
+void moe_undispatch(const T* in, const int64_t* row_expert, T* rows, int64_t groups, int64_t m, int64_t row_len,
+                    int64_t e, int64_t blocks);
+
+// out[r] = x[r] @ w[row_expert[r] - first]^T (w [e, n_out, k_in], experts
+// first .. first + e - 1) or @ w[...] (w [e, k_in, n_out]) over runs of one
+// expert; rows of other experts (dropped, or another rank's) are 0.
 template <typename T>
 void grouped_matmul(const T* x, const T* w, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t n_out,
-                    int64_t k_in, bool transpose_b);
-// out[x] = sum over rows r of expert x of a[r]^T b[r] ([e, p, q]).
+                    int64_t k_in, bool transpose_b, int64_t first = 0);
+// out[x] = sum over rows r of expert first + x of a[r]^T b[r] ([e, p, q]).
 template <typename T>
 void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* out, int64_t rows, int64_t e, int64_t p,
-                          int64_t q);
+                          int64_t q, int64_t first = 0);
 
 }  // namespace meshtrain::kernels::cpu

@@ -78,6 +78,31 @@ void add_permutation_kernels(const AddKernel& add) {
   });
 }
 
+void add_dispatch_kernels(const AddKernel& add) {
+  add("moe_dispatch", [](const KernelArgs& a) {  // rows [..., M, D], row_expert -> [B, ..., M, D]
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      moe_dispatch(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), groups_of(*a.in[0]),
+                   dim_from_end(*a.in[0], 2), dim_from_end(*a.in[0], 1), a.attrs.get(attr::n_experts),
+                   a.attrs.get(attr::expert_blocks), store<T>(0.0));
+    });
+  });
+  add("moe_undispatch", [](const KernelArgs& a) {  // [B, ..., M, D], row_expert -> rows [..., M, D]
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      moe_undispatch(in_ptr<T>(a, 0), in_ptr<int64_t>(a, 1), out_ptr<T>(a), groups_of(*a.out[0]),
+                     dim_from_end(*a.out[0], 2), dim_from_end(*a.out[0], 1), a.attrs.get(attr::n_experts),
+                     a.attrs.get(attr::expert_blocks));
+    });
+  });
+  add("moe_dispatch_experts", [](const KernelArgs& a) {  // row_expert [..., M] -> [B, ..., M], n_experts after
+    const Tensor& re = *a.in[0];
+    const int64_t m = dim_from_end(re, 1), e = a.attrs.get(attr::n_experts);
+    moe_dispatch(in_ptr<int64_t>(a, 0), in_ptr<int64_t>(a, 0), out_ptr<int64_t>(a), re.numel() / std::max<int64_t>(m, 1),
+                 m, 1, e, a.attrs.get(attr::expert_blocks), e);
+  });
+}
+
 void add_grouped_matmul_kernels(const AddKernel& add) {
   add("grouped_matmul", [](const KernelArgs& a) {
     const bool tb = a.attrs.get(attr::transpose_b);
@@ -85,7 +110,7 @@ void add_grouped_matmul_kernels(const AddKernel& add) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       grouped_matmul(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<int64_t>(a, 2), out_ptr<T>(a), a.in[2]->numel(), w[0],
-                     tb ? w[1] : w[2], tb ? w[2] : w[1], tb);
+                     tb ? w[1] : w[2], tb ? w[2] : w[1], tb, a.attrs.get_or(attr::first_expert, int64_t{0}));
     });
   });
   add("grouped_matmul_wgrad", [](const KernelArgs& a) {
@@ -93,7 +118,7 @@ void add_grouped_matmul_kernels(const AddKernel& add) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       grouped_matmul_wgrad(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<int64_t>(a, 2), out_ptr<T>(a), a.in[2]->numel(),
-                           out[0], out[1], out[2]);
+                           out[0], out[1], out[2], a.attrs.get_or(attr::first_expert, int64_t{0}));
     });
   });
 }
@@ -129,6 +154,7 @@ void add_aux_loss_kernels(const AddKernel& add) {
 void add_moe_kernels(const AddKernel& add) {
   add_routing_kernels(add);
   add_permutation_kernels(add);
+  add_dispatch_kernels(add);
   add_grouped_matmul_kernels(add);
   add_aux_loss_kernels(add);
 }
