@@ -18,8 +18,9 @@ std::unique_ptr<EvalStep> compile_eval(const config::TrainConfig& config, int wo
     sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
     const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
     // The layouts the training step gives the same parameters and batch.
-    const parallel::StepLayouts layouts =
-        parallel::step_layouts(mesh, eval->global, forward_roles(eval->model, tensor_parallel, config.parallel.expert_tp > 1), config.parallel);
+    const parallel::StepLayouts layouts = parallel::step_layouts(
+        mesh, eval->global, forward_roles(eval->model, tensor_parallel, config.parallel.expert_tp > 1),
+        config.parallel);
     eval->layout = lay_out_graph(eval->global, planner, rank, layouts.given, layouts.deliver,
                                  {.reshard_after_forward = config.parallel.reshard_after_forward});
     eval->values = eval->layout->lowered.values;

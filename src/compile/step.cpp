@@ -193,7 +193,8 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
   const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
   const parallel::StepLayouts layouts = parallel::step_layouts(
-      mesh, g, step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32, config.parallel.expert_tp > 1),
+      mesh, g,
+      step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32, config.parallel.expert_tp > 1),
       config.parallel);
   LaidOut laid_out = lay_out_graph(g, *out.planner, rank, layouts.given, layouts.deliver,
                                    {.reshard_after_forward = config.parallel.reshard_after_forward});

@@ -74,8 +74,7 @@ Builder::MoeSort Builder::moe_sort(ValueId experts, int64_t n_experts, double ca
 ValueId Builder::moe_permute(ValueId x, ValueId order, int64_t k) {
   return op("moe_permute", {x, order}, {attr::top_k(k)});
 }
-ValueId Builder::grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b,
-                                int64_t expert_blocks) {
+ValueId Builder::grouped_matmul(ValueId rows, ValueId w, ValueId row_expert, bool transpose_b, int64_t expert_blocks) {
   Attrs at{attr::transpose_b(transpose_b)};
   if (expert_blocks > 0) at.set(attr::expert_blocks, expert_blocks);
   return op("grouped_matmul", {rows, w, row_expert}, at);

@@ -37,9 +37,8 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.expert_tp == 1 || c.expert_tp == c.tp, "parallel.expert_tp {} must be 1 or parallel.tp {}", c.expert_tp,
            c.tp);
   if (c.ep == 1)
-    return sharding::DeviceMesh(
-        {static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
-        {"dp_replicate", "dp_shard", "tp"});
+    return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
+                                {"dp_replicate", "dp_shard", "tp"});
   return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard / c.ep),
                                static_cast<int>(c.ep), static_cast<int>(c.tp)},
                               {"dp_replicate", "dp_shard", "ep", "tp"});
@@ -166,15 +165,16 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     const Layout& param = out.given.at(p);
     out.given[copy] = param;
     if (const auto it = roles.gradient_of.find(copy); it != roles.gradient_of.end())
-      out.given[it->second] = roles.reduce_copies_in_compute_dtype
-                                  ? param
-                                  : pending_over_data_parallel(mesh, param, experts.count(p) > 0);
+      out.given[it->second] =
+          roles.reduce_copies_in_compute_dtype ? param : pending_over_data_parallel(mesh, param, experts.count(p) > 0);
   }
   for (const auto& [updated, buffer] : roles.updates) out.deliver[updated] = out.given.at(buffer);
   return out;
 }
 
-bool llama_is_experts(std::string_view name) { return name.find("block_sparse_moe.experts.") != std::string_view::npos; }
+bool llama_is_experts(std::string_view name) {
+  return name.find("block_sparse_moe.experts.") != std::string_view::npos;
+}
 
 std::optional<int> llama_tp_dim(std::string_view name, bool expert_tp) {
   auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };

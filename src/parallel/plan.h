@@ -73,8 +73,8 @@ struct StepRoles {
   std::vector<graph::ValueId> batch_inputs;                       // [batch, ...]: split over data parallel
   std::vector<graph::ValueId> replicated_outputs;                 // loss, gradient norm
   std::vector<std::pair<graph::ValueId, graph::ValueId>>
-      updates;                                  // updated value -> the parameter or state it replaces
-  std::map<graph::ValueId, int> tp_dims;        // parameter -> the tensor dim tp splits (absent: replicated over tp)
+      updates;                            // updated value -> the parameter or state it replaces
+  std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
   // The routed experts' parameters [n_experts, ...]: split by expert over
   // ep, and over the rest of dp_shard by dim 1 (FSDP).
   std::vector<graph::ValueId> experts;
@@ -82,10 +82,10 @@ struct StepRoles {
   // dim 1: an MoE layer's rows dispatched to the experts and back, and
   // their experts (graph/ops/moe.cpp's moe_dispatch).
   std::vector<graph::ValueId> dispatched;
-  std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
-  std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
-  std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
-  std::map<graph::ValueId, graph::ValueId> gradient_of;          // forward value -> its gradient
+  std::vector<graph::ValueId> residual_stream;           // [batch, seq, dim] values between blocks
+  std::vector<graph::ValueId> block_inputs;              // [batch, seq, dim] normed values a tp block starts from
+  std::vector<graph::ValueId> logits;                    // [batch * seq, vocab]: what the loss reads
+  std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient its update reads
   // (compute-dtype copy, parameter): each copy lies like its parameter (the
   // cast runs on the parameter's shard, and FSDP gathers the copy).

@@ -8,9 +8,9 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "parallel/plan.h"
 #include "sched/schedule.h"
 #include "sharding/local_chunk.h"
-#include "parallel/plan.h"
 #include "sharding/redistribute.h"
 #include "spmd/lower.h"
 #include "train/trainer.h"
@@ -386,9 +386,7 @@ void PipelineRunner::count_targets() {
   count_ = count_run_->fetch(update_.count.outputs()[0]).clone();
   if (!rows.empty()) {  // each data-parallel rank counted its rows: the batch's count is their sum
     const sharding::DeviceMesh& mesh = *place_.stage_mesh;
-    stage_groups_->merged_group(parallel::data_parallel_dims(mesh))
-        .all_reduce(count_)
-        ->wait();
+    stage_groups_->merged_group(parallel::data_parallel_dims(mesh)).all_reduce(count_)->wait();
   }
 }
 

@@ -5,7 +5,10 @@
 # and loss parallel, FSDP 2 with 2 microbatches of gradient accumulation
 # (against one rank accumulating 2), FSDP 2 with full activation
 # checkpointing, a capacity factor that drops slots, and PP 2 (1F1B; no
-# load-balancing loss) against one rank accumulating its 4 microbatches; the
+# load-balancing loss) against one rank accumulating its 4 microbatches;
+# expert parallelism: EP 2, EP 4, EP 2 x FSDP 2, HSDP 2 x 2 with EP 2, EP 2 x
+# TP 2 with the experts whole and split over tp, PP 2 x EP 2, and the EP 4
+# checkpoint resumed under EP 2 and one rank against one rank's; the
 # expert load logged per layer must be one rank's. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
 # gradient norm and the final weights must match one rank's within the
@@ -86,6 +89,42 @@ PY
 run one_noaux_accum4 1 --model.router_aux_loss_coef 0 --training.grad_accum_steps 4
 run pp2 2 --model.router_aux_loss_coef 0 --parallel.pp 2 --parallel.pp_microbatches 4
 compare pp2 one_noaux_accum4
+# Expert parallelism: the experts split over ep ranks, tokens dispatched to them and back by all_to_all.
+run ep2 2 --parallel.ep 2
+compare ep2
+expert_load ep2 one
+run ep4 4 --parallel.ep 4
+compare ep4
+run ep2_fsdp2 4 --parallel.ep 2
+compare ep2_fsdp2
+run ep2_hsdp 4 --parallel.dp_replicate 2 --parallel.dp_shard 2 --parallel.ep 2
+compare ep2_hsdp
+run ep2_tp2 4 --parallel.ep 2 --parallel.tp 2
+compare ep2_tp2
+run ep2_tp2_etp2 4 --parallel.ep 2 --parallel.tp 2 --parallel.expert_tp 2
+compare ep2_tp2_etp2
+run pp2_ep2 4 --model.router_aux_loss_coef 0 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.ep 2
+compare pp2_ep2 one_noaux_accum4
+# The EP 4 checkpoint resumed under EP 2 (experts resharded from 2 a rank to 4) and under one rank, 2 more steps each.
+resume() {  # NAME FROM NP [KEY VALUE ...]
+  local name=$1 from=$2 np=$3
+  shift 3
+  cp -r "$dir/$from" "$dir/$name"
+  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --training.steps 22 --checkpoint.folder "$dir/$name" \
+    --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
+    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+}
+resume one_resumed one 1
+resume ep4_as_ep2 ep4 2 --parallel.ep 2
+compare ep4_as_ep2 one_resumed
+resume ep4_as_one ep4 1
+compare ep4_as_one one_resumed
+bad 2 'config: parallel.ep 3 must divide model.n_experts 8' --parallel.ep 3
+bad 2 'parallel.ep 4 must divide parallel.dp_shard 2' --parallel.ep 4
+bad 2 'config: parallel.expert_tp 2 must be 1 or parallel.tp 1' --parallel.expert_tp 2
+bad 2 'config: parallel.ep 2 needs a mixture of experts to split (model.n_experts is 0)' --parallel.ep 2 \
+  --model.n_experts 0 --model.moe_ffn_dim 0 --model.first_dense_layers 0 --model.n_shared_experts 0 \
+  --model.router_aux_loss_coef 0
 bad 2 'model.router_aux_loss_coef 0.01 with parallel.pp 2: the load-balancing loss over layers on several pipeline stages is not supported yet' \
   --parallel.pp 2
 bad 2 'model: n_experts_per_token 9 must be between 1 and n_experts 8' --model.n_experts_per_token 9

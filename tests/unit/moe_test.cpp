@@ -19,6 +19,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "models/llama.h"
+#include "parallel/plan.h"
 #include "runtime/executor.h"
 #include "sched/schedule.h"
 #include "test_util.h"
@@ -99,46 +100,89 @@ std::vector<double> reference_block(const Block& c, const Tensor& x, const Tenso
 
 }  // namespace
 
+// Also with the rows dispatched into 2 and 4 blocks of experts (what
+// expert parallelism lays out by block) and back.
 TEST(MoeBlock, MatchesAPerTokenLoopInFloat64) {
-  for (double capacity : {0.0, 0.6}) {
-    const Block c{.capacity = capacity};
-    graph::Graph g;
-    graph::Builder b(g);
-    const auto x = g.add_input("x", {c.groups, c.n, c.d}, DType::f64);
-    const auto gate = g.add_input("gate", {c.e, c.d}, DType::f64);
-    const auto w1 = g.add_input("w1", {c.e, c.f, c.d}, DType::f64);
-    const auto w3 = g.add_input("w3", {c.e, c.f, c.d}, DType::f64);
-    const auto w2 = g.add_input("w2", {c.e, c.d, c.f}, DType::f64);
-    const auto probs = b.softmax(b.matmul(x, gate, false, true));
-    const auto experts = b.moe_topk(probs, c.k);
-    const auto sorted = b.moe_sort(experts, c.e, c.capacity);
-    const auto rows = b.moe_permute(x, sorted.order, c.k);
-    const auto act =
-        b.swiglu(b.grouped_matmul(rows, w1, sorted.row_expert), b.grouped_matmul(rows, w3, sorted.row_expert));
-    const auto out = b.moe_combine(b.grouped_matmul(act, w2, sorted.row_expert), sorted.order,
-                                   b.moe_route_weights(probs, experts), c.k);
-    runtime::Executor ex(g, sched::make_schedule(g, {out, sorted.row_expert}));
-    std::mt19937 rng(3);
-    std::vector<Tensor> values;
-    for (const auto v : {x, gate, w1, w3, w2}) {
-      values.push_back(random_tensor(g.value(v).info.shape, rng));
-      ex.bind(v, values.back());
+  for (int64_t blocks : {1, 2, 4})
+    for (double capacity : {0.0, 0.6}) {
+      SCOPED_TRACE(fmt::format("{} blocks, capacity {}", blocks, capacity));
+      const Block c{.capacity = capacity};
+      graph::Graph g;
+      graph::Builder b(g);
+      const auto x = g.add_input("x", {c.groups, c.n, c.d}, DType::f64);
+      const auto gate = g.add_input("gate", {c.e, c.d}, DType::f64);
+      const auto w1 = g.add_input("w1", {c.e, c.f, c.d}, DType::f64);
+      const auto w3 = g.add_input("w3", {c.e, c.f, c.d}, DType::f64);
+      const auto w2 = g.add_input("w2", {c.e, c.d, c.f}, DType::f64);
+      const auto probs = b.softmax(b.matmul(x, gate, false, true));
+      const auto experts = b.moe_topk(probs, c.k);
+      const auto sorted = b.moe_sort(experts, c.e, c.capacity);
+      auto rows = b.moe_permute(x, sorted.order, c.k);
+      auto expert_of_rows = sorted.row_expert;
+      const int64_t dispatched = blocks > 1 ? blocks : 0;
+      if (dispatched) {
+        rows = b.moe_dispatch(rows, sorted.row_expert, blocks, c.e);
+        expert_of_rows = b.moe_dispatch_experts(sorted.row_expert, blocks, c.e);
+      }
+      const auto act = b.swiglu(b.grouped_matmul(rows, w1, expert_of_rows, true, dispatched),
+                                b.grouped_matmul(rows, w3, expert_of_rows, true, dispatched));
+      auto down = b.grouped_matmul(act, w2, expert_of_rows, true, dispatched);
+      if (dispatched) down = b.moe_undispatch(down, sorted.row_expert, blocks, c.e);
+      const auto out = b.moe_combine(down, sorted.order, b.moe_route_weights(probs, experts), c.k);
+      runtime::Executor ex(g, sched::make_schedule(g, {out, sorted.row_expert}));
+      std::mt19937 rng(3);
+      std::vector<Tensor> values;
+      for (const auto v : {x, gate, w1, w3, w2}) {
+        values.push_back(random_tensor(g.value(v).info.shape, rng));
+        ex.bind(v, values.back());
+      }
+      ex.run();
+      int64_t dropped = 0;
+      const auto want = reference_block(c, values[0], values[1], values[2], values[3], values[4], &dropped);
+      const auto got = ex.fetch(out).data<const double>();
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+      std::printf("%lld blocks, capacity %.1f: worst difference %.2g, %lld slots dropped\n",
+                  static_cast<long long>(blocks), capacity, worst, static_cast<long long>(dropped));
+      EXPECT_LT(worst, 1e-13) << "capacity " << capacity;
+      const auto row_expert = ex.fetch(sorted.row_expert).data<const int64_t>();
+      EXPECT_EQ(std::count(row_expert.begin(), row_expert.end(), c.e), dropped) << "capacity " << capacity;
+      if (capacity > 0) {
+        EXPECT_GT(dropped, 0);  // the case drops some slots
+      }
     }
-    ex.run();
-    int64_t dropped = 0;
-    const auto want = reference_block(c, values[0], values[1], values[2], values[3], values[4], &dropped);
-    const auto got = ex.fetch(out).data<const double>();
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-    std::printf("capacity %.1f: worst difference %.2g, %lld slots dropped\n", capacity, worst,
-                static_cast<long long>(dropped));
-    EXPECT_LT(worst, 1e-13) << "capacity " << capacity;
-    const auto row_expert = ex.fetch(sorted.row_expert).data<const int64_t>();
-    EXPECT_EQ(std::count(row_expert.begin(), row_expert.end(), c.e), dropped) << "capacity " << capacity;
-    if (capacity > 0) {
-      EXPECT_GT(dropped, 0);  // the case drops some slots
-    }
-  }
+}
+
+// Dispatch packs each group's rows of a block of experts to the front of
+// its [block, group] and zeros the rest; undispatch puts them back and
+// zeros the dropped rows; a grouped GEMM given experts [first, first + e)
+// computes only their rows.
+TEST(MoeDispatch, PacksEachBlocksRunAndPutsItBack) {
+  namespace k = kernels::cpu;
+  // 2 groups of 5 rows over 4 experts (4 = dropped), in expert order; blocks {0, 1} and {2, 3}.
+  const std::vector<int64_t> re = {0, 1, 1, 3, 4, 2, 2, 3, 3, 3};
+  std::vector<double> rows(10);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 1.0 + static_cast<double>(i);
+  std::vector<double> out(2 * 2 * 5, -1.0);
+  k::moe_dispatch(rows.data(), re.data(), out.data(), 2, 5, 1, 4, 2, 0.0);
+  EXPECT_EQ(out, (std::vector<double>{1, 2, 3, 0, 0, /**/ 0, 0, 0, 0, 0, /**/ 4, 0, 0, 0, 0, /**/ 6, 7, 8, 9, 10}));
+  std::vector<int64_t> experts(20, -1);
+  k::moe_dispatch(re.data(), re.data(), experts.data(), 2, 5, 1, 4, 2, int64_t{4});
+  EXPECT_EQ(experts, (std::vector<int64_t>{0, 1, 1, 4, 4, 4, 4, 4, 4, 4, 3, 4, 4, 4, 4, 2, 2, 3, 3, 3}));
+  std::vector<double> back(10, -1.0);
+  k::moe_undispatch(out.data(), re.data(), back.data(), 2, 5, 1, 4, 2);
+  EXPECT_EQ(back, (std::vector<double>{1, 2, 3, 4, 0, 6, 7, 8, 9, 10}));  // row 4 dropped
+  const std::vector<int64_t> unsorted = {1, 0, 2, 3, 3};
+  EXPECT_THROW(k::moe_dispatch(rows.data(), unsorted.data(), out.data(), 1, 5, 1, 4, 2, 0.0), InvalidArgument);
+
+  // Experts 2 and 3 of 4 (weights [2, 1, 1]: x 10 and x 100): the other rows 0.
+  const std::vector<double> w = {10, 100};
+  std::vector<double> y(10, -1.0);
+  k::grouped_matmul(rows.data(), w.data(), re.data(), y.data(), 10, 2, 1, 1, true, 2);
+  EXPECT_EQ(y, (std::vector<double>{0, 0, 0, 400, 0, 60, 70, 800, 900, 1000}));
+  std::vector<double> dw(2, -1.0);
+  k::grouped_matmul_wgrad(rows.data(), rows.data(), re.data(), dw.data(), 10, 2, 1, 1, 2);
+  EXPECT_EQ(dw, (std::vector<double>{6 * 6 + 7 * 7, 4 * 4 + 8 * 8 + 9 * 9 + 10 * 10}));
 }
 
 // The grouped GEMM's kernels in f32 (and bf16) against a float64 loop over
@@ -345,4 +389,51 @@ TEST(MoeConfig, RefusesWhatCannotWork) {
       mtest::contains(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}, {"parallel.pp", "2"}}),
                       "not supported yet"));
   EXPECT_EQ(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}}), "(no error)");
+}
+
+TEST(MoeConfig, RefusesExpertParallelismThatCannotSplit) {
+  auto message = [](std::vector<std::pair<std::string, std::string>> overrides) {
+    overrides.emplace_back("data.path", "x.txt");
+    return mtest::message_of([&] { config::load_config(MESHTRAIN_SOURCE_DIR "/configs/debug.toml", overrides); });
+  };
+  EXPECT_TRUE(mtest::contains(message({{"parallel.ep", "2"}}), "parallel.ep 2 needs a mixture of experts"));
+  EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"parallel.ep", "3"}}),
+                              "parallel.ep 3 must divide model.n_experts 4"));
+  EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"parallel.expert_tp", "2"}}),
+                              "parallel.expert_tp 2 must be 1 or parallel.tp 1"));
+  EXPECT_EQ(message({{"model.n_experts", "4"}, {"parallel.ep", "4"}}), "(no error)");
+  parallel::ParallelConfig p;
+  p.ep = 4;
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 2); }),
+                              "parallel.ep 4 must divide parallel.dp_shard 2"));
+}
+
+// ep takes its ranks from dp_shard: the mesh (dp_replicate, dp_shard / ep,
+// ep, tp); the batch split over all three data-parallel dims, dense weights
+// FSDP-sharded over dp_shard and ep, the experts split by expert over ep and
+// by dim 1 over the rest of dp_shard (tp first where expert_tp splits dim 1).
+TEST(MoeLayouts, ExpertsSplitByExpertOverEpAndDenseOverAllOfDpShard) {
+  parallel::ParallelConfig p;
+  p.ep = 2;
+  p.tp = 2;
+  p.expert_tp = 2;
+  const sharding::DeviceMesh mesh = parallel::make_mesh(p, 8);
+  EXPECT_EQ(mesh.describe(), "(dp_replicate=1, dp_shard=2, ep=2, tp=2)");
+  EXPECT_EQ(parallel::data_parallel_degree(mesh), 4);
+  graph::Graph g;
+  const auto tokens = g.add_input("tokens", {8, 5}, DType::i64);
+  const auto dense = g.add_parameter("dense", {6, 6}, DType::f32);
+  const auto w1 = g.add_parameter("experts.w1", {4, 6, 6}, DType::f32);
+  parallel::StepRoles roles;
+  roles.parameters = {dense, w1};
+  roles.experts = {w1};
+  roles.batch_inputs = {tokens};
+  roles.tp_dims = {{dense, 0},
+                   {w1, parallel::llama_tp_dim("layers.1.block_sparse_moe.experts.w1.weight", true).value()}};
+  const parallel::StepLayouts l = parallel::step_layouts(mesh, g, roles, p);
+  EXPECT_EQ(l.given.at(tokens).to_string(), "RS(0)[0]S(0)[1]R");
+  EXPECT_EQ(l.given.at(dense).to_string(), "RS(0)[1]S(0)[2]S(0)[0]");
+  EXPECT_EQ(l.given.at(w1).to_string(), "RS(1)[1]S(0)S(1)[0]");
+  EXPECT_EQ(parallel::pending_over_data_parallel(mesh, l.given.at(w1), true).to_string(), "RP(sum)S(0)S(1)");
+  EXPECT_EQ(parallel::pending_over_data_parallel(mesh, l.given.at(dense), false).to_string(), "RP(sum)P(sum)S(0)");
 }

@@ -143,6 +143,29 @@ void add_moe_cases(std::vector<Case>& c) {
                      return Outputs{b.grouped_matmul(in[0], in[1], moe_sorted(b, in[2], capacity).row_expert, tb)};
                    },
                    3e-7});
+  // Expert parallelism's dispatch into 3 blocks of one expert each, and back: copies (exact).
+  c.push_back({"moe_dispatch",
+               "",
+               {x({2, 6, 4}), moe_experts()},
+               [](Builder& b, auto& in, DType) {
+                 return Outputs{b.moe_dispatch(in[0], moe_sorted(b, in[1]).row_expert, 3, 3)};
+               },
+               0});
+  c.push_back({"moe_undispatch",
+               "",
+               {x({3, 2, 6, 4}), moe_experts()},
+               [](Builder& b, auto& in, DType) {
+                 return Outputs{b.moe_undispatch(in[0], moe_sorted(b, in[1], 0.5).row_expert, 3, 3)};
+               },
+               0});
+  c.push_back({"grouped_matmul",
+               "dispatched",  // rows by block of experts, the padding dropped
+               {x({3, 2, 6, 4}), x({3, 5, 4}), moe_experts()},
+               [](Builder& b, auto& in, DType) {
+                 const ValueId re = b.moe_dispatch_experts(moe_sorted(b, in[2]).row_expert, 3, 3);
+                 return Outputs{b.grouped_matmul(in[0], in[1], re, true, 3)};
+               },
+               3e-7});
   c.push_back({"moe_aux_loss",
                "",  // counts from the experts, in the probabilities' dtype; 3.4e-8
                {x({2, 3, 3}), moe_experts()},

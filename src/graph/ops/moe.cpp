@@ -337,10 +337,10 @@ void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{with_last(in[0].shape, d.n), in[0].dtype}};
           },
       .backward = grouped_matmul_backward,
-      .flops = [](const ValueInfos& in, const ValueInfos& out,
-                  const Attrs& at) {
-        return 2.0 * numel(out[0]) * static_cast<double>(in[0].shape.dim(-1)) * working_rows_share(at);
-      },
+      .flops =
+          [](const ValueInfos& in, const ValueInfos& out, const Attrs& at) {
+            return 2.0 * numel(out[0]) * static_cast<double>(in[0].shape.dim(-1)) * working_rows_share(at);
+          },
       .bytes =  // the rows in and out, and each expert's weights once
       [](const ValueInfos& in, const ValueInfos& out, const Attrs&) {
         return bytes_of(in[0]) + bytes_of(in[1]) + bytes_of(in[2]) + bytes_of(out[0]);
@@ -362,10 +362,10 @@ void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
             expert_blocks_of(at, in[0], at.get(attr::n_experts));
             return ValueInfos{{Shape{at.get(attr::n_experts), in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
           },
-      .flops = [](const ValueInfos& in, const ValueInfos&,
-                  const Attrs& at) {
-        return 2.0 * numel(in[0]) * static_cast<double>(in[1].shape.dim(-1)) * working_rows_share(at);
-      },
+      .flops =
+          [](const ValueInfos& in, const ValueInfos&, const Attrs& at) {
+            return 2.0 * numel(in[0]) * static_cast<double>(in[1].shape.dim(-1)) * working_rows_share(at);
+          },
   });
 }
 

@@ -448,19 +448,19 @@ void grouped_matmul_wgrad(const T* a, const T* b, const int64_t* row_expert, T* 
   });
 }
 
-#define MESHTRAIN_INSTANTIATE_MOE(T)                                                                                 \
-  template void moe_topk<T>(const T*, int64_t*, int64_t, int64_t, int64_t);                                          \
-  template void moe_route_weights<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                       \
-  template void moe_route_weights_backward<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t);    \
-  template void moe_permute<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);          \
-  template void moe_combine<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);          \
-  template void moe_combine_weight_grad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t,        \
-                                           int64_t);                                                                 \
+#define MESHTRAIN_INSTANTIATE_MOE(T)                                                                                \
+  template void moe_topk<T>(const T*, int64_t*, int64_t, int64_t, int64_t);                                         \
+  template void moe_route_weights<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);                      \
+  template void moe_route_weights_backward<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t);   \
+  template void moe_permute<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);         \
+  template void moe_combine<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);         \
+  template void moe_combine_weight_grad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t,       \
+                                           int64_t);                                                                \
   template void moe_dispatch<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, T);      \
-  template void moe_undispatch<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);        \
-  template void grouped_matmul<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, bool,  \
-                                  int64_t);                                                                          \
-  template void grouped_matmul_wgrad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t,  \
+  template void moe_undispatch<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);       \
+  template void grouped_matmul<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, bool, \
+                                  int64_t);                                                                         \
+  template void grouped_matmul_wgrad<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, \
                                         int64_t);
 MESHTRAIN_INSTANTIATE_MOE(float)
 MESHTRAIN_INSTANTIATE_MOE(double)

@@ -98,8 +98,8 @@ void add_dispatch_kernels(const AddKernel& add) {
   add("moe_dispatch_experts", [](const KernelArgs& a) {  // row_expert [..., M] -> [B, ..., M], n_experts after
     const Tensor& re = *a.in[0];
     const int64_t m = dim_from_end(re, 1), e = a.attrs.get(attr::n_experts);
-    moe_dispatch(in_ptr<int64_t>(a, 0), in_ptr<int64_t>(a, 0), out_ptr<int64_t>(a), re.numel() / std::max<int64_t>(m, 1),
-                 m, 1, e, a.attrs.get(attr::expert_blocks), e);
+    moe_dispatch(in_ptr<int64_t>(a, 0), in_ptr<int64_t>(a, 0), out_ptr<int64_t>(a),
+                 re.numel() / std::max<int64_t>(m, 1), m, 1, e, a.attrs.get(attr::expert_blocks), e);
   });
 }
 
