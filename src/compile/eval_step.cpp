@@ -21,8 +21,9 @@ std::unique_ptr<EvalStep> compile_eval(const config::TrainConfig& config, int wo
     const parallel::StepLayouts layouts = parallel::step_layouts(
         mesh, eval->global, forward_roles(eval->model, tensor_parallel, config.parallel.expert_tp > 1),
         config.parallel);
-    eval->layout = lay_out_graph(eval->global, planner, rank, layouts.given, layouts.deliver,
-                                 {.reshard_after_forward = config.parallel.reshard_after_forward});
+    eval->layout = lay_out_graph(
+        eval->global, planner, rank, layouts.given, layouts.deliver,
+        {.reshard_after_forward = config.parallel.reshard_after_forward, .ragged_rows = ragged_rows(eval->model, {})});
     eval->values = eval->layout->lowered.values;
   } else {
     eval->values = identity_values(eval->global);

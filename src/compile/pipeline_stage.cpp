@@ -87,8 +87,7 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     if (parallel::llama_is_experts(name)) experts.insert(st.parameters[i]);
   }
   roles.experts.assign(experts.begin(), experts.end());
-  roles.dispatched = m.dispatched;
-  roles.dispatched.insert(roles.dispatched.end(), m.dispatched_experts.begin(), m.dispatched_experts.end());
+  roles.dispatched = dispatched_values(m);
   if (st.span.embedding) roles.batch_inputs.push_back(st.input);
   if (st.span.head) {
     roles.batch_inputs.push_back(st.targets);
@@ -131,8 +130,8 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   for (size_t i = 0; i < st.gradients.size(); ++i)
     layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  LaidOut laid_out =
-      lay_out_graph(g, planner, where.rank, layouts.given, layouts.deliver, {.reshard_after_forward = false});
+  LaidOut laid_out = lay_out_graph(g, planner, where.rank, layouts.given, layouts.deliver,
+                                   {.reshard_after_forward = false, .ragged_rows = ragged_rows(m, gradient_of)});
   const spmd::Sharding& sharding = laid_out.sharding;
   spmd::LoweredGraph& lowered = laid_out.lowered;
   if (device)

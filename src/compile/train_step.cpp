@@ -130,6 +130,22 @@ void append_optimizer(graph::Graph& g, const std::vector<std::string>& names, co
   g.set_phase(saved_phase);
 }
 
+std::vector<graph::ValueId> dispatched_values(const models::LlamaGraph& m) {
+  std::vector<graph::ValueId> out = m.dispatched_experts;
+  for (const auto& [rows, experts] : m.dispatched_rows) out.push_back(rows);
+  return out;
+}
+
+std::map<graph::ValueId, graph::ValueId> ragged_rows(const models::LlamaGraph& m,
+                                                     const std::map<graph::ValueId, graph::ValueId>& gradient_of) {
+  std::map<graph::ValueId, graph::ValueId> out;
+  for (const auto& [rows, experts] : m.dispatched_rows) {
+    out[rows] = experts;
+    if (const auto it = gradient_of.find(rows); it != gradient_of.end()) out[it->second] = experts;
+  }
+  return out;
+}
+
 parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp) {
   parallel::StepRoles roles;
   for (const auto& [name, v] : m.params) {
@@ -137,8 +153,7 @@ parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_paral
     if (const auto dim = parallel::llama_tp_dim(name, expert_tp); dim && tensor_parallel) roles.tp_dims[v] = *dim;
     if (parallel::llama_is_experts(name)) roles.experts.push_back(v);
   }
-  roles.dispatched = m.dispatched;
-  roles.dispatched.insert(roles.dispatched.end(), m.dispatched_experts.begin(), m.dispatched_experts.end());
+  roles.dispatched = dispatched_values(m);
   roles.batch_inputs = {m.tokens, m.targets};
   if (tensor_parallel) {
     roles.residual_stream = m.residual;

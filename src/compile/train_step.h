@@ -78,6 +78,12 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& step);
 // `tensor_parallel`), the batch, the residual stream, block inputs and
 // logits (when `tensor_parallel`), the compute-dtype copies and its loss,
 // replicated.
+// Expert parallelism: the values laid out by block of experts (dispatched
+// rows and their experts); the dispatched rows, and their gradients, each
+// with its experts (spmd::LowerOptions::ragged_rows).
+std::vector<graph::ValueId> dispatched_values(const models::LlamaGraph& m);
+std::map<graph::ValueId, graph::ValueId> ragged_rows(const models::LlamaGraph& m,
+                                                     const std::map<graph::ValueId, graph::ValueId>& gradient_of);
 parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp = false);
 // What each value of the step is to a parallel plan: forward_roles, and the
 // parameters' optimizer states and gradients, the gradient norm (replicated)

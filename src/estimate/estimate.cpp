@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "estimate/kernel_benchmark.h"
 #include "graph/op_registry.h"
+#include "parallel/plan.h"
 #include "runtime/cpu_threads.h"
 #include "sched/schedule.h"
 #include "sched/trace.h"
@@ -202,11 +203,17 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     for (size_t i = 0; i < st.parameter_names.size(); ++i) {
       const double held = bytes_of(st.joint, st.parameters[i]);  // this rank's part, as the plan keeps it
       if (where.mesh) {
-        // REDUCE_GRAD: the step's sum, pending over data parallel, reduce-scattered over dp_shard and
-        // all-reduced over dp_replicate.
+        // REDUCE_GRAD: the step's sum, pending over data parallel, reduce-scattered over dp_shard (and ep,
+        // but for experts, which ep splits) and all-reduced over dp_replicate.
         const double sum = bytes_of(st.joint, st.gradients[i]);
-        if (mesh.size(2) > 1)
-          p.reduce_grad_us += hardware.collective_us(comm::OpType::reduce_scatter, sum, group_over(2), world_size);
+        std::vector<int> shard_dims{2};
+        // The mesh (pp, dp_replicate, dp_shard, ep, tp) where ep > 1.
+        if (mesh.ndim() == 5 && !parallel::llama_is_experts(st.parameter_names[i])) shard_dims.push_back(3);
+        int shards = 1;
+        for (int d : shard_dims) shards *= mesh.size(d);
+        if (shards > 1)
+          p.reduce_grad_us +=
+              hardware.collective_us(comm::OpType::reduce_scatter, sum, mesh.group_ranks(rank, shard_dims), world_size);
         if (mesh.size(1) > 1)
           p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held, group_over(1), world_size);
         pending += sum;

@@ -188,16 +188,16 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   m.expert_load.push_back(b.moe_expert_counts(sorted.row_expert, c.n_experts + 1));  // the dropped count as n_experts
   graph::ValueId rows = b.moe_permute(y, sorted.order, k), row_expert = sorted.row_expert;
   const int64_t blocks = c.dispatch_blocks > 1 ? c.dispatch_blocks : 0;
-  if (blocks > 0) {  // expert parallelism: the rows by block of experts, and back after the experts
-    rows = b.moe_dispatch(rows, sorted.row_expert, blocks, c.n_experts);
+  if (blocks > 0) {  // expert parallelism: the rows by block of experts (their experts first), and back after
     row_expert = b.moe_dispatch_experts(sorted.row_expert, blocks, c.n_experts);
+    rows = b.moe_dispatch(rows, sorted.row_expert, blocks, c.n_experts);
     m.dispatched_experts.push_back(row_expert);
   }
   const graph::ValueId gate = b.grouped_matmul(rows, use(p + "experts.w1.weight"), row_expert, true, blocks);
   const graph::ValueId up = b.grouped_matmul(rows, use(p + "experts.w3.weight"), row_expert, true, blocks);
   graph::ValueId down = b.grouped_matmul(b.swiglu(gate, up), use(p + "experts.w2.weight"), row_expert, true, blocks);
   if (blocks > 0) {
-    m.dispatched.insert(m.dispatched.end(), {rows, down});
+    m.dispatched_rows.insert(m.dispatched_rows.end(), {{rows, row_expert}, {down, row_expert}});
     down = b.moe_undispatch(down, sorted.row_expert, blocks, c.n_experts);
   }
   graph::ValueId out = b.moe_combine(down, sorted.order, weights, k);

@@ -78,9 +78,11 @@ struct LlamaGraph {
   // took, then those dropped over capacity (summed over the batch's rows).
   std::vector<graph::ValueId> expert_load;
   // With dispatch_blocks > 1, each MoE layer's rows dispatched by block of
-  // experts [blocks, B, T k, D] into the experts and out of them, and their
-  // experts [blocks, B, T k]: what expert parallelism lays out by block.
-  std::vector<graph::ValueId> dispatched, dispatched_experts;
+  // experts [blocks, B, T k, D] into the experts and out of them, each with
+  // its experts [blocks, B, T k] (padded with n_experts), and those experts:
+  // what expert parallelism lays out by block.
+  std::vector<std::pair<graph::ValueId, graph::ValueId>> dispatched_rows;
+  std::vector<graph::ValueId> dispatched_experts;
 };
 
 // The part of the model one pipeline stage runs: the token embedding (the

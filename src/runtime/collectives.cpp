@@ -23,6 +23,7 @@ std::optional<CollectiveStep> collective_step(const graph::Node& node, const sha
   s.bytes = node.attrs.get(graph::attr::comm_bytes);
   c.global_shape = Shape(node.attrs.get(graph::attr::global_shape));
   c.member_blocks = node.attrs.get_or(graph::attr::member_blocks, {});
+  if (node.inputs.size() == 3) c.ragged_padding = node.attrs.get(graph::attr::n_experts);
   return c;
 }
 

@@ -17,6 +17,10 @@ struct CollectiveStep {
   // A bucket's coalesced all_gather or reduce_scatter: each member's block
   // per rank (graph::attr::member_blocks); empty for any other collective.
   std::vector<int64_t> member_blocks;
+  // An all_to_all of expert parallelism's dispatched rows (inputs 1 and 2:
+  // their experts before and after; sharding::RaggedRows): the experts'
+  // padding value, n_experts. nullopt for any other collective.
+  std::optional<int64_t> ragged_padding;
 };
 
 // The step of a collective node, or nullopt for any other op. Fails naming

@@ -169,11 +169,14 @@ void Executor::run() {
     const auto t0 = timing ? Clock::now() : Clock::time_point{};
     if (collective) {
       const kernels::cpu::KernelArgs& a = kernel_args_[step];
-      in_flight_[step] = collective->member_blocks.empty()
-                             ? sharding::start_step(*a.in[0], *a.out[0], a.out.size() > 1 ? *a.out[1] : *a.out[0],
-                                                    collective->global_shape, collective->step, *groups_)
-                             : sharding::start_coalesced_step(*a.in[0], *a.out[0], collective->step,
-                                                              collective->member_blocks, *groups_);
+      std::optional<sharding::RaggedRows> ragged;
+      if (collective->ragged_padding) ragged = sharding::RaggedRows{a.in[1], a.in[2], *collective->ragged_padding};
+      in_flight_[step] =
+          collective->member_blocks.empty()
+              ? sharding::start_step(*a.in[0], *a.out[0], a.out.size() > 1 ? *a.out[1] : *a.out[0],
+                                     collective->global_shape, collective->step, *groups_, ragged ? &*ragged : nullptr)
+              : sharding::start_coalesced_step(*a.in[0], *a.out[0], collective->step, collective->member_blocks,
+                                               *groups_);
       if (a.out.size() == 1) in_flight_[step].complete();  // shard_locally: nothing to wait for
     } else if (started_by_[step] >= 0) {
       in_flight_[static_cast<size_t>(started_by_[step])].complete();

@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -190,6 +191,77 @@ InFlightStep start_all_to_all(const Tensor& cur, Tensor& out, const Tensor& buff
   return s;
 }
 
+// RaggedRows of a tensor of `shape` [..., M, D] split along leading dim d:
+// for each member, in pack_blocks' order (outer, its rows along d, the
+// leading dims after d), each block of M rows' data rows.
+struct RowBlocks {
+  int64_t m = 0, row = 0;                  // rows per block, elements per row
+  std::vector<std::vector<int64_t>> runs;  // per member: (block, data rows) pairs, flattened
+  std::vector<int64_t> counts;             // per member: data elements
+};
+RowBlocks ragged_blocks(const Shape& shape, const Tensor& experts, int64_t padding, int d,
+                        const std::vector<std::vector<int64_t>>& rows) {
+  MT_CHECK(shape.rank() >= 3 && d < static_cast<int>(shape.rank()) - 2 &&
+               experts.shape() == Shape(std::vector<int64_t>(shape.dims().begin(), shape.dims().end() - 1)),
+           "a ragged all_to_all moves rows [..., M, D] along a leading dim with their experts [..., M], got {} along "
+           "dim {} with experts {}",
+           shape.to_string(), d, experts.shape().to_string());
+  RowBlocks r{shape[shape.rank() - 2], shape[shape.rank() - 1], {}, {}};
+  const Shape leading(std::vector<int64_t>(shape.dims().begin(), shape.dims().end() - 2));
+  const AroundDim a = around_dim(leading, static_cast<size_t>(d));
+  const int64_t* e = experts.data<const int64_t>().data();
+  for (const auto& member : rows) {
+    std::vector<int64_t> runs;
+    int64_t count = 0;
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t k : member)
+        for (int64_t in = 0; in < a.inner; ++in) {
+          const int64_t block = (o * a.dim + k) * a.inner + in;
+          const int64_t data = r.m - std::count(e + block * r.m, e + (block + 1) * r.m, padding);
+          runs.insert(runs.end(), {block, data});
+          count += data * r.row;
+        }
+    r.runs.push_back(std::move(runs));
+    r.counts.push_back(count);
+  }
+  return r;
+}
+
+InFlightStep start_ragged_all_to_all(const Tensor& cur, Tensor& out, const Tensor& buffer, const StepContext& c,
+                                     comm::ProcessGroup& group, const RaggedRows& ragged) {
+  const int a = c.step.from.dim, b = c.step.to.dim;
+  const RowBlocks send =
+      ragged_blocks(c.before_shape, *ragged.before, ragged.padding, b, rows_by_member(c, c.before_shape[b], c.step.to));
+  RowBlocks recv =
+      ragged_blocks(c.after_shape, *ragged.after, ragged.padding, a, rows_by_member(c, c.after_shape[a], c.step.from));
+  const int64_t sent = std::accumulate(send.counts.begin(), send.counts.end(), int64_t{0});
+  const int64_t arriving = std::accumulate(recv.counts.begin(), recv.counts.end(), int64_t{0});
+  Tensor packed = staging(buffer, 0, sent, cur, c);
+  Tensor received = staging(buffer, c.before_shape.numel(), arriving, cur, c);
+  const auto row_bytes = static_cast<size_t>(send.row) * c.elem;
+  auto* to = static_cast<std::byte*>(packed.raw());
+  const auto* from = static_cast<const std::byte*>(cur.raw());
+  for (const auto& runs : send.runs)
+    for (size_t i = 0; i < runs.size(); i += 2) {
+      const auto bytes = static_cast<size_t>(runs[i + 1]) * row_bytes;
+      std::memcpy(to, from + static_cast<size_t>(runs[i] * send.m) * row_bytes, bytes);
+      to += bytes;
+    }
+  InFlightStep s{group.all_to_all(packed, received, send.counts, recv.counts), {}};
+  s.finish = [out, received, row_bytes, recv = std::move(recv)]() mutable {
+    auto* dst = static_cast<std::byte*>(out.raw());
+    std::memset(dst, 0, out.nbytes());
+    const auto* src = static_cast<const std::byte*>(received.raw());
+    for (const auto& runs : recv.runs)
+      for (size_t i = 0; i < runs.size(); i += 2) {
+        const auto bytes = static_cast<size_t>(runs[i + 1]) * row_bytes;
+        std::memcpy(dst + static_cast<size_t>(runs[i] * recv.m) * row_bytes, src, bytes);
+        src += bytes;
+      }
+  };
+  return s;
+}
+
 InFlightStep start_all_reduce(const Tensor& cur, Tensor& out, const StepContext& c, comm::ProcessGroup& group) {
   if (out.raw() != cur.raw()) std::memcpy(out.raw(), cur.raw(), out.nbytes());
   return {group.all_reduce(out, c.step.from.reduce), {}};
@@ -244,7 +316,7 @@ void InFlightStep::complete() {
 }
 
 InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
-                        const PlanStep& step, MeshGroups& groups) {
+                        const PlanStep& step, MeshGroups& groups, const RaggedRows* ragged) {
   const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));
   MT_CHECK(local.shape() == c.before_shape && out.shape() == c.after_shape && out.dtype() == local.dtype(),
            "redistribution step {} -> {}: expects {} in and {} out on this rank, got {} and {}",
@@ -265,7 +337,8 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
     case comm::OpType::reduce_scatter:
       return start_reduce_scatter(local, out, buffer, c, group);
     case comm::OpType::all_to_all:
-      return start_all_to_all(local, out, buffer, c, group);
+      return ragged ? start_ragged_all_to_all(local, out, buffer, c, group, *ragged)
+                    : start_all_to_all(local, out, buffer, c, group);
     case comm::OpType::all_reduce:
       return start_all_reduce(local, out, c, group);
     default:

@@ -42,12 +42,24 @@ struct InFlightStep {
   void complete();
 };
 
+// Rows [..., M, D] of which each block of M rows holds data in its first
+// rows only, zeros after (expert parallelism's dispatched tokens): `before`
+// and `after` are the rows' experts [..., M] in the step's layouts before
+// and after it, a block's data rows those whose expert is not `padding`.
+// An all_to_all of such rows sends the data rows only (MPI_Alltoallv's
+// counts from the experts on both sides); the rest arrive as zeros.
+struct RaggedRows {
+  const Tensor* before = nullptr;
+  const Tensor* after = nullptr;
+  int64_t padding = 0;
+};
+
 // Starts one step of a plan: `out` (this rank's local shape under step.after)
 // holds the result once complete() has run; `buffer` has at least
 // step_buffers(...).buffer_elements elements. Every rank starts the same
-// steps in the same order.
+// steps in the same order. `ragged`: an all_to_all of RaggedRows.
 InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
-                        const PlanStep& step, MeshGroups& groups);
+                        const PlanStep& step, MeshGroups& groups, const RaggedRows* ragged = nullptr);
 
 // Starts a bucket's coalesced all_gather or reduce_scatter on the flat
 // buffers `local` and `out`: `member_blocks` gives each member's block per

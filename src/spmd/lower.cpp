@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include <optional>
+#include <set>
 #include <tuple>
 
 #include "core/error.h"
@@ -25,6 +27,23 @@ struct Lowering {
   // block's recomputed forward (activation checkpointing) and its backward
   // share each weight's gather, as FSDP unshards a block once for both.
   std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> gathered_in_backward;
+  // (experts of ragged rows, layout) -> its local value there.
+  std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> experts_in_layout;
+  std::set<graph::ValueId> ragged_experts;
+
+  void note_layout(graph::ValueId v, const Layout& l, graph::ValueId local) {
+    if (ragged_experts.count(v)) experts_in_layout.emplace(std::make_pair(v, l.to_string()), local);
+  }
+  // An all_to_all of ragged rows: its experts before and after, where both are known.
+  std::optional<std::pair<graph::ValueId, graph::ValueId>> ragged_inputs(graph::ValueId v,
+                                                                         const sharding::PlanStep& step) const {
+    const auto rows = options.ragged_rows.find(v);
+    if (rows == options.ragged_rows.end() || step.collective != comm::OpType::all_to_all) return std::nullopt;
+    const auto before = experts_in_layout.find({rows->second, step.before.to_string()});
+    const auto after = experts_in_layout.find({rows->second, step.after.to_string()});
+    if (before == experts_in_layout.end() || after == experts_in_layout.end()) return std::nullopt;
+    return std::make_pair(before->second, after->second);
+  }
 
   // A parameter, or a parameter's copy in another dtype (a cast of one).
   bool is_weight(graph::ValueId v) const {
@@ -57,6 +76,7 @@ struct Lowering {
   }
 
   graph::ValueId redistribute_now(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
+    note_layout(v, have, local);
     const graph::ValueInfo& info = g.value(v).info;
     const auto plan = planner.plan(info.shape, dtype_size(info.dtype), have, want);
     graph::Builder b(out.graph);
@@ -79,11 +99,19 @@ struct Lowering {
       // Started here, waited on at once; sched's sink_waits moves the wait to where the result is first read.
       const sharding::StepBuffers need = sharding::step_buffers(info.shape, step, mesh, coord);
       attrs.set(graph::attr::buffer_elements, need.buffer_elements);
-      const graph::NodeId start = out.graph.add_node(std::string(comm::op_type_name(*step.collective)), {local}, attrs);
+      std::vector<graph::ValueId> inputs{local};
+      if (const auto experts = ragged_inputs(v, step)) {  // only the rows that carry tokens: ~1 / group size
+        inputs.insert(inputs.end(), {experts->first, experts->second});
+        const graph::Node& producer = g.node(g.value(options.ragged_rows.at(v)).producer);
+        attrs.set(graph::attr::n_experts, producer.attrs.get(graph::attr::n_experts));
+        attrs.set(graph::attr::comm_bytes, step.bytes / group_size);
+      }
+      const graph::NodeId start = out.graph.add_node(std::string(comm::op_type_name(*step.collective)), inputs, attrs);
       std::vector<graph::ValueId> wait_inputs = out.graph.node(start).outputs;
       if (need.reads_input_until_done) wait_inputs.push_back(local);
       local = b.op("wait", wait_inputs);
     }
+    note_layout(v, want, local);
     return local;
   }
 };
@@ -95,7 +123,8 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
   const sharding::DeviceMesh& mesh = planner.mesh();
   MT_CHECK(rank >= 0 && rank < mesh.num_ranks(), "lower: rank {} is outside the mesh {} of {} ranks", rank,
            mesh.describe(), mesh.num_ranks());
-  Lowering l{g, planner, mesh, mesh.coordinate(rank), options, {}, {}};
+  Lowering l{g, planner, mesh, mesh.coordinate(rank), options, {}, {}, {}, {}, {}};
+  for (const auto& [rows, experts] : options.ragged_rows) l.ragged_experts.insert(experts);
   l.out.rank = rank;
   graph::Graph& local = l.out.graph;
   for (int i = 0; i < g.num_values(); ++i) {
@@ -133,7 +162,9 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
                node.op->name, rank, k, local.value(lv).info.shape.to_string(), ns.outputs[k].to_string(),
                want.to_string());
       // A pinned value: redistributed from the node's output layout at once.
+      l.note_layout(v, ns.outputs[k], lv);
       l.out.values[v] = l.redistribute(v, lv, ns.outputs[k], s.values.at(v));
+      l.note_layout(v, s.values.at(v), l.out.values[v]);
     }
   }
   local.set_scope("");

@@ -28,6 +28,12 @@ struct LowerOptions {
   // backward share it), so the gathered weights are freed between forward
   // and backward.
   bool reshard_after_forward = true;
+  // Expert parallelism's dispatched rows [blocks, ..., M, D] (and their
+  // gradients) -> their experts [blocks, ..., M] (moe_dispatch_experts'
+  // output): an all_to_all of such rows sends only the rows that carry
+  // tokens (sharding::RaggedRows), where the experts' local values in the
+  // step's layouts before and after exist by then; otherwise whole blocks.
+  std::map<graph::ValueId, graph::ValueId> ragged_rows;
 };
 
 // The graph outputs of the local graph are the global outputs, delivered in

@@ -105,6 +105,13 @@ run ep2_tp2_etp2 4 --parallel.ep 2 --parallel.tp 2 --parallel.expert_tp 2
 compare ep2_tp2_etp2
 run pp2_ep2 4 --model.router_aux_loss_coef 0 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.ep 2
 compare pp2_ep2 one_noaux_accum4
+# The lowered EP 2 step sends each MoE layer's rows to their experts' ranks and back in forward and backward by
+# all_to_alls that carry the rows' experts (sending only the rows that hold tokens): 2 layers x 4.
+"$meshtrain" lower --ranks 2 "${model[@]}" --parallel.ep 2 > "$dir/ep2.lowered" 2>&1 ||
+  { cat "$dir/ep2.lowered"; fail "meshtrain lower of EP 2 failed"; }
+ragged=$(grep -c 'all_to_all(%[0-9]*, %[0-9]*, %[0-9]*) .*n_experts=8' "$dir/ep2.lowered")
+[ "$ragged" = 8 ] || fail "the lowered EP 2 step has $ragged ragged all_to_alls, not 8"
+echo "lower EP 2: $ragged all_to_alls of the rows, each sending only the rows that hold tokens"
 # The EP 4 checkpoint resumed under EP 2 (experts resharded from 2 a rank to 4) and under one rank, 2 more steps each.
 resume() {  # NAME FROM NP [KEY VALUE ...]
   local name=$1 from=$2 np=$3

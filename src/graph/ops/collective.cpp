@@ -17,7 +17,10 @@
 // bucket_unpack takes them back out of such a buffer (of any 2-d shape).
 // A bucket's all_gather or reduce_scatter is coalesced (its member_blocks
 // attribute): it keeps each member whole on the side that holds every
-// rank's block, so neither op ever cuts a member into pieces.
+// rank's block, so neither op ever cuts a member into pieces. An all_to_all
+// of expert parallelism's dispatched rows also takes their experts in the
+// layouts before and after (sharding::RaggedRows) and sends only the rows
+// that carry tokens.
 #include "graph/ops/collective.h"
 
 #include <fmt/ranges.h>
@@ -85,9 +88,15 @@ void add_collective_ops(std::vector<OpDef>& ops) {
   for (const std::string name : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
     ops.push_back({
         .name = name,
+        .num_inputs = name == "all_to_all" ? OpDef::kVariadic : 1,
         .infer =
             [name](const ValueInfos& in, const Attrs& at) {
               read_collective_attrs(at);
+              if (name == "all_to_all") {  // rows, or ragged rows and their experts before and after
+                MT_CHECK(in.size() == 1 || (in.size() == 3 && in[1].dtype == DType::i64 && in[2].dtype == DType::i64),
+                         "all_to_all takes a tensor, or ragged rows and their i64 experts before and after");
+                if (in.size() == 3) at.get(attr::n_experts);
+              }
               const int64_t buffer = at.get(attr::buffer_elements);
               MT_CHECK(buffer >= 0, "a collective's staging buffer cannot have {} elements", buffer);
               const Shape out(at.get(attr::shape));
