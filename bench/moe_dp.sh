@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # An MoE step against a dense one with the same active parameters per token,
-# on RANKS local ranks (FSDP over all of them; meshtrain has no expert
-# parallelism yet, so every rank runs every expert on its own tokens), in the
-# same run, rounds alternating the two (this host varies by up to +-30% run
-# to run):
+# on RANKS local ranks (FSDP over all of them; with EP=N the MoE's experts
+# split over N of them, tokens dispatched by all_to_all, else every rank
+# runs every expert on its own tokens), in the same run, rounds alternating
+# the two (this host varies by up to +-30% run to run):
 #   MoE:   the benchmark model (Llama dim 256, 4 layers, 8 heads, vocab 256,
 #          seq 256, global batch 8) with every MLP a Mixtral sparse block of
 #          8 experts, top-2, moe_ffn_dim 256;
@@ -14,7 +14,7 @@
 # holds (the MoE's experts are 4x the dense MLP's weights, which FSDP gathers
 # and reduces every step), and the time per step rank 0's compute thread
 # spends in collectives (--profile: starts, waits, bucket packing).
-# Usage: [ROUNDS=3] bench/moe_dp.sh [RANKS] [STEPS] [float32|bfloat16]
+# Usage: [ROUNDS=3] [EP=1] bench/moe_dp.sh [RANKS] [STEPS] [float32|bfloat16]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${1:-4}
@@ -30,7 +30,10 @@ bench_text "$work/text.txt"
 model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
        --data.batch_size 8 --data.path "$work/text.txt" --checkpoint.folder "" --parallel.dp_shard "$ranks"
        --training.dtype "$dtype" --training.steps $((steps + 3)) --metrics.log_every 1 --profile)
-declare -A flags=([moe]="--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256"
+ep=${EP:-1}
+[[ $ep =~ ^[1-9][0-9]*$ ]] && (( ranks % ep == 0 && 8 % ep == 0 )) ||
+  { echo "bench/moe_dp.sh: EP must divide RANKS and the 8 experts, not '$ep'" >&2; exit 2; }
+declare -A flags=([moe]="--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256 --parallel.ep $ep"
                   [dense]="--model.ffn_dim 512")
 run() {  # NAME ROUND: one run; its metrics and log in WORKDIR
   local extra
@@ -40,7 +43,7 @@ run() {  # NAME ROUND: one run; its metrics and log in WORKDIR
     || { cat "$work/log_$1_$2.txt" >&2; exit 1; }
 }
 rounds=${ROUNDS:-3}
-echo "load average $(cut -d' ' -f1-3 /proc/loadavg); $ranks ranks x 1 thread on $(nproc) cores$([ "$ranks" -le "$(nproc)" ] || echo " (oversubscribed: ranks share cores)"), FSDP $ranks, $dtype, global batch 8 x 256 tokens, $steps steps after 3 warm-up steps, $rounds rounds"
+echo "load average $(cut -d' ' -f1-3 /proc/loadavg); $ranks ranks x 1 thread on $(nproc) cores$([ "$ranks" -le "$(nproc)" ] || echo " (oversubscribed: ranks share cores)"), FSDP $ranks (MoE: EP $ep), $dtype, global batch 8 x 256 tokens, $steps steps after 3 warm-up steps, $rounds rounds"
 for round in $(seq "$rounds"); do
   run moe "$round"
   run dense "$round"

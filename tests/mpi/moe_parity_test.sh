@@ -7,8 +7,10 @@
 # checkpointing, a capacity factor that drops slots, and PP 2 (1F1B; no
 # load-balancing loss) against one rank accumulating its 4 microbatches;
 # expert parallelism: EP 2, EP 4, EP 2 x FSDP 2, HSDP 2 x 2 with EP 2, EP 2 x
-# TP 2 with the experts whole and split over tp, PP 2 x EP 2, and the EP 4
-# checkpoint resumed under EP 2 and one rank against one rank's; the
+# TP 2 with the experts whole and split over tp, EP 2 with full activation
+# checkpointing and accumulation, EP 2 x TP 2 with SP and LP in bf16 (against
+# one rank's bf16), PP 2 x EP 2, the lowered EP step's all_to_alls, and the
+# EP 4 checkpoint resumed under EP 2 and one rank against one rank's; the
 # expert load logged per layer must be one rank's. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
 # gradient norm and the final weights must match one rank's within the
@@ -103,6 +105,16 @@ run ep2_tp2 4 --parallel.ep 2 --parallel.tp 2
 compare ep2_tp2
 run ep2_tp2_etp2 4 --parallel.ep 2 --parallel.tp 2 --parallel.expert_tp 2
 compare ep2_tp2_etp2
+run ep2_full_ac_accum2 2 --parallel.ep 2 --activation_checkpoint.mode full --training.grad_accum_steps 2
+compare ep2_full_ac_accum2 one_accum2
+# bf16 with sequence and loss parallel, against one rank's bf16 run (the reductions in bf16 and in another order).
+# Measured over the 20 steps, EP 2 x TP 2 with SP and LP (and, for scale, without EP: FSDP 2 x TP 2 with SP and LP,
+# FSDP 2): loss 6.0e-5 (9.1e-5) -> 5e-4, grad_norm 6.8e-4 (1.0e-3) -> 5e-3, weights max 8.1e-2 (8.9e-2) -> 0.3, l2
+# 2.1e-2 (2.3e-2) -> 0.1: an expert's weights, updated from few tokens, stray furthest.
+run one_bf16 1 --training.dtype bfloat16
+run ep2_tp2_sp_lp_bf16 4 --parallel.ep 2 --parallel.tp 2 --parallel.sequence_parallel true \
+  --parallel.loss_parallel true --training.dtype bfloat16
+compare ep2_tp2_sp_lp_bf16 one_bf16 5e-4 5e-3 0.3 0.1
 run pp2_ep2 4 --model.router_aux_loss_coef 0 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.ep 2
 compare pp2_ep2 one_noaux_accum4
 # The lowered EP 2 step sends each MoE layer's rows to their experts' ranks and back in forward and backward by
