@@ -95,18 +95,22 @@ GroupedDims grouped_dims(const ValueInfos& in, bool tb) {
   return d;
 }
 
-// Rows [B, ..., M, K] dispatched into B blocks of experts (0: not dispatched).
+// Rows [b, ..., M, K] of b of the B blocks rows were dispatched into (B
+// globally, fewer on a rank that holds some blocks), over as many blocks'
+// experts (0: not dispatched).
 int64_t expert_blocks_of(const Attrs& at, const ValueInfo& rows, int64_t experts) {
   const int64_t blocks = at.get_or(attr::expert_blocks, int64_t{0});
   MT_CHECK(blocks >= 0, "expert_blocks must be >= 0, got {}", blocks);
   if (blocks == 0) return 0;
-  MT_CHECK(rows.shape.rank() >= 3 && rows.shape.dim(0) == blocks && experts % blocks == 0,
-           "rows dispatched into {} blocks must be [{}, ..., M, K] over experts that divide by {}; got rows {}, {} "
-           "experts",
-           blocks, blocks, blocks, rows.shape.to_string(), experts);
+  const int64_t here = rows.shape.rank() >= 3 ? rows.shape.dim(0) : 0;
+  MT_CHECK(here >= 1 && blocks % here == 0 && experts % here == 0,
+           "rows dispatched into {} blocks must be [blocks, ..., M, K] with blocks dividing {} and the {} experts; "
+           "got rows {}",
+           blocks, blocks, experts, rows.shape.to_string());
   return blocks;
 }
-// Rows that carry work: a dispatched tensor's B blocks hold each row once.
+// Rows that carry work: a dispatched tensor's B blocks hold each row once,
+// so 1 / B of any block's rows on average.
 double working_rows_share(const Attrs& at) {
   const int64_t blocks = at.get_or(attr::expert_blocks, int64_t{0});
   return blocks > 0 ? 1.0 / static_cast<double>(blocks) : 1.0;

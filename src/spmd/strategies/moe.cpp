@@ -60,8 +60,6 @@ graph::Attrs with_first_expert(const LocalNode& n, const sharding::LocalChunk& e
   graph::Attrs local = n.attrs;
   local.set(graph::attr::first_expert, experts.offset[0]);
   if (n.attrs.has(graph::attr::n_experts.name)) local.set(graph::attr::n_experts, experts.shape.dim(0));
-  if (n.attrs.get_or(graph::attr::expert_blocks, int64_t{0}) > 0)  // the blocks here
-    local.set(graph::attr::expert_blocks, n.in[0].shape.dim(0));
   return local;
 }
 
