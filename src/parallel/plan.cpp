@@ -97,9 +97,10 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     if (g.value(p).info.shape.rank() == 0) return replicated;  // nothing to shard
     std::vector<Placement> placements(ndim);
     const bool expert = experts.count(p) > 0;
-    // Dense: FSDP over dp_shard (and ep: all of dp_shard). Experts: split by
-    // expert over ep, FSDP over the rest of dp_shard by dim 1.
-    placements[shard] = split(shard, expert ? 1 : 0);
+    // Dense: FSDP over dp_shard (and ep: all of dp_shard). Experts under
+    // ep: split by expert over ep, FSDP over the rest of dp_shard by dim 1
+    // (each ep rank may hold a single expert); without ep, as dense.
+    placements[shard] = split(shard, expert && ep_dim >= 0 ? 1 : 0);
     if (ep_dim >= 0) placements[ep] = split(ep, 0);
     const auto tp_dim = roles.tp_dims.find(p);
     if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);

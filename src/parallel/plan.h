@@ -75,8 +75,8 @@ struct StepRoles {
   std::vector<std::pair<graph::ValueId, graph::ValueId>>
       updates;                            // updated value -> the parameter or state it replaces
   std::map<graph::ValueId, int> tp_dims;  // parameter -> the tensor dim tp splits (absent: replicated over tp)
-  // The routed experts' parameters [n_experts, ...]: split by expert over
-  // ep, and over the rest of dp_shard by dim 1 (FSDP).
+  // The routed experts' parameters [n_experts, ...]: under ep split by
+  // expert over ep, and over the rest of dp_shard by dim 1 (FSDP).
   std::vector<graph::ValueId> experts;
   // Values laid out by block of experts (dim 0) over ep, the batch their
   // dim 1: an MoE layer's rows dispatched to the experts and back, and
@@ -122,7 +122,11 @@ struct StepLayouts {
 // parameter; its gradient is pinned to the parameter's layout too when
 // reduce_copies_in_compute_dtype (reduced in bf16, then widened), else as a
 // pending sum over data parallel (widened, then reduced in f32). Replicated
-// outputs Replicate; updates delivered as what they replace.
+// outputs Replicate; updates delivered as what they replace. On the mesh
+// with ep, the batch is split over ep too and dense weights FSDP-sharded
+// over dp_shard and ep; the experts and the dispatched rows lie by expert
+// over ep (StepRoles::experts, dispatched), their gradients reduced over
+// the other data-parallel dims only.
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
                          const ParallelConfig& config = {});
 
