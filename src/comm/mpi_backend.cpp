@@ -736,7 +736,8 @@ class MpiGroup final : public ProcessGroup {
   std::string_view backend_name() const override { return "mpi"; }
 
  protected:
-  void start(const OpDesc& desc, const WorkPtr& work) override {
+  void start(std::shared_ptr<const OpDesc> shared_desc, const WorkPtr& work) override {
+    const OpDesc& desc = *shared_desc;
     auto op = std::make_unique<MpiOp>();
     op->desc = desc;
     op->work = work;

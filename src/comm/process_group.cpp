@@ -205,8 +205,9 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
   entry.dtype = desc.dtype;
   entry.in_numel = desc.in_numel;
   entry.out_numel = desc.out_numel;
-  entry.signature = desc.signature();
   entry.peer = p2p ? desc.peer : -1;
+  auto shared = std::make_shared<const OpDesc>(std::move(desc));
+  entry.desc = shared;
   const uint64_t id = recorder_->record(std::move(entry));
   auto work = std::make_shared<Work>(std::move(info), recorder_, id);
   work->set_timeout_handler([weak = weak_from_this()](Work& w) {
@@ -216,7 +217,7 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
       w.fail(std::make_exception_ptr(TimeoutError(w.info().describe() + " timed out")));
   });
   try {
-    start(desc, work);
+    start(std::move(shared), work);
   } catch (...) {
     work->fail(std::current_exception());
     throw;

@@ -140,7 +140,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                GroupOptions options);
 
   // Start the operation; complete `work` with finish()/fail() (possibly later).
-  virtual void start(const OpDesc& desc, const WorkPtr& work) = 0;
+  virtual void start(std::shared_ptr<const OpDesc> desc, const WorkPtr& work) = 0;
   // Called on every rank of this group: build the group of `members` (ranks of
   // this group, in new-rank order) that this rank belongs to, or take part and
   // return nullptr when color < 0. `split_seq` and `color` identify the split.
