@@ -900,4 +900,15 @@ void plain_mpi_collective(OpType op, Tensor& in, Tensor& out) {
   if (rc != MPI_SUCCESS) throw CommError(fmt::format("plain MPI {} failed (code {})", op_type_name(op), rc));
 }
 
+void plain_mpi_all_to_allv(const Tensor& in, Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts) {
+  auto ints = [](const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+  auto offsets = [&](const std::vector<int64_t>& v) { return ints(displacements(v)); };
+  const std::vector<int> sc = ints(send_counts), sd = offsets(send_counts), rc = ints(recv_counts),
+                         rd = offsets(recv_counts);
+  const int code = MPI_Alltoallv(in.raw(), sc.data(), sd.data(), MPI_FLOAT, out.raw(), rc.data(), rd.data(), MPI_FLOAT,
+                                 MPI_COMM_WORLD);
+  if (code != MPI_SUCCESS) throw CommError(fmt::format("plain MPI all_to_allv failed (code {})", code));
+}
+
 }  // namespace meshtrain::comm
