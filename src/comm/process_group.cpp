@@ -67,7 +67,13 @@ OpDesc describe_op(OpType op, const Tensor& input, const Tensor& output) {
 }  // namespace
 
 std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
-  std::vector<int64_t> f(kFingerprintHead + 2 * static_cast<size_t>(group_size), 0);
+  std::vector<int64_t> f;
+  fingerprint(group_size, f);
+  return f;
+}
+
+void OpDesc::fingerprint(int group_size, std::vector<int64_t>& f) const {
+  f.assign(kFingerprintHead + 2 * static_cast<size_t>(group_size), 0);
   f[0] = static_cast<int64_t>(seq);
   f[1] = static_cast<int64_t>(op);
   f[2] = op == OpType::barrier ? -1 : static_cast<int64_t>(dtype);
@@ -95,7 +101,6 @@ std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
     std::copy(send_counts.begin(), send_counts.end(), f.begin() + kFingerprintHead);
     std::copy(recv_counts.begin(), recv_counts.end(), f.begin() + kFingerprintHead + group_size);
   }
-  return f;
 }
 
 std::string OpDesc::signature() const {
@@ -364,7 +369,6 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output, std::vecto
   check_tensor(output, "output", "all_to_all");
   check_same_dtype(input, output, "all_to_all");
   const int n = size();
-  const bool equal_blocks = send_counts.empty() && recv_counts.empty();
   if (send_counts.empty()) {
     MT_CHECK(input.numel() % n == 0,
              "all_to_all: input has {} elements, not divisible by the group size {}; pass "
@@ -388,7 +392,6 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output, std::vecto
   OpDesc d = describe_op(OpType::all_to_all, input, output);
   d.send_counts = std::move(send_counts);
   d.recv_counts = std::move(recv_counts);
-  d.equal_blocks = equal_blocks;
   return issue(std::move(d));
 }
 
