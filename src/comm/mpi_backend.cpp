@@ -147,9 +147,9 @@ class Engine {
 
   // Open MPI's non-blocking all_reduce (libnbc) picks schedules that run well
   // below its blocking one here (bench/comm.sh): half speed with 2 ranks;
-  // Rabenseifner's matched or beat the blocking call at 2 and 4 ranks (where
-  // groups now reduce in pairwise stages; groups above kMaxPairwiseRanks
-  // still call it). The user's own OMPI_MCA_* settings win.
+  // Rabenseifner's matches or beats the blocking call at 2 and 4 ranks (for
+  // f32/f64/i32/i64 all_reduces of 128 KiB and more, see mpi_plans.cpp). The
+  // user's own OMPI_MCA_* settings win.
   static void choose_nonblocking_schedules() {
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
   }

@@ -197,12 +197,13 @@ struct MpiOp {
   bool ordered_stage_ahead() const;
 };
 
-// Groups of at most this many ranks run all_reduce and all_gather as pairwise
-// stages, every rank sending to every other (Open MPI's non-blocking calls
-// take more rounds of messages at small sizes, see mpi_plans.cpp); larger
-// ones use MPI's collectives, which take log(n) rounds of messages instead of
-// n - 1 messages per rank. all_to_all and reduce_scatter are pairwise in
-// groups of any size (as MPI's own all-to-all is).
+// Groups of at most this many ranks run all_gather and all_reduce (below
+// 128 KiB, or of a dtype MPI cannot reduce) as pairwise stages, every rank
+// sending to every other (Open MPI's non-blocking calls take more rounds of
+// messages at small sizes, see mpi_plans.cpp); larger ones use MPI's
+// collectives, which take log(n) rounds of messages instead of n - 1
+// messages per rank. all_to_all and reduce_scatter are pairwise in groups of
+// any size (as MPI's own all-to-all is).
 inline constexpr int kMaxPairwiseRanks = 8;
 
 // Append the stages of an operation on a group of n ranks of which this is
