@@ -275,6 +275,13 @@ class Engine {
         ++it;
         continue;
       }
+      if ((*it)->requests_outstanding()) {
+        // Failed with MPI requests still posted (an MPI error mid-stage):
+        // they may yet read or write the op's scratch and first-stage
+        // buffers, so the op is kept, never reused, as abort_group keeps its.
+        abandoned_.splice(abandoned_.end(), active_, it++);
+        continue;
+      }
       (*it)->recycle();
       spare_ops_.splice(spare_ops_.begin(), active_, it++);
     }
@@ -527,11 +534,13 @@ class MpiGroup final : public ProcessGroup {
       if (rc != MPI_SUCCESS)
         throw CommError(fmt::format("splitting group '{}' (split seq {}) failed in MPI: {}", this->name(), split_seq,
                                     mpi::error_text(rc)));
+      if (color >= 0) {
+        MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(child->exchange, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(child->first_exchange, MPI_ERRORS_RETURN);
+      }
     }
     if (color < 0) return nullptr;
-    MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(child->exchange, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(child->first_exchange, MPI_ERRORS_RETURN);
     child->rank = key;
     child->size = static_cast<int>(members.size());
     child->verify = comm_->verify;
@@ -582,10 +591,10 @@ ProcessGroupPtr create_mpi_world(GroupOptions options) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm);
     MPI_Comm_dup(MPI_COMM_WORLD, &comm->exchange);
     MPI_Comm_dup(MPI_COMM_WORLD, &comm->first_exchange);
+    MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm->exchange, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm->first_exchange, MPI_ERRORS_RETURN);
   }
-  MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(comm->exchange, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(comm->first_exchange, MPI_ERRORS_RETURN);
   comm->rank = engine.world_rank();
   comm->size = engine.world_size();
   comm->verify = options.verify;

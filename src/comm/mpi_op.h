@@ -195,6 +195,8 @@ struct MpiOp {
   // Whether a stage after the one in flight posts on `comm` (keeps the op in
   // its group's post queue).
   bool ordered_stage_ahead() const;
+  // Whether an MPI request of the op is still posted (a failed op's).
+  bool requests_outstanding() const;
 };
 
 // Groups of at most this many ranks run all_gather and all_reduce (below

@@ -58,6 +58,10 @@ bool MpiOp::ordered_stage_ahead() const {
                      [](const Stage& s) { return !s.pairwise(); });
 }
 
+bool MpiOp::requests_outstanding() const {
+  return std::any_of(requests.begin(), requests.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+}
+
 namespace {
 
 std::vector<int> byte_counts(const std::vector<int64_t>& counts, size_t elem, const char* what) {
