@@ -8,7 +8,9 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
+#include <random>
 
 #include "comm/mpi_backend.h"
 #include "comm/process_group.h"
@@ -28,9 +30,60 @@ double bus_factor(OpType op, int n) {
   return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all
 }
 
+// A collective the bench times: all_to_all_uneven is all_to_all with
+// MoE-like uneven blocks (moe_counts), next to MPI_Alltoallv.
+struct BenchOp {
+  OpType op = OpType::all_to_all;
+  bool uneven = false;
+  std::string name() const { return uneven ? "all_to_all_uneven" : std::string(comm::op_type_name(op)); }
+};
+
+BenchOp parse_bench_op(const std::string& name) {
+  if (name == "all_to_all_uneven") return {OpType::all_to_all, true};
+  const OpType op = comm::parse_op_type(name);
+  MT_CHECK(
+      op == OpType::all_reduce || op == OpType::all_gather || op == OpType::reduce_scatter || op == OpType::all_to_all,
+      "bench comm: --ops accepts all_reduce, all_gather, reduce_scatter, all_to_all, all_to_all_uneven; got '{}'",
+      name);
+  return {op, false};
+}
+
 struct Buffers {
   Tensor in, out;
+  std::vector<int64_t> send_counts, recv_counts;  // an uneven all_to_all's, in elements per rank
 };
+
+// The blocks of an uneven all_to_all as an MoE layer's dispatch makes them:
+// each rank sends its `elems` elements (tokens) to the ranks (experts) in
+// skewed shares, rank j's popularity 1 / (k + 1) for its place k in a seeded
+// shuffle (Zipf), times a factor in [0.5, 2) per pair. counts[i][j]: what
+// rank i sends rank j. Every rank draws the same matrix.
+std::vector<std::vector<int64_t>> moe_counts(int64_t elems, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> place(static_cast<size_t>(n));
+  std::iota(place.begin(), place.end(), 0);
+  std::shuffle(place.begin(), place.end(), rng);
+  std::vector<std::vector<int64_t>> counts(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(n)));
+  for (auto& row : counts) {
+    std::vector<double> weight(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) weight[j] = (0.5 + 1.5 * (rng() / 4294967296.0)) / (place[j] + 1);
+    const double total = std::accumulate(weight.begin(), weight.end(), 0.0);
+    for (int j = 0; j < n; ++j) row[j] = static_cast<int64_t>(static_cast<double>(elems) * weight[j] / total);
+    row[std::max_element(weight.begin(), weight.end()) - weight.begin()] +=
+        elems - std::accumulate(row.begin(), row.end(), int64_t{0});
+  }
+  return counts;
+}
+
+Buffers make_uneven_buffers(int64_t elems, int n, int rank) {
+  const auto counts = moe_counts(elems, n, 20261127);
+  Buffers b;
+  b.send_counts = counts[rank];
+  for (int i = 0; i < n; ++i) b.recv_counts.push_back(counts[i][rank]);
+  b.in = Tensor::zeros({elems}, DType::f32);
+  b.out = Tensor::zeros({std::accumulate(b.recv_counts.begin(), b.recv_counts.end(), int64_t{0})}, DType::f32);
+  return b;
+}
 
 // nccl-tests sizes: all_reduce and all_to_all the buffer; all_gather the
 // output; reduce_scatter the input.
@@ -57,6 +110,10 @@ Buffers make_buffers(OpType op, int64_t elems, int n) {
 }
 
 void run_meshtrain(comm::ProcessGroup& pg, OpType op, Buffers& b) {
+  if (!b.send_counts.empty()) {
+    pg.all_to_all(b.in, b.out, b.send_counts, b.recv_counts)->wait();
+    return;
+  }
   switch (op) {
     case OpType::all_reduce:
       pg.all_reduce(b.in)->wait();
@@ -168,28 +225,167 @@ std::string human_bytes(int64_t b) {
   return fmt::format("{} B", b);
 }
 
+std::vector<BenchOp> parse_ops(const CommBenchOptions& o) {
+  std::vector<BenchOp> ops;
+  for (const auto& name : o.ops) ops.push_back(parse_bench_op(name));
+  MT_CHECK(o.bucket >= 0, "bench comm: --bucket must be >= 0, got {}", o.bucket);
+  MT_CHECK(o.bucket_cap >= 0, "bench comm: --bucket-cap must be >= 0, got {}", o.bucket_cap);
+  if (o.bucket > 1)
+    for (const BenchOp& op : ops)
+      MT_CHECK(op.op != OpType::all_to_all,
+               "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
+               "collectives training buckets), not {}",
+               op.name());
+  return ops;
+}
+
+// One op at one size: its buffers, or `members` collectives in buckets.
+struct SizeRun {
+  BenchOp op;
+  int64_t elems = 0;  // per collective: nccl-tests' size (make_buffers), the send buffer of an uneven all_to_all
+  int members = 1;
+  int iters = 0;
+  Buffers b;
+  std::vector<Bucket> buckets;                           // empty: one collective at a time
+  int64_t bytes() const { return elems * 4 * members; }  // all the members'
+};
+
+SizeRun make_size_run(const CommBenchOptions& o, const BenchOp& op, int64_t elems, const comm::ProcessGroup& pg) {
+  SizeRun run{op, elems, std::max(1, o.bucket)};
+  run.iters = o.iters > 0 ? o.iters : static_cast<int>(std::clamp<int64_t>((64ll << 20) / run.bytes(), 5, 50));
+  run.b = op.uneven ? make_uneven_buffers(elems, pg.size(), pg.rank()) : make_buffers(op.op, elems, pg.size());
+  // The members in buckets of at most `per_bucket` (the cap's worth, at least one).
+  const int per_bucket = o.bucket_cap > 0
+                             ? static_cast<int>(std::clamp<int64_t>(o.bucket_cap / (elems * 4), 1, run.members))
+                             : run.members;
+  if (run.members > 1)
+    for (int first = 0; first < run.members; first += per_bucket)
+      run.buckets.push_back(make_bucket(op.op, elems, pg.size(), std::min(per_bucket, run.members - first)));
+  return run;
+}
+
+// meshtrain: the collective, or the buckets (a member alone as a plain
+// collective).
+void run_ours(comm::ProcessGroup& pg, SizeRun& run) {
+  if (run.buckets.empty()) return run_meshtrain(pg, run.op.op, run.b);
+  for (Bucket& k : run.buckets)
+    k.members.size() == 1 ? run_meshtrain(pg, run.op.op, k.members[0]) : run_bucket(pg, run.op.op, k);
+}
+
+// Plain MPI: as many calls one by one, on the members' own buffers, as a
+// program without bucketing would make.
+void run_theirs(SizeRun& run) {
+  if (run.op.uneven) return comm::plain_mpi_all_to_allv(run.b.in, run.b.out, run.b.send_counts, run.b.recv_counts);
+  if (run.buckets.empty()) return comm::plain_mpi_collective(run.op.op, run.b.in, run.b.out);
+  for (Bucket& k : run.buckets)
+    for (Buffers& m : k.members) comm::plain_mpi_collective(run.op.op, m.in, m.out);
+}
+
+// Plain MPI, bucketed: one call per bucket on the packed bytes.
+void run_fused(SizeRun& run) {
+  for (Bucket& k : run.buckets) comm::plain_mpi_collective(run.op.op, k.packed.in, k.packed.out);
+}
+
+// Seconds per iteration in each round: meshtrain's, plain MPI's and (bucketed)
+// one MPI call per bucket's.
+struct Rounds {
+  std::vector<double> ours, theirs, fused;
+};
+
+Rounds measure(comm::ProcessGroup& pg, SizeRun& run, int rounds, bool baseline) {
+  const bool fused = baseline && !run.buckets.empty();
+  run_ours(pg, run);  // warm-up every path
+  if (baseline) {
+    std::lock_guard lock(comm::mpi_mutex());
+    run_theirs(run);
+    if (fused) run_fused(run);
+  }
+  Rounds r;
+  for (int round = 0; round < rounds; ++round) {
+    r.ours.push_back(time_iterations(pg, run.iters, false, [&] { run_ours(pg, run); }));
+    r.theirs.push_back(baseline ? time_iterations(pg, run.iters, true, [&] { run_theirs(run); })
+                                : std::numeric_limits<double>::quiet_NaN());
+    if (fused) r.fused.push_back(time_iterations(pg, run.iters, true, [&] { run_fused(run); }));
+  }
+  return r;
+}
+
+// Paired estimate: rounds next to each other in time share the machine's
+// conditions, so the ratio of a baseline's time to meshtrain's is taken per
+// round, then the median.
+double paired_ratio(const std::vector<double>& baseline, const std::vector<double>& ours) {
+  std::vector<double> ratios;
+  for (size_t k = 0; k < baseline.size(); ++k) ratios.push_back(baseline[k] / ours[k]);
+  return median(ratios);
+}
+
+nlohmann::json result_row(const SizeRun& run, const Rounds& r, int n) {
+  const double t = median(r.ours), tm = median(r.theirs), factor = bus_factor(run.op.op, n);
+  nlohmann::json row{{"op", run.op.name()},
+                     {"bytes", run.bytes() / run.members},
+                     {"iters", run.iters},
+                     {"time_us", t * 1e6},
+                     {"min_time_us", *std::min_element(r.ours.begin(), r.ours.end()) * 1e6},
+                     {"algbw_gbs", run.bytes() / t / 1e9},
+                     {"busbw_gbs", run.bytes() / t / 1e9 * factor},
+                     {"mpi_time_us", tm * 1e6},
+                     {"mpi_busbw_gbs", run.bytes() / tm / 1e9 * factor},
+                     {"ratio", paired_ratio(r.theirs, r.ours)}};
+  if (run.members > 1) {
+    row["members"] = run.members;
+    if (!r.fused.empty()) {
+      row["mpi_one_call_time_us"] = median(r.fused) * 1e6;
+      row["ratio_to_one_call"] = paired_ratio(r.fused, r.ours);
+    }
+  }
+  return row;
+}
+
+void print_header(const CommBenchOptions& o, int ranks, int n, bool baseline) {
+  fmt::print(
+      "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
+      "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
+      "busBw; bandwidths in GB/s (1e9 B/s)\n",
+      ranks, baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n), o.verify ? "on" : "off",
+      o.rounds);
+  const int members = std::max(1, o.bucket);
+  if (members > 1)
+    fmt::print(
+        "bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each "
+        "(all_gather and reduce_scatter coalesced), unpacked (bucket_unpack), members the step's memory plan "
+        "lays out in the bucket not copied (all but all_gather's inputs); time = all {} of them; MPI: {} plain calls "
+        "one by one on the members' buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes "
+        "(one_call_us, ratio_1)\n",
+        members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one", members,
+        members);
+  if (std::find(o.ops.begin(), o.ops.end(), "all_to_all_uneven") != o.ops.end())
+    fmt::print(
+        "all_to_all_uneven: all_to_all with MoE-like blocks (each rank's send buffer of `size` split over the ranks "
+        "by a seeded Zipf popularity times a factor in [0.5, 2) per pair), next to MPI_Alltoallv\n");
+  fmt::print("{:<18} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters", "time_us", "algbw",
+             "busbw", "mpi_time_us", "mpi_bus", "ratio",
+             members > 1 ? fmt::format(" {:>11} {:>7}", "one_call_us", "ratio_1") : "");
+}
+
+void print_row(const nlohmann::json& row) {
+  const bool fused = row.contains("ratio_to_one_call");
+  fmt::print("{:<18} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}{}\n",
+             row["op"].get<std::string>(), human_bytes(row["bytes"].get<int64_t>()), row["iters"].get<int>(),
+             row["time_us"].get<double>(), row["algbw_gbs"].get<double>(), row["busbw_gbs"].get<double>(),
+             row["mpi_time_us"].get<double>(), row["mpi_busbw_gbs"].get<double>(), row["ratio"].get<double>(),
+             fused ? fmt::format(" {:>11.1f} {:>7.3f}", row["mpi_one_call_time_us"].get<double>(),
+                                 row["ratio_to_one_call"].get<double>())
+                   : "");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int run_comm_bench(const CommBenchOptions& o) {
   MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
            "bench comm: need 4 <= --min-bytes <= --max-bytes, got {} and {}", o.min_bytes, o.max_bytes);
   MT_CHECK(o.rounds >= 1, "bench comm: --rounds must be at least 1, got {}", o.rounds);
-  std::vector<OpType> ops;
-  for (const auto& name : o.ops) {
-    const OpType op = comm::parse_op_type(name);
-    MT_CHECK(op == OpType::all_reduce || op == OpType::all_gather || op == OpType::reduce_scatter ||
-                 op == OpType::all_to_all,
-             "bench comm: --ops accepts all_reduce, all_gather, reduce_scatter, all_to_all; got '{}'", name);
-    ops.push_back(op);
-  }
-  const int members = std::max(1, o.bucket);
-  MT_CHECK(o.bucket >= 0, "bench comm: --bucket must be >= 0, got {}", o.bucket);
-  MT_CHECK(o.bucket_cap >= 0, "bench comm: --bucket-cap must be >= 0, got {}", o.bucket_cap);
-  if (members > 1)
-    for (OpType op : ops)
-      MT_CHECK(op != OpType::all_to_all,
-               "bench comm: --bucket takes all_reduce, all_gather and reduce_scatter (the "
-               "collectives training buckets), not all_to_all");
+  const std::vector<BenchOp> ops = parse_ops(o);
   comm::GroupOptions group_options;
   group_options.verify = o.verify;
   auto world = comm::create_world("mpi", group_options);
@@ -201,115 +397,23 @@ int run_comm_bench(const CommBenchOptions& o) {
            "bench comm: --group-size {} must be at least 2 and divide the {} ranks", o.group_size, world->size());
   const bool baseline = groups_of == world->size();  // plain MPI runs on the whole world only
   auto pg = baseline ? world : world->split(world->rank() / groups_of, 0, "bench_group");
-  const int n = pg->size();
   const bool printer = world->rank() == 0;
+  if (printer && !o.json) print_header(o, world->size(), pg->size(), baseline);
   nlohmann::json results = nlohmann::json::array();
-  if (printer && !o.json) {
-    fmt::print(
-        "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
-        "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
-        "busBw; bandwidths in GB/s (1e9 B/s)\n",
-        world->size(), baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n),
-        o.verify ? "on" : "off", o.rounds);
-    if (members > 1)
-      fmt::print(
-          "bucketed: {} collectives of each size packed into {} (bucket_pack), one collective each "
-          "(all_gather and reduce_scatter coalesced), unpacked (bucket_unpack), members the step's memory plan "
-          "lays out in the bucket not copied (all but all_gather's inputs); time = all {} of them; MPI: {} plain calls one by one on the members' "
-          "buffers (mpi_time_us, ratio) and one plain call per bucket on the packed bytes (one_call_us, "
-          "ratio_1)\n",
-          members, o.bucket_cap > 0 ? fmt::format("buckets of at most {}", human_bytes(o.bucket_cap)) : "one", members,
-          members);
-    fmt::print("{:<15} {:>8} {:>6} {:>11} {:>8} {:>8} {:>11} {:>8} {:>7}{}\n", "op", "size", "iters", "time_us",
-               "algbw", "busbw", "mpi_time_us", "mpi_bus", "ratio",
-               members > 1 ? fmt::format(" {:>11} {:>7}", "one_call_us", "ratio_1") : "");
-    std::fflush(stdout);
-  }
-  for (OpType op : ops) {
+  for (const BenchOp& op : ops) {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
-      int64_t elems = bytes / 4;
-      elems -= elems % n;  // every rank gets a whole block
+      const int64_t elems = bytes / 4 - bytes / 4 % pg->size();  // every rank gets a whole block
       if (elems == 0) continue;
-      const int64_t used_bytes = elems * 4 * members;  // all the members' (one collective's without a bucket)
-      const int iters = o.iters > 0 ? o.iters : static_cast<int>(std::clamp<int64_t>((64ll << 20) / used_bytes, 5, 50));
-      Buffers b = make_buffers(op, elems, n);
-      // The `members` collectives in buckets of at most `per_bucket` (the cap's worth, at least one).
-      std::vector<Bucket> buckets;
-      const int per_bucket =
-          o.bucket_cap > 0 ? static_cast<int>(std::clamp<int64_t>(o.bucket_cap / (elems * 4), 1, members)) : members;
-      if (members > 1)
-        for (int first = 0; first < members; first += per_bucket)
-          buckets.push_back(make_bucket(op, elems, n, std::min(per_bucket, members - first)));
-      const bool bucketed = !buckets.empty();
-      // meshtrain: the collective, or the buckets (a member alone as a plain
-      // collective); plain MPI: as many calls one by one, and (bucketed) one
-      // call per bucket on the packed bytes.
-      auto ours_once = [&] {
-        if (!bucketed) return run_meshtrain(*pg, op, b);
-        for (Bucket& k : buckets) k.members.size() == 1 ? run_meshtrain(*pg, op, k.members[0]) : run_bucket(*pg, op, k);
-      };
-      auto theirs_once = [&] {  // on the members' own buffers, as a program without bucketing would
-        if (!bucketed) return comm::plain_mpi_collective(op, b.in, b.out);
-        for (Bucket& k : buckets)
-          for (Buffers& m : k.members) comm::plain_mpi_collective(op, m.in, m.out);
-      };
-      auto fused_once = [&] {
-        for (Bucket& k : buckets) comm::plain_mpi_collective(op, k.packed.in, k.packed.out);
-      };
-      ours_once();  // warm-up every path
-      if (baseline) {
-        std::lock_guard lock(comm::mpi_mutex());
-        theirs_once();
-        if (bucketed) fused_once();
-      }
-      std::vector<double> ours, theirs, fused;
-      for (int round = 0; round < o.rounds; ++round) {
-        ours.push_back(time_iterations(*pg, iters, false, ours_once));
-        theirs.push_back(baseline ? time_iterations(*pg, iters, true, theirs_once)
-                                  : std::numeric_limits<double>::quiet_NaN());
-        if (bucketed && baseline) fused.push_back(time_iterations(*pg, iters, true, fused_once));
-      }
-      // Paired estimate: rounds next to each other in time share the
-      // machine's conditions, so the ratio is taken per round, then the median.
-      std::vector<double> ratios;
-      for (size_t k = 0; k < ours.size(); ++k) ratios.push_back(theirs[k] / ours[k]);
-      const double ratio = median(ratios);
-      const double t = median(ours), tm = median(theirs);
-      const double algbw = used_bytes / t / 1e9, busbw = algbw * bus_factor(op, n);
-      const double mpi_busbw = used_bytes / tm / 1e9 * bus_factor(op, n);
-      std::vector<double> fused_ratios;
-      for (size_t k = 0; k < fused.size(); ++k) fused_ratios.push_back(fused[k] / ours[k]);
+      SizeRun run = make_size_run(o, op, elems, *pg);
+      const Rounds rounds = measure(*pg, run, o.rounds, baseline);
       if (!printer) continue;
-      nlohmann::json row{{"op", comm::op_type_name(op)},
-                         {"bytes", used_bytes / members},
-                         {"iters", iters},
-                         {"time_us", t * 1e6},
-                         {"min_time_us", *std::min_element(ours.begin(), ours.end()) * 1e6},
-                         {"algbw_gbs", algbw},
-                         {"busbw_gbs", busbw},
-                         {"mpi_time_us", tm * 1e6},
-                         {"mpi_busbw_gbs", mpi_busbw},
-                         {"ratio", ratio}};
-      if (members > 1) {
-        row["members"] = members;
-        if (!fused.empty()) {
-          row["mpi_one_call_time_us"] = median(fused) * 1e6;
-          row["ratio_to_one_call"] = median(fused_ratios);
-        }
-      }
-      results.push_back(row);
-      if (!o.json) {
-        fmt::print("{:<15} {:>8} {:>6} {:>11.1f} {:>8.3f} {:>8.3f} {:>11.1f} {:>8.3f} {:>7.3f}{}\n",
-                   comm::op_type_name(op), human_bytes(used_bytes / members), iters, t * 1e6, algbw, busbw, tm * 1e6,
-                   mpi_busbw, ratio,
-                   fused.empty() ? "" : fmt::format(" {:>11.1f} {:>7.3f}", median(fused) * 1e6, median(fused_ratios)));
-        std::fflush(stdout);
-      }
+      results.push_back(result_row(run, rounds, pg->size()));
+      if (!o.json) print_row(results.back());
     }
   }
   if (printer && o.json) {
-    nlohmann::json j{{"ranks", world->size()},     {"group_size", n},    {"dtype", "f32"},
-                     {"verify", o.verify},         {"rounds", o.rounds}, {"bucket", members},
+    nlohmann::json j{{"ranks", world->size()},     {"group_size", pg->size()}, {"dtype", "f32"},
+                     {"verify", o.verify},         {"rounds", o.rounds},       {"bucket", std::max(1, o.bucket)},
                      {"bucket_cap", o.bucket_cap}, {"results", results}};
     fmt::print("{}\n", j.dump(1));
   }
@@ -322,10 +426,11 @@ Command add_bench_comm_command(CLI::App& app) {
   auto opts = std::make_shared<CommBenchOptions>();
   CLI::App* comm =
       bench->add_subcommand("comm",
-                            "Time all_reduce, all_gather, reduce_scatter and all_to_all (f32) from --min-bytes to "
-                            "--max-bytes (x4 steps): time, algBw and busBw (nccl-tests convention) of meshtrain's "
-                            "collectives next to the plain blocking MPI call, measured in the same run. Run under "
-                            "mpirun, e.g. `mpirun -np 4 meshtrain bench comm`.");
+                            "Time all_reduce, all_gather, reduce_scatter, all_to_all and all_to_all_uneven (MoE-like "
+                            "blocks) (f32) from --min-bytes to --max-bytes (x4 steps): time, algBw and busBw "
+                            "(nccl-tests convention) of meshtrain's collectives next to the plain blocking MPI call "
+                            "(MPI_Alltoallv for all_to_all_uneven), measured in the same run. Run under mpirun, e.g. "
+                            "`mpirun -np 4 meshtrain bench comm`.");
   comm->add_option("--ops", opts->ops, "Collectives to time")->delimiter(',')->capture_default_str();
   comm->add_option("--min-bytes", opts->min_bytes, "Smallest size (4K, 1M... allowed)")
       ->transform(CLI::AsSizeValue(false))

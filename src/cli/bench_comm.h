@@ -11,7 +11,8 @@
 namespace meshtrain::cli {
 
 struct CommBenchOptions {
-  std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+  // all_to_all_uneven: all_to_all with MoE-like uneven blocks, next to MPI_Alltoallv.
+  std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_uneven"};
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 64 << 20;
   int rounds = 5;      // alternating meshtrain / MPI rounds; medians are reported

@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "comm/process_group.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json_integer.h"
@@ -106,7 +107,10 @@ std::vector<FrEntry> FlightRecorder::entries() const {
   std::vector<FrEntry> out;
   out.reserve(ring_.size());
   const size_t start = ring_.size() < capacity_ ? 0 : next_id_ % capacity_;
-  for (size_t i = 0; i < ring_.size(); ++i) out.push_back(ring_[(start + i) % ring_.size()]);
+  for (size_t i = 0; i < ring_.size(); ++i) {
+    out.push_back(ring_[(start + i) % ring_.size()]);
+    if (out.back().desc) out.back().signature = out.back().desc->signature();
+  }
   return out;
 }
 

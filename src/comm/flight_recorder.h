@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -15,6 +16,8 @@
 #include "core/dtype.h"
 
 namespace meshtrain::comm {
+
+struct OpDesc;
 
 enum class FrState : uint8_t { scheduled, started, completed, failed };
 std::string_view fr_state_name(FrState s);
@@ -29,7 +32,10 @@ struct FrEntry {
   int64_t in_numel = 0;
   int64_t out_numel = 0;
   std::string signature;  // what every rank must agree on (sizes, counts, root, reduce op)
-  int peer = -1;          // p2p peer (group rank)
+  // Where set, `signature` is formatted from it only when the recorder is
+  // read (entries(), dumps): recording costs no formatting.
+  std::shared_ptr<const OpDesc> desc;
+  int peer = -1;  // p2p peer (group rank)
   FrState state = FrState::scheduled;
   int64_t time_created_us = 0;
   int64_t time_started_us = 0;

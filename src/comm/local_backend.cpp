@@ -136,7 +136,8 @@ class LocalGroup final : public ProcessGroup {
   std::string_view backend_name() const override { return "local"; }
 
  protected:
-  void start(const OpDesc& desc, const WorkPtr& work) override {
+  void start(std::shared_ptr<const OpDesc> shared_desc, const WorkPtr& work) override {
+    const OpDesc& desc = *shared_desc;
     work->mark_started();
     std::unique_lock lock(shared_->mu);
     if (shared_->aborted) {

@@ -1,16 +1,13 @@
 #include "comm/mpi_backend.h"
 
-#include <mpi.h>
-
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <list>
 #include <thread>
 
+#include "comm/mpi_op.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -18,113 +15,11 @@ namespace meshtrain::comm {
 
 namespace {
 
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return std::string(text, static_cast<size_t>(len));
-}
-
-int to_int_count(int64_t n, const char* what) {
-  if (n > INT_MAX)
-    throw CommError(
-        fmt::format("{} of {} bytes exceeds MPI's 2 GiB count limit; split the "
-                    "tensor into smaller pieces",
-                    what, n));
-  return static_cast<int>(n);
-}
-
-std::vector<int> byte_counts(const std::vector<int64_t>& counts, size_t elem, const char* what) {
-  std::vector<int> out;
-  out.reserve(counts.size());
-  for (int64_t c : counts) out.push_back(to_int_count(c * static_cast<int64_t>(elem), what));
-  return out;
-}
-
-std::vector<int> byte_displacements(const std::vector<int64_t>& counts, size_t elem, const char* what) {
-  return byte_counts(displacements(counts), elem, what);
-}
-
-MPI_Datatype native_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-    case DType::f64:
-      return MPI_DOUBLE;
-    default:
-      return MPI_DATATYPE_NULL;
-  }
-}
-
-MPI_Op native_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      return MPI_SUM;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-  }
-  return MPI_SUM;
-}
-
-// MPI state of one group, shared by its ProcessGroup object and its in-flight ops.
-struct GroupComm {
-  MPI_Comm comm = MPI_COMM_NULL;        // the collectives themselves
-  MPI_Comm check_comm = MPI_COMM_NULL;  // fingerprint exchange, ordered apart from `comm`
-  int rank = 0;
-  int size = 0;
-  bool verify = true;
-  bool aborted = false;
-  // Ops whose next stage still has to be posted on `comm`. Only the head may
-  // post, so that every rank posts in issue order whatever the timing.
-  std::deque<struct MpiOp*> post_queue;
-};
-
-// One operation: an optional fingerprint check, then stages, each posting
-// MPI requests and running a host step once they complete.
-struct MpiOp {
-  OpDesc desc;
-  WorkPtr work;
-  std::shared_ptr<GroupComm> group;
-  struct Stage {
-    std::function<int(MpiOp&, std::vector<MPI_Request>&)> post;  // returns an MPI error code
-    std::function<void(MpiOp&)> after;                           // host step, may be empty
-  };
-  std::vector<Stage> stages;
-  size_t next_stage = 0;
-  std::vector<MPI_Request> requests;  // of the stage in flight
-  bool checking = false;
-  MPI_Request check_request = MPI_REQUEST_NULL;
-  std::vector<int64_t> check_mine, check_all;
-  std::vector<std::byte> scratch;
-  // Committed for the requests of the stage in flight; freed with the op or
-  // when a later stage starts.
-  std::vector<MPI_Datatype> datatypes;
-  // MPI_Ialltoallw's datatype arguments: Open MPI 4.1 reads the arrays again
-  // when the request completes, so they live until the next stage.
-  std::vector<MPI_Datatype> send_types, recv_types;
-  MPI_Status status{};  // of the last p2p request
-  bool in_post_queue = false;
-  bool done = false;
-
-  MpiOp() = default;
-  MpiOp(const MpiOp&) = delete;
-  MpiOp& operator=(const MpiOp&) = delete;
-  ~MpiOp() { free_datatypes(); }
-  void free_datatypes() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized)
-      for (MPI_Datatype& t : datatypes) MPI_Type_free(&t);
-    datatypes.clear();
-  }
-};
+using mpi::GroupComm;
+using mpi::MpiOp;
+using mpi::Piece;
+using mpi::Pieces;
+using mpi::Stage;
 
 class Engine {
  public:
@@ -137,25 +32,37 @@ class Engine {
   void set_background_progress(bool on) { background_progress_.store(on); }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  int tag_ub() const { return tag_ub_; }
   std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
 
-  // Track an op (caller holds mu_). Queued ops post their stages in issue order.
-  void add(std::unique_ptr<MpiOp> op, bool queue) {
-    MpiOp* raw = op.get();
-    active_.push_back(std::move(op));
+  // An op to fill, then start (caller holds mu_): one a done op left, so
+  // that its memory serves again, or a new one.
+  MpiOp& spare_op() {
+    if (spare_ops_.empty()) spare_ops_.push_back(std::make_unique<MpiOp>());
+    spare_ops_.front()->recycle();  // an op that failed to start may have left its fields
+    return *spare_ops_.front();
+  }
+
+  // Track the op spare_op() gave and post what it may (caller holds mu_);
+  // testing waits for a poll. Queued ops post their ordered stages in issue
+  // order.
+  void start_spare(bool queue) {
+    MpiOp& op = *spare_ops_.front();
+    active_.splice(active_.end(), spare_ops_, spare_ops_.begin());
     if (queue) {
-      raw->group->post_queue.push_back(raw);
-      raw->in_post_queue = true;
+      op.group->post_queue.push_back(&op);
+      op.in_post_queue = true;
     }
-    progress_locked();
+    post_next(op);
   }
 
   // Called by threads waiting on a Work: they drive progress themselves, and
   // the progress thread stands back meanwhile (no lock or CPU contention).
-  void poll() {
-    last_wait_poll_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  // Returns whether anything advanced.
+  bool poll() {
+    wait_polls_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard lock(mu_);
-    progress_locked();
+    return progress_locked();
   }
 
   void abort_group(const std::shared_ptr<GroupComm>& group) {
@@ -222,6 +129,10 @@ class Engine {
           "backend needs for its progress thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
+    if (has_tag_ub) tag_ub_ = *tag_ub;
     MPI_Comm_dup(MPI_COMM_WORLD, &signal_comm_);
     MPI_Comm_set_errhandler(signal_comm_, MPI_ERRORS_RETURN);
     MPI_Irecv(&signal_in_, 1, MPI_INT, MPI_ANY_SOURCE, 0, signal_comm_, &signal_request_);
@@ -234,16 +145,13 @@ class Engine {
  private:
   Engine() = default;
 
-  // Open MPI's non-blocking collectives (libnbc) pick schedules that run well
-  // below its blocking ones here (bench/comm.sh): all_reduce at half speed
-  // with 2 ranks, all_gather 35% slower. Rabenseifner all_reduce matches or
-  // beats the blocking call at 2 and 4 ranks; the linear all_gather does for
-  // small jobs (it posts n-1 messages per rank, so only up to 8 ranks). The
+  // Open MPI's non-blocking all_reduce (libnbc) picks schedules that run well
+  // below its blocking one here (bench/comm.sh): half speed with 2 ranks;
+  // Rabenseifner's matches or beats the blocking call at 2 and 4 ranks (for
+  // f32/f64/i32/i64 all_reduces of 128 KiB and more, see mpi_plans.cpp). The
   // user's own OMPI_MCA_* settings win.
   static void choose_nonblocking_schedules() {
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
-    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (world && std::atoi(world) <= 8) setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "1", /*overwrite=*/0);
   }
 
   static int grace_ms() {
@@ -253,15 +161,17 @@ class Engine {
 
   void progress_loop() {
     using namespace std::chrono;
-    const Clock::rep one_ms = Clock::duration(milliseconds(1)).count();
+    uint64_t seen_polls = 0;
     for (;;) {
       std::vector<WorkPtr> expired;
       bool waiter_polling = false;
       {
         std::lock_guard lock(mu_);
         if (stop_) return;
-        waiter_polling =
-            Clock::now().time_since_epoch().count() - last_wait_poll_ns_.load(std::memory_order_relaxed) < one_ms;
+        // A thread waiting on a Work polled since this thread last looked.
+        const uint64_t polls = wait_polls_.load(std::memory_order_relaxed);
+        waiter_polling = polls != seen_polls;
+        seen_polls = polls;
         if (!waiter_polling) progress_locked();
         poll_signal_locked();
         const auto now = Clock::now();
@@ -349,114 +259,181 @@ class Engine {
     op.work->finish();
   }
 
-  // Advance every op as far as it goes without blocking. Holds mu_.
-  void progress_locked() {
-    bool changed = true;
-    while (changed) {
-      changed = false;
-      for (auto& holder : active_) {
-        MpiOp& op = *holder;
-        if (op.done) continue;
-        if (op.checking)
-          changed |= test_check(op);
-        else if (!op.requests.empty())
-          changed |= test_stage(op);
+  // Test every op once and post the stages that may go next (ops are in
+  // issue order, so an op that leaves the head of its group's post queue
+  // unblocks those behind it in the same pass). Returns whether anything
+  // advanced. Holds mu_.
+  bool progress_locked() {
+    bool advanced = false;
+    for (auto& holder : active_) {
+      MpiOp& op = *holder;
+      if (!op.done && op.in_flight) advanced |= test_stage(op);
+      advanced |= post_next(op);
+    }
+    for (auto it = active_.begin(); it != active_.end();) {
+      if (!(*it)->done || (*it)->in_post_queue) {
+        ++it;
+        continue;
       }
-      for (auto& holder : active_) {
-        MpiOp& op = *holder;
-        // The head of a group's queue, done or not, unblocks the ops behind it.
-        if (op.in_post_queue && op.group->post_queue.front() == &op) changed |= post_ready(*op.group);
+      if ((*it)->requests_outstanding()) {
+        // Failed with MPI requests still posted (an MPI error mid-stage):
+        // they may yet read or write the op's scratch and first-stage
+        // buffers, so the op is kept, never reused, as abort_group keeps its.
+        abandoned_.splice(abandoned_.end(), active_, it++);
+        continue;
       }
-      const auto before = active_.size();
-      std::erase_if(active_, [](const auto& op) { return op->done && !op->in_post_queue; });
-      changed |= active_.size() != before;
+      (*it)->recycle();
+      spare_ops_.splice(spare_ops_.begin(), active_, it++);
     }
     active_count_.store(static_cast<int>(active_.size()));
+    return advanced;
   }
 
-  bool test_check(MpiOp& op) {
-    int flag = 0;
-    const int rc = MPI_Test(&op.check_request, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      fail(op, fmt::format("{}: fingerprint exchange failed: {}", op.work->info().describe(), mpi_error_text(rc)),
-           true);
+  // Test the stage in flight; once all its requests have completed, its host
+  // step runs. Returns whether any request completed.
+  bool test_stage(MpiOp& op) {
+    int completed = 0;
+    int rc;
+    if (op.requests.size() == 1 && !op.first) {
+      rc = MPI_Test(&op.requests[0], &completed, &op.status);
+    } else {
+      indices_.resize(op.requests.size());
+      statuses_.resize(op.requests.size());
+      rc = MPI_Testsome(static_cast<int>(op.requests.size()), op.requests.data(), &completed, indices_.data(),
+                        op.first ? statuses_.data() : MPI_STATUSES_IGNORE);
+      if (completed == MPI_UNDEFINED) completed = 0;
+    }
+    op.pending -= completed;
+    if (op.first) {
+      op.first->note(op, indices_.data(), statuses_.data(), completed, rc);
+    } else if (rc != MPI_SUCCESS) {
+      fail(op, fmt::format("{} failed in MPI: {}", op.work->info().describe(), mpi::error_text(rc)),
+           !is_p2p(op.desc->op));
       return true;
     }
-    if (!flag) return false;
-    op.checking = false;
-    const size_t width = op.check_mine.size();
-    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(op.group->size));
-    for (int r = 0; r < op.group->size; ++r)
-      rows[r].assign(op.check_all.begin() + r * width, op.check_all.begin() + (r + 1) * width);
-    // Every rank holds the same table, so every rank decides alike and the
-    // posting order on `comm` stays the same everywhere.
-    const std::string problem = check_fingerprints(rows, op.work->info());
-    if (!problem.empty()) fail(op, problem, false);
+    if (op.pending > 0) return completed > 0;
+    if (op.first) return end_first_stage(op);
+    finish_stage(op);
     return true;
   }
 
-  bool test_stage(MpiOp& op) {
-    int flag = 0;
-    int rc;
-    if (op.requests.size() == 1) {
-      rc = MPI_Test(&op.requests[0], &flag, &op.status);
-    } else {
-      rc = MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag, MPI_STATUSES_IGNORE);
-    }
-    if (rc != MPI_SUCCESS) {
-      fail(op, fmt::format("{} failed in MPI: {}", op.work->info().describe(), mpi_error_text(rc)),
-           !is_p2p(op.desc.op));
-      return true;
-    }
-    if (!flag) return false;
+  bool end_first_stage(MpiOp& op) {
+    bool breaks_group = false;
+    const std::string problem = op.first->finish(op, breaks_group);
+    op.first = nullptr;
+    if (problem.empty())
+      finish_stage(op);
+    else
+      fail(op, problem, breaks_group);
+    return true;
+  }
+
+  void finish_stage(MpiOp& op) {
     op.requests.clear();
+    op.in_flight = false;
     const auto& stage = op.stages[op.next_stage - 1];
     try {
       if (stage.after) stage.after(op);
     } catch (const std::exception& e) {
       fail(op, e.what(), false);
-      return true;
+      return;
     }
     if (op.next_stage == op.stages.size()) complete(op);
+  }
+
+  // Post the op's next stage where nothing holds it back: a pairwise stage at
+  // once, an ordered one from the head of its group's post queue (a done op
+  // there leaves it, unblocking those behind).
+  bool post_next(MpiOp& op) {
+    GroupComm& group = *op.group;
+    const bool head = op.in_post_queue && group.post_queue.front() == &op;
+    if (op.done) {
+      if (head) pop_head(group);
+      return head;
+    }
+    if (op.in_flight || op.next_stage == op.stages.size()) return false;
+    if (!op.stages[op.next_stage].pairwise() && !head) return false;
+    post_stage(op);
+    if (op.in_post_queue && !op.done && !op.ordered_stage_ahead()) pop_head(group);
     return true;
   }
 
-  // Post stages of the ops at the head of the group's queue, in order.
-  bool post_ready(GroupComm& group) {
-    bool changed = false;
-    while (!group.post_queue.empty()) {
-      MpiOp& op = *group.post_queue.front();
-      if (op.done) {  // failed its check: posts nothing more
-        pop_head(group);
-        changed = true;
-        continue;
-      }
-      if (op.checking || !op.requests.empty()) break;
-      if (op.next_stage == 0) op.work->mark_started();
-      const auto& stage = op.stages[op.next_stage++];
-      int rc;
-      try {
-        rc = stage.post(op, op.requests);
-      } catch (const std::exception& e) {
-        // Every rank raises the same error here (sizes agree), so none posts.
-        fail(op, e.what(), false);
-        pop_head(group);
-        changed = true;
-        continue;
-      }
-      changed = true;
-      if (rc != MPI_SUCCESS) {
-        fail(op, fmt::format("{} could not start in MPI: {}", op.work->info().describe(), mpi_error_text(rc)), true);
-        pop_head(group);
-        continue;
-      }
-      if (op.next_stage == op.stages.size()) {
-        pop_head(group);
-        continue;
-      }
-      break;  // the next stage waits for this one; later ops wait behind it
+  void post_stage(MpiOp& op) {
+    const size_t index = op.next_stage++;
+    const Stage& stage = op.stages[index];
+    if (index == 0) op.work->mark_started();
+    op.in_flight = true;
+    int rc;
+    try {
+      rc = stage.pairwise() ? post_pairwise(op, stage) : post_ordered(op, stage);
+    } catch (const std::exception& e) {
+      // Every rank raises the same error here (sizes agree), so none posts.
+      fail(op, e.what(), false);
+      return;
     }
-    return changed;
+    if (rc != MPI_SUCCESS)
+      fail(op, fmt::format("{} could not start in MPI: {}", op.work->info().describe(), mpi::error_text(rc)), true);
+  }
+
+  static int post_ordered(MpiOp& op, const Stage& stage) {
+    const int rc = stage.post(op, op.requests);
+    op.pending = static_cast<int>(op.requests.size());
+    return rc;
+  }
+
+  // Post a pairwise stage: one message each way with every other rank, on
+  // `exchange` (the first stage of a verifying group's collective: see
+  // FirstStage).
+  int post_pairwise(MpiOp& op, const Stage& stage) {
+    GroupComm& g = *op.group;
+    std::string local_error;
+    const Pieces& p = lay_out(op, stage, local_error);
+    const int tag = g.exchange_tag(op.desc->seq);
+    const int posted = op.first ? op.first->post(op, p, std::move(local_error)) : post_messages(op, p, tag);
+    if (posted != MPI_SUCCESS) return posted;
+    return copy_to_self(p.send[g.rank], p.recv[g.rank], g, tag);
+  }
+
+  // A pairwise stage's messages: every receive first, so that no message
+  // arrives before its receive.
+  static int post_messages(MpiOp& op, const Pieces& p, int tag) {
+    const GroupComm& g = *op.group;
+    op.requests.assign(static_cast<size_t>(2 * (g.size - 1)), MPI_REQUEST_NULL);
+    MPI_Request* req = op.requests.data();
+    int rc = MPI_SUCCESS;
+    for (int r = 0; r < g.size && rc == MPI_SUCCESS; ++r)
+      if (r != g.rank) rc = MPI_Irecv(p.recv[r].at, p.recv[r].count, p.recv[r].type, r, tag, g.exchange, req++);
+    for (int r = 0; r < g.size && rc == MPI_SUCCESS; ++r)
+      if (r != g.rank) rc = MPI_Isend(p.send[r].at, p.send[r].count, p.send[r].type, r, tag, g.exchange, req++);
+    op.pending = static_cast<int>(req - op.requests.data());
+    return rc;
+  }
+
+  // The stage's pieces. Where the first stage of a verifying group cannot
+  // lay out this rank's part, its peers still count on its messages: it
+  // sends and expects empty ones, and every rank fails (FirstStage).
+  const Pieces& lay_out(MpiOp& op, const Stage& stage, std::string& local_error) {
+    const auto n = static_cast<size_t>(op.group->size);
+    pieces_.send.assign(n, Piece{});
+    pieces_.recv.assign(n, Piece{});
+    try {
+      stage.pieces(op, pieces_);
+    } catch (const std::exception& e) {
+      if (!op.first) throw;
+      local_error = e.what();
+      pieces_.send.assign(n, Piece{});
+      pieces_.recv.assign(n, Piece{});
+    }
+    return pieces_;
+  }
+
+  static int copy_to_self(const Piece& from, const Piece& to, const GroupComm& g, int tag) {
+    if (from.count == 0 && to.count == 0) return MPI_SUCCESS;
+    if (from.type != MPI_BYTE || to.type != MPI_BYTE)
+      return MPI_Sendrecv(from.at, from.count, from.type, g.rank, tag, to.at, to.count, to.type, g.rank, tag,
+                          g.exchange, MPI_STATUS_IGNORE);
+    if (from.at != to.at) std::memmove(to.at, from.at, static_cast<size_t>(std::min(from.count, to.count)));
+    return MPI_SUCCESS;
   }
 
   static void pop_head(GroupComm& group) {
@@ -470,11 +447,16 @@ class Engine {
   bool any_aborted_ = false;
   int world_rank_ = 0;
   int world_size_ = 1;
+  int tag_ub_ = 32767;                // the largest tag MPI allows (the standard promises at least 32767)
+  Pieces pieces_;                     // of the pairwise stage being posted
+  std::vector<int> indices_;          // MPI_Testsome's
+  std::vector<MPI_Status> statuses_;  // MPI_Testsome's
   std::list<std::unique_ptr<MpiOp>> active_;
   std::list<std::unique_ptr<MpiOp>> abandoned_;  // of aborted groups, see abort_group
+  std::list<std::unique_ptr<MpiOp>> spare_ops_;  // done, for spare_op to hand out again
   std::atomic<int> active_count_{0};
   std::atomic<bool> background_progress_{true};
-  std::atomic<Clock::rep> last_wait_poll_ns_{0};
+  std::atomic<uint64_t> wait_polls_{0};
   std::thread progress_thread_;
   std::shared_ptr<FlightRecorder> recorder_;
   MPI_Comm signal_comm_ = MPI_COMM_NULL;
@@ -484,247 +466,6 @@ class Engine {
   Clock::time_point stop_seen_at_{};  // when the progress thread first saw a noted stop signal
   bool stop_reported_ = false;
 };
-
-// ---- stage plans -----------------------------------------------------------
-
-using Stage = MpiOp::Stage;
-
-void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
-  if (dtype == DType::f64) {
-    auto* p = static_cast<double*>(data);
-    for (int64_t i = 0; i < n; ++i) p[i] /= divisor;
-    return;
-  }
-  // Only native reductions scale here (needs_host_reduction's dtypes average
-  // in reduce_rows), and avg of an integer dtype is refused when issued.
-  MT_ASSERT(dtype == DType::f32, "avg scaling on dtype {}", dtype_name(dtype));
-  auto* p = static_cast<float*>(data);
-  for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
-}
-
-// An all_reduce's buffer of `numel` elements split into one block per rank
-// (the block that rank reduces): ceil(numel / n) each, the trailing blocks
-// shorter or empty.
-std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
-  // n: a group's size; numel: a tensor's.
-  MT_ASSERT(n > 0 && numel >= 0, "reduction_blocks({}, {}): need n > 0 and numel >= 0", numel, n);
-  const int64_t block = (numel + n - 1) / n;
-  std::vector<int64_t> counts(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) counts[r] = std::clamp<int64_t>(numel - block * r, 0, block);
-  return counts;
-}
-
-// Byte runs (offset from the buffer, length) as one datatype (committed;
-// the op frees it).
-MPI_Datatype runs_type(MpiOp& op, const std::vector<std::pair<MPI_Aint, int>>& runs) {
-  std::vector<int> lengths;
-  std::vector<MPI_Aint> offsets;
-  for (const auto& [at, bytes] : runs) {
-    offsets.push_back(at);
-    lengths.push_back(bytes);
-  }
-  MPI_Datatype t = MPI_DATATYPE_NULL;
-  MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), offsets.data(), MPI_BYTE, &t);
-  MPI_Type_commit(&t);
-  op.datatypes.push_back(t);
-  return t;
-}
-
-// A reduction's blocks move and are summed in segments: each rank receives
-// about this many bytes per segment from all its peers together, so that the
-// rows stay in cache between arriving and being summed (bench comm, 4 ranks
-// of a 2-core host, a 16 MiB reduce_scatter: 23.4 ms in one piece, 11.5 ms in
-// 1 MiB segments, 13.2 ms in 256 KiB ones); but at least kMinSegmentPiece
-// bytes from each peer, lest a large group's segments be all latency.
-constexpr int64_t kReduceSegmentBytes = 1 << 20, kMinSegmentPiece = 128 << 10;
-
-// The elements [lo, hi) of rank r's block, as byte runs (offset, length)
-// of the full side: one run of a plain op's block, or a coalesced op's runs
-// in each member the range crosses.
-std::vector<std::pair<MPI_Aint, int>> block_runs(const OpDesc& d, const std::vector<int64_t>& counts, int n, int r,
-                                                 int64_t lo, int64_t hi) {
-  const auto elem = static_cast<int64_t>(dtype_size(d.dtype));
-  const std::string what = fmt::format("{}'s block of rank {}", op_type_name(d.op), r);
-  std::vector<std::pair<MPI_Aint, int>> runs;
-  auto add = [&](int64_t at, int64_t len) {
-    if (len > 0) runs.emplace_back(static_cast<MPI_Aint>(at * elem), to_int_count(len * elem, what.c_str()));
-  };
-  if (d.members.empty()) {
-    add(displacements(counts)[r] + lo, hi - lo);
-    return runs;
-  }
-  const std::vector<int64_t> starts = d.member_blocks_of_rank(n, r);
-  int64_t in_block = 0;  // where member m's block starts within rank r's block
-  for (size_t m = 0; m < d.members.size(); ++m) {
-    const int64_t from = std::max(lo, in_block), to = std::min(hi, in_block + d.members[m]);
-    add(starts[m] + from - in_block, to - from);
-    in_block += d.members[m];
-  }
-  return runs;
-}
-
-// A coalesced all_gather: every rank sends its input whole to every rank,
-// which receives rank r's blocks straight into the members' places (one
-// datatype per rank), so nothing is packed or unpacked.
-int post_coalesced_all_gather(MpiOp& op, std::vector<MPI_Request>& reqs) {
-  const int n = op.group->size;
-  const int bytes =
-      to_int_count(op.desc.in_numel * static_cast<int64_t>(dtype_size(op.desc.dtype)), "all_gather block");
-  std::vector<int> send_counts(static_cast<size_t>(n), bytes), ones(static_cast<size_t>(n), 1),
-      zeros(static_cast<size_t>(n), 0);
-  op.send_types.assign(static_cast<size_t>(n), MPI_BYTE);
-  op.recv_types.clear();
-  for (int r = 0; r < n; ++r)
-    op.recv_types.push_back(runs_type(op, block_runs(op.desc, op.desc.counts, n, r, 0, op.desc.in_numel)));
-  reqs.resize(1);
-  return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.desc.out, ones.data(),
-                        zeros.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
-}
-
-// all_to_all the blocks, reduce on the host in rank order (bf16/f16/fp8 in
-// f32 with one rounding), so the result equals a serial reduction, segment
-// by segment (kReduceSegmentBytes); all_reduce then all_gathers the reduced
-// blocks. Same bytes on the wire as a ring all_reduce. A segment's pieces of
-// each rank's block go as one datatype, straight from the input (a
-// coalesced op's from each member's place).
-std::vector<Stage> host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back) {
-  const size_t elem = dtype_size(d.dtype);
-  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
-  const int64_t mine = counts[rank];
-  // Every rank cuts every block alike, so all post the same segments.
-  const int64_t segment =
-      std::max<int64_t>(1, std::max(kReduceSegmentBytes / n, kMinSegmentPiece) / static_cast<int64_t>(elem));
-  const int64_t largest = *std::max_element(counts.begin(), counts.end());
-  const int64_t segments = std::max<int64_t>(1, (largest + segment - 1) / segment);
-  const int64_t out_base = d.op == OpType::all_reduce ? displacements(counts)[rank] : 0;
-  std::vector<Stage> stages;
-  for (int64_t s = 0; s < segments; ++s) {
-    const int64_t lo = s * segment, hi = lo + segment;
-    const int64_t my_lo = std::min(mine, lo), my_len = std::min(mine, hi) - my_lo;
-    stages.push_back(Stage{
-        [counts, lo, hi, my_len, elem, n](MpiOp& op, std::vector<MPI_Request>& reqs) {
-          op.scratch.resize(static_cast<size_t>(my_len * n) * elem);
-          op.free_datatypes();  // the previous segment's request has completed
-          op.send_types.clear();
-          op.recv_types.assign(static_cast<size_t>(n), MPI_BYTE);
-          std::vector<int> send_counts, zeros(static_cast<size_t>(n), 0), recv_counts, recv_displs;
-          for (int r = 0; r < n; ++r) {
-            const auto runs = block_runs(op.desc, counts, n, r, std::min(counts[r], lo), std::min(counts[r], hi));
-            send_counts.push_back(runs.empty() ? 0 : 1);
-            op.send_types.push_back(runs.empty() ? MPI_BYTE : runs_type(op, runs));
-            recv_counts.push_back(to_int_count(my_len * static_cast<int64_t>(elem), "all_to_all block"));
-            recv_displs.push_back(to_int_count(r * my_len * static_cast<int64_t>(elem), "all_to_all offset"));
-          }
-          reqs.resize(1);
-          return MPI_Ialltoallw(op.desc.in, send_counts.data(), zeros.data(), op.send_types.data(), op.scratch.data(),
-                                recv_counts.data(), recv_displs.data(), op.recv_types.data(), op.group->comm, &reqs[0]);
-        },
-        [my_lo, my_len, out_base, elem, n](MpiOp& op) {
-          std::vector<const void*> rows(static_cast<size_t>(n));
-          for (int k = 0; k < n; ++k) rows[k] = op.scratch.data() + static_cast<size_t>(k * my_len) * elem;
-          void* out = static_cast<std::byte*>(op.desc.out) + (out_base + my_lo) * static_cast<int64_t>(elem);
-          reduce_rows(op.desc.dtype, op.desc.reduce, rows.data(), n, out, static_cast<size_t>(my_len));
-        }});
-  }
-  if (gather_back)
-    stages.push_back(Stage{[counts, elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-                             const auto c = byte_counts(counts, elem, "all_gather block");
-                             const auto displs = byte_displacements(counts, elem, "all_gather offset");
-                             reqs.resize(1);
-                             return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, op.desc.out, c.data(), displs.data(),
-                                                    MPI_BYTE, op.group->comm, &reqs[0]);
-                           },
-                           nullptr});
-  return stages;
-}
-
-std::vector<Stage> plan_stages(const OpDesc& d, int n, int rank) {
-  const size_t elem = dtype_size(d.dtype);
-  auto single = [](auto post) { return std::vector<Stage>{Stage{post, nullptr}}; };
-  auto scale_if_avg = [n](MpiOp& op) {
-    if (op.desc.reduce == ReduceOp::avg) scale_in_place(op.desc.out, op.desc.dtype, op.desc.out_numel, n);
-  };
-  switch (d.op) {
-    case OpType::barrier:
-      return single([](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        reqs.resize(1);
-        return MPI_Ibarrier(op.group->comm, &reqs[0]);
-      });
-    case OpType::all_reduce:
-      if (needs_host_reduction(d.dtype)) return host_reduce_stages(d, n, rank, true);
-      return {Stage{[](MpiOp& op, std::vector<MPI_Request>& reqs) {
-                      reqs.resize(1);
-                      return MPI_Iallreduce(MPI_IN_PLACE, op.desc.out, to_int_count(op.desc.out_numel, "all_reduce"),
-                                            native_type(op.desc.dtype), native_op(op.desc.reduce), op.group->comm,
-                                            &reqs[0]);
-                    },
-                    scale_if_avg}};
-    case OpType::reduce_scatter:
-      // Every dtype: Open MPI's non-blocking reduce_scatter schedule runs
-      // well below the blocking call, while all_to_all + one host reduction
-      // moves the same bytes and sums in rank order (reproducible results).
-      return host_reduce_stages(d, n, rank, false);
-    case OpType::all_gather:
-      if (!d.members.empty()) return single(post_coalesced_all_gather);
-      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        reqs.resize(1);
-        const auto& c = op.desc.counts;
-        if (std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; })) {
-          const int bytes = to_int_count(c[0] * static_cast<int64_t>(elem), "all_gather block");
-          return MPI_Iallgather(op.desc.in, bytes, MPI_BYTE, op.desc.out, bytes, MPI_BYTE, op.group->comm, &reqs[0]);
-        }
-        const auto bc = byte_counts(c, elem, "all_gather block");
-        const auto bd = byte_displacements(c, elem, "all_gather offset");
-        return MPI_Iallgatherv(op.desc.in, bc[op.group->rank], MPI_BYTE, op.desc.out, bc.data(), bd.data(), MPI_BYTE,
-                               op.group->comm, &reqs[0]);
-      });
-    case OpType::all_to_all:
-      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        reqs.resize(1);
-        const auto sc = byte_counts(op.desc.send_counts, elem, "all_to_all block");
-        const auto sd = byte_displacements(op.desc.send_counts, elem, "all_to_all offset");
-        const auto rc = byte_counts(op.desc.recv_counts, elem, "all_to_all block");
-        const auto rd = byte_displacements(op.desc.recv_counts, elem, "all_to_all offset");
-        // Not decided from this rank's counts: a rank whose blocks happen to be
-        // equal (all empty, say) must still make the same call as its peers.
-        if (op.desc.equal_blocks)
-          return MPI_Ialltoall(op.desc.in, sc[0], MPI_BYTE, op.desc.out, sc[0], MPI_BYTE, op.group->comm, &reqs[0]);
-        return MPI_Ialltoallv(op.desc.in, sc.data(), sd.data(), MPI_BYTE, op.desc.out, rc.data(), rd.data(), MPI_BYTE,
-                              op.group->comm, &reqs[0]);
-      });
-    case OpType::broadcast:
-      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        reqs.resize(1);
-        return MPI_Ibcast(op.desc.out, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "broadcast"),
-                          MPI_BYTE, op.desc.root, op.group->comm, &reqs[0]);
-      });
-    case OpType::send:
-      return single([elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-        reqs.resize(1);
-        return MPI_Isend(op.desc.in, to_int_count(op.desc.in_numel * static_cast<int64_t>(elem), "send"), MPI_BYTE,
-                         op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
-      });
-    case OpType::recv:
-      return {Stage{[elem](MpiOp& op, std::vector<MPI_Request>& reqs) {
-                      reqs.resize(1);
-                      return MPI_Irecv(op.desc.out,
-                                       to_int_count(op.desc.out_numel * static_cast<int64_t>(elem), "recv"), MPI_BYTE,
-                                       op.desc.peer, op.desc.tag, op.group->comm, &reqs[0]);
-                    },
-                    [elem](MpiOp& op) {
-                      int got = 0;
-                      MPI_Get_count(&op.status, MPI_BYTE, &got);
-                      const int64_t expected = op.desc.out_numel * static_cast<int64_t>(elem);
-                      if (got != expected)
-                        throw CommError(
-                            fmt::format("{}: received {} bytes from rank {} but expected {} ({} x {}); the "
-                                        "sender's tensor has a different size or dtype",
-                                        op.work->info().describe(), got, op.desc.peer, expected, op.desc.out_numel,
-                                        dtype_name(op.desc.dtype)));
-                    }}};
-  }
-  return {};
-}
 
 class MpiGroup final : public ProcessGroup {
  public:
@@ -736,39 +477,43 @@ class MpiGroup final : public ProcessGroup {
   std::string_view backend_name() const override { return "mpi"; }
 
  protected:
-  void start(const OpDesc& desc, const WorkPtr& work) override {
-    auto op = std::make_unique<MpiOp>();
-    op->desc = desc;
-    op->work = work;
-    op->group = comm_;
-    op->stages = plan_stages(desc, size(), rank());
+  void start(std::shared_ptr<const OpDesc> desc, const WorkPtr& work) override {
     Engine& engine = Engine::get();
-    work->set_poller([&engine] { engine.poll(); });
+    work->set_poller([&engine] { return engine.poll(); });
     std::lock_guard lock(engine.mu());
     if (comm_->aborted)
       throw CommError(fmt::format("{}: the group was aborted after an earlier failure", work->info().describe()));
-    if (comm_->verify && !is_p2p(desc.op)) {
-      op->checking = true;
-      op->check_mine = desc.fingerprint(size());
-      op->check_all.resize(op->check_mine.size() * static_cast<size_t>(size()));
-      const int rc = MPI_Iallgather(op->check_mine.data(), static_cast<int>(op->check_mine.size()), MPI_INT64_T,
-                                    op->check_all.data(), static_cast<int>(op->check_mine.size()), MPI_INT64_T,
-                                    comm_->check_comm, &op->check_request);
-      if (rc != MPI_SUCCESS)
-        throw CommError(
-            fmt::format("{}: fingerprint exchange could not start: {}", work->info().describe(), mpi_error_text(rc)));
-    }
-    if (is_p2p(desc.op)) {
-      // p2p is not ordered against collectives: post at once, outside the queue.
-      work->mark_started();
-      const int rc = op->stages[0].post(*op, op->requests);
-      if (rc != MPI_SUCCESS)
-        throw CommError(fmt::format("{} could not start in MPI: {}", work->info().describe(), mpi_error_text(rc)));
-      op->next_stage = 1;
-      engine.add(std::move(op), /*queue=*/false);
+    MpiOp& op = engine.spare_op();
+    op.desc = std::move(desc);
+    op.work = work;
+    op.group = comm_;
+    mpi::plan_stages(*op.desc, size(), rank(), op.stages);
+    if (!is_p2p(op.desc->op)) {
+      if (comm_->verify) add_fingerprint(op);
+      engine.start_spare(op.ordered_stage_ahead());
       return;
     }
-    engine.add(std::move(op), /*queue=*/true);
+    // p2p is not ordered against collectives: post at once, outside the queue.
+    work->mark_started();
+    const int rc = op.stages[0].post(op, op.requests);
+    if (rc != MPI_SUCCESS)
+      throw CommError(fmt::format("{} could not start in MPI: {}", work->info().describe(), mpi::error_text(rc)));
+    op.pending = 1;
+    op.next_stage = 1;
+    op.in_flight = true;
+    engine.start_spare(/*queue=*/false);
+  }
+
+  // The fingerprint travels with the op's first stage, a pairwise one (an
+  // empty one first where the op has none).
+  void add_fingerprint(MpiOp& op) const {
+    if (!op.stages[0].pairwise()) {
+      Stage empty;
+      empty.pieces = [](MpiOp&, Pieces&) {};
+      op.stages.insert(op.stages.begin(), std::move(empty));
+    }
+    op.first_stage.start(op);
+    op.first = &op.first_stage;
   }
 
   std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, uint64_t split_seq, int color,
@@ -783,17 +528,23 @@ class MpiGroup final : public ProcessGroup {
       // so the blocking MPI_Comm_split cannot wait on an absent rank.
       int rc = MPI_Comm_split(comm_->comm, color < 0 ? MPI_UNDEFINED : color, key, &child->comm);
       if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_split(comm_->check_comm, color < 0 ? MPI_UNDEFINED : color, key, &child->check_comm);
+        rc = MPI_Comm_split(comm_->exchange, color < 0 ? MPI_UNDEFINED : color, key, &child->exchange);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split(comm_->first_exchange, color < 0 ? MPI_UNDEFINED : color, key, &child->first_exchange);
       if (rc != MPI_SUCCESS)
         throw CommError(fmt::format("splitting group '{}' (split seq {}) failed in MPI: {}", this->name(), split_seq,
-                                    mpi_error_text(rc)));
+                                    mpi::error_text(rc)));
+      if (color >= 0) {
+        MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(child->exchange, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(child->first_exchange, MPI_ERRORS_RETURN);
+      }
     }
     if (color < 0) return nullptr;
-    MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(child->check_comm, MPI_ERRORS_RETURN);
     child->rank = key;
     child->size = static_cast<int>(members.size());
     child->verify = comm_->verify;
+    child->tag_ub = comm_->tag_ub;
     std::vector<int> world;
     for (int m : members) world.push_back(world_ranks()[m]);
     return std::make_shared<MpiGroup>(name, key, std::move(world), options(), std::move(child));
@@ -838,13 +589,16 @@ ProcessGroupPtr create_mpi_world(GroupOptions options) {
   {
     std::lock_guard lock(engine.mu());
     MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm);
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm->check_comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm->exchange);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm->first_exchange);
+    MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm->exchange, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm->first_exchange, MPI_ERRORS_RETURN);
   }
-  MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(comm->check_comm, MPI_ERRORS_RETURN);
   comm->rank = engine.world_rank();
   comm->size = engine.world_size();
   comm->verify = options.verify;
+  comm->tag_ub = engine.tag_ub();
   std::vector<int> world(static_cast<size_t>(engine.world_size()));
   for (int r = 0; r < engine.world_size(); ++r) world[r] = r;
   return std::make_shared<MpiGroup>("world", engine.world_rank(), std::move(world), options, std::move(comm));
@@ -897,6 +651,17 @@ void plain_mpi_collective(OpType op, Tensor& in, Tensor& out) {
       throw InvalidArgument(fmt::format("plain_mpi_collective: no baseline for {}", op_type_name(op)));
   }
   if (rc != MPI_SUCCESS) throw CommError(fmt::format("plain MPI {} failed (code {})", op_type_name(op), rc));
+}
+
+void plain_mpi_all_to_allv(const Tensor& in, Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts) {
+  auto ints = [](const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+  auto offsets = [&](const std::vector<int64_t>& v) { return ints(displacements(v)); };
+  const std::vector<int> sc = ints(send_counts), sd = offsets(send_counts), rc = ints(recv_counts),
+                         rd = offsets(recv_counts);
+  const int code = MPI_Alltoallv(in.raw(), sc.data(), sd.data(), MPI_FLOAT, out.raw(), rc.data(), rd.data(), MPI_FLOAT,
+                                 MPI_COMM_WORLD);
+  if (code != MPI_SUCCESS) throw CommError(fmt::format("plain MPI all_to_allv failed (code {})", code));
 }
 
 }  // namespace meshtrain::comm

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <mutex>
+#include <vector>
 
 #include "comm/process_group.h"
 
@@ -38,5 +39,10 @@ LaunchedRank launched_rank();
 // reduce_scatter and all_to_all, sized as meshtrain's). all_reduce works in
 // place on `in`. The caller holds mpi_mutex().
 void plain_mpi_collective(OpType op, Tensor& in, Tensor& out);
+// The baseline of an uneven all_to_all: the plain blocking MPI_Alltoallv on
+// MPI_COMM_WORLD of f32 blocks (counts in elements per rank). The caller holds
+// mpi_mutex().
+void plain_mpi_all_to_allv(const Tensor& in, Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts);
 
 }  // namespace meshtrain::comm

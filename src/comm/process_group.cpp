@@ -67,7 +67,13 @@ OpDesc describe_op(OpType op, const Tensor& input, const Tensor& output) {
 }  // namespace
 
 std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
-  std::vector<int64_t> f(kFingerprintHead + 2 * static_cast<size_t>(group_size), 0);
+  std::vector<int64_t> f;
+  fingerprint(group_size, f);
+  return f;
+}
+
+void OpDesc::fingerprint(int group_size, std::vector<int64_t>& f) const {
+  f.assign(kFingerprintHead + 2 * static_cast<size_t>(group_size), 0);
   f[0] = static_cast<int64_t>(seq);
   f[1] = static_cast<int64_t>(op);
   f[2] = op == OpType::barrier ? -1 : static_cast<int64_t>(dtype);
@@ -95,7 +101,6 @@ std::vector<int64_t> OpDesc::fingerprint(int group_size) const {
     std::copy(send_counts.begin(), send_counts.end(), f.begin() + kFingerprintHead);
     std::copy(recv_counts.begin(), recv_counts.end(), f.begin() + kFingerprintHead + group_size);
   }
-  return f;
 }
 
 std::string OpDesc::signature() const {
@@ -205,8 +210,9 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
   entry.dtype = desc.dtype;
   entry.in_numel = desc.in_numel;
   entry.out_numel = desc.out_numel;
-  entry.signature = desc.signature();
   entry.peer = p2p ? desc.peer : -1;
+  auto shared = std::make_shared<const OpDesc>(std::move(desc));
+  entry.desc = shared;
   const uint64_t id = recorder_->record(std::move(entry));
   auto work = std::make_shared<Work>(std::move(info), recorder_, id);
   work->set_timeout_handler([weak = weak_from_this()](Work& w) {
@@ -216,7 +222,7 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
       w.fail(std::make_exception_ptr(TimeoutError(w.info().describe() + " timed out")));
   });
   try {
-    start(desc, work);
+    start(std::move(shared), work);
   } catch (...) {
     work->fail(std::current_exception());
     throw;
@@ -363,7 +369,6 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output, std::vecto
   check_tensor(output, "output", "all_to_all");
   check_same_dtype(input, output, "all_to_all");
   const int n = size();
-  const bool equal_blocks = send_counts.empty() && recv_counts.empty();
   if (send_counts.empty()) {
     MT_CHECK(input.numel() % n == 0,
              "all_to_all: input has {} elements, not divisible by the group size {}; pass "
@@ -387,7 +392,6 @@ WorkPtr ProcessGroup::all_to_all(const Tensor& input, Tensor& output, std::vecto
   OpDesc d = describe_op(OpType::all_to_all, input, output);
   d.send_counts = std::move(send_counts);
   d.recv_counts = std::move(recv_counts);
-  d.equal_blocks = equal_blocks;
   return issue(std::move(d));
 }
 

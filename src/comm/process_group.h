@@ -53,11 +53,6 @@ struct OpDesc {
   // A coalesced all_gather or reduce_scatter: each member's block per rank,
   // in elements (see ProcessGroup::all_gather_coalesced); empty otherwise.
   std::vector<int64_t> members;
-  // all_to_all called without counts: equal blocks on every rank, so a
-  // backend may use its equal-block call. With counts, the blocks may differ
-  // by rank (a rank may even send and receive nothing), and every rank must
-  // take the same call: the variable-block one.
-  bool equal_blocks = false;
   uint64_t seq = 0;
 
   // What every rank must agree on: seq, op, dtype, reduce op, root, element
@@ -66,7 +61,8 @@ struct OpDesc {
   // GroupOptions::verify.
   static constexpr size_t kFingerprintHead = 7;
   std::vector<int64_t> fingerprint(int group_size) const;
-  std::string signature() const;  // human-readable summary of the fingerprint
+  void fingerprint(int group_size, std::vector<int64_t>& f) const;  // into f, reusing its memory
+  std::string signature() const;                                    // human-readable summary of the fingerprint
   // A coalesced op: where rank r's block of each member lies on the full
   // side (all_gather's output, reduce_scatter's input), in elements.
   std::vector<int64_t> member_blocks_of_rank(int group_size, int r) const;
@@ -140,7 +136,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                GroupOptions options);
 
   // Start the operation; complete `work` with finish()/fail() (possibly later).
-  virtual void start(const OpDesc& desc, const WorkPtr& work) = 0;
+  virtual void start(std::shared_ptr<const OpDesc> desc, const WorkPtr& work) = 0;
   // Called on every rank of this group: build the group of `members` (ranks of
   // this group, in new-rank order) that this rank belongs to, or take part and
   // return nullptr when color < 0. `split_seq` and `color` identify the split.

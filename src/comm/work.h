@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -59,9 +60,10 @@ class Work {
   Clock::time_point deadline() const { return std::max(issued_at_, last_continued()) + info_.timeout; }
 
   // ---- backend side -------------------------------------------------------
-  // A poller drives progress from the waiting thread (MPI); without one the
-  // backend pushes completion through finish()/fail().
-  void set_poller(std::function<void()> poll) { poller_ = std::move(poll); }
+  // A poller drives progress from the waiting thread (MPI) and returns
+  // whether anything advanced: the waiter gives up its core only when nothing
+  // did. Without one the backend pushes completion through finish()/fail().
+  void set_poller(std::function<bool()> poll) { poller_ = std::move(poll); }
   // Called (at most once) when the deadline passes before completion.
   void set_timeout_handler(std::function<void(Work&)> handler) { on_timeout_ = std::move(handler); }
   void mark_started();
@@ -76,12 +78,12 @@ class Work {
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t recorder_id_;
   Clock::time_point issued_at_;
-  std::function<void()> poller_;
+  std::function<bool()> poller_;
   std::function<void(Work&)> on_timeout_;
   std::once_flag timeout_once_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // set under mu_, after error_; read without it by polling waiters
   std::exception_ptr error_;
 };
 

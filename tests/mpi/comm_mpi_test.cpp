@@ -1,6 +1,8 @@
 // The comm layer on the `mpi` backend, one process per rank under mpirun.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "collective_checks.h"
 #include "mpi_world.h"
 #include "test_util.h"
@@ -60,6 +62,50 @@ TEST(MpiCollectives, ManyCollectivesInFlightCompleteInOrder) {
       mtest::expect_reduced(tensors[k].get(i), mtest::reference_reduce(pg.size(), i, dt, ReduceOp::sum, 1), dt,
                             ReduceOp::sum, fmt::format("tensor {} i {}", k, i));
   }
+}
+
+// A piece longer than what the first message of a collective carries
+// (mpi::FirstStage::kFirstMessageBytes) follows in a second message: blocks on both
+// sides of that length, between every pair of ranks.
+TEST(MpiCollectives, AllToAllAcrossTheInlineLimit) {
+  ProcessGroup& pg = mpi_world();
+  const int n = pg.size(), me = pg.rank();
+  auto count = [](int from, int to) -> int64_t { return (from + to) % 2 ? 3000 + 17 * from : 5 + to; };
+  auto value = [](int from, int to, int64_t k) { return static_cast<float>(10000 * from + 1000 * to + k % 997); };
+  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) send[r] = count(me, r), recv[r] = count(r, me);
+  Tensor in = Tensor::empty({std::accumulate(send.begin(), send.end(), int64_t{0})}, DType::f32);
+  Tensor out = Tensor::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, DType::f32);
+  for (int r = 0, at = 0; r < n; ++r)
+    for (int64_t k = 0; k < send[r]; ++k) in.data<float>()[at++] = value(me, r, k);
+  pg.all_to_all(in, out, send, recv)->wait();
+  for (int r = 0, at = 0; r < n; ++r)
+    for (int64_t k = 0; k < recv[r]; ++k)
+      ASSERT_EQ(out.data<float>()[at++], value(r, me, k)) << "from rank " << r << " element " << k;
+}
+
+// Ranks that disagree across the inline limit: second messages that a peer
+// does not expect, and receives of second messages that never come. Every
+// rank fails with the same error, and the group goes on.
+TEST(MpiErrors, MismatchedSizesAcrossTheInlineLimit) {
+  ProcessGroup& pg = mpi_world();
+  const int n = pg.size();
+  Tensor t = Tensor::zeros({pg.rank() == 1 ? 40000 : 8}, DType::f32);
+  const auto msg = message_of([&] { pg.all_reduce(t)->wait(); });
+  EXPECT_TRUE(contains(msg, "ranks disagree on the element count of all_reduce")) << msg;
+  EXPECT_TRUE(contains(msg, "rank 1: 40000")) << msg;
+  // An op whose first stage carries nothing against one with long pieces.
+  Tensor small = Tensor::zeros({4}, DType::f32), in = Tensor::zeros({20000}, DType::f32),
+         out = Tensor::zeros({20000 * n}, DType::f32);
+  const auto msg2 = message_of([&] {
+    if (pg.rank() == 0)
+      pg.broadcast(small, 0)->wait();
+    else
+      pg.all_gather(in, out)->wait();
+  });
+  EXPECT_TRUE(contains(msg2, "ranks disagree on the operation")) << msg2;
+  mtest::check_all_reduce(pg, DType::f32, ReduceOp::sum, 70001);
+  mtest::check_all_gather(pg, DType::bf16, true);
 }
 
 TEST(MpiErrors, MismatchedSizesFailOnEveryRankAndGroupStaysUsable) {
