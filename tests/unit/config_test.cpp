@@ -57,8 +57,11 @@ TEST(ConfigValues, PrintAsTomlThatReadsBack) {
     text += name.substr(name.find('.') + 1) + " = " + value + "\n";
   }
   { std::ofstream(dir + "/printed.toml") << text; }
-  for (const auto& [name, value] : config_values(c))
-    if (name == "data.path") EXPECT_EQ(value, "\"a \\\"b\\\"\\\\q\\u0009c\\u0001\\u007F\xc3\xa9\"");
+  for (const auto& [name, value] : config_values(c)) {
+    if (name == "data.path") {
+      EXPECT_EQ(value, "\"a \\\"b\\\"\\\\q\\u0009c\\u0001\\u007F\xc3\xa9\"");
+    }
+  }
   meshtrain::config::TrainConfig back;
   ASSERT_NO_THROW(back = meshtrain::config::load_config(dir + "/printed.toml", {})) << text;
   EXPECT_EQ(back.data.path, c.data.path);
