@@ -35,8 +35,10 @@ void LlamaConfig::validate() const {
 }
 
 std::string describe(const LlamaConfig& c) {
-  std::string out = fmt::format("Llama dim {} x {} layers, {} heads ({} kv), ffn {}, vocab {}", c.dim, c.n_layers,
-                                c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size);
+  // A dense MLP's width only where some layer has one.
+  const std::string ffn = c.moe_layers() < c.n_layers ? fmt::format(", ffn {}", c.ffn_dim) : std::string();
+  std::string out = fmt::format("Llama dim {} x {} layers, {} heads ({} kv){}, vocab {}", c.dim, c.n_layers, c.n_heads,
+                                c.n_kv_heads, ffn, c.vocab_size);
   if (c.moe_layers() == 0) return out;
   return out + fmt::format(", {} experts (top {}, ffn {}{}) in layers {}-{}", c.n_experts, c.n_experts_per_token,
                            c.expert_ffn_dim(),

@@ -134,7 +134,8 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& config, const 
                               double aux_weight = 1.0);
 
 // "Llama dim 256 x 6 layers, 16 heads (16 kv), ffn 768, vocab 256", with
-// ", 8 experts (top 2, ffn 32, 1 shared) in layers 1-5" for a mixture of experts.
+// ", 8 experts (top 2, ffn 32, 1 shared) in layers 1-5" for a mixture of
+// experts (and no dense ffn where every layer is one).
 std::string describe(const LlamaConfig& config);
 
 // Every parameter by name: its shape, and Hugging Face Llama's

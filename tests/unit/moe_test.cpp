@@ -437,3 +437,17 @@ TEST(MoeLayouts, ExpertsSplitByExpertOverEpAndDenseOverAllOfDpShard) {
   EXPECT_EQ(parallel::pending_over_data_parallel(mesh, l.given.at(w1), true).to_string(), "RP(sum)S(0)S(1)");
   EXPECT_EQ(parallel::pending_over_data_parallel(mesh, l.given.at(dense), false).to_string(), "RP(sum)P(sum)S(0)");
 }
+
+// The run header's model line: a dense MLP's width only where a layer has one.
+TEST(MoeConfig, DescribeNamesTheDenseWidthOnlyWhereALayerIsDense) {
+  models::LlamaConfig c;
+  c.n_experts = 8;
+  c.moe_ffn_dim = 32;
+  EXPECT_EQ(models::describe(c),
+            "Llama dim 256 x 6 layers, 16 heads (16 kv), vocab 256, 8 experts (top 2, ffn 32) in layers 0-5");
+  c.first_dense_layers = 1;
+  c.n_shared_experts = 1;
+  EXPECT_EQ(models::describe(c),
+            "Llama dim 256 x 6 layers, 16 heads (16 kv), ffn 768, vocab 256, 8 experts (top 2, ffn 32, 1 shared) in "
+            "layers 1-5");
+}
