@@ -21,6 +21,19 @@
 #include "train/signals.h"
 
 int main(int argc, char** argv) {
+  // What goes wrong before a command runs is said by the first process only under mpirun; every process exits.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const bool first = rank == nullptr || std::string_view(rank) == "0";
+  // The stack is fitted first: building and parsing the command line can
+  // overflow a small one (a sanitizer's frames overflowed 64 KiB).
+  try {
+    for (const std::string& note : meshtrain::runtime::fit_cpu_resources())
+      if (first) std::fprintf(stderr, "meshtrain: %s\n", note.c_str());
+  } catch (const std::exception& e) {
+    if (first) std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    return 2;
+  }
+
   CLI::App app{"meshtrain: train transformer language models across many CPU processes and hosts (C++20, MPI)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "meshtrain 0.1.0");
@@ -32,9 +45,6 @@ int main(int argc, char** argv) {
       add_lower_command(app),       add_estimate_command(app),   add_layout_command(app), add_plan_command(app),
       add_pp_schedule_command(app), add_tokenize_command(app),   add_report_command(app)};
 
-  // What goes wrong before a command runs is said by the first process only under mpirun; every process exits.
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const bool first = rank == nullptr || std::string_view(rank) == "0";
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -61,14 +71,6 @@ int main(int argc, char** argv) {
     const std::string where = command.empty() ? "" : command + ": ";
     std::fprintf(stderr, "meshtrain: error: %s%s\nRun `meshtrain %s--help` for the options.\n", where.c_str(), e.what(),
                  command.empty() ? "" : (command + " ").c_str());
-    return 2;
-  }
-
-  try {
-    for (const std::string& note : meshtrain::runtime::fit_cpu_resources())
-      if (first) std::fprintf(stderr, "meshtrain: %s\n", note.c_str());
-  } catch (const std::exception& e) {
-    if (first) std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     return 2;
   }
 

@@ -16,10 +16,10 @@ std::unique_ptr<EvalStep> compile_eval(const config::TrainConfig& config, int wo
   if (world_size > 1) {
     const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
     sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-    const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
+    const bool split_activations = parallel::splits_activations(mesh);
     // The layouts the training step gives the same parameters and batch.
     const parallel::StepLayouts layouts = parallel::step_layouts(
-        mesh, eval->global, forward_roles(eval->model, tensor_parallel, config.parallel.expert_tp > 1),
+        mesh, eval->global, forward_roles(eval->model, split_activations, config.parallel.expert_tp > 1),
         config.parallel);
     eval->layout = lay_out_graph(
         eval->global, planner, rank, layouts.given, layouts.deliver,

@@ -191,10 +191,10 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
   out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
-  const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
+  const bool split_activations = parallel::splits_activations(mesh);
   const parallel::StepLayouts layouts = parallel::step_layouts(
       mesh, g,
-      step_roles(step, tensor_parallel, config.training.reduce_dtype != DType::f32, config.parallel.expert_tp > 1),
+      step_roles(step, split_activations, config.training.reduce_dtype != DType::f32, config.parallel.expert_tp > 1),
       config.parallel);
   LaidOut laid_out = lay_out_graph(g, *out.planner, rank, layouts.given, layouts.deliver,
                                    {.reshard_after_forward = config.parallel.reshard_after_forward,

@@ -54,7 +54,8 @@ models::LlamaGraph build_forward(graph::Graph& g, const models::LlamaConfig& mod
     whole.loss = b.add(whole.loss, m.loss);
     for (size_t l = 0; l < m.expert_load.size(); ++l)
       whole.expert_load[l] = b.add(whole.expert_load[l], m.expert_load[l]);
-    for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits})
+    for (const auto member : {&models::LlamaGraph::residual, &models::LlamaGraph::normed, &models::LlamaGraph::logits,
+                              &models::LlamaGraph::attention_keys})
       (whole.*member).insert((whole.*member).end(), (m.*member).begin(), (m.*member).end());
     whole.param_copies.insert(whole.param_copies.end(), m.param_copies.begin(), m.param_copies.end());
   }
@@ -146,19 +147,20 @@ std::map<graph::ValueId, graph::ValueId> ragged_rows(const models::LlamaGraph& m
   return out;
 }
 
-parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp) {
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool split_activations, bool expert_tp) {
   parallel::StepRoles roles;
   for (const auto& [name, v] : m.params) {
     roles.parameters.push_back(v);
-    if (const auto dim = parallel::llama_tp_dim(name, expert_tp); dim && tensor_parallel) roles.tp_dims[v] = *dim;
+    if (const auto dim = parallel::llama_tp_dim(name, expert_tp); dim && split_activations) roles.tp_dims[v] = *dim;
     if (parallel::llama_is_experts(name)) roles.experts.push_back(v);
   }
   roles.dispatched = dispatched_values(m);
   roles.batch_inputs = {m.tokens, m.targets};
-  if (tensor_parallel) {
+  if (split_activations) {
     roles.residual_stream = m.residual;
     roles.block_inputs = m.normed;
     roles.logits = m.logits;
+    roles.attention_keys = m.attention_keys;
   }
   roles.copies = m.param_copies;
   roles.replicated_outputs = {m.loss};
@@ -172,9 +174,9 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& sg) {
   return out;
 }
 
-parallel::StepRoles step_roles(const TrainStepGraph& sg, bool tensor_parallel, bool reduce_in_compute_dtype,
+parallel::StepRoles step_roles(const TrainStepGraph& sg, bool split_activations, bool reduce_in_compute_dtype,
                                bool expert_tp) {
-  parallel::StepRoles roles = forward_roles(sg.model, tensor_parallel, expert_tp);
+  parallel::StepRoles roles = forward_roles(sg.model, split_activations, expert_tp);
   for (const auto& [name, v] : sg.model.params) {
     roles.states.emplace_back(sg.exp_avg.at(name), v);
     roles.states.emplace_back(sg.exp_avg_sq.at(name), v);

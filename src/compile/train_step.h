@@ -75,8 +75,9 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& step);
 
 // What each value of a forward (build_forward) is to a parallel plan: its
 // parameters (split over tp as Megatron's Llama plan says when
-// `tensor_parallel`), the batch, the residual stream, block inputs and
-// logits (when `tensor_parallel`), the compute-dtype copies and its loss,
+// `split_activations`), the batch, the residual stream, block inputs and
+// logits (when `split_activations`: under tensor or context parallelism,
+// parallel::splits_activations), the compute-dtype copies and its loss,
 // replicated.
 // Expert parallelism: the values laid out by block of experts (dispatched
 // rows and their experts); the dispatched rows, and their gradients, each
@@ -84,12 +85,12 @@ std::vector<graph::ValueId> leading_outputs(const TrainStepGraph& step);
 std::vector<graph::ValueId> dispatched_values(const models::LlamaGraph& m);
 std::map<graph::ValueId, graph::ValueId> ragged_rows(const models::LlamaGraph& m,
                                                      const std::map<graph::ValueId, graph::ValueId>& gradient_of);
-parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool tensor_parallel, bool expert_tp = false);
+parallel::StepRoles forward_roles(const models::LlamaGraph& m, bool split_activations, bool expert_tp = false);
 // What each value of the step is to a parallel plan: forward_roles, and the
 // parameters' optimizer states and gradients, the gradient norm (replicated)
 // and the write-backs; with `reduce_in_compute_dtype`, the compute-dtype
 // copies of parameters whose gradients are reduced before they are widened.
-parallel::StepRoles step_roles(const TrainStepGraph& step, bool tensor_parallel, bool reduce_in_compute_dtype = false,
+parallel::StepRoles step_roles(const TrainStepGraph& step, bool split_activations, bool reduce_in_compute_dtype = false,
                                bool expert_tp = false);
 
 }  // namespace meshtrain::compile

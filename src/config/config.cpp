@@ -378,6 +378,11 @@ const std::vector<Key>& keys() {
           "experts split over this many of the dp_shard ranks, tokens sent to their experts' ranks and back by "
           "all_to_all"),
       number_key<int64_t>(
+          "parallel.cp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.cp; }, pos,
+          "a positive integer: context parallelism, every activation split on the sequence over this many ranks "
+          "(2 x cp must divide data.seq_len: each rank holds two load-balanced chunks); weights FSDP-sharded over "
+          "dp_shard x cp; attention all-gathers the keys and values"),
+      number_key<int64_t>(
           "parallel.expert_tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.expert_tp; }, pos,
           "1 or parallel.tp: the routed experts' weights also split Megatron-style over tp (1: whole on each tp "
           "rank)"),
@@ -572,6 +577,17 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   MT_CHECK(c.parallel.expert_tp == 1 || c.parallel.expert_tp == c.parallel.tp,
            "config: parallel.expert_tp {} must be 1 or parallel.tp {}", c.parallel.expert_tp, c.parallel.tp);
   c.model.dispatch_blocks = c.parallel.ep;
+  const int64_t cp = c.parallel.cp;
+  MT_CHECK(cp == 1 || c.data.seq_len % (2 * cp) == 0,
+           "config: data.seq_len {} must divide by 2 x parallel.cp ({}): context parallelism gives each rank two "
+           "load-balanced chunks of the sequence",
+           c.data.seq_len, 2 * cp);
+  MT_CHECK(cp == 1 || c.model.n_experts == 0,
+           "config: parallel.cp {} with a mixture of experts (model.n_experts {}) is not supported yet", cp,
+           c.model.n_experts);
+  MT_CHECK(cp == 1 || c.parallel.pp == 1, "config: parallel.cp {} with parallel.pp {} is not supported yet", cp,
+           c.parallel.pp);
+  c.model.seq_chunks = cp > 1 ? 2 * cp : 1;
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");

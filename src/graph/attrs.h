@@ -85,6 +85,11 @@ inline constexpr AttrKey<int64_t> vocab{"vocab"};
 inline constexpr AttrKey<double> theta{"theta"};
 inline constexpr AttrKey<bool> inverse{"inverse"};  // rope: rotate by -angle (its backward)
 inline constexpr AttrKey<double> scale{"scale"};    // attention's softmax scale
+// Context parallelism (graph/sequence_order.h): the sequence stored in
+// `seq_chunks` load-balanced chunks (absent or 1: in position order),
+// `seq_total` long, of which an operand holds rows from `seq_first` on
+// (lowering sets the last two on each rank's node).
+inline constexpr AttrKey<int64_t> seq_chunks{"seq_chunks"}, seq_first{"seq_first"}, seq_total{"seq_total"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

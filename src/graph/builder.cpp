@@ -59,9 +59,18 @@ ValueId Builder::embedding_backward(ValueId ids, ValueId dout, int64_t vocab) {
   return op("embedding_backward", {ids, dout}, {attr::vocab(vocab)});
 }
 
-ValueId Builder::rope(ValueId x, double theta) { return op("rope", {x}, {attr::theta(theta), attr::inverse(false)}); }
-ValueId Builder::attention(ValueId q, ValueId k, ValueId v, double scale) {
-  return op_outputs("attention", {q, k, v}, {attr::scale(scale)})[0];
+ValueId Builder::rope(ValueId x, double theta, int64_t seq_chunks) {
+  Attrs attrs{attr::theta(theta), attr::inverse(false)};
+  if (seq_chunks > 1) attrs.set(attr::seq_chunks, seq_chunks);
+  return op("rope", {x}, attrs);
+}
+ValueId Builder::attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks) {
+  Attrs attrs{attr::scale(scale)};
+  if (seq_chunks > 1) attrs.set(attr::seq_chunks, seq_chunks);
+  return op_outputs("attention", {q, k, v}, attrs)[0];
+}
+ValueId Builder::reorder_sequence(ValueId x, int64_t seq_chunks, bool inverse) {
+  return op("reorder_sequence", {x}, {attr::seq_chunks(seq_chunks), attr::inverse(inverse)});
 }
 ValueId Builder::swiglu(ValueId gate, ValueId up) { return op("swiglu", {gate, up}); }
 ValueId Builder::moe_topk(ValueId probs, int64_t k) { return op("moe_topk", {probs}, {attr::top_k(k)}); }

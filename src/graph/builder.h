@@ -43,9 +43,14 @@ class Builder {
   ValueId embedding(ValueId table, ValueId ids);  // ids i64 -> [..., dim]
 
   // Rotary embedding (HF rotate-half) of x [B, T, H, D] at positions 0..T-1.
-  ValueId rope(ValueId x, double theta);
-  // Causal attention, q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D].
-  ValueId attention(ValueId q, ValueId k, ValueId v, double scale);
+  // `seq_chunks` > 1: the sequence (dim 1) is in context parallelism's
+  // load-balanced order of that many chunks (graph/sequence_order.h).
+  ValueId rope(ValueId x, double theta, int64_t seq_chunks = 1);
+  // Causal attention, q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D];
+  // q in the load-balanced order of `seq_chunks` chunks, k and v in position order.
+  ValueId attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks = 1);
+  // x [B, T, ...] into the load-balanced order of `seq_chunks` chunks, or back.
+  ValueId reorder_sequence(ValueId x, int64_t seq_chunks, bool inverse = false);
   ValueId swiglu(ValueId gate, ValueId up);  // silu(gate) * up
   ValueId slice(ValueId x, int dim, int64_t start, int64_t length);
   ValueId concat(const std::vector<ValueId>& xs, int dim);

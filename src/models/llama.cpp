@@ -268,6 +268,11 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
   m.params = params;
   if (span.embedding) m.tokens = input;
   m.targets = targets;
+  // Context parallelism: the tokens and targets in load-balanced order, so
+  // that each cp rank's part of the sequence is as much work as another's.
+  const int64_t chunks = c.seq_chunks;
+  MT_CHECK(chunks == 1 || (chunks % 2 == 0 && seq_len % chunks == 0),
+           "the sequence of {} does not cut into {} load-balanced chunks (2 x parallel.cp)", seq_len, chunks);
   const int64_t hd = c.head_dim();
   // A parameter as the compute sees it: a fresh copy per use when computing
   // in another dtype, so each use's gradient is accumulated in the master dtype.
@@ -283,7 +288,8 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
   graph::ValueId h = input;
   if (span.embedding) {
     graph::ScopeGuard scope(g, "tok_embeddings");
-    h = b.embedding(use("model.embed_tokens.weight"), m.tokens);  // [B, T, D]
+    const graph::ValueId tokens = chunks > 1 ? b.reorder_sequence(m.tokens, chunks) : m.tokens;
+    h = b.embedding(use("model.embed_tokens.weight"), tokens);  // [B, T, D]
     m.residual.push_back(h);
   }
   for (int64_t i = span.first_layer; i < end_layer; ++i) {
@@ -297,12 +303,17 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     }
     {
       graph::ScopeGuard scope(g, "attention");
-      const auto q =
-          b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}), c.rope_theta);
-      const auto k =
-          b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}), c.rope_theta);
-      const auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
-      attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {batch, seq_len, c.dim});
+      const auto q = b.rope(b.reshape(linear(x, p + "self_attn.q_proj.weight"), {batch, seq_len, c.n_heads, hd}),
+                            c.rope_theta, chunks);
+      auto k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}),
+                      c.rope_theta, chunks);
+      auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
+      if (chunks > 1) {  // the keys whole and in position order (all-gathered under context parallelism)
+        k = b.reorder_sequence(k, chunks, true);
+        v = b.reorder_sequence(v, chunks, true);
+        m.attention_keys.insert(m.attention_keys.end(), {k, v});
+      }
+      attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), chunks), {batch, seq_len, c.dim});
       h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
       m.residual.push_back(h);
     }
@@ -342,8 +353,11 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     logits = linear(h, c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   }
   graph::ScopeGuard scope(g, "loss");
-  const graph::ValueId flat_logits = b.reshape(logits, {batch * seq_len, c.vocab_size});
-  const graph::ValueId flat_targets = b.reshape(m.targets, {batch * seq_len});
+  // Under context parallelism the logits stay [B, T, V], split by sequence
+  // (rows of [B * T, V] would not be a split a layout can say).
+  const graph::ValueId flat_logits = chunks > 1 ? logits : b.reshape(logits, {batch * seq_len, c.vocab_size});
+  const graph::ValueId flat_targets =
+      chunks > 1 ? b.reorder_sequence(m.targets, chunks) : b.reshape(m.targets, {batch * seq_len});
   m.logits.push_back(flat_logits);
   m.loss = m.ce_loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
                                   : b.cross_entropy(flat_logits, flat_targets, -100, count);

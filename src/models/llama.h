@@ -44,6 +44,10 @@ struct LlamaConfig {
   // builds each MoE layer's expert rows dispatched into this many blocks of
   // experts (the same numbers; 1: not dispatched).
   int64_t dispatch_blocks = 1;
+  // Not a [model] key: 2 x context parallelism's degree (parallel.cp) when
+  // it is over 1: the sequence then runs in that many load-balanced chunks
+  // (graph/sequence_order.h); 1: in position order.
+  int64_t seq_chunks = 1;
   void validate() const;  // throws naming the inconsistent keys
   int64_t head_dim() const { return dim / n_heads; }
   bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
@@ -62,7 +66,10 @@ struct LlamaGraph {
   std::vector<graph::ValueId> residual;
   // The RMSNorm outputs [B, T, D] that feed attention, the MLP and the LM head.
   std::vector<graph::ValueId> normed;
-  std::vector<graph::ValueId> logits;  // [B * T, vocab], what the loss reads
+  std::vector<graph::ValueId> logits;  // [B * T, vocab] ([B, T, vocab] with seq_chunks > 1), what the loss reads
+  // With seq_chunks > 1, each layer's keys and values [B, T, Hkv, hd] in
+  // position order: what context parallelism holds whole on every cp rank.
+  std::vector<graph::ValueId> attention_keys;
   // Each use of a parameter in the compute dtype, when it differs from the
   // parameters': (the copy, the parameter).
   std::vector<std::pair<graph::ValueId, graph::ValueId>> param_copies;

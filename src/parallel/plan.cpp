@@ -1,5 +1,7 @@
 #include "parallel/plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -11,31 +13,39 @@ namespace meshtrain::parallel {
 sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.dp_replicate >= 1, "parallel.dp_replicate must be >= 1, got {}", c.dp_replicate);
   MT_CHECK(c.tp >= 1, "parallel.tp must be >= 1, got {}", c.tp);
+  MT_CHECK(c.cp >= 1, "parallel.cp must be >= 1, got {}", c.cp);
+  MT_CHECK(c.cp == 1 || c.ep == 1, "parallel.cp {} with parallel.ep {} is not supported yet", c.cp, c.ep);
   MT_CHECK(c.dp_shard >= 1 || c.dp_shard == -1, "parallel.dp_shard must be >= 1 or -1 (the ranks left over), got {}",
            c.dp_shard);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
   // Products checked, so that degrees whose product overflows (2^62 + 1 each) are never taken for a fit.
-  int64_t others = 0;
-  const bool others_overflow = __builtin_mul_overflow(c.dp_replicate, c.tp, &others);
+  int64_t others = 0, with_cp = 0;
+  const bool others_overflow =
+      __builtin_mul_overflow(c.dp_replicate, c.tp, &with_cp) || __builtin_mul_overflow(with_cp, c.cp, &others);
+  const std::string cp_term = c.cp > 1 ? fmt::format(" x parallel.cp ({})", c.cp) : "";
   int64_t dp_shard = c.dp_shard;
   if (dp_shard == -1) {
     MT_CHECK(!others_overflow && world_size % others == 0,
-             "{} ranks do not divide by parallel.dp_replicate ({}) x parallel.tp ({})", world_size, c.dp_replicate,
-             c.tp);
+             "{} ranks do not divide by parallel.dp_replicate ({}){} x parallel.tp ({})", world_size, c.dp_replicate,
+             cp_term, c.tp);
     dp_shard = world_size / others;
   }
   int64_t product = 0;
   const bool overflow = others_overflow || __builtin_mul_overflow(others, dp_shard, &product);
   MT_CHECK(!overflow && product == world_size,
-           "parallel.dp_replicate ({}) x parallel.dp_shard ({}) x parallel.tp ({}) = {}, but the job has {} ranks",
-           c.dp_replicate, dp_shard, c.tp, overflow ? std::string("more than 2^63") : std::to_string(product),
+           "parallel.dp_replicate ({}) x parallel.dp_shard ({}){} x parallel.tp ({}) = {}, but the job has {} ranks",
+           c.dp_replicate, dp_shard, cp_term, c.tp, overflow ? std::string("more than 2^63") : std::to_string(product),
            world_size);
   MT_CHECK(c.ep >= 1 && dp_shard % c.ep == 0,
            "parallel.ep {} must divide parallel.dp_shard {} (expert parallelism takes its ranks from dp_shard)", c.ep,
            dp_shard);
   MT_CHECK(c.expert_tp == 1 || c.expert_tp == c.tp, "parallel.expert_tp {} must be 1 or parallel.tp {}", c.expert_tp,
            c.tp);
+  if (c.cp > 1)
+    return sharding::DeviceMesh(
+        {static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.cp), static_cast<int>(c.tp)},
+        {"dp_replicate", "dp_shard", "cp", "tp"});
   if (c.ep == 1)
     return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.tp)},
                                 {"dp_replicate", "dp_shard", "tp"});
@@ -45,10 +55,13 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
 }
 
 namespace {
-int ep_dim_of(const sharding::DeviceMesh& mesh) {
+// The index of the mesh dim of this name, or -1 where the mesh has none.
+int optional_dim(const sharding::DeviceMesh& mesh, const char* name) {
   const auto& names = mesh.names();
-  return std::find(names.begin(), names.end(), "ep") != names.end() ? mesh.dim_index("ep") : -1;
+  return std::find(names.begin(), names.end(), name) != names.end() ? mesh.dim_index(name) : -1;
 }
+int ep_dim_of(const sharding::DeviceMesh& mesh) { return optional_dim(mesh, "ep"); }
+int cp_dim_of(const sharding::DeviceMesh& mesh) { return optional_dim(mesh, "cp"); }
 }  // namespace
 
 std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh) {
@@ -63,11 +76,18 @@ int64_t data_parallel_degree(const sharding::DeviceMesh& mesh) {
   return n;
 }
 
+bool splits_activations(const sharding::DeviceMesh& mesh) {
+  const int cp = cp_dim_of(mesh);
+  return mesh.size(mesh.dim_index("tp")) > 1 || (cp >= 0 && mesh.size(cp) > 1);
+}
+
 sharding::Layout pending_over_data_parallel(const sharding::DeviceMesh& mesh, const sharding::Layout& kept,
                                             bool experts) {
   std::vector<sharding::Placement> placements = kept.placements;
   const int ep = ep_dim_of(mesh);
-  for (int d : data_parallel_dims(mesh))
+  std::vector<int> dims = data_parallel_dims(mesh);
+  if (const int cp = cp_dim_of(mesh); cp >= 0) dims.push_back(cp);  // each cp rank's part of the sequence
+  for (int d : dims)
     if (mesh.size(d) > 1 && !(experts && d == ep)) placements[static_cast<size_t>(d)] = sharding::Placement::partial();
   return sharding::Layout::from_placements(std::move(placements));
 }
@@ -78,8 +98,8 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
   using sharding::Placement;
   const auto replicate = static_cast<size_t>(mesh.dim_index("dp_replicate")),
              shard = static_cast<size_t>(mesh.dim_index("dp_shard")), tp = static_cast<size_t>(mesh.dim_index("tp"));
-  const int ep_dim = ep_dim_of(mesh);
-  const auto ep = static_cast<size_t>(ep_dim);
+  const int ep_dim = ep_dim_of(mesh), cp_dim = cp_dim_of(mesh);
+  const auto ep = static_cast<size_t>(ep_dim), cp = static_cast<size_t>(cp_dim);
   const auto ndim = static_cast<size_t>(mesh.ndim());
   // A mesh dim of one rank splits nothing: its placement is Replicate, so
   // layouts read as what they do.
@@ -102,17 +122,19 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     // (each ep rank may hold a single expert); without ep, as dense.
     placements[shard] = split(shard, expert && ep_dim >= 0 ? 1 : 0);
     if (ep_dim >= 0) placements[ep] = split(ep, 0);
+    if (cp_dim >= 0) placements[cp] = split(cp, 0);  // FSDP over dp_shard x cp
     const auto tp_dim = roles.tp_dims.find(p);
     if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);
     Layout l = Layout::from_placements(std::move(placements));
     // Where tp and data parallel split one dim, tp splits it first, then
     // FSDP each part (so gathering over dp_shard gives that part whole, as
     // torchtitan's strided shards do).
-    if (tp_dim != roles.tp_dims.end() && l.shard_sequence(tp_dim->second).size() >= 2) {
+    if (tp_dim != roles.tp_dims.end() && l.placements[tp].is_sharding() &&
+        l.shard_sequence(tp_dim->second).size() >= 2) {
       int next = 0;
       l.order[tp] = next++;
-      for (const size_t d : {shard, ep})
-        if (ep_dim >= 0 || d == shard)
+      for (const size_t d : {shard, ep, cp})
+        if (d == shard || (d == ep && ep_dim >= 0) || (d == cp && cp_dim >= 0))
           if (l.placements[d].is_sharding() && l.placements[d].dim == tp_dim->second) l.order[d] = next++;
     }
     return l;
@@ -124,17 +146,31 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     out.given[v] = l;
     if (const auto it = roles.gradient_of.find(v); it != roles.gradient_of.end()) out.given[it->second] = gradient;
   };
-  std::vector<Placement> residual = batch;
+  // Activations [batch, seq, ...]: the batch's rows, and with context
+  // parallelism split on the sequence over cp (the tokens themselves whole
+  // there: each cp rank picks its part, graph/sequence_order.h).
+  std::vector<Placement> activations = batch;
+  if (cp_dim >= 0) activations[cp] = split(cp, 1);
+  const Layout block_input_layout = Layout::from_placements(activations);
+  std::vector<Placement> residual = activations;
   if (config.sequence_parallel) residual[tp] = split(tp, 1);
   const Layout residual_layout = Layout::from_placements(residual);
   for (graph::ValueId v : roles.residual_stream) pin(v, residual_layout, residual_layout);
-  for (graph::ValueId v : roles.block_inputs) pin(v, batch_layout, residual_layout);
-  if (config.loss_parallel) {
-    std::vector<Placement> vocab_split = batch;  // rows: the batch's
-    vocab_split[tp] = split(tp, 1);
-    for (graph::ValueId v : roles.logits)
-      pin(v, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
+  for (graph::ValueId v : roles.block_inputs) pin(v, block_input_layout, residual_layout);
+  if (cp_dim >= 0) {  // the keys whole on each cp rank (their heads split over tp)
+    std::vector<Placement> whole = batch;
+    whole[tp] = split(tp, 2);
+    std::vector<Placement> partial = whole;
+    partial[cp] = mesh.size(cp_dim) > 1 ? Placement::partial() : Placement::replicate();
+    for (graph::ValueId v : roles.attention_keys)
+      pin(v, Layout::from_placements(whole), Layout::from_placements(partial));
   }
+  if (config.loss_parallel)
+    for (graph::ValueId v : roles.logits) {  // [rows, vocab], or [batch, seq, vocab] under cp
+      std::vector<Placement> vocab_split = activations;
+      vocab_split[tp] = split(tp, static_cast<int>(g.value(v).info.shape.rank()) - 1);
+      pin(v, Layout::from_placements(vocab_split), Layout::from_placements(vocab_split));
+    }
   if (ep_dim >= 0) {  // dispatched rows [blocks, batch, ...]: by block over ep, the batch one dim in
     std::vector<Placement> by_block(ndim);
     by_block[replicate] = split(replicate, 1);

@@ -29,6 +29,10 @@ struct ParallelConfig {
   // over the rest of; tokens go to their experts' ranks and back by all_to_all.
   int64_t ep = 1;
   int64_t expert_tp = 1;  // 1 or tp: the routed experts also split Megatron-style over tp
+  // Context parallelism: every activation split on the sequence over `cp`
+  // ranks (load-balanced chunks, graph/sequence_order.h); the weights
+  // FSDP-sharded over dp_shard x cp.
+  int64_t cp = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
@@ -56,15 +60,18 @@ struct ParallelConfig {
   int64_t microbatches() const { return pp_microbatches > 0 ? pp_microbatches : pp * stages_per_rank(); }
 };
 
-// The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks, or with ep > 1
-// (dp_replicate, dp_shard, ep, tp), its dp_shard dim then dp_shard / ep
-// ranks. Throws naming the [parallel] key when the degrees do not multiply
+// The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks; with cp > 1
+// (dp_replicate, dp_shard, cp, tp); with ep > 1 (dp_replicate, dp_shard,
+// ep, tp), its dp_shard dim then dp_shard / ep ranks. Throws naming the [parallel] key when the degrees do not multiply
 // to the world size or ep does not divide dp_shard.
 sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
 // The mesh dims that split the batch (dp_replicate, dp_shard and ep), and
 // how many ranks they hold together.
 std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh);
 int64_t data_parallel_degree(const sharding::DeviceMesh& mesh);
+// Whether the mesh splits activations besides the batch (tp or cp over one
+// rank): their layouts are then pinned (StepRoles::residual_stream, ...).
+bool splits_activations(const sharding::DeviceMesh& mesh);
 
 // The values of a training step a plan lays out.
 struct StepRoles {
@@ -82,10 +89,14 @@ struct StepRoles {
   // dim 1: an MoE layer's rows dispatched to the experts and back, and
   // their experts (graph/ops/moe.cpp's moe_dispatch).
   std::vector<graph::ValueId> dispatched;
-  std::vector<graph::ValueId> residual_stream;           // [batch, seq, dim] values between blocks
-  std::vector<graph::ValueId> block_inputs;              // [batch, seq, dim] normed values a tp block starts from
-  std::vector<graph::ValueId> logits;                    // [batch * seq, vocab]: what the loss reads
-  std::map<graph::ValueId, graph::ValueId> gradient_of;  // forward value -> its gradient
+  std::vector<graph::ValueId> residual_stream;  // [batch, seq, dim] values between blocks
+  std::vector<graph::ValueId> block_inputs;     // [batch, seq, dim] normed values a tp block starts from
+  std::vector<graph::ValueId> logits;           // [batch * seq, vocab]: what the loss reads
+  // Under context parallelism: attention's keys and values [batch, seq, kv
+  // heads, head dim] in position order, whole on every cp rank (all-gathered),
+  // their gradients partial sums there.
+  std::vector<graph::ValueId> attention_keys;
+  std::map<graph::ValueId, graph::ValueId> gradient_of;          // forward value -> its gradient
   std::map<graph::ValueId, graph::ValueId> applied_gradient_of;  // parameter -> the (clipped) gradient its update reads
   // (compute-dtype copy, parameter): each copy lies like its parameter (the
   // cast runs on the parameter's shard, and FSDP gathers the copy).
@@ -126,7 +137,11 @@ struct StepLayouts {
 // with ep, the batch is split over ep too and dense weights FSDP-sharded
 // over dp_shard and ep; the experts and the dispatched rows lie by expert
 // over ep (StepRoles::experts, dispatched), their gradients reduced over
-// the other data-parallel dims only.
+// the other data-parallel dims only. On the mesh with cp, the weights are
+// FSDP-sharded over dp_shard and cp, the batch inputs whole over cp, the
+// residual stream and block inputs split on the sequence (dim 1) there,
+// and attention's keys and values whole (StepRoles::attention_keys), their
+// gradients partial sums.
 StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g, const StepRoles& roles,
                          const ParallelConfig& config = {});
 

@@ -209,6 +209,40 @@ TEST(GradCheck, CausalGroupedQueryAttention) {
             [](Builder& b, const std::vector<ValueId>& x) { return b.attention(x[0], x[1], x[2], 0.57); });
 }
 
+// Context parallelism's load-balanced order (4 chunks of 2): the queries
+// moved into it, rope and attention reading their positions from it, the
+// keys moved back to position order, as the model builds them.
+ValueId load_balanced_attention(Builder& b, ValueId q, ValueId k, ValueId v, int64_t chunks) {
+  const ValueId qs = b.rope(b.reorder_sequence(q, chunks), 500.0, chunks);
+  const ValueId ks = b.reorder_sequence(b.rope(b.reorder_sequence(k, chunks), 500.0, chunks), chunks, true);
+  return b.attention(qs, ks, v, 0.57, chunks);
+}
+
+TEST(GradCheck, LoadBalancedRopeAndAttention) {
+  gradcheck({{{2, 8, 4, 4}}, {{2, 8, 2, 4}}, {{2, 8, 2, 4}}},
+            [](Builder& b, const std::vector<ValueId>& x) { return load_balanced_attention(b, x[0], x[1], x[2], 4); });
+}
+
+// The same attention in either order: the load-balanced result, moved back
+// to position order, is the position-order result.
+TEST(Attention, LoadBalancedOrderGivesThePositionOrderResult) {
+  std::mt19937 rng(5);
+  Graph g;
+  Builder b(g);
+  const Shape qs{2, 12, 4, 4}, ks{2, 12, 2, 4};
+  const ValueId q = g.add_input("q", qs, DType::f64), k = g.add_input("k", ks, DType::f64),
+                v = g.add_input("v", ks, DType::f64);
+  const ValueId natural = b.attention(b.rope(q, 500.0), b.rope(k, 500.0), v, 0.57);
+  const ValueId balanced = b.reorder_sequence(load_balanced_attention(b, q, k, v, 6), 6, true);
+  runtime::Executor ex(g, sched::make_schedule(g, {natural, balanced}));
+  ex.bind(q, random_tensor(qs, rng));
+  ex.bind(k, random_tensor(ks, rng));
+  ex.bind(v, random_tensor(ks, rng));
+  ex.run();
+  const auto want = ex.fetch(natural).data<const double>(), got = ex.fetch(balanced).data<const double>();
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-13) << i;
+}
+
 TEST(GradCheck, SwiGluSliceConcat) {
   gradcheck({{{3, 5}}, {{3, 5}}, {{3, 2}}}, [](Builder& b, const std::vector<ValueId>& x) {
     const ValueId h = b.swiglu(x[0], x[1]);

@@ -101,13 +101,71 @@ TEST(Attention, BlockedMatchesNaiveAcrossBlocks) {
   }
   const NaiveAttention want(q, k, v, dout, T, D, scale);
   std::vector<double> out(q.size()), lse(static_cast<size_t>(T)), dq(q.size()), dk(q.size()), dv(q.size());
-  kernels::cpu::attention(q.data(), k.data(), v.data(), out.data(), lse.data(), 1, T, 1, 1, D, scale);
+  const kernels::cpu::AttentionShape shape{1, T, T, 1, 1, D, {}};
+  kernels::cpu::attention(q.data(), k.data(), v.data(), out.data(), lse.data(), shape, scale);
   EXPECT_LT(max_abs_diff(out.data(), want.out), 1e-12);
   kernels::cpu::attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                                   dk.data(), dv.data(), 1, T, 1, 1, D, scale);
+                                   dk.data(), dv.data(), shape, scale);
   EXPECT_LT(max_abs_diff(dq.data(), want.dq), 1e-11);
   EXPECT_LT(max_abs_diff(dk.data(), want.dk), 1e-11);
   EXPECT_LT(max_abs_diff(dv.data(), want.dv), 1e-11);
+}
+
+// Context parallelism: each of cp = 3 ranks holds its two load-balanced
+// chunks of the queries (of 6 chunks of 100) and every key in position
+// order. Its rows of out and dQ are the whole attention's rows at their
+// positions; its dK and dV, summed over the ranks, the whole dK and dV.
+TEST(Attention, LoadBalancedQueryPartsMatchTheirPositions) {
+  const int64_t T = 600, D = 5, cp = 3, part = T / cp;
+  const double scale = 0.7;
+  std::mt19937 rng(12);
+  std::vector<double> q, k, v, dout;
+  for (auto* x : {&q, &k, &v, &dout}) {
+    const Tensor r = random_tensor({T, D}, DType::f64, rng);
+    x->assign(r.data<const double>().begin(), r.data<const double>().end());
+  }
+  const NaiveAttention want(q, k, v, dout, T, D, scale);
+  std::vector<double> dk_sum(k.size(), 0), dv_sum(k.size(), 0);
+  for (int64_t r = 0; r < cp; ++r) {
+    const kernels::cpu::AttentionShape shape{1, part, T, 1, 1, D, {T, 2 * cp, r * part}};
+    // This rank's rows, gathered from their positions.
+    std::vector<double> q_part, dout_part;
+    for (int64_t i = 0; i < part; ++i)
+      for (int64_t c = 0; c < D; ++c) {
+        q_part.push_back(q[static_cast<size_t>(shape.queries.position(i) * D + c)]);
+        dout_part.push_back(dout[static_cast<size_t>(shape.queries.position(i) * D + c)]);
+      }
+    std::vector<double> out(q_part.size()), lse(static_cast<size_t>(part)), dq(q_part.size()), dk(k.size()),
+        dv(k.size());
+    kernels::cpu::attention(q_part.data(), k.data(), v.data(), out.data(), lse.data(), shape, scale);
+    kernels::cpu::attention_backward(q_part.data(), k.data(), v.data(), out.data(), lse.data(), dout_part.data(),
+                                     dq.data(), dk.data(), dv.data(), shape, scale);
+    for (int64_t i = 0; i < part; ++i)
+      for (int64_t c = 0; c < D; ++c) {
+        const auto at = static_cast<size_t>(shape.queries.position(i) * D + c), mine = static_cast<size_t>(i * D + c);
+        ASSERT_NEAR(out[mine], want.out[at], 1e-12) << "rank " << r << " row " << i;
+        ASSERT_NEAR(dq[mine], want.dq[at], 1e-11) << "rank " << r << " row " << i;
+      }
+    for (size_t i = 0; i < k.size(); ++i) {
+      dk_sum[i] += dk[i];
+      dv_sum[i] += dv[i];
+    }
+  }
+  EXPECT_LT(max_abs_diff(dk_sum.data(), want.dk), 1e-11);
+  EXPECT_LT(max_abs_diff(dv_sum.data(), want.dv), 1e-11);
+}
+
+TEST(SequenceOrder, HeadTailChunksAndBack) {
+  const graph::SequenceOrder whole{12, 4, 0};  // cp 2: chunks of 3, stored as 0, 3, 1, 2
+  const std::vector<int64_t> want{0, 1, 2, 9, 10, 11, 3, 4, 5, 6, 7, 8};
+  for (int64_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(whole.position(i), want[static_cast<size_t>(i)]) << i;
+    EXPECT_EQ(whole.stored_index(whole.position(i)), i) << i;
+  }
+  const graph::SequenceOrder second_rank{12, 4, 6};
+  EXPECT_EQ(second_rank.position(0), 3);
+  EXPECT_EQ(second_rank.position(5), 8);
+  EXPECT_EQ((graph::SequenceOrder{12, 1, 5}.position(2)), 7);  // position order: first + i
 }
 
 TEST(Kernels, FastExpWithinTwoUlpAndLimits) {
@@ -404,10 +462,10 @@ void check_bf16_attention(bool dot) {
   ASSERT_EQ(kernels::cpu::bf16_dot_enabled(), dot);
   std::vector<bfloat16> out(c.q.size()), dq(c.q.size()), dk(c.k.size()), dv(c.k.size());
   std::vector<float> lse(static_cast<size_t>(C::B * C::Hq * C::T));
-  kernels::cpu::attention(c.q.data(), c.k.data(), c.v.data(), out.data(), lse.data(), C::B, C::T, C::Hq, C::Hkv, C::D,
-                          C::scale);
+  const kernels::cpu::AttentionShape shape{C::B, C::T, C::T, C::Hq, C::Hkv, C::D, {}};
+  kernels::cpu::attention(c.q.data(), c.k.data(), c.v.data(), out.data(), lse.data(), shape, C::scale);
   kernels::cpu::attention_backward(c.q.data(), c.k.data(), c.v.data(), out.data(), lse.data(), c.dout.data(), dq.data(),
-                                   dk.data(), dv.data(), C::B, C::T, C::Hq, C::Hkv, C::D, C::scale);
+                                   dk.data(), dv.data(), shape, C::scale);
   kernels::cpu::set_bf16_dot_enabled(before);
   // bf16 outputs round at 2^-9; the dot path also rounds P and dS to bf16.
   // Measured (out, dQ, dK, dV): AVX512_BF16 path 2.4e-3 to 3.7e-3; generic

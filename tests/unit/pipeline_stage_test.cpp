@@ -92,13 +92,13 @@ TEST(PipelineStage, ZeroBubbleLeavesTheWeightGradientMatmulsToTheWeightHalf) {
     EXPECT_EQ(last.forward.graph.node(n).phase, graph::Phase::forward);
   EXPECT_EQ(last.forward.outputs.front(), last.output);
   // The input half ends in the gradient sent back; the weight half computes
-  // every linear weight's gradient, each a matmul, and nothing the input half needs.
+  // every linear weight's gradient, each a rows_matmul, and nothing the input half needs.
   ASSERT_TRUE(last.input_gradient.valid());
   EXPECT_EQ(last.backward_input.outputs.front(), last.input_gradient);
   std::set<std::string> weight_ops;
   for (const graph::NodeId n : last.backward_weight.graph.order())
     weight_ops.insert(last.backward_weight.graph.node(n).op->name);
-  EXPECT_TRUE(weight_ops.contains("matmul"));
+  EXPECT_TRUE(weight_ops.contains("rows_matmul"));
   int linear_weights = 0;
   for (size_t i = 0; i < last.parameter_names.size(); ++i) {
     if (last.joint.value(last.parameters[i]).info.shape.rank() != 2) continue;

@@ -322,14 +322,37 @@ TEST(SpmdStrategies, SplitLoss) {
 
 TEST(SpmdStrategies, RopeAndAttention) {
   const ValueInfo q{{3, 5, 12, 4}, f64}, kv{{3, 5, 6, 4}, f64}, lse{{3, 12, 5}, f64};
-  int checked =
-      check_strategies({"rope", {q}, {attr::theta(10000.0), attr::inverse(false)}}, 1e-13);  // S(0), S(2), P, R
-  checked += check_strategies({"attention", {q, kv, kv}, {attr::scale(0.5)}}, 1e-13);        // batch, heads, R
+  // rope: S(0), S(2), P, the sequence (each part at its positions: 3 and 2, or 2, 2 and 1), R; attention and its
+  // backward: the batch, the heads, the queries' sequence (the keys whole), R.
+  int checked = check_strategies({"rope", {q}, {attr::theta(10000.0), attr::inverse(false)}}, 1e-13);
+  checked += check_strategies({"attention", {q, kv, kv}, {attr::scale(0.5)}}, 1e-13);
   checked += check_strategies({"attention_backward", {q, kv, kv, q, lse, q}, {attr::scale(0.5)}}, 1e-12);
-  EXPECT_EQ(checked, 2 * (4 + 3 + 3));
+  EXPECT_EQ(checked, 2 * (5 + 4 + 4));
   // Three kv heads do not split over two ranks: the heads strategy is skipped there, on three it holds.
   const ValueInfo q6{{3, 5, 6, 4}, f64}, kv3{{3, 5, 3, 4}, f64};
-  EXPECT_EQ(check_strategies({"attention", {q6, kv3, kv3}, {attr::scale(0.5)}}, 1e-13), 2 + 1 + 2);
+  EXPECT_EQ(check_strategies({"attention", {q6, kv3, kv3}, {attr::scale(0.5)}}, 1e-13), 3 + 2 + 2);
+}
+
+// Context parallelism's load-balanced order of 12 chunks of 1 (a sequence of
+// 12): split over 2 and 3 ranks, each rank's part is chunks from both ends.
+TEST(SpmdStrategies, LoadBalancedSequence) {
+  const ValueInfo q{{2, 12, 4, 4}, f64}, kv{{2, 12, 2, 4}, f64}, lse{{2, 4, 12}, f64}, tokens{{2, 12}, DType::i64};
+  const Attrs order{attr::seq_chunks(12)};
+  Attrs rope = order, attention = order;
+  rope.set(attr::theta, 500.0).set(attr::inverse, false);
+  attention.set(attr::scale, 0.5);
+  int checked = check_strategies({"rope", {q}, rope}, 1e-13);
+  checked += check_strategies({"attention", {q, kv, kv}, attention}, 1e-13);
+  checked += check_strategies({"attention_backward", {q, kv, kv, q, lse, q}, attention}, 1e-12);
+  EXPECT_EQ(checked, 2 * (5 + 4 + 4) - 2);  // as above, but two kv heads do not split over three ranks
+  Attrs into = order, back = order;
+  into.set(attr::inverse, false);
+  back.set(attr::inverse, true);
+  // Into the order: the batch, each rank's part of the sequence from the whole, P, R; i64 tokens too.
+  EXPECT_EQ(check_strategies({"reorder_sequence", {kv}, into}, 1e-15), 2 * (3 + 1 + 1 + 1));
+  EXPECT_EQ(check_strategies({"reorder_sequence", {tokens}, into, 50}, 0), 2 * (1 + 1 + 1 + 1));
+  // Back: the batch, the heads, the head dim, P, R (never a part of the sequence).
+  EXPECT_EQ(check_strategies({"reorder_sequence", {kv}, back}, 1e-15), 2 * (3 + 1 + 1));
 }
 
 TEST(SpmdStrategies, AdamW) {

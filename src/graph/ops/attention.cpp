@@ -1,7 +1,12 @@
 // Attention: rotary position embedding (HF rotate-half) and fused causal
-// grouped-query attention, which also returns its rows' log-sum-exp.
+// grouped-query attention, which also returns its rows' log-sum-exp; and the
+// sequence moved into context parallelism's load-balanced order and back.
+// rope and attention read each query's position in that order from their
+// seq_* attributes (graph/sequence_order.h); attention's keys are whole and
+// in position order.
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
+#include "graph/sequence_order.h"
 
 namespace meshtrain::graph::ops {
 
@@ -12,15 +17,35 @@ void check_attention(const ValueInfos& in) {
   MT_CHECK(in[1].shape == in[2].shape, "k {} and v {} differ", in[1].shape.to_string(), in[2].shape.to_string());
   const auto& q = in[0].shape;
   const auto& k = in[1].shape;
-  MT_CHECK(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q {} and k {} must agree on B, T and D", q.to_string(),
-           k.to_string());
+  // A part of the queries (context parallelism) sees all the keys.
+  MT_CHECK(q[0] == k[0] && q[1] <= k[1] && q[3] == k[3],
+           "q {} and k {} must agree on B and D, with no more queries "
+           "than keys",
+           q.to_string(), k.to_string());
   MT_CHECK(k[2] > 0 && q[2] % k[2] == 0, "query heads {} must be a multiple of key/value heads {}", q[2], k[2]);
 }
 
-// QK^T and PV over the causal half, times `passes` (1 forward, 2 backward).
-double attention_flops(const Shape& q, double passes) {
+void check_sequence_order(const SequenceOrder& order, int64_t rows, int64_t keys) {
+  MT_CHECK(order.chunks >= 1 && order.total % order.chunks == 0 && (order.chunks == 1 || order.chunks % 2 == 0),
+           "a sequence of {} in {} load-balanced chunks: the chunks must be 1 or even and divide it", order.total,
+           order.chunks);
+  MT_CHECK(order.first >= 0 && order.first + rows <= order.total && keys <= order.total,
+           "rows [{}, {}) and {} keys are not within the sequence of {}", order.first, order.first + rows, keys,
+           order.total);
+}
+
+// QK^T and PV over the causal half, times `passes` (1 forward, 2 backward):
+// queries that are a balanced part of the sequence see half the keys on average.
+double attention_flops(const Shape& q, const Shape& k, double passes) {
   return passes * 2.0 * static_cast<double>(q[0] * q[2] * q[3]) * static_cast<double>(q[1]) *
-         static_cast<double>(q[1] + 1);
+         static_cast<double>(k[1] + 1);
+}
+
+// The seq_* attributes a backward node takes from its forward node.
+Attrs with_sequence_order(Attrs out, const Attrs& from) {
+  for (const auto& key : {attr::seq_chunks, attr::seq_first, attr::seq_total})
+    if (from.has(key.name)) out.set(key, from.get(key));
+  return out;
 }
 
 // Whether `v` is a gradient autodiff filled with zeros (a `full` of 0):
@@ -43,13 +68,16 @@ void add_attention_ops(std::vector<OpDef>& ops) {
             MT_CHECK(in[0].shape.rank() == 4 && in[0].shape[3] % 2 == 0, "x must be [B, T, H, D] with D even, got {}",
                      in[0].shape.to_string());
             MT_CHECK(at.get(attr::theta) > 0, "theta must be positive");
+            check_sequence_order(sequence_order(at, in[0].shape[1]), in[0].shape[1], 0);
             return ValueInfos{in[0]};
           },
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
             // The rotation's transpose is the rotation by the opposite angle.
             return std::vector<ValueId>{b.op(
-                "rope", {g[0]}, {attr::theta(n.attrs.get(attr::theta)), attr::inverse(!n.attrs.get(attr::inverse))})};
+                "rope", {g[0]},
+                with_sequence_order({attr::theta(n.attrs.get(attr::theta)), attr::inverse(!n.attrs.get(attr::inverse))},
+                                    n.attrs))};
           },
       .flops = elementwise_flops(3),
   });
@@ -62,6 +90,7 @@ void add_attention_ops(std::vector<OpDef>& ops) {
             check_float(in[0], "attention q");
             check_attention(in);
             at.get(attr::scale);
+            check_sequence_order(sequence_order(at, in[1].shape[1]), in[0].shape[1], in[1].shape[1]);
             const auto& q = in[0].shape;
             // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
             return ValueInfos{in[0], {Shape{q[0], q[2], q[1]}, accumulator_dtype(in[0].dtype)}};
@@ -71,10 +100,12 @@ void add_attention_ops(std::vector<OpDef>& ops) {
             MT_CHECK(is_zeros(b.graph(), g[1]),
                      "the loss depends on attention's second output, the log-sum-exp, whose gradient attention's "
                      "backward does not take: read only its first output");
-            return b.attention_backward(n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0],
-                                        n.attrs.get(attr::scale));
+            return b.op_outputs("attention_backward",
+                                {n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0]},
+                                with_sequence_order({attr::scale(n.attrs.get(attr::scale))}, n.attrs));
           },
-      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return attention_flops(in[0].shape, 1); },
+      .flops = [](const ValueInfos& in, const ValueInfos&,
+                  const Attrs&) { return attention_flops(in[0].shape, in[1].shape, 1); },
   });
   ops.push_back({
       .name = "attention_backward",
@@ -83,7 +114,34 @@ void add_attention_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs&) {
             return ValueInfos{in[0], in[1], in[2]};
           },
-      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return attention_flops(in[0].shape, 2); },
+      .flops = [](const ValueInfos& in, const ValueInfos&,
+                  const Attrs&) { return attention_flops(in[0].shape, in[1].shape, 2); },
+  });
+  // x [B, T, ...] in position order -> its rows [start, start + length) in
+  // the load-balanced order of seq_chunks chunks (all of them in the global
+  // graph: lowering gives each rank its own), or with `inverse`, the whole
+  // sequence from the load-balanced order back to position order.
+  ops.push_back({
+      .name = "reorder_sequence",
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            MT_CHECK(in[0].shape.rank() >= 2, "reorder_sequence: x must be [batch, seq, ...], got {}",
+                     in[0].shape.to_string());
+            const int64_t seq = in[0].shape[1];
+            const SequenceOrder order{seq, at.get(attr::seq_chunks), at.get_or(attr::start, int64_t{0})};
+            const int64_t length = at.get_or(attr::length, seq);
+            check_sequence_order(order, length, seq);
+            MT_CHECK(!at.get(attr::inverse) || length == seq, "reorder_sequence: the inverse takes the whole sequence");
+            std::vector<int64_t> dims = in[0].shape.dims();
+            dims[1] = length;
+            return ValueInfos{{Shape(std::move(dims)), in[0].dtype}};
+          },
+      .backward =
+          [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{
+                b.reorder_sequence(g[0], n.attrs.get(attr::seq_chunks), !n.attrs.get(attr::inverse))};
+          },
+      .bytes = [](const ValueInfos&, const ValueInfos& out, const Attrs&) { return 2 * bytes_of(out[0]); },
   });
 }
 

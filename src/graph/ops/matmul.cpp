@@ -1,4 +1,6 @@
-// matmul: batched GEMM with optional transposes and weights shared over the batch.
+// matmul: batched GEMM with optional transposes and weights shared over the
+// batch; rows_matmul: the weight gradient of such a shared weight, summed
+// over every leading row.
 #include "graph/ops/matmul.h"
 
 #include <algorithm>
@@ -40,13 +42,9 @@ std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::v
   const ValueId da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);
   ValueId db;
   if (shared) {
-    // B is shared over the batch: fold the batch into the rows of A and dC.
+    // B is shared over the batch: summed over every row of A and dC.
     MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
-    const int64_t k_dim = ai.shape.dim(-1), n_dim = bd.graph().value(dc).info.shape.dim(-1);
-    const int64_t rows = around_dim(ai.shape, ai.shape.rank() - 1).outer;  // A's and dC's leading dims
-    const ValueId a2 = bd.reshape(a, {rows, k_dim});
-    const ValueId g2 = bd.reshape(dc, {rows, n_dim});
-    db = tb ? bd.matmul(g2, a2, true, false) : bd.matmul(a2, g2, true, false);
+    db = tb ? bd.op("rows_matmul", {dc, a}) : bd.op("rows_matmul", {a, dc});
   } else {
     db = tb ? bd.matmul(dc, a, true, ta) : bd.matmul(a, dc, !ta, false);
   }
@@ -75,6 +73,29 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
                 matmul_dims(in[0].shape, in[1].shape, at.get(attr::transpose_a), at.get(attr::transpose_b));
             return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
                    static_cast<double>(d.k);
+          },
+  });
+  // x [..., P] and y [..., Q] over the same leading dims -> x^T y [P, Q],
+  // summed over every leading row: no reshape folds the rows, so rows split
+  // on any leading dim (the batch, or the sequence under context
+  // parallelism) give partial sums.
+  ops.push_back({
+      .name = "rows_matmul",
+      .num_inputs = 2,
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            check_float(in[0], "rows_matmul x");
+            MT_CHECK(
+                in[0].shape.rank() >= 2 && in[1].shape.rank() == in[0].shape.rank() &&
+                    std::equal(in[0].shape.dims().begin(), in[0].shape.dims().end() - 1, in[1].shape.dims().begin()) &&
+                    in[0].dtype == in[1].dtype,
+                "rows_matmul: x and y must be [..., P] and [..., Q] of one dtype over the same rows, got {} and {}",
+                in[0].shape.to_string(), in[1].shape.to_string());
+            return ValueInfos{{Shape{in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
+          },
+      .flops =
+          [](const ValueInfos& in, const ValueInfos&, const Attrs&) {
+            return 2.0 * static_cast<double>(in[0].shape.numel()) * static_cast<double>(in[1].shape.dim(-1));
           },
   });
 }

@@ -302,8 +302,10 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
 // Not cloned for AVX-512: GCC 12 leaves the bf16 x86-64-v4 clone's inner loop
 // scalar, 4x slower than this build.
 template <typename T>
-void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse) {
+void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse,
+          const graph::SequenceOrder& order) {
   using A = Acc<T>;
+  const int64_t positions = std::max(t, order.total);
   MT_ASSERT(d % 2 == 0, "rope: head dim {} must be even", d);  // the rope op's shape rule refuses an odd D
   const int64_t half = d / 2;
   // cos and sin per (position, frequency), computed in double, kept for the
@@ -314,17 +316,17 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
     std::vector<A> cos, sin;
   };
   thread_local Table table;
-  if (table.t != t || table.d != d || table.theta != theta) {
-    table.cos.resize(static_cast<size_t>(t * half));
-    table.sin.resize(static_cast<size_t>(t * half));
-    for (int64_t pos = 0; pos < t; ++pos)
+  if (table.t != positions || table.d != d || table.theta != theta) {
+    table.cos.resize(static_cast<size_t>(positions * half));
+    table.sin.resize(static_cast<size_t>(positions * half));
+    for (int64_t pos = 0; pos < positions; ++pos)
       for (int64_t i = 0; i < half; ++i) {
         const double angle =
             static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
         table.cos[static_cast<size_t>(pos * half + i)] = static_cast<A>(std::cos(angle));
         table.sin[static_cast<size_t>(pos * half + i)] = static_cast<A>(std::sin(angle));
       }
-    table.t = t;
+    table.t = positions;
     table.d = d;
     table.theta = theta;
   }
@@ -333,11 +335,12 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
   const A sin_sign = inverse ? A(-1) : A(1);
 #pragma omp parallel for collapse(2) if (b * t * h * d > kParallelElements)
   for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t pos = 0; pos < t; ++pos) {
+    for (int64_t row = 0; row < t; ++row) {
+      const int64_t pos = order.position(row);
       const A* c = cos_table + pos * half;
       const A* s = sin_table + pos * half;
       for (int64_t hi = 0; hi < h; ++hi) {
-        const int64_t base = ((bi * t + pos) * h + hi) * d;
+        const int64_t base = ((bi * t + row) * h + hi) * d;
         for (int64_t i = 0; i < half; ++i) {
           const A x1 = load(x[base + i]), x2 = load(x[base + i + half]);
           const A sn = sin_sign * s[i];
@@ -405,28 +408,28 @@ template void matmul<float>(const float*, const float*, float*, int64_t, int64_t
 template void matmul<double>(const double*, const double*, double*, int64_t, int64_t, int64_t, int64_t, bool, bool,
                              int64_t, int64_t, bool);
 
-#define MESHTRAIN_INSTANTIATE(T)                                                                            \
-  template void add<T>(const T*, const T*, T*, int64_t);                                                    \
-  template void mul<T>(const T*, const T*, T*, int64_t);                                                    \
-  template void scale<T>(const T*, double, T*, int64_t);                                                    \
-  template void fill<T>(double, T*, int64_t);                                                               \
-  template double sum<T>(const T*, int64_t);                                                                \
-  template double sum_squares<T>(const T*, int64_t);                                                        \
-  template void transpose<T>(const T*, T*, const int64_t*, int, int, int);                                  \
-  template void silu<T>(const T*, T*, int64_t);                                                             \
-  template void silu_backward<T>(const T*, const T*, T*, int64_t);                                          \
-  template void softmax<T>(const T*, T*, int64_t, int64_t);                                                 \
-  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                              \
-  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, double);                              \
-  template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);       \
-  template double cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                    \
-  template void cross_entropy_backward<T>(const T*, const int64_t*, double, T*, int64_t, int64_t, int64_t); \
-  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);    \
-  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);    \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);                    \
-  template void swiglu<T>(const T*, const T*, T*, int64_t);                                                 \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                          \
-  template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t); \
+#define MESHTRAIN_INSTANTIATE(T)                                                                                      \
+  template void add<T>(const T*, const T*, T*, int64_t);                                                              \
+  template void mul<T>(const T*, const T*, T*, int64_t);                                                              \
+  template void scale<T>(const T*, double, T*, int64_t);                                                              \
+  template void fill<T>(double, T*, int64_t);                                                                         \
+  template double sum<T>(const T*, int64_t);                                                                          \
+  template double sum_squares<T>(const T*, int64_t);                                                                  \
+  template void transpose<T>(const T*, T*, const int64_t*, int, int, int);                                            \
+  template void silu<T>(const T*, T*, int64_t);                                                                       \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t);                                                    \
+  template void softmax<T>(const T*, T*, int64_t, int64_t);                                                           \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                                        \
+  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, double);                                        \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, double);                 \
+  template double cross_entropy<T>(const T*, const int64_t*, int64_t, int64_t, int64_t);                              \
+  template void cross_entropy_backward<T>(const T*, const int64_t*, double, T*, int64_t, int64_t, int64_t);           \
+  template void embedding<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);              \
+  template void embedding_backward<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);              \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool, const graph::SequenceOrder&); \
+  template void swiglu<T>(const T*, const T*, T*, int64_t);                                                           \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                                    \
+  template void copy_slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);           \
   template void adamw<T, T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, int64_t);
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)

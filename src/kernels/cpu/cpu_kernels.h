@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "graph/sequence_order.h"
 
 namespace meshtrain::kernels::cpu {
 
@@ -94,23 +95,30 @@ void embedding_backward(const int64_t* ids, const T* dout, T* dtable, int64_t n,
                         int64_t first_row);
 
 // Rotary embedding, Hugging Face Llama's rotate-half convention, on x
-// [B, T, H, D] at positions 0..T-1: out = x * cos + rotate_half(x) * sin,
-// with angle t * theta^(-2i/D) for i < D/2 shared by both halves.
+// [B, T, H, D], row t at position order.position(t) (0..T-1 by default):
+// out = x * cos + rotate_half(x) * sin, with angle pos * theta^(-2i/D) for
+// i < D/2 shared by both halves.
 template <typename T>
-void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse);
+void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double theta, bool inverse,
+          const graph::SequenceOrder& order = {});
 
-// Causal scaled-dot-product attention with grouped-query heads. q [B, T, Hq,
-// D], k and v [B, T, Hkv, D], Hq a multiple of Hkv. Flash-attention style:
-// blocks of queries against blocks of keys with an online softmax, so no
-// T x T buffer exists. Writes out [B, T, Hq, D] and the row log-sum-exp lse
-// [B, Hq, T] (in Acc<T>) for the backward pass, which recomputes the scores
-// block by block.
+// The shapes of causal attention: q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D],
+// Hq a multiple of Hkv; query row i at position `queries.position(i)` sees
+// the keys at positions 0 to its own (the keys are in position order).
+struct AttentionShape {
+  int64_t b, tq, tk, hq, hkv, d;
+  graph::SequenceOrder queries;
+};
+// Causal scaled-dot-product attention with grouped-query heads,
+// flash-attention style: blocks of queries against blocks of keys with an
+// online softmax, so no Tq x Tk buffer exists. Writes out [B, Tq, Hq, D] and
+// the row log-sum-exp lse [B, Hq, Tq] (in Acc<T>) for the backward pass,
+// which recomputes the scores block by block.
 template <typename T>
-void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv,
-               int64_t d, double scale);
+void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, const AttentionShape& shape, double scale);
 template <typename T>
 void attention_backward(const T* q, const T* k, const T* v, const T* out, const Acc<T>* lse, const T* dout, T* dq,
-                        T* dk, T* dv, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, double scale);
+                        T* dk, T* dv, const AttentionShape& shape, double scale);
 
 // out = silu(gate) * up, and its backward.
 template <typename T>

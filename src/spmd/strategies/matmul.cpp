@@ -2,7 +2,8 @@
 // [..., M, K] and B [K, N] shared over the batch or [..., K, N]: shard a
 // batch dim of both, M of A, N of B, or K of both (each rank's product is a
 // partial sum); or carry one operand's Partial(sum) through, the other
-// replicated.
+// replicated. rows_matmul (x [..., P], y [..., Q] -> x^T y): P of x, Q of
+// y, or any leading row dim of both (partial sums).
 #include "graph/attrs.h"
 #include "spmd/strategies/families.h"
 
@@ -21,6 +22,14 @@ void add_matmul_rules(const AddRule& add) {
     out.push_back({{S(out_m)}, {S(a_m), R()}});
     out.push_back({{S(out_n)}, {R(), S(b_n)}});
     out.push_back({{P()}, {S(a_k), S(b_k)}});
+    out.push_back({{P()}, {P(), R()}});
+    out.push_back({{P()}, {R(), P()}});
+    return out;
+  });
+  add("rows_matmul", [](const StrategyQuery& q) {
+    const int last = static_cast<int>(q.in[0].shape.rank()) - 1;
+    std::vector<DimStrategy> out{{{S(0)}, {S(last), R()}}, {{S(1)}, {R(), S(last)}}};
+    for (int d = 0; d < last; ++d) out.push_back({{P()}, {S(d), S(d)}});
     out.push_back({{P()}, {P(), R()}});
     out.push_back({{P()}, {R(), P()}});
     return out;

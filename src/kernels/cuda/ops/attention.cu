@@ -505,10 +505,18 @@ void launch_attention_backward(const T* q, const T* k, const T* v, const T* out,
   });
 }
 
+// Context parallelism's sequence order (graph/sequence_order.h) is CPU-only so far.
+void require_position_order(const KernelArgs& a, const char* op) {
+  MT_CHECK(!a.attrs.has(attr::seq_chunks.name) && a.attrs.get_or(attr::seq_first, int64_t{0}) == 0 &&
+               a.in[0]->shape()[1] == a.in[a.in.size() > 1 ? 1 : 0]->shape()[1],
+           "{} on the GPU takes the whole sequence in position order: context parallelism runs on CPUs only", op);
+}
+
 }  // namespace
 
 void add_attention_kernels(const AddKernel& add) {
   add("rope", [](const KernelArgs& a, const LaunchContext& ctx) {
+    require_position_order(a, "rope");
     const auto& s = a.in[0]->shape();
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
@@ -517,6 +525,7 @@ void add_attention_kernels(const AddKernel& add) {
     });
   });
   add("attention", [](const KernelArgs& a, const LaunchContext& ctx) {
+    require_position_order(a, "attention");
     const auto& q = a.in[0]->shape();
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
@@ -525,6 +534,7 @@ void add_attention_kernels(const AddKernel& add) {
     });
   });
   add("attention_backward", [](const KernelArgs& a, const LaunchContext& ctx) {
+    require_position_order(a, "attention_backward");
     const auto& q = a.in[0]->shape();
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);

@@ -180,11 +180,11 @@ GemmShape gemm_shape(const KernelArgs& a) {
   return {d.batch, d.m, d.n, d.k, ta, tb, d.b_shared ? 0 : d.k * d.n};
 }
 
-void run_matmul(const KernelArgs& a, const LaunchContext& ctx) {
+// C = op(A) op(B) of the kernel's two inputs and output, in the shape `g`.
+void run_gemm(const KernelArgs& a, const LaunchContext& ctx, const GemmShape& g) {
   const DType t = a.in[0]->dtype();
   MT_CHECK(a.in[1]->dtype() == t && a.out[0]->dtype() == t, "matmul: dtypes differ: {}, {} and output {}",
            dtype_name(t), dtype_name(a.in[1]->dtype()), dtype_name(a.out[0]->dtype()));
-  const GemmShape g = gemm_shape(a);
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;  // an empty output
   void* c = a.out[0]->raw();
   if (g.k == 0) {  // an empty sum: zeros, as the CPU's GEMM with beta 0 writes
@@ -213,8 +213,19 @@ void run_matmul(const KernelArgs& a, const LaunchContext& ctx) {
            "cublasLtMatmul", t, g);
 }
 
+void run_matmul(const KernelArgs& a, const LaunchContext& ctx) { run_gemm(a, ctx, gemm_shape(a)); }
+
+// rows_matmul: x [..., P]^T y [..., Q], one GEMM over every row (transpose_a).
+void run_rows_matmul(const KernelArgs& a, const LaunchContext& ctx) {
+  const int64_t p = a.in[0]->shape().dim(-1), q = a.in[1]->shape().dim(-1);
+  run_gemm(a, ctx, {1, p, q, p > 0 ? a.in[0]->numel() / p : 0, true, false, 0});
+}
+
 }  // namespace
 
-void add_matmul_kernels(const AddKernel& add) { add("matmul", run_matmul); }
+void add_matmul_kernels(const AddKernel& add) {
+  add("matmul", run_matmul);
+  add("rows_matmul", run_rows_matmul);
+}
 
 }  // namespace meshtrain::kernels::cuda::ops

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Context parallelism under mpirun against one rank: the sequence split over
+# cp ranks in load-balanced chunks, attention all-gathering the keys and
+# values. CP 2, CP 4, CP 2 x FSDP 2, CP 2 x DDP 2, CP 2 x TP 2 with sequence
+# and loss parallel, CP 2 with full activation checkpointing and 2
+# microbatches (against one rank accumulating 2), CP 2 x TP 2 with SP in
+# bf16 (against one rank's bf16), and the CP 4 checkpoint resumed under
+# CP 2 and one rank. 20 steps with warmup, cosine decay, weight decay and
+# active clipping; every step's loss and gradient norm and the final weights
+# must match one rank's within the tolerances below, and each sharded
+# checkpoint, exported, must be the gathered weights bitwise. The lowered
+# CP 2 step all-gathers the keys and values over cp. Bad input fails on
+# every rank with one message.
+# Usage: cp_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+source "$(dirname "$0")/common.sh"
+# The tolerances (compare_runs.py prints how close each run came): see the measured figures where f32 is set.
+f32=(1e-6 1e-6 5e-5 4e-6)
+model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
+       --model.ffn_dim 128 --data.seq_len 64 --data.batch_size 4 --training.steps 20 --metrics.log_every 1)
+source "$(dirname "$0")/parity_runs.sh"
+run one 1
+run cp2 2 --parallel.cp 2
+compare cp2
+run cp4 4 --parallel.cp 4
+compare cp4
+run cp2_fsdp2 4 --parallel.cp 2 --parallel.dp_shard 2
+compare cp2_fsdp2
+run cp2_ddp2 4 --parallel.cp 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
+compare cp2_ddp2
+run cp2_tp2_sp_lp 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parallel true --parallel.loss_parallel true
+compare cp2_tp2_sp_lp
+run one_accum2 1 --training.grad_accum_steps 2
+run cp2_full_ac_accum2 2 --parallel.cp 2 --activation_checkpoint.mode full --training.grad_accum_steps 2
+compare cp2_full_ac_accum2 one_accum2
+run one_bf16 1 --training.dtype bfloat16
+run cp2_tp2_sp_bf16 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parallel true --training.dtype bfloat16
+compare cp2_tp2_sp_bf16 one_bf16 5e-4 5e-3 0.3 0.1
+# The lowered CP 2 step: each layer's keys and values all-gathered over cp in forward (and again in backward, after
+# the activations were freed), their gradients reduce-scattered back.
+"$meshtrain" lower --ranks 2 "${model[@]}" --parallel.cp 2 > "$dir/cp2.lowered" 2>&1 ||
+  { cat "$dir/cp2.lowered"; fail "meshtrain lower of CP 2 failed"; }
+grep -q 'reorder_sequence' "$dir/cp2.lowered" || fail "the lowered CP 2 step has no reorder_sequence"
+gathers=$(grep -c 'all_gather.*mesh_dims=\[2\]' "$dir/cp2.lowered")
+[ "$gathers" -ge 4 ] || { grep all_gather "$dir/cp2.lowered"; fail "the lowered CP 2 step all-gathers $gathers times over cp, not at least 4 (2 layers x k, v)"; }
+echo "lower CP 2: $gathers all_gathers over cp"
+# The CP 4 checkpoint resumed under CP 2 and under one rank, 2 more steps each.
+resume() {  # NAME FROM NP [KEY VALUE ...]
+  local name=$1 from=$2 np=$3
+  shift 3
+  cp -r "$dir/$from" "$dir/$name"
+  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --training.steps 22 --checkpoint.folder "$dir/$name" \
+    --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
+    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
+}
+resume one_resumed one 1
+resume cp4_as_cp2 cp4 2 --parallel.cp 2
+compare cp4_as_cp2 one_resumed
+resume cp4_as_one cp4 1
+compare cp4_as_one one_resumed
+bad 2 'config: data.seq_len 62 must divide by 2 x parallel.cp (4)' --parallel.cp 2 --data.seq_len 62
+bad 3 'parallel.dp_replicate (1) x parallel.dp_shard (1) x parallel.cp (2) x parallel.tp (1) = 2, but the job has 3 ranks' \
+  --parallel.cp 2 --parallel.dp_shard 1
+bad 3 '3 ranks do not divide by parallel.dp_replicate (1) x parallel.cp (2) x parallel.tp (1)' --parallel.cp 2
+bad 4 'model.n_kv_heads 1 must divide by parallel.tp 2' --parallel.cp 2 --parallel.tp 2 --model.n_kv_heads 1
+bad 2 "config key parallel.cp: '0' is not a positive integer" --parallel.cp 0
+bad 4 'config: parallel.cp 2 with parallel.pp 2 is not supported yet' --parallel.cp 2 --parallel.pp 2
+echo "PASS"
