@@ -76,13 +76,13 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
                    PipelineStage& st) {
   const sharding::DeviceMesh& mesh = *where.mesh;
   const graph::Graph& g = st.joint;
-  const bool tensor_parallel = mesh.size(mesh.dim_index("tp")) > 1;
+  const bool split_activations = parallel::splits_activations(mesh);
   parallel::StepRoles roles;
   std::set<graph::ValueId> experts;
   for (size_t i = 0; i < st.parameters.size(); ++i) {
     roles.parameters.push_back(st.parameters[i]);
     const std::string& name = st.parameter_names[i];
-    if (const auto dim = parallel::llama_tp_dim(name, config.parallel.expert_tp > 1); dim && tensor_parallel)
+    if (const auto dim = parallel::llama_tp_dim(name, config.parallel.expert_tp > 1); dim && split_activations)
       roles.tp_dims[st.parameters[i]] = *dim;
     if (parallel::llama_is_experts(name)) experts.insert(st.parameters[i]);
   }
@@ -93,10 +93,11 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     roles.batch_inputs.push_back(st.targets);
     roles.replicated_outputs.push_back(st.output);
   }
-  if (tensor_parallel) {
+  if (split_activations) {
     roles.residual_stream = m.residual;
     roles.block_inputs = m.normed;
     roles.logits = m.logits;
+    roles.attention_keys = m.attention_keys;
   }
   // What crosses stages, and its gradient, lies as the residual stream between blocks does.
   if (!st.span.embedding) roles.residual_stream.push_back(st.input);

@@ -108,7 +108,6 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   // The world rank at `pp` with this rank's place in its stage, and the
   // ranks of this rank's dp_shard and dp_replicate groups.
   auto world_rank = [&](int pp) { return pp * stage_size + stage_rank; };
-  auto group_over = [&](int mesh_dim) { return mesh.group_ranks(rank, {mesh_dim}); };
 
   PipelineEstimate p;
   p.schedule = std::string(parallel::pp_schedule_name(schedule.kind));
@@ -203,19 +202,22 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     for (size_t i = 0; i < st.parameter_names.size(); ++i) {
       const double held = bytes_of(st.joint, st.parameters[i]);  // this rank's part, as the plan keeps it
       if (where.mesh) {
-        // REDUCE_GRAD: the step's sum, pending over data parallel, reduce-scattered over dp_shard (and ep,
-        // but for experts, which ep splits) and all-reduced over dp_replicate.
+        // REDUCE_GRAD: the step's sum, pending over data parallel (stage mesh dim d is the pipeline mesh's
+        // d + 1), reduce-scattered over the dims that shard the parameter (dp_shard, ep but for experts, cp)
+        // and all-reduced over those that replicate it (dp_replicate).
         const double sum = bytes_of(st.joint, st.gradients[i]);
-        std::vector<int> shard_dims{2};
-        // The mesh (pp, dp_replicate, dp_shard, ep, tp) where ep > 1.
-        if (mesh.ndim() == 5 && !parallel::llama_is_experts(st.parameter_names[i])) shard_dims.push_back(3);
-        int shards = 1;
-        for (int d : shard_dims) shards *= mesh.size(d);
-        if (shards > 1)
+        const sharding::Layout& reduced = st.gradient_layouts.at(st.parameter_names[i]);
+        const sharding::Layout& held_as = st.parameter_layouts.at(st.parameter_names[i]);
+        std::vector<int> shard_dims, replicate_dims;
+        for (size_t d = 0; d < reduced.placements.size(); ++d)
+          if (reduced.placements[d].is_partial())
+            (held_as.placements[d].is_sharding() ? shard_dims : replicate_dims).push_back(static_cast<int>(d) + 1);
+        if (!shard_dims.empty())
           p.reduce_grad_us +=
               hardware.collective_us(comm::OpType::reduce_scatter, sum, mesh.group_ranks(rank, shard_dims), world_size);
-        if (mesh.size(1) > 1)
-          p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held, group_over(1), world_size);
+        if (!replicate_dims.empty())
+          p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held,
+                                                     mesh.group_ranks(rank, replicate_dims), world_size);
         pending += sum;
       }
       kept_params += held;

@@ -4,7 +4,8 @@
 # values. CP 2, CP 4, CP 2 x FSDP 2, CP 2 x DDP 2, CP 2 x TP 2 with sequence
 # and loss parallel, CP 2 with full activation checkpointing and 2
 # microbatches (against one rank accumulating 2), CP 2 x TP 2 with SP in
-# bf16 (against one rank's bf16), and the CP 4 checkpoint resumed under
+# bf16 (against one rank's bf16), PP 2 x CP 2 (against one rank
+# accumulating its 4 microbatches), and the CP 4 checkpoint resumed under
 # CP 2 and one rank. 20 steps with warmup, cosine decay, weight decay and
 # active clipping; every step's loss and gradient norm and the final weights
 # must match one rank's within the tolerances below, and each sharded
@@ -35,6 +36,10 @@ compare cp2_full_ac_accum2 one_accum2
 run one_bf16 1 --training.dtype bfloat16
 run cp2_tp2_sp_bf16 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parallel true --training.dtype bfloat16
 compare cp2_tp2_sp_bf16 one_bf16 5e-4 5e-3 0.3 0.1
+# A pipeline: PP 2 x CP 2, 1F1B over 4 microbatches, against one rank accumulating the same 4.
+run one_accum4 1 --training.grad_accum_steps 4
+run pp2_cp2 4 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2
+compare pp2_cp2 one_accum4
 # The lowered CP 2 step: each layer's keys and values all-gathered over cp in forward (and again in backward, after
 # the activations were freed), their gradients reduce-scattered back.
 "$meshtrain" lower --ranks 2 "${model[@]}" --parallel.cp 2 > "$dir/cp2.lowered" 2>&1 ||
@@ -63,5 +68,6 @@ bad 3 'parallel.dp_replicate (1) x parallel.dp_shard (1) x parallel.cp (2) x par
 bad 3 '3 ranks do not divide by parallel.dp_replicate (1) x parallel.cp (2) x parallel.tp (1)' --parallel.cp 2
 bad 4 'model.n_kv_heads 1 must divide by parallel.tp 2' --parallel.cp 2 --parallel.tp 2 --model.n_kv_heads 1
 bad 2 "config key parallel.cp: '0' is not a positive integer" --parallel.cp 0
-bad 4 'config: parallel.cp 2 with parallel.pp 2 is not supported yet' --parallel.cp 2 --parallel.pp 2
+bad 2 'config: parallel.cp 2 with a mixture of experts (model.n_experts 4) is not supported yet' --parallel.cp 2 \
+  --model.n_experts 4
 echo "PASS"
