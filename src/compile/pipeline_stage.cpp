@@ -76,34 +76,21 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
                    PipelineStage& st) {
   const sharding::DeviceMesh& mesh = *where.mesh;
   const graph::Graph& g = st.joint;
-  const bool split_activations = parallel::splits_activations(mesh);
-  parallel::StepRoles roles;
-  std::set<graph::ValueId> experts;
-  for (size_t i = 0; i < st.parameters.size(); ++i) {
-    roles.parameters.push_back(st.parameters[i]);
-    const std::string& name = st.parameter_names[i];
-    if (const auto dim = parallel::llama_tp_dim(name, config.parallel.expert_tp > 1); dim && split_activations)
-      roles.tp_dims[st.parameters[i]] = *dim;
-    if (parallel::llama_is_experts(name)) experts.insert(st.parameters[i]);
-  }
-  roles.experts.assign(experts.begin(), experts.end());
-  roles.dispatched = dispatched_values(m);
+  // The span's roles as a flat step's forward has them, but for what a
+  // stage takes in and hands on: its own batch inputs and loss.
+  parallel::StepRoles roles = forward_roles(m, parallel::splits_activations(mesh), config.parallel.expert_tp > 1);
+  const std::set<graph::ValueId> experts(roles.experts.begin(), roles.experts.end());
+  roles.batch_inputs.clear();
+  roles.replicated_outputs.clear();
   if (st.span.embedding) roles.batch_inputs.push_back(st.input);
   if (st.span.head) {
     roles.batch_inputs.push_back(st.targets);
     roles.replicated_outputs.push_back(st.output);
   }
-  if (split_activations) {
-    roles.residual_stream = m.residual;
-    roles.block_inputs = m.normed;
-    roles.logits = m.logits;
-    roles.attention_keys = m.attention_keys;
-  }
   // What crosses stages, and its gradient, lies as the residual stream between blocks does.
   if (!st.span.embedding) roles.residual_stream.push_back(st.input);
   if (!st.span.head) roles.residual_stream.push_back(st.output);
   roles.gradient_of = gradient_of;
-  roles.copies = m.param_copies;
   roles.reduce_copies_in_compute_dtype = config.training.reduce_dtype != DType::f32;
   parallel::StepLayouts layouts = parallel::step_layouts(mesh, g, roles, config.parallel);
   // The programs leave each gradient a pending sum over data parallel (the
