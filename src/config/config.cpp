@@ -582,9 +582,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "config: data.seq_len {} must divide by 2 x parallel.cp ({}): context parallelism gives each rank two "
            "load-balanced chunks of the sequence",
            c.data.seq_len, 2 * cp);
-  MT_CHECK(cp == 1 || c.model.n_experts == 0,
-           "config: parallel.cp {} with a mixture of experts (model.n_experts {}) is not supported yet", cp,
-           c.model.n_experts);
   c.model.seq_chunks = cp > 1 ? 2 * cp : 1;
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,

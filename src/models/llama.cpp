@@ -176,6 +176,12 @@ namespace {
 template <typename Use, typename Linear>
 graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m, const std::string& p,
                           graph::ValueId y, Use&& use, Linear&& linear) {
+  // Under context parallelism each cp rank's part of a sequence is a group
+  // of tokens of its own ([B, cp, T / cp, D]: the MoE ops sort each group by
+  // expert on its own), so that the split on the sequence is one of groups.
+  const Shape whole = b.graph().value(y).info.shape;
+  const int64_t parts = c.seq_chunks / 2;
+  if (parts > 1) y = b.reshape(y, {whole.dim(0), parts, whole.dim(1) / parts, whole.dim(2)});
   const DType compute = b.graph().value(y).info.dtype;
   const DType router = compute == DType::f64 ? DType::f64 : DType::f32;  // softmax in f32, as Hugging Face's
   const int64_t k = c.n_experts_per_token;
@@ -208,7 +214,7 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
     const graph::ValueId shared_up = linear(y, p + "shared_experts.w3.weight");
     out = b.add(out, linear(b.swiglu(shared_gate, shared_up), p + "shared_experts.w2.weight"));
   }
-  return out;
+  return parts > 1 ? b.reshape(out, whole) : out;
 }
 
 // Hugging Face's load_balancing_loss_func over the MoE layers' `tokens`
