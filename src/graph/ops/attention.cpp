@@ -29,9 +29,11 @@ void check_sequence_order(const SequenceOrder& order, int64_t rows, int64_t keys
   MT_CHECK(order.chunks >= 1 && order.total % order.chunks == 0 && (order.chunks == 1 || order.chunks % 2 == 0),
            "a sequence of {} in {} load-balanced chunks: the chunks must be 1 or even and divide it", order.total,
            order.chunks);
-  MT_CHECK(order.first >= 0 && order.first + rows <= order.total && keys <= order.total,
-           "rows [{}, {}) and {} keys are not within the sequence of {}", order.first, order.first + rows, keys,
-           order.total);
+  // The keys (attention's; none for rope) are the whole sequence, in position order.
+  MT_CHECK(order.first >= 0 && order.first + rows <= order.total && (keys == 0 || keys == order.total),
+           "rows [{}, {}) and {} keys do not fit the sequence of {}: the rows must lie within it and the keys be all "
+           "of it",
+           order.first, order.first + rows, keys, order.total);
 }
 
 // QK^T and PV over the causal half, times `passes` (1 forward, 2 backward):
