@@ -34,6 +34,15 @@ namespace meshtrain::cli {
 
 namespace {
 
+// The [parallel] degrees over 1 that a run on one process does not use ("" if none).
+std::string unused_degrees(const parallel::ParallelConfig& p) {
+  std::vector<std::string> set;
+  for (const auto& [key, n] : {std::pair{"dp_replicate", p.dp_replicate}, std::pair{"dp_shard", p.dp_shard},
+                               std::pair{"cp", p.cp}, std::pair{"tp", p.tp}, std::pair{"ep", p.ep}})
+    if (n > 1) set.push_back(fmt::format("parallel.{} {}", key, n));
+  return fmt::format("{}", fmt::join(set, ", "));
+}
+
 // What `meshtrain train --help` says after the options.
 std::string train_footer() {
   return "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
@@ -312,6 +321,8 @@ int run_train(const CommandArgs& a) {
         "layout: {}; {} kernel thread{} per rank{}\n", trainer.layout_summary(), threads, threads > 1 ? "s" : "",
         background_progress ? "" : " (no core to spare: collectives advance where they start and are waited on)");
     print_held(held, trainer);
+  } else if (const std::string unused = unused_degrees(c.parallel); !unused.empty()) {
+    fmt::print("layout: one rank: {} take effect under mpirun with the ranks they multiply to; not here\n", unused);
   }
   std::fflush(stdout);
   run_report.started(several ? held : trainer.rank_reports());
