@@ -69,14 +69,6 @@ gathers=$(grep -c 'all_gather.*mesh_dims=\[2\]' "$dir/cp2.lowered")
 [ "$gathers" -ge 4 ] || { grep all_gather "$dir/cp2.lowered"; fail "the lowered CP 2 step all-gathers $gathers times over cp, not at least 4 (2 layers x k, v)"; }
 echo "lower CP 2: $gathers all_gathers over cp"
 # The CP 4 checkpoint resumed under CP 2 and under one rank, 2 more steps each.
-resume() {  # NAME FROM NP [KEY VALUE ...]
-  local name=$1 from=$2 np=$3
-  shift 3
-  cp -r "$dir/$from" "$dir/$name"
-  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --training.steps 22 --checkpoint.folder "$dir/$name" \
-    --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
-    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
-}
 resume one_resumed one 1
 resume cp4_as_cp2 cp4 2 --parallel.cp 2
 compare cp4_as_cp2 one_resumed

@@ -125,14 +125,6 @@ ragged=$(grep -c 'all_to_all(%[0-9]*, %[0-9]*, %[0-9]*) .*n_experts=8' "$dir/ep2
 [ "$ragged" = 8 ] || fail "the lowered EP 2 step has $ragged ragged all_to_alls, not 8"
 echo "lower EP 2: $ragged all_to_alls of the rows, each sending only the rows that hold tokens"
 # The EP 4 checkpoint resumed under EP 2 (experts resharded from 2 a rank to 4) and under one rank, 2 more steps each.
-resume() {  # NAME FROM NP [KEY VALUE ...]
-  local name=$1 from=$2 np=$3
-  shift 3
-  cp -r "$dir/$from" "$dir/$name"
-  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --training.steps 22 --checkpoint.folder "$dir/$name" \
-    --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
-    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
-}
 resume one_resumed one 1
 resume ep4_as_ep2 ep4 2 --parallel.ep 2
 compare ep4_as_ep2 one_resumed

@@ -4,6 +4,9 @@
 #   run NAME NP [KEY VALUE ...]   trains on NP ranks, logging every step to $dir/NAME.jsonl, exporting the weights
 #                                 to $dir/NAME.safetensors, and checks that its sharded checkpoint put back together
 #                                 by meshtrain export is those weights bitwise;
+#   resume NAME FROM NP [KEY VALUE ...]
+#                                 copies FROM's checkpoint folder to NAME's and trains 2 more steps (to 22) from it on NP
+#                                 ranks, logging and exporting as run does;
 #   compare NAME [BASE [LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2]]
 #                                 NAME's steps and weights against BASE's (default: one), tests/mpi/compare_runs.py.
 run() {  # NAME NP [KEY VALUE ...]
@@ -20,6 +23,14 @@ run() {  # NAME NP [KEY VALUE ...]
     fail "$name: export of its checkpoint failed"
   cmp -s "$dir/$name.safetensors" "$dir/$name.from_shards.safetensors" ||
     fail "$name: its sharded checkpoint exported differs from the weights gathered at the end"
+}
+resume() {  # NAME FROM NP [KEY VALUE ...]
+  local name=$1 from=$2 np=$3
+  shift 3
+  cp -r "$dir/$from" "$dir/$name"
+  timeout 300 $mpirun -np "$np" "$meshtrain" train "${model[@]}" --training.steps 22 --checkpoint.folder "$dir/$name" \
+    --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
+    { cat "$dir/$name.out"; fail "$name exited non-zero"; }
 }
 compare() {  # NAME [BASE [LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2]]: against BASE's run (default: one), f32 tolerances
   local base=${2:-one}
