@@ -5,7 +5,8 @@
 # 1B shape of configs/llama3.2_1b.toml (bf16 compute over f32 weights,
 # sequence 4096). Prints tokens/s, MFU (model FLOPs over the card's dense
 # bf16 peak, PEAK_TFLOPS, default an H100 SXM's 989) and peak GPU memory,
-# then meshtrain's slowest ops (--profile, CUDA events).
+# PyTorch's flash SDPA alone (TFLOP/s), then meshtrain's slowest ops (--profile,
+# CUDA events).
 # Usage: [ROUNDS=1] [MESHTRAIN=build/meshtrain] bench/gpu.sh [BATCH] [STEPS] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,9 @@ for side, rs in by_side.items():
     tps = sorted(r["tokens_per_step"] / r["median_step_s"] for r in rs)[len(rs) // 2]
     print(f"{side:<16} {tps:>10.0f} {100 * tps * flops_per_token / peak:>5.1f}% {max(r['peak_bytes'] for r in rs) / 2**30:>9.2f}")
 PY
+echo "== attention alone: PyTorch's flash SDPA on the same shapes (meshtrain's attention is in the profile below)"
+timeout 120 python3 bench/torch_sdpa.py "$batch" 32 8 4096 64 2>"$out/torch_sdpa.err" ||
+  { echo "torch SDPA failed:"; tail -3 "$out/torch_sdpa.err"; }
 echo "== meshtrain's slowest ops (--profile: each kernel timed between CUDA events, uncaptured)"
 "$meshtrain" train --config "$config" --data.batch_size "$batch" --training.steps 3 --checkpoint.folder "" --profile \
   2>&1 | grep -A12 "^profile" || echo "(the profile run failed)"

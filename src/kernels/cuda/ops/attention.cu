@@ -1,7 +1,9 @@
-// CUDA kernels of the attention ops (graph/ops/attention.cpp): rope and flash-style causal GQA, forward and backward.
+// CUDA kernels of the attention ops (graph/ops/attention.cpp): rope and flash-style causal GQA, forward and backward
+// (f32 here; bf16 on tensor cores in attention_tensor_cores.cu where the head size allows).
 #include <climits>
 #include <type_traits>
 
+#include "kernels/cuda/ops/attention_tensor_cores.h"
 #include "kernels/cuda/ops/families.h"
 
 namespace meshtrain::kernels::cuda::ops {
@@ -181,11 +183,6 @@ __device__ float half_warp_sum(float x) {
 
 // Key j is visible to query i when j <= i (causal) and both are rows of the sequence.
 __device__ bool visible(int i, int j, int t) { return j <= i && i < t; }
-
-struct AttentionShape {
-  int t, hq, hkv, d;
-  float scale;
-};
 
 // ---- attention forward ---------------------------------------------------------------------------------------------
 
@@ -464,6 +461,10 @@ void launch_attention(const T* q, const T* k, const T* v, T* out, float* lse, in
                       int64_t hkv, int64_t d, double scale, const LaunchContext& ctx) {
   if (b * t * hq == 0) return;
   const AttentionShape s = attention_shape(b, t, hq, hkv, d, scale, "attention");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (tensor_cores_take(d, {q, k, v, out}))
+      return launch_attention_tensor_cores(q, k, v, out, lse, b, s, stream_of(ctx));
+  }
   by_head_size(d, "attention", [&](auto max_d) {
     constexpr int kMaxD = decltype(max_d)::value;
     using Tl = Tiling<kMaxD>;
@@ -486,6 +487,10 @@ void launch_attention_backward(const T* q, const T* k, const T* v, const T* out,
   float* delta = scratch_of<float>(ctx, static_cast<size_t>(rows), "attention_backward");
   attention_delta_kernel<T><<<blocks_for(rows * 32), 256, 0, stream_of(ctx)>>>(out, dout, delta, rows, t, hq, d);
   check_launch("attention_backward");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (tensor_cores_take(d, {q, k, v, dout, dq, dk, dv}))
+      return launch_attention_backward_tensor_cores(q, k, v, dout, lse, delta, dq, dk, dv, b, s, stream_of(ctx));
+  }
   const BackwardInputs<T> in{q, k, v, dout, lse, delta};
   by_head_size(d, "attention_backward", [&](auto max_d) {
     constexpr int kMaxD = decltype(max_d)::value;
