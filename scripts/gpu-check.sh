@@ -16,7 +16,7 @@
 # Without a GPU, `run` says so and the tests skip; nothing fails for want of one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pack_dir=.gpu-pack
+pack_dir=${GPU_PACK:-.gpu-pack}  # where pack puts the build and run takes it from
 
 pack() {
   scripts/setup.sh build -DMESHTRAIN_BUILD_TESTS=ON -DMESHTRAIN_CUDA=ON >/dev/null

@@ -267,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, TensorCoreAttention,
                          ::testing::Values(AttentionCase{"gqa_head64_four_tiles", 2, 200, 8, 2, 64},
                                            AttentionCase{"head128_partial_tile", 1, 130, 4, 4, 128},
                                            AttentionCase{"head40_padded", 1, 70, 6, 3, 40},
-                                           AttentionCase{"head120_one_row", 1, 1, 2, 1, 120}),
+                                           AttentionCase{"head120_three_rows", 1, 3, 2, 1, 120}),
                          [](const ::testing::TestParamInfo<AttentionCase>& p) { return std::string(p.param.name); });
 
 // Whole steps: the GPU executor (first run warm-up, then a CUDA graph

@@ -42,24 +42,43 @@ __device__ HeadRows head_rows(const bf16* x, int bi, int t, int heads, int head,
   return {x + (int64_t{bi} * t * heads + head) * d, int64_t{heads} * d};
 }
 
-// Rows [row0, row0 + 64) of a head into a shared tile: 16-byte loads, zeros at rows >= t and columns >= d.
+__device__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Asynchronous copies into shared memory (cp.async): `bytes` (4 or 16) from src, or zeros where !valid. A block
+// commits the copies it issued as a group and later waits until at most kPending of its groups are in flight.
+template <int kBytes>
+__device__ void copy_async(void* dst, const void* src, bool valid) {
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+__device__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Starts copying rows [row0, row0 + 64) of a head into a shared tile, zeros at rows >= t and columns >= d.
 template <int kD>
 __device__ void load_tile(HeadRows src, int row0, int t, int d, bf16* tile) {
-  constexpr int kChunks = kD / 8;
+  constexpr int kChunks = kD / 8;  // 16 bytes each
   for (int idx = threadIdx.x; idx < kTileRows * kChunks; idx += kBlockThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row0 + r < t && c < d) value = *reinterpret_cast<const uint4*>(src.data + (row0 + r) * src.stride + c);
-    *reinterpret_cast<uint4*>(tile + r * Tile<kD>::kStride + c) = value;
+    const bool valid = row0 + r < t && c < d;
+    copy_async<16>(tile + r * Tile<kD>::kStride + c, valid ? src.data + (row0 + r) * src.stride + c : src.data, valid);
   }
 }
 
-// lse and delta of rows [row0, row0 + 64) of a head ([B, H, T] rows), zero at rows >= t.
+// Starts copying lse or delta of rows [row0, row0 + 64) of a head ([B, H, T] rows), zeros at rows >= t.
 __device__ void load_row_values(const float* src, int row0, int t, float* dst) {
-  for (int r = threadIdx.x; r < kTileRows; r += kBlockThreads) dst[r] = row0 + r < t ? src[row0 + r] : 0.0f;
+  for (int r = threadIdx.x; r < kTileRows; r += kBlockThreads) {
+    const bool valid = row0 + r < t;
+    copy_async<4>(dst + r, valid ? src + row0 + r : src, valid);
+  }
 }
-
-__device__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 __device__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -193,23 +212,31 @@ __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, AttentionShape s) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem);
-  bf16* k_tile = q_tile + Tile<kD>::kElems;
-  bf16* v_tile = k_tile + Tile<kD>::kElems;
+  bf16* kv_tiles = q_tile + Tile<kD>::kElems;               // two buffers of a K tile and a V tile
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileRows;  // the longest (latest) query tiles first
   const int h = blockIdx.y, bi = blockIdx.z, hk = h / (s.hq / s.hkv);
   const int warp_row = (threadIdx.x / 32) * 16;
   const HeadRows k_rows = head_rows(k, bi, s.t, s.hkv, hk, s.d), v_rows = head_rows(v, bi, s.t, s.hkv, hk, s.d);
+  const auto load_keys = [&](int j0, bf16* buffer) {
+    load_tile<kD>(k_rows, j0, s.t, s.d, buffer);
+    load_tile<kD>(v_rows, j0, s.t, s.d, buffer + Tile<kD>::kElems);
+  };
   load_tile<kD>(head_rows(q, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_tile);
+  load_keys(0, kv_tiles);
+  commit_copies();
 
   const float scale_log2 = s.scale * kLog2e;
   float o[kD / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_total[2] = {0.0f, 0.0f};
-  const int key_end = min(i0 + kTileRows, s.t);
-  for (int j0 = 0; j0 < key_end; j0 += kTileRows) {
-    __syncthreads();  // the last tiles are read
-    load_tile<kD>(k_rows, j0, s.t, s.d, k_tile);
-    load_tile<kD>(v_rows, j0, s.t, s.d, v_tile);
+  const int key_tiles = i0 / kTileRows + 1;  // up to the causal diagonal
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int j0 = tile * kTileRows;
+    if (tile + 1 < key_tiles) load_keys(j0 + kTileRows, kv_tiles + ((tile + 1) % 2) * 2 * Tile<kD>::kElems);
+    commit_copies();
+    wait_copies<1>();  // this tile's keys are in
     __syncthreads();
+    const bf16* k_tile = kv_tiles + (tile % 2) * 2 * Tile<kD>::kElems;
+    const bf16* v_tile = k_tile + Tile<kD>::kElems;
     float p[8][4];
     row_dots<kD>(q_tile, warp_row, k_tile, p);
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -246,6 +273,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
     accumulate<kD>(p, v_tile, o);  // O += P V
+    __syncthreads();               // the buffer is read before the next-but-one tile goes into it
   }
 
   const int row = i0 + warp_row + row_of(0);
@@ -275,29 +303,41 @@ __global__ void __launch_bounds__(kBlockThreads) dkdv_kernel(BackwardArgs in, bf
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_tile = reinterpret_cast<bf16*>(smem);
   bf16* v_tile = k_tile + Tile<kD>::kElems;
-  bf16* q_tile = v_tile + Tile<kD>::kElems;
-  bf16* do_tile = q_tile + Tile<kD>::kElems;
-  float* lse_tile = reinterpret_cast<float*>(do_tile + Tile<kD>::kElems);
-  float* delta_tile = lse_tile + kTileRows;
+  bf16* query_tiles = v_tile + Tile<kD>::kElems;  // two buffers of a Q tile and a dO tile
+  float* row_tiles = reinterpret_cast<float*>(query_tiles + 4 * Tile<kD>::kElems);  // two of lse and delta
   const int j0 = blockIdx.x * kTileRows;
   const int hk = blockIdx.y, bi = blockIdx.z, group = s.hq / s.hkv;
   const int warp_row = (threadIdx.x / 32) * 16;
+  // Iteration `it` takes query head hk * group + it / per_head, query tile j0 + (it % per_head) * 64: earlier query
+  // tiles see none of these keys.
+  const int per_head = (s.t - j0 + kTileRows - 1) / kTileRows, iterations = group * per_head;
+  const auto load_queries = [&](int it, int buffer) {
+    const int h = hk * group + it / per_head, i0 = j0 + (it % per_head) * kTileRows;
+    bf16* q_buffer = query_tiles + buffer * 2 * Tile<kD>::kElems;
+    load_tile<kD>(head_rows(in.q, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_buffer);
+    load_tile<kD>(head_rows(in.dout, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_buffer + Tile<kD>::kElems);
+    const int64_t row_values = (int64_t{bi} * s.hq + h) * s.t;
+    load_row_values(in.lse + row_values, i0, s.t, row_tiles + buffer * 2 * kTileRows);
+    load_row_values(in.delta + row_values, i0, s.t, row_tiles + buffer * 2 * kTileRows + kTileRows);
+  };
   load_tile<kD>(head_rows(in.k, bi, s.t, s.hkv, hk, s.d), j0, s.t, s.d, k_tile);
   load_tile<kD>(head_rows(in.v, bi, s.t, s.hkv, hk, s.d), j0, s.t, s.d, v_tile);
+  load_queries(0, 0);
+  commit_copies();
 
   const float scale_log2 = s.scale * kLog2e;
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
-  for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    const HeadRows q_rows = head_rows(in.q, bi, s.t, s.hq, h, s.d);
-    const HeadRows do_rows = head_rows(in.dout, bi, s.t, s.hq, h, s.d);
-    const int64_t row_values = (int64_t{bi} * s.hq + h) * s.t;
-    for (int i0 = j0; i0 < s.t; i0 += kTileRows) {  // earlier query tiles see none of these keys
-      __syncthreads();                              // the last tiles are read
-      load_tile<kD>(q_rows, i0, s.t, s.d, q_tile);
-      load_tile<kD>(do_rows, i0, s.t, s.d, do_tile);
-      load_row_values(in.lse + row_values, i0, s.t, lse_tile);
-      load_row_values(in.delta + row_values, i0, s.t, delta_tile);
-      __syncthreads();
+  for (int it = 0; it < iterations; ++it) {
+    if (it + 1 < iterations) load_queries(it + 1, (it + 1) % 2);
+    commit_copies();
+    wait_copies<1>();  // this iteration's queries are in
+    __syncthreads();
+    {
+      const int i0 = j0 + (it % per_head) * kTileRows;
+      const bf16* q_tile = query_tiles + (it % 2) * 2 * Tile<kD>::kElems;
+      const bf16* do_tile = q_tile + Tile<kD>::kElems;
+      const float* lse_tile = row_tiles + (it % 2) * 2 * kTileRows;
+      const float* delta_tile = lse_tile + kTileRows;
       float p[8][4], ds[8][4];
       row_dots<kD>(k_tile, warp_row, q_tile, p);    // S^T: keys x queries
       row_dots<kD>(v_tile, warp_row, do_tile, ds);  // dP^T
@@ -314,6 +354,7 @@ __global__ void __launch_bounds__(kBlockThreads) dkdv_kernel(BackwardArgs in, bf
       accumulate<kD>(p, do_tile, dv_acc);  // dV += P^T dO
       accumulate<kD>(ds, q_tile, dk_acc);  // dK += dS^T Q
     }
+    __syncthreads();  // the buffer is read before the next-but-one tile goes into it
   }
   const int row = j0 + warp_row + row_of(0);
   const int64_t stride = int64_t{s.hkv} * s.d, head = (int64_t{bi} * s.t * s.hkv + hk) * s.d;
@@ -329,15 +370,20 @@ __global__ void __launch_bounds__(kBlockThreads) dq_kernel(BackwardArgs in, bf16
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem);
   bf16* do_tile = q_tile + Tile<kD>::kElems;
-  bf16* k_tile = do_tile + Tile<kD>::kElems;
-  bf16* v_tile = k_tile + Tile<kD>::kElems;
+  bf16* kv_tiles = do_tile + Tile<kD>::kElems;              // two buffers of a K tile and a V tile
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileRows;  // the longest (latest) query tiles first
   const int h = blockIdx.y, bi = blockIdx.z, hk = h / (s.hq / s.hkv);
   const int warp_row = (threadIdx.x / 32) * 16;
   const HeadRows k_rows = head_rows(in.k, bi, s.t, s.hkv, hk, s.d);
   const HeadRows v_rows = head_rows(in.v, bi, s.t, s.hkv, hk, s.d);
+  const auto load_keys = [&](int j0, bf16* buffer) {
+    load_tile<kD>(k_rows, j0, s.t, s.d, buffer);
+    load_tile<kD>(v_rows, j0, s.t, s.d, buffer + Tile<kD>::kElems);
+  };
   load_tile<kD>(head_rows(in.q, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_tile);
   load_tile<kD>(head_rows(in.dout, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, do_tile);
+  load_keys(0, kv_tiles);
+  commit_copies();
   const int row = i0 + warp_row + row_of(0);
   const int64_t row_values = (int64_t{bi} * s.hq + h) * s.t;
   float row_lse[2], row_delta[2];
@@ -350,12 +396,15 @@ __global__ void __launch_bounds__(kBlockThreads) dq_kernel(BackwardArgs in, bf16
 
   const float scale_log2 = s.scale * kLog2e;
   float dq_acc[kD / 8][4] = {};
-  const int key_end = min(i0 + kTileRows, s.t);
-  for (int j0 = 0; j0 < key_end; j0 += kTileRows) {
-    __syncthreads();  // the last tiles are read
-    load_tile<kD>(k_rows, j0, s.t, s.d, k_tile);
-    load_tile<kD>(v_rows, j0, s.t, s.d, v_tile);
+  const int key_tiles = i0 / kTileRows + 1;  // up to the causal diagonal
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int j0 = tile * kTileRows;
+    if (tile + 1 < key_tiles) load_keys(j0 + kTileRows, kv_tiles + ((tile + 1) % 2) * 2 * Tile<kD>::kElems);
+    commit_copies();
+    wait_copies<1>();  // this tile's keys are in
     __syncthreads();
+    const bf16* k_tile = kv_tiles + (tile % 2) * 2 * Tile<kD>::kElems;
+    const bf16* v_tile = k_tile + Tile<kD>::kElems;
     float p[8][4], ds[8][4];
     row_dots<kD>(q_tile, warp_row, k_tile, p);    // S
     row_dots<kD>(do_tile, warp_row, v_tile, ds);  // dP
@@ -369,6 +418,7 @@ __global__ void __launch_bounds__(kBlockThreads) dq_kernel(BackwardArgs in, bf16
         ds[j][e] = prob * (ds[j][e] - row_delta[e / 2]);
       }
     accumulate<kD>(ds, k_tile, dq_acc);  // dQ += dS K
+    __syncthreads();                     // the buffer is read before the next-but-one tile goes into it
   }
   const float scale[2] = {s.scale, s.scale};
   store_rows<kD>(dq_acc, scale, dq + (int64_t{bi} * s.t * s.hq + h) * s.d, int64_t{s.hq} * s.d, row, s.t, s.d);
@@ -403,7 +453,7 @@ void launch_attention_tensor_cores(const bf16* q, const bf16* k, const bf16* v, 
   by_padded_head(s.d, [&](auto padded) {
     constexpr int kD = decltype(padded)::value;
     const dim3 grid(tiles_of(s.t), static_cast<unsigned>(s.hq), static_cast<unsigned>(b));
-    launch_with_smem(forward_kernel<kD>, grid, 3 * Tile<kD>::kBytes, stream, "attention", q, k, v, out, lse, s);
+    launch_with_smem(forward_kernel<kD>, grid, 5 * Tile<kD>::kBytes, stream, "attention", q, k, v, out, lse, s);
   });
 }
 
@@ -413,11 +463,11 @@ void launch_attention_backward_tensor_cores(const bf16* q, const bf16* k, const 
   const BackwardArgs in{q, k, v, dout, lse, delta};
   by_padded_head(s.d, [&](auto padded) {
     constexpr int kD = decltype(padded)::value;
-    const size_t dkdv_bytes = 4 * Tile<kD>::kBytes + 2 * kTileRows * sizeof(float);
+    const size_t dkdv_bytes = 6 * Tile<kD>::kBytes + 4 * kTileRows * sizeof(float);
     launch_with_smem(dkdv_kernel<kD>, dim3(tiles_of(s.t), static_cast<unsigned>(s.hkv), static_cast<unsigned>(b)),
                      dkdv_bytes, stream, "attention_backward", in, dk, dv, s);
     launch_with_smem(dq_kernel<kD>, dim3(tiles_of(s.t), static_cast<unsigned>(s.hq), static_cast<unsigned>(b)),
-                     4 * Tile<kD>::kBytes, stream, "attention_backward", in, dq, s);
+                     6 * Tile<kD>::kBytes, stream, "attention_backward", in, dq, s);
   });
 }
 
