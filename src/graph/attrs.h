@@ -90,6 +90,9 @@ inline constexpr AttrKey<double> scale{"scale"};    // attention's softmax scale
 // `seq_total` long, of which an operand holds rows from `seq_first` on
 // (lowering sets the last two on each rank's node).
 inline constexpr AttrKey<int64_t> seq_chunks{"seq_chunks"}, seq_first{"seq_first"}, seq_total{"seq_total"};
+// attention's keys as a block of the sequence (a ring step's): the position
+// of the first, the rest contiguous after it (absent: the whole sequence).
+inline constexpr AttrKey<int64_t> key_first{"key_first"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

@@ -17,6 +17,7 @@
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kernel_errors.h"
+#include "kernels/cpu/op_kernels.h"
 #include "runtime/executor.h"
 #include "sched/schedule.h"
 
@@ -154,6 +155,94 @@ TEST(Attention, LoadBalancedQueryPartsMatchTheirPositions) {
   EXPECT_LT(max_abs_diff(dk_sum.data(), want.dk), 1e-11);
   EXPECT_LT(max_abs_diff(dv_sum.data(), want.dv), 1e-11);
 }
+
+namespace {
+// An op's CPU kernel on host tensors: fresh outputs of the given shapes and dtypes.
+std::vector<Tensor> run_cpu(const std::string& op, const std::vector<const Tensor*>& in,
+                            const std::vector<std::pair<Shape, DType>>& outputs, const Attrs& attrs) {
+  std::vector<Tensor> out;
+  std::vector<Tensor*> out_ptrs;
+  for (const auto& [shape, dtype] : outputs) out.push_back(Tensor::zeros(shape, dtype));
+  for (Tensor& t : out) out_ptrs.push_back(&t);
+  (*kernels::cpu::find_cpu_kernel(op))(kernels::KernelArgs{in, out_ptrs, attrs});
+  return out;
+}
+
+// Rows [first, first + n) of dim 1 of x.
+Tensor rows_of(const Tensor& x, int64_t first, int64_t n) {
+  std::vector<int64_t> dims = x.shape().dims();
+  const int64_t t = dims[1], inner = x.numel() / (dims[0] * t);
+  dims[1] = n;
+  Tensor out = Tensor::empty(Shape(dims), x.dtype());
+  for (int64_t o = 0; o < dims[0]; ++o)
+    for (int64_t e = 0; e < n * inner; ++e) out.set(o * n * inner + e, x.get((o * t + first) * inner + e));
+  return out;
+}
+
+double largest_difference(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.get(i), y = b.get(i);
+    if (std::isinf(x) || std::isinf(y)) {
+      if (x != y) return INFINITY;
+      continue;
+    }
+    m = std::max(m, std::abs(x - y));
+  }
+  return m;
+}
+
+// Ring attention's arithmetic on one cp rank (cp 2, rank 1: position chunks
+// 1 and 2 of 4): its queries against each key chunk alone (key_first), the
+// partial results merged by their log-sum-exps (attention_merge), equal its
+// queries against every key at once; the backward of each block with the
+// merged out and lse gives dQ in parts that sum to the whole dQ, and each
+// block's rows of dK and dV. Key chunk 3 lies after every query (rows that
+// see no key: 0 and -inf), chunk 2 on the diagonal.
+void check_ring_blocks(DType dtype, double tolerance) {
+  const int64_t B = 2, T = 24, H = 4, Hkv = 2, D = 6, chunk = T / 4;
+  std::mt19937 rng(31);
+  const Tensor q = random_tensor({B, 2 * chunk, H, D}, dtype, rng),
+               dout = random_tensor({B, 2 * chunk, H, D}, dtype, rng);
+  const Tensor k = random_tensor({B, T, Hkv, D}, dtype, rng), v = random_tensor({B, T, Hkv, D}, dtype, rng);
+  const Attrs part{attr::scale(0.45), attr::seq_chunks(4), attr::seq_first(2 * chunk), attr::seq_total(T)};
+  const Shape q_shape = q.shape(), lse_shape{B, H, 2 * chunk}, kv_chunk{B, chunk, Hkv, D};
+  const DType acc = dtype == DType::bf16 ? DType::f32 : dtype;
+  const std::vector<std::pair<Shape, DType>> forward{{q_shape, dtype}, {lse_shape, acc}};
+  const std::vector<Tensor> whole = run_cpu("attention", {&q, &k, &v}, forward, part);
+  const std::vector<Tensor> whole_grads = run_cpu("attention_backward", {&q, &k, &v, &whole[0], &whole[1], &dout},
+                                                  {{q_shape, dtype}, {k.shape(), dtype}, {k.shape(), dtype}}, part);
+  std::vector<Tensor> partials;
+  Tensor dq = Tensor::zeros(q_shape, dtype);
+  for (int64_t c = 0; c < 4; ++c) {
+    Attrs block = part;
+    block.set(attr::key_first, c * chunk);
+    const Tensor kc = rows_of(k, c * chunk, chunk), vc = rows_of(v, c * chunk, chunk);
+    for (Tensor& t : run_cpu("attention", {&q, &kc, &vc}, forward, block)) partials.push_back(std::move(t));
+    const std::vector<Tensor> g = run_cpu("attention_backward", {&q, &kc, &vc, &whole[0], &whole[1], &dout},
+                                          {{q_shape, dtype}, {kv_chunk, dtype}, {kv_chunk, dtype}}, block);
+    for (int64_t i = 0; i < dq.numel(); ++i) dq.set(i, dq.get(i) + g[0].get(i));
+    EXPECT_LE(largest_difference(g[1], rows_of(whole_grads[1], c * chunk, chunk)), tolerance) << "dK of chunk " << c;
+    EXPECT_LE(largest_difference(g[2], rows_of(whole_grads[2], c * chunk, chunk)), tolerance) << "dV of chunk " << c;
+    if (c == 3) {  // after every query
+      for (int64_t i = 0; i < partials[6].numel(); ++i) ASSERT_EQ(partials[6].get(i), 0.0);
+      for (int64_t i = 0; i < partials[7].numel(); ++i) ASSERT_EQ(partials[7].get(i), -INFINITY);
+    }
+  }
+  std::vector<const Tensor*> pairs;
+  for (const Tensor& t : partials) pairs.push_back(&t);
+  const std::vector<Tensor> merged = run_cpu("attention_merge", pairs, forward, {});
+  EXPECT_LE(largest_difference(merged[0], whole[0]), tolerance);
+  EXPECT_LE(largest_difference(merged[1], whole[1]), tolerance);
+  EXPECT_LE(largest_difference(dq, whole_grads[0]), tolerance);
+}
+}  // namespace
+
+TEST(Attention, RingBlocksOfKeysMergeToTheWholeAttention) { check_ring_blocks(DType::f64, 1e-12); }
+
+// bf16: each block's output is rounded to bf16 before the merge (2^-9 of
+// each value), and dQ summed over blocks in bf16.
+TEST(Attention, RingBlocksOfKeysMergeInBf16) { check_ring_blocks(DType::bf16, 2e-2); }
 
 TEST(SequenceOrder, HeadTailChunksAndBack) {
   const graph::SequenceOrder whole{12, 4, 0};  // cp 2: chunks of 3, stored as 0, 3, 1, 2

@@ -2,8 +2,11 @@
 // grouped-query attention, which also returns its rows' log-sum-exp; and the
 // sequence moved into context parallelism's load-balanced order and back.
 // rope and attention read each query's position in that order from their
-// seq_* attributes (graph/sequence_order.h); attention's keys are whole and
-// in position order.
+// seq_* attributes (graph/sequence_order.h); attention's keys are in
+// position order: the whole sequence, or a block of it from key_first (a
+// ring step's, whose partial results attention_merge combines).
+#include <optional>
+
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 #include "graph/sequence_order.h"
@@ -25,15 +28,22 @@ void check_attention(const ValueInfos& in) {
   MT_CHECK(k[2] > 0 && q[2] % k[2] == 0, "query heads {} must be a multiple of key/value heads {}", q[2], k[2]);
 }
 
-void check_sequence_order(const SequenceOrder& order, int64_t rows, int64_t keys) {
+// `keys` (attention's; none for rope) contiguous positions from `key_first`:
+// the whole sequence, or with a key_first attribute, a block of it.
+void check_sequence_order(const SequenceOrder& order, int64_t rows, int64_t keys,
+                          std::optional<int64_t> key_first = std::nullopt) {
   MT_CHECK(order.chunks >= 1 && order.total % order.chunks == 0 && (order.chunks == 1 || order.chunks % 2 == 0),
            "a sequence of {} in {} load-balanced chunks: the chunks must be 1 or even and divide it", order.total,
            order.chunks);
-  // The keys (attention's; none for rope) are the whole sequence, in position order.
-  MT_CHECK(order.first >= 0 && order.first + rows <= order.total && (keys == 0 || keys == order.total),
-           "rows [{}, {}) and {} keys do not fit the sequence of {}: the rows must lie within it and the keys be all "
-           "of it",
-           order.first, order.first + rows, keys, order.total);
+  MT_CHECK(order.first >= 0 && order.first + rows <= order.total,
+           "rows [{}, {}) do not fit the sequence of {}: the rows must lie within it", order.first, order.first + rows,
+           order.total);
+  if (key_first)
+    MT_CHECK(*key_first >= 0 && *key_first + keys <= order.total,
+             "keys at positions [{}, {}) do not fit the sequence of {}", *key_first, *key_first + keys, order.total);
+  else
+    MT_CHECK(keys == 0 || keys == order.total,
+             "{} keys for a sequence of {}: the keys must be all of it (or a block from key_first)", keys, order.total);
 }
 
 // QK^T and PV over the causal half, times `passes` (1 forward, 2 backward):
@@ -45,7 +55,7 @@ double attention_flops(const Shape& q, const Shape& k, double passes) {
 
 // The seq_* attributes a backward node takes from its forward node.
 Attrs with_sequence_order(Attrs out, const Attrs& from) {
-  for (const auto& key : {attr::seq_chunks, attr::seq_first, attr::seq_total})
+  for (const auto& key : {attr::seq_chunks, attr::seq_first, attr::seq_total, attr::key_first})
     if (from.has(key.name)) out.set(key, from.get(key));
   return out;
 }
@@ -92,7 +102,9 @@ void add_attention_ops(std::vector<OpDef>& ops) {
             check_float(in[0], "attention q");
             check_attention(in);
             at.get(attr::scale);
-            check_sequence_order(sequence_order(at, in[1].shape[1]), in[0].shape[1], in[1].shape[1]);
+            const std::optional<int64_t> key_first =
+                at.has(attr::key_first.name) ? std::optional(at.get(attr::key_first)) : std::nullopt;
+            check_sequence_order(sequence_order(at, in[1].shape[1]), in[0].shape[1], in[1].shape[1], key_first);
             const auto& q = in[0].shape;
             // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
             return ValueInfos{in[0], {Shape{q[0], q[2], q[1]}, accumulator_dtype(in[0].dtype)}};
@@ -118,6 +130,33 @@ void add_attention_ops(std::vector<OpDef>& ops) {
           },
       .flops = [](const ValueInfos& in, const ValueInfos&,
                   const Attrs&) { return attention_flops(in[0].shape, in[1].shape, 2); },
+  });
+  // Partial attentions of the same queries over disjoint blocks of the keys
+  // (a ring's steps), as (out, lse) pairs, merged by their log-sum-exps:
+  // out = sum_i exp(lse_i - lse) out_i, lse = log sum_i exp(lse_i). A row no
+  // block sees stays 0 with an lse of -inf. Lowering makes it after
+  // autodiff, so it has no backward.
+  ops.push_back({
+      .name = "attention_merge",
+      .num_inputs = OpDef::kVariadic,
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            MT_CHECK(in.size() >= 2 && in.size() % 2 == 0, "attention_merge takes (out, lse) pairs, got {} inputs",
+                     in.size());
+            check_float(in[0], "attention_merge out");
+            const Shape& o = in[0].shape;
+            MT_CHECK(o.rank() == 4, "attention_merge: out must be [B, T, H, D], got {}", o.to_string());
+            const ValueInfo lse{Shape{o[0], o[2], o[1]}, accumulator_dtype(in[0].dtype)};
+            for (size_t i = 0; i < in.size(); i += 2)
+              MT_CHECK(
+                  in[i] == in[0] && in[i + 1] == lse,
+                  "attention_merge: pair {} is out {} {} and lse {} {}; every pair must be out {} {} and lse {} {}",
+                  i / 2, in[i].shape.to_string(), dtype_name(in[i].dtype), in[i + 1].shape.to_string(),
+                  dtype_name(in[i + 1].dtype), o.to_string(), dtype_name(in[0].dtype), lse.shape.to_string(),
+                  dtype_name(lse.dtype));
+            return ValueInfos{in[0], lse};
+          },
+      .flops = elementwise_flops(4),
   });
   // x [B, T, ...] in position order -> its rows [start, start + length) in
   // the load-balanced order of seq_chunks chunks (all of them in the global

@@ -63,12 +63,13 @@ void scatter_rows(const A* acc, int64_t row_step, int64_t col_step, int64_t rows
     for (int64_t c = 0; c < d; ++c) dst[r * stride + c] = store<T>(acc[r * row_step + c * col_step] * sc);
 }
 
-// The positions of queries [i0, i0 + rows) into `pos`; returns the keys
-// any of them sees: those before the block's last position, and it.
-int64_t query_positions(const graph::SequenceOrder& queries, int64_t i0, int64_t rows, int64_t* pos) {
-  int64_t last = 0;
-  for (int64_t r = 0; r < rows; ++r) last = std::max(last, pos[r] = queries.position(i0 + r));
-  return last + 1;
+// The positions of queries [i0, i0 + rows), counted from the first key's,
+// into `pos` (key j is visible to row r when j <= pos[r]); returns the keys
+// any of them sees: those up to the block's last position.
+int64_t query_positions(const AttentionShape& shape, int64_t i0, int64_t rows, int64_t* pos) {
+  int64_t last = -1;
+  for (int64_t r = 0; r < rows; ++r) last = std::max(last, pos[r] = shape.queries.position(i0 + r) - shape.key_first);
+  return std::min(last + 1, shape.tk);
 }
 // Keys [j0, j0 + n) of the `seen` keys a block of queries sees.
 int64_t keys_in_block(int64_t seen, int64_t j0) { return std::min(kKeyBlock, seen - j0); }
@@ -100,7 +101,7 @@ template <typename T>
         int64_t row_pos[kQueryBlock];
         for (int64_t i0 = 0; i0 < tq; i0 += kQueryBlock) {
           const int64_t rows = std::min(kQueryBlock, tq - i0);
-          const int64_t seen = query_positions(shape.queries, i0, rows, row_pos);
+          const int64_t seen = query_positions(shape, i0, rows, row_pos);
           const HeadRows<A> qs = head_rows<A>(q + ((bi * tq + i0) * hq + h) * d, hq * d, rows, d, 2);
           std::fill(o, o + rows * d, A(0));
           std::fill(row_max, row_max + rows, neg_inf);
@@ -131,9 +132,10 @@ template <typename T>
           }
           for (int64_t r = 0; r < rows; ++r) {
             T* dst = out + ((bi * tq + i0 + r) * hq + h) * d;
-            const A inv = A(1) / row_total[r];
+            const bool sees = row_total[r] > 0;  // a row that sees no key: 0 and an lse of -inf
+            const A inv = sees ? A(1) / row_total[r] : A(0);
             for (int64_t c = 0; c < d; ++c) dst[c] = store<T>(o[r * d + c] * inv);
-            lse[(bi * hq + h) * tq + i0 + r] = row_max[r] + std::log(row_total[r]);
+            lse[(bi * hq + h) * tq + i0 + r] = sees ? row_max[r] + std::log(row_total[r]) : neg_inf;
           }
         }
       } catch (...) {
@@ -174,7 +176,7 @@ template <typename T>
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
           for (int64_t i0 = 0; i0 < tq; i0 += kQueryBlock) {
             const int64_t rows = std::min(kQueryBlock, tq - i0);
-            const int64_t seen = query_positions(shape.queries, i0, rows, row_pos);
+            const int64_t seen = query_positions(shape, i0, rows, row_pos);
             const int64_t first_row = (bi * tq + i0) * hq + h;
             const HeadRows<A> qs = head_rows<A>(q + first_row * d, hq * d, rows, d, 4);
             const HeadRows<A> dos = head_rows<A>(dout + first_row * d, hq * d, rows, d, 5);
@@ -252,7 +254,7 @@ template <typename T>
         pack_pairs(v + kv_offset, hkv * d, tk, d, v_p);
         for (int64_t i0 = 0; i0 < tq; i0 += kQueryBlock) {
           const int64_t rows = std::min(kQueryBlock, tq - i0);
-          const int64_t seen = query_positions(shape.queries, i0, rows, row_pos);
+          const int64_t seen = query_positions(shape, i0, rows, row_pos);
           pack_rows(q + ((bi * tq + i0) * hq + h) * d, hq * d, rows, d, q_a);
           std::fill(o, o + rows * d, 0.0f);
           std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
@@ -280,9 +282,11 @@ template <typename T>
           }
           for (int64_t r = 0; r < rows; ++r) {
             bfloat16* dst = out + ((bi * tq + i0 + r) * hq + h) * d;
-            const float inv = 1.0f / row_total[r];
+            const bool sees = row_total[r] > 0;  // a row that sees no key: 0 and an lse of -inf
+            const float inv = sees ? 1.0f / row_total[r] : 0.0f;
             for (int64_t c = 0; c < d; ++c) dst[c] = store<bfloat16>(o[r * d + c] * inv);
-            lse[(bi * hq + h) * tq + i0 + r] = row_max[r] + std::log(row_total[r]);
+            lse[(bi * hq + h) * tq + i0 + r] =
+                sees ? row_max[r] + std::log(row_total[r]) : -std::numeric_limits<float>::infinity();
           }
         }
       } catch (...) {
@@ -335,7 +339,7 @@ template <typename T>
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
           for (int64_t i0 = 0; i0 < tq; i0 += kQueryBlock) {
             const int64_t rows = std::min(kQueryBlock, tq - i0), row_pairs = (rows + 1) / 2;
-            const int64_t seen = query_positions(shape.queries, i0, rows, row_pos);
+            const int64_t seen = query_positions(shape, i0, rows, row_pos);
             const int64_t first_row = (bi * tq + i0) * hq + h;
             pack_rows(q + first_row * d, hq * d, rows, d, q_a);
             pack_rows(dout + first_row * d, hq * d, rows, d, do_a);

@@ -108,12 +108,14 @@ void rope(const T* x, T* out, int64_t b, int64_t t, int64_t h, int64_t d, double
 struct AttentionShape {
   int64_t b, tq, tk, hq, hkv, d;
   graph::SequenceOrder queries;
+  int64_t key_first = 0;  // the position of key 0; the keys are tk contiguous positions from it
 };
 // Causal scaled-dot-product attention with grouped-query heads,
 // flash-attention style: blocks of queries against blocks of keys with an
 // online softmax, so no Tq x Tk buffer exists. Writes out [B, Tq, Hq, D] and
 // the row log-sum-exp lse [B, Hq, Tq] (in Acc<T>) for the backward pass,
-// which recomputes the scores block by block.
+// which recomputes the scores block by block. A query that sees none of the
+// keys (all after it) gets 0 and an lse of -inf.
 template <typename T>
 void attention(const T* q, const T* k, const T* v, T* out, Acc<T>* lse, const AttentionShape& shape, double scale);
 template <typename T>

@@ -1,6 +1,10 @@
-// CPU kernels of rope, attention and reorder_sequence (graph/ops/attention.cpp);
+// CPU kernels of rope, attention, attention_merge and reorder_sequence (graph/ops/attention.cpp);
 // the attention loops themselves are in kernels/cpu/attention.cpp.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "graph/sequence_order.h"
 #include "kernels/cpu/ops/families.h"
@@ -11,7 +15,48 @@ namespace {
 AttentionShape attention_shape(const KernelArgs& a) {
   const auto& q = a.in[0]->shape();
   const auto& k = a.in[1]->shape();
-  return {q[0], q[1], k[1], q[2], k[2], q[3], graph::sequence_order(a.attrs, k[1])};
+  return {q[0],
+          q[1],
+          k[1],
+          q[2],
+          k[2],
+          q[3],
+          graph::sequence_order(a.attrs, k[1]),
+          a.attrs.get_or(attr::key_first, int64_t{0})};
+}
+
+// attention_merge (graph/ops/attention.cpp): each row of each head from its
+// (out, lse) pairs, in the accumulation type.
+template <typename T>
+void attention_merge(const KernelArgs& a) {
+  using A = Acc<T>;
+  const Shape& o = a.in[0]->shape();
+  const int64_t b = o[0], t = o[1], h = o[2], d = o[3], parts = static_cast<int64_t>(a.in.size()) / 2;
+  T* out = out_ptr<T>(a, 0);
+  A* lse = out_ptr<A>(a, 1);
+  const auto neg_inf = -std::numeric_limits<A>::infinity();
+#pragma omp parallel for collapse(2)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<A> acc(static_cast<size_t>(d));
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const int64_t row = ((bi * t + i) * h + hh) * d, at = (bi * h + hh) * t + i;
+        A top = neg_inf;
+        for (int64_t p = 0; p < parts; ++p) top = std::max(top, in_ptr<A>(a, 2 * p + 1)[at]);
+        std::fill(acc.begin(), acc.end(), A(0));
+        A total = 0;
+        if (top != neg_inf)
+          for (int64_t p = 0; p < parts; ++p) {
+            const A weight = std::exp(in_ptr<A>(a, 2 * p + 1)[at] - top);
+            const T* part = in_ptr<T>(a, 2 * p) + row;
+            total += weight;
+            for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] += weight * load(part[c]);
+          }
+        const A inv = total > 0 ? A(1) / total : A(0);
+        for (int64_t c = 0; c < d; ++c) out[row + c] = store<T>(acc[static_cast<size_t>(c)] * inv);
+        lse[at] = total > 0 ? top + std::log(total) : neg_inf;
+      }
+    }
 }
 
 // Rows [start, start + length) of the load-balanced order from x in position
@@ -60,6 +105,8 @@ void add_attention_kernels(const AddKernel& add) {
                          a.attrs.get(attr::scale));
     });
   });
+  add("attention_merge",
+      [](const KernelArgs& a) { by_float_type(a.in[0]->dtype(), [&](auto z) { attention_merge<decltype(z)>(a); }); });
   add("reorder_sequence", reorder_sequence);
 }
 

@@ -512,7 +512,8 @@ void launch_attention_backward(const T* q, const T* k, const T* v, const T* out,
 
 // Context parallelism's sequence order (graph/sequence_order.h) is CPU-only so far.
 void require_position_order(const KernelArgs& a, const char* op) {
-  MT_CHECK(!a.attrs.has(attr::seq_chunks.name) && a.attrs.get_or(attr::seq_first, int64_t{0}) == 0 &&
+  MT_CHECK(!a.attrs.has(attr::seq_chunks.name) && !a.attrs.has(attr::key_first.name) &&
+               a.attrs.get_or(attr::seq_first, int64_t{0}) == 0 &&
                a.in[0]->shape()[1] == a.in[a.in.size() > 1 ? 1 : 0]->shape()[1],
            "{} on the GPU takes the whole sequence in position order: context parallelism runs on CPUs only", op);
 }
