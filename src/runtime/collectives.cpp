@@ -15,6 +15,12 @@ std::optional<CollectiveStep> collective_step(const graph::Node& node, const sha
     s.mesh_dims.push_back(static_cast<int>(m));
   }
   MT_CHECK(!s.mesh_dims.empty(), "{} node names no mesh dim", node.op->name);
+  if (node.op->name == "ring_shift") {
+    c.ring_shift = true;
+    s.collective = comm::OpType::send;
+    s.bytes = node.attrs.get(graph::attr::comm_bytes);
+    return c;
+  }
   s.before = sharding::Layout::parse(node.attrs.get(graph::attr::layout_before), mesh.ndim());
   s.after = sharding::Layout::parse(node.attrs.get(graph::attr::layout_after), mesh.ndim());
   s.from = s.before.placements[static_cast<size_t>(s.mesh_dims.front())];

@@ -24,7 +24,9 @@ comm::OpType costed_collective(std::string_view op) {
 }
 
 CollectiveStream collective_stream(const graph::Node& started) {
-  return {started.attrs.get(graph::attr::mesh_dims), sharding::comm_stream(costed_collective(started.op->name))};
+  const auto& dims = started.attrs.get(graph::attr::mesh_dims);
+  if (started.op->name == "ring_shift") return {dims, sharding::CommStream::main};
+  return {dims, sharding::comm_stream(costed_collective(started.op->name))};
 }
 
 namespace {

@@ -11,8 +11,15 @@ namespace meshtrain::sched {
 
 namespace {
 double collective_us(const graph::Node& node, const RankDevice& device) {
-  return device.hardware.collective_us(costed_collective(node.op->name), node.attrs.get(graph::attr::comm_bytes),
-                                       node.attrs.get(graph::attr::group), device.world_size);
+  const double bytes = node.attrs.get(graph::attr::comm_bytes);
+  const std::vector<int64_t>& group = node.attrs.get(graph::attr::group);
+  // A ring shift sends its block to one neighbour while the other's arrives:
+  // one step of a two-rank ring all_gather of both blocks (hosts as the
+  // group's first two ranks stand).
+  if (node.op->name == "ring_shift")
+    return device.hardware.collective_us(comm::OpType::all_gather, 2 * bytes, {group.at(0), group.at(1)},
+                                         device.world_size);
+  return device.hardware.collective_us(costed_collective(node.op->name), bytes, group, device.world_size);
 }
 }  // namespace
 

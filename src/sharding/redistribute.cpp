@@ -315,6 +315,18 @@ void InFlightStep::complete() {
   if (finish) finish();
 }
 
+InFlightStep start_ring_shift(const Tensor& local, Tensor& out, int mesh_dim, MeshGroups& groups) {
+  MT_CHECK(out.shape() == local.shape() && out.dtype() == local.dtype(),
+           "ring_shift: the output {} {} must be the input's {} {}", out.shape().to_string(), dtype_name(out.dtype()),
+           local.shape().to_string(), dtype_name(local.dtype()));
+  comm::ProcessGroup& pg = groups.merged_group({mesh_dim}, CommStream::main);
+  const int n = pg.size(), r = pg.rank();
+  constexpr int kRingTag = 1;  // the cp group carries nothing else point to point
+  comm::WorkPtr arriving = pg.recv(out, (r + n - 1) % n, kRingTag);
+  comm::WorkPtr leaving = pg.send(local, (r + 1) % n, kRingTag);
+  return {std::move(arriving), [leaving] { leaving->wait(); }};
+}
+
 InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, const Shape& global_shape,
                         const PlanStep& step, MeshGroups& groups, const RaggedRows* ragged) {
   const StepContext c(global_shape, step, groups.mesh(), groups.coordinate(), dtype_size(local.dtype()));

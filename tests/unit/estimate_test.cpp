@@ -336,6 +336,24 @@ TEST(BenchmarkMode, MeasuredKernelTimesReplaceTheRoofline) {
   EXPECT_EQ(sched::node_us(g, relu_node, measured), sched::node_us(g, relu_node, roofline));
 }
 
+// A ring shift (context parallelism's ring) costs one neighbour's transfer:
+// one step of a two-rank ring all_gather of both blocks, within a host on
+// NVLink and across hosts on InfiniBand, whatever the group's size.
+TEST(Estimate, RingShiftCostsOneNeighboursTransfer) {
+  const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
+  for (const std::vector<int64_t>& group : {std::vector<int64_t>{0, 1, 2, 3}, std::vector<int64_t>{0, 8}}) {
+    Graph g;
+    Builder b(g);
+    const ValueId x = g.add_input("x", {1024, 1024}, DType::bf16);
+    const double bytes = 2.0 * 1024 * 1024;
+    const NodeId shift =
+        g.add_node("ring_shift", {x}, {attr::mesh_dims({0}), attr::group(group), attr::comm_bytes(bytes)});
+    const double us = sched::node_us(g, shift, {h100, 16});
+    EXPECT_DOUBLE_EQ(us, h100.collective_us(comm::OpType::all_gather, 2 * bytes, {group[0], group[1]}, 16));
+    EXPECT_GT(us, bytes / (group[1] < 8 ? h100.nccl.intra_bus_gbps : h100.nccl.inter_gbps) * 1e-3);
+  }
+}
+
 // The kernels of a graph are timed once per key (two matmuls of one shape
 // share a figure), each for its timing window, each a positive time; what the table has is not timed
 // again; the cache file round-trips, and a malformed one is an error naming it.

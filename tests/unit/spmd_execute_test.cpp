@@ -164,3 +164,47 @@ TEST(SpmdExecute, Bf16GradientsAreReducedInTheReduceDtype) {
       EXPECT_GT(reductions, 0) << layout;
     }
 }
+
+// A ring_shift node (context parallelism's ring) over the second dim of a
+// 2 x 3 mesh of 6 ranks: each rank gets the previous rank's tensor in its
+// group, wrapping around; a second shift of the first's result, in flight
+// with it, brings the tensor of the rank two back. Run twice.
+TEST(SpmdExecute, RingShiftPassesToTheNextRankOfTheGroup) {
+  comm::GroupOptions options;
+  options.timeout = std::chrono::seconds(20);
+  comm::LocalWorld world(6, options);
+  std::atomic<int> checked{0};
+  world.run([&](comm::ProcessGroup& pg) {
+    const sharding::DeviceMesh mesh({2, 3}, {"dp", "cp"});
+    sharding::MeshGroups groups(mesh, pg.shared_from_this());
+    const std::vector<int64_t> group = mesh.group_ranks(pg.rank(), {1});
+    const int me = mesh.coordinate(pg.rank())[1];
+    Graph g;
+    Builder b(g);
+    const ValueId x = g.add_input("x", Shape{2, 3}, DType::f32);
+    const Attrs at{attr::mesh_dims({1}), attr::group(group), attr::comm_bytes(24)};
+    const auto shift = [&](ValueId v) {
+      std::vector<ValueId> wait_inputs = g.node(g.add_node("ring_shift", {v}, at)).outputs;
+      wait_inputs.push_back(v);
+      return b.op("wait", wait_inputs);
+    };
+    const ValueId once = shift(x), twice = shift(once);
+    g.add_output(once);
+    g.add_output(twice);
+    runtime::Executor ex(g, sched::make_schedule(g, g.outputs()), &groups);
+    Tensor mine = Tensor::empty(Shape{2, 3}, DType::f32);
+    for (int64_t e = 0; e < 6; ++e) mine.set(e, 10.0 * pg.rank() + static_cast<double>(e));
+    ex.bind(x, mine);
+    for (int run = 0; run < 2; ++run) {
+      ex.run();
+      const int64_t back_one = group[static_cast<size_t>((me + 2) % 3)],
+                    back_two = group[static_cast<size_t>((me + 1) % 3)];
+      for (int64_t e = 0; e < 6; ++e) {
+        EXPECT_EQ(ex.fetch(once).get(e), 10.0 * static_cast<double>(back_one) + static_cast<double>(e));
+        EXPECT_EQ(ex.fetch(twice).get(e), 10.0 * static_cast<double>(back_two) + static_cast<double>(e));
+      }
+    }
+    ++checked;
+  });
+  EXPECT_EQ(checked.load(), 6);
+}

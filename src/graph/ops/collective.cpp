@@ -8,7 +8,8 @@
 // inputs are the result, the buffer and, where the collective reads it until
 // it completes, the collective's input, so that all of them stay alive and
 // untouched while it runs; its output is the result (a view).
-// shard_locally keeps this rank's part of a replicated value (R -> S), or
+// ring_shift passes a tensor to the next rank of a group (context
+// parallelism's ring attention). shard_locally keeps this rank's part of a replicated value (R -> S), or
 // its share of a pending sum (R -> P), with no communication, at once. Each
 // node carries the layouts before and after, the global shape and its local
 // output shape (uneven shards differ by rank), so it runs without a plan.
@@ -108,6 +109,23 @@ void add_collective_ops(std::vector<OpDef>& ops) {
         .in_place = name == "all_reduce" ? std::vector<OpDef::InPlace>{{0, 0}}
                                          : std::vector<OpDef::InPlace>{},  // reduced in place where its input dies
     });
+  // Context parallelism's ring: each rank of the group over mesh_dims sends
+  // its tensor to the next rank of the group and takes the previous rank's
+  // (group order, wrapping around), started and waited on as the other
+  // collectives are (outputs: the result and an empty staging buffer); it
+  // reads its input until it completes.
+  ops.push_back({
+      .name = "ring_shift",
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            MT_CHECK(at.get(attr::mesh_dims).size() == 1, "ring_shift runs over one mesh dim");
+            MT_CHECK(at.get(attr::group).size() >= 2, "ring_shift needs a group of two ranks or more");
+            at.get(attr::comm_bytes);
+            return ValueInfos{in[0], {Shape({0}), in[0].dtype}};
+          },
+      .is_collective = true,
+      .starts_async = true,
+  });
   ops.push_back({
       .name = "shard_locally",
       .infer =
