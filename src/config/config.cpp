@@ -129,13 +129,14 @@ Key string_key(std::string name, const std::string& default_text, std::function<
                                         std::move(expects), [field](TrainConfig& c) { return toml_string(field(c)); }));
 }
 
-// A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it).
+// A key naming one of a few choices (an enum, a dtype spelled as PyTorch spells it), and what they mean.
 template <typename E>
 Key choice_key(std::string name, const std::string& default_text, std::function<E&(TrainConfig&)> field,
-               std::vector<std::pair<std::string, E>> choices) {
+               std::vector<std::pair<std::string, E>> choices, const std::string& meaning = "") {
   std::vector<std::string> names;
   for (const auto& choice : choices) names.push_back(choice.first);
   std::string expects = fmt::format("one of {}", fmt::join(names, ", "));
+  const std::string described = meaning.empty() ? expects : expects + ": " + meaning;
   return with_default(default_text, text_key(
                                         name,
                                         [name, field, choices, expects](TrainConfig& c, const std::string& v) {
@@ -147,7 +148,7 @@ Key choice_key(std::string name, const std::string& default_text, std::function<
                                           }
                                           bad_value(name, v, expects);
                                         },
-                                        expects,
+                                        described,
                                         [field, choices](TrainConfig& c) {
                                           for (const auto& [choice, value] : choices)
                                             if (field(c) == value) return fmt::format("\"{}\"", choice);
@@ -381,7 +382,15 @@ const std::vector<Key>& keys() {
           "parallel.cp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.cp; }, pos,
           "a positive integer: context parallelism, every activation split on the sequence over this many ranks "
           "(2 x cp must divide data.seq_len: each rank holds two load-balanced chunks); weights FSDP-sharded over "
-          "dp_shard x cp; attention all-gathers the keys and values"),
+          "dp_shard x cp"),
+      choice_key<parallel::ParallelConfig::CpAttention>(
+          "parallel.cp_attention", "allgather",
+          [](TrainConfig& c) -> parallel::ParallelConfig::CpAttention& { return c.parallel.cp_attention; },
+          {{"allgather", parallel::ParallelConfig::CpAttention::allgather},
+           {"ring", parallel::ParallelConfig::CpAttention::ring}},
+          "with parallel.cp > 1, how attention meets the keys of other cp ranks: allgather, each layer's keys and "
+          "values all-gathered over cp; ring, passed around the cp ring while each block's attention runs, the "
+          "partial results merged by their log-sum-exps"),
       number_key<int64_t>(
           "parallel.expert_tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.expert_tp; }, pos,
           "1 or parallel.tp: the routed experts' weights also split Megatron-style over tp (1: whole on each tp "
@@ -583,6 +592,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "load-balanced chunks of the sequence",
            c.data.seq_len, 2 * cp);
   c.model.seq_chunks = cp > 1 ? 2 * cp : 1;
+  c.model.ring_attention = cp > 1 && c.parallel.cp_attention == parallel::ParallelConfig::CpAttention::ring;
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");

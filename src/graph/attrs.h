@@ -93,6 +93,9 @@ inline constexpr AttrKey<int64_t> seq_chunks{"seq_chunks"}, seq_first{"seq_first
 // attention's keys as a block of the sequence (a ring step's): the position
 // of the first, the rest contiguous after it (absent: the whole sequence).
 inline constexpr AttrKey<int64_t> key_first{"key_first"};
+// attention's keys and values in its queries' load-balanced order, split as
+// they are (context parallelism's ring): lowering runs it as ring steps.
+inline constexpr AttrKey<bool> ring{"ring"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

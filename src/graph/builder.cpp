@@ -64,9 +64,10 @@ ValueId Builder::rope(ValueId x, double theta, int64_t seq_chunks) {
   if (seq_chunks > 1) attrs.set(attr::seq_chunks, seq_chunks);
   return op("rope", {x}, attrs);
 }
-ValueId Builder::attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks) {
+ValueId Builder::attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks, bool ring) {
   Attrs attrs{attr::scale(scale)};
   if (seq_chunks > 1) attrs.set(attr::seq_chunks, seq_chunks);
+  if (ring) attrs.set(attr::ring, true);
   return op_outputs("attention", {q, k, v}, attrs)[0];
 }
 ValueId Builder::reorder_sequence(ValueId x, int64_t seq_chunks, bool inverse) {

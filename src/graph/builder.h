@@ -48,7 +48,8 @@ class Builder {
   ValueId rope(ValueId x, double theta, int64_t seq_chunks = 1);
   // Causal attention, q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D];
   // q in the load-balanced order of `seq_chunks` chunks, k and v in position order.
-  ValueId attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks = 1);
+  // ring: k and v in q's load-balanced order (context parallelism's ring attention; graph/ops/attention.cpp).
+  ValueId attention(ValueId q, ValueId k, ValueId v, double scale, int64_t seq_chunks = 1, bool ring = false);
   // x [B, T, ...] into the load-balanced order of `seq_chunks` chunks, or back.
   ValueId reorder_sequence(ValueId x, int64_t seq_chunks, bool inverse = false);
   ValueId swiglu(ValueId gate, ValueId up);  // silu(gate) * up

@@ -314,12 +314,14 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
       auto k = b.rope(b.reshape(linear(x, p + "self_attn.k_proj.weight"), {batch, seq_len, c.n_kv_heads, hd}),
                       c.rope_theta, chunks);
       auto v = b.reshape(linear(x, p + "self_attn.v_proj.weight"), {batch, seq_len, c.n_kv_heads, hd});
-      if (chunks > 1) {  // the keys whole and in position order (all-gathered under context parallelism)
+      const bool ring = chunks > 1 && c.ring_attention;
+      if (chunks > 1 && !ring) {  // the keys whole and in position order (all-gathered under context parallelism)
         k = b.reorder_sequence(k, chunks, true);
         v = b.reorder_sequence(v, chunks, true);
         m.attention_keys.insert(m.attention_keys.end(), {k, v});
       }
-      attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), chunks), {batch, seq_len, c.dim});
+      attn = b.reshape(b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), chunks, ring),
+                       {batch, seq_len, c.dim});
       h = b.add(h, linear(attn, p + "self_attn.o_proj.weight"));
       m.residual.push_back(h);
     }

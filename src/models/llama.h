@@ -48,6 +48,11 @@ struct LlamaConfig {
   // it is over 1: the sequence then runs in that many load-balanced chunks
   // (graph/sequence_order.h); 1: in position order.
   int64_t seq_chunks = 1;
+  // Not a [model] key: with seq_chunks > 1, attention takes its keys and
+  // values in the load-balanced order, split as the queries are, for
+  // context parallelism's ring (parallel.cp_attention ring); false: in
+  // position order, whole (all-gathered).
+  bool ring_attention = false;
   void validate() const;  // throws naming the inconsistent keys
   int64_t head_dim() const { return dim / n_heads; }
   bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }

@@ -31,8 +31,10 @@ struct ParallelConfig {
   int64_t expert_tp = 1;  // 1 or tp: the routed experts also split Megatron-style over tp
   // Context parallelism: every activation split on the sequence over `cp`
   // ranks (load-balanced chunks, graph/sequence_order.h); the weights
-  // FSDP-sharded over dp_shard x cp.
+  // FSDP-sharded over dp_shard x cp. Attention all-gathers the keys and
+  // values over cp, or passes them around the cp ring (spmd/ring_attention.h).
   int64_t cp = 1;
+  enum class CpAttention { allgather, ring } cp_attention = CpAttention::allgather;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)

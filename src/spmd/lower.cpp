@@ -10,6 +10,7 @@
 #include "graph/builder.h"
 #include "sharding/local_chunk.h"
 #include "sharding/redistribute.h"
+#include "spmd/ring_attention.h"
 
 namespace meshtrain::spmd {
 
@@ -152,10 +153,16 @@ LoweredGraph lower(const graph::Graph& g, const Sharding& s, sharding::Planner& 
     }
     for (size_t k = 0; k < node.outputs.size(); ++k)
       out_chunks.push_back(sharding::local_chunk(g.value(node.outputs[k]).info.shape, ns.outputs[k], mesh, l.coord));
-    const graph::NodeId ln =
-        local.add_node(node.op->name, inputs, local_attrs({*node.op, node.attrs, global_in, in_chunks, out_chunks}));
+    const graph::Attrs attrs = local_attrs({*node.op, node.attrs, global_in, in_chunks, out_chunks});
+    std::vector<graph::ValueId> outputs;
+    if (const auto ring = ring_place(node, ns, mesh, l.coord)) {
+      graph::Builder b(local);
+      outputs = expand_ring_attention(b, node, *ring, inputs, attrs);
+    } else {
+      outputs = local.node(local.add_node(node.op->name, inputs, attrs)).outputs;
+    }
     for (size_t k = 0; k < node.outputs.size(); ++k) {
-      const graph::ValueId v = node.outputs[k], lv = local.node(ln).outputs[k];
+      const graph::ValueId v = node.outputs[k], lv = outputs[k];
       const Shape& want = out_chunks[k].shape;
       MT_CHECK(local.value(lv).info.shape == want,
                "lower: node {} ({}) on rank {} computes output {} as {}, but its layout {} gives {} there", n.index,

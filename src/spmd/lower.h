@@ -2,7 +2,8 @@
 // sharding. Every value gets this rank's local shape (the torch.chunk rule,
 // so uneven shards need no padding); every redistribution the sharding asks
 // for becomes one node per step of the planner's plan (graph/ops/
-// collective.cpp), on this rank's groups. Any rank's graph can be lowered
+// collective.cpp), on this rank's groups; ring attention becomes its ring
+// steps (spmd/ring_attention.h). Any rank's graph can be lowered
 // on any machine, without running anything.
 #pragma once
 

@@ -251,7 +251,9 @@ inline models::LlamaConfig tiny_llama() {
   return c;
 }
 
-// The tiny Llama's step for a global batch of 4 sequences of 5 tokens, and its layouts under `parallel`.
+// The tiny Llama's step for a global batch of 4 sequences of 5 tokens (8
+// under context parallelism, in its load-balanced chunks), and its layouts
+// under `parallel`.
 struct TinyLlamaStep {
   Graph g;
   compile::TrainStepGraph step;
@@ -261,7 +263,12 @@ struct TinyLlamaStep {
       : mesh(parallel::make_mesh(parallel, ranks)) {
     config::OptimizerConfig opt = config::TrainConfig().optimizer;
     opt.lr = 1e-2;
-    step = compile::build_train_step(g, tiny_llama(), 4, 5, opt,
+    models::LlamaConfig model = tiny_llama();
+    if (parallel.cp > 1) {
+      model.seq_chunks = 2 * parallel.cp;
+      model.ring_attention = parallel.cp_attention == parallel::ParallelConfig::CpAttention::ring;
+    }
+    step = compile::build_train_step(g, model, 4, parallel.cp > 1 ? 8 : 5, opt,
                                      {.max_grad_norm = 0.5,
                                       .split_loss = parallel.loss_parallel,
                                       .micro_batches = micro_batches});  // clipping active

@@ -402,3 +402,34 @@ TEST(Matmul, Bf16MatchesFloat32UpToRounding) {
               << "shared=" << shared << " ta=" << ta << " tb=" << tb << " i=" << i;
       }
 }
+
+// attention's FLOPs count the (query, key) pairs the causal mask keeps: the
+// whole sequence's T (T + 1) / 2 pairs; a cp rank's load-balanced part
+// exactly its share; and its ring blocks (keys from key_first) add up to
+// that part's.
+TEST(AttentionFlops, CountTheCausalPairsOfWholeSequencesPartsAndBlocks) {
+  const int64_t B = 2, T = 24, H = 4, D = 8, cp = 3, chunk = T / (2 * cp);
+  const OpDef& op = find_op("attention");
+  const auto flops = [&](int64_t q_rows, int64_t keys, const Attrs& at) {
+    const ValueInfos in{
+        {Shape{B, q_rows, H, D}, DType::f32}, {Shape{B, keys, H, D}, DType::f32}, {Shape{B, keys, H, D}, DType::f32}};
+    return op_flops(op, in, {}, at);
+  };
+  const double per_pair = 4.0 * B * H * D;
+  EXPECT_EQ(flops(T, T, {attr::scale(1.0)}), per_pair * T * (T + 1) / 2);
+  double parts = 0;
+  for (int64_t r = 0; r < cp; ++r) {
+    const Attrs part{attr::scale(1.0), attr::seq_chunks(2 * cp), attr::seq_first(r * 2 * chunk), attr::seq_total(T)};
+    const double whole_keys = flops(2 * chunk, T, part);
+    double blocks = 0;
+    for (int64_t c = 0; c < 2 * cp; ++c) {
+      Attrs block = part;
+      block.set(attr::key_first, c * chunk);
+      blocks += flops(2 * chunk, chunk, block);
+    }
+    EXPECT_EQ(blocks, whole_keys) << "rank " << r;
+    EXPECT_EQ(whole_keys, per_pair * T * (T + 1) / 2 / cp) << "rank " << r;  // balanced: an equal share
+    parts += whole_keys;
+  }
+  EXPECT_EQ(parts, per_pair * T * (T + 1) / 2);
+}

@@ -43,8 +43,10 @@ TEST(SpmdExecute, DdpMatchesOneRank) {
 namespace {
 
 void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micro_batches = 1) {
-  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} sequence_parallel {}", ranks,
-                           config.dp_replicate, config.dp_shard, config.tp, config.sequence_parallel));
+  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} cp {} ({}) sequence_parallel {}",
+                           ranks, config.dp_replicate, config.dp_shard, config.tp, config.cp,
+                           config.cp_attention == parallel::ParallelConfig::CpAttention::ring ? "ring" : "allgather",
+                           config.sequence_parallel));
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
@@ -71,6 +73,17 @@ TEST(SpmdExecute, LlamaStepTensorParallelMatchesOneRank) {
   check_llama(4, mtest::tp(4));
   check_llama(4, {.dp_shard = 2, .tp = 2});  // FSDP 2 x TP 2
   check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2});
+}
+
+// Context parallelism, the keys and values all-gathered or passed around
+// the ring (spmd/ring_attention.h), against the same step whole on one rank.
+TEST(SpmdExecute, LlamaStepContextParallelMatchesOneRank) {
+  using enum parallel::ParallelConfig::CpAttention;
+  check_llama(2, {.cp = 2});
+  check_llama(2, {.cp = 2, .cp_attention = ring});
+  check_llama(4, {.cp = 4, .cp_attention = ring});
+  check_llama(4, {.dp_shard = 2, .cp = 2, .cp_attention = ring});
+  check_llama(4, {.dp_shard = 1, .tp = 2, .cp = 2, .cp_attention = ring, .sequence_parallel = true});
 }
 
 TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {

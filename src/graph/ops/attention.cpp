@@ -5,6 +5,7 @@
 // seq_* attributes (graph/sequence_order.h); attention's keys are in
 // position order: the whole sequence, or a block of it from key_first (a
 // ring step's, whose partial results attention_merge combines).
+#include <algorithm>
 #include <optional>
 
 #include "graph/ops/families.h"
@@ -15,15 +16,14 @@ namespace meshtrain::graph::ops {
 
 namespace {
 
-void check_attention(const ValueInfos& in) {
+void check_attention(const ValueInfos& in, bool key_block) {
   for (const auto& v : in) MT_CHECK(v.shape.rank() == 4, "q, k, v must be [B, T, H, D], got {}", v.shape.to_string());
   MT_CHECK(in[1].shape == in[2].shape, "k {} and v {} differ", in[1].shape.to_string(), in[2].shape.to_string());
   const auto& q = in[0].shape;
   const auto& k = in[1].shape;
-  // A part of the queries (context parallelism) sees all the keys.
-  MT_CHECK(q[0] == k[0] && q[1] <= k[1] && q[3] == k[3],
-           "q {} and k {} must agree on B and D, with no more queries "
-           "than keys",
+  // A part of the queries (context parallelism) sees all the keys, or a block of them (key_first).
+  MT_CHECK(q[0] == k[0] && (key_block || q[1] <= k[1]) && q[3] == k[3],
+           "q {} and k {} must agree on B and D, with no more queries than keys (but for a block of keys)",
            q.to_string(), k.to_string());
   MT_CHECK(k[2] > 0 && q[2] % k[2] == 0, "query heads {} must be a multiple of key/value heads {}", q[2], k[2]);
 }
@@ -46,17 +46,24 @@ void check_sequence_order(const SequenceOrder& order, int64_t rows, int64_t keys
              "{} keys for a sequence of {}: the keys must be all of it (or a block from key_first)", keys, order.total);
 }
 
-// QK^T and PV over the causal half, times `passes` (1 forward, 2 backward):
-// queries that are a balanced part of the sequence see half the keys on average.
-double attention_flops(const Shape& q, const Shape& k, double passes) {
-  return passes * 2.0 * static_cast<double>(q[0] * q[2] * q[3]) * static_cast<double>(q[1]) *
-         static_cast<double>(k[1] + 1);
+// QK^T and PV over the (query, key) pairs the causal mask keeps, times
+// `passes` (1 forward, 2 backward): each query sees the keys up to its
+// position, of the whole sequence or of a block from key_first.
+double attention_flops(const ValueInfos& in, const Attrs& at, double passes) {
+  const Shape &q = in[0].shape, &k = in[1].shape;
+  const SequenceOrder order = sequence_order(at, k[1]);
+  const int64_t key_first = at.get_or(attr::key_first, int64_t{0});
+  double pairs = 0;
+  for (int64_t i = 0; i < q[1]; ++i)
+    pairs += static_cast<double>(std::clamp<int64_t>(order.position(i) - key_first + 1, 0, k[1]));
+  return passes * 4.0 * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
 }
 
 // The seq_* attributes a backward node takes from its forward node.
 Attrs with_sequence_order(Attrs out, const Attrs& from) {
   for (const auto& key : {attr::seq_chunks, attr::seq_first, attr::seq_total, attr::key_first})
     if (from.has(key.name)) out.set(key, from.get(key));
+  if (from.get_or(attr::ring, false)) out.set(attr::ring, true);
   return out;
 }
 
@@ -100,11 +107,13 @@ void add_attention_ops(std::vector<OpDef>& ops) {
       .infer =
           [](const ValueInfos& in, const Attrs& at) {
             check_float(in[0], "attention q");
-            check_attention(in);
+            check_attention(in, at.has(attr::key_first.name));
             at.get(attr::scale);
             const std::optional<int64_t> key_first =
                 at.has(attr::key_first.name) ? std::optional(at.get(attr::key_first)) : std::nullopt;
             check_sequence_order(sequence_order(at, in[1].shape[1]), in[0].shape[1], in[1].shape[1], key_first);
+            MT_CHECK(!at.get_or(attr::ring, false) || (!key_first && at.get_or(attr::seq_chunks, int64_t{1}) > 1),
+                     "attention's ring (keys in the queries' load-balanced order) needs seq_chunks and no key_first");
             const auto& q = in[0].shape;
             // out, and the row log-sum-exp, kept in f32 for bf16 (as flash attention does)
             return ValueInfos{in[0], {Shape{q[0], q[2], q[1]}, accumulator_dtype(in[0].dtype)}};
@@ -118,8 +127,7 @@ void add_attention_ops(std::vector<OpDef>& ops) {
                                 {n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], g[0]},
                                 with_sequence_order({attr::scale(n.attrs.get(attr::scale))}, n.attrs));
           },
-      .flops = [](const ValueInfos& in, const ValueInfos&,
-                  const Attrs&) { return attention_flops(in[0].shape, in[1].shape, 1); },
+      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs& at) { return attention_flops(in, at, 1); },
   });
   ops.push_back({
       .name = "attention_backward",
@@ -128,8 +136,7 @@ void add_attention_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs&) {
             return ValueInfos{in[0], in[1], in[2]};
           },
-      .flops = [](const ValueInfos& in, const ValueInfos&,
-                  const Attrs&) { return attention_flops(in[0].shape, in[1].shape, 2); },
+      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs& at) { return attention_flops(in, at, 2); },
   });
   // Partial attentions of the same queries over disjoint blocks of the keys
   // (a ring's steps), as (out, lse) pairs, merged by their log-sum-exps:

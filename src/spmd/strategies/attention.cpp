@@ -5,7 +5,9 @@
 // grouped-query attention. Split by sequence, rope and attention take each
 // row's position from where the rank's part starts (seq_first); attention
 // then needs every key and value (all-gathered: the kv heads are few), and
-// its backward leaves partial sums of dK and dV.
+// its backward leaves partial sums of dK and dV; or, with its `ring`
+// attribute, takes them split as the queries are, and lowering runs it as
+// ring steps (spmd/ring_attention.h).
 #include "graph/sequence_order.h"
 #include "spmd/strategies/families.h"
 
@@ -35,13 +37,18 @@ void add_attention_rules(const AddRule& add) {
     return std::vector<DimStrategy>{{{S(0)}, {S(0)}}, {{S(2)}, {S(2)}}, {{P()}, {P()}}, {{S(1)}, {S(1)}}};
   });
   add.localize("rope", with_sequence_part);
-  add("attention", [](const StrategyQuery&) {  // q, k, v -> out [B, T, Hq, D], lse [B, Hq, T]
+  add("attention", [](const StrategyQuery& q) {  // q, k, v -> out [B, T, Hq, D], lse [B, Hq, T]
+    const bool ring = q.attrs.get_or(graph::attr::ring, false);
     return std::vector<DimStrategy>{{{S(0), S(0)}, {S(0), S(0), S(0)}},
                                     {{S(2), S(1)}, {S(2), S(2), S(2)}, {{1, 2}}},  // kv heads (input 1, dim 2) even
-                                    {{S(1), S(2)}, {S(1), R(), R()}}};
+                                    {{S(1), S(2)}, {S(1), ring ? S(1) : R(), ring ? S(1) : R()}}};
   });
   add.localize("attention", with_sequence_part);
-  add("attention_backward", [](const StrategyQuery&) {  // q, k, v, out, lse, dout -> dq, dk, dv
+  add("attention_backward", [](const StrategyQuery& q) {  // q, k, v, out, lse, dout -> dq, dk, dv
+    if (q.attrs.get_or(graph::attr::ring, false))
+      return std::vector<DimStrategy>{{{S(0), S(0), S(0)}, {S(0), S(0), S(0), S(0), S(0), S(0)}},
+                                      {{S(2), S(2), S(2)}, {S(2), S(2), S(2), S(2), S(1), S(2)}, {{1, 2}}},
+                                      {{S(1), S(1), S(1)}, {S(1), S(1), S(1), S(1), S(2), S(1)}}};
     return std::vector<DimStrategy>{{{S(0), S(0), S(0)}, {S(0), S(0), S(0), S(0), S(0), S(0)}},
                                     {{S(2), S(2), S(2)}, {S(2), S(2), S(2), S(2), S(1), S(2)}, {{1, 2}}},
                                     {{S(1), P(), P()}, {S(1), R(), R(), S(1), S(2), S(1)}}};

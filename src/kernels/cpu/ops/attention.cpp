@@ -79,6 +79,55 @@ void reorder_sequence(const KernelArgs& a) {
                   src + static_cast<size_t>(o * seq + from) * row_bytes, row_bytes);
     }
 }
+// Attention with the ring attribute, whole on one rank (unlowered, as a
+// reference): its keys and values, in the queries' load-balanced order, are
+// put in position order for the kernels, and their gradients back.
+void reorder_keys(const Tensor& x, Tensor& out, int64_t chunks, bool to_position) {
+  const graph::Attrs at{attr::seq_chunks(chunks), attr::start(0), attr::length(x.shape()[1]),
+                        attr::inverse(to_position)};
+  reorder_sequence(KernelArgs{{&x}, {&out}, at});
+}
+Tensor keys_in_position_order(const Tensor& x, int64_t chunks) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  reorder_keys(x, out, chunks, true);
+  return out;
+}
+
+void attention_kernel(const KernelArgs& a) {
+  if (a.attrs.get_or(attr::ring, false)) {
+    const int64_t chunks = a.attrs.get(attr::seq_chunks);
+    const Tensor k = keys_in_position_order(*a.in[1], chunks), v = keys_in_position_order(*a.in[2], chunks);
+    graph::Attrs whole = a.attrs;
+    whole.set(attr::ring, false);
+    return attention_kernel(KernelArgs{{a.in[0], &k, &v}, a.out, whole});
+  }
+  by_float_type(a.in[0]->dtype(), [&](auto z) {
+    using T = decltype(z);
+    attention(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<Acc<T>>(a, 1),
+              attention_shape(a), a.attrs.get(attr::scale));
+  });
+}
+
+void attention_backward_kernel(const KernelArgs& a) {
+  if (a.attrs.get_or(attr::ring, false)) {
+    const int64_t chunks = a.attrs.get(attr::seq_chunks);
+    const Tensor k = keys_in_position_order(*a.in[1], chunks), v = keys_in_position_order(*a.in[2], chunks);
+    Tensor dk = Tensor::empty(k.shape(), k.dtype()), dv = Tensor::empty(v.shape(), v.dtype());
+    graph::Attrs whole = a.attrs;
+    whole.set(attr::ring, false);
+    attention_backward_kernel(KernelArgs{{a.in[0], &k, &v, a.in[3], a.in[4], a.in[5]}, {a.out[0], &dk, &dv}, whole});
+    reorder_keys(dk, *a.out[1], chunks, false);
+    reorder_keys(dv, *a.out[2], chunks, false);
+    return;
+  }
+  by_float_type(a.in[0]->dtype(), [&](auto z) {
+    using T = decltype(z);
+    attention_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), in_ptr<T>(a, 3), in_ptr<Acc<T>>(a, 4),
+                       in_ptr<T>(a, 5), out_ptr<T>(a, 0), out_ptr<T>(a, 1), out_ptr<T>(a, 2), attention_shape(a),
+                       a.attrs.get(attr::scale));
+  });
+}
+
 }  // namespace
 
 void add_attention_kernels(const AddKernel& add) {
@@ -90,21 +139,8 @@ void add_attention_kernels(const AddKernel& add) {
            graph::sequence_order(a.attrs, s[1]));
     });
   });
-  add("attention", [](const KernelArgs& a) {
-    by_float_type(a.in[0]->dtype(), [&](auto z) {
-      using T = decltype(z);
-      attention(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), out_ptr<T>(a, 0), out_ptr<Acc<T>>(a, 1),
-                attention_shape(a), a.attrs.get(attr::scale));
-    });
-  });
-  add("attention_backward", [](const KernelArgs& a) {
-    by_float_type(a.in[0]->dtype(), [&](auto z) {
-      using T = decltype(z);
-      attention_backward(in_ptr<T>(a, 0), in_ptr<T>(a, 1), in_ptr<T>(a, 2), in_ptr<T>(a, 3), in_ptr<Acc<T>>(a, 4),
-                         in_ptr<T>(a, 5), out_ptr<T>(a, 0), out_ptr<T>(a, 1), out_ptr<T>(a, 2), attention_shape(a),
-                         a.attrs.get(attr::scale));
-    });
-  });
+  add("attention", attention_kernel);
+  add("attention_backward", attention_backward_kernel);
   add("attention_merge",
       [](const KernelArgs& a) { by_float_type(a.in[0]->dtype(), [&](auto z) { attention_merge<decltype(z)>(a); }); });
   add("reorder_sequence", reorder_sequence);
