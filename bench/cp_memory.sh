@@ -6,7 +6,8 @@
 # training run's) and estimated (meshtrain estimate on this machine's
 # profile), and their ratio, which the issue asks to be at most 0.35 at
 # CP 4. The two runs must also agree on the loss and gradient norm.
-# Usage: bench/cp_memory.sh [SEQ] [CP]
+# CP_ATTENTION (allgather, ring or auto, the default) picks parallel.cp_attention.
+# Usage: [CP_ATTENTION=MODE] bench/cp_memory.sh [SEQ] [CP]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seq=${1:-8192}
@@ -15,10 +16,10 @@ cp=${2:-4}
 (( seq % (2 * cp) == 0 )) || { echo "bench/cp_memory.sh: SEQ $seq must divide by 2 x CP ($((2 * cp)))" >&2; exit 2; }
 [ -x build/meshtrain ] || scripts/setup.sh build
 model=(--config configs/debug.toml --data.seq_len "$seq" --data.batch_size 1 --training.steps 2 --checkpoint.folder ""
-       --metrics.file "")
+       --metrics.file "" --parallel.cp_attention "${CP_ATTENTION:-auto}")
 peak() { sed -n 's/.*peak memory \([0-9.]*\) MiB.*/\1/p' | tail -1; }
 estimated() { build/meshtrain estimate --hardware cpu-2core "${model[@]}" "$@" | sed -n 's/^memory: peak \([0-9.]*\) MiB.*/\1/p'; }
-echo "debug model, one sequence of $seq tokens, 2 steps ($(date -u +%F), $(nproc) cores)"
+echo "debug model, one sequence of $seq tokens, 2 steps, cp_attention ${CP_ATTENTION:-auto} ($(date -u +%F), $(nproc) cores)"
 one=$(build/meshtrain train "${model[@]}" 2>&1)
 split=$(scripts/mpirun.sh -np "$cp" build/meshtrain train "${model[@]}" --parallel.cp "$cp" 2>&1)
 last() { grep '^step' | tail -1 | awk '{print $4, $8}'; }

@@ -43,12 +43,14 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile)" 6667 77.0 --config configs/llama3_8b.toml --ranks 8
   estimate "8B_FSDP128_128gpu_selAC_lbs2 (compile)" 6514 62.0 --config configs/llama3_8b.toml --ranks 128 \
     --parallel.dp_shard 128 --data.batch_size 256
-  # Long context: CP c x FSDP 8/c, one sequence per data-parallel rank.
+  # Long context: CP c x FSDP 8/c, one sequence per data-parallel rank, the keys all-gathered (the estimates in
+  # docs/benchmarks.md; parallel.cp_attention auto may choose the ring).
   for row in "1 32768 3890 83.9" "2 65536 2540 84.2" "4 131072 1071 84.0" "8 262144 548 84.5"; do
     read -r cp seq tokens gib <<<"$row"
     estimate "8B_FSDP$((8 / cp))xCP${cp}_8gpu_fullAC_${seq} (Float8)" "$tokens" "$gib" --config configs/llama3_8b.toml \
       --ranks 8 --parallel.cp "$cp" --parallel.dp_shard $((8 / cp)) --data.seq_len "$seq" \
-      --data.batch_size $((8 / cp)) --activation_checkpoint.mode full --activation_checkpoint.selective_matmuls all
+      --data.batch_size $((8 / cp)) --activation_checkpoint.mode full --activation_checkpoint.selective_matmuls all \
+      --parallel.cp_attention allgather
   done
   pp=(--config configs/llama3_405b.toml --ranks 512 --parallel.pp 8 --parallel.dp_shard 8)
   estimate "405B_FSDP8xTP8xPP8_1F1B_m8 (Float8)" 100 82.5 "${pp[@]}" --parallel.pp_schedule 1f1b \

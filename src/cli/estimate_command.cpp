@@ -128,6 +128,7 @@ int run_estimate(const CommandArgs& a) {
     const nlohmann::json doc{{"ranks", e.world_size},
                              {"rank", e.rank},
                              {"mesh", e.mesh},
+                             {"cp_attention", e.cp_attention},
                              {"hardware", hardware.name},
                              {"nodes", e.nodes},
                              {"collectives", e.collectives},
@@ -183,6 +184,7 @@ int run_estimate(const CommandArgs& a) {
                ranks > 1 ? "s" : "", hardware.name, hardware.description,
                e.mesh.empty() ? "" : fmt::format(", mesh {}", e.mesh), e.rank, e.nodes, e.collectives,
                amount(e.collective_bytes));
+    if (!e.cp_attention.empty()) fmt::print("{}\n", e.cp_attention);
     fmt::print("memory: peak {}{} (inputs {}, arena {}); live at the peak:\n", amount(e.memory.peak_bytes),
                hardware.memory_gib > 0
                    ? fmt::format(" of the device's {:.1f} GiB{}", hardware.memory_gib, fits ? "" : ": DOES NOT FIT")

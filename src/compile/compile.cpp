@@ -1,6 +1,11 @@
 #include "compile/compile.h"
 
+#include <fmt/format.h>
+
+#include <map>
+
 #include "core/error.h"
+#include "sched/estimate.h"
 
 namespace meshtrain::compile {
 
@@ -40,17 +45,46 @@ std::unique_ptr<PipelineRank> compile_pipeline(const config::TrainConfig& config
 
 }  // namespace
 
+CpAttentionChoice choose_cp_attention(const config::TrainConfig& config, int world_size,
+                                      const sched::HardwareProfile& hardware) {
+  using Mode = parallel::ParallelConfig::CpAttention;
+  if (config.parallel.cp <= 1 || world_size == 1 || config.parallel.cp_attention != Mode::by_estimate)
+    return {config, ""};  // on one rank, cp does not split the sequence
+  check_parallel_config(config, world_size);
+  config::TrainConfig flat = config;
+  flat.parallel.pp = 1;
+  flat.parallel.pp_microbatches = 0;
+  const int ranks = world_size / static_cast<int>(config.parallel.pp);
+  std::map<Mode, double> step_us;
+  for (const Mode mode : {Mode::allgather, Mode::ring}) {
+    flat.parallel.cp_attention = mode;
+    flat.model.ring_attention = mode == Mode::ring;
+    const std::unique_ptr<FlatStep> step = compile_flat(flat, ranks, 0, hardware, {});
+    step_us[mode] = sched::estimate_step(step->running(), step->schedule, {hardware, ranks, nullptr}).step_us;
+  }
+  const bool ring = step_us[Mode::ring] < step_us[Mode::allgather];
+  CpAttentionChoice out{config, ""};
+  out.config.parallel.cp_attention = ring ? Mode::ring : Mode::allgather;
+  out.config.model.ring_attention = ring;
+  out.why = fmt::format(
+      "cp attention {} (auto: rank 0's step estimated {:.3f} ms with the ring, {:.3f} ms all-gathering "
+      "the keys, on {})",
+      ring ? "ring" : "allgather", step_us[Mode::ring] / 1e3, step_us[Mode::allgather] / 1e3, hardware.name);
+  return out;
+}
+
 CompiledRank compile_rank(const config::TrainConfig& config, int world_size, int rank,
                           const sched::HardwareProfile& hardware, const CompileOptions& options) {
   MT_CHECK(world_size >= 1 && world_size <= kMaxLaidOutRanks, "a job of {} ranks: it must have 1 to {}", world_size,
            kMaxLaidOutRanks);
   MT_CHECK(rank >= 0 && rank < world_size, "rank {} is outside the job's {} ranks (0..{})", rank, world_size,
            world_size - 1);
+  const config::TrainConfig decided = choose_cp_attention(config, world_size, hardware).config;
   CompiledRank out;
-  if (config.parallel.pp > 1)
-    out.pipeline = compile_pipeline(config, world_size, rank, hardware, options.every_stage);
+  if (decided.parallel.pp > 1)
+    out.pipeline = compile_pipeline(decided, world_size, rank, hardware, options.every_stage);
   else
-    out.flat = compile_flat(config, world_size, rank, hardware, options.measure);
+    out.flat = compile_flat(decided, world_size, rank, hardware, options.measure);
   return out;
 }
 

@@ -58,9 +58,22 @@ struct CompiledRank {
   std::unique_ptr<PipelineRank> pipeline;
 };
 
+// parallel.cp_attention auto decided (cp > 1): the config with the mode
+// whose step is estimated faster on `hardware` (rank 0's flat step; with
+// pipelines, the whole model flat on one stage's ranks: each layer's
+// attention costs alike either way), and a line saying so; the config as it
+// is, and no line, otherwise. Every rank decides alike.
+struct CpAttentionChoice {
+  config::TrainConfig config;
+  std::string why;
+};
+CpAttentionChoice choose_cp_attention(const config::TrainConfig& config, int world_size,
+                                      const sched::HardwareProfile& hardware);
+
 // `rank`'s step of `config` in a job of `world_size` ranks, its passes
-// costing on `hardware`. Throws naming the key when the config cannot run on
-// that many ranks. Nothing runs and no tensor is allocated.
+// costing on `hardware` (parallel.cp_attention auto decided first). Throws
+// naming the key when the config cannot run on that many ranks. Nothing
+// runs and no tensor is allocated.
 CompiledRank compile_rank(const config::TrainConfig& config, int world_size, int rank,
                           const sched::HardwareProfile& hardware, const CompileOptions& options = {});
 

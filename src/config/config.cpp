@@ -384,13 +384,15 @@ const std::vector<Key>& keys() {
           "(2 x cp must divide data.seq_len: each rank holds two load-balanced chunks); weights FSDP-sharded over "
           "dp_shard x cp"),
       choice_key<parallel::ParallelConfig::CpAttention>(
-          "parallel.cp_attention", "allgather",
+          "parallel.cp_attention", "auto",
           [](TrainConfig& c) -> parallel::ParallelConfig::CpAttention& { return c.parallel.cp_attention; },
           {{"allgather", parallel::ParallelConfig::CpAttention::allgather},
-           {"ring", parallel::ParallelConfig::CpAttention::ring}},
+           {"ring", parallel::ParallelConfig::CpAttention::ring},
+           {"auto", parallel::ParallelConfig::CpAttention::by_estimate}},
           "with parallel.cp > 1, how attention meets the keys of other cp ranks: allgather, each layer's keys and "
           "values all-gathered over cp; ring, passed around the cp ring while each block's attention runs, the "
-          "partial results merged by their log-sum-exps"),
+          "partial results merged by their log-sum-exps; auto, whichever rank 0's step is estimated faster with "
+          "on the [schedule] hardware profile (the estimate's --hardware)"),
       number_key<int64_t>(
           "parallel.expert_tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.expert_tp; }, pos,
           "1 or parallel.tp: the routed experts' weights also split Megatron-style over tp (1: whole on each tp "

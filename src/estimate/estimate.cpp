@@ -274,18 +274,23 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
 
 }  // namespace
 
-TrainingEstimate estimate_training(const config::TrainConfig& config, int world_size, int rank,
+TrainingEstimate estimate_training(const config::TrainConfig& requested, int world_size, int rank,
                                    const sched::HardwareProfile& hardware, bool with_trace) {
   MT_CHECK(world_size >= 1, "estimate: --ranks {} must be at least 1", world_size);
   MT_CHECK(rank >= 0 && rank < world_size, "estimate: --rank {} is outside the {} ranks", rank, world_size);
+  const compile::CpAttentionChoice choice = compile::choose_cp_attention(requested, world_size, hardware);
+  const config::TrainConfig& config = choice.config;
   if (config.parallel.pp > 1) {
     MT_CHECK(!with_trace,
              "estimate --trace with parallel.pp {}: the pipeline's timeline is not drawn yet; "
              "`meshtrain pp-schedule` prints the schedule's",
              config.parallel.pp);
-    return estimate_pipeline(config, world_size, rank, hardware);
+    TrainingEstimate e = estimate_pipeline(config, world_size, rank, hardware);
+    e.cp_attention = choice.why;
+    return e;
   }
   TrainingEstimate e;
+  e.cp_attention = choice.why;
   e.world_size = world_size;
   e.rank = rank;
   // Benchmark mode: the cache's kernel times, the rest timed here as a rank

@@ -46,6 +46,7 @@ struct TrainingEstimate {
   double peak_gflops = 0;                    // that peak (of the compute dtype, the rank's share)
   std::string trace;                         // the estimated timeline as a Chrome trace, when asked for
   std::optional<PipelineEstimate> pipeline;  // parallel.pp > 1
+  std::string cp_attention;                  // parallel.cp_attention auto: what it chose and why; else ""
 };
 
 // Model FLOPs per token as torchtitan counts them for MFU:

@@ -32,9 +32,11 @@ struct ParallelConfig {
   // Context parallelism: every activation split on the sequence over `cp`
   // ranks (load-balanced chunks, graph/sequence_order.h); the weights
   // FSDP-sharded over dp_shard x cp. Attention all-gathers the keys and
-  // values over cp, or passes them around the cp ring (spmd/ring_attention.h).
+  // values over cp, or passes them around the cp ring (spmd/ring_attention.h),
+  // or (by_estimate, "auto") whichever the step's estimate says is faster
+  // (compile::choose_cp_attention).
   int64_t cp = 1;
-  enum class CpAttention { allgather, ring } cp_attention = CpAttention::allgather;
+  enum class CpAttention { allgather, ring, by_estimate } cp_attention = CpAttention::by_estimate;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)

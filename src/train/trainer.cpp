@@ -67,6 +67,11 @@ Trainer::Trainer(config::TrainConfig config, comm::ProcessGroupPtr world)
   // work (another trainer in this process) may be up to twice the request.
   default_allocator().release_cache();
   const sched::HardwareProfile hardware = compile::scheduling_hardware(config_);
+  if (world_) {  // parallel.cp_attention auto decided once, for everything built from the config
+    compile::CpAttentionChoice choice = compile::choose_cp_attention(config_, num_ranks(), hardware);
+    config_ = std::move(choice.config);
+    cp_attention_why_ = std::move(choice.why);
+  }
   if (config_.schedule.estimate == config::EstimateMode::benchmark) {
     compile::check_benchmark_hardware(hardware);
     benchmark_ = std::make_unique<estimate::BenchmarkMode>(config_, world_);

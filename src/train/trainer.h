@@ -118,7 +118,9 @@ class Trainer {
   int num_ranks() const { return world_ ? world_->size() : 1; }
   const sharding::DeviceMesh& mesh() const { return *runner_->mesh(); }  // several ranks only
   // The mesh and each parameter's layout on it ("" on one rank).
-  std::string layout_summary() const { return runner_->layout_summary(); }
+  std::string layout_summary() const {
+    return cp_attention_why_.empty() ? runner_->layout_summary() : runner_->layout_summary() + "; " + cp_attention_why_;
+  }
   // Every rank's report, in rank order (a collective on several ranks:
   // every rank must call it; all get the list).
   std::vector<RankReport> rank_reports();
@@ -182,8 +184,9 @@ class Trainer {
   int64_t updates_applied_ = 0;  // steps done less those skipped for a non-finite gradient norm
   bool profiling_ = false;
   bool tracing_ = false;
-  size_t peak_before_step_ = 0;  // the allocator's peak before the current step reset it
-  size_t last_step_peak_ = 0;    // the last step's peak
+  size_t peak_before_step_ = 0;   // the allocator's peak before the current step reset it
+  size_t last_step_peak_ = 0;     // the last step's peak
+  std::string cp_attention_why_;  // parallel.cp_attention auto: what it chose and why (compile::choose_cp_attention)
 };
 
 }  // namespace meshtrain::train

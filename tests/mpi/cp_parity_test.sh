@@ -20,7 +20,8 @@ source "$(dirname "$0")/common.sh"
 # 8x); weights max 9.9e-6 (CP 4) -> 5e-5 (5x), l2 5.7e-7 (MoE CP 2) -> 4e-6 (7x).
 f32=(1e-6 1e-6 5e-5 4e-6)
 model=(--config configs/debug.toml --model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2
-       --model.ffn_dim 128 --data.seq_len 64 --data.batch_size 4 --training.steps 20 --metrics.log_every 1)
+       --model.ffn_dim 128 --data.seq_len 64 --data.batch_size 4 --training.steps 20 --metrics.log_every 1
+       --parallel.cp_attention allgather)
 source "$(dirname "$0")/parity_runs.sh"
 run one 1
 run cp2 2 --parallel.cp 2

@@ -5,7 +5,8 @@
 # merged by their log-sum-exps, dK and dV passed back around with their
 # blocks. CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2 with sequence and loss
 # parallel, CP 2 with full activation checkpointing and 2 microbatches, CP 2
-# in bf16, PP 2 x CP 2 and a mixture of experts under CP 2; the CP 2 ring's
+# in bf16, PP 2 x CP 2, a mixture of experts under CP 2 and CP 2 with
+# cp_attention auto (which must say what it chose); the CP 2 ring's
 # checkpoint resumed with the keys all-gathered. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
 # gradient norm and the final weights must match one rank's within the
@@ -44,6 +45,11 @@ moe=(--model.n_layers 3 --model.n_experts 8 --model.n_experts_per_token 2 --mode
 run moe_one 1 "${moe[@]}"
 run moe_cp2 2 "${moe[@]}" --parallel.cp 2 "${ring[@]}"
 compare moe_cp2 moe_one
+# auto: rank 0's step estimated both ways, the faster kept; train says which, once.
+run cp2_auto 2 --parallel.cp 2 --parallel.cp_attention auto
+compare cp2_auto
+[ "$(grep -c "cp attention \(ring\|allgather\) (auto: rank 0's step estimated" "$dir/cp2_auto.out")" = 1 ] ||
+  { cat "$dir/cp2_auto.out"; fail "train with parallel.cp_attention auto does not say once what it chose"; }
 # The ring's checkpoint is the same as the all-gather's: CP 2 ring resumed with the keys all-gathered.
 resume one_resumed one 1
 resume cp2_as_allgather cp2 2 --parallel.cp 2 --parallel.cp_attention allgather

@@ -79,7 +79,7 @@ TEST(SpmdExecute, LlamaStepTensorParallelMatchesOneRank) {
 // the ring (spmd/ring_attention.h), against the same step whole on one rank.
 TEST(SpmdExecute, LlamaStepContextParallelMatchesOneRank) {
   using enum parallel::ParallelConfig::CpAttention;
-  check_llama(2, {.cp = 2});
+  check_llama(2, {.cp = 2, .cp_attention = allgather});
   check_llama(2, {.cp = 2, .cp_attention = ring});
   check_llama(4, {.cp = 4, .cp_attention = ring});
   check_llama(4, {.dp_shard = 2, .cp = 2, .cp_attention = ring});
