@@ -14,7 +14,6 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
   MT_CHECK(c.dp_replicate >= 1, "parallel.dp_replicate must be >= 1, got {}", c.dp_replicate);
   MT_CHECK(c.tp >= 1, "parallel.tp must be >= 1, got {}", c.tp);
   MT_CHECK(c.cp >= 1, "parallel.cp must be >= 1, got {}", c.cp);
-  MT_CHECK(c.cp == 1 || c.ep == 1, "parallel.cp {} with parallel.ep {} is not supported yet", c.cp, c.ep);
   MT_CHECK(c.dp_shard >= 1 || c.dp_shard == -1, "parallel.dp_shard must be >= 1 or -1 (the ranks left over), got {}",
            c.dp_shard);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
@@ -42,6 +41,10 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            dp_shard);
   MT_CHECK(c.expert_tp == 1 || c.expert_tp == c.tp, "parallel.expert_tp {} must be 1 or parallel.tp {}", c.expert_tp,
            c.tp);
+  if (c.cp > 1 && c.ep > 1)
+    return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard / c.ep),
+                                 static_cast<int>(c.ep), static_cast<int>(c.cp), static_cast<int>(c.tp)},
+                                {"dp_replicate", "dp_shard", "ep", "cp", "tp"});
   if (c.cp > 1)
     return sharding::DeviceMesh(
         {static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard), static_cast<int>(c.cp), static_cast<int>(c.tp)},
@@ -122,7 +125,7 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     // (each ep rank may hold a single expert); without ep, as dense.
     placements[shard] = split(shard, expert && ep_dim >= 0 ? 1 : 0);
     if (ep_dim >= 0) placements[ep] = split(ep, 0);
-    if (cp_dim >= 0) placements[cp] = split(cp, 0);  // FSDP over dp_shard x cp
+    if (cp_dim >= 0) placements[cp] = split(cp, expert && ep_dim >= 0 ? 1 : 0);  // FSDP over dp_shard x cp
     const auto tp_dim = roles.tp_dims.find(p);
     if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);
     Layout l = Layout::from_placements(std::move(placements));
@@ -176,6 +179,8 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     by_block[replicate] = split(replicate, 1);
     by_block[shard] = split(shard, 1);
     by_block[ep] = split(ep, 0);
+    if (cp_dim >= 0)
+      by_block[cp] = split(cp, 2);  // [blocks, batch, cp parts, ...]: each cp rank's part of the sequence
     const Layout l = Layout::from_placements(by_block);
     for (graph::ValueId v : roles.dispatched) pin(v, l, l);
   }

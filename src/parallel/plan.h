@@ -66,7 +66,8 @@ struct ParallelConfig {
 
 // The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks; with cp > 1
 // (dp_replicate, dp_shard, cp, tp); with ep > 1 (dp_replicate, dp_shard,
-// ep, tp), its dp_shard dim then dp_shard / ep ranks. Throws naming the [parallel] key when the degrees do not multiply
+// ep, tp), its dp_shard dim then dp_shard / ep ranks; with both
+// (dp_replicate, dp_shard, ep, cp, tp). Throws naming the [parallel] key when the degrees do not multiply
 // to the world size or ep does not divide dp_shard.
 sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
 // The mesh dims that split the batch (dp_replicate, dp_shard and ep), and

@@ -5,7 +5,8 @@
 # merged by their log-sum-exps, dK and dV passed back around with their
 # blocks. CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2 with sequence and loss
 # parallel, CP 2 with full activation checkpointing and 2 microbatches, CP 2
-# in bf16, PP 2 x CP 2, a mixture of experts under CP 2 and CP 2 with
+# in bf16, PP 2 x CP 2, a mixture of experts under CP 2 and under CP 2 x EP 2
+# (ring and all-gather, the expert load as one rank's), CP 2 with
 # cp_attention auto (which must say what it chose); the CP 2 ring's
 # checkpoint resumed with the keys all-gathered. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
@@ -45,6 +46,17 @@ moe=(--model.n_layers 3 --model.n_experts 8 --model.n_experts_per_token 2 --mode
 run moe_one 1 "${moe[@]}"
 run moe_cp2 2 "${moe[@]}" --parallel.cp 2 "${ring[@]}"
 compare moe_cp2 moe_one
+# CP 2 x EP 2 (ep from dp_shard), each way: the experts split over ep, each cp rank's part of the sequence routed and
+# dispatched on its own; the expert load logged as one rank's.
+for mode in ring allgather; do
+  run "moe_cp2_ep2_$mode" 4 "${moe[@]}" --parallel.cp 2 --parallel.dp_shard 2 --parallel.ep 2 --parallel.cp_attention "$mode"
+  compare "moe_cp2_ep2_$mode" moe_one
+  python3 - "$dir/moe_one.jsonl" "$dir/moe_cp2_ep2_$mode.jsonl" <<'PY' || fail "CP 2 x EP 2 ($mode) logged another expert load than one rank"
+import json, sys
+base, ours = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert all(o["moe"] == b["moe"] for b, o in zip(base, ours)), "expert load differs"
+PY
+done
 # auto: rank 0's step estimated both ways, the faster kept; train says which, once.
 run cp2_auto 2 --parallel.cp 2 --parallel.cp_attention auto
 compare cp2_auto
