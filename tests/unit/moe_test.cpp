@@ -451,3 +451,31 @@ TEST(MoeConfig, DescribeNamesTheDenseWidthOnlyWhereALayerIsDense) {
             "Llama dim 256 x 6 layers, 16 heads (16 kv), ffn 768, vocab 256, 8 experts (top 2, ffn 32, 1 shared) in "
             "layers 1-5");
 }
+
+// With context parallelism too, ep still takes its ranks from dp_shard: the
+// mesh (dp_replicate, dp_shard / ep, ep, cp, tp). Dense weights FSDP over
+// dp_shard, ep and cp; the experts by expert over ep and by dim 1 over
+// the rest of dp_shard and cp; the batch split over the data-parallel dims
+// and whole over cp (each cp rank picks its part of the sequence).
+TEST(MoeLayouts, ContextParallelKeepsEpOnDpShard) {
+  parallel::ParallelConfig p;
+  p.ep = 2;
+  p.cp = 2;
+  const sharding::DeviceMesh mesh = parallel::make_mesh(p, 8);
+  EXPECT_EQ(mesh.describe(), "(dp_replicate=1, dp_shard=2, ep=2, cp=2, tp=1)");
+  graph::Graph g;
+  const auto tokens = g.add_input("tokens", {8, 8}, DType::i64);
+  const auto dense = g.add_parameter("dense", {8, 6}, DType::f32);
+  const auto w1 = g.add_parameter("experts.w1", {4, 8, 6}, DType::f32);
+  parallel::StepRoles roles;
+  roles.parameters = {dense, w1};
+  roles.experts = {w1};
+  roles.batch_inputs = {tokens};
+  const parallel::StepLayouts l = parallel::step_layouts(mesh, g, roles, p);
+  EXPECT_EQ(l.given.at(tokens).to_string(), "RS(0)[0]S(0)[1]RR");
+  EXPECT_EQ(l.given.at(dense).to_string(), "RS(0)[0]S(0)[1]S(0)[2]R");
+  EXPECT_EQ(l.given.at(w1).to_string(), "RS(1)[0]S(0)S(1)[1]R");
+  p.ep = 3;
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 8); }),
+                              "parallel.ep 3 must divide parallel.dp_shard 4"));
+}
