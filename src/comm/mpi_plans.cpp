@@ -116,18 +116,6 @@ void scale_in_place(void* data, DType dtype, int64_t n, int divisor) {
   for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
 }
 
-// An all_reduce's buffer of `numel` elements split into one block per rank
-// (the block that rank reduces): ceil(numel / n) each, the trailing blocks
-// shorter or empty.
-std::vector<int64_t> reduction_blocks(int64_t numel, int n) {
-  // n: a group's size; numel: a tensor's.
-  MT_ASSERT(n > 0 && numel >= 0, "reduction_blocks({}, {}): need n > 0 and numel >= 0", numel, n);
-  const int64_t block = (numel + n - 1) / n;
-  std::vector<int64_t> counts(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) counts[r] = std::clamp<int64_t>(numel - block * r, 0, block);
-  return counts;
-}
-
 using Runs = std::vector<std::pair<MPI_Aint, int>>;  // (byte offset from a buffer, bytes)
 
 // Byte runs as one datatype (committed; the op frees it).
@@ -254,7 +242,7 @@ Stage reduce_segment(const std::vector<int64_t>& counts, int64_t lo, int64_t hi,
 // op's from each member's place).
 void host_reduce_stages(const OpDesc& d, int n, int rank, bool gather_back, std::vector<Stage>& stages) {
   const size_t elem = dtype_size(d.dtype);
-  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? reduction_blocks(d.in_numel, n) : d.counts;
+  const std::vector<int64_t> counts = d.op == OpType::all_reduce ? torch_chunk_sizes(d.in_numel, n) : d.counts;
   const int64_t mine = counts[rank];
   // Every rank cuts every block alike, so all post the same segments.
   const int64_t segment =

@@ -109,6 +109,14 @@ bool needs_host_reduction(DType dtype) {
   return dtype != DType::f32 && dtype != DType::f64 && dtype != DType::i32 && dtype != DType::i64;
 }
 
+std::vector<int64_t> torch_chunk_sizes(int64_t total, int n) {
+  MT_CHECK(n > 0 && total >= 0, "torch_chunk_sizes({}, {}): need n > 0 and total >= 0", total, n);
+  const int64_t chunk = (total + n - 1) / n;
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) sizes[static_cast<size_t>(r)] = std::clamp<int64_t>(total - chunk * r, 0, chunk);
+  return sizes;
+}
+
 std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
   std::vector<int64_t> d(counts.size(), 0);
   if (!counts.empty()) std::exclusive_scan(counts.begin(), counts.end(), d.begin(), int64_t{0});

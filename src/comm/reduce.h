@@ -22,4 +22,10 @@ bool needs_host_reduction(DType dtype);
 // Exclusive prefix sums of counts (the displacement of each rank's block).
 std::vector<int64_t> displacements(const std::vector<int64_t>& counts);
 
+// torch.chunk's split rule, as DTensor's Shard applies it and an
+// all_reduce splits its buffer into the blocks ranks reduce: `total`
+// elements into n blocks of ceil(total / n), the trailing ones smaller or
+// empty (5 over 4 gives 2, 2, 1, 0).
+std::vector<int64_t> torch_chunk_sizes(int64_t total, int n);
+
 }  // namespace meshtrain::comm

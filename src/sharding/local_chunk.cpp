@@ -15,14 +15,6 @@ std::vector<int64_t> slice(const std::vector<int64_t>& v, int64_t begin, int64_t
 }
 }  // namespace
 
-std::vector<int64_t> torch_chunk_sizes(int64_t total, int n) {
-  MT_CHECK(n > 0 && total >= 0, "torch_chunk_sizes({}, {}): need n > 0 and total >= 0", total, n);
-  const int64_t chunk = (total + n - 1) / n;
-  std::vector<int64_t> sizes(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) sizes[r] = std::clamp<int64_t>(total - chunk * r, 0, chunk);
-  return sizes;
-}
-
 std::vector<int64_t> split_indices(const std::vector<int64_t>& parent, const Placement& p, int n, int i) {
   const auto len = static_cast<int64_t>(parent.size());
   if (p.kind == Placement::Kind::shard) {

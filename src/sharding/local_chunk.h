@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/reduce.h"
 #include "core/shape.h"
 #include "core/tensor.h"
 #include "sharding/device_mesh.h"
@@ -13,10 +14,7 @@
 
 namespace meshtrain::sharding {
 
-// torch.chunk's split rule, as DTensor's Shard applies it: `total` elements
-// into n chunks of ceil(total / n), the trailing chunks smaller or empty
-// (5 over 4 gives 2, 2, 1, 0).
-std::vector<int64_t> torch_chunk_sizes(int64_t total, int n);
+using comm::torch_chunk_sizes;  // torch.chunk's split rule (comm/reduce.h)
 
 // Split `parent` (global indices, in local storage order) over n ranks by
 // placement p and return rank i's part. Shard: torch.chunk. Strided shard
