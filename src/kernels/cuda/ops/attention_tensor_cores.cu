@@ -203,6 +203,30 @@ __device__ float quad_sum(float x) {
 __device__ int column_of(int j, int e) { return j * 8 + 2 * (threadIdx.x % 4) + (e % 2); }
 __device__ int row_of(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
 
+// The K and V tiles of one key/value head streamed through two shared buffers (each a K tile then a V tile): key
+// tile `tile` in buffer tile % 2, the next one copied in while the block computes on it.
+template <int kD>
+struct KeyTiles {
+  HeadRows k, v;
+  int t, d;
+  bf16* buffers;
+
+  __device__ bf16* buffer(int tile) const { return buffers + (tile % 2) * 2 * Tile<kD>::kElems; }
+  // Starts copying key tile `tile` (the caller commits the copies).
+  __device__ void load(int tile) const {
+    load_tile<kD>(k, tile * kTileRows, t, d, buffer(tile));
+    load_tile<kD>(v, tile * kTileRows, t, d, buffer(tile) + Tile<kD>::kElems);
+  }
+  // Starts the next of `tiles` key tiles, waits for `tile`'s and returns its K tile (its V tile follows).
+  __device__ const bf16* arrive(int tile, int tiles) const {
+    if (tile + 1 < tiles) load(tile + 1);
+    commit_copies();
+    wait_copies<1>();
+    __syncthreads();
+    return buffer(tile);
+  }
+};
+
 // ---- forward -------------------------------------------------------------------------------------------------------
 
 // One block per (query tile, query head, batch); key tiles up to the causal diagonal, the softmax online (each row's
@@ -212,17 +236,13 @@ __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, AttentionShape s) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem);
-  bf16* kv_tiles = q_tile + Tile<kD>::kElems;               // two buffers of a K tile and a V tile
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileRows;  // the longest (latest) query tiles first
   const int h = blockIdx.y, bi = blockIdx.z, hk = h / (s.hq / s.hkv);
   const int warp_row = (threadIdx.x / 32) * 16;
-  const HeadRows k_rows = head_rows(k, bi, s.t, s.hkv, hk, s.d), v_rows = head_rows(v, bi, s.t, s.hkv, hk, s.d);
-  const auto load_keys = [&](int j0, bf16* buffer) {
-    load_tile<kD>(k_rows, j0, s.t, s.d, buffer);
-    load_tile<kD>(v_rows, j0, s.t, s.d, buffer + Tile<kD>::kElems);
-  };
+  const KeyTiles<kD> keys{head_rows(k, bi, s.t, s.hkv, hk, s.d), head_rows(v, bi, s.t, s.hkv, hk, s.d), s.t, s.d,
+                          q_tile + Tile<kD>::kElems};
   load_tile<kD>(head_rows(q, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_tile);
-  load_keys(0, kv_tiles);
+  keys.load(0);
   commit_copies();
 
   const float scale_log2 = s.scale * kLog2e;
@@ -231,11 +251,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int key_tiles = i0 / kTileRows + 1;  // up to the causal diagonal
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int j0 = tile * kTileRows;
-    if (tile + 1 < key_tiles) load_keys(j0 + kTileRows, kv_tiles + ((tile + 1) % 2) * 2 * Tile<kD>::kElems);
-    commit_copies();
-    wait_copies<1>();  // this tile's keys are in
-    __syncthreads();
-    const bf16* k_tile = kv_tiles + (tile % 2) * 2 * Tile<kD>::kElems;
+    const bf16* k_tile = keys.arrive(tile, key_tiles);
     const bf16* v_tile = k_tile + Tile<kD>::kElems;
     float p[8][4];
     row_dots<kD>(q_tile, warp_row, k_tile, p);
@@ -370,19 +386,14 @@ __global__ void __launch_bounds__(kBlockThreads) dq_kernel(BackwardArgs in, bf16
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem);
   bf16* do_tile = q_tile + Tile<kD>::kElems;
-  bf16* kv_tiles = do_tile + Tile<kD>::kElems;              // two buffers of a K tile and a V tile
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileRows;  // the longest (latest) query tiles first
   const int h = blockIdx.y, bi = blockIdx.z, hk = h / (s.hq / s.hkv);
   const int warp_row = (threadIdx.x / 32) * 16;
-  const HeadRows k_rows = head_rows(in.k, bi, s.t, s.hkv, hk, s.d);
-  const HeadRows v_rows = head_rows(in.v, bi, s.t, s.hkv, hk, s.d);
-  const auto load_keys = [&](int j0, bf16* buffer) {
-    load_tile<kD>(k_rows, j0, s.t, s.d, buffer);
-    load_tile<kD>(v_rows, j0, s.t, s.d, buffer + Tile<kD>::kElems);
-  };
+  const KeyTiles<kD> keys{head_rows(in.k, bi, s.t, s.hkv, hk, s.d), head_rows(in.v, bi, s.t, s.hkv, hk, s.d), s.t, s.d,
+                          do_tile + Tile<kD>::kElems};
   load_tile<kD>(head_rows(in.q, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, q_tile);
   load_tile<kD>(head_rows(in.dout, bi, s.t, s.hq, h, s.d), i0, s.t, s.d, do_tile);
-  load_keys(0, kv_tiles);
+  keys.load(0);
   commit_copies();
   const int row = i0 + warp_row + row_of(0);
   const int64_t row_values = (int64_t{bi} * s.hq + h) * s.t;
@@ -399,11 +410,7 @@ __global__ void __launch_bounds__(kBlockThreads) dq_kernel(BackwardArgs in, bf16
   const int key_tiles = i0 / kTileRows + 1;  // up to the causal diagonal
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int j0 = tile * kTileRows;
-    if (tile + 1 < key_tiles) load_keys(j0 + kTileRows, kv_tiles + ((tile + 1) % 2) * 2 * Tile<kD>::kElems);
-    commit_copies();
-    wait_copies<1>();  // this tile's keys are in
-    __syncthreads();
-    const bf16* k_tile = kv_tiles + (tile % 2) * 2 * Tile<kD>::kElems;
+    const bf16* k_tile = keys.arrive(tile, key_tiles);
     const bf16* v_tile = k_tile + Tile<kD>::kElems;
     float p[8][4], ds[8][4];
     row_dots<kD>(q_tile, warp_row, k_tile, p);    // S
