@@ -57,15 +57,13 @@ CpAttentionChoice choose_cp_attention(const config::TrainConfig& config, int wor
   const int ranks = world_size / static_cast<int>(config.parallel.pp);
   std::map<Mode, double> step_us;
   for (const Mode mode : {Mode::allgather, Mode::ring}) {
-    flat.parallel.cp_attention = mode;
-    flat.model.ring_attention = mode == Mode::ring;
+    flat.set_cp_attention(mode);
     const std::unique_ptr<FlatStep> step = compile_flat(flat, ranks, 0, hardware, {});
     step_us[mode] = sched::estimate_step(step->running(), step->schedule, {hardware, ranks, nullptr}).step_us;
   }
   const bool ring = step_us[Mode::ring] < step_us[Mode::allgather];
   CpAttentionChoice out{config, ""};
-  out.config.parallel.cp_attention = ring ? Mode::ring : Mode::allgather;
-  out.config.model.ring_attention = ring;
+  out.config.set_cp_attention(ring ? Mode::ring : Mode::allgather);
   out.why = fmt::format(
       "cp attention {} (auto: rank 0's step estimated {:.3f} ms with the ring, {:.3f} ms all-gathering "
       "the keys, on {})",

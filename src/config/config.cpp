@@ -14,6 +14,11 @@
 
 namespace meshtrain::config {
 
+void TrainConfig::set_cp_attention(parallel::ParallelConfig::CpAttention mode) {
+  parallel.cp_attention = mode;
+  model.ring_attention = parallel.cp > 1 && mode == parallel::ParallelConfig::CpAttention::ring;
+}
+
 double TrainConfig::lr_at(int64_t step) const {
   const double lr = optimizer.lr;
   const int64_t warmup = lr_scheduler.warmup_steps;
@@ -594,7 +599,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "load-balanced chunks of the sequence",
            c.data.seq_len, 2 * cp);
   c.model.seq_chunks = cp > 1 ? 2 * cp : 1;
-  c.model.ring_attention = cp > 1 && c.parallel.cp_attention == parallel::ParallelConfig::CpAttention::ring;
+  c.set_cp_attention(c.parallel.cp_attention);
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");

@@ -107,6 +107,8 @@ struct TrainConfig {
 
   // Learning rate of 1-based step `step`: linear warmup, then the decay.
   double lr_at(int64_t step) const;
+  // parallel.cp_attention, and the model's ring_attention that follows from it (with parallel.cp > 1).
+  void set_cp_attention(parallel::ParallelConfig::CpAttention mode);
 };
 
 // Set one key from its text form ("model.dim", "512"); throws naming the key.

@@ -45,13 +45,11 @@ void add_attention_rules(const AddRule& add) {
   });
   add.localize("attention", with_sequence_part);
   add("attention_backward", [](const StrategyQuery& q) {  // q, k, v, out, lse, dout -> dq, dk, dv
-    if (q.attrs.get_or(graph::attr::ring, false))
-      return std::vector<DimStrategy>{{{S(0), S(0), S(0)}, {S(0), S(0), S(0), S(0), S(0), S(0)}},
-                                      {{S(2), S(2), S(2)}, {S(2), S(2), S(2), S(2), S(1), S(2)}, {{1, 2}}},
-                                      {{S(1), S(1), S(1)}, {S(1), S(1), S(1), S(1), S(2), S(1)}}};
+    const bool ring = q.attrs.get_or(graph::attr::ring, false);
     return std::vector<DimStrategy>{{{S(0), S(0), S(0)}, {S(0), S(0), S(0), S(0), S(0), S(0)}},
                                     {{S(2), S(2), S(2)}, {S(2), S(2), S(2), S(2), S(1), S(2)}, {{1, 2}}},
-                                    {{S(1), P(), P()}, {S(1), R(), R(), S(1), S(2), S(1)}}};
+                                    ring ? DimStrategy{{S(1), S(1), S(1)}, {S(1), S(1), S(1), S(1), S(2), S(1)}}
+                                         : DimStrategy{{S(1), P(), P()}, {S(1), R(), R(), S(1), S(2), S(1)}}};
   });
   add.localize("attention_backward", with_sequence_part);
   // Into the load-balanced order, each rank picks its part of the whole

@@ -35,28 +35,30 @@ void attention_merge(const KernelArgs& a) {
   T* out = out_ptr<T>(a, 0);
   A* lse = out_ptr<A>(a, 1);
   const auto neg_inf = -std::numeric_limits<A>::infinity();
-#pragma omp parallel for collapse(2)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t i = 0; i < t; ++i) {
-      std::vector<A> acc(static_cast<size_t>(d));
-      for (int64_t hh = 0; hh < h; ++hh) {
-        const int64_t row = ((bi * t + i) * h + hh) * d, at = (bi * h + hh) * t + i;
-        A top = neg_inf;
-        for (int64_t p = 0; p < parts; ++p) top = std::max(top, in_ptr<A>(a, 2 * p + 1)[at]);
-        std::fill(acc.begin(), acc.end(), A(0));
-        A total = 0;
-        if (top != neg_inf)
-          for (int64_t p = 0; p < parts; ++p) {
-            const A weight = std::exp(in_ptr<A>(a, 2 * p + 1)[at] - top);
-            const T* part = in_ptr<T>(a, 2 * p) + row;
-            total += weight;
-            for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] += weight * load(part[c]);
-          }
-        const A inv = total > 0 ? A(1) / total : A(0);
-        for (int64_t c = 0; c < d; ++c) out[row + c] = store<T>(acc[static_cast<size_t>(c)] * inv);
-        lse[at] = total > 0 ? top + std::log(total) : neg_inf;
-      }
-    }
+#pragma omp parallel
+  {
+    std::vector<A> acc(static_cast<size_t>(d));  // a row's weighted sum, one per thread
+#pragma omp for collapse(2)
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t hh = 0; hh < h; ++hh) {
+          const int64_t row = ((bi * t + i) * h + hh) * d, at = (bi * h + hh) * t + i;
+          A top = neg_inf;
+          for (int64_t p = 0; p < parts; ++p) top = std::max(top, in_ptr<A>(a, 2 * p + 1)[at]);
+          std::fill(acc.begin(), acc.end(), A(0));
+          A total = 0;
+          if (top != neg_inf)
+            for (int64_t p = 0; p < parts; ++p) {
+              const A weight = std::exp(in_ptr<A>(a, 2 * p + 1)[at] - top);
+              const T* part = in_ptr<T>(a, 2 * p) + row;
+              total += weight;
+              for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] += weight * load(part[c]);
+            }
+          const A inv = total > 0 ? A(1) / total : A(0);
+          for (int64_t c = 0; c < d; ++c) out[row + c] = store<T>(acc[static_cast<size_t>(c)] * inv);
+          lse[at] = total > 0 ? top + std::log(total) : neg_inf;
+        }
+  }
 }
 
 // Rows [start, start + length) of the load-balanced order from x in position
