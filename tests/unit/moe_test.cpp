@@ -408,6 +408,22 @@ TEST(MoeConfig, RefusesExpertParallelismThatCannotSplit) {
                               "parallel.ep 4 must divide parallel.dp_shard 2"));
 }
 
+// What step_layouts sees of a MoE step: the token ids [8, seq], a dense
+// weight and an expert weight w1 [4, 6, 6].
+struct MoeWeights {
+  graph::Graph g;
+  graph::ValueId tokens, dense, w1;
+  parallel::StepRoles roles;
+  explicit MoeWeights(int64_t seq) {
+    tokens = g.add_input("tokens", {8, seq}, DType::i64);
+    dense = g.add_parameter("dense", {6, 6}, DType::f32);
+    w1 = g.add_parameter("experts.w1", {4, 6, 6}, DType::f32);
+    roles.parameters = {dense, w1};
+    roles.experts = {w1};
+    roles.batch_inputs = {tokens};
+  }
+};
+
 // ep takes its ranks from dp_shard: the mesh (dp_replicate, dp_shard / ep,
 // ep, tp); the batch split over all three data-parallel dims, dense weights
 // FSDP-sharded over dp_shard and ep, the experts split by expert over ep and
@@ -420,17 +436,11 @@ TEST(MoeLayouts, ExpertsSplitByExpertOverEpAndDenseOverAllOfDpShard) {
   const sharding::DeviceMesh mesh = parallel::make_mesh(p, 8);
   EXPECT_EQ(mesh.describe(), "(dp_replicate=1, dp_shard=2, ep=2, tp=2)");
   EXPECT_EQ(parallel::data_parallel_degree(mesh), 4);
-  graph::Graph g;
-  const auto tokens = g.add_input("tokens", {8, 5}, DType::i64);
-  const auto dense = g.add_parameter("dense", {6, 6}, DType::f32);
-  const auto w1 = g.add_parameter("experts.w1", {4, 6, 6}, DType::f32);
-  parallel::StepRoles roles;
-  roles.parameters = {dense, w1};
-  roles.experts = {w1};
-  roles.batch_inputs = {tokens};
-  roles.tp_dims = {{dense, 0},
-                   {w1, parallel::llama_tp_dim("layers.1.block_sparse_moe.experts.w1.weight", true).value()}};
-  const parallel::StepLayouts l = parallel::step_layouts(mesh, g, roles, p);
+  MoeWeights m(5);
+  const graph::ValueId tokens = m.tokens, dense = m.dense, w1 = m.w1;
+  m.roles.tp_dims = {{dense, 0},
+                     {w1, parallel::llama_tp_dim("layers.1.block_sparse_moe.experts.w1.weight", true).value()}};
+  const parallel::StepLayouts l = parallel::step_layouts(mesh, m.g, m.roles, p);
   EXPECT_EQ(l.given.at(tokens).to_string(), "RS(0)[0]S(0)[1]R");
   EXPECT_EQ(l.given.at(dense).to_string(), "RS(0)[1]S(0)[2]S(0)[0]");
   EXPECT_EQ(l.given.at(w1).to_string(), "RS(1)[1]S(0)S(1)[0]");
@@ -463,18 +473,11 @@ TEST(MoeLayouts, ContextParallelKeepsEpOnDpShard) {
   p.cp = 2;
   const sharding::DeviceMesh mesh = parallel::make_mesh(p, 8);
   EXPECT_EQ(mesh.describe(), "(dp_replicate=1, dp_shard=2, ep=2, cp=2, tp=1)");
-  graph::Graph g;
-  const auto tokens = g.add_input("tokens", {8, 8}, DType::i64);
-  const auto dense = g.add_parameter("dense", {8, 6}, DType::f32);
-  const auto w1 = g.add_parameter("experts.w1", {4, 8, 6}, DType::f32);
-  parallel::StepRoles roles;
-  roles.parameters = {dense, w1};
-  roles.experts = {w1};
-  roles.batch_inputs = {tokens};
-  const parallel::StepLayouts l = parallel::step_layouts(mesh, g, roles, p);
-  EXPECT_EQ(l.given.at(tokens).to_string(), "RS(0)[0]S(0)[1]RR");
-  EXPECT_EQ(l.given.at(dense).to_string(), "RS(0)[0]S(0)[1]S(0)[2]R");
-  EXPECT_EQ(l.given.at(w1).to_string(), "RS(1)[0]S(0)S(1)[1]R");
+  const MoeWeights m(8);
+  const parallel::StepLayouts l = parallel::step_layouts(mesh, m.g, m.roles, p);
+  EXPECT_EQ(l.given.at(m.tokens).to_string(), "RS(0)[0]S(0)[1]RR");
+  EXPECT_EQ(l.given.at(m.dense).to_string(), "RS(0)[0]S(0)[1]S(0)[2]R");
+  EXPECT_EQ(l.given.at(m.w1).to_string(), "RS(1)[0]S(0)S(1)[1]R");
   p.ep = 3;
   EXPECT_TRUE(mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 8); }),
                               "parallel.ep 3 must divide parallel.dp_shard 4"));
