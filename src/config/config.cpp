@@ -177,45 +177,87 @@ Key bool_key(std::string name, const std::string& default_text, std::function<bo
                                      [field](TrainConfig& c) { return std::string(field(c) ? "true" : "false"); }});
 }
 
-// A key whose value is a list of positive integers: a TOML array, or the
-// command-line text "3,2,3".
+// A key whose value is a list: a TOML array, or the command-line text
+// "a,b,c" ("": empty). `item` reads one item from a TOML node (nullopt: the
+// wrong type) and `parse` one from its text, each failing through bad_value
+// with the whole value; `show` writes one as TOML does. `kind` says what a
+// TOML value must be ("an array of ...").
+template <typename T>
+Key list_key(std::string name, const std::string& default_text, std::function<std::vector<T>&(TrainConfig&)> field,
+             std::string expects, std::string kind,
+             std::function<std::optional<T>(const toml::node&, const std::string& whole)> item,
+             std::function<T(const std::string& text, const std::string& whole)> parse,
+             std::function<std::string(const T&)> show) {
+  return with_default(default_text, {name,
+                                     [name, field, item, kind](TrainConfig& c, const toml::node& n) {
+                                       const toml::array* list = n.as_array();
+                                       if (!list) bad_value(name, toml_text(n), kind);
+                                       std::vector<T> values;
+                                       for (const toml::node& node : *list) {
+                                         std::optional<T> v = item(node, toml_text(n));
+                                         if (!v) bad_value(name, toml_text(n), kind);
+                                         values.push_back(std::move(*v));
+                                       }
+                                       field(c) = std::move(values);
+                                     },
+                                     [field, parse](TrainConfig& c, const std::string& text) {
+                                       std::vector<T> values;
+                                       std::stringstream items(text);
+                                       for (std::string one; std::getline(items, one, ',');)
+                                         values.push_back(parse(one, text));
+                                       field(c) = std::move(values);
+                                     },
+                                     std::move(expects),
+                                     [field, show](TrainConfig& c) {
+                                       std::vector<std::string> shown;
+                                       for (const T& v : field(c)) shown.push_back(show(v));
+                                       return fmt::format("[{}]", fmt::join(shown, ", "));
+                                     }});
+}
+
+// A list of positive integers: a TOML array, or the command-line text "3,2,3".
 Key count_list_key(std::string name, const std::string& default_text,
                    std::function<std::vector<int64_t>&(TrainConfig&)> field, std::string expects) {
-  auto element = [name](int64_t v, const std::string& text) {
-    if (v < 1 || v > (int64_t{1} << 40)) bad_value(name, text, "a list of positive integers");
+  auto element = [name](int64_t v, const std::string& whole) {
+    if (v < 1 || v > (int64_t{1} << 40)) bad_value(name, whole, "a list of positive integers");
     return v;
   };
-  return with_default(
-      default_text,
-      {name,
-       [name, field, element](TrainConfig& c, const toml::node& n) {
-         const toml::array* list = n.as_array();
-         if (!list) bad_value(name, toml_text(n), "an array of positive integers");
-         std::vector<int64_t> values;
-         for (const toml::node& item : *list) {
-           const auto v = item.as_integer();
-           if (!v) bad_value(name, toml_text(n), "an array of positive integers");
-           values.push_back(element(v->get(), toml_text(n)));
-         }
-         field(c) = std::move(values);
-       },
-       [name, field, element](TrainConfig& c, const std::string& text) {
-         std::vector<int64_t> values;
-         std::stringstream items(text);
-         for (std::string item; std::getline(items, item, ',');) {
-           size_t used = 0;
-           int64_t v = 0;
-           try {
-             v = std::stoll(item, &used);
-           } catch (const std::exception&) {
-             used = 0;
-           }
-           if (used == 0 || used != item.size()) bad_value(name, text, "a list of positive integers such as 3,2,3");
-           values.push_back(element(v, text));
-         }
-         field(c) = std::move(values);
-       },
-       std::move(expects), [field](TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(c), ", ")); }});
+  return list_key<int64_t>(
+      name, default_text, std::move(field), std::move(expects), "an array of positive integers",
+      [element](const toml::node& n, const std::string& whole) -> std::optional<int64_t> {
+        const auto v = n.as_integer();
+        if (!v) return std::nullopt;
+        return element(v->get(), whole);
+      },
+      [name, element](const std::string& item, const std::string& whole) {
+        size_t used = 0;
+        int64_t v = 0;
+        try {
+          v = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != item.size()) bad_value(name, whole, "a list of positive integers such as 3,2,3");
+        return element(v, whole);
+      },
+      [](const int64_t& v) { return std::to_string(v); });
+}
+
+// A list of non-empty strings: a TOML array of strings, or "a,b,c".
+Key name_list_key(std::string name, const std::string& default_text,
+                  std::function<std::vector<std::string>&(TrainConfig&)> field, std::string expects) {
+  auto element = [name](const std::string& v, const std::string& whole) {
+    if (v.empty()) bad_value(name, whole, "a list of non-empty strings");
+    return v;
+  };
+  return list_key<std::string>(
+      name, default_text, std::move(field), std::move(expects), "an array of non-empty strings",
+      [element](const toml::node& n, const std::string& whole) -> std::optional<std::string> {
+        const auto v = n.value<std::string>();
+        if (!v) return std::nullopt;
+        return element(*v, whole);
+      },
+      element, toml_string);
 }
 
 const std::vector<Key>& keys() {
@@ -324,6 +366,25 @@ const std::vector<Key>& keys() {
       bool_key(
           "training.skip_nonfinite", "false", [](TrainConfig& c) -> bool& { return c.training.skip_nonfinite; },
           "a step whose gradient norm is NaN or infinite is passed over (no update, counted in the metrics) instead of stopping the run"),
+      choice_key<bool>(
+          "training.fp8", "none", [](TrainConfig& c) -> bool& { return c.model.fp8.enabled; },
+          {{"none", false}, {"tensorwise", true}},
+          "tensorwise: the linear layers inside the transformer blocks (not the embedding, the LM head, "
+          "a MoE router or the routed experts) run their three GEMMs on FP8 operands, each quantised "
+          "with the scale of its own current amax (the whole tensor's, over every rank it is split "
+          "across), products summed in float32; on CPUs exact for those operands"),
+      choice_key<DType>(
+          "training.fp8_format", "hybrid", [](TrainConfig& c) -> DType& { return c.model.fp8.grad_format; },
+          {{"hybrid", DType::f8e5m2}, {"e4m3", DType::f8e4m3}},
+          "hybrid: weights and activations E4M3, output gradients E5M2 (TransformerEngine's); "
+          "e4m3: all three E4M3"),
+      bool_key(
+          "training.fp8_pow2_scale", "false", [](TrainConfig& c) -> bool& { return c.model.fp8.pow2_scale; },
+          "each FP8 scale rounded down to a power of two"),
+      name_list_key(
+          "training.fp8_skip", "", [](TrainConfig& c) -> std::vector<std::string>& { return c.model.fp8.skip; },
+          "a list of names: a linear layer whose name (its weight's Hugging Face name less .weight, e.g. "
+          "model.layers.0.mlp.down_proj) holds one of them stays in training.dtype; []: none"),
       number_key<int64_t>(
           "training.grad_accum_steps", "1", [](TrainConfig& c) -> int64_t& { return c.training.grad_accum_steps; }, pos,
           "a positive integer (microbatches per step; data.batch_size must divide by it; with parallel.pp the "
@@ -644,6 +705,17 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
                "model.n_experts, or leave {} out",
                key, find_key(key).show(given), key);
   }
+  if (!c.model.fp8.enabled) {  // keys that would be ignored without a word
+    TrainConfig given = c, defaults;
+    for (const char* key : {"training.fp8_format", "training.fp8_pow2_scale", "training.fp8_skip"})
+      MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
+               "config: {} = {} applies to FP8 training, but training.fp8 is none: set training.fp8 tensorwise, or "
+               "leave {} out",
+               key, find_key(key).show(given), key);
+  }
+  MT_CHECK(c.training.device == Device::cpu || !c.model.fp8.enabled,
+           "config: training.fp8 tensorwise with training.device {}: the FP8 GEMMs have CPU kernels only, for now",
+           device_name(c.training.device));
   MT_CHECK(c.training.device == Device::cpu || c.model.n_experts == 0,
            "config: model.n_experts {} with training.device {}: the mixture-of-experts ops have CPU kernels only, "
            "for now",

@@ -96,6 +96,13 @@ inline constexpr AttrKey<int64_t> key_first{"key_first"};
 // attention's keys and values in its queries' load-balanced order, split as
 // they are (context parallelism's ring): lowering runs it as ring steps.
 inline constexpr AttrKey<bool> ring{"ring"};
+// FP8 (graph/ops/matmul.cpp): the format each operand of an fp8_matmul is
+// quantised to, and that of its output's gradient (its backward's); scales
+// rounded down to powers of two; the linear layer (or an amax's tensor) its
+// errors name.
+inline constexpr AttrKey<DType> format_a{"format_a"}, format_b{"format_b"}, grad_format{"grad_format"};
+inline constexpr AttrKey<bool> pow2_scale{"pow2_scale"};
+inline constexpr AttrKey<std::string> tensor{"tensor"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

@@ -22,6 +22,11 @@ ValueId Builder::scale(ValueId a, double alpha) { return op("scale", {a}, {attr:
 ValueId Builder::matmul(ValueId a, ValueId b, bool ta, bool tb) {
   return op("matmul", {a, b}, {attr::transpose_a(ta), attr::transpose_b(tb)});
 }
+ValueId Builder::fp8_matmul(ValueId a, ValueId b, ValueId amax_a, ValueId amax_b, bool ta, bool tb, Attrs fp8) {
+  fp8.set(attr::transpose_a, ta).set(attr::transpose_b, tb);
+  return op("fp8_matmul", {a, b, amax_a, amax_b}, fp8);
+}
+ValueId Builder::amax(ValueId x, const std::string& tensor) { return op("amax", {x}, {attr::tensor(tensor)}); }
 ValueId Builder::sum(ValueId a) { return op("sum", {a}); }
 ValueId Builder::mean(ValueId a) { return op("mean", {a}); }
 ValueId Builder::broadcast_scalar(ValueId s, const Shape& shape) {

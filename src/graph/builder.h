@@ -23,6 +23,14 @@ class Builder {
   // [..., M, K] @ [K, N] (weights shared over the batch) or [..., K, N];
   // transpose_a / transpose_b read a as [..., K, M], b as [N, K].
   ValueId matmul(ValueId a, ValueId b, bool transpose_a = false, bool transpose_b = false);
+  // FP8 (graph/ops/matmul.cpp): matmul on a and b each quantised to an FP8
+  // format with the scale of its amax; `fp8` holds format_a, format_b,
+  // grad_format (of the output's gradient), pow2_scale and tensor (the layer).
+  ValueId fp8_matmul(ValueId a, ValueId b, ValueId amax_a, ValueId amax_b, bool transpose_a, bool transpose_b,
+                     Attrs fp8);
+  // The largest magnitude of x's elements (f32 scalar); `tensor` names x in
+  // the error a NaN or infinity gives.
+  ValueId amax(ValueId x, const std::string& tensor);
   ValueId sum(ValueId a);   // all elements -> scalar
   ValueId mean(ValueId a);  // all elements -> scalar
   ValueId broadcast_scalar(ValueId scalar, const Shape& shape);

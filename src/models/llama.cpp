@@ -10,6 +10,13 @@
 
 namespace meshtrain::models {
 
+bool Fp8Linears::applies_to(const std::string& weight) const {
+  if (!enabled || !weight.starts_with("model.layers.") || weight.ends_with(".gate.weight")) return false;
+  const std::string layer = weight.substr(0, weight.size() - std::string_view(".weight").size());
+  return std::none_of(skip.begin(), skip.end(),
+                      [&](const std::string& pattern) { return layer.find(pattern) != std::string::npos; });
+}
+
 void LlamaConfig::validate() const {
   MT_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && n_kv_heads > 0 && ffn_dim > 0 && vocab_size > 0,
            "model: dim, n_layers, n_heads, n_kv_heads, ffn_dim and vocab_size must be positive");
@@ -290,7 +297,20 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     return copy;
   };
   // A linear layer with Hugging Face's [out, in] weight: x @ W^T.
-  auto linear = [&](graph::ValueId x, const std::string& w) { return b.matmul(x, use(w), false, true); };
+  // In FP8 (c.fp8), each operand quantised with the scale of its amax (one
+  // amax of an input that several layers read: q, k and v's; gate and up's).
+  std::map<graph::ValueId, graph::ValueId> input_amax;
+  auto linear = [&](graph::ValueId x, const std::string& w) {
+    if (!c.fp8.applies_to(w)) return b.matmul(x, use(w), false, true);
+    const std::string layer = w.substr(0, w.size() - std::string_view(".weight").size());
+    const graph::ValueId weight = use(w);
+    auto [known, fresh] = input_amax.emplace(x, graph::ValueId{});
+    if (fresh) known->second = b.amax(x, layer + " input");
+    return b.fp8_matmul(x, weight, known->second, b.amax(weight, layer + " weight"), false, true,
+                        {graph::attr::format_a(c.fp8.format), graph::attr::format_b(c.fp8.format),
+                         graph::attr::grad_format(c.fp8.grad_format), graph::attr::pow2_scale(c.fp8.pow2_scale),
+                         graph::attr::tensor(layer)});
+  };
   graph::ValueId h = input;
   if (span.embedding) {
     graph::ScopeGuard scope(g, "tok_embeddings");

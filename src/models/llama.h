@@ -15,6 +15,24 @@
 
 namespace meshtrain::models {
 
+// FP8 training of the blocks' linear layers (training.fp8 tensorwise; torchao's
+// Float8 with tensorwise scaling, TransformerEngine's current scaling): each
+// GEMM's operands quantised with the scale of their own current amax,
+// weights and activations to `format`, output gradients to `grad_format`.
+// Not the embedding, the LM head or a MoE router; nor, for now, the routed
+// experts' grouped GEMMs.
+struct Fp8Linears {
+  bool enabled = false;
+  DType format = DType::f8e4m3;
+  DType grad_format = DType::f8e5m2;  // hybrid; f8e4m3 for the e4m3 recipe
+  bool pow2_scale = false;            // scales rounded down to powers of two
+  // A linear layer whose name (its weight's, less ".weight") holds one of
+  // these is left in the compute dtype (torchtitan's filter_fqns).
+  std::vector<std::string> skip;
+  // Whether the block linear of this weight runs in FP8.
+  bool applies_to(const std::string& weight) const;
+};
+
 struct LlamaConfig {
   static constexpr int64_t kMaxLayers = 4096;  // the graph is built layer by layer: a bound on its size
   int64_t dim = 256;
@@ -53,6 +71,8 @@ struct LlamaConfig {
   // context parallelism's ring (parallel.cp_attention ring); false: in
   // position order, whole (all-gathered).
   bool ring_attention = false;
+  // Not a [model] key: training.fp8 and its keys.
+  Fp8Linears fp8;
   void validate() const;  // throws naming the inconsistent keys
   int64_t head_dim() const { return dim / n_heads; }
   bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }

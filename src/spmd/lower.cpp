@@ -23,7 +23,8 @@ struct Lowering {
   std::vector<int> coord;
   LowerOptions options;
   LoweredGraph out;
-  std::map<std::pair<graph::ValueId, std::string>, graph::ValueId> kept;  // (parameter, layout) -> gathered
+  std::map<std::pair<graph::ValueId, std::string>, graph::ValueId>
+      kept;  // (parameter or scalar, layout) -> redistributed
   // Resharding after forward, what one stretch of backward has gathered: a
   // block's recomputed forward (activation checkpointing) and its backward
   // share each weight's gather, as FSDP unshards a block once for both.
@@ -64,9 +65,15 @@ struct Lowering {
   std::vector<int64_t> group(const std::vector<int>& dims) const { return mesh.group_ranks(mesh.rank_at(coord), dims); }
 
   // `local` (global value `v`'s local value in layout `have`) redistributed
-  // to `want`, one node per plan step.
+  // to `want`, one node per plan step. A scalar (an FP8 amax, a norm) is
+  // redistributed once for all its readers.
   graph::ValueId redistribute(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
     if (have == want) return local;
+    if (g.value(v).info.shape.rank() == 0) {
+      const auto key = std::make_pair(v, want.to_string());
+      if (const auto it = kept.find(key); it != kept.end()) return it->second;
+      return kept[key] = redistribute_now(v, local, have, want);
+    }
     if (is_weight(v) && (!options.reshard_after_forward || out.graph.phase() == graph::Phase::backward)) {
       auto& memo = options.reshard_after_forward ? gathered_in_backward : kept;
       const auto key = std::make_pair(v, want.to_string());

@@ -259,11 +259,13 @@ struct TinyLlamaStep {
   compile::TrainStepGraph step;
   sharding::DeviceMesh mesh;
   parallel::StepLayouts layouts;
-  TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks, int64_t micro_batches = 1)
+  TinyLlamaStep(const parallel::ParallelConfig& parallel, int ranks, int64_t micro_batches = 1,
+                const models::Fp8Linears& fp8 = {})
       : mesh(parallel::make_mesh(parallel, ranks)) {
     config::OptimizerConfig opt = config::TrainConfig().optimizer;
     opt.lr = 1e-2;
     models::LlamaConfig model = tiny_llama();
+    model.fp8 = fp8;
     if (parallel.cp > 1) {
       model.seq_chunks = 2 * parallel.cp;
       model.ring_attention = parallel.cp_attention == parallel::ParallelConfig::CpAttention::ring;
@@ -277,10 +279,11 @@ struct TinyLlamaStep {
   }
 };
 
-inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel,
-                            int64_t micro_batches = 1) {
+// `fp8`: the blocks' linear layers in FP8, held to `tolerances`.
+inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConfig& parallel, int64_t micro_batches = 1,
+                            const models::Fp8Linears& fp8 = {}, const StepTolerances& tolerances = kLlamaStep) {
   const models::LlamaConfig c = tiny_llama();
-  TinyLlamaStep tiny(parallel, pg.size(), micro_batches);
+  TinyLlamaStep tiny(parallel, pg.size(), micro_batches, fp8);
   const Graph& g = tiny.g;
   const compile::TrainStepGraph& step = tiny.step;
   EXPECT_EQ(static_cast<int>(g.outputs().size()), kLlamaStepOutputs);
@@ -308,7 +311,7 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
   StepErrors errors;
   const std::string what = fmt::format("Llama step on mesh {}", tiny.mesh.describe());
   const int compared = check_lowered(pg, tiny.mesh, g, tiny.layouts.given, tiny.layouts.deliver, in, state, 2,
-                                     kLlamaStep, what, &errors);
+                                     tolerances, what, &errors);
   report_errors(pg, what + fmt::format(", {} microbatches", micro_batches), errors);
   return compared;
 }

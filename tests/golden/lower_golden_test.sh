@@ -49,8 +49,8 @@ E = {
   # The loss is a mean over every rank's valid targets: their count (f64) summed before cross_entropy, and the
   # loss itself (f32) summed so that every rank reports the global one.
   ("forward", "all_reduce", "dp_shard"): (2, None),
-  # The count summed again for cross_entropy_backward (the same value as forward's).
-  ("backward", "all_reduce", "dp_shard"): (1, None),
+  # cross_entropy_backward reads forward's summed count: a scalar is redistributed once for all its readers.
+  ("backward", "all_reduce", "dp_shard"): (0, None),
   # Clipping's global norm: this rank's sum of squares (f64) summed over dp_shard once.
   ("optimizer", "all_reduce", "dp_shard"): (1, None),
   # TP over tp. o and down give partial sums: one all_reduce per attention and per MLP block (Megatron's g).

@@ -42,7 +42,8 @@ TEST(SpmdExecute, DdpMatchesOneRank) {
 
 namespace {
 
-void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micro_batches = 1) {
+void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micro_batches = 1,
+                 const models::Fp8Linears& fp8 = {}, const mtest::StepTolerances& tolerances = mtest::kLlamaStep) {
   SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} cp {} ({}) sequence_parallel {}",
                            ranks, config.dp_replicate, config.dp_shard, config.tp, config.cp,
                            config.cp_attention == parallel::ParallelConfig::CpAttention::ring ? "ring" : "allgather",
@@ -51,7 +52,8 @@ void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micr
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
   std::atomic<int> compared{0};
-  world.run([&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, config, micro_batches); });
+  world.run(
+      [&](comm::ProcessGroup& pg) { compared += mtest::check_llama_step(pg, config, micro_batches, fp8, tolerances); });
   EXPECT_EQ(compared.load(), ranks * mtest::kLlamaStepOutputs);
 }
 
@@ -84,6 +86,18 @@ TEST(SpmdExecute, LlamaStepContextParallelMatchesOneRank) {
   check_llama(4, {.cp = 4, .cp_attention = ring});
   check_llama(4, {.dp_shard = 2, .cp = 2, .cp_attention = ring});
   check_llama(4, {.dp_shard = 1, .tp = 2, .cp = 2, .cp_attention = ring, .sequence_parallel = true});
+}
+
+// FP8 linear layers: every layout quantises with the whole tensor's amax
+// (sharded amaxes all-reduced by max), so it computes what one rank does.
+TEST(SpmdExecute, LlamaStepInFp8MatchesOneRank) {
+  const models::Fp8Linears fp8{.enabled = true};
+  const mtest::StepTolerances tolerance = mtest::kLlamaStep;
+  check_llama(2, mtest::ddp(2), 1, fp8, tolerance);
+  check_llama(2, mtest::fsdp(), 1, fp8, tolerance);
+  check_llama(4, {.dp_shard = 2, .tp = 2, .sequence_parallel = true}, 1, fp8, tolerance);
+  check_llama(4, mtest::tp(4), 1, fp8, tolerance);
+  check_llama(2, {.cp = 2, .cp_attention = parallel::ParallelConfig::CpAttention::ring}, 1, fp8, tolerance);
 }
 
 TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {

@@ -10,8 +10,8 @@ namespace meshtrain::graph::ops {
 
 void add_elementwise_ops(
     std::vector<OpDef>& ops);  // full, cast, add, mul, scale, scale_by, broadcast_scalar, sqrt, silu, swiglu
-void add_matmul_ops(std::vector<OpDef>& ops);      // matmul
-void add_reduction_ops(std::vector<OpDef>& ops);   // sum, sum_squares, mean, softmax, rms_norm
+void add_matmul_ops(std::vector<OpDef>& ops);      // matmul, rows_matmul, fp8_matmul, fp8_rows_matmul
+void add_reduction_ops(std::vector<OpDef>& ops);   // sum, sum_squares, mean, amax, softmax, rms_norm
 void add_shape_ops(std::vector<OpDef>& ops);       // reshape (a view), transpose, slice, concat
 void add_embedding_ops(std::vector<OpDef>& ops);   // embedding
 void add_loss_ops(std::vector<OpDef>& ops);        // count_valid, cross_entropy

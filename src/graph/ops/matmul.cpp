@@ -1,6 +1,7 @@
 // matmul: batched GEMM with optional transposes and weights shared over the
 // batch; rows_matmul: the weight gradient of such a shared weight, summed
-// over every leading row.
+// over every leading row; fp8_matmul and fp8_rows_matmul: the same on FP8
+// operands quantised with their current scales.
 #include "graph/ops/matmul.h"
 
 #include <algorithm>
@@ -33,70 +34,137 @@ Shape with_last_two(const Shape& batch_from, int64_t a, int64_t b) {
   return Shape(dims);
 }
 
-std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
-  const ValueId a = node.inputs[0], b = node.inputs[1], dc = g[0];
+// C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC, each by `mm`
+// (x, y, transpose_x, transpose_y) or, for B shared over A's batch, summed
+// over every row by `rows` (x, y). Operands are a, b and dc as the caller
+// holds them (values, or FP8 operands with their amax and format).
+template <typename Operand, typename Mm, typename Rows>
+std::vector<ValueId> matmul_grads(const Graph& g, const Node& node, const Operand& a, const Operand& b,
+                                  const Operand& dc, Mm&& mm, Rows&& rows) {
   const bool ta = node.attrs.get(attr::transpose_a), tb = node.attrs.get(attr::transpose_b);
-  const ValueInfo ai = bd.graph().value(a).info;  // a copy: adding nodes moves the value storage
-  const bool shared = bd.graph().value(b).info.shape.rank() == 2 && ai.shape.rank() > 2;
-  // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC.
-  const ValueId da = ta ? bd.matmul(b, dc, tb, true) : bd.matmul(dc, b, false, !tb);
-  ValueId db;
-  if (shared) {
-    // B is shared over the batch: summed over every row of A and dC.
-    MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
-    db = tb ? bd.op("rows_matmul", {dc, a}) : bd.op("rows_matmul", {a, dc});
-  } else {
-    db = tb ? bd.matmul(dc, a, true, ta) : bd.matmul(a, dc, !ta, false);
+  const bool shared = g.value(node.inputs[1]).info.shape.rank() == 2 && g.value(node.inputs[0]).info.shape.rank() > 2;
+  const ValueId da = ta ? mm(b, dc, tb, true) : mm(dc, b, false, !tb);
+  if (!shared) return {da, tb ? mm(dc, a, true, ta) : mm(a, dc, !ta, false)};
+  MT_CHECK(!ta, "matmul backward with transpose_a over a batch and shared weights is not supported");
+  return {da, tb ? rows(dc, a) : rows(a, dc)};
+}
+
+std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
+  return matmul_grads(
+      bd.graph(), node, node.inputs[0], node.inputs[1], g[0],
+      [&](ValueId x, ValueId y, bool tx, bool ty) { return bd.matmul(x, y, tx, ty); },
+      [&](ValueId x, ValueId y) {
+        return bd.op("rows_matmul", {x, y});
+      });
+}
+
+// An operand of an FP8 GEMM: its value, amax and format.
+struct Fp8Operand {
+  ValueId value, amax;
+  DType format;
+};
+
+// The FP8 GEMMs of dA and dB (torchao's and TransformerEngine's recipe): dC
+// quantised to the gradient format with its own amax, A and B as the forward
+// quantised them (straight through: no gradient reaches the amaxes).
+std::vector<ValueId> fp8_matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
+  const Attrs& at = node.attrs;
+  const std::string& layer = at.get(attr::tensor);
+  const Fp8Operand a{node.inputs[0], node.inputs[2], at.get(attr::format_a)};
+  const Fp8Operand b{node.inputs[1], node.inputs[3], at.get(attr::format_b)};
+  const Fp8Operand dc{g[0], bd.amax(g[0], layer + " output gradient"), at.get(attr::grad_format)};
+  auto fp8_attrs = [&](const Fp8Operand& x, const Fp8Operand& y) {
+    return Attrs{attr::format_a(x.format), attr::format_b(y.format), attr::grad_format(at.get(attr::grad_format)),
+                 attr::pow2_scale(at.get(attr::pow2_scale)), attr::tensor(layer)};
+  };
+  std::vector<ValueId> grads = matmul_grads(
+      bd.graph(), node, a, b, dc,
+      [&](const Fp8Operand& x, const Fp8Operand& y, bool tx, bool ty) {
+        return bd.fp8_matmul(x.value, y.value, x.amax, y.amax, tx, ty, fp8_attrs(x, y));
+      },
+      [&](const Fp8Operand& x, const Fp8Operand& y) {
+        return bd.op("fp8_rows_matmul", {x.value, y.value, x.amax, y.amax}, fp8_attrs(x, y));
+      });
+  grads.resize(4);  // none for the amaxes
+  return grads;
+}
+
+// FP8 operands: a float compute dtype, FP8 formats, amaxes f32 scalars.
+void check_fp8_operands(const ValueInfos& in, const Attrs& at) {
+  for (const auto& key : {attr::format_a, attr::format_b, attr::grad_format}) {
+    const DType f = at.get(key);
+    MT_CHECK(f == DType::f8e4m3 || f == DType::f8e5m2, "{} must be f8e4m3 or f8e5m2, got {}", key.name, dtype_name(f));
   }
-  return {da, db};
+  MT_CHECK(in[0].dtype == DType::f32 || in[0].dtype == DType::bf16, "FP8 GEMM operands must be f32 or bf16, got {}",
+           dtype_name(in[0].dtype));
+  MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype), dtype_name(in[1].dtype));
+  for (size_t i = 2; i < 4; ++i)
+    MT_CHECK(in[i].dtype == DType::f32 && in[i].shape.rank() == 0, "an FP8 GEMM's amax must be an f32 scalar, got {}",
+             dtype_name(in[i].dtype));
+}
+
+ValueInfos matmul_infer(const ValueInfos& in, const Attrs& at) {
+  check_float(in[0], "matmul A");
+  MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype), dtype_name(in[1].dtype));
+  const bool ta = at.get(attr::transpose_a), tb = at.get(attr::transpose_b);
+  const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, ta, tb);
+  return ValueInfos{{with_last_two(in[0].shape, d.m, d.n), in[0].dtype}};
+}
+
+double matmul_flops(const ValueInfos& in, const ValueInfos&, const Attrs& at) {
+  const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, at.get(attr::transpose_a), at.get(attr::transpose_b));
+  return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
+         static_cast<double>(d.k);
+}
+
+ValueInfos rows_matmul_infer(const ValueInfos& in, const Attrs&) {
+  check_float(in[0], "rows_matmul x");
+  MT_CHECK(in[0].shape.rank() >= 2 && in[1].shape.rank() == in[0].shape.rank() &&
+               std::equal(in[0].shape.dims().begin(), in[0].shape.dims().end() - 1, in[1].shape.dims().begin()) &&
+               in[0].dtype == in[1].dtype,
+           "rows_matmul: x and y must be [..., P] and [..., Q] of one dtype over the same rows, got {} and {}",
+           in[0].shape.to_string(), in[1].shape.to_string());
+  return ValueInfos{{Shape{in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
+}
+
+double rows_matmul_flops(const ValueInfos& in, const ValueInfos&, const Attrs&) {
+  return 2.0 * static_cast<double>(in[0].shape.numel()) * static_cast<double>(in[1].shape.dim(-1));
 }
 
 }  // namespace
 
 void add_matmul_ops(std::vector<OpDef>& ops) {
-  ops.push_back({
-      .name = "matmul",
-      .num_inputs = 2,
-      .infer =
-          [](const ValueInfos& in, const Attrs& at) {
-            check_float(in[0], "matmul A");
-            MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype),
-                     dtype_name(in[1].dtype));
-            const bool ta = at.get(attr::transpose_a), tb = at.get(attr::transpose_b);
-            const MatmulDims d = matmul_dims(in[0].shape, in[1].shape, ta, tb);
-            return ValueInfos{{with_last_two(in[0].shape, d.m, d.n), in[0].dtype}};
-          },
-      .backward = matmul_backward,
-      .flops =
-          [](const ValueInfos& in, const ValueInfos&, const Attrs& at) {
-            const MatmulDims d =
-                matmul_dims(in[0].shape, in[1].shape, at.get(attr::transpose_a), at.get(attr::transpose_b));
-            return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
-                   static_cast<double>(d.k);
-          },
-  });
+  ops.push_back(
+      {.name = "matmul", .num_inputs = 2, .infer = matmul_infer, .backward = matmul_backward, .flops = matmul_flops});
   // x [..., P] and y [..., Q] over the same leading dims -> x^T y [P, Q],
   // summed over every leading row: no reshape folds the rows, so rows split
   // on any leading dim (the batch, or the sequence under context
   // parallelism) give partial sums.
+  ops.push_back({.name = "rows_matmul", .num_inputs = 2, .infer = rows_matmul_infer, .flops = rows_matmul_flops});
+  // FP8 training's GEMMs: matmul and rows_matmul of (a, b, amax_a, amax_b),
+  // each operand quantised to its format (format_a, format_b) with the scale
+  // of its amax (core/fp8.h), products summed in f32, the sum times both
+  // inverse scales in the operands' dtype. What an FP8 tensor core computes.
   ops.push_back({
-      .name = "rows_matmul",
-      .num_inputs = 2,
+      .name = "fp8_matmul",
+      .num_inputs = 4,
       .infer =
-          [](const ValueInfos& in, const Attrs&) {
-            check_float(in[0], "rows_matmul x");
-            MT_CHECK(
-                in[0].shape.rank() >= 2 && in[1].shape.rank() == in[0].shape.rank() &&
-                    std::equal(in[0].shape.dims().begin(), in[0].shape.dims().end() - 1, in[1].shape.dims().begin()) &&
-                    in[0].dtype == in[1].dtype,
-                "rows_matmul: x and y must be [..., P] and [..., Q] of one dtype over the same rows, got {} and {}",
-                in[0].shape.to_string(), in[1].shape.to_string());
-            return ValueInfos{{Shape{in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
+          [](const ValueInfos& in, const Attrs& at) {
+            check_fp8_operands(in, at);
+            return matmul_infer(in, at);
           },
-      .flops =
-          [](const ValueInfos& in, const ValueInfos&, const Attrs&) {
-            return 2.0 * static_cast<double>(in[0].shape.numel()) * static_cast<double>(in[1].shape.dim(-1));
+      .backward = fp8_matmul_backward,
+      .flops = matmul_flops,
+  });
+  ops.push_back({
+      .name = "fp8_rows_matmul",
+      .num_inputs = 4,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_fp8_operands(in, at);
+            return rows_matmul_infer(in, at);
           },
+      .flops = rows_matmul_flops,
   });
 }
 

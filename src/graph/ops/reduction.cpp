@@ -1,4 +1,4 @@
-// Reductions: over all elements (sum, sum_squares, mean) and over the last dim (softmax, RMSNorm).
+// Reductions: over all elements (sum, sum_squares, mean, amax) and over the last dim (softmax, RMSNorm).
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
 
@@ -27,6 +27,19 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
             return ValueInfos{{Shape{}, DType::f64}};
           },
       .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return 2 * numel(in[0]); },
+  });
+
+  // The largest magnitude of the elements, in f32 (an FP8 scale's source;
+  // graph/ops/matmul.cpp): not differentiable, as FP8 training's scales are
+  // not. A NaN or infinity is an error naming attr `tensor`.
+  ops.push_back({
+      .name = "amax",
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            check_float(in[0], "amax input");
+            return ValueInfos{{Shape{}, DType::f32}};
+          },
+      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]); },
   });
 
   ops.push_back({

@@ -73,14 +73,15 @@ bool recompute(graph::Graph& g, const BlockPass& pass, ActivationCheckpoint mode
     const graph::NodeId p = g.value(v).producer;
     return p.valid() && members.count(p) > 0;
   };
-  // Under selective, the matmuls and attention whose outputs the block keeps.
+  // Under selective, the matmuls (FP8 ones too) and attention whose outputs the block keeps.
   std::set<graph::NodeId> kept_outputs;
   if (mode == ActivationCheckpoint::selective) {
     int matmul_count = 0;
     for (graph::NodeId n : pass.nodes) {
       const std::string& op = g.node(n).op->name;
-      if (op == "attention") kept_outputs.insert(n);
-      if (op == "matmul" && (matmuls == SelectiveMatmuls::all || ++matmul_count % 2 == 1)) kept_outputs.insert(n);
+      if (op == "attention" || op == "amax") kept_outputs.insert(n);  // an FP8 scale's amax: a scalar
+      if ((op == "matmul" || op == "fp8_matmul") && (matmuls == SelectiveMatmuls::all || ++matmul_count % 2 == 1))
+        kept_outputs.insert(n);
     }
   }
   const auto kept = [&](graph::ValueId v) {

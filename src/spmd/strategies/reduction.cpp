@@ -1,5 +1,5 @@
 // Strategies of the reduction and row ops (graph/ops/reduction.cpp). sum
-// and sum_squares of a shard are partial sums; mean of an even shard is a
+// and sum_squares of a shard are partial sums, amax a partial max; mean of an even shard is a
 // partial average. Row ops (softmax, rms_norm) reduce over the last
 // dim: any other dim may be sharded; rms_norm's weight gradient, summed over
 // rows, is then a partial sum.
@@ -20,6 +20,12 @@ void add_reduction_rules(const AddRule& add) {
     return out;
   });
   add("sum_squares", partial_sum_of_shards);
+  add("amax", [](const StrategyQuery& q) {  // a shard's largest magnitude: a partial max
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d)
+      out.push_back({{Placement::partial(sharding::ReduceOp::max)}, {S(d)}});
+    return out;
+  });
   add("mean", [](const StrategyQuery& q) {
     std::vector<DimStrategy> out;
     for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d)

@@ -1,12 +1,66 @@
-// CPU kernels of matmul and rows_matmul (graph/ops/matmul.cpp): OpenBLAS for f32 and f64, oneDNN for bf16.
+// CPU kernels of matmul and rows_matmul (graph/ops/matmul.cpp): OpenBLAS for f32 and f64, oneDNN for bf16;
+// fp8_matmul and fp8_rows_matmul: the operands quantised onto their FP8 grids, then an f32 GEMM (exact for
+// them: what an FP8 tensor core accumulating in f32 computes).
 #include "graph/ops/matmul.h"
 
 #include <cstring>
 
+#include "core/fp8.h"
 #include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/kernel_support.h"
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {
+
+namespace {
+
+// An FP8 operand as the GEMM multiplies it: each element times the scale of
+// the tensor's amax, rounded onto the format's grid (in f32, exactly), and
+// the inverse scale the product is taken back by.
+struct Fp8Grid {
+  std::vector<float> values;
+  float inverse_scale;
+};
+
+Fp8Grid fp8_grid(const Tensor& t, const Tensor& amax, DType format, bool pow2) {
+  const float scale = fp8_scale(format, amax.get(0), pow2);
+  const int64_t n = t.numel();
+  Fp8Grid grid{std::vector<float>(static_cast<size_t>(n)), 1.0f / scale};
+  float* out = grid.values.data();
+  by_float_type(t.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* x = static_cast<const T*>(t.raw());
+#pragma omp parallel for if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = fp8_round(static_cast<float>(load(x[i])) * scale, format);
+  });
+  return grid;
+}
+
+// Both operands on their grids, `gemm(a, b, c)` into f32 sums, then each sum
+// times both inverse scales, stored in the output's dtype.
+template <typename Gemm>
+void fp8_gemm(const KernelArgs& a, Gemm&& gemm) {
+  const bool pow2 = a.attrs.get(attr::pow2_scale);
+  const Fp8Grid x = fp8_grid(*a.in[0], *a.in[2], a.attrs.get(attr::format_a), pow2);
+  const Fp8Grid y = fp8_grid(*a.in[1], *a.in[3], a.attrs.get(attr::format_b), pow2);
+  Tensor& out = *a.out[0];
+  const int64_t n = out.numel();
+  const bool f32 = out.dtype() == DType::f32;
+  std::vector<float> sums(f32 ? 0 : static_cast<size_t>(n));
+  float* c = f32 ? static_cast<float*>(out.raw()) : sums.data();
+  gemm(x.values.data(), y.values.data(), c);
+  const float alpha = x.inverse_scale * y.inverse_scale;
+  if (f32) {
+#pragma omp parallel for if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) c[i] *= alpha;
+    return;
+  }
+  auto* o = static_cast<bfloat16*>(out.raw());  // fp8_matmul's operands are f32 or bf16 (its shape rule)
+#pragma omp parallel for if (n > kParallelElements)
+  for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(c[i] * alpha);
+}
+
+}  // namespace
 
 void add_matmul_kernels(const AddKernel& add) {
   add("matmul", [](const KernelArgs& a) {
@@ -50,6 +104,26 @@ void add_matmul_kernels(const AddKernel& add) {
       default:
         MT_ASSERT(false, "no CPU GEMM for dtype {}", dtype_name(a.in[0]->dtype()));
     }
+  });
+  add("fp8_matmul", [](const KernelArgs& a) {
+    const bool ta = a.attrs.get(attr::transpose_a), tb = a.attrs.get(attr::transpose_b);
+    const graph::ops::MatmulDims d = graph::ops::matmul_dims(a.in[0]->shape(), a.in[1]->shape(), ta, tb);
+    if (d.k == 0) {  // an empty sum: zeros
+      std::memset(a.out[0]->raw(), 0, a.out[0]->nbytes());
+      return;
+    }
+    fp8_gemm(a, [&](const float* x, const float* y, float* c) {
+      matmul(x, y, c, d.batch, d.m, d.n, d.k, ta, tb, d.m * d.k, d.b_shared ? 0 : d.k * d.n);
+    });
+  });
+  add("fp8_rows_matmul", [](const KernelArgs& a) {
+    const int64_t p = a.in[0]->shape().dim(-1), q = a.in[1]->shape().dim(-1);
+    const int64_t rows = p > 0 ? a.in[0]->numel() / p : 0;
+    if (rows == 0) {
+      std::memset(a.out[0]->raw(), 0, a.out[0]->nbytes());
+      return;
+    }
+    fp8_gemm(a, [&](const float* x, const float* y, float* c) { matmul(x, y, c, 1, p, q, rows, true, false, 0, 0); });
   });
 }
 

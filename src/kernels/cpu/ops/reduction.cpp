@@ -1,4 +1,7 @@
 // CPU kernels of the reductions (graph/ops/reduction.cpp).
+#include <cmath>
+
+#include "kernels/cpu/kernel_support.h"
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {
@@ -15,6 +18,25 @@ void add_reduction_kernels(const AddKernel& add) {
       using T = decltype(z);
       *out_ptr<double>(a) = sum_squares(in_ptr<T>(a, 0), a.in[0]->numel());
     });
+  });
+  add("amax", [](const KernelArgs& a) {
+    const int64_t n = a.in[0]->numel();
+    float largest = 0;
+    int64_t non_finite = 0;
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const T* x = in_ptr<T>(a, 0);
+#pragma omp parallel for reduction(max : largest) reduction(+ : non_finite) if (n > kParallelElements)
+      for (int64_t i = 0; i < n; ++i) {
+        const auto v = static_cast<float>(std::fabs(load(x[i])));
+        non_finite += std::isfinite(v) ? 0 : 1;
+        largest = std::max(largest, v);
+      }
+    });
+    if (non_finite > 0)
+      throw InvalidArgument(fmt::format("FP8: {} holds {} NaN or infinite values of {}: its scale is undefined",
+                                        a.attrs.get(attr::tensor), non_finite, n));
+    *out_ptr<float>(a) = largest;
   });
   add("mean", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
