@@ -190,6 +190,7 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   p.peak_gflops_f32 = r.number("device.peak_gflops_f32", 0, true);
   if (!r.root.at_path("device.peak_gflops_f32")) r.fail("device.peak_gflops_f32", "is required");
   p.peak_gflops_bf16 = r.number("device.peak_gflops_bf16", 0);
+  p.peak_gflops_fp8 = r.number("device.peak_gflops_fp8", 0);
   p.memory_gbps = r.number("device.memory_gbps", 0, true);
   if (!r.root.at_path("device.memory_gbps")) r.fail("device.memory_gbps", "is required");
   p.memory_gib = r.number("device.memory_gib", 0);

@@ -47,6 +47,7 @@ struct HardwareProfile {
   std::string name, description;
   double peak_gflops_f32 = 0;   // a device's dense f32 peak, GFLOP/s
   double peak_gflops_bf16 = 0;  // its dense bf16 peak (0: as f32)
+  double peak_gflops_fp8 = 0;   // its dense FP8 peak, the FP8 GEMMs' (0: as the output's dtype)
   double memory_gbps = 0;       // its memory bandwidth, GB/s
   double memory_gib = 0;        // its memory capacity, GiB (0: unknown)
   // The fractions of the peaks kernels reach: every op's compute by default
@@ -84,7 +85,7 @@ std::vector<std::string> builtin_hardware_names();
 HardwareProfile builtin_hardware(const std::string& name);
 // A profile from TOML text or a file; errors name the key. Keys:
 //   name, description
-//   [device] peak_gflops_f32, peak_gflops_bf16, memory_gbps, memory_gib,
+//   [device] peak_gflops_f32, peak_gflops_bf16, peak_gflops_fp8, memory_gbps, memory_gib,
 //            compute_efficiency, memory_efficiency, devices_per_host, shared_host
 //   [device.op_efficiency] <op> = fraction
 //   [[device.sync_lateness]] world, ranks, interval_us = [...], share = [...]

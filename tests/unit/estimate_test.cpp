@@ -90,6 +90,7 @@ TEST(Hardware, BuiltinsAndFiles) {
   ASSERT_GE(names.size(), 2u);
   const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
   EXPECT_EQ(h100.peak_gflops_bf16, 989400);
+  EXPECT_EQ(h100.peak_gflops_fp8, 1978900);
   EXPECT_EQ(h100.devices_per_host, 8);
   EXPECT_EQ(h100.op_efficiency.at("attention"), 0.35);
   // Ranks 0..7 share a host; 0 and 8 do not.
@@ -646,4 +647,28 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_LT(one_at_a_time.memory.at_peak.at(sched::MemoryKind::parameters),
             both.memory.at_peak.at(sched::MemoryKind::parameters));
   EXPECT_GT(one_at_a_time.pipeline->unshard_us, 1.5 * both.pipeline->unshard_us);
+}
+
+// training.fp8's GEMMs run at the profile's FP8 peak: on an H100 a large
+// FP8 GEMM (compute-bound) costs the bf16 one's time x the peaks' ratio (about a half); the quantisation's
+// traffic is in its bytes; a profile without an FP8 peak costs it as bf16.
+TEST(Estimate, Fp8GemmAtTheFp8Peak) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const graph::ValueId x = g.add_input("x", {8192, 8192}, DType::bf16), w = g.add_input("w", {8192, 8192}, DType::bf16);
+  const graph::ValueId plain = b.matmul(x, w, false, true);
+  const graph::ValueId fp8 = b.fp8_matmul(
+      x, w, b.amax(x, "x"), b.amax(w, "w"), false, true,
+      {graph::attr::format_a(DType::f8e4m3), graph::attr::format_b(DType::f8e4m3),
+       graph::attr::grad_format(DType::f8e5m2), graph::attr::pow2_scale(false), graph::attr::tensor("layer")});
+  sched::RankDevice h100{sched::builtin_hardware("h100-sxm")};
+  const double bf16_us = sched::node_us(g, g.value(plain).producer, h100);
+  EXPECT_NEAR(sched::node_us(g, g.value(fp8).producer, h100), bf16_us * 989400 / 1978900, 1e-9 * bf16_us);
+  h100.hardware.peak_gflops_fp8 = 0;
+  EXPECT_DOUBLE_EQ(sched::node_us(g, g.value(fp8).producer, h100), bf16_us);
+  const graph::Node& node = g.node(g.value(fp8).producer);
+  const double elements = 8192.0 * 8192.0;  // each operand read (2 bytes), written and read in FP8; the output
+  EXPECT_EQ(
+      graph::op_bytes(*node.op, graph::value_infos(g, node.inputs), graph::value_infos(g, node.outputs), node.attrs),
+      2 * (2 * elements + 2 * elements) + 2 * elements);
 }

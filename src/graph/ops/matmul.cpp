@@ -127,6 +127,14 @@ ValueInfos rows_matmul_infer(const ValueInfos& in, const Attrs&) {
   return ValueInfos{{Shape{in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
 }
 
+// An FP8 GEMM's traffic: each operand read in its dtype and written in FP8
+// (the quantisation), read again by the GEMM, and the output written.
+double fp8_gemm_bytes(const ValueInfos& in, const ValueInfos& out, const Attrs&) {
+  double bytes = bytes_of(out[0]);
+  for (size_t i = 0; i < 2; ++i) bytes += bytes_of(in[i]) + 2 * numel(in[i]);
+  return bytes;
+}
+
 double rows_matmul_flops(const ValueInfos& in, const ValueInfos&, const Attrs&) {
   return 2.0 * static_cast<double>(in[0].shape.numel()) * static_cast<double>(in[1].shape.dim(-1));
 }
@@ -155,6 +163,7 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
           },
       .backward = fp8_matmul_backward,
       .flops = matmul_flops,
+      .bytes = fp8_gemm_bytes,
   });
   ops.push_back({
       .name = "fp8_rows_matmul",
@@ -165,6 +174,7 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
             return rows_matmul_infer(in, at);
           },
       .flops = rows_matmul_flops,
+      .bytes = fp8_gemm_bytes,
   });
 }
 
