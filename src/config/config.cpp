@@ -381,6 +381,10 @@ const std::vector<Key>& keys() {
       bool_key(
           "training.fp8_pow2_scale", "false", [](TrainConfig& c) -> bool& { return c.model.fp8.pow2_scale; },
           "each FP8 scale rounded down to a power of two"),
+      bool_key(
+          "training.fp8_all_gather", "false", [](TrainConfig& c) -> bool& { return c.model.fp8.all_gather; },
+          "each FP8 layer's weight is quantised to E4M3 on its FSDP shard (with the whole weight's scale) before "
+          "it is gathered: half the bytes of bfloat16"),
       name_list_key(
           "training.fp8_skip", "", [](TrainConfig& c) -> std::vector<std::string>& { return c.model.fp8.skip; },
           "a list of names: a linear layer whose name (its weight's Hugging Face name less .weight, e.g. "
@@ -707,7 +711,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   }
   if (!c.model.fp8.enabled) {  // keys that would be ignored without a word
     TrainConfig given = c, defaults;
-    for (const char* key : {"training.fp8_format", "training.fp8_pow2_scale", "training.fp8_skip"})
+    for (const char* key :
+         {"training.fp8_format", "training.fp8_pow2_scale", "training.fp8_all_gather", "training.fp8_skip"})
       MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
                "config: {} = {} applies to FP8 training, but training.fp8 is none: set training.fp8 tensorwise, or "
                "leave {} out",

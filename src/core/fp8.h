@@ -57,4 +57,13 @@ inline float fp8_round(float y, DType format) {
   return std::copysign(std::min(r, largest), y);
 }
 
+// x * scale rounded as fp8_round does, as the format's bits (core/dtype.h's
+// conversions); and those bits as a value.
+inline uint8_t fp8_quantize(float x, float scale, DType format) {
+  return format == DType::f8e4m3 ? f32_to_e4m3(x * scale) : f32_to_e5m2(x * scale);
+}
+inline float fp8_widen(uint8_t bits, DType format) {
+  return format == DType::f8e4m3 ? e4m3_to_f32(bits) : e5m2_to_f32(bits);
+}
+
 }  // namespace meshtrain

@@ -306,7 +306,12 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     const graph::ValueId weight = use(w);
     auto [known, fresh] = input_amax.emplace(x, graph::ValueId{});
     if (fresh) known->second = b.amax(x, layer + " input");
-    return b.fp8_matmul(x, weight, known->second, b.amax(weight, layer + " weight"), false, true,
+    const graph::ValueId weight_amax = b.amax(weight, layer + " weight");
+    const graph::ValueId operand =
+        c.fp8.all_gather ? b.op("fp8_quantize", {weight, weight_amax},
+                                {graph::attr::dtype(c.fp8.format), graph::attr::pow2_scale(c.fp8.pow2_scale)})
+                         : weight;
+    return b.fp8_matmul(x, operand, known->second, weight_amax, false, true,
                         {graph::attr::format_a(c.fp8.format), graph::attr::format_b(c.fp8.format),
                          graph::attr::grad_format(c.fp8.grad_format), graph::attr::pow2_scale(c.fp8.pow2_scale),
                          graph::attr::tensor(layer)});

@@ -26,6 +26,9 @@ struct Fp8Linears {
   DType format = DType::f8e4m3;
   DType grad_format = DType::f8e5m2;  // hybrid; f8e4m3 for the e4m3 recipe
   bool pow2_scale = false;            // scales rounded down to powers of two
+  // Each weight quantised before FSDP gathers it (fp8_quantize on its
+  // shard, with the whole weight's scale): half the bytes of bf16.
+  bool all_gather = false;
   // A linear layer whose name (its weight's, less ".weight") holds one of
   // these is left in the compute dtype (torchtitan's filter_fqns).
   std::vector<std::string> skip;

@@ -47,12 +47,14 @@ struct Lowering {
     return std::make_pair(before->second, after->second);
   }
 
-  // A parameter, or a parameter's copy in another dtype (a cast of one).
+  // A parameter, or a parameter's copy in another dtype (a cast of one, or
+  // its FP8 quantisation: what FSDP gathers in FP8).
   bool is_weight(graph::ValueId v) const {
     const graph::Value& val = g.value(v);
     if (val.kind == graph::ValueKind::parameter) return true;
     if (!val.producer.valid()) return false;
     const graph::Node& p = g.node(val.producer);
+    if (p.op->name == "fp8_quantize") return is_weight(p.inputs[0]);
     return p.op->name == "cast" && g.value(p.inputs[0]).kind == graph::ValueKind::parameter;
   }
 

@@ -2,6 +2,9 @@
 # FP8 training (training.fp8 tensorwise) under mpirun against FP8 on one
 # rank: DDP 2, FSDP 2, FSDP 2 x TP 2 with sequence parallel, TP 4 and PP 2 x
 # FSDP 2 with power-of-two scales, FSDP 2 x TP 2 with scales as computed.
+# FSDP 2 gathering its weights in FP8 (training.fp8_all_gather) computes
+# FSDP 2's numbers exactly, and the debug model's lowered bf16 FSDP 2 step
+# gathers at most 0.55x the bytes.
 # Every layout quantises each operand with the whole tensor's amax (an amax
 # of a shard is all-reduced by max over the ranks it is split across): 20
 # steps with warmup, cosine decay, weight decay and active clipping, every
@@ -41,6 +44,9 @@ run ddp2 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
 compare ddp2
 run fsdp2 2
 compare fsdp2
+# FSDP gathering each weight in FP8 (quantised on its shard with the whole weight's scale): the same numbers.
+run fsdp2_fp8_all_gather 2 --training.fp8_all_gather true
+compare fsdp2_fp8_all_gather fsdp2 0 0 0 0
 run fsdp2_tp2_sp 4 --parallel.tp 2 --parallel.sequence_parallel true
 compare fsdp2_tp2_sp
 run one_kv4 1 --model.n_kv_heads 4
@@ -66,5 +72,16 @@ worst = max(abs(a - b) / abs(b) for a, b in zip(fp8, plain))
 assert len(fp8) == len(plain) == 20 and worst > 1e-4, (worst, fp8, plain)
 print(f"FP8 against the plain run: losses up to {worst:.1e} apart (relative) over 20 steps")
 PY
+# The debug model's lowered bf16 FSDP 2 step gathers half the bytes with fp8_all_gather (the norms' weights, the
+# embedding and the LM head stay bf16).
+gathered() {
+  "$meshtrain" lower --ranks 2 --config configs/debug.toml --training.dtype bfloat16 --training.fp8 tensorwise "$@" \
+    > "$dir/lowered" 2>&1 ||
+    { cat "$dir/lowered"; fail "meshtrain lower $* failed"; }
+  grep -E '^# (forward|backward) +all_gather' "$dir/lowered" | awk '{s += $(NF - 1)} END {print s}'
+}
+bf16_bytes=$(gathered) fp8_bytes=$(gathered --training.fp8_all_gather true)
+python3 -c "import sys; r = $fp8_bytes / $bf16_bytes; print(f'FSDP 2 all_gather bytes per step: bf16 $bf16_bytes, FP8 $fp8_bytes ({r:.3f}x)'); sys.exit(r > 0.55)" ||
+  fail "fp8_all_gather gathers $fp8_bytes bytes a step against bf16's $bf16_bytes: not half"
 bad 2 "applies to FP8 training, but training.fp8 is none" --training.fp8_skip down_proj
 bad 4 "config key training.fp8: 'rowwise' is not one of none, tensorwise" --training.fp8 rowwise --parallel.tp 2

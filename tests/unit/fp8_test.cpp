@@ -178,6 +178,42 @@ TEST(Fp8, GemmsAreExactForTheQuantisedOperands) {
   check_fp8_linear(DType::bf16, 4e-3);  // the same, the output rounded to bf16
 }
 
+// A weight quantised ahead (fp8_quantize, what FSDP gathers under
+// training.fp8_all_gather) gives the GEMM and every gradient bitwise as the
+// weight quantised inside the GEMM; the quantised bytes are the formats'.
+TEST(Fp8, QuantisedAheadIsTheSameGemm) {
+  std::mt19937 rng(3);
+  const Tensor x = random_tensor({2, 3, 16}, DType::bf16, rng), w = random_tensor({5, 16}, DType::bf16, rng);
+  const Tensor dy = random_tensor({2, 3, 5}, DType::bf16, rng);
+  std::vector<Tensor> results[2];
+  for (const bool ahead : {false, true}) {
+    Graph g;
+    Builder b(g);
+    const ValueId xv = g.add_input("x", x.shape(), DType::bf16), wv = g.add_parameter("w", w.shape(), DType::bf16);
+    const ValueId dyv = g.add_input("dy", dy.shape(), DType::bf16);
+    const ValueId w_amax = b.amax(wv, "w");
+    const ValueId operand =
+        ahead ? b.op("fp8_quantize", {wv, w_amax}, {attr::dtype(DType::f8e4m3), attr::pow2_scale(false)}) : wv;
+    const ValueId y =
+        b.fp8_matmul(xv, operand, b.amax(xv, "x"), w_amax, false, true, fp8_attrs(DType::f8e4m3, DType::f8e4m3));
+    const std::vector<ValueId> grads = append_backward(g, y, {xv, wv}, nullptr, dyv);
+    std::vector<ValueId> outs{y, grads[0], grads[1]};
+    if (ahead) outs.push_back(operand);
+    runtime::Executor ex(g, sched::make_schedule(g, outs));
+    ex.bind(xv, x);
+    ex.bind(wv, w);
+    ex.bind(dyv, dy);
+    ex.run();
+    for (const ValueId v : outs) results[ahead].push_back(ex.fetch(v));
+  }
+  for (size_t i = 0; i < 3; ++i)
+    for (int64_t k = 0; k < results[0][i].numel(); ++k)
+      ASSERT_EQ(results[0][i].get(k), results[1][i].get(k)) << "output " << i << " element " << k;
+  const Quantised qw = reference_quantise(w, DType::f8e4m3);
+  for (int64_t k = 0; k < w.numel(); ++k)
+    ASSERT_EQ(results[1][3].get(k), qw.values[static_cast<size_t>(k)]) << "quantised weight element " << k;
+}
+
 TEST(Fp8, AmaxOfANanNamesTheTensor) {
   Graph g;
   Builder b(g);
@@ -214,10 +250,12 @@ TEST(Fp8, ConfigKeys) {
   const config::TrainConfig c = load_config(file, {{"training.fp8", "tensorwise"},
                                                    {"training.fp8_format", "e4m3"},
                                                    {"training.fp8_pow2_scale", "true"},
+                                                   {"training.fp8_all_gather", "true"},
                                                    {"training.fp8_skip", "down_proj,layers.0."}});
   EXPECT_TRUE(c.model.fp8.enabled);
   EXPECT_EQ(c.model.fp8.grad_format, DType::f8e4m3);
   EXPECT_TRUE(c.model.fp8.pow2_scale);
+  EXPECT_TRUE(c.model.fp8.all_gather);
   EXPECT_EQ(c.model.fp8.skip, (std::vector<std::string>{"down_proj", "layers.0."}));
   EXPECT_EQ(load_config(file, {}).model.fp8.grad_format, DType::f8e5m2);  // hybrid
   auto error = [&](const std::vector<std::pair<std::string, std::string>>& overrides) {

@@ -601,10 +601,11 @@ TEST(OpGradcheck, EveryDifferentiableOpHasACase) {
       not_differentiable.push_back(name);
       continue;
     }
-    // fp8_matmul's backward is straight-through (quantisation's derivative is
-    // zero almost everywhere, and it takes no f64 operands): fp8_test.cpp
-    // checks it against float64 FP8 GEMMs of the quantised gradient.
-    if (name == "fp8_matmul") continue;
+    // FP8's backward rules are straight-through (quantisation's derivative is
+    // zero almost everywhere, and they take no f64 operands): fp8_test.cpp
+    // checks fp8_matmul's against float64 FP8 GEMMs of the quantised
+    // gradient, and fp8_quantize's against fp8_matmul's own.
+    if (name == "fp8_matmul" || name == "fp8_quantize") continue;
     differentiable.push_back(name);
     EXPECT_TRUE(covered.count(name)) << "op '" << name
                                      << "' has a backward rule but no finite-difference case in op_gradcheck_test.cpp";

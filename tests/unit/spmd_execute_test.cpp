@@ -98,6 +98,7 @@ TEST(SpmdExecute, LlamaStepInFp8MatchesOneRank) {
   check_llama(4, {.dp_shard = 2, .tp = 2, .sequence_parallel = true}, 1, fp8, tolerance);
   check_llama(4, mtest::tp(4), 1, fp8, tolerance);
   check_llama(2, {.cp = 2, .cp_attention = parallel::ParallelConfig::CpAttention::ring}, 1, fp8, tolerance);
+  check_llama(3, mtest::fsdp(), 1, {.enabled = true, .all_gather = true}, tolerance);  // gathered in FP8, uneven
 }
 
 TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {

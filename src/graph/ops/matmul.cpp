@@ -1,10 +1,12 @@
 // matmul: batched GEMM with optional transposes and weights shared over the
 // batch; rows_matmul: the weight gradient of such a shared weight, summed
 // over every leading row; fp8_matmul and fp8_rows_matmul: the same on FP8
-// operands quantised with their current scales.
+// operands quantised with their current scales; fp8_quantize: an operand
+// quantised ahead (FSDP's FP8 all-gather).
 #include "graph/ops/matmul.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "graph/ops/families.h"
 #include "graph/ops/op_support.h"
@@ -89,20 +91,6 @@ std::vector<ValueId> fp8_matmul_backward(Builder& bd, const Node& node, const st
   return grads;
 }
 
-// FP8 operands: a float compute dtype, FP8 formats, amaxes f32 scalars.
-void check_fp8_operands(const ValueInfos& in, const Attrs& at) {
-  for (const auto& key : {attr::format_a, attr::format_b, attr::grad_format}) {
-    const DType f = at.get(key);
-    MT_CHECK(f == DType::f8e4m3 || f == DType::f8e5m2, "{} must be f8e4m3 or f8e5m2, got {}", key.name, dtype_name(f));
-  }
-  MT_CHECK(in[0].dtype == DType::f32 || in[0].dtype == DType::bf16, "FP8 GEMM operands must be f32 or bf16, got {}",
-           dtype_name(in[0].dtype));
-  MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype), dtype_name(in[1].dtype));
-  for (size_t i = 2; i < 4; ++i)
-    MT_CHECK(in[i].dtype == DType::f32 && in[i].shape.rank() == 0, "an FP8 GEMM's amax must be an f32 scalar, got {}",
-             dtype_name(in[i].dtype));
-}
-
 ValueInfos matmul_infer(const ValueInfos& in, const Attrs& at) {
   check_float(in[0], "matmul A");
   MT_CHECK(in[0].dtype == in[1].dtype, "dtypes differ: {} and {}", dtype_name(in[0].dtype), dtype_name(in[1].dtype));
@@ -127,11 +115,49 @@ ValueInfos rows_matmul_infer(const ValueInfos& in, const Attrs&) {
   return ValueInfos{{Shape{in[0].shape.dim(-1), in[1].shape.dim(-1)}, in[0].dtype}};
 }
 
+bool is_fp8(DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; }
+
+// FP8 operands: each in a float compute dtype (f32 or bf16, both the same),
+// or already quantised (fp8_quantize) to its format; FP8 formats; amaxes f32
+// scalars. Returns the output's dtype: the compute dtype.
+DType check_fp8_operands(const ValueInfos& in, const Attrs& at) {
+  for (const auto& key : {attr::format_a, attr::format_b, attr::grad_format})
+    MT_CHECK(is_fp8(at.get(key)), "{} must be f8e4m3 or f8e5m2, got {}", key.name, dtype_name(at.get(key)));
+  const DType formats[] = {at.get(attr::format_a), at.get(attr::format_b)};
+  std::optional<DType> compute;
+  for (size_t i = 0; i < 2; ++i) {
+    if (is_fp8(in[i].dtype)) {
+      MT_CHECK(in[i].dtype == formats[i], "FP8 GEMM operand {} is {}, not its format {}", i, dtype_name(in[i].dtype),
+               dtype_name(formats[i]));
+      continue;
+    }
+    MT_CHECK(in[i].dtype == DType::f32 || in[i].dtype == DType::bf16, "FP8 GEMM operands must be f32 or bf16, got {}",
+             dtype_name(in[i].dtype));
+    MT_CHECK(!compute || *compute == in[i].dtype, "dtypes differ: {} and {}", dtype_name(*compute),
+             dtype_name(in[i].dtype));
+    compute = in[i].dtype;
+  }
+  MT_CHECK(compute.has_value(), "an FP8 GEMM needs one operand in the compute dtype, got two FP8 ones");
+  for (size_t i = 2; i < 4; ++i)
+    MT_CHECK(in[i].dtype == DType::f32 && in[i].shape.rank() == 0, "an FP8 GEMM's amax must be an f32 scalar, got {}",
+             dtype_name(in[i].dtype));
+  return *compute;
+}
+
+// An FP8 GEMM's output info: the plain GEMM's shape, in the compute dtype.
+ValueInfos fp8_gemm_infer(const ValueInfos& in, const Attrs& at, bool rows) {
+  const DType compute = check_fp8_operands(in, at);
+  ValueInfos as_compute = in;
+  as_compute[0].dtype = as_compute[1].dtype = compute;
+  return rows ? rows_matmul_infer(as_compute, at) : matmul_infer(as_compute, at);
+}
+
 // An FP8 GEMM's traffic: each operand read in its dtype and written in FP8
-// (the quantisation), read again by the GEMM, and the output written.
+// (the quantisation), read again by the GEMM (one quantised ahead: read
+// once), and the output written.
 double fp8_gemm_bytes(const ValueInfos& in, const ValueInfos& out, const Attrs&) {
   double bytes = bytes_of(out[0]);
-  for (size_t i = 0; i < 2; ++i) bytes += bytes_of(in[i]) + 2 * numel(in[i]);
+  for (size_t i = 0; i < 2; ++i) bytes += is_fp8(in[i].dtype) ? numel(in[i]) : bytes_of(in[i]) + 2 * numel(in[i]);
   return bytes;
 }
 
@@ -156,11 +182,7 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
   ops.push_back({
       .name = "fp8_matmul",
       .num_inputs = 4,
-      .infer =
-          [](const ValueInfos& in, const Attrs& at) {
-            check_fp8_operands(in, at);
-            return matmul_infer(in, at);
-          },
+      .infer = [](const ValueInfos& in, const Attrs& at) { return fp8_gemm_infer(in, at, false); },
       .backward = fp8_matmul_backward,
       .flops = matmul_flops,
       .bytes = fp8_gemm_bytes,
@@ -168,13 +190,29 @@ void add_matmul_ops(std::vector<OpDef>& ops) {
   ops.push_back({
       .name = "fp8_rows_matmul",
       .num_inputs = 4,
-      .infer =
-          [](const ValueInfos& in, const Attrs& at) {
-            check_fp8_operands(in, at);
-            return rows_matmul_infer(in, at);
-          },
+      .infer = [](const ValueInfos& in, const Attrs& at) { return fp8_gemm_infer(in, at, true); },
       .flops = rows_matmul_flops,
       .bytes = fp8_gemm_bytes,
+  });
+  // x quantised with the scale of its amax to FP8 (attr dtype: the format),
+  // for an FP8 GEMM to take as it is: what FSDP gathers in FP8
+  // (training.fp8_all_gather). Its gradient passes straight through.
+  ops.push_back({
+      .name = "fp8_quantize",
+      .num_inputs = 2,
+      .infer =
+          [](const ValueInfos& in, const Attrs& at) {
+            check_float(in[0], "fp8_quantize input");
+            MT_CHECK(is_fp8(at.get(attr::dtype)), "fp8_quantize's format must be f8e4m3 or f8e5m2, got {}",
+                     dtype_name(at.get(attr::dtype)));
+            MT_CHECK(in[1].dtype == DType::f32 && in[1].shape.rank() == 0, "fp8_quantize's amax must be an f32 scalar");
+            return ValueInfos{{in[0].shape, at.get(attr::dtype)}};
+          },
+      .backward =
+          [](Builder&, const Node&, const std::vector<ValueId>& g) {
+            return std::vector<ValueId>{g[0], {}};
+          },
+      .flops = elementwise_flops(1),
   });
 }
 

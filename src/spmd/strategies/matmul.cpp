@@ -7,6 +7,7 @@
 // fp8_rows_matmul split as those do, their amaxes replicated (the whole
 // tensor's, so every rank quantises as one does), but never carry a Partial
 // through: quantising each rank's part of a sum is not quantising the sum.
+// fp8_quantize splits as any elementwise op, its amax replicated.
 #include "graph/attrs.h"
 #include "spmd/strategies/families.h"
 
@@ -56,6 +57,11 @@ void add_matmul_rules(const AddRule& add) {
   add("matmul", [](const StrategyQuery& q) { return matmul_strategies(q, true); });
   add("rows_matmul", [](const StrategyQuery& q) { return rows_matmul_strategies(q, true); });
   add("fp8_matmul", [](const StrategyQuery& q) { return with_replicated_amaxes(matmul_strategies(q, false)); });
+  add("fp8_quantize", [](const StrategyQuery& q) {  // elementwise, the amax the whole tensor's
+    std::vector<DimStrategy> out;
+    for (int d = 0; d < static_cast<int>(q.in[0].shape.rank()); ++d) out.push_back({{S(d)}, {S(d), R()}});
+    return out;
+  });
   add("fp8_rows_matmul",
       [](const StrategyQuery& q) { return with_replicated_amaxes(rows_matmul_strategies(q, false)); });
 }

@@ -22,11 +22,20 @@ struct Fp8Grid {
   float inverse_scale;
 };
 
+// An operand quantised ahead (fp8_quantize) is on its grid already.
 Fp8Grid fp8_grid(const Tensor& t, const Tensor& amax, DType format, bool pow2) {
   const float scale = fp8_scale(format, amax.get(0), pow2);
   const int64_t n = t.numel();
   Fp8Grid grid{std::vector<float>(static_cast<size_t>(n)), 1.0f / scale};
   float* out = grid.values.data();
+  if (t.dtype() == format) {
+    float widened[256];
+    for (int bits = 0; bits < 256; ++bits) widened[bits] = fp8_widen(static_cast<uint8_t>(bits), format);
+    const auto* x = static_cast<const uint8_t*>(t.raw());
+#pragma omp parallel for if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = widened[x[i]];
+    return grid;
+  }
   by_float_type(t.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* x = static_cast<const T*>(t.raw());
@@ -124,6 +133,18 @@ void add_matmul_kernels(const AddKernel& add) {
       return;
     }
     fp8_gemm(a, [&](const float* x, const float* y, float* c) { matmul(x, y, c, 1, p, q, rows, true, false, 0, 0); });
+  });
+  add("fp8_quantize", [](const KernelArgs& a) {
+    const DType format = a.attrs.get(attr::dtype);
+    const float scale = fp8_scale(format, a.in[1]->get(0), a.attrs.get(attr::pow2_scale));
+    const int64_t n = a.in[0]->numel();
+    auto* out = out_ptr<uint8_t>(a);
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const T* x = in_ptr<T>(a, 0);
+#pragma omp parallel for if (n > kParallelElements)
+      for (int64_t i = 0; i < n; ++i) out[i] = fp8_quantize(static_cast<float>(load(x[i])), scale, format);
+    });
   });
 }
 
