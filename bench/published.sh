@@ -7,8 +7,11 @@
 # What differs, so the ratios read right:
 # - torchtitan's machines were HBM2e H100s (96 GB, 2.4 TB/s) at a 500 W
 #   power limit; the h100-sxm profile is the 700 W HBM3 datasheet part.
-# - The 405B rows ran Float8 linears and async TP; meshtrain estimates bf16
-#   GEMMs and plain TP collectives (Float8 made torchtitan's 8B 28% faster).
+# - The rows marked Float8 ran Float8 linears (and FP8 all-gathers for
+#   FSDP); meshtrain estimates them with training.fp8 tensorwise: FP8 GEMMs at
+#   the profile's FP8 peak, the weights gathered in bf16, each amax
+#   all-reduced on its own. The 405B rows also ran async TP; meshtrain
+#   estimates plain TP collectives.
 # - torchtitan's selective AC ("op") keeps every other matmul's output and
 #   recomputes the rest, as configs/llama3_8b.toml does; the row keeping
 #   every matmul (meshtrain's plain selective) is printed too.
@@ -21,8 +24,8 @@
 #   printed too.
 # - The context-parallel rows (the paper's 8B long-context table: FSDP + CP
 #   on 8 GPUs, local batch 1, full AC, torch.compile and Float8) ran
-#   PyTorch's CP over SDPA with its keys and values rotated; meshtrain
-#   all-gathers them once per layer (no ring yet) and estimates bf16 GEMMs.
+#   PyTorch's CP over SDPA with its keys and values rotated; these estimates
+#   all-gather them once per layer (parallel.cp_attention allgather).
 # Usage: bench/published.sh [PROFILE] (default h100-sxm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +44,8 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
   estimate "8B_FSDP8_8gpu_selAC_lbs2, every mm kept" 5762 82.4 --config configs/llama3_8b.toml --ranks 8 \
     --activation_checkpoint.selective_matmuls all
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile)" 6667 77.0 --config configs/llama3_8b.toml --ranks 8
+  estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile, Float8)" 8532 76.8 --config configs/llama3_8b.toml --ranks 8 \
+    --training.fp8 tensorwise
   estimate "8B_FSDP128_128gpu_selAC_lbs2 (compile)" 6514 62.0 --config configs/llama3_8b.toml --ranks 128 \
     --parallel.dp_shard 128 --data.batch_size 256
   # Long context: CP c x FSDP 8/c, one sequence per data-parallel rank, the keys all-gathered (the estimates in
@@ -50,9 +55,9 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
     estimate "8B_FSDP$((8 / cp))xCP${cp}_8gpu_fullAC_${seq} (Float8)" "$tokens" "$gib" --config configs/llama3_8b.toml \
       --ranks 8 --parallel.cp "$cp" --parallel.dp_shard $((8 / cp)) --data.seq_len "$seq" \
       --data.batch_size $((8 / cp)) --activation_checkpoint.mode full --activation_checkpoint.selective_matmuls all \
-      --parallel.cp_attention allgather
+      --parallel.cp_attention allgather --training.fp8 tensorwise
   done
-  pp=(--config configs/llama3_405b.toml --ranks 512 --parallel.pp 8 --parallel.dp_shard 8)
+  pp=(--config configs/llama3_405b.toml --ranks 512 --parallel.pp 8 --parallel.dp_shard 8 --training.fp8 tensorwise)
   estimate "405B_FSDP8xTP8xPP8_1F1B_m8 (Float8)" 100 82.5 "${pp[@]}" --parallel.pp_schedule 1f1b \
     --parallel.pp_microbatches 8
   estimate "405B_FSDP8xTP8xPP8_interleaved_m8 (Float8)" 128 72.7 "${pp[@]}" --parallel.pp_schedule interleaved_1f1b \
