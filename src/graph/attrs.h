@@ -98,11 +98,15 @@ inline constexpr AttrKey<int64_t> key_first{"key_first"};
 inline constexpr AttrKey<bool> ring{"ring"};
 // FP8 (graph/ops/matmul.cpp): the format each operand of an fp8_matmul is
 // quantised to, and that of its output's gradient (its backward's); scales
-// rounded down to powers of two; the linear layer (or an amax's tensor) its
-// errors name.
+// rounded down to powers of two; the linear layer (or the tensor an amax or
+// fp8_quantize reads) and each operand's role in it ("input", "weight",
+// "output gradient"), which its errors name.
 inline constexpr AttrKey<DType> format_a{"format_a"}, format_b{"format_b"}, grad_format{"grad_format"};
 inline constexpr AttrKey<bool> pow2_scale{"pow2_scale"};
-inline constexpr AttrKey<std::string> tensor{"tensor"};
+inline constexpr AttrKey<std::string> tensor{"tensor"}, operand_a{"operand_a"}, operand_b{"operand_b"};
+// On them too: an operand with a NaN or infinity makes the output NaN (the
+// step then is non-finite, training.skip_nonfinite), not an error.
+inline constexpr AttrKey<bool> nonfinite_to_nan{"nonfinite_to_nan"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

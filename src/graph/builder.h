@@ -25,11 +25,12 @@ class Builder {
   ValueId matmul(ValueId a, ValueId b, bool transpose_a = false, bool transpose_b = false);
   // FP8 (graph/ops/matmul.cpp): matmul on a and b each quantised to an FP8
   // format with the scale of its amax; `fp8` holds format_a, format_b,
-  // grad_format (of the output's gradient), pow2_scale and tensor (the layer).
+  // grad_format (of the output's gradient), pow2_scale, tensor (the layer)
+  // and operand_a, operand_b (their roles in it, for errors).
   ValueId fp8_matmul(ValueId a, ValueId b, ValueId amax_a, ValueId amax_b, bool transpose_a, bool transpose_b,
                      Attrs fp8);
-  // The largest magnitude of x's elements (f32 scalar); `tensor` names x in
-  // the error a NaN or infinity gives.
+  // The largest magnitude of x's elements (f32 scalar; +inf when one is NaN
+  // or infinite); `tensor` says what x is.
   ValueId amax(ValueId x, const std::string& tensor);
   ValueId sum(ValueId a);   // all elements -> scalar
   ValueId mean(ValueId a);  // all elements -> scalar

@@ -10,9 +10,24 @@
 
 namespace meshtrain::models {
 
+namespace {
+
+// A linear layer inside the blocks: its [out, in] weight (not a norm's, not
+// the stacked experts'), and not a MoE router.
+bool is_block_linear(const std::string& weight) {
+  return weight.starts_with("model.layers.") &&
+         (weight.ends_with("_proj.weight") || weight.find(".shared_experts.w") != std::string::npos);
+}
+
+std::string layer_of(const std::string& weight) {
+  return weight.substr(0, weight.size() - std::string_view(".weight").size());
+}
+
+}  // namespace
+
 bool Fp8Linears::applies_to(const std::string& weight) const {
-  if (!enabled || !weight.starts_with("model.layers.") || weight.ends_with(".gate.weight")) return false;
-  const std::string layer = weight.substr(0, weight.size() - std::string_view(".weight").size());
+  if (!enabled || !is_block_linear(weight)) return false;
+  const std::string layer = layer_of(weight);
   return std::none_of(skip.begin(), skip.end(),
                       [&](const std::string& pattern) { return layer.find(pattern) != std::string::npos; });
 }
@@ -32,6 +47,17 @@ void LlamaConfig::validate() const {
            "model: n_experts, moe_ffn_dim, first_dense_layers and n_shared_experts must be >= 0");
   MT_CHECK(router_aux_loss_coef >= 0 && capacity_factor >= 0,
            "model: router_aux_loss_coef {} and capacity_factor {} must be >= 0", router_aux_loss_coef, capacity_factor);
+  if (fp8.enabled && !fp8.skip.empty()) {
+    const auto params = llama_parameters(*this);
+    for (const std::string& pattern : fp8.skip)
+      MT_CHECK(std::any_of(params.begin(), params.end(),
+                           [&](const auto& p) {
+                             return is_block_linear(p.first) && layer_of(p.first).find(pattern) != std::string::npos;
+                           }),
+               "training.fp8_skip: '{}' is in the name of no linear layer inside the blocks (names such as "
+               "model.layers.0.self_attn.q_proj, model.layers.0.mlp.down_proj), so it would leave out nothing",
+               pattern);
+  }
   if (n_experts == 0) return;
   MT_CHECK(n_experts_per_token >= 1 && n_experts_per_token <= n_experts,
            "model: n_experts_per_token {} must be between 1 and n_experts {}", n_experts_per_token, n_experts);
@@ -308,13 +334,16 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     if (fresh) known->second = b.amax(x, layer + " input");
     const graph::ValueId weight_amax = b.amax(weight, layer + " weight");
     const graph::ValueId operand =
-        c.fp8.all_gather ? b.op("fp8_quantize", {weight, weight_amax},
-                                {graph::attr::dtype(c.fp8.format), graph::attr::pow2_scale(c.fp8.pow2_scale)})
-                         : weight;
+        c.fp8.all_gather
+            ? b.op("fp8_quantize", {weight, weight_amax},
+                   {graph::attr::dtype(c.fp8.format), graph::attr::pow2_scale(c.fp8.pow2_scale),
+                    graph::attr::tensor(layer + " weight"), graph::attr::nonfinite_to_nan(c.fp8.nonfinite_to_nan)})
+            : weight;
     return b.fp8_matmul(x, operand, known->second, weight_amax, false, true,
                         {graph::attr::format_a(c.fp8.format), graph::attr::format_b(c.fp8.format),
                          graph::attr::grad_format(c.fp8.grad_format), graph::attr::pow2_scale(c.fp8.pow2_scale),
-                         graph::attr::tensor(layer)});
+                         graph::attr::tensor(layer), graph::attr::operand_a("input"), graph::attr::operand_b("weight"),
+                         graph::attr::nonfinite_to_nan(c.fp8.nonfinite_to_nan)});
   };
   graph::ValueId h = input;
   if (span.embedding) {

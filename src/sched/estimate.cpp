@@ -38,7 +38,7 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
            "estimate: hardware profile '{}' needs a positive f32 peak and memory bandwidth", hw.name);
   const bool bf16 = !out.empty() && out[0].dtype == DType::bf16 && hw.peak_gflops_bf16 > 0;
   // The FP8 GEMMs (fp8_matmul, fp8_rows_matmul) at the device's FP8 rate.
-  const bool fp8 = node.op->name.starts_with("fp8_") && hw.peak_gflops_fp8 > 0;
+  const bool fp8 = (node.op->name == "fp8_matmul" || node.op->name == "fp8_rows_matmul") && hw.peak_gflops_fp8 > 0;
   const double peak = (fp8 ? hw.peak_gflops_fp8 : bf16 ? hw.peak_gflops_bf16 : hw.peak_gflops_f32) * share;
   const auto own = hw.op_efficiency.find(node.op->name);
   const double efficiency = own != hw.op_efficiency.end() ? own->second : hw.compute_efficiency;

@@ -657,10 +657,11 @@ TEST(Estimate, Fp8GemmAtTheFp8Peak) {
   graph::Builder b(g);
   const graph::ValueId x = g.add_input("x", {8192, 8192}, DType::bf16), w = g.add_input("w", {8192, 8192}, DType::bf16);
   const graph::ValueId plain = b.matmul(x, w, false, true);
-  const graph::ValueId fp8 = b.fp8_matmul(
-      x, w, b.amax(x, "x"), b.amax(w, "w"), false, true,
-      {graph::attr::format_a(DType::f8e4m3), graph::attr::format_b(DType::f8e4m3),
-       graph::attr::grad_format(DType::f8e5m2), graph::attr::pow2_scale(false), graph::attr::tensor("layer")});
+  const graph::ValueId fp8 =
+      b.fp8_matmul(x, w, b.amax(x, "x"), b.amax(w, "w"), false, true,
+                   {graph::attr::format_a(DType::f8e4m3), graph::attr::format_b(DType::f8e4m3),
+                    graph::attr::grad_format(DType::f8e5m2), graph::attr::pow2_scale(false),
+                    graph::attr::tensor("layer"), graph::attr::operand_a("input"), graph::attr::operand_b("weight")});
   sched::RankDevice h100{sched::builtin_hardware("h100-sxm")};
   const double bf16_us = sched::node_us(g, g.value(plain).producer, h100);
   EXPECT_NEAR(sched::node_us(g, g.value(fp8).producer, h100), bf16_us * 989400 / 1978900, 1e-9 * bf16_us);

@@ -2,7 +2,7 @@
 // E4M3 and E5M2 grids against a grid enumerated from the formats'
 // definitions (ties to even, saturation, subnormals, zeros); the scale from
 // an amax; the FP8 GEMMs and their backward against float64 products of the
-// same quantised operands; amax's error on a NaN; the training.fp8 keys.
+// same quantised operands; a NaN named; the training.fp8 keys.
 #include "core/fp8.h"
 
 #include <gtest/gtest.h>
@@ -116,7 +116,7 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
 
 Attrs fp8_attrs(DType format_a, DType format_b) {
   return {attr::format_a(format_a), attr::format_b(format_b), attr::grad_format(DType::f8e5m2), attr::pow2_scale(false),
-          attr::tensor("layer")};
+          attr::tensor("layer"),    attr::operand_a("input"), attr::operand_b("weight")};
 }
 
 // y = x W^T on FP8 operands (x [2, 3, K] E4M3, W [N, K] E4M3), and its
@@ -193,7 +193,9 @@ TEST(Fp8, QuantisedAheadIsTheSameGemm) {
     const ValueId dyv = g.add_input("dy", dy.shape(), DType::bf16);
     const ValueId w_amax = b.amax(wv, "w");
     const ValueId operand =
-        ahead ? b.op("fp8_quantize", {wv, w_amax}, {attr::dtype(DType::f8e4m3), attr::pow2_scale(false)}) : wv;
+        ahead ? b.op("fp8_quantize", {wv, w_amax},
+                     {attr::dtype(DType::f8e4m3), attr::pow2_scale(false), attr::tensor("layer weight")})
+              : wv;
     const ValueId y =
         b.fp8_matmul(xv, operand, b.amax(xv, "x"), w_amax, false, true, fp8_attrs(DType::f8e4m3, DType::f8e4m3));
     const std::vector<ValueId> grads = append_backward(g, y, {xv, wv}, nullptr, dyv);
@@ -214,21 +216,39 @@ TEST(Fp8, QuantisedAheadIsTheSameGemm) {
     ASSERT_EQ(results[1][3].get(k), qw.values[static_cast<size_t>(k)]) << "quantised weight element " << k;
 }
 
-TEST(Fp8, AmaxOfANanNamesTheTensor) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {4}, DType::f32);
-  const ValueId m = b.amax(x, "model.layers.0.mlp.up_proj input");
-  runtime::Executor ex(g, sched::make_schedule(g, {m}));
-  Tensor t = Tensor::zeros({4}, DType::f32);
-  t.set(0, -3.0);
-  ex.bind(x, t);
-  ex.run();
-  EXPECT_EQ(ex.fetch(m).get(0), 3.0);
-  t.set(2, std::nan(""));
-  const std::string message = mtest::message_of([&] { ex.run(); });
-  EXPECT_TRUE(mtest::contains(message, "model.layers.0.mlp.up_proj input")) << message;
-  EXPECT_TRUE(mtest::contains(message, "NaN")) << message;
+// A NaN or infinity in an operand: its amax is +inf (which an all-reduce
+// by max keeps on every rank), and the FP8 GEMM stops naming the layer and
+// the operand.
+TEST(Fp8, NanInAnOperandNamesTheLayer) {
+  for (const bool to_nan : {false, true}) {  // training.skip_nonfinite: NaN outputs, the step passed over
+    Graph g;
+    Builder b(g);
+    const ValueId x = g.add_input("x", {2, 4}, DType::f32), w = g.add_input("w", {3, 4}, DType::f32);
+    const ValueId x_amax = b.amax(x, "x");
+    Attrs attrs = fp8_attrs(DType::f8e4m3, DType::f8e4m3);
+    attrs.set(attr::tensor, std::string("model.layers.0.mlp.up_proj")).set(attr::nonfinite_to_nan, to_nan);
+    const ValueId y = b.fp8_matmul(x, w, x_amax, b.amax(w, "w"), false, true, attrs);
+    runtime::Executor ex(g, sched::make_schedule(g, {x_amax, y}));
+    Tensor xt = Tensor::zeros({2, 4}, DType::f32), wt = Tensor::zeros({3, 4}, DType::f32);
+    xt.set(0, -3.0);
+    ex.bind(x, xt);
+    ex.bind(w, wt);
+    ex.run();
+    EXPECT_EQ(ex.fetch(x_amax).get(0), 3.0);
+    EXPECT_EQ(ex.fetch(y).get(0), 0.0);
+    for (const double bad : {std::nan(""), -std::numeric_limits<double>::infinity()}) {
+      xt.set(5, bad);
+      const std::string message = mtest::message_of([&] { ex.run(); });
+      EXPECT_EQ(ex.fetch(x_amax).get(0), INFINITY);
+      if (to_nan) {
+        EXPECT_EQ(message, "(no error)");
+        EXPECT_TRUE(std::isnan(ex.fetch(y).get(0)));
+      } else {
+        EXPECT_TRUE(mtest::contains(message, "FP8: model.layers.0.mlp.up_proj input holds NaN or infinite values"))
+            << message;
+      }
+    }
+  }
 }
 
 // Which linear layers run in FP8: the blocks', less the router and fp8_skip's.
@@ -264,6 +284,12 @@ TEST(Fp8, ConfigKeys) {
   EXPECT_TRUE(mtest::contains(error({{"training.fp8_skip", "output"}}), "training.fp8 is none")) << "ignored key";
   EXPECT_TRUE(mtest::contains(error({{"training.fp8", "rowwise"}}), "none, tensorwise"));
   EXPECT_TRUE(mtest::contains(error({{"training.fp8", "tensorwise"}, {"training.fp8_skip", "a,,b"}}), "non-empty"));
+  EXPECT_TRUE(mtest::contains(error({{"training.fp8", "tensorwise"}, {"training.fp8_skip", "down_prj"}}),
+                              "'down_prj' is in the name of no linear layer"));
+  EXPECT_TRUE(mtest::contains(error({{"training.fp8", "tensorwise"}, {"training.fp8_skip", "gate.weight"}}),
+                              "no linear layer"));  // a router is not one, and names are the weight's less .weight
+  EXPECT_TRUE(load_config(file, {{"training.fp8", "tensorwise"}, {"training.skip_nonfinite", "true"}})
+                  .model.fp8.nonfinite_to_nan);
   EXPECT_TRUE(
       mtest::contains(error({{"training.fp8", "tensorwise"}, {"training.device", "cuda"}}), "CPU kernels only"));
 }

@@ -60,10 +60,11 @@ std::vector<ValueId> matmul_backward(Builder& bd, const Node& node, const std::v
       });
 }
 
-// An operand of an FP8 GEMM: its value, amax and format.
+// An operand of an FP8 GEMM: its value, amax, format and role in the layer.
 struct Fp8Operand {
   ValueId value, amax;
   DType format;
+  std::string role;
 };
 
 // The FP8 GEMMs of dA and dB (torchao's and TransformerEngine's recipe): dC
@@ -72,12 +73,18 @@ struct Fp8Operand {
 std::vector<ValueId> fp8_matmul_backward(Builder& bd, const Node& node, const std::vector<ValueId>& g) {
   const Attrs& at = node.attrs;
   const std::string& layer = at.get(attr::tensor);
-  const Fp8Operand a{node.inputs[0], node.inputs[2], at.get(attr::format_a)};
-  const Fp8Operand b{node.inputs[1], node.inputs[3], at.get(attr::format_b)};
-  const Fp8Operand dc{g[0], bd.amax(g[0], layer + " output gradient"), at.get(attr::grad_format)};
+  const Fp8Operand a{node.inputs[0], node.inputs[2], at.get(attr::format_a), at.get(attr::operand_a)};
+  const Fp8Operand b{node.inputs[1], node.inputs[3], at.get(attr::format_b), at.get(attr::operand_b)};
+  const Fp8Operand dc{g[0], bd.amax(g[0], layer + " output gradient"), at.get(attr::grad_format), "output gradient"};
   auto fp8_attrs = [&](const Fp8Operand& x, const Fp8Operand& y) {
-    return Attrs{attr::format_a(x.format), attr::format_b(y.format), attr::grad_format(at.get(attr::grad_format)),
-                 attr::pow2_scale(at.get(attr::pow2_scale)), attr::tensor(layer)};
+    return Attrs{attr::format_a(x.format),
+                 attr::format_b(y.format),
+                 attr::grad_format(at.get(attr::grad_format)),
+                 attr::pow2_scale(at.get(attr::pow2_scale)),
+                 attr::tensor(layer),
+                 attr::operand_a(x.role),
+                 attr::operand_b(y.role),
+                 attr::nonfinite_to_nan(at.get_or(attr::nonfinite_to_nan, false))};
   };
   std::vector<ValueId> grads = matmul_grads(
       bd.graph(), node, a, b, dc,

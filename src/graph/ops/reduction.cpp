@@ -31,7 +31,8 @@ void add_reduction_ops(std::vector<OpDef>& ops) {
 
   // The largest magnitude of the elements, in f32 (an FP8 scale's source;
   // graph/ops/matmul.cpp): not differentiable, as FP8 training's scales are
-  // not. A NaN or infinity is an error naming attr `tensor`.
+  // not. A NaN or infinity gives +inf, which a max over ranks keeps, so that
+  // every rank's FP8 GEMM refuses it alike. Attr `tensor`: what it reads.
   ops.push_back({
       .name = "amax",
       .infer =

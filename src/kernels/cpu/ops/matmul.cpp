@@ -4,6 +4,8 @@
 #include "graph/ops/matmul.h"
 
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include "core/fp8.h"
 #include "kernels/cpu/bf16_matmul.h"
@@ -22,9 +24,28 @@ struct Fp8Grid {
   float inverse_scale;
 };
 
+// The scale of an amax; nullopt when the tensor held a NaN or infinity
+// (graph/ops/reduction.cpp: its amax is then +inf), which is an error naming
+// it (`what`) unless the node asks for NaN outputs (attr nonfinite_to_nan).
+std::optional<float> scale_of(const KernelArgs& a, const Tensor& amax, DType format, const std::string& what) {
+  const double largest = amax.get(0);
+  if (std::isfinite(largest)) return fp8_scale(format, largest, a.attrs.get(attr::pow2_scale));
+  if (a.attrs.get_or(attr::nonfinite_to_nan, false)) return std::nullopt;
+  throw Error(
+      fmt::format("FP8: {} holds NaN or infinite values, so it has no scale; lower optimizer.lr, set "
+                  "training.skip_nonfinite to pass such steps over, or leave the layer out with "
+                  "training.fp8_skip",
+                  what));
+}
+
+// Every element of the node's output NaN (an operand had no scale).
+void fill_nan(const KernelArgs& a) {
+  Tensor& out = *a.out[0];
+  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, std::numeric_limits<double>::quiet_NaN());
+}
+
 // An operand quantised ahead (fp8_quantize) is on its grid already.
-Fp8Grid fp8_grid(const Tensor& t, const Tensor& amax, DType format, bool pow2) {
-  const float scale = fp8_scale(format, amax.get(0), pow2);
+Fp8Grid fp8_grid(const Tensor& t, float scale, DType format) {
   const int64_t n = t.numel();
   Fp8Grid grid{std::vector<float>(static_cast<size_t>(n)), 1.0f / scale};
   float* out = grid.values.data();
@@ -49,9 +70,12 @@ Fp8Grid fp8_grid(const Tensor& t, const Tensor& amax, DType format, bool pow2) {
 // times both inverse scales, stored in the output's dtype.
 template <typename Gemm>
 void fp8_gemm(const KernelArgs& a, Gemm&& gemm) {
-  const bool pow2 = a.attrs.get(attr::pow2_scale);
-  const Fp8Grid x = fp8_grid(*a.in[0], *a.in[2], a.attrs.get(attr::format_a), pow2);
-  const Fp8Grid y = fp8_grid(*a.in[1], *a.in[3], a.attrs.get(attr::format_b), pow2);
+  const std::string& layer = a.attrs.get(attr::tensor);
+  const DType format_a = a.attrs.get(attr::format_a), format_b = a.attrs.get(attr::format_b);
+  const std::optional<float> scale_a = scale_of(a, *a.in[2], format_a, layer + " " + a.attrs.get(attr::operand_a));
+  const std::optional<float> scale_b = scale_of(a, *a.in[3], format_b, layer + " " + a.attrs.get(attr::operand_b));
+  if (!scale_a || !scale_b) return fill_nan(a);
+  const Fp8Grid x = fp8_grid(*a.in[0], *scale_a, format_a), y = fp8_grid(*a.in[1], *scale_b, format_b);
   Tensor& out = *a.out[0];
   const int64_t n = out.numel();
   const bool f32 = out.dtype() == DType::f32;
@@ -136,14 +160,18 @@ void add_matmul_kernels(const AddKernel& add) {
   });
   add("fp8_quantize", [](const KernelArgs& a) {
     const DType format = a.attrs.get(attr::dtype);
-    const float scale = fp8_scale(format, a.in[1]->get(0), a.attrs.get(attr::pow2_scale));
+    const std::optional<float> scale = scale_of(a, *a.in[1], format, a.attrs.get(attr::tensor));
+    if (!scale) {  // every element NaN: 0x7F is NaN in E4M3 and in E5M2
+      std::memset(a.out[0]->raw(), 0x7F, a.out[0]->nbytes());
+      return;
+    }
     const int64_t n = a.in[0]->numel();
     auto* out = out_ptr<uint8_t>(a);
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       const T* x = in_ptr<T>(a, 0);
 #pragma omp parallel for if (n > kParallelElements)
-      for (int64_t i = 0; i < n; ++i) out[i] = fp8_quantize(static_cast<float>(load(x[i])), scale, format);
+      for (int64_t i = 0; i < n; ++i) out[i] = fp8_quantize(static_cast<float>(load(x[i])), *scale, format);
     });
   });
 }
