@@ -665,7 +665,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            c.data.seq_len, 2 * cp);
   c.model.seq_chunks = cp > 1 ? 2 * cp : 1;
   c.set_cp_attention(c.parallel.cp_attention);
-  c.model.fp8.nonfinite_to_nan = c.training.skip_nonfinite;
   MT_CHECK(!c.data.path.empty(), "config: data.path is not set");
   MT_CHECK(c.training.reduce_dtype == DType::f32 || c.training.dtype == DType::bf16,
            "config: training.reduce_dtype bfloat16 needs training.dtype bfloat16 (gradients are float32 otherwise)");

@@ -104,9 +104,6 @@ inline constexpr AttrKey<bool> ring{"ring"};
 inline constexpr AttrKey<DType> format_a{"format_a"}, format_b{"format_b"}, grad_format{"grad_format"};
 inline constexpr AttrKey<bool> pow2_scale{"pow2_scale"};
 inline constexpr AttrKey<std::string> tensor{"tensor"}, operand_a{"operand_a"}, operand_b{"operand_b"};
-// On them too: an operand with a NaN or infinity makes the output NaN (the
-// step then is non-finite, training.skip_nonfinite), not an error.
-inline constexpr AttrKey<bool> nonfinite_to_nan{"nonfinite_to_nan"};
 inline constexpr AttrKey<double> max_norm{"max_norm"};
 inline constexpr AttrKey<double> beta1{"beta1"}, beta2{"beta2"}, weight_decay{"weight_decay"};
 // Mixture of experts (graph/ops/moe.cpp): the experts each token picks, the

@@ -334,16 +334,15 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
     if (fresh) known->second = b.amax(x, layer + " input");
     const graph::ValueId weight_amax = b.amax(weight, layer + " weight");
     const graph::ValueId operand =
-        c.fp8.all_gather
-            ? b.op("fp8_quantize", {weight, weight_amax},
-                   {graph::attr::dtype(c.fp8.format), graph::attr::pow2_scale(c.fp8.pow2_scale),
-                    graph::attr::tensor(layer + " weight"), graph::attr::nonfinite_to_nan(c.fp8.nonfinite_to_nan)})
-            : weight;
-    return b.fp8_matmul(x, operand, known->second, weight_amax, false, true,
-                        {graph::attr::format_a(c.fp8.format), graph::attr::format_b(c.fp8.format),
-                         graph::attr::grad_format(c.fp8.grad_format), graph::attr::pow2_scale(c.fp8.pow2_scale),
-                         graph::attr::tensor(layer), graph::attr::operand_a("input"), graph::attr::operand_b("weight"),
-                         graph::attr::nonfinite_to_nan(c.fp8.nonfinite_to_nan)});
+        c.fp8.all_gather ? b.op("fp8_quantize", {weight, weight_amax},
+                                {graph::attr::dtype(c.fp8.format), graph::attr::pow2_scale(c.fp8.pow2_scale),
+                                 graph::attr::tensor(layer + " weight")})
+                         : weight;
+    return b.fp8_matmul(
+        x, operand, known->second, weight_amax, false, true,
+        {graph::attr::format_a(c.fp8.format), graph::attr::format_b(c.fp8.format),
+         graph::attr::grad_format(c.fp8.grad_format), graph::attr::pow2_scale(c.fp8.pow2_scale),
+         graph::attr::tensor(layer), graph::attr::operand_a("input"), graph::attr::operand_b("weight")});
   };
   graph::ValueId h = input;
   if (span.embedding) {

@@ -29,10 +29,6 @@ struct Fp8Linears {
   // Each weight quantised before FSDP gathers it (fp8_quantize on its
   // shard, with the whole weight's scale): half the bytes of bf16.
   bool all_gather = false;
-  // Not a key of its own: training.skip_nonfinite. An operand with a NaN or
-  // infinity then makes its GEMM's output NaN, so that the step is passed
-  // over; false: an error naming the layer and the operand.
-  bool nonfinite_to_nan = false;
   // A linear layer whose name (its weight's, less ".weight") holds one of
   // these is left in the compute dtype (torchtitan's filter_fqns).
   std::vector<std::string> skip;

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "estimate/kernel_benchmark.h"
+#include "kernels/cpu/op_kernels.h"
 #include "kernels/cuda/cuda.h"
 #include "sched/trace.h"
 #include "train/rank_agreement.h"
@@ -427,21 +428,29 @@ StepMetrics Trainer::step() {
   m.step_peak_bytes = m.step_peak_bytes_max = last_step_peak_ = step_memory().stats().peak_bytes;
   m.peak_bytes = m.peak_bytes_max = std::max(peak_before_step_, m.step_peak_bytes);
   m.skipped_steps = m.step - 1 - updates_applied_;
+  // An FP8 operand with a NaN or infinity (its GEMM gave NaNs): named, as where the step went wrong first.
+  const std::string fp8_operand = kernels::cpu::take_fp8_nonfinite_operand();
+  const std::string fp8_note =
+      fp8_operand.empty() ? std::string()
+                          : fmt::format(
+                                "; FP8: {} held NaN or infinite values first (training.fp8_skip leaves a layer "
+                                "out of FP8)",
+                                fp8_operand);
   if (!std::isfinite(m.grad_norm)) {
     m.skipped_steps += 1;
     throw NonFiniteStep(
         fmt::format(
             "step {}: the gradient norm is {} (loss {}): the update was not applied, so the weights and optimizer state "
             "are those of the step before; lower optimizer.lr (now {:g} at this step) or training.max_grad_norm, check "
-            "the data, or set training.skip_nonfinite = true to go on past such steps",
-            m.step, m.grad_norm, m.loss, m.lr),
+            "the data, or set training.skip_nonfinite = true to go on past such steps{}",
+            m.step, m.grad_norm, m.loss, m.lr, fp8_note),
         m, false);
   }
   ++updates_applied_;
   if (!std::isfinite(m.loss))
     throw NonFiniteStep(fmt::format("step {}: the loss is {} with a finite gradient norm {} (the update was applied); "
-                                    "lower optimizer.lr or check the data",
-                                    m.step, m.loss, m.grad_norm),
+                                    "lower optimizer.lr or check the data{}",
+                                    m.step, m.loss, m.grad_norm, fp8_note),
                         m, true);
   return m;
 }

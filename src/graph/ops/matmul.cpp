@@ -83,8 +83,7 @@ std::vector<ValueId> fp8_matmul_backward(Builder& bd, const Node& node, const st
                  attr::pow2_scale(at.get(attr::pow2_scale)),
                  attr::tensor(layer),
                  attr::operand_a(x.role),
-                 attr::operand_b(y.role),
-                 attr::nonfinite_to_nan(at.get_or(attr::nonfinite_to_nan, false))};
+                 attr::operand_b(y.role)};
   };
   std::vector<ValueId> grads = matmul_grads(
       bd.graph(), node, a, b, dc,

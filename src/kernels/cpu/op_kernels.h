@@ -33,4 +33,10 @@ int cpu_threads();
 // The cores this process may run on (its affinity mask).
 int available_cores();
 
+// FP8 (ops/matmul.cpp): an FP8 GEMM whose operand holds a NaN or infinity
+// has no scale for it and gives NaNs; the first such operand's name since
+// the last call ("model.layers.3.mlp.down_proj input"), or "" when none.
+// The trainer names it when a step is not finite.
+std::string take_fp8_nonfinite_operand();
+
 }  // namespace meshtrain::kernels::cpu

@@ -5,7 +5,10 @@
 
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "core/fp8.h"
 #include "kernels/cpu/bf16_matmul.h"
@@ -24,18 +27,18 @@ struct Fp8Grid {
   float inverse_scale;
 };
 
+std::mutex nonfinite_mutex;
+std::string first_nonfinite;  // guarded by nonfinite_mutex
+
 // The scale of an amax; nullopt when the tensor held a NaN or infinity
-// (graph/ops/reduction.cpp: its amax is then +inf), which is an error naming
-// it (`what`) unless the node asks for NaN outputs (attr nonfinite_to_nan).
+// (graph/ops/reduction.cpp: its amax is then +inf), noted by its name
+// (`what`) for take_fp8_nonfinite_operand.
 std::optional<float> scale_of(const KernelArgs& a, const Tensor& amax, DType format, const std::string& what) {
   const double largest = amax.get(0);
   if (std::isfinite(largest)) return fp8_scale(format, largest, a.attrs.get(attr::pow2_scale));
-  if (a.attrs.get_or(attr::nonfinite_to_nan, false)) return std::nullopt;
-  throw Error(
-      fmt::format("FP8: {} holds NaN or infinite values, so it has no scale; lower optimizer.lr, set "
-                  "training.skip_nonfinite to pass such steps over, or leave the layer out with "
-                  "training.fp8_skip",
-                  what));
+  std::lock_guard lock(nonfinite_mutex);
+  if (first_nonfinite.empty()) first_nonfinite = what;
+  return std::nullopt;
 }
 
 // Every element of the node's output NaN (an operand had no scale).
@@ -177,3 +180,12 @@ void add_matmul_kernels(const AddKernel& add) {
 }
 
 }  // namespace meshtrain::kernels::cpu::ops
+
+namespace meshtrain::kernels::cpu {
+
+std::string take_fp8_nonfinite_operand() {
+  std::lock_guard lock(ops::nonfinite_mutex);
+  return std::exchange(ops::first_nonfinite, std::string());
+}
+
+}  // namespace meshtrain::kernels::cpu
