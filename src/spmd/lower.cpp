@@ -71,18 +71,17 @@ struct Lowering {
   // redistributed once for all its readers.
   graph::ValueId redistribute(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
     if (have == want) return local;
-    if (g.value(v).info.shape.rank() == 0) {
-      const auto key = std::make_pair(v, want.to_string());
-      if (const auto it = kept.find(key); it != kept.end()) return it->second;
-      return kept[key] = redistribute_now(v, local, have, want);
-    }
-    if (is_weight(v) && (!options.reshard_after_forward || out.graph.phase() == graph::Phase::backward)) {
-      auto& memo = options.reshard_after_forward ? gathered_in_backward : kept;
-      const auto key = std::make_pair(v, want.to_string());
-      if (const auto it = memo.find(key); it != memo.end()) return it->second;
-      return memo[key] = redistribute_now(v, local, have, want);
-    }
-    return redistribute_now(v, local, have, want);
+    // Where a redistribution is kept for later readers: a scalar's always, a
+    // weight's as FSDP's resharding says; others are redone per reader.
+    std::map<std::pair<graph::ValueId, std::string>, graph::ValueId>* memo = nullptr;
+    if (g.value(v).info.shape.rank() == 0)
+      memo = &kept;
+    else if (is_weight(v) && (!options.reshard_after_forward || out.graph.phase() == graph::Phase::backward))
+      memo = options.reshard_after_forward ? &gathered_in_backward : &kept;
+    if (memo == nullptr) return redistribute_now(v, local, have, want);
+    const auto key = std::make_pair(v, want.to_string());
+    if (const auto it = memo->find(key); it != memo->end()) return it->second;
+    return (*memo)[key] = redistribute_now(v, local, have, want);
   }
 
   graph::ValueId redistribute_now(graph::ValueId v, graph::ValueId local, const Layout& have, const Layout& want) {
