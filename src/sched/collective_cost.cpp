@@ -140,7 +140,11 @@ double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int w
   while (hi + 1 < p.size() && p[hi].first < bytes) ++hi;
   const auto& [b0, t0] = p[hi - 1];
   const auto& [b1, t1] = p[hi];
-  return t0 + (t1 - t0) * (bytes - b0) / (b1 - b0);  // beyond the last point: the last two's slope
+  // Beyond the last point: the last two's slope, or flat where a noisy
+  // measurement fell (a larger message never takes less time than the last).
+  const double slope = (t1 - t0) / (b1 - b0);
+  if (bytes > b1) return t1 + std::max(0.0, slope) * (bytes - b1);
+  return t0 + slope * (bytes - b0);
 }
 
 }  // namespace meshtrain::sched

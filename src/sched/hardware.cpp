@@ -258,10 +258,15 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       if (bytes.size() != us.size() || bytes.empty())
         r.fail("collectives.table",
                fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
-      auto& points = p.measured.tables[{kind, static_cast<int>(*ranks), static_cast<int>(world)}];
+      const MeasuredCollectives::Key key{kind, static_cast<int>(*ranks), static_cast<int>(world)};
+      if (p.measured.tables.count(key))
+        r.fail("collectives.table", fmt::format("{} over {} ranks in a job of {}: given twice", *op, *ranks,
+                                                world == 0 ? std::string("any size") : std::to_string(world)));
+      auto& points = p.measured.tables[key];
       for (size_t i = 0; i < bytes.size(); ++i) {
-        if (i > 0 && bytes[i] <= bytes[i - 1])
-          r.fail("collectives.table.bytes", fmt::format("{} over {} ranks: sizes must increase", *op, *ranks));
+        if (i > 0 && bytes[i] < bytes[i - 1] + 1)
+          r.fail("collectives.table.bytes",
+                 fmt::format("{} over {} ranks: sizes must increase, by a byte at least", *op, *ranks));
         points.emplace_back(bytes[i], us[i]);
       }
     }

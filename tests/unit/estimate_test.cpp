@@ -75,6 +75,10 @@ TEST(CollectiveCost, MeasuredTableInterpolates) {
   EXPECT_EQ(m.us(comm::OpType::all_gather, 2000, 4), 20);  // between points: the line
   EXPECT_EQ(m.us(comm::OpType::all_gather, 9000, 4), 60);  // beyond: the last two's slope
   EXPECT_EQ(m.us(comm::OpType::all_gather, 9000, 1), 0);
+  // A noisy table whose last point fell: beyond it, flat, never below zero.
+  m.tables[{comm::OpType::all_reduce, 2}] = {{0, 100}, {1, 0}};
+  EXPECT_EQ(m.us(comm::OpType::all_reduce, 1e12, 2), 0);
+  EXPECT_EQ(m.us(comm::OpType::all_reduce, 0.5, 2), 50);
   // Measured inside a job of 8 ranks (two groups of 4 at once): that table
   // for a job of 8 or more, the other for smaller ones.
   m.tables[{comm::OpType::all_gather, 4, 8}] = {{1000, 100}};
@@ -163,6 +167,13 @@ us = [5, 15]
   infinite.replace(infinite.find("us = [5, 15]"), 12, "us = [5, inf]");
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(infinite, "t"); }),
                        "must hold numbers from 0 to 1e+12, not inf"));
+  const std::string twice = measured + measured.substr(measured.find("[[collectives.table]]"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(twice, "t"); }),
+                       "all_reduce over 2 ranks in a job of any size: given twice"));
+  std::string tiny_step = measured;
+  tiny_step.replace(tiny_step.find("bytes = [0, 1000]"), 17, "bytes = [0, 1e-300]");
+  EXPECT_TRUE(
+      contains(message_of([&] { sched::parse_hardware(tiny_step, "t"); }), "sizes must increase, by a byte at least"));
 }
 
 // The memory estimate of a schedule: what the executor allocates is the
