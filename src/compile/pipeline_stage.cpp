@@ -124,7 +124,7 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   spmd::LoweredGraph& lowered = laid_out.lowered;
   if (device)
     run_lowered_step_passes(
-        config, *device, mesh.ndim(), [](const graph::Graph& r) { return sched::make_schedule(r, r.outputs()); },
+        config, *device, mesh, where.rank, [](const graph::Graph& r) { return sched::make_schedule(r, r.outputs()); },
         lowered.graph);
   st.batch_layout = sharding.values.at(st.span.embedding ? st.input : st.span.head ? st.targets : st.input);
   // Inputs by the lowering's map; what the stage computes as the lowered graph delivers it.

@@ -1,5 +1,6 @@
 #include "compile/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -137,8 +138,9 @@ std::string over_budget_message(const config::TrainConfig& config, double needed
             : "");
 }
 
-void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device, int mesh_ndim,
-                             const ScheduleOf& schedule_of, graph::Graph& lowered) {
+void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device,
+                             const sharding::DeviceMesh& mesh, int rank, const ScheduleOf& schedule_of,
+                             graph::Graph& lowered) {
   std::optional<sched::PrefetchOptions> prefetch;
   // Where the cores that compute also move a collective's bytes, starting it early hides nothing.
   if (config.schedule.reorder && !device.hardware.shared_host) {
@@ -157,13 +159,18 @@ void run_lowered_step_passes(const config::TrainConfig& config, const sched::Ran
   }
   sched::BucketOptions buckets{.mode = config.schedule.bucket_mode,
                                .cap_bytes = config.schedule.bucket_cap_mb * (1 << 20),
-                               .mesh_ndim = mesh_ndim,
+                               .mesh_ndim = mesh.ndim(),
                                .member_views = config.schedule.bucket_views};
   if (buckets.mode == sched::BucketMode::automatic)
     buckets.step_us = [&schedule_of, device](const graph::Graph& r) {
       return sched::estimate_step(r, schedule_of(r), device).step_us;
     };
-  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch)).run(lowered);
+  std::optional<sched::AsyncTpOptions> async_tp;
+  const auto& names = mesh.names();
+  if (const auto tp = std::find(names.begin(), names.end(), "tp");
+      config.parallel.async_tp && tp != names.end() && mesh.size(static_cast<int>(tp - names.begin())) > 1)
+    async_tp = sched::AsyncTpOptions{mesh.ndim(), static_cast<int>(tp - names.begin()), rank};
+  sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch), async_tp).run(lowered);
 }
 
 std::map<graph::ValueId, graph::ValueId> identity_values(const graph::Graph& g) {
@@ -204,7 +211,7 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
   const sched::RankDevice device{hardware, world_size,
                                  measured_kernels ? measured_kernels(out.lowered.graph) : nullptr};
   run_lowered_step_passes(
-      config, device, mesh.ndim(), [&](const graph::Graph& r) { return schedule_step(g, step, r, out.lowered.values); },
+      config, device, mesh, rank, [&](const graph::Graph& r) { return schedule_step(g, step, r, out.lowered.values); },
       out.lowered.graph);
   return out;
 }

@@ -73,15 +73,17 @@ LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int ran
 // it is (one rank, no layout).
 std::map<graph::ValueId, graph::ValueId> identity_values(const graph::Graph& g);
 
-// The passes a rank's lowered graph goes through before it is scheduled
-// (sched::lowered_step_pipeline), as config's [schedule] keys ask:
+// The passes rank `rank`'s lowered graph on `mesh` goes through before it
+// is scheduled (sched::lowered_step_pipeline), as config's keys ask: tp's
+// collectives cut into steps under their GEMMs (parallel.async_tp),
 // collectives bucketed, waits sunk, and collectives started early where
 // `device`'s profile gains by it, within the memory budget. `schedule_of`
 // gives the schedule (with its memory plan) a graph of the step in some
 // order runs; the passes cost orders with it on `device`.
 using ScheduleOf = std::function<graph::Schedule(const graph::Graph&)>;
-void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device, int mesh_ndim,
-                             const ScheduleOf& schedule_of, graph::Graph& lowered);
+void run_lowered_step_passes(const config::TrainConfig& config, const sched::RankDevice& device,
+                             const sharding::DeviceMesh& mesh, int rank, const ScheduleOf& schedule_of,
+                             graph::Graph& lowered);
 // The profile config.schedule.hardware names ("auto": cpu-2core, as the
 // executor runs on CPUs).
 sched::HardwareProfile scheduling_hardware(const config::TrainConfig& config);

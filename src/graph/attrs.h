@@ -96,6 +96,8 @@ inline constexpr AttrKey<int64_t> key_first{"key_first"};
 // attention's keys and values in its queries' load-balanced order, split as
 // they are (context parallelism's ring): lowering runs it as ring steps.
 inline constexpr AttrKey<bool> ring{"ring"};
+// ring_shift: how many places on the ring its tensor goes (absent: 1, the next rank).
+inline constexpr AttrKey<int64_t> ring_distance{"ring_distance"};
 // FP8 (graph/ops/matmul.cpp): the format each operand of an fp8_matmul is
 // quantised to, and that of its output's gradient (its backward's); scales
 // rounded down to powers of two; the linear layer (or the tensor an amax or

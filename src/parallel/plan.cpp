@@ -18,6 +18,10 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            c.dp_shard);
   MT_CHECK(!c.sequence_parallel || c.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   MT_CHECK(!c.loss_parallel || c.tp > 1, "parallel.loss_parallel needs parallel.tp > 1");
+  MT_CHECK(!c.async_tp || (c.tp > 1 && c.sequence_parallel),
+           "parallel.async_tp needs parallel.tp > 1 and parallel.sequence_parallel = true (it overlaps sequence "
+           "parallelism's all_gathers and reduce_scatters with their GEMMs; tp {}, sequence_parallel {})",
+           c.tp, c.sequence_parallel);
   // Products checked, so that degrees whose product overflows (2^62 + 1 each) are never taken for a fit.
   int64_t others = 0, with_cp = 0;
   const bool others_overflow =

@@ -38,6 +38,9 @@ struct ParallelConfig {
   int64_t cp = 1;
   enum class CpAttention { allgather, ring, by_estimate } cp_attention = CpAttention::by_estimate;
   bool sequence_parallel = false;
+  // Sequence parallelism's all_gathers and reduce_scatters over tp cut into
+  // point-to-point steps under their GEMMs (sched/passes/async_tp.h).
+  bool async_tp = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;  // false: keep gathered weights from forward to backward (spmd::LowerOptions)
   // Pipeline parallelism (compile/pipeline_stage.h): the model cut into

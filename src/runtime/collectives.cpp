@@ -17,6 +17,7 @@ std::optional<CollectiveStep> collective_step(const graph::Node& node, const sha
   MT_CHECK(!s.mesh_dims.empty(), "{} node names no mesh dim", node.op->name);
   if (node.op->name == "ring_shift") {
     c.ring_shift = true;
+    c.ring_distance = static_cast<int>(node.attrs.get_or(graph::attr::ring_distance, int64_t{1}));
     s.collective = comm::OpType::send;
     s.bytes = node.attrs.get(graph::attr::comm_bytes);
     return c;

@@ -21,9 +21,10 @@ struct CollectiveStep {
   // their experts before and after; sharding::RaggedRows): the experts'
   // padding value, n_experts. nullopt for any other collective.
   std::optional<int64_t> ragged_padding;
-  // A ring_shift (sharding::start_ring_shift over step.mesh_dims[0]): no
-  // layouts, the step's collective a send.
+  // A ring_shift (sharding::start_ring_shift over step.mesh_dims[0], to the
+  // rank ring_distance places on): no layouts, the step's collective a send.
   bool ring_shift = false;
+  int ring_distance = 1;
 };
 
 // The step of a collective node, or nullopt for any other op. Fails naming

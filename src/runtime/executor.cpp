@@ -172,8 +172,8 @@ void Executor::run() {
       std::optional<sharding::RaggedRows> ragged;
       if (collective->ragged_padding) ragged = sharding::RaggedRows{a.in[1], a.in[2], *collective->ragged_padding};
       in_flight_[step] =
-          collective->ring_shift
-              ? sharding::start_ring_shift(*a.in[0], *a.out[0], collective->step.mesh_dims[0], *groups_)
+          collective->ring_shift ? sharding::start_ring_shift(*a.in[0], *a.out[0], collective->step.mesh_dims[0],
+                                                              *groups_, collective->ring_distance)
           : collective->member_blocks.empty()
               ? sharding::start_step(*a.in[0], *a.out[0], a.out.size() > 1 ? *a.out[1] : *a.out[0],
                                      collective->global_shape, collective->step, *groups_, ragged ? &*ragged : nullptr)

@@ -13,12 +13,14 @@ namespace {
 double collective_us(const graph::Node& node, const RankDevice& device) {
   const double bytes = node.attrs.get(graph::attr::comm_bytes);
   const std::vector<int64_t>& group = node.attrs.get(graph::attr::group);
-  // A ring shift sends its block to one neighbour while the other's arrives:
-  // one step of a two-rank ring all_gather of both blocks (hosts as the
-  // group's first two ranks stand).
-  if (node.op->name == "ring_shift")
-    return device.hardware.collective_us(comm::OpType::all_gather, 2 * bytes, {group.at(0), group.at(1)},
+  // A ring shift sends its block to one rank while another's arrives: one
+  // step of a two-rank ring all_gather of both blocks (hosts as the group's
+  // first rank and the one `ring_distance` on stand).
+  if (node.op->name == "ring_shift") {
+    const auto distance = static_cast<size_t>(node.attrs.get_or(graph::attr::ring_distance, int64_t{1}));
+    return device.hardware.collective_us(comm::OpType::all_gather, 2 * bytes, {group.at(0), group.at(distance)},
                                          device.world_size);
+  }
   return device.hardware.collective_us(costed_collective(node.op->name), bytes, group, device.world_size);
 }
 }  // namespace

@@ -51,8 +51,10 @@ PassPipeline step_pipeline(ActivationCheckpoint checkpoint, SelectiveMatmuls mat
   return p;
 }
 
-PassPipeline lowered_step_pipeline(BucketOptions buckets, std::optional<PrefetchOptions> prefetch) {
+PassPipeline lowered_step_pipeline(BucketOptions buckets, std::optional<PrefetchOptions> prefetch,
+                                   std::optional<AsyncTpOptions> async_tp) {
   PassPipeline p("lowered_step");
+  if (async_tp) p.add({"async_tp", [options = *async_tp](graph::Graph& g) { return sched::async_tp(g, options); }});
   if (buckets.mode != BucketMode::none)
     p.add({"bucket_collectives",
            [options = std::move(buckets)](graph::Graph& g) { return bucket_collectives(g, options); }});

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "sched/passes/async_tp.h"
 #include "sched/passes/bucket_collectives.h"
 #include "sched/passes/checkpoint_activations.h"
 #include "sched/passes/prefetch_collectives.h"
@@ -52,9 +53,11 @@ PassPipeline step_pipeline(ActivationCheckpoint checkpoint = ActivationCheckpoin
                            SelectiveMatmuls matmuls = SelectiveMatmuls::all);
 
 // The passes a rank's lowered step goes through (spmd::lower's output)
-// before it is scheduled: collectives bucketed as `buckets` says, waits
-// sunk to where results are first read, then, given `prefetch`, collectives
-// started early enough to hide them.
-PassPipeline lowered_step_pipeline(BucketOptions buckets = {}, std::optional<PrefetchOptions> prefetch = std::nullopt);
+// before it is scheduled: given `async_tp`, tp's collectives cut into steps
+// under their GEMMs; collectives bucketed as `buckets` says, waits sunk to
+// where results are first read, then, given `prefetch`, collectives started
+// early enough to hide them.
+PassPipeline lowered_step_pipeline(BucketOptions buckets = {}, std::optional<PrefetchOptions> prefetch = std::nullopt,
+                                   std::optional<AsyncTpOptions> async_tp = std::nullopt);
 
 }  // namespace meshtrain::sched

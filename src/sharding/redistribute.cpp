@@ -315,15 +315,17 @@ void InFlightStep::complete() {
   if (finish) finish();
 }
 
-InFlightStep start_ring_shift(const Tensor& local, Tensor& out, int mesh_dim, MeshGroups& groups) {
+InFlightStep start_ring_shift(const Tensor& local, Tensor& out, int mesh_dim, MeshGroups& groups, int distance) {
   MT_CHECK(out.shape() == local.shape() && out.dtype() == local.dtype(),
            "ring_shift: the output {} {} must be the input's {} {}", out.shape().to_string(), dtype_name(out.dtype()),
            local.shape().to_string(), dtype_name(local.dtype()));
   comm::ProcessGroup& pg = groups.merged_group({mesh_dim}, CommStream::main);
   const int n = pg.size(), r = pg.rank();
-  constexpr int kRingTag = 1;  // the cp group carries nothing else point to point
-  comm::WorkPtr arriving = pg.recv(out, (r + n - 1) % n, kRingTag);
-  comm::WorkPtr leaving = pg.send(local, (r + 1) % n, kRingTag);
+  MT_CHECK(distance >= 1 && distance < n, "ring_shift: a distance of {} on a ring of {} ranks", distance, n);
+  // The group carries nothing else point to point; a pair's messages arrive in the order they were sent.
+  constexpr int kRingTag = 1;
+  comm::WorkPtr arriving = pg.recv(out, (r + n - distance) % n, kRingTag);
+  comm::WorkPtr leaving = pg.send(local, (r + distance) % n, kRingTag);
   return {std::move(arriving), [leaving] { leaving->wait(); }};
 }
 

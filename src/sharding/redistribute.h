@@ -68,10 +68,11 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
 InFlightStep start_coalesced_step(const Tensor& local, Tensor& out, const PlanStep& step,
                                   const std::vector<int64_t>& member_blocks, MeshGroups& groups);
 
-// Starts a ring shift over `mesh_dim`: `local` goes to the next rank of this
-// rank's group there, and the previous rank's arrives in `out` (same shape
-// and dtype). `local` is read until complete() has run.
-InFlightStep start_ring_shift(const Tensor& local, Tensor& out, int mesh_dim, MeshGroups& groups);
+// Starts a ring shift over `mesh_dim`: `local` goes to the rank `distance`
+// places on in this rank's group there (1: the next), and the tensor of the
+// rank as many places back arrives in `out` (same shape and dtype). `local`
+// is read until complete() has run.
+InFlightStep start_ring_shift(const Tensor& local, Tensor& out, int mesh_dim, MeshGroups& groups, int distance = 1);
 
 // Run an already planned sequence of steps.
 Tensor execute_plan(const Tensor& local, const Shape& global_shape, const Plan& plan, MeshGroups& groups);

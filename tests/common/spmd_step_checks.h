@@ -126,16 +126,22 @@ inline double expect_close(const Tensor& got, const Tensor& want, double toleran
 // `tolerances`. Two steps at least: after the first (from zero moments)
 // AdamW moves each weight by about lr x the sign of its gradient; the
 // second's update depends on the gradients' magnitudes. Returns the outputs
-// compared in a step; `errors` (if given) gets the largest errors.
+// compared in a step; `errors` (if given) gets the largest errors. With
+// `async_tp`, the lowered graph also goes through sched::async_tp over the
+// mesh's tp dim, which must rewrite it.
 inline int check_lowered(comm::ProcessGroup& pg, const sharding::DeviceMesh& mesh, const Graph& g,
                          const std::map<ValueId, Layout>& given, const std::map<ValueId, Layout>& deliver,
                          const Inputs& in, const StepState& state, int steps, const StepTolerances& tolerances,
-                         const std::string& what, StepErrors* errors = nullptr) {
+                         const std::string& what, StepErrors* errors = nullptr, bool async_tp = false) {
   sharding::MeshGroups groups(mesh, pg.shared_from_this());
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const spmd::Sharding s = spmd::propagate(g, planner, given, deliver);
   if (std::getenv("MT_DUMP") && pg.rank() == 0) fmt::print("{}\n", spmd::to_text(g, s));
   spmd::LoweredGraph lowered = spmd::lower(g, s, planner, pg.rank());
+  if (async_tp) {
+    EXPECT_TRUE(sched::async_tp(lowered.graph, {mesh.ndim(), mesh.dim_index("tp"), pg.rank()}))
+        << what << ": async_tp rewrote nothing";
+  }
   sched::lowered_step_pipeline().run(lowered.graph);  // waits sunk, as the trainer runs it
   const Graph& local = lowered.graph;
   runtime::Executor ex(local, sched::make_schedule(local, local.outputs()), &groups);
@@ -252,8 +258,8 @@ inline models::LlamaConfig tiny_llama() {
 }
 
 // The tiny Llama's step for a global batch of 4 sequences of 5 tokens (8
-// under context parallelism, in its load-balanced chunks), and its layouts
-// under `parallel`.
+// under context parallelism, in its load-balanced chunks, and async TP,
+// whose chunks are even), and its layouts under `parallel`.
 struct TinyLlamaStep {
   Graph g;
   compile::TrainStepGraph step;
@@ -270,7 +276,7 @@ struct TinyLlamaStep {
       model.seq_chunks = 2 * parallel.cp;
       model.ring_attention = parallel.cp_attention == parallel::ParallelConfig::CpAttention::ring;
     }
-    step = compile::build_train_step(g, model, 4, parallel.cp > 1 ? 8 : 5, opt,
+    step = compile::build_train_step(g, model, 4, parallel.cp > 1 || parallel.async_tp ? 8 : 5, opt,
                                      {.max_grad_norm = 0.5,
                                       .split_loss = parallel.loss_parallel,
                                       .micro_batches = micro_batches});  // clipping active
@@ -311,7 +317,7 @@ inline int check_llama_step(comm::ProcessGroup& pg, const parallel::ParallelConf
   StepErrors errors;
   const std::string what = fmt::format("Llama step on mesh {}", tiny.mesh.describe());
   const int compared = check_lowered(pg, tiny.mesh, g, tiny.layouts.given, tiny.layouts.deliver, in, state, 2,
-                                     tolerances, what, &errors);
+                                     tolerances, what, &errors, parallel.async_tp);
   report_errors(pg, what + fmt::format(", {} microbatches", micro_batches), errors);
   return compared;
 }

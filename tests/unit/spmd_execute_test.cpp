@@ -44,10 +44,11 @@ namespace {
 
 void check_llama(int ranks, const parallel::ParallelConfig& config, int64_t micro_batches = 1,
                  const models::Fp8Linears& fp8 = {}, const mtest::StepTolerances& tolerances = mtest::kLlamaStep) {
-  SCOPED_TRACE(fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} cp {} ({}) sequence_parallel {}",
-                           ranks, config.dp_replicate, config.dp_shard, config.tp, config.cp,
-                           config.cp_attention == parallel::ParallelConfig::CpAttention::ring ? "ring" : "allgather",
-                           config.sequence_parallel));
+  SCOPED_TRACE(
+      fmt::format("Llama step, {} ranks, dp_replicate {} dp_shard {} tp {} cp {} ({}) sequence_parallel {} async_tp {}",
+                  ranks, config.dp_replicate, config.dp_shard, config.tp, config.cp,
+                  config.cp_attention == parallel::ParallelConfig::CpAttention::ring ? "ring" : "allgather",
+                  config.sequence_parallel, config.async_tp));
   comm::GroupOptions options;
   options.timeout = std::chrono::seconds(30);
   comm::LocalWorld world(ranks, options);
@@ -104,6 +105,15 @@ TEST(SpmdExecute, LlamaStepInFp8MatchesOneRank) {
 TEST(SpmdExecute, LlamaStepSequenceParallelMatchesOneRank) {
   check_llama(2, {.tp = 2, .sequence_parallel = true});  // seq 5 over 2: 3 and 2
   check_llama(4, {.dp_replicate = 2, .dp_shard = 1, .tp = 2, .sequence_parallel = true});
+}
+
+// Async TP (sched::async_tp, which check_llama_step requires to rewrite the
+// step): sequence 8, in chunks of 4 and 2.
+TEST(SpmdExecute, LlamaStepAsyncTensorParallelMatchesOneRank) {
+  check_llama(2, {.tp = 2, .sequence_parallel = true, .async_tp = true});
+  check_llama(4, {.tp = 4, .sequence_parallel = true, .async_tp = true});
+  check_llama(4, {.dp_shard = 2, .tp = 2, .sequence_parallel = true, .async_tp = true, .loss_parallel = true});
+  check_llama(4, {.tp = 4, .sequence_parallel = true, .async_tp = true}, 1, {.enabled = true});  // FP8
 }
 
 // Loss parallel: on every rank, no value of the lowered step (forward or

@@ -109,8 +109,9 @@ void add_collective_ops(std::vector<OpDef>& ops) {
         .in_place = name == "all_reduce" ? std::vector<OpDef::InPlace>{{0, 0}}
                                          : std::vector<OpDef::InPlace>{},  // reduced in place where its input dies
     });
-  // Context parallelism's ring: each rank of the group over mesh_dims sends
-  // its tensor to the next rank of the group and takes the previous rank's
+  // Context parallelism's and async TP's ring: each rank of the group over
+  // mesh_dims sends its tensor to the rank ring_distance (default 1) places
+  // on in the group and takes the tensor of the rank as many places back
   // (group order, wrapping around), started and waited on as the other
   // collectives are (outputs: the result and an empty staging buffer); it
   // reads its input until it completes.
@@ -120,6 +121,9 @@ void add_collective_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs& at) {
             MT_CHECK(at.get(attr::mesh_dims).size() == 1, "ring_shift runs over one mesh dim");
             MT_CHECK(at.get(attr::group).size() >= 2, "ring_shift needs a group of two ranks or more");
+            const int64_t distance = at.get_or(attr::ring_distance, int64_t{1});
+            MT_CHECK(distance >= 1 && distance < static_cast<int64_t>(at.get(attr::group).size()),
+                     "ring_shift's ring_distance must be from 1 to the group's size - 1, got {}", distance);
             at.get(attr::comm_bytes);
             return ValueInfos{in[0], {Shape({0}), in[0].dtype}};
           },

@@ -1,0 +1,285 @@
+#include "sched/passes/async_tp.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "core/error.h"
+#include "graph/builder.h"
+#include "graph/op_registry.h"
+#include "sharding/layout.h"
+
+namespace meshtrain::sched {
+
+namespace {
+
+namespace attr = graph::attr;
+using graph::NodeId;
+using graph::ValueId;
+
+// Where a collective over the tp dim splits its tensor: dim `dim` in `size`
+// equal chunks, this rank's the one at `index`.
+struct Split {
+  int dim = -1;
+  int64_t size = 0, index = 0;
+  std::vector<int64_t> group;
+};
+
+// The placement `layout` puts on mesh dim m, and whether any other mesh dim
+// also splits tensor dim `dim` (then the chunks are not simply the group's).
+bool others_split(const sharding::Layout& l, int m, int dim) {
+  for (size_t d = 0; d < l.placements.size(); ++d)
+    if (static_cast<int>(d) != m && l.placements[d].is_sharding() && l.placements[d].dim == dim) return true;
+  return false;
+}
+
+// The split of an all_gather (gather = true: S(d) to R) or reduce_scatter
+// (P(sum) to S(d)) over the tp dim alone, of equal chunks; nullopt for any
+// other collective.
+std::optional<Split> tp_split(const graph::Graph& g, const graph::Node& start, const AsyncTpOptions& o, bool gather) {
+  if (start.op->name != (gather ? "all_gather" : "reduce_scatter")) return std::nullopt;
+  if (start.attrs.get(attr::mesh_dims) != std::vector<int64_t>{o.tp_mesh_dim} || start.attrs.has("member_blocks"))
+    return std::nullopt;
+  const auto before = sharding::Layout::parse(start.attrs.get(attr::layout_before), o.mesh_ndim);
+  const auto after = sharding::Layout::parse(start.attrs.get(attr::layout_after), o.mesh_ndim);
+  const auto m = static_cast<size_t>(o.tp_mesh_dim);
+  const sharding::Placement& split = gather ? before.placements[m] : after.placements[m];
+  const sharding::Placement& whole = gather ? after.placements[m] : before.placements[m];
+  if (split.kind != sharding::Placement::Kind::shard) return std::nullopt;
+  if (gather ? !whole.is_replicate() : !(whole.is_partial() && whole.reduce == comm::ReduceOp::sum))
+    return std::nullopt;
+  if (others_split(before, o.tp_mesh_dim, split.dim) || others_split(after, o.tp_mesh_dim, split.dim))
+    return std::nullopt;
+  Split s{split.dim, 0, 0, start.attrs.get(attr::group)};
+  s.size = static_cast<int64_t>(s.group.size());
+  const auto me = std::find(s.group.begin(), s.group.end(), o.rank);
+  MT_ASSERT(me != s.group.end(), "async_tp: rank {} is not in the group of its own {}", o.rank, start.op->name);
+  s.index = me - s.group.begin();
+  // Equal chunks, and a row dim of every GEMM (not the contraction's, the last).
+  const Shape& chunk = g.value(gather ? start.inputs[0] : start.outputs[0]).info.shape;
+  const Shape& whole_shape = g.value(gather ? start.outputs[0] : start.inputs[0]).info.shape;
+  if (s.dim >= static_cast<int>(chunk.rank()) - 1 || whole_shape[s.dim] != s.size * chunk[s.dim]) return std::nullopt;
+  return s;
+}
+
+// The one wait node that completes `start`'s collective.
+NodeId wait_of(const graph::Graph& g, const graph::Node& start) {
+  const std::vector<NodeId> users = g.users(start.outputs[0]);
+  MT_ASSERT(users.size() == 1 && g.node(users[0]).op->is_wait, "async_tp: a {} not waited on once", start.op->name);
+  return users[0];
+}
+
+bool is_gemm(const graph::Node& n) { return n.op->name == "matmul" || n.op->name == "fp8_matmul"; }
+bool is_rows_gemm(const graph::Node& n) { return n.op->name == "rows_matmul" || n.op->name == "fp8_rows_matmul"; }
+bool rows_of_left(const graph::Node& n) { return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false); }
+
+// Positions in the order, for "is this value defined before that node".
+std::map<NodeId, size_t> positions(const graph::Graph& g) {
+  std::map<NodeId, size_t> at;
+  for (size_t i = 0; i < g.order().size(); ++i) at[g.order()[i]] = i;
+  return at;
+}
+
+bool defined_before(const graph::Graph& g, const std::map<NodeId, size_t>& at, ValueId v, size_t position) {
+  const NodeId p = g.value(v).producer;
+  return !p.valid() || at.at(p) < position;
+}
+
+struct Rewrite {
+  graph::Graph& g;
+  const AsyncTpOptions& options;
+  const Split& split;
+  int64_t chunk_rows = 0;  // along split.dim
+
+  ValueId rows(ValueId whole, int64_t c) {
+    return graph::Builder(g).slice(whole, split.dim, c * chunk_rows, chunk_rows);
+  }
+
+  // `v` sent to the rank `distance` places on in the group while the tensor of the rank as many back arrives (the
+  // wait added here; sink_waits moves it down to the first reader).
+  ValueId shift(ValueId v, int64_t distance) {
+    const graph::ValueInfo& info = g.value(v).info;
+    const graph::Attrs at{attr::mesh_dims({int64_t{options.tp_mesh_dim}}), attr::group(split.group),
+                          attr::ring_distance(distance),
+                          attr::comm_bytes(static_cast<double>(info.shape.numel() * dtype_size(info.dtype)))};
+    std::vector<ValueId> wait_inputs = g.node(g.add_node("ring_shift", {v}, at)).outputs;
+    wait_inputs.push_back(v);  // read until the shift completes
+    return graph::Builder(g).op("wait", wait_inputs);
+  }
+
+  // Σ terms in order; a low-precision dtype summed in f32 and rounded once, as comm::reduce_rows sums.
+  ValueId sum_in_order(const std::vector<ValueId>& terms) {
+    graph::Builder b(g);
+    const DType dtype = g.value(terms[0]).info.dtype;
+    const bool widen = dtype != DType::f32 && dtype != DType::f64;
+    ValueId total = widen ? b.cast(terms[0], DType::f32) : terms[0];
+    for (size_t k = 1; k < terms.size(); ++k) total = b.add(total, widen ? b.cast(terms[k], DType::f32) : terms[k]);
+    return widen ? b.cast(total, dtype) : total;
+  }
+
+  void remove(NodeId n) {
+    if (!g.node(n).removed) g.remove_node(n);
+  }
+  void remove_collective(NodeId start, NodeId wait) {
+    remove(wait);
+    remove(start);
+  }
+};
+
+// --- all_gather -> GEMMs ---------------------------------------------------
+
+// A reader of the gathered value that can run on its row chunks: a GEMM with
+// it as the rows of its left operand (chunks concatenated), or a rows GEMM
+// with it as either operand (chunks' partial sums added).
+enum class ChunkedAs { concat, sum };
+std::optional<ChunkedAs> chunked_as(const graph::Node& reader, ValueId gathered) {
+  if (reader.outputs.size() != 1) return std::nullopt;
+  if (rows_of_left(reader) && reader.inputs[0] == gathered &&
+      std::count(reader.inputs.begin(), reader.inputs.end(), gathered) == 1)
+    return ChunkedAs::concat;
+  if (is_rows_gemm(reader)) return ChunkedAs::sum;
+  return std::nullopt;
+}
+
+// The reader run on chunk c of the gathered value (`chunk` here): the other
+// rows operand of a rows GEMM cut to the same rows.
+ValueId run_on_chunk(Rewrite& r, const graph::Node& reader, ValueId gathered, ValueId chunk, int64_t c) {
+  std::vector<ValueId> inputs = reader.inputs;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k] == gathered)
+      inputs[k] = chunk;
+    else if (k < 2 && is_rows_gemm(reader))
+      inputs[k] = r.rows(inputs[k], c);
+  }
+  return r.g.only_output(r.g.add_node(reader.op->name, inputs, reader.attrs));
+}
+
+bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const AsyncTpOptions& options) {
+  const graph::Node start = g.node(start_id);
+  const NodeId wait = wait_of(g, start);
+  const ValueId gathered = g.node(wait).outputs[0], mine = start.inputs[0];
+  const std::vector<NodeId> readers = g.users(gathered);
+  if (readers.empty()) return false;
+  const auto at = positions(g);
+  const size_t first = at.at(readers.front());
+  std::vector<std::pair<NodeId, ChunkedAs>> chunked;
+  for (NodeId n : readers) {
+    const graph::Node& reader = g.node(n);
+    const auto as = chunked_as(reader, gathered);
+    const bool ready = std::all_of(reader.inputs.begin(), reader.inputs.end(),
+                                   [&](ValueId v) { return v == gathered || defined_before(g, at, v, first); });
+    if (as && ready) chunked.emplace_back(n, *as);
+  }
+  if (chunked.empty()) return false;
+
+  Rewrite r{g, options, split, g.value(mine).info.shape[split.dim]};
+  const int64_t n = split.size, i = split.index;
+  std::vector<ValueId> chunks(static_cast<size_t>(n));
+  std::map<NodeId, ValueId> replaced;  // reader -> its output computed from the chunks
+  ValueId whole;                       // the chunks concatenated, for the other readers
+  {
+    graph::InsertBefore here(g, readers.front());
+    std::map<NodeId, std::vector<ValueId>> parts;  // per reader, by chunk (concat) or by step (sum)
+    chunks[static_cast<size_t>(i)] = mine;
+    for (int64_t k = 0; k < n; ++k) {
+      // The next chunk moves while this one's GEMMs run.
+      if (k + 1 < n) chunks[static_cast<size_t>((i - k - 1 + n) % n)] = r.shift(mine, k + 1);
+      const int64_t c = (i - k + n) % n;
+      for (const auto& [reader, as] : chunked) {
+        std::vector<ValueId>& p = parts[reader];
+        p.resize(static_cast<size_t>(n));
+        p[static_cast<size_t>(as == ChunkedAs::concat ? c : k)] =
+            run_on_chunk(r, g.node(reader), gathered, chunks[static_cast<size_t>(c)], c);
+      }
+    }
+    for (const auto& [reader, as] : chunked) {
+      const std::vector<ValueId>& p = parts.at(reader);
+      replaced[reader] = as == ChunkedAs::concat ? graph::Builder(g).concat(p, split.dim) : r.sum_in_order(p);
+    }
+    if (chunked.size() < readers.size()) whole = graph::Builder(g).concat(chunks, split.dim);
+  }
+  for (const auto& [reader, out] : replaced) {
+    g.replace_uses(g.node(reader).outputs[0], out);
+    g.remove_node(reader);
+  }
+  if (whole.valid()) g.replace_uses(gathered, whole);
+  r.remove_collective(start_id, wait);
+  return true;
+}
+
+// --- GEMMs -> reduce_scatter -----------------------------------------------
+
+// Whether `v`'s rows can be computed chunk by chunk: a GEMM's with its rows
+// on the left, or a sum of such, each read only where it is summed.
+bool row_computable(const graph::Graph& g, ValueId v) {
+  const NodeId p = g.value(v).producer;
+  if (!p.valid() || g.users(v).size() != 1) return false;
+  const graph::Node& node = g.node(p);
+  if (rows_of_left(node)) return true;
+  return node.op->name == "add" && g.value(node.inputs[0]).info == g.value(node.inputs[1]).info &&
+         (row_computable(g, node.inputs[0]) || row_computable(g, node.inputs[1]));
+}
+
+// Chunk c of `v`'s rows, computed from the chunk of its GEMMs' left
+// operands; `dead` collects the nodes the whole `v` took.
+ValueId rows_computed(Rewrite& r, ValueId v, int64_t c, std::vector<NodeId>& dead) {
+  graph::Graph& g = r.g;
+  if (!row_computable(g, v)) return r.rows(v, c);
+  const NodeId p = g.value(v).producer;
+  const graph::Node node = g.node(p);
+  dead.push_back(p);
+  if (node.op->name == "add") {  // the terms in order, so that every rank builds the same graph
+    const ValueId a = rows_computed(r, node.inputs[0], c, dead), b = rows_computed(r, node.inputs[1], c, dead);
+    return graph::Builder(g).add(a, b);
+  }
+  std::vector<ValueId> inputs = node.inputs;
+  inputs[0] = r.rows(inputs[0], c);
+  return g.only_output(g.add_node(node.op->name, inputs, node.attrs));
+}
+
+bool rewrite_scatter(graph::Graph& g, NodeId start_id, const Split& split, const AsyncTpOptions& options) {
+  const graph::Node start = g.node(start_id);
+  const ValueId partial = start.inputs[0];
+  if (!row_computable(g, partial)) return false;
+  const NodeId wait = wait_of(g, start);
+  Rewrite r{g, options, split, g.value(start.outputs[0]).info.shape[split.dim]};
+  graph::InsertBefore here(g, start_id);
+  const int64_t n = split.size, i = split.index;
+  std::vector<ValueId> from(static_cast<size_t>(n));  // the partial sums of this rank's chunk, by the rank computing
+  std::vector<NodeId> dead;
+  // Each other rank's chunk first, sent while the next is computed; this rank's own last.
+  for (int64_t k = 1; k < n; ++k)
+    from[static_cast<size_t>((i - k + n) % n)] = r.shift(rows_computed(r, partial, (i + k) % n, dead), k);
+  from[static_cast<size_t>(i)] = rows_computed(r, partial, i, dead);
+  g.replace_uses(g.node(wait).outputs[0], r.sum_in_order(from));
+  r.remove_collective(start_id, wait);
+  // The whole partial's nodes, each once nothing reads it.
+  for (bool removed = true; removed;) {
+    removed = false;
+    for (NodeId d : dead)
+      if (!g.node(d).removed && g.users(g.node(d).outputs[0]).empty()) {
+        g.remove_node(d);
+        removed = true;
+      }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool async_tp(graph::Graph& g, const AsyncTpOptions& options) {
+  MT_ASSERT(options.tp_mesh_dim >= 0 && options.tp_mesh_dim < options.mesh_ndim && options.rank >= 0,
+            "async_tp: tp mesh dim {} of {}, rank {}", options.tp_mesh_dim, options.mesh_ndim, options.rank);
+  bool changed = false;
+  const std::vector<NodeId> order = g.order();  // the rewrites add nodes; the collectives are these
+  for (NodeId n : order) {
+    if (g.node(n).removed) continue;
+    if (const auto gather = tp_split(g, g.node(n), options, true))
+      changed |= rewrite_gather(g, n, *gather, options);
+    else if (const auto scatter = tp_split(g, g.node(n), options, false))
+      changed |= rewrite_scatter(g, n, *scatter, options);
+  }
+  return changed;
+}
+
+}  // namespace meshtrain::sched

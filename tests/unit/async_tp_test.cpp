@@ -1,0 +1,216 @@
+// sched::async_tp (sched/passes/async_tp.h): the pass on the text it leaves
+// (which chunk each step computes and which rank each ring_shift reaches),
+// what it leaves alone, and the rewritten graph run on 4 ranks (threads of
+// the local backend) against the graph with its all_gather and
+// reduce_scatter. (SpmdExecute.LlamaStepAsyncTensorParallelMatchesOneRank runs whole
+// Llama steps so; tests/mpi/async_tp_parity_test.sh trains under mpirun.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+
+#include "comm/local_backend.h"
+#include "graph/builder.h"
+#include "graph/op_registry.h"
+#include "runtime/executor.h"
+#include "sched/pass.h"
+#include "sched/schedule.h"
+#include "sharding/device_mesh.h"
+
+using namespace meshtrain;
+using namespace meshtrain::graph;
+
+namespace {
+
+constexpr int kRanks = 4;
+constexpr int64_t kBatch = 2, kSeq = 8, kDim = 6, kOut = 5;
+
+// A collective over mesh dim 0 of a 1-d mesh of kRanks, started and waited on as lowering emits it.
+ValueId collective(Graph& g, const std::string& op, ValueId x, const Shape& out, const std::string& before,
+                   const std::string& after, bool reads_input) {
+  const graph::ValueInfo& info = g.value(x).info;
+  const Attrs attrs{attr::shape(out.dims()),
+                    attr::mesh_dims({0}),
+                    attr::group({0, 1, 2, 3}),
+                    attr::layout_before(before),
+                    attr::layout_after(after),
+                    attr::global_shape(op == "all_gather" ? out.dims() : info.shape.dims()),
+                    attr::buffer_elements(op == "all_gather" ? out.numel() : info.shape.numel()),
+                    attr::comm_bytes(static_cast<double>(info.shape.numel() * dtype_size(info.dtype)))};
+  std::vector<ValueId> wait_inputs = g.node(g.add_node(op, {x}, attrs)).outputs;
+  if (reads_input) wait_inputs.push_back(x);
+  return Builder(g).op("wait", wait_inputs);
+}
+
+// Sequence parallelism's two patterns: the rows x [B, T/4, D] gathered and
+// read by two GEMMs and a rows GEMM (a weight gradient) and by a silu; and
+// the sum of two GEMMs' partial sums reduce-scattered back to [B, T/4, N].
+struct SpBlock {
+  Graph g;
+  ValueId x, dy, h1, h2;
+};
+void build_sp_block(SpBlock& s, DType dtype) {
+  Graph& g = s.g;
+  Builder b(g);
+  s.x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, dtype);
+  s.dy = g.add_input("dy", {kBatch, kSeq, kOut}, dtype);
+  s.h1 = g.add_input("h1", {kBatch, kSeq, kDim}, dtype);
+  s.h2 = g.add_input("h2", {kBatch, kSeq, kDim}, dtype);
+  const ValueId w1 = g.add_parameter("w1", {kOut, kDim}, dtype), w2 = g.add_parameter("w2", {kOut, kDim}, dtype);
+  const ValueId gathered = collective(g, "all_gather", s.x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  g.add_output(b.matmul(gathered, w1, false, true));
+  g.add_output(b.matmul(gathered, w2, false, true));
+  g.add_output(g.only_output(g.add_node("rows_matmul", {gathered, s.dy})));
+  g.add_output(b.silu(gathered));
+  const ValueId partial = b.add(b.matmul(s.h1, w1, false, true), b.matmul(s.h2, w2, false, true));
+  g.add_output(collective(g, "reduce_scatter", partial, {kBatch, kSeq / kRanks, kOut}, "P(sum)", "S(1)", false));
+}
+
+std::vector<std::string> ops(const Graph& g) {
+  std::vector<std::string> out;
+  for (NodeId n : g.order()) {
+    const Node& node = g.node(n);
+    std::string name = node.op->name;
+    if (name == "ring_shift") name += std::to_string(node.attrs.get(attr::ring_distance));
+    if (name == "slice") name += "@" + std::to_string(node.attrs.get(attr::start));
+    out.push_back(name);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, " ")); }
+
+}  // namespace
+
+// Rank 1 of 4 holds chunk 1. The gather: its own chunk's GEMMs first while
+// the rank 1 back's (chunk 0) comes, then chunks 0, 3 and 2 as they arrive
+// from 1, 2 and 3 back; each GEMM's chunks concatenated in order, the rows
+// GEMM's partial sums added in step order, the silu reading the chunks
+// concatenated. The scatter: the rows of chunks 2, 3 and 0 (ranks 1, 2, 3
+// on) computed and sent, its own chunk 1 last, then the four partials of
+// chunk 1 summed in rank order (from rank 0, 1 (its own), 2, 3).
+TEST(AsyncTp, GemmsRunOnEachChunkWhileTheNextMoves) {
+  SpBlock s;
+  build_sp_block(s, DType::f32);
+  ASSERT_TRUE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 1}));
+  verify(s.g);
+  const std::string text = joined(ops(s.g));
+  const auto step = [](int64_t at) { return fmt::format("matmul matmul slice@{} rows_matmul", at); };
+  EXPECT_EQ(text, joined(std::vector<std::string>{
+                      "ring_shift1 wait", step(2),                           // chunk 1, while chunk 0 comes
+                      "ring_shift2 wait", step(0),                           // chunk 0, while chunk 3 comes
+                      "ring_shift3 wait", step(6),                           // chunk 3, while chunk 2 comes
+                      step(4),                                               // chunk 2
+                      "concat concat add add add concat silu",               // outputs; the silu's whole x
+                      "slice@4 matmul slice@4 matmul add ring_shift1 wait",  // chunk 2 to rank 2
+                      "slice@6 matmul slice@6 matmul add ring_shift2 wait",  // chunk 3 to rank 3
+                      "slice@0 matmul slice@0 matmul add ring_shift3 wait",  // chunk 0 to rank 0
+                      "slice@2 matmul slice@2 matmul add",                   // its own
+                      "add add add",                                         // in rank order
+                  }));
+  EXPECT_EQ(text.find("all_gather"), std::string::npos);
+  EXPECT_EQ(text.find("reduce_scatter"), std::string::npos);
+  EXPECT_FALSE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 1}));  // nothing left
+}
+
+// A reduce_scatter in bf16 sums in f32 with one rounding, as the
+// collective's reduction does: each partial widened, the total rounded once.
+TEST(AsyncTp, LowPrecisionPartialsAreSummedInF32) {
+  SpBlock s;
+  build_sp_block(s, DType::bf16);
+  ASSERT_TRUE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 0}));
+  const std::vector<std::string> o = ops(s.g);
+  EXPECT_EQ(joined({o.end() - 8, o.end()}), "cast cast add cast add cast add cast");
+}
+
+// Left alone: a collective over another mesh dim, chunks that are not
+// even, a gather no GEMM reads, a gather along the contraction dim, and a
+// reduce_scatter of what no GEMM computed.
+TEST(AsyncTp, LeavesOtherCollectivesAlone) {
+  const auto unchanged = [](const std::function<void(Graph&)>& build, int tp_mesh_dim = 0) {
+    Graph g;
+    build(g);
+    const std::string before = to_text(g);
+    EXPECT_FALSE(sched::async_tp(g, {.mesh_ndim = 2, .tp_mesh_dim = tp_mesh_dim, .rank = 0}));
+    EXPECT_EQ(to_text(g), before);
+  };
+  const auto gather = [](Graph& g, const Shape& shard, const Shape& whole, const std::string& before) {
+    const ValueId x = g.add_input("x", shard, DType::f32);
+    const Attrs attrs{attr::shape(whole.dims()),   attr::mesh_dims({0}),     attr::group({0, 1}),
+                      attr::layout_before(before), attr::layout_after("RR"), attr::global_shape(whole.dims()),
+                      attr::buffer_elements(0),    attr::comm_bytes(64.0)};
+    std::vector<ValueId> wait_inputs = g.node(g.add_node("all_gather", {x}, attrs)).outputs;
+    wait_inputs.push_back(x);
+    return Builder(g).op("wait", wait_inputs);
+  };
+  const auto matmul_of = [](Graph& g, ValueId x) {
+    const int64_t k = g.value(x).info.shape[2];
+    g.add_output(Builder(g).matmul(x, g.add_parameter("w", {3, k}, DType::f32), false, true));
+  };
+  unchanged([&](Graph& g) { matmul_of(g, gather(g, {2, 4, 6}, {2, 8, 6}, "S(1)R")); }, 1);  // tp is mesh dim 1
+  unchanged([&](Graph& g) { matmul_of(g, gather(g, {2, 3, 6}, {2, 5, 6}, "S(1)R")); });     // 5 rows: 3 and 2
+  unchanged([&](Graph& g) { g.add_output(Builder(g).silu(gather(g, {2, 4, 6}, {2, 8, 6}, "S(1)R"))); });
+  unchanged([&](Graph& g) { matmul_of(g, gather(g, {2, 8, 3}, {2, 8, 6}, "S(2)R")); });  // the contraction dim
+  unchanged([](Graph& g) {
+    const ValueId x = g.add_input("x", {2, 8, 6}, DType::f32);
+    const Attrs attrs{attr::shape({2, 4, 6}),         attr::mesh_dims({0}),        attr::group({0, 1}),
+                      attr::layout_before("P(sum)R"), attr::layout_after("S(1)R"), attr::global_shape({2, 8, 6}),
+                      attr::buffer_elements(0),       attr::comm_bytes(64.0)};
+    std::vector<ValueId> wait_inputs = g.node(g.add_node("reduce_scatter", {x}, attrs)).outputs;
+    g.add_output(Builder(g).op("wait", wait_inputs));
+  });
+}
+
+// On 4 ranks, the block with and without the pass, in f32 and bf16 (each
+// rank's inputs its own): the gathered values the same bits, the GEMMs'
+// within their rounding.
+TEST(AsyncTp, SameBitsAsTheCollectivesOnFourRanks) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    comm::GroupOptions options;
+    options.timeout = std::chrono::seconds(20);
+    comm::LocalWorld world(kRanks, options);
+    std::atomic<int> compared{0};
+    world.run([&](comm::ProcessGroup& pg) {
+      const sharding::DeviceMesh mesh({kRanks}, {"tp"});
+      sharding::MeshGroups groups(mesh, pg.shared_from_this());
+      SpBlock plain, rewritten;
+      build_sp_block(plain, dtype);
+      build_sp_block(rewritten, dtype);
+      ASSERT_TRUE(sched::async_tp(rewritten.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = pg.rank()}));
+      sched::lowered_step_pipeline().run(rewritten.g);  // waits sunk, as a step runs
+      std::mt19937 rng(static_cast<unsigned>(17 + pg.rank()));
+      std::normal_distribution<double> normal(0.0, 1.0);
+      std::map<std::string, Tensor> inputs;
+      for (int i = 0; i < plain.g.num_values(); ++i) {
+        const Value& v = plain.g.value(ValueId(i));
+        if (v.kind == ValueKind::intermediate) continue;
+        Tensor t = Tensor::empty(v.info.shape, v.info.dtype);
+        for (int64_t e = 0; e < t.numel(); ++e) t.set(e, normal(rng));
+        inputs[v.name] = t;
+      }
+      std::vector<std::vector<Tensor>> outputs;
+      for (SpBlock* s : {&plain, &rewritten}) {
+        runtime::Executor ex(s->g, sched::make_schedule(s->g, s->g.outputs()), &groups);
+        for (int i = 0; i < s->g.num_values(); ++i)
+          if (const Value& v = s->g.value(ValueId(i)); v.kind != ValueKind::intermediate)
+            ex.bind(ValueId(i), inputs.at(v.name));
+        ex.run();
+        outputs.emplace_back();
+        for (ValueId out : s->g.outputs()) outputs.back().push_back(ex.fetch(out).clone());
+      }
+      for (size_t k = 0; k < outputs[0].size(); ++k) {
+        const Tensor &want = outputs[0][k], &got = outputs[1][k];
+        ASSERT_EQ(got.shape(), want.shape());
+        // The GEMMs run on fewer rows, for which oneDNN may pick other kernels (an f32 ulp or two apart), and
+        // the rows GEMM's chunks are partial sums rounded apart; the silu reads the very values gathered.
+        const double tolerance = k == 3 ? 0.0 : dtype == DType::bf16 ? 1e-2 : 1e-6;
+        for (int64_t e = 0; e < want.numel(); ++e)
+          ASSERT_LE(std::fabs(got.get(e) - want.get(e)), tolerance * (1 + std::fabs(want.get(e))))
+              << "output " << k << " element " << e << " on rank " << pg.rank();
+        ++compared;
+      }
+    });
+    EXPECT_EQ(compared.load(), kRanks * 5);
+  }
+}
