@@ -69,6 +69,7 @@ NodeId wait_of(const graph::Graph& g, const graph::Node& start) {
   return users[0];
 }
 
+bool is_low_precision(DType d) { return d != DType::f32 && d != DType::f64; }
 bool is_gemm(const graph::Node& n) { return n.op->name == "matmul" || n.op->name == "fp8_matmul"; }
 bool is_rows_gemm(const graph::Node& n) { return n.op->name == "rows_matmul" || n.op->name == "fp8_rows_matmul"; }
 bool rows_of_left(const graph::Node& n) { return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false); }
@@ -111,7 +112,7 @@ struct Rewrite {
   ValueId sum_in_order(const std::vector<ValueId>& terms) {
     graph::Builder b(g);
     const DType dtype = g.value(terms[0]).info.dtype;
-    const bool widen = dtype != DType::f32 && dtype != DType::f64;
+    const bool widen = is_low_precision(dtype);
     ValueId total = widen ? b.cast(terms[0], DType::f32) : terms[0];
     for (size_t k = 1; k < terms.size(); ++k) total = b.add(total, widen ? b.cast(terms[k], DType::f32) : terms[k]);
     return widen ? b.cast(total, dtype) : total;
@@ -130,14 +131,15 @@ struct Rewrite {
 
 // A reader of the gathered value that can run on its row chunks: a GEMM with
 // it as the rows of its left operand (chunks concatenated), or a rows GEMM
-// with it as either operand (chunks' partial sums added).
+// with it as either operand whose output is f32 or f64 (chunks' partial
+// sums added; in a low-precision dtype each would be rounded on its own).
 enum class ChunkedAs { concat, sum };
-std::optional<ChunkedAs> chunked_as(const graph::Node& reader, ValueId gathered) {
+std::optional<ChunkedAs> chunked_as(const graph::Graph& g, const graph::Node& reader, ValueId gathered) {
   if (reader.outputs.size() != 1) return std::nullopt;
   if (rows_of_left(reader) && reader.inputs[0] == gathered &&
       std::count(reader.inputs.begin(), reader.inputs.end(), gathered) == 1)
     return ChunkedAs::concat;
-  if (is_rows_gemm(reader)) return ChunkedAs::sum;
+  if (is_rows_gemm(reader) && !is_low_precision(g.value(reader.outputs[0]).info.dtype)) return ChunkedAs::sum;
   return std::nullopt;
 }
 
@@ -165,7 +167,7 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
   std::vector<std::pair<NodeId, ChunkedAs>> chunked;
   for (NodeId n : readers) {
     const graph::Node& reader = g.node(n);
-    const auto as = chunked_as(reader, gathered);
+    const auto as = chunked_as(g, reader, gathered);
     const bool ready = std::all_of(reader.inputs.begin(), reader.inputs.end(),
                                    [&](ValueId v) { return v == gathered || defined_before(g, at, v, first); });
     if (as && ready) chunked.emplace_back(n, *as);

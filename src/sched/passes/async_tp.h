@@ -6,7 +6,8 @@
 //
 // - An all_gather of a tensor split evenly on a row dim, read by GEMMs whose
 //   rows those are (matmul and fp8_matmul with it as the left operand,
-//   rows_matmul and fp8_rows_matmul with it as either): at step k each rank
+//   rows_matmul and fp8_rows_matmul with it as either, where they sum into
+//   f32 or f64, so that no partial is rounded on its own): at step k each rank
 //   sends its own chunk to the rank k places on and takes the chunk of the
 //   rank k back (ring_shift with ring_distance k) while the GEMMs run on the
 //   chunk that came at step k - 1. A GEMM's row chunks are concatenated
