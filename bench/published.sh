@@ -11,7 +11,8 @@
 #   FSDP); meshtrain estimates them with training.fp8 tensorwise: FP8 GEMMs at
 #   the profile's FP8 peak, the weights gathered in bf16, each amax
 #   all-reduced on its own. The 405B rows also ran async TP; meshtrain
-#   estimates plain TP collectives.
+#   estimates plain TP collectives there (the 70B rows with async TP set
+#   estimate parallel.async_tp).
 # - torchtitan's selective AC ("op") keeps every other matmul's output and
 #   recomputes the rest, as configs/llama3_8b.toml does; the row keeping
 #   every matmul (meshtrain's plain selective) is printed too.
@@ -46,6 +47,15 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile)" 6667 77.0 --config configs/llama3_8b.toml --ranks 8
   estimate "8B_FSDP8_8gpu_selAC_lbs2 (compile, Float8)" 8532 76.8 --config configs/llama3_8b.toml --ranks 8 \
     --training.fp8 tensorwise
+  # 70B on 256 GPUs, FSDP 32 x TP 8 with sequence and loss parallel, full AC, local batch 16: the paper's Table 4
+  # (compile, Float8) without and with async TP, and the async-TP benchmark of June 2025 (bf16; it gives no memory).
+  estimate "70B_FSDP32xTP8_256gpu_fullAC (compile, Float8)" 829 71.9 --config configs/llama3_70b.toml --ranks 256 \
+    --training.fp8 tensorwise
+  estimate "70B_FSDP32xTP8_256gpu_fullAC (Float8, async TP)" 876 67.6 --config configs/llama3_70b.toml --ranks 256 \
+    --training.fp8 tensorwise --parallel.async_tp true
+  estimate "70B_FSDP32xTP8_256gpu_fullAC (2025-06, bf16)" 597.3 nan --config configs/llama3_70b.toml --ranks 256
+  estimate "70B_FSDP32xTP8_256gpu_fullAC (2025-06, bf16, async TP)" 652.4 nan --config configs/llama3_70b.toml \
+    --ranks 256 --parallel.async_tp true
   estimate "8B_FSDP128_128gpu_selAC_lbs2 (compile)" 6514 62.0 --config configs/llama3_8b.toml --ranks 128 \
     --parallel.dp_shard 128 --data.batch_size 256
   # Long context: CP c x FSDP 8/c, one sequence per data-parallel rank, the keys all-gathered (the estimates in

@@ -58,12 +58,15 @@ run fp8_one 1
 run fp8_tp4_async 4 "${tp4[@]}" --parallel.async_tp true
 compare fp8_tp4_async fp8_one "${fp8_drift[@]}"
 
-# Forward's tp collectives of activations: ring_shifts instead (the loss's gather of the logits stays).
-"$meshtrain" lower --ranks 4 "${base[@]}" "${tp4[@]}" --parallel.async_tp true > "$dir/lowered" 2>&1 ||
-  { cat "$dir/lowered"; fail "meshtrain lower with async_tp failed"; }
-grep -q '^# forward   ring_shift     over tp' "$dir/lowered" || fail "the lowered step has no ring_shift over tp"
-if grep -E '= (all_gather|reduce_scatter)\(' "$dir/lowered" | grep 'forward layers\.' | grep -q 'mesh_dims=\[2\]'; then
-  grep -E '= (all_gather|reduce_scatter)\(' "$dir/lowered" | grep 'forward layers\.' | grep 'mesh_dims=\[2\]'
-  fail "a block's forward still all_gathers or reduce_scatters over tp"
-fi
+# A block's forward collectives over tp: ring_shifts instead, in f32 and in FP8 (whose input amaxes read the rank's
+# own chunk); the loss's gather of the logits stays.
+for fp8 in none tensorwise; do
+  "$meshtrain" lower --ranks 4 "${base[@]}" "${tp4[@]}" --parallel.async_tp true --training.fp8 $fp8 \
+    > "$dir/lowered" 2>&1 || { cat "$dir/lowered"; fail "meshtrain lower with async_tp (fp8 $fp8) failed"; }
+  grep -q '^# forward   ring_shift     over tp' "$dir/lowered" || fail "fp8 $fp8: the lowered step has no ring_shift"
+  if grep -E '= (all_gather|reduce_scatter)\(' "$dir/lowered" | grep 'forward layers\.' | grep -q 'mesh_dims=\[2\]'; then
+    grep -E '= (all_gather|reduce_scatter)\(' "$dir/lowered" | grep 'forward layers\.' | grep 'mesh_dims=\[2\]'
+    fail "fp8 $fp8: a block's forward still all_gathers or reduce_scatters over tp"
+  fi
+done
 echo "PASS: async TP matches the plain layouts (f32, bf16) and one rank (f32, FP8)"

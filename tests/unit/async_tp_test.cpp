@@ -128,6 +128,37 @@ TEST(AsyncTp, LowPrecisionPartialsAreSummedInF32) {
   EXPECT_EQ(std::count(o.begin(), o.end(), "matmul"), 4 * 2 + 4 * 2);  // each chunk's two GEMMs, twice
 }
 
+// FP8: the input's amax, which propagation takes of this rank's part of the
+// gathered input (shard_locally over tp), is taken of its own chunk, so that
+// the scales wait for no gather; then the FP8 GEMM runs chunk by chunk.
+TEST(AsyncTp, Fp8InputAmaxReadsTheOwnChunk) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, DType::f32);
+  const ValueId w = g.add_parameter("w", {kOut, kDim}, DType::f32);
+  const ValueId gathered = collective(g, "all_gather", x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  const Attrs part_attrs{attr::shape({1, kSeq, kDim}) /* rank 0's row of 2 over 4 */,
+                         attr::mesh_dims({0}),
+                         attr::group({0, 1, 2, 3}),
+                         attr::layout_before("R"),
+                         attr::layout_after("S(0)"),
+                         attr::global_shape({kBatch, kSeq, kDim}),
+                         attr::comm_bytes(0.0)};
+  const ValueId part = g.only_output(g.add_node("shard_locally", {gathered}, part_attrs));
+  const ValueId amax_x = b.amax(part, "input"), amax_w = b.amax(w, "weight");
+  g.add_output(
+      b.fp8_matmul(gathered, w, amax_x, amax_w, false, true,
+                   {attr::format_a(DType::f8e4m3), attr::format_b(DType::f8e4m3), attr::grad_format(DType::f8e5m2)}));
+  ASSERT_TRUE(sched::async_tp(g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 0}));
+  verify(g);
+  const std::vector<std::string> o = ops(g);
+  EXPECT_EQ(std::count(o.begin(), o.end(), "fp8_matmul"), kRanks);
+  EXPECT_EQ(std::count(o.begin(), o.end(), "shard_locally"), 0);
+  EXPECT_EQ(std::count(o.begin(), o.end(), "all_gather"), 0);
+  const std::vector<NodeId> readers = g.users(x);
+  EXPECT_TRUE(std::any_of(readers.begin(), readers.end(), [&](NodeId n) { return g.node(n).op->name == "amax"; }));
+}
+
 // Left alone: a collective over another mesh dim, chunks that are not
 // even, a gather no GEMM reads, a gather along the contraction dim, and a
 // reduce_scatter of what no GEMM computed.

@@ -156,12 +156,42 @@ ValueId run_on_chunk(Rewrite& r, const graph::Node& reader, ValueId gathered, Va
   return r.g.only_output(r.g.add_node(reader.op->name, inputs, reader.attrs));
 }
 
+// An amax of this rank's part of the gathered value (a shard_locally over
+// tp, as propagation splits an FP8 operand's amax) taken of the rank's own
+// chunk instead: the same partial max over the same group, the whole
+// tensor's once all-reduced, and no longer waiting for the gather (which
+// the FP8 GEMMs' scales then would).
+bool amax_of_own_chunk(graph::Graph& g, ValueId gathered, ValueId mine, const AsyncTpOptions& options) {
+  bool changed = false;
+  for (NodeId n : g.users(gathered)) {
+    const graph::Node& part = g.node(n);
+    if (part.op->name != "shard_locally" ||
+        part.attrs.get(attr::mesh_dims) != std::vector<int64_t>{options.tp_mesh_dim})
+      continue;
+    const ValueId piece = part.outputs[0];
+    const std::vector<NodeId> amaxes = g.users(piece);
+    if (amaxes.empty() ||
+        !std::all_of(amaxes.begin(), amaxes.end(), [&](NodeId a) { return g.node(a).op->name == "amax"; }))
+      continue;
+    for (NodeId a : amaxes) {
+      const graph::InsertBefore here(g, a);
+      const graph::Node old = g.node(a);
+      g.replace_uses(old.outputs[0], g.only_output(g.add_node("amax", {mine}, old.attrs)));
+      g.remove_node(a);
+    }
+    g.remove_node(n);
+    changed = true;
+  }
+  return changed;
+}
+
 bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const AsyncTpOptions& options) {
   const graph::Node start = g.node(start_id);
   const NodeId wait = wait_of(g, start);
   const ValueId gathered = g.node(wait).outputs[0], mine = start.inputs[0];
+  const bool amax_moved = amax_of_own_chunk(g, gathered, mine, options);
   const std::vector<NodeId> readers = g.users(gathered);
-  if (readers.empty()) return false;
+  if (readers.empty()) return amax_moved;
   const auto at = positions(g);
   const size_t first = at.at(readers.front());
   std::vector<std::pair<NodeId, ChunkedAs>> chunked;
@@ -172,7 +202,7 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
                                    [&](ValueId v) { return v == gathered || defined_before(g, at, v, first); });
     if (as && ready) chunked.emplace_back(n, *as);
   }
-  if (chunked.empty()) return false;
+  if (chunked.empty()) return amax_moved;
 
   Rewrite r{g, options, split, g.value(mine).info.shape[split.dim]};
   const int64_t n = split.size, i = split.index;

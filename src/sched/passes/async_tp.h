@@ -22,7 +22,9 @@
 //   the reduce_scatter sums (comm/reduce.h).
 //
 // FP8 GEMMs take their scales from amaxes all-reduced before any chunk
-// moves, so each chunk is quantised as the whole tensor is.
+// moves, so each chunk is quantised as the whole tensor is; an amax that
+// read this rank's part of the gathered tensor reads its own chunk instead
+// (the same max once all-reduced), so that the scales need no gather.
 #pragma once
 
 #include <cstdint>
