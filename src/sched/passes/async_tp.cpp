@@ -71,7 +71,6 @@ NodeId wait_of(const graph::Graph& g, const graph::Node& start) {
 
 bool is_low_precision(DType d) { return d != DType::f32 && d != DType::f64; }
 bool is_gemm(const graph::Node& n) { return n.op->name == "matmul" || n.op->name == "fp8_matmul"; }
-bool is_rows_gemm(const graph::Node& n) { return n.op->name == "rows_matmul" || n.op->name == "fp8_rows_matmul"; }
 bool rows_of_left(const graph::Node& n) { return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false); }
 
 // Positions in the order, for "is this value defined before that node".
@@ -129,31 +128,21 @@ struct Rewrite {
 
 // --- all_gather -> GEMMs ---------------------------------------------------
 
-// A reader of the gathered value that can run on its row chunks: a GEMM with
-// it as the rows of its left operand (chunks concatenated), or a rows GEMM
-// with it as either operand whose output is f32 or f64 (chunks' partial
-// sums added; in a low-precision dtype each would be rounded on its own).
-enum class ChunkedAs { concat, sum };
-std::optional<ChunkedAs> chunked_as(const graph::Graph& g, const graph::Node& reader, ValueId gathered) {
-  if (reader.outputs.size() != 1) return std::nullopt;
-  if (rows_of_left(reader) && reader.inputs[0] == gathered &&
-      std::count(reader.inputs.begin(), reader.inputs.end(), gathered) == 1)
-    return ChunkedAs::concat;
-  if (is_rows_gemm(reader) && !is_low_precision(g.value(reader.outputs[0]).info.dtype)) return ChunkedAs::sum;
-  return std::nullopt;
+// A reader of the gathered value that can run on its row chunks: a GEMM
+// with it as the rows of its left operand, its chunks' outputs then
+// concatenated. (A weight gradient, rows_matmul, sums over the rows: cut,
+// its partial sums would be rounded apart, so it reads the whole.)
+bool chunkable(const graph::Node& reader, ValueId gathered) {
+  return reader.outputs.size() == 1 && rows_of_left(reader) && reader.inputs[0] == gathered &&
+         std::count(reader.inputs.begin(), reader.inputs.end(), gathered) == 1;
 }
 
-// The reader run on chunk c of the gathered value (`chunk` here): the other
-// rows operand of a rows GEMM cut to the same rows.
-ValueId run_on_chunk(Rewrite& r, const graph::Node& reader, ValueId gathered, ValueId chunk, int64_t c) {
+// The reader run on a chunk of the gathered value. `reader` is a copy: the
+// graph grows (and its nodes move) meanwhile.
+ValueId run_on_chunk(graph::Graph& g, const graph::Node reader, ValueId chunk) {
   std::vector<ValueId> inputs = reader.inputs;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    if (inputs[k] == gathered)
-      inputs[k] = chunk;
-    else if (k < 2 && is_rows_gemm(reader))
-      inputs[k] = r.rows(inputs[k], c);
-  }
-  return r.g.only_output(r.g.add_node(reader.op->name, inputs, reader.attrs));
+  inputs[0] = chunk;
+  return g.only_output(g.add_node(reader.op->name, inputs, reader.attrs));
 }
 
 // An amax of this rank's part of the gathered value (a shard_locally over
@@ -194,13 +183,12 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
   if (readers.empty()) return amax_moved;
   const auto at = positions(g);
   const size_t first = at.at(readers.front());
-  std::vector<std::pair<NodeId, ChunkedAs>> chunked;
+  std::vector<NodeId> chunked;
   for (NodeId n : readers) {
     const graph::Node& reader = g.node(n);
-    const auto as = chunked_as(g, reader, gathered);
     const bool ready = std::all_of(reader.inputs.begin(), reader.inputs.end(),
                                    [&](ValueId v) { return v == gathered || defined_before(g, at, v, first); });
-    if (as && ready) chunked.emplace_back(n, *as);
+    if (chunkable(reader, gathered) && ready) chunked.push_back(n);
   }
   if (chunked.empty()) return amax_moved;
 
@@ -211,23 +199,19 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
   ValueId whole;                       // the chunks concatenated, for the other readers
   {
     graph::InsertBefore here(g, readers.front());
-    std::map<NodeId, std::vector<ValueId>> parts;  // per reader, by chunk (concat) or by step (sum)
+    std::map<NodeId, std::vector<ValueId>> parts;  // per reader, its output's chunks
     chunks[static_cast<size_t>(i)] = mine;
     for (int64_t k = 0; k < n; ++k) {
       // The next chunk moves while this one's GEMMs run.
       if (k + 1 < n) chunks[static_cast<size_t>((i - k - 1 + n) % n)] = r.shift(mine, k + 1);
-      const int64_t c = (i - k + n) % n;
-      for (const auto& [reader, as] : chunked) {
+      const auto c = static_cast<size_t>((i - k + n) % n);
+      for (NodeId reader : chunked) {
         std::vector<ValueId>& p = parts[reader];
         p.resize(static_cast<size_t>(n));
-        p[static_cast<size_t>(as == ChunkedAs::concat ? c : k)] =
-            run_on_chunk(r, g.node(reader), gathered, chunks[static_cast<size_t>(c)], c);
+        p[c] = run_on_chunk(g, g.node(reader), chunks[c]);
       }
     }
-    for (const auto& [reader, as] : chunked) {
-      const std::vector<ValueId>& p = parts.at(reader);
-      replaced[reader] = as == ChunkedAs::concat ? graph::Builder(g).concat(p, split.dim) : r.sum_in_order(p);
-    }
+    for (NodeId reader : chunked) replaced[reader] = graph::Builder(g).concat(parts.at(reader), split.dim);
     if (chunked.size() < readers.size()) whole = graph::Builder(g).concat(chunks, split.dim);
   }
   for (const auto& [reader, out] : replaced) {

@@ -5,15 +5,14 @@
 // comm-GEMM overlap). On a rank's lowered step, over the tp mesh dim:
 //
 // - An all_gather of a tensor split evenly on a row dim, read by GEMMs whose
-//   rows those are (matmul and fp8_matmul with it as the left operand,
-//   rows_matmul and fp8_rows_matmul with it as either, where they sum into
-//   f32 or f64, so that no partial is rounded on its own): at step k each rank
-//   sends its own chunk to the rank k places on and takes the chunk of the
-//   rank k back (ring_shift with ring_distance k) while the GEMMs run on the
-//   chunk that came at step k - 1. A GEMM's row chunks are concatenated
-//   (rows_matmul's partial sums added); readers that are no such GEMM, or
-//   whose other operands come later (a weight gradient in backward), read
-//   the chunks concatenated: the gathered tensor, at no extra transfer.
+//   rows those are (matmul and fp8_matmul with it as the left operand): at
+//   step k each rank sends its own chunk to the rank k places on and takes
+//   the chunk of the rank k back (ring_shift with ring_distance k) while the
+//   GEMMs run on the chunk that came at step k - 1; each GEMM's row chunks
+//   are concatenated. Readers that are no such GEMM, or whose other operands
+//   come later, read the chunks concatenated: the gathered tensor, at no
+//   extra transfer. A weight gradient (rows_matmul) is one of those: cut,
+//   it would sum its rows' partial products in another order.
 // - A reduce_scatter of partial sums (a matmul's, or a sum of matmuls')
 //   split on a row dim: each rank computes the rows of each other rank's
 //   chunk and sends them straight to it (ring_shift by k) while it computes
