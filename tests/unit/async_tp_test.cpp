@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "comm/local_backend.h"
+#include "comm/reduce.h"
 #include "graph/builder.h"
 #include "graph/op_registry.h"
 #include "runtime/executor.h"
@@ -106,24 +109,44 @@ TEST(AsyncTp, GemmsRunOnEachChunkWhileTheNextMoves) {
                       "slice@6 matmul slice@6 matmul add ring_shift2 wait",  // chunk 3 to rank 3
                       "slice@0 matmul slice@0 matmul add ring_shift3 wait",  // chunk 0 to rank 0
                       "slice@2 matmul slice@2 matmul add",                   // its own
-                      "add add add",                                         // in rank order
+                      "add_n",                                               // in rank order
                   }));
   EXPECT_EQ(text.find("all_gather"), std::string::npos);
   EXPECT_EQ(text.find("reduce_scatter"), std::string::npos);
   EXPECT_FALSE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 1}));  // nothing left
 }
 
-// A reduce_scatter in bf16 sums in f32 with one rounding, as the
-// collective's reduction does: each partial widened, the total rounded
-// once.
-TEST(AsyncTp, LowPrecisionPartialsAreSummedInF32) {
+// The partials are summed by add_n, which sums as the reduce_scatter's own
+// reduction does (comm::reduce_rows): in input order, bf16 in f32 rounded
+// once; the same bits, in f32, f64 and bf16.
+TEST(AsyncTp, PartialsAreSummedAsTheReduceScatterSums) {
   SpBlock s;
   build_sp_block(s, DType::bf16);
   ASSERT_TRUE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 0}));
-  const std::vector<std::string> o = ops(s.g);
-  EXPECT_EQ(joined({o.end() - 8, o.end()}), "cast cast add cast add cast add cast");
-  EXPECT_EQ(std::count(o.begin(), o.end(), "rows_matmul"), 1);
-  EXPECT_EQ(std::count(o.begin(), o.end(), "matmul"), 4 * 2 + 4 * 2);  // each chunk's two GEMMs, twice
+  EXPECT_EQ(ops(s.g).back(), "add_n");
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    Graph g;
+    std::vector<ValueId> rows;
+    for (int k = 0; k < kRanks; ++k) rows.push_back(g.add_input(fmt::format("row{}", k), {999}, dtype));
+    g.add_output(g.only_output(g.add_node("add_n", rows)));
+    runtime::Executor ex(g, sched::make_schedule(g, g.outputs()));
+    std::mt19937 rng(5);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::vector<Tensor> tensors;
+    std::vector<const void*> raw;
+    for (int k = 0; k < kRanks; ++k) {
+      Tensor t = Tensor::empty({999}, dtype);
+      for (int64_t e = 0; e < t.numel(); ++e) t.set(e, normal(rng) * std::pow(10.0, k % 3 * 3));  // 1, 1e3, 1e6
+      ex.bind(rows[static_cast<size_t>(k)], t);
+      tensors.push_back(t);
+      raw.push_back(t.raw());
+    }
+    ex.run();
+    Tensor want = Tensor::empty({999}, dtype);
+    comm::reduce_rows(dtype, comm::ReduceOp::sum, raw.data(), kRanks, want.raw(), 999);
+    const Tensor got = ex.fetch(g.outputs()[0]);
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << dtype_name(dtype);
+  }
 }
 
 // FP8: the input's amax, which propagation takes of this rank's part of the

@@ -51,6 +51,23 @@ void add_elementwise_ops(std::vector<OpDef>& ops) {
       .flops = elementwise_flops(1),
   });
 
+  // Σ of its inputs in order, accumulated in f32 for bf16 (f64 in f64) and
+  // rounded once: the sum a reduce_scatter's reduction computes
+  // (comm/reduce.h), for async TP's partial sums (sched/passes/async_tp.h).
+  ops.push_back({
+      .name = "add_n",
+      .num_inputs = OpDef::kVariadic,
+      .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            MT_CHECK(in.size() >= 2, "add_n takes two inputs or more, got {}", in.size());
+            check_float(in[0], "add_n input");
+            for (const ValueInfo& v : in) check_same(in[0], v);
+            return ValueInfos{in[0]};
+          },
+      .flops = [](const ValueInfos& in, const ValueInfos& out,
+                  const Attrs&) { return static_cast<double>(in.size() - 1) * numel(out[0]); },
+  });
+
   ops.push_back({
       .name = "mul",
       .num_inputs = 2,

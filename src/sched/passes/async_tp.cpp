@@ -69,7 +69,6 @@ NodeId wait_of(const graph::Graph& g, const graph::Node& start) {
   return users[0];
 }
 
-bool is_low_precision(DType d) { return d != DType::f32 && d != DType::f64; }
 bool is_gemm(const graph::Node& n) { return n.op->name == "matmul" || n.op->name == "fp8_matmul"; }
 bool rows_of_left(const graph::Node& n) { return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false); }
 
@@ -107,15 +106,8 @@ struct Rewrite {
     return graph::Builder(g).op("wait", wait_inputs);
   }
 
-  // Σ terms in order; a low-precision dtype summed in f32 and rounded once, as comm::reduce_rows sums.
-  ValueId sum_in_order(const std::vector<ValueId>& terms) {
-    graph::Builder b(g);
-    const DType dtype = g.value(terms[0]).info.dtype;
-    const bool widen = is_low_precision(dtype);
-    ValueId total = widen ? b.cast(terms[0], DType::f32) : terms[0];
-    for (size_t k = 1; k < terms.size(); ++k) total = b.add(total, widen ? b.cast(terms[k], DType::f32) : terms[k]);
-    return widen ? b.cast(total, dtype) : total;
-  }
+  // Σ terms in order, a low-precision dtype in f32 rounded once: add_n, as comm::reduce_rows sums.
+  ValueId sum_in_order(const std::vector<ValueId>& terms) { return g.only_output(g.add_node("add_n", terms)); }
 
   void remove(NodeId n) {
     if (!g.node(n).removed) g.remove_node(n);

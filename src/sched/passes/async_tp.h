@@ -17,8 +17,8 @@
 //   split on a row dim: each rank computes the rows of each other rank's
 //   chunk and sends them straight to it (ring_shift by k) while it computes
 //   the next, its own chunk last; the partials of its chunk are then summed
-//   in rank order, low-precision dtypes in f32 with one rounding, exactly as
-//   the reduce_scatter sums (comm/reduce.h).
+//   in rank order by add_n, low-precision dtypes in f32 with one rounding,
+//   exactly as the reduce_scatter sums (comm/reduce.h).
 //
 // FP8 GEMMs take their scales from amaxes all-reduced before any chunk
 // moves, so each chunk is quantised as the whole tensor is; an amax that

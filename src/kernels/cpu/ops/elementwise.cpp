@@ -22,6 +22,19 @@ void add_elementwise_kernels(const AddKernel& add) {
       cpu::add(in_ptr<T>(a, 0), in_ptr<T>(a, 1), out_ptr<T>(a), a.out[0]->numel());
     });
   });
+  add("add_n", [](const KernelArgs& a) {
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const int64_t n = a.out[0]->numel();
+      T* out = out_ptr<T>(a);
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+      for (int64_t i = 0; i < n; ++i) {
+        Acc<T> total = load(in_ptr<T>(a, 0)[i]);
+        for (size_t k = 1; k < a.in.size(); ++k) total += load(in_ptr<T>(a, k)[i]);
+        out[i] = store<T>(total);
+      }
+    });
+  });
   add("mul", [](const KernelArgs& a) {
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
