@@ -474,7 +474,8 @@ const std::vector<Key>& keys() {
           "parallel.async_tp", "false", [](TrainConfig& c) -> bool& { return c.parallel.async_tp; },
           "with sequence_parallel: each all_gather over tp that feeds GEMMs, and each reduce_scatter of GEMMs' "
           "partial sums, runs as tp - 1 point-to-point steps, each step's transfer under the GEMM of the chunk "
-          "already there (async TP); the same numbers"),
+          "already there (async TP); the same numbers but for the GEMMs on fewer rows, which may differ by an f32 "
+          "ulp; not with cp > 1"),
       bool_key(
           "parallel.loss_parallel", "false", [](TrainConfig& c) -> bool& { return c.parallel.loss_parallel; },
           "with tp > 1 the logits stay sharded over the vocabulary and the loss is computed on the shards, never gathered"),

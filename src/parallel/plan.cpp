@@ -22,6 +22,10 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            "parallel.async_tp needs parallel.tp > 1 and parallel.sequence_parallel = true (it overlaps sequence "
            "parallelism's all_gathers and reduce_scatters with their GEMMs; tp {}, sequence_parallel {})",
            c.tp, c.sequence_parallel);
+  MT_CHECK(!c.async_tp || c.cp == 1,
+           "parallel.async_tp does not compose with parallel.cp {} yet: the sequence is split over cp as well, so "
+           "its chunks are not tp's alone; set one of them",
+           c.cp);
   // Products checked, so that degrees whose product overflows (2^62 + 1 each) are never taken for a fit.
   int64_t others = 0, with_cp = 0;
   const bool others_overflow =

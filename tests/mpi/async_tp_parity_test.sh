@@ -9,6 +9,7 @@
 #   FP8 with power-of-two scales.
 # - The lowered step: no all_gather or reduce_scatter over tp is left in a
 #   block's forward, each replaced by ring_shifts.
+# - Bad input (async TP without sequence parallel, or with cp): one error.
 # The differences come from the GEMMs run on fewer rows (oneDNN may pick
 # other kernels, an ulp apart in f32); a reduce_scatter's partials are
 # summed in its own order and rounding, and the weight gradients read the
@@ -72,4 +73,10 @@ for fp8 in none tensorwise; do
     fail "fp8 $fp8: a block's forward still all_gathers or reduce_scatters over tp"
   fi
 done
+# Bad input: one clear error on every rank.
+model=("${base[@]}")
+bad 2 "parallel.async_tp needs parallel.tp > 1 and parallel.sequence_parallel = true" --parallel.tp 2 \
+  --parallel.async_tp true --checkpoint.folder ""
+bad 4 "parallel.async_tp does not compose with parallel.cp 2 yet" --parallel.tp 2 --parallel.cp 2 \
+  --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.async_tp true --checkpoint.folder ""
 echo "PASS: async TP matches the plain layouts (f32, bf16) and one rank (f32, FP8)"

@@ -208,6 +208,10 @@ TEST(AsyncTp, LeavesOtherCollectivesAlone) {
   unchanged([&](Graph& g) { matmul_of(g, gather(g, {2, 3, 6}, {2, 5, 6}, "S(1)R")); });     // 5 rows: 3 and 2
   unchanged([&](Graph& g) { g.add_output(Builder(g).silu(gather(g, {2, 4, 6}, {2, 8, 6}, "S(1)R"))); });
   unchanged([&](Graph& g) { matmul_of(g, gather(g, {2, 8, 3}, {2, 8, 6}, "S(2)R")); });  // the contraction dim
+  unchanged([&](Graph& g) {  // a batched right operand: its batch would need cutting too
+    const ValueId x = gather(g, {2, 4, 6}, {2, 8, 6}, "S(1)R");
+    g.add_output(Builder(g).matmul(x, g.add_parameter("w", {2, 3, 6}, DType::f32), false, true));
+  });
   unchanged([](Graph& g) {
     const ValueId x = g.add_input("x", {2, 8, 6}, DType::f32);
     const Attrs attrs{attr::shape({2, 4, 6}),         attr::mesh_dims({0}),        attr::group({0, 1}),
@@ -216,6 +220,26 @@ TEST(AsyncTp, LeavesOtherCollectivesAlone) {
     std::vector<ValueId> wait_inputs = g.node(g.add_node("reduce_scatter", {x}, attrs)).outputs;
     g.add_output(Builder(g).op("wait", wait_inputs));
   });
+}
+
+// A gathered value that is also a graph output is delivered whole (the
+// chunks concatenated); a GEMM's partial sum that is one is not cut.
+TEST(AsyncTp, GraphOutputsStayWhole) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, DType::f32);
+  const ValueId w = g.add_parameter("w", {kOut, kDim}, DType::f32);
+  const ValueId gathered = collective(g, "all_gather", x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  g.add_output(gathered);
+  const ValueId y = b.matmul(gathered, w, false, true);
+  g.add_output(y);
+  g.add_output(collective(g, "reduce_scatter", y, {kBatch, kSeq / kRanks, kOut}, "P(sum)", "S(1)", false));
+  ASSERT_TRUE(sched::async_tp(g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 2}));
+  verify(g);
+  const std::vector<std::string> o = ops(g);
+  EXPECT_EQ(std::count(o.begin(), o.end(), "concat"), 2);  // the GEMM's output and x
+  EXPECT_EQ(std::count(o.begin(), o.end(), "reduce_scatter"), 1);
+  EXPECT_EQ(std::count(o.begin(), o.end(), "all_gather"), 0);
 }
 
 // On 4 ranks, the block with and without the pass, in f32 and bf16 (each

@@ -70,7 +70,13 @@ NodeId wait_of(const graph::Graph& g, const graph::Node& start) {
 }
 
 bool is_gemm(const graph::Node& n) { return n.op->name == "matmul" || n.op->name == "fp8_matmul"; }
-bool rows_of_left(const graph::Node& n) { return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false); }
+// A GEMM of a weight (a matrix) whose every leading dim of the left operand is a row: cut on any of them.
+bool rows_of_left(const graph::Graph& g, const graph::Node& n) {
+  return is_gemm(n) && !n.attrs.get_or(attr::transpose_a, false) && g.value(n.inputs[1]).info.shape.rank() == 2;
+}
+bool is_graph_output(const graph::Graph& g, ValueId v) {
+  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+}
 
 // Positions in the order, for "is this value defined before that node".
 std::map<NodeId, size_t> positions(const graph::Graph& g) {
@@ -124,8 +130,8 @@ struct Rewrite {
 // with it as the rows of its left operand, its chunks' outputs then
 // concatenated. (A weight gradient, rows_matmul, sums over the rows: cut,
 // its partial sums would be rounded apart, so it reads the whole.)
-bool chunkable(const graph::Node& reader, ValueId gathered) {
-  return reader.outputs.size() == 1 && rows_of_left(reader) && reader.inputs[0] == gathered &&
+bool chunkable(const graph::Graph& g, const graph::Node& reader, ValueId gathered) {
+  return reader.outputs.size() == 1 && rows_of_left(g, reader) && reader.inputs[0] == gathered &&
          std::count(reader.inputs.begin(), reader.inputs.end(), gathered) == 1;
 }
 
@@ -172,7 +178,12 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
   const ValueId gathered = g.node(wait).outputs[0], mine = start.inputs[0];
   const bool amax_moved = amax_of_own_chunk(g, gathered, mine, options);
   const std::vector<NodeId> readers = g.users(gathered);
-  if (readers.empty()) return amax_moved;
+  if (readers.empty()) {
+    if (is_graph_output(g, gathered)) return amax_moved;
+    g.remove_node(wait);  // the amax was all that read it
+    g.remove_node(start_id);
+    return true;
+  }
   const auto at = positions(g);
   const size_t first = at.at(readers.front());
   std::vector<NodeId> chunked;
@@ -180,7 +191,7 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
     const graph::Node& reader = g.node(n);
     const bool ready = std::all_of(reader.inputs.begin(), reader.inputs.end(),
                                    [&](ValueId v) { return v == gathered || defined_before(g, at, v, first); });
-    if (chunkable(reader, gathered) && ready) chunked.push_back(n);
+    if (chunkable(g, reader, gathered) && ready) chunked.push_back(n);
   }
   if (chunked.empty()) return amax_moved;
 
@@ -204,7 +215,8 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
       }
     }
     for (NodeId reader : chunked) replaced[reader] = graph::Builder(g).concat(parts.at(reader), split.dim);
-    if (chunked.size() < readers.size()) whole = graph::Builder(g).concat(chunks, split.dim);
+    if (chunked.size() < readers.size() || is_graph_output(g, gathered))
+      whole = graph::Builder(g).concat(chunks, split.dim);
   }
   for (const auto& [reader, out] : replaced) {
     g.replace_uses(g.node(reader).outputs[0], out);
@@ -221,9 +233,9 @@ bool rewrite_gather(graph::Graph& g, NodeId start_id, const Split& split, const 
 // on the left, or a sum of such, each read only where it is summed.
 bool row_computable(const graph::Graph& g, ValueId v) {
   const NodeId p = g.value(v).producer;
-  if (!p.valid() || g.users(v).size() != 1) return false;
+  if (!p.valid() || g.users(v).size() != 1 || is_graph_output(g, v)) return false;
   const graph::Node& node = g.node(p);
-  if (rows_of_left(node)) return true;
+  if (rows_of_left(g, node)) return true;
   return node.op->name == "add" && g.value(node.inputs[0]).info == g.value(node.inputs[1]).info &&
          (row_computable(g, node.inputs[0]) || row_computable(g, node.inputs[1]));
 }

@@ -20,8 +20,8 @@
 //   in rank order by add_n, low-precision dtypes in f32 with one rounding,
 //   exactly as the reduce_scatter sums (comm/reduce.h).
 //
-// FP8 GEMMs take their scales from amaxes all-reduced before any chunk
-// moves, so each chunk is quantised as the whole tensor is; an amax that
+// FP8 GEMMs take their scales from amaxes all-reduced before any chunk is
+// quantised, so each chunk is quantised as the whole tensor is; an amax that
 // read this rank's part of the gathered tensor reads its own chunk instead
 // (the same max once all-reduced), so that the scales need no gather.
 #pragma once
