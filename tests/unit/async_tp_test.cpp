@@ -70,6 +70,18 @@ void build_sp_block(SpBlock& s, DType dtype) {
   g.add_output(collective(g, "reduce_scatter", partial, {kBatch, kSeq / kRanks, kOut}, "P(sum)", "S(1)", false));
 }
 
+// x [B, T/4, D] of rank 0..3, a weight w [N, D], and x gathered over the 4 ranks.
+struct Gathered {
+  ValueId x, w, gathered;
+};
+Gathered gathered_input(Graph& g) {
+  Gathered out;
+  out.x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, DType::f32);
+  out.w = g.add_parameter("w", {kOut, kDim}, DType::f32);
+  out.gathered = collective(g, "all_gather", out.x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  return out;
+}
+
 std::vector<std::string> ops(const Graph& g) {
   std::vector<std::string> out;
   for (NodeId n : g.order()) {
@@ -155,9 +167,7 @@ TEST(AsyncTp, PartialsAreSummedAsTheReduceScatterSums) {
 TEST(AsyncTp, Fp8InputAmaxReadsTheOwnChunk) {
   Graph g;
   Builder b(g);
-  const ValueId x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, DType::f32);
-  const ValueId w = g.add_parameter("w", {kOut, kDim}, DType::f32);
-  const ValueId gathered = collective(g, "all_gather", x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  const auto [x, w, gathered] = gathered_input(g);
   const Attrs part_attrs{attr::shape({1, kSeq, kDim}) /* rank 0's row of 2 over 4 */,
                          attr::mesh_dims({0}),
                          attr::group({0, 1, 2, 3}),
@@ -227,9 +237,7 @@ TEST(AsyncTp, LeavesOtherCollectivesAlone) {
 TEST(AsyncTp, GraphOutputsStayWhole) {
   Graph g;
   Builder b(g);
-  const ValueId x = g.add_input("x", {kBatch, kSeq / kRanks, kDim}, DType::f32);
-  const ValueId w = g.add_parameter("w", {kOut, kDim}, DType::f32);
-  const ValueId gathered = collective(g, "all_gather", x, {kBatch, kSeq, kDim}, "S(1)", "R", true);
+  const auto [x, w, gathered] = gathered_input(g);
   g.add_output(gathered);
   const ValueId y = b.matmul(gathered, w, false, true);
   g.add_output(y);
