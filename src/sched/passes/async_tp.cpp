@@ -25,8 +25,8 @@ struct Split {
   std::vector<int64_t> group;
 };
 
-// The placement `layout` puts on mesh dim m, and whether any other mesh dim
-// also splits tensor dim `dim` (then the chunks are not simply the group's).
+// Whether a mesh dim other than m also splits tensor dim `dim` in `l` (then
+// the chunks along it are not simply the group's).
 bool others_split(const sharding::Layout& l, int m, int dim) {
   for (size_t d = 0; d < l.placements.size(); ++d)
     if (static_cast<int>(d) != m && l.placements[d].is_sharding() && l.placements[d].dim == dim) return true;
