@@ -1,6 +1,5 @@
 #include "compile/step.h"
 
-#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -166,10 +165,8 @@ void run_lowered_step_passes(const config::TrainConfig& config, const sched::Ran
       return sched::estimate_step(r, schedule_of(r), device).step_us;
     };
   std::optional<sched::AsyncTpOptions> async_tp;
-  const auto& names = mesh.names();
-  if (const auto tp = std::find(names.begin(), names.end(), "tp");
-      config.parallel.async_tp && tp != names.end() && mesh.size(static_cast<int>(tp - names.begin())) > 1)
-    async_tp = sched::AsyncTpOptions{mesh.ndim(), static_cast<int>(tp - names.begin()), rank};
+  if (config.parallel.async_tp && mesh.size(mesh.dim_index("tp")) > 1)
+    async_tp = sched::AsyncTpOptions{mesh.ndim(), mesh.dim_index("tp"), rank};
   sched::lowered_step_pipeline(std::move(buckets), std::move(prefetch), async_tp).run(lowered);
 }
 

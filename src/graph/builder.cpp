@@ -116,6 +116,15 @@ ValueId Builder::slice(ValueId x, int dim, int64_t start, int64_t length) {
   return op("slice", {x}, {attr::dim(dim), attr::start(start), attr::length(length)});
 }
 ValueId Builder::concat(const std::vector<ValueId>& xs, int dim) { return op("concat", xs, {attr::dim(dim)}); }
+ValueId Builder::ring_shift(ValueId x, int64_t mesh_dim, const std::vector<int64_t>& group, int64_t distance) {
+  const ValueInfo info = g_.value(x).info;
+  Attrs at{attr::mesh_dims({mesh_dim}), attr::group(group),
+           attr::comm_bytes(static_cast<double>(info.shape.numel() * dtype_size(info.dtype)))};
+  if (distance != 1) at.set(attr::ring_distance, distance);
+  std::vector<ValueId> wait_inputs = g_.node(g_.add_node("ring_shift", {x}, at)).outputs;
+  wait_inputs.push_back(x);
+  return op("wait", wait_inputs);
+}
 ValueId Builder::global_norm(const std::vector<ValueId>& xs) {
   MT_CHECK(!xs.empty(), "global_norm needs at least one tensor");
   return norm_from_sum_of_squares(sum_of_squares(xs), g_.value(xs[0]).info.dtype);

@@ -64,6 +64,11 @@ class Builder {
   ValueId swiglu(ValueId gate, ValueId up);  // silu(gate) * up
   ValueId slice(ValueId x, int dim, int64_t start, int64_t length);
   ValueId concat(const std::vector<ValueId>& xs, int dim);
+  // x sent to the rank `distance` places on in `group` (over mesh dim
+  // `mesh_dim`) while the tensor of the rank as many back arrives: a
+  // ring_shift started and waited on here (sched's sink_waits moves the wait
+  // down to the first reader), x read until it completes (graph/ops/collective.cpp).
+  ValueId ring_shift(ValueId x, int64_t mesh_dim, const std::vector<int64_t>& group, int64_t distance = 1);
   // Mixture of experts (graph/ops/moe.cpp). Routing: the k most probable
   // experts of each row of probs [..., E] (i64 [..., k]), and their
   // probabilities renormalised to sum to 1.

@@ -15,16 +15,8 @@ struct Ring {
   graph::Attrs attrs;  // the block nodes' attributes but key_first
   int64_t chunk = 0;   // rows of one load-balanced chunk
 
-  // The tensor of the rank one back in the ring (started here; sched's sink_waits moves the wait down).
-  ValueId shift(ValueId v) {
-    graph::Graph& g = b.graph();
-    const graph::ValueInfo& info = g.value(v).info;
-    const graph::Attrs at{attr::mesh_dims({place.mesh_dim}), attr::group(place.group),
-                          attr::comm_bytes(static_cast<double>(info.shape.numel() * dtype_size(info.dtype)))};
-    std::vector<ValueId> wait_inputs = g.node(g.add_node("ring_shift", {v}, at)).outputs;
-    wait_inputs.push_back(v);  // read until the shift completes
-    return b.op("wait", wait_inputs);
-  }
+  // The tensor of the rank one back in the ring.
+  ValueId shift(ValueId v) { return b.ring_shift(v, place.mesh_dim, place.group); }
 
   // The position chunk of half `half` (0, 1) of the block the rank `step` back holds, and whether any of this
   // rank's queries sees it (its last query is in position chunk 2 size - 1 - index).

@@ -87,7 +87,7 @@ std::vector<std::string> ops(const Graph& g) {
   for (NodeId n : g.order()) {
     const Node& node = g.node(n);
     std::string name = node.op->name;
-    if (name == "ring_shift") name += std::to_string(node.attrs.get(attr::ring_distance));
+    if (name == "ring_shift") name += std::to_string(node.attrs.get_or(attr::ring_distance, int64_t{1}));
     if (name == "slice") name += "@" + std::to_string(node.attrs.get(attr::start));
     out.push_back(name);
   }

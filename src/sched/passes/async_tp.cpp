@@ -100,16 +100,9 @@ struct Rewrite {
     return graph::Builder(g).slice(whole, split.dim, c * chunk_rows, chunk_rows);
   }
 
-  // `v` sent to the rank `distance` places on in the group while the tensor of the rank as many back arrives (the
-  // wait added here; sink_waits moves it down to the first reader).
+  // `v` sent to the rank `distance` places on in the group while the tensor of the rank as many back arrives.
   ValueId shift(ValueId v, int64_t distance) {
-    const graph::ValueInfo& info = g.value(v).info;
-    const graph::Attrs at{attr::mesh_dims({int64_t{options.tp_mesh_dim}}), attr::group(split.group),
-                          attr::ring_distance(distance),
-                          attr::comm_bytes(static_cast<double>(info.shape.numel() * dtype_size(info.dtype)))};
-    std::vector<ValueId> wait_inputs = g.node(g.add_node("ring_shift", {v}, at)).outputs;
-    wait_inputs.push_back(v);  // read until the shift completes
-    return graph::Builder(g).op("wait", wait_inputs);
+    return graph::Builder(g).ring_shift(v, options.tp_mesh_dim, split.group, distance);
   }
 
   // Σ terms in order, a low-precision dtype in f32 rounded once: add_n, as comm::reduce_rows sums.
