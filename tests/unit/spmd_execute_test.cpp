@@ -220,13 +220,7 @@ TEST(SpmdExecute, RingShiftPassesToTheNextRankOfTheGroup) {
     Graph g;
     Builder b(g);
     const ValueId x = g.add_input("x", Shape{2, 3}, DType::f32);
-    const Attrs at{attr::mesh_dims({1}), attr::group(group), attr::comm_bytes(24)};
-    const auto shift = [&](ValueId v) {
-      std::vector<ValueId> wait_inputs = g.node(g.add_node("ring_shift", {v}, at)).outputs;
-      wait_inputs.push_back(v);
-      return b.op("wait", wait_inputs);
-    };
-    const ValueId once = shift(x), twice = shift(once);
+    const ValueId once = b.ring_shift(x, 1, group), twice = b.ring_shift(once, 1, group);
     g.add_output(once);
     g.add_output(twice);
     runtime::Executor ex(g, sched::make_schedule(g, g.outputs()), &groups);
