@@ -20,7 +20,7 @@ namespace {
 
 double gib(double bytes) { return bytes / (1ull << 30); }
 
-std::string amount(double bytes) {
+std::string binary_amount(double bytes) {
   return bytes >= (1ull << 30) ? fmt::format("{:.2f} GiB", gib(bytes)) : fmt::format("{:.1f} MiB", bytes / (1 << 20));
 }
 
@@ -184,17 +184,17 @@ int run_estimate(const CommandArgs& a) {
     fmt::print("job: {} rank{} of {} ({}){}; rank {}'s step: {} nodes, {} collectives moving {} per step\n", ranks,
                ranks > 1 ? "s" : "", hardware.name, hardware.description,
                e.mesh.empty() ? "" : fmt::format(", mesh {}", e.mesh), e.rank, e.nodes, e.collectives,
-               amount(e.collective_bytes));
+               binary_amount(e.collective_bytes));
     if (!e.cp_attention.empty()) fmt::print("{}\n", e.cp_attention);
-    fmt::print("memory: peak {}{} (inputs {}, arena {}); live at the peak:\n", amount(e.memory.peak_bytes),
+    fmt::print("memory: peak {}{} (inputs {}, arena {}); live at the peak:\n", binary_amount(e.memory.peak_bytes),
                hardware.memory_gib > 0
                    ? fmt::format(" of the device's {:.1f} GiB{}", hardware.memory_gib, fits ? "" : ": DOES NOT FIT")
                    : "",
-               amount(e.memory.input_bytes), amount(e.memory.arena_bytes));
+               binary_amount(e.memory.input_bytes), binary_amount(e.memory.arena_bytes));
     for (const auto& [kind, bytes] : e.memory.at_peak)
-      fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", sched::memory_kind_name(kind), amount(bytes),
+      fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", sched::memory_kind_name(kind), binary_amount(bytes),
                  100 * bytes / e.memory.peak_bytes);
-    fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", amount(e.memory.arena_unused_at_peak),
+    fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", binary_amount(e.memory.arena_unused_at_peak),
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
     fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}{}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us),
@@ -220,7 +220,7 @@ int run_estimate(const CommandArgs& a) {
           100 * p.bubble_fraction,
           p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
           duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),
-          duration(p.update_us), p.peak_activation_pairs, amount(p.activation_bytes_per_pair));
+          duration(p.update_us), p.peak_activation_pairs, binary_amount(p.activation_bytes_per_pair));
     }
     const double tokens_per_s = e.tokens_per_s_per_device;  // a step of hours still shows its rate
     fmt::print(
@@ -230,7 +230,7 @@ int run_estimate(const CommandArgs& a) {
         e.flops_per_token * 1e-9, 100 * e.mfu,
         e.peak_gflops >= 1e3 ? fmt::format("{:.1f} TFLOP/s", e.peak_gflops * 1e-3)
                              : fmt::format("{:.1f} GFLOP/s (the rank's share)", e.peak_gflops));
-    fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, amount(resident));
+    fmt::print("estimated in {:.2f} s, {} resident at most\n", seconds, binary_amount(resident));
     if (trace_path != a.options.end())
       fmt::print("estimated trace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", trace_path->second);
   }

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // What `meshtrain report --help` says after the options.
-constexpr const char* kFooter =
+constexpr const char* kReportFooter =
     "RUN_DIR is the folder of a run's metrics file (metrics.file), where `meshtrain train` (rank 0) writes run.json\n"
     "as the run starts and again as it ends (the resolved config, the layout, each rank's table, the step's\n"
     "estimate) and report.html at its end. This command writes that page again from run.json and the metrics:\n"
@@ -89,7 +89,7 @@ Command add_report_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("report",
                                      "Write a training run's report, one self-contained HTML page: meshtrain report "
                                      "RUN_DIR [-o FILE] (RUN_DIR: the folder of metrics.file)");
-  cmd->footer(kFooter);
+  cmd->footer(kReportFooter);
   cmd->add_option("run_dir", args->dir, "The run's folder: where its metrics file and run.json are")
       ->required()
       ->type_name("RUN_DIR");

@@ -29,7 +29,7 @@ struct TokenizeCommand {
 };
 
 // What `meshtrain tokenize --help` says after the options.
-constexpr const char* kFooter =
+constexpr const char* kTokenizeFooter =
     "Each .txt file is one document; each line of a .jsonl file is a JSON object whose \"text\" field is one\n"
     "(blank lines are passed over). A folder is searched, with its subfolders, for both, in path order.\n"
     "Tokenizer (--tokenizer FILE; --tokenizer-type auto tells the two kinds apart by content):\n"
@@ -88,7 +88,7 @@ std::optional<uint32_t> end_of_text(const tokenize::Tokenizer& t, const std::str
   return id;
 }
 
-std::string amount(double bytes) {
+std::string decimal_amount(double bytes) {
   return bytes >= 1e9 ? fmt::format("{:.2f} GB", bytes / 1e9) : fmt::format("{:.1f} MB", bytes / 1e6);
 }
 
@@ -101,7 +101,7 @@ class ProgressLine {
     next_ = p.seconds + (live_ ? 0.2 : 10.0);
     const double percent = p.bytes_total ? 100.0 * static_cast<double>(p.bytes_done) / p.bytes_total : 100.0;
     fmt::print(stderr, "{}tokenize: {:5.1f}% of {}, {} documents, {} tokens, {:.0f} tokens/s{}", live_ ? "\r" : "",
-               percent, amount(static_cast<double>(p.bytes_total)), p.documents, p.tokens,
+               percent, decimal_amount(static_cast<double>(p.bytes_total)), p.documents, p.tokens,
                static_cast<double>(p.tokens) / std::max(p.seconds, 1e-9), live_ ? "  " : "\n");
     shown_ = true;
   }
@@ -160,8 +160,8 @@ int run_tokenize(const TokenizeCommand& c) {
   const int64_t tokens = s.train.tokens + s.val.tokens;
   fmt::print("{}\n", tokenizer->describe());
   fmt::print("tokenized {} documents ({} of {} files) into {} tokens in {:.1f} s on {} threads: {:.0f} tokens/s\n",
-             s.train.documents + s.val.documents, amount(static_cast<double>(s.bytes)), s.files, tokens, s.seconds,
-             o.threads, static_cast<double>(tokens) / std::max(s.seconds, 1e-9));
+             s.train.documents + s.val.documents, decimal_amount(static_cast<double>(s.bytes)), s.files, tokens,
+             s.seconds, o.threads, static_cast<double>(tokens) / std::max(s.seconds, 1e-9));
   fmt::print(
       "train: {} documents, {} tokens in {} shards; val: {} documents, {} tokens in {} shards ({}-bit ids) in {}\n",
       s.train.documents, s.train.tokens, s.train.shards.size(), s.val.documents, s.val.tokens, s.val.shards.size(),
@@ -182,7 +182,7 @@ Command add_tokenize_command(CLI::App& app) {
       "tokenize",
       "Tokenize text files or JSON lines into llm.c .bin token shards (train and validation splits) with a "
       "tiktoken BPE file or a SentencePiece model: meshtrain tokenize INPUT... --tokenizer FILE --out DIR");
-  cmd->footer(kFooter);
+  cmd->footer(kTokenizeFooter);
   cmd->add_option("inputs", c->inputs, "Text (.txt), JSON lines (.jsonl) or folders of them")
       ->required()
       ->type_name("INPUT");

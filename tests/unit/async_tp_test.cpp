@@ -82,7 +82,7 @@ Gathered gathered_input(Graph& g) {
   return out;
 }
 
-std::vector<std::string> ops(const Graph& g) {
+std::vector<std::string> op_names(const Graph& g) {
   std::vector<std::string> out;
   for (NodeId n : g.order()) {
     const Node& node = g.node(n);
@@ -110,7 +110,7 @@ TEST(AsyncTp, GemmsRunOnEachChunkWhileTheNextMoves) {
   build_sp_block(s, DType::f32);
   ASSERT_TRUE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 1}));
   verify(s.g);
-  const std::string text = joined(ops(s.g));
+  const std::string text = joined(op_names(s.g));
   EXPECT_EQ(text, joined(std::vector<std::string>{
                       "ring_shift1 wait matmul matmul",                      // chunk 1, while chunk 0 comes
                       "ring_shift2 wait matmul matmul",                      // chunk 0, while chunk 3 comes
@@ -135,7 +135,7 @@ TEST(AsyncTp, PartialsAreSummedAsTheReduceScatterSums) {
   SpBlock s;
   build_sp_block(s, DType::bf16);
   ASSERT_TRUE(sched::async_tp(s.g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 0}));
-  EXPECT_EQ(ops(s.g).back(), "add_n");
+  EXPECT_EQ(op_names(s.g).back(), "add_n");
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
     Graph g;
     std::vector<ValueId> rows;
@@ -182,7 +182,7 @@ TEST(AsyncTp, Fp8InputAmaxReadsTheOwnChunk) {
                    {attr::format_a(DType::f8e4m3), attr::format_b(DType::f8e4m3), attr::grad_format(DType::f8e5m2)}));
   ASSERT_TRUE(sched::async_tp(g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 0}));
   verify(g);
-  const std::vector<std::string> o = ops(g);
+  const std::vector<std::string> o = op_names(g);
   EXPECT_EQ(std::count(o.begin(), o.end(), "fp8_matmul"), kRanks);
   EXPECT_EQ(std::count(o.begin(), o.end(), "shard_locally"), 0);
   EXPECT_EQ(std::count(o.begin(), o.end(), "all_gather"), 0);
@@ -244,7 +244,7 @@ TEST(AsyncTp, GraphOutputsStayWhole) {
   g.add_output(collective(g, "reduce_scatter", y, {kBatch, kSeq / kRanks, kOut}, "P(sum)", "S(1)", false));
   ASSERT_TRUE(sched::async_tp(g, {.mesh_ndim = 1, .tp_mesh_dim = 0, .rank = 2}));
   verify(g);
-  const std::vector<std::string> o = ops(g);
+  const std::vector<std::string> o = op_names(g);
   EXPECT_EQ(std::count(o.begin(), o.end(), "concat"), 2);  // the GEMM's output and x
   EXPECT_EQ(std::count(o.begin(), o.end(), "reduce_scatter"), 1);
   EXPECT_EQ(std::count(o.begin(), o.end(), "all_gather"), 0);

@@ -13,14 +13,16 @@
 #include "core/file_io.h"
 #include "core/hash.h"
 #include "test_util.h"
+#include "token_shards.h"
 
 using namespace meshtrain;
 using mtest::contains;
+using mtest::int64_values;
+using mtest::kGpt2Magic;
+using mtest::kLlama3Magic;
 using mtest::message_of;
 
 namespace {
-
-constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
 
 // A scratch folder, removed with the fixture.
 class TokenData : public ::testing::Test {
@@ -52,14 +54,12 @@ class TokenData : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-std::vector<int64_t> values(const Tensor& t) { return {t.data<int64_t>().begin(), t.data<int64_t>().end()}; }
-
 // The inputs and targets of the loader's next batch.
 std::pair<std::vector<int64_t>, std::vector<int64_t>> next_batch(train::TokenLoader& loader, int64_t batch,
                                                                  int64_t seq_len) {
   Tensor in = Tensor::empty({batch, seq_len}, DType::i64), out = Tensor::empty({batch, seq_len}, DType::i64);
   loader.next(in, out);
-  return {values(in), values(out)};
+  return {int64_values(in), int64_values(out)};
 }
 
 // The resident bytes of the mapping of `file` in this process (/proc/self/smaps), 0 when it is not mapped.

@@ -14,16 +14,18 @@
 #include <set>
 
 #include "test_util.h"
+#include "token_shards.h"
 #include "train/data.h"
 #include "train/trainer.h"
 
 using namespace meshtrain;
 using mtest::contains;
+using mtest::int64_values;
+using mtest::kGpt2Magic;
+using mtest::kLlama3Magic;
 using mtest::message_of;
 
 namespace {
-
-constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
 
 // A scratch folder of shards, removed with the fixture.
 class Shards : public ::testing::Test {
@@ -66,8 +68,6 @@ class Shards : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-std::vector<int64_t> values(const Tensor& t) { return {t.data<int64_t>().begin(), t.data<int64_t>().end()}; }
-
 struct Batch {
   std::vector<int64_t> in, out;
   bool operator==(const Batch&) const = default;
@@ -75,7 +75,7 @@ struct Batch {
 Batch next_batch(train::TokenDataset& data, int64_t batch, int64_t seq_len) {
   Tensor in = Tensor::empty({batch, seq_len}, DType::i64), out = Tensor::empty({batch, seq_len}, DType::i64);
   data.next(in, out);
-  return {values(in), values(out)};
+  return {int64_values(in), int64_values(out)};
 }
 
 // The batch at token `offset` of a shard whose token i is base + i.
@@ -159,8 +159,8 @@ TEST_F(Shards, RowsNotReadAreLeftAlone) {
   std::fill(out.data<int64_t>().begin(), out.data<int64_t>().end(), -7);
   const train::RowRange second{1, 2};
   data.next(in, out, {&second, 1});
-  EXPECT_EQ(values(in), (std::vector<int64_t>{-7, -7, -7, -7, base + 4, base + 5, base + 6, base + 7}));
-  EXPECT_EQ(values(out), (std::vector<int64_t>{-7, -7, -7, -7, base + 5, base + 6, base + 7, base + 8}));
+  EXPECT_EQ(int64_values(in), (std::vector<int64_t>{-7, -7, -7, -7, base + 4, base + 5, base + 6, base + 7}));
+  EXPECT_EQ(int64_values(out), (std::vector<int64_t>{-7, -7, -7, -7, base + 5, base + 6, base + 7, base + 8}));
 }
 
 TEST_F(Shards, OrderIsDrawnFromSeedAndEpoch) {

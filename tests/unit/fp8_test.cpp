@@ -108,7 +108,7 @@ Quantised reference_quantise(const Tensor& t, DType format) {
   return q;
 }
 
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
+Tensor normal_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
   std::normal_distribution<double> normal(0.0, 1.0);
   Tensor t = Tensor::empty(shape, dtype);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, normal(rng));
@@ -127,8 +127,8 @@ void check_fp8_linear(DType dtype, double tolerance) {
   SCOPED_TRACE(dtype_name(dtype));
   constexpr int64_t kRows = 6, kK = 40, kN = 5;
   std::mt19937 rng(11);
-  Tensor x = random_tensor({2, 3, kK}, dtype, rng), w = random_tensor({kN, kK}, dtype, rng);
-  Tensor dy = random_tensor({2, 3, kN}, dtype, rng);
+  Tensor x = normal_tensor({2, 3, kK}, dtype, rng), w = normal_tensor({kN, kK}, dtype, rng);
+  Tensor dy = normal_tensor({2, 3, kN}, dtype, rng);
   for (int64_t i = 0; i < dy.numel(); ++i) dy.set(i, dy.get(i) * 1e-4);  // gradients are small
   Graph g;
   Builder b(g);
@@ -184,8 +184,8 @@ TEST(Fp8, GemmsAreExactForTheQuantisedOperands) {
 // weight quantised inside the GEMM; the quantised bytes are the formats'.
 TEST(Fp8, QuantisedAheadIsTheSameGemm) {
   std::mt19937 rng(3);
-  const Tensor x = random_tensor({2, 3, 16}, DType::bf16, rng), w = random_tensor({5, 16}, DType::bf16, rng);
-  const Tensor dy = random_tensor({2, 3, 5}, DType::bf16, rng);
+  const Tensor x = normal_tensor({2, 3, 16}, DType::bf16, rng), w = normal_tensor({5, 16}, DType::bf16, rng);
+  const Tensor dy = normal_tensor({2, 3, 5}, DType::bf16, rng);
   std::vector<Tensor> results[2];
   for (const bool ahead : {false, true}) {
     Graph g;

@@ -25,13 +25,13 @@ config::TrainConfig schedule(config::LrDecay decay) {
   return c;
 }
 
-struct Point {
+struct LrPoint {
   int64_t step;
   double lr;
 };
 
-void expect_schedule(const config::TrainConfig& c, const std::vector<Point>& points) {
-  for (const Point& p : points) EXPECT_NEAR(c.lr_at(p.step), p.lr, 1e-15 * p.lr) << "step " << p.step;
+void expect_schedule(const config::TrainConfig& c, const std::vector<LrPoint>& points) {
+  for (const LrPoint& p : points) EXPECT_NEAR(c.lr_at(p.step), p.lr, 1e-15 * p.lr) << "step " << p.step;
 }
 
 }  // namespace
