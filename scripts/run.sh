@@ -10,7 +10,8 @@
 # train` (e.g. --training.steps 100, or --parallel.tp 1 for FSDP over all 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh build
+# The binary alone: the tests and benchmarks are built by scripts/test.sh.
+scripts/setup.sh build --target meshtrain
 run=runs/debug/$(date -u +%Y%m%d-%H%M%S)
 scripts/mpirun.sh -np 4 build/meshtrain train --config configs/debug.toml --parallel.tp 2 \
   --checkpoint.folder "$run/checkpoints" --metrics.file "$run/metrics.jsonl" "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian packages meshtrain needs (only those missing), then
 # configure and build into BUILD_DIR (default: build).
-# Usage: scripts/setup.sh [BUILD_DIR] [extra cmake -D options...]
+# Usage: scripts/setup.sh [BUILD_DIR] [extra cmake -D options...] [--target NAME...]
+# With --target, only those targets (and what they need) are built, e.g.
+# --target meshtrain: the binary alone, not the tests and benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,5 +23,16 @@ install_missing_packages "${packages[@]}"
 
 build_dir=${1:-build}
 shift || true
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build "$build_dir" -j "$(nproc)"
+configure=() targets=()
+while (($#)); do
+  if [ "$1" = --target ]; then
+    [ $# -ge 2 ] || { echo "setup.sh: --target needs a target name" >&2; exit 2; }
+    targets+=(--target "$2")
+    shift 2
+  else
+    configure+=("$1")
+    shift
+  fi
+done
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "${configure[@]}" >/dev/null
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"
