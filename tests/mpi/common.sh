@@ -11,6 +11,14 @@ dir=$(mktemp -d)
 job=
 trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# choose_subset [SUBSET]: the parity tests' optional last argument. `all` (the default) runs every case; `transport`
+# (their runs over TCP alone, tests/CMakeLists.txt) only those whose messages differ from one another: the rest move
+# the same ones. `full` says whether every case runs.
+choose_subset() {
+  subset=${1:-all}
+  [ "$subset" = all ] || [ "$subset" = transport ] || { echo "$0: no subset '$subset' (all or transport)" >&2; exit 2; }
+}
+full() { [ "$subset" = all ]; }
 # bad NP MESSAGE ARGS...: meshtrain train "${model[@]}" ARGS on NP ranks must print MESSAGE exactly once and every
 # rank exit non-zero within 60 s (no hang).
 bad() {

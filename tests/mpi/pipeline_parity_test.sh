@@ -18,14 +18,11 @@
 # steps after are the straight run's. The last step's measured timeline
 # (--trace) holds every rank's actions. Bad input fails on every rank with
 # one message, no hang.
-# Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [transport]
-# With `transport` (the run over TCP alone: tests/CMakeLists.txt), only the runs whose sends and receives differ from
-# one another: every schedule on 2 and 4 ranks and the compositions with FSDP, TP and HSDP; the rest (schedules from
-# a file, accumulation, checkpointing, checkpoints, traces, bf16, bad input) moves the same messages as those.
-subset=${4:-all}
-[ "$subset" = all ] || [ "$subset" = transport ] || { echo "pipeline_parity_test.sh: no subset '$subset'" >&2; exit 2; }
+# Usage: pipeline_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [all|transport]
+# transport: every schedule on 2 and 4 ranks and the compositions with FSDP, TP and HSDP (the rest, schedules from a
+# file, accumulation, checkpointing, checkpoints, traces, bf16 and bad input, moves the same messages as those).
 source "$(dirname "$0")/common.sh"
-full() { [ "$subset" = all ]; }
+choose_subset "${4:-}"
 # The tolerances where the runs are not bitwise (tests/mpi/compare_runs.py prints how close each run came): loss,
 # grad_norm, weights relative to each tensor's largest magnitude (max) and to its L2 norm (l2). From the largest
 # differences measured over these 20 steps on an AVX-512 CPU (with AVX512_BF16) and on an AVX2-only one (QEMU -cpu
