@@ -87,6 +87,7 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     roles.batch_inputs.push_back(st.targets);
     roles.replicated_outputs.push_back(st.output);
   }
+  roles.replicated_outputs.insert(roles.replicated_outputs.end(), st.expert_load.begin(), st.expert_load.end());
   // What crosses stages, and its gradient, lies as the residual stream between blocks does.
   if (!st.span.embedding) roles.residual_stream.push_back(st.input);
   if (!st.span.head) roles.residual_stream.push_back(st.output);
@@ -137,6 +138,7 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     to_local(*v);
   for (auto& v : st.parameters) to_local(v);
   for (auto& v : st.gradients) to_local(v);
+  for (auto& v : st.expert_load) to_local(v);
   st.joint = std::move(lowered.graph);
 }
 
@@ -168,6 +170,7 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   const models::LlamaGraph m = models::llama_span_forward(g, model, st.span, params, st.input, st.targets, st.count,
                                                           compute, config.parallel.loss_parallel);
   st.output = st.span.head ? m.loss : m.output;
+  st.expert_load = m.expert_load;
   if (!st.span.head) st.output_gradient = g.add_input("output_gradient", g.value(st.output).info.shape, compute);
   std::vector<graph::ValueId> wrt = st.parameters;
   if (!st.span.embedding) wrt.push_back(st.input);
@@ -184,6 +187,7 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   g.add_output(st.output);
   if (st.input_gradient.valid()) g.add_output(st.input_gradient);
   for (const graph::ValueId grad : st.gradients) g.add_output(grad);
+  for (const graph::ValueId load : st.expert_load) g.add_output(load);
   sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
   if (where.mesh) lay_out_stage(config, where, device, m, gradient_of, st);
 
@@ -237,6 +241,7 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   input_results.insert(input_results.end(), weight_reads.begin(), weight_reads.end());
   st.backward_input = graph::extract_graph(g, input_half, input_results);
   std::vector<graph::ValueId> forward_results{st.output};
+  forward_results.insert(forward_results.end(), st.expert_load.begin(), st.expert_load.end());
   for (const graph::ValueId v : computed_by(g, forward, st.backward))
     if (v != st.output) forward_results.push_back(v);
   st.forward = graph::extract_graph(g, forward, forward_results);

@@ -54,6 +54,10 @@ struct PipelineStage {
   graph::ValueId output;           // the residual stream sent on, or (last stage) the microbatch's loss
   graph::ValueId output_gradient;  // not last: the gradient of `output` received back
   graph::ValueId input_gradient;   // not first: the gradient of `input` sent back
+  // A mixture of experts': each of the stage's MoE layers' token slots per
+  // expert then the dropped ones, of one microbatch (forward computes them;
+  // models::LlamaGraph::expert_load), on a stage mesh summed over its ranks.
+  std::vector<graph::ValueId> expert_load;
   // The programs, each reading the values of `joint` it lists in `reads`
   // and computing its outputs: forward (output, then what a backward reads);
   // backward (input_gradient when there is one, then the gradients);

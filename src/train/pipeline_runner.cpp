@@ -288,6 +288,7 @@ void PipelineRunner::act(const parallel::PpAction& a) {
         values[p.count] = count_;
       }
       run(st, st.forward, mb, st.kept_after_forward);
+      add_expert_load(st, mb);
       if (s == last)
         loss_sum_ += static_cast<float>(take(p.output).get(0));  // microbatch order, as the single-rank graph adds
       else if (rank_of(s + 1) == me)
@@ -440,7 +441,10 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
   count_targets();
   loss_sum_ = 0;
-  for (auto& [s, st] : stages_) st->backwards_done = 0;
+  for (auto& [s, st] : stages_) {
+    st->backwards_done = 0;
+    st->expert_load.clear();
+  }
   stats_ = {};
   trace_.clear();
   const auto start = step_start_ = std::chrono::steady_clock::now();
@@ -495,7 +499,42 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   update_run_->run();
   if (tracing_) trace_.push_back({"norm and update", false, update_begin, since_start_us()});
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
-          .grad_norm = update_run_->fetch(update_.norm).get(0)};
+          .grad_norm = update_run_->fetch(update_.norm).get(0),
+          .expert_load = step_expert_load()};
+}
+
+void PipelineRunner::add_expert_load(Stage& st, int mb) {
+  std::map<graph::ValueId, Tensor>& values = held_[{st.programs.index, mb}];
+  st.expert_load.resize(st.programs.expert_load.size());
+  for (size_t l = 0; l < st.programs.expert_load.size(); ++l) {
+    const auto it = values.find(st.programs.expert_load[l]);
+    MT_ASSERT(it != values.end(), "pipeline stage {}: its forward left no expert load", st.programs.index);
+    std::vector<double>& sum = st.expert_load[l];
+    sum.resize(static_cast<size_t>(it->second.numel()));
+    for (size_t e = 0; e < sum.size(); ++e) sum[e] += it->second.get(static_cast<int64_t>(e));
+    values.erase(it);
+  }
+}
+
+std::vector<std::vector<double>> PipelineRunner::step_expert_load() {
+  const models::LlamaConfig& model = config_.model;
+  const int64_t layers = model.moe_layers(), slots = model.n_experts + 1;  // per expert, then the dropped
+  if (layers == 0) return {};
+  Tensor all = Tensor::zeros({layers, slots}, DType::f64);
+  for (const auto& [s, st] : stages_) {
+    const int64_t first = std::max(st->programs.span.first_layer, model.first_dense_layers) - model.first_dense_layers;
+    for (size_t l = 0; l < st->expert_load.size(); ++l)
+      for (int64_t e = 0; e < slots; ++e)
+        all.data<double>()[(first + static_cast<int64_t>(l)) * slots + e] = st->expert_load[l][static_cast<size_t>(e)];
+  }
+  // Each stage's ranks hold their layers' sums whole (the stage summed them over its ranks): one rank of each
+  // stage, this rank's pipeline, adds them up.
+  group_->all_reduce(all)->wait();
+  std::vector<std::vector<double>> out(static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l)
+    out[static_cast<size_t>(l)].assign(all.data<double>().begin() + l * slots,
+                                       all.data<double>().begin() + (l + 1) * slots);
+  return out;
 }
 
 double PipelineRunner::since_start_us() const {

@@ -125,12 +125,19 @@ class PipelineRunner : public StepRunner {
     // parallel), reduced into gradient_sums after the step's last backward.
     std::vector<Tensor> pending_sums;
     int backwards_done = 0;  // this step: microbatches whose weight gradients are in
+    // This step's expert load (PipelineStage::expert_load) summed over its
+    // microbatches, by MoE layer of the stage.
+    std::vector<std::vector<double>> expert_load;
   };
   Stage& local_stage(int stage);
   // Runs `program` of stage `st` for microbatch `mb` on the values held for
   // them; keeps its outputs there and drops what no later program reads.
   void run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep);
   void add_gradients(Stage& st, int mb);
+  void add_expert_load(Stage& st, int mb);  // the microbatch's, taken from what its forward left
+  // Every MoE layer's expert load this step, summed over the pipeline (each
+  // stage's layers from its ranks).
+  std::vector<std::vector<double>> step_expert_load();
   void count_targets();                   // count_ <- the global batch's valid targets
   void take_microbatches(int64_t chunk);  // tokens_, targets_ <- the chunk's microbatches' rows
   void act(const parallel::PpAction& action);

@@ -48,7 +48,7 @@ class StepRunner {
   struct Result {
     double loss = 0;       // the batch's mean loss (every rank gets it)
     double grad_norm = 0;  // over every gradient, before clipping
-    // A mixture of experts' (flat steps only): each MoE layer's token slots
+    // A mixture of experts': each MoE layer's token slots
     // per expert then the dropped ones (models::LlamaGraph::expert_load),
     // and the load-balancing loss, unweighted.
     std::vector<std::vector<double>> expert_load;
