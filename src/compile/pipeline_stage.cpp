@@ -88,6 +88,7 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     roles.replicated_outputs.push_back(st.output);
   }
   roles.replicated_outputs.insert(roles.replicated_outputs.end(), st.expert_load.begin(), st.expert_load.end());
+  if (st.aux_loss.valid()) roles.replicated_outputs.push_back(st.aux_loss);
   // What crosses stages, and its gradient, lies as the residual stream between blocks does.
   if (!st.span.embedding) roles.residual_stream.push_back(st.input);
   if (!st.span.head) roles.residual_stream.push_back(st.output);
@@ -113,6 +114,11 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   const sharding::Layout replicated =
       sharding::Layout::from_placements(std::vector<sharding::Placement>(static_cast<size_t>(mesh.ndim())));
   if (st.count.valid()) layouts.given[st.count] = replicated;
+  // The router statistics, and their gradients, whole on every rank (summed over the stage's).
+  for (const graph::ValueId v : {st.router_stats_in, st.router_stats_out_gradient})
+    if (v.valid()) layouts.given[v] = replicated;
+  for (const graph::ValueId v : {st.router_stats_out, st.router_stats_in_gradient})
+    if (v.valid()) layouts.deliver[v] = replicated;
   // Every output delivered where the plan puts it: the gradients in their parameters' layouts.
   for (const graph::ValueId v : g.outputs())
     if (const auto it = layouts.given.find(v); it != layouts.given.end()) layouts.deliver[v] = it->second;
@@ -134,7 +140,9 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   auto to_local = [&](graph::ValueId& v) {
     if (v.valid()) v = local.at(v);
   };
-  for (graph::ValueId* v : {&st.input, &st.targets, &st.count, &st.output, &st.output_gradient, &st.input_gradient})
+  for (graph::ValueId* v :
+       {&st.input, &st.targets, &st.count, &st.output, &st.output_gradient, &st.input_gradient, &st.router_stats_in,
+        &st.router_stats_in_gradient, &st.router_stats_out, &st.router_stats_out_gradient, &st.aux_loss})
     to_local(*v);
   for (auto& v : st.parameters) to_local(v);
   for (auto& v : st.gradients) to_local(v);
@@ -167,15 +175,38 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
     st.targets = g.add_input("targets", {rows, seq}, DType::i64);
     st.count = g.add_input("count", {}, DType::f64);
   }
-  const models::LlamaGraph m = models::llama_span_forward(g, model, st.span, params, st.input, st.targets, st.count,
-                                                          compute, config.parallel.loss_parallel);
+  const graph::ValueInfo stats{{2, model.n_experts}, models::router_stats_dtype(compute)};
+  if (models::span_takes_router_stats(model, st.span))
+    st.router_stats_in = g.add_input("router_stats", stats.shape, stats.dtype);
+  // Each microbatch's load-balancing loss is over its own tokens, and the step's is their mean.
+  MT_CHECK(rows > 0 && config.data.batch_size % rows == 0,
+           "pipeline stage {}: microbatches of {} rows do not divide data.batch_size {}", index, rows,
+           config.data.batch_size);
+  const double aux_weight = static_cast<double>(rows) / static_cast<double>(config.data.batch_size);
+  const models::LlamaGraph m =
+      models::llama_span_forward(g, model, st.span, params, st.input, st.targets, st.count, compute,
+                                 config.parallel.loss_parallel, aux_weight, st.router_stats_in);
   st.output = st.span.head ? m.loss : m.output;
+  st.aux_loss = st.span.head ? m.aux_loss : graph::ValueId{};
   st.expert_load = m.expert_load;
   if (!st.span.head) st.output_gradient = g.add_input("output_gradient", g.value(st.output).info.shape, compute);
+  std::vector<graph::SeededOutput> seeded{{st.output, st.output_gradient}};  // the loss's: 1
+  if (models::span_gives_router_stats(model, st.span)) {
+    st.router_stats_out = m.router_stats;
+    MT_ASSERT(st.router_stats_out.valid() && st.router_stats_out != st.router_stats_in,
+              "pipeline stage {} hands on router statistics it does not add to", index);
+    st.router_stats_out_gradient = g.add_input("router_stats_gradient", stats.shape, stats.dtype);
+    seeded.push_back({st.router_stats_out, st.router_stats_out_gradient});
+  }
   std::vector<graph::ValueId> wrt = st.parameters;
   if (!st.span.embedding) wrt.push_back(st.input);
+  if (st.router_stats_in.valid()) wrt.push_back(st.router_stats_in);
   std::map<graph::ValueId, graph::ValueId> gradient_of;
-  std::vector<graph::ValueId> grads = graph::append_backward(g, st.output, wrt, &gradient_of, st.output_gradient);
+  std::vector<graph::ValueId> grads = graph::append_backward(g, seeded, wrt, &gradient_of);
+  if (st.router_stats_in.valid()) {
+    st.router_stats_in_gradient = grads.back();
+    grads.pop_back();
+  }
   if (!st.span.embedding) {
     st.input_gradient = grads.back();
     grads.pop_back();
@@ -183,9 +214,13 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   st.gradients = grads;
   for (size_t i = 0; i < grads.size(); ++i)
     MT_CHECK(grads[i].valid(), "pipeline stage {}: no gradient reaches parameter {}", index, st.parameter_names[i]);
+  MT_ASSERT(st.router_stats_in_gradient.valid() == st.router_stats_in.valid(),
+            "pipeline stage {}: no gradient reaches the router statistics it takes", index);
   // What the stage delivers, so that the step's passes keep what computes it.
-  g.add_output(st.output);
-  if (st.input_gradient.valid()) g.add_output(st.input_gradient);
+  for (const graph::ValueId v : st.to_next()) g.add_output(v);
+  if (st.span.head) g.add_output(st.output);
+  if (st.aux_loss.valid()) g.add_output(st.aux_loss);
+  for (const graph::ValueId v : st.to_previous()) g.add_output(v);
   for (const graph::ValueId grad : st.gradients) g.add_output(grad);
   for (const graph::ValueId load : st.expert_load) g.add_output(load);
   sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
@@ -194,7 +229,7 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   std::vector<graph::NodeId> forward, backward;
   for (const graph::NodeId n : g.order()) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);
   std::vector<graph::NodeId> input_half;
-  if (st.input_gradient.valid()) input_half = graph::nodes_needed_for(g, {st.input_gradient}, backward);
+  if (st.input_gradient.valid()) input_half = graph::nodes_needed_for(g, st.to_previous(), backward);
   const std::set<graph::NodeId> in_input_half(input_half.begin(), input_half.end());
   std::vector<graph::NodeId> weight_half;
   for (const graph::NodeId n : backward)
@@ -226,8 +261,7 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
           st.step_values.push_back(v);
   st.unshard = graph::extract_graph(g, from_parameters, st.step_values);
 
-  std::vector<graph::ValueId> input_results;
-  if (st.input_gradient.valid()) input_results.push_back(st.input_gradient);
+  std::vector<graph::ValueId> input_results = st.to_previous();
   std::vector<graph::ValueId> backward_results = input_results;
   backward_results.insert(backward_results.end(), st.gradients.begin(), st.gradients.end());
   st.backward = graph::extract_graph(g, backward, backward_results);
@@ -241,9 +275,12 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   input_results.insert(input_results.end(), weight_reads.begin(), weight_reads.end());
   st.backward_input = graph::extract_graph(g, input_half, input_results);
   std::vector<graph::ValueId> forward_results{st.output};
+  if (st.router_stats_out.valid()) forward_results.push_back(st.router_stats_out);
+  if (st.aux_loss.valid()) forward_results.push_back(st.aux_loss);
   forward_results.insert(forward_results.end(), st.expert_load.begin(), st.expert_load.end());
   for (const graph::ValueId v : computed_by(g, forward, st.backward))
-    if (v != st.output) forward_results.push_back(v);
+    if (std::find(forward_results.begin(), forward_results.end(), v) == forward_results.end())
+      forward_results.push_back(v);
   st.forward = graph::extract_graph(g, forward, forward_results);
   return st;
 }

@@ -54,6 +54,27 @@ struct PipelineStage {
   graph::ValueId output;           // the residual stream sent on, or (last stage) the microbatch's loss
   graph::ValueId output_gradient;  // not last: the gradient of `output` received back
   graph::ValueId input_gradient;   // not first: the gradient of `input` sent back
+  // With a load-balancing loss, the router statistics of the MoE layers so
+  // far (models::LlamaGraph::router_stats), whole on every rank of a stage
+  // mesh: received from the previous stage (models::span_takes_router_stats)
+  // and their gradient sent back; handed on to the next
+  // (span_gives_router_stats) and their gradient received back. The last
+  // stage forms the loss of them: `aux_loss`, the microbatch's, unweighted.
+  graph::ValueId router_stats_in, router_stats_in_gradient;
+  graph::ValueId router_stats_out, router_stats_out_gradient;
+  graph::ValueId aux_loss;
+  // What crosses between stages, in the order it is sent: to the next stage
+  // (the residual stream, then the router statistics) and its gradients
+  // from there; from the previous stage and its gradients sent back. Empty
+  // on the last and on the first stage.
+  std::vector<graph::ValueId> to_next() const { return sent_values(output, router_stats_out, !span.head); }
+  std::vector<graph::ValueId> from_next() const {
+    return sent_values(output_gradient, router_stats_out_gradient, !span.head);
+  }
+  std::vector<graph::ValueId> from_previous() const { return sent_values(input, router_stats_in, !span.embedding); }
+  std::vector<graph::ValueId> to_previous() const {
+    return sent_values(input_gradient, router_stats_in_gradient, !span.embedding);
+  }
   // A mixture of experts': each of the stage's MoE layers' token slots per
   // expert then the dropped ones, of one microbatch (forward computes them;
   // models::LlamaGraph::expert_load), on a stage mesh summed over its ranks.
@@ -71,6 +92,13 @@ struct PipelineStage {
   // read; they are held from the stage's UNSHARD to its RESHARD.
   graph::ExtractedGraph unshard;
   std::vector<graph::ValueId> step_values;
+
+ private:
+  static std::vector<graph::ValueId> sent_values(graph::ValueId stream, graph::ValueId router_stats, bool crosses) {
+    if (!crosses) return {};
+    if (!router_stats.valid()) return {stream};
+    return {stream, router_stats};
+  }
 };
 
 // Stage `index` of `spans` for microbatches of `rows` sequences of

@@ -731,10 +731,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
            "config: model.n_experts {} with training.device {}: the mixture-of-experts ops have CPU kernels only, "
            "for now",
            c.model.n_experts, device_name(c.training.device));
-  MT_CHECK(c.parallel.pp == 1 || c.model.moe_layers() == 0 || c.model.router_aux_loss_coef == 0,
-           "config: model.router_aux_loss_coef {} with parallel.pp {}: the load-balancing loss over layers on several "
-           "pipeline stages is not supported yet; set it to 0 or train without a pipeline",
-           c.model.router_aux_loss_coef, c.parallel.pp);
   if (c.validation.path.empty()) {  // keys that would be ignored without a word
     TrainConfig given = c, defaults;
     for (const char* key : {"validation.every", "validation.steps"})

@@ -155,9 +155,11 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
     parallel::PpCosts c{std::max(forward.step_us, kLeast), std::max(input.step_us, kLeast),
                         std::max(weight.step_us, kLeast), 0};
+    double sent = 0;  // to the next stage: the residual stream (and the router statistics)
+    for (const graph::ValueId v : st.to_next()) sent += bytes_of(st.joint, v);
     if (s + 1 < schedule.stages() &&
         schedule.rank_of_stage[static_cast<size_t>(s)] != schedule.rank_of_stage[static_cast<size_t>(s + 1)])
-      c.p2p = hardware.collective_us(comm::OpType::all_gather, 2 * bytes_of(st.joint, st.output),
+      c.p2p = hardware.collective_us(comm::OpType::all_gather, 2 * sent,
                                      {world_rank(schedule.rank_of_stage[static_cast<size_t>(s)]),
                                       world_rank(schedule.rank_of_stage[static_cast<size_t>(s + 1)])},
                                      world_size);

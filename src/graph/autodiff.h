@@ -20,4 +20,15 @@ namespace meshtrain::graph {
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt,
                                      std::map<ValueId, ValueId>* gradients = nullptr, ValueId seed = {});
 
+// The backward of several outputs at once, each with its seed gradient (a
+// value of its shape and dtype; none: 1, for a scalar): the gradients of
+// `wrt` are the sums of what reaches them from every output (a pipeline
+// stage's residual stream and router statistics, each with the gradient the
+// next stage sent back).
+struct SeededOutput {
+  ValueId value, seed;
+};
+std::vector<ValueId> append_backward(Graph& g, const std::vector<SeededOutput>& outputs,
+                                     const std::vector<ValueId>& wrt, std::map<ValueId, ValueId>* gradients = nullptr);
+
 }  // namespace meshtrain::graph

@@ -109,8 +109,10 @@ ValueId Builder::moe_combine(ValueId rows, ValueId order, ValueId weights, int64
 ValueId Builder::moe_expert_counts(ValueId experts, int64_t n_experts) {
   return op("moe_expert_counts", {experts}, {attr::n_experts(n_experts)});
 }
-ValueId Builder::moe_aux_loss(ValueId probs, ValueId counts, double scale) {
-  return op("moe_aux_loss", {probs, counts}, {attr::scale(scale)});
+ValueId Builder::moe_router_stats(ValueId probs, ValueId experts) { return op("moe_router_stats", {probs, experts}); }
+
+ValueId Builder::moe_aux_loss(ValueId router_stats, double scale) {
+  return op("moe_aux_loss", {router_stats}, {attr::scale(scale)});
 }
 ValueId Builder::slice(ValueId x, int dim, int64_t start, int64_t length) {
   return op("slice", {x}, {attr::dim(dim), attr::start(start), attr::length(length)});

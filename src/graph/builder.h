@@ -91,8 +91,9 @@ class Builder {
   // Rows back to tokens, each token's k rows weighted by weights [..., N, k] and summed.
   ValueId moe_combine(ValueId rows, ValueId order, ValueId weights, int64_t k);
   ValueId moe_expert_counts(ValueId experts, int64_t n_experts);  // f32 [n_experts]
-  // scale * sum of probs [..., E] times counts [E] (the load-balancing loss's part of one layer).
-  ValueId moe_aux_loss(ValueId probs, ValueId counts, double scale);
+  // [2, n_experts]: each expert's top-k picks, and the sum of its probability over the rows.
+  ValueId moe_router_stats(ValueId probs, ValueId experts);
+  ValueId moe_aux_loss(ValueId router_stats, double scale);  // scale x picks . probability sums
   // Optimizer-side ops (not differentiated).
   // sqrt(sum of squares of all elements) in xs[0]'s dtype: sum_squares of each
   // (f64), added, sqrt, cast, so each tensor's part can be summed where it lies.

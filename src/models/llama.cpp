@@ -189,6 +189,17 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
   return llama_forward(g, c, params, tokens, targets, {}, compute.value_or(dtype), split_loss);
 }
 
+bool span_takes_router_stats(const LlamaConfig& c, const LlamaSpan& span) {
+  return c.moe_layers() > 0 && c.router_aux_loss_coef > 0 && span.first_layer > c.first_dense_layers;
+}
+
+bool span_gives_router_stats(const LlamaConfig& c, const LlamaSpan& span) {
+  const int64_t end = span.end_layer < 0 ? c.n_layers : span.end_layer;
+  return c.moe_layers() > 0 && c.router_aux_loss_coef > 0 && !span.head && end > c.first_dense_layers;
+}
+
+DType router_stats_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DType::f32; }
+
 bool span_holds(const LlamaConfig& c, const LlamaSpan& span, const std::string& name) {
   const int64_t end = span.end_layer < 0 ? c.n_layers : span.end_layer;
   if (name == "model.embed_tokens.weight") return span.embedding || (span.head && c.tie_embeddings);
@@ -216,15 +227,17 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   const int64_t parts = c.seq_chunks / 2;
   if (parts > 1) y = b.reshape(y, {whole.dim(0), parts, whole.dim(1) / parts, whole.dim(2)});
   const DType compute = b.graph().value(y).info.dtype;
-  const DType router = compute == DType::f64 ? DType::f64 : DType::f32;  // softmax in f32, as Hugging Face's
+  const DType router = router_stats_dtype(compute);  // softmax in f32, as Hugging Face's
   const int64_t k = c.n_experts_per_token;
   const graph::ValueId logits = linear(y, p + "gate.weight");
   const graph::ValueId probs = b.softmax(compute == router ? logits : b.cast(logits, router));
   const graph::ValueId experts = b.moe_topk(probs, k);
   graph::ValueId weights = b.moe_route_weights(probs, experts);
   if (compute != router) weights = b.cast(weights, compute);
-  m.router_probs.push_back(probs);
-  m.routed_experts.push_back(experts);
+  if (c.router_aux_loss_coef > 0) {
+    const graph::ValueId stats = b.moe_router_stats(probs, experts);
+    m.router_stats = m.router_stats.valid() ? b.add(m.router_stats, stats) : stats;
+  }
   const graph::Builder::MoeSort sorted = b.moe_sort(experts, c.n_experts, c.capacity_factor);
   m.expert_load.push_back(b.moe_expert_counts(sorted.row_expert, c.n_experts + 1));  // the dropped count as n_experts
   graph::ValueId rows = b.moe_permute(y, sorted.order, k), row_expert = sorted.row_expert;
@@ -250,27 +263,6 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   return parts > 1 ? b.reshape(out, whole) : out;
 }
 
-// Hugging Face's load_balancing_loss_func over the MoE layers' `tokens`
-// tokens each: n_experts x the sum over experts of (the share of top-k picks
-// it got) x (its mean probability), the rows of every layer taken together.
-graph::ValueId load_balancing_loss(graph::Builder& b, const LlamaConfig& c, const LlamaGraph& m, int64_t tokens) {
-  const DType router = b.graph().value(m.router_probs.front()).info.dtype;
-  graph::ValueId counts;
-  for (graph::ValueId experts : m.routed_experts) {
-    const graph::ValueId layer = b.moe_expert_counts(experts, c.n_experts);
-    counts = counts.valid() ? b.add(counts, layer) : layer;
-  }
-  if (router != DType::f32) counts = b.cast(counts, router);
-  const double rows = static_cast<double>(tokens) * static_cast<double>(m.router_probs.size());
-  const double scale = static_cast<double>(c.n_experts) / (rows * rows);
-  graph::ValueId loss;
-  for (graph::ValueId probs : m.router_probs) {
-    const graph::ValueId layer = b.moe_aux_loss(probs, counts, scale);
-    loss = loss.valid() ? b.add(loss, layer) : layer;
-  }
-  return loss;
-}
-
 }  // namespace
 
 LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<std::string, graph::ValueId>& params,
@@ -282,7 +274,7 @@ LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& c, const std::map<s
 LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const LlamaSpan& span,
                               const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
                               graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss,
-                              double aux_weight) {
+                              double aux_weight, graph::ValueId router_stats) {
   c.validate();
   const int64_t end_layer = span.end_layer < 0 ? c.n_layers : span.end_layer;
   MT_CHECK(span.first_layer >= 0 && span.first_layer <= end_layer && end_layer <= c.n_layers,
@@ -303,8 +295,16 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
              g.value(targets).info.shape.to_string());
   const int64_t batch = batch_shape.dim(0), seq_len = batch_shape.dim(1);
   graph::Builder b(g);
+  MT_CHECK(router_stats.valid() == span_takes_router_stats(c, span) &&
+               (!router_stats.valid() ||
+                g.value(router_stats).info == graph::ValueInfo{{2, c.n_experts}, router_stats_dtype(compute_dtype)}),
+           "llama_span_forward: a span from layer {} takes the router statistics [2, {}] {} of the MoE layers before "
+           "it exactly when the load-balancing loss is on and there are some; given {}",
+           span.first_layer, c.n_experts, dtype_name(router_stats_dtype(compute_dtype)),
+           router_stats.valid() ? g.describe_value(router_stats) : "none");
   LlamaGraph m;
   m.params = params;
+  m.router_stats = router_stats;
   if (span.embedding) m.tokens = input;
   m.targets = targets;
   // Context parallelism: the tokens and targets in load-balanced order, so
@@ -423,11 +423,11 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
   m.loss = m.ce_loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
                                   : b.cross_entropy(flat_logits, flat_targets, -100, count);
   if (c.moe_layers() > 0 && c.router_aux_loss_coef > 0) {
-    MT_CHECK(static_cast<int64_t>(m.router_probs.size()) == c.moe_layers(),
-             "model.router_aux_loss_coef: the load-balancing loss is over every MoE layer, and this part of the model "
-             "holds {} of the {} (a pipeline stage): it is not yet supported with parallel.pp > 1",
-             m.router_probs.size(), c.moe_layers());
-    m.aux_loss = load_balancing_loss(b, c, m, batch * seq_len);
+    // Hugging Face's load_balancing_loss_func: n_experts x the sum over
+    // experts of (the share of top-k picks it got) x (its mean probability),
+    // the tokens of every MoE layer taken together.
+    const double rows = static_cast<double>(batch * seq_len) * static_cast<double>(c.moe_layers());
+    m.aux_loss = b.moe_aux_loss(m.router_stats, static_cast<double>(c.n_experts) / (rows * rows));
     graph::ValueId weighted = b.scale(m.aux_loss, c.router_aux_loss_coef * aux_weight);
     if (g.value(weighted).info.dtype != g.value(m.ce_loss).info.dtype)
       weighted = b.cast(weighted, g.value(m.ce_loss).info.dtype);

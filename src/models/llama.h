@@ -103,11 +103,15 @@ struct LlamaGraph {
   std::vector<std::pair<graph::ValueId, graph::ValueId>> param_copies;
   // A span without the head: the residual stream [B, T, D] it hands on (loss is none).
   graph::ValueId output;
-  // Each MoE layer's router probabilities [B, T, n_experts] (f32, or f64 in
-  // an f64 graph) and chosen experts [B, T, k] (i64); the load-balancing loss
-  // (unweighted, Hugging Face's load_balancing_loss_func; none without MoE
-  // layers or a coefficient) and the cross-entropy the loss adds it to.
-  std::vector<graph::ValueId> router_probs, routed_experts;
+  // With a load-balancing loss (router_aux_loss_coef > 0): the router
+  // statistics [2, n_experts] (router_stats_dtype) of the MoE layers so far,
+  // from the first (those given to the span, plus its own): each expert's
+  // top-k picks, then its probabilities' sum over the tokens. A span without
+  // the head hands them on; the head forms the loss of them. The
+  // load-balancing loss (unweighted, Hugging Face's load_balancing_loss_func;
+  // none without MoE layers or a coefficient) and the cross-entropy the loss
+  // adds it to.
+  graph::ValueId router_stats;
   graph::ValueId aux_loss, ce_loss;
   // Each MoE layer's load: f32 [n_experts + 1], the token slots each expert
   // took, then those dropped over capacity (summed over the batch's rows).
@@ -132,6 +136,13 @@ struct LlamaSpan {
 };
 // Whether the parameter of this Hugging Face name belongs to the span.
 bool span_holds(const LlamaConfig& config, const LlamaSpan& span, const std::string& parameter);
+// With a load-balancing loss, the router statistics of the MoE layers
+// before a span are its input (it takes them), and a span without the head
+// that holds or follows an MoE layer hands them on (it gives them).
+bool span_takes_router_stats(const LlamaConfig& config, const LlamaSpan& span);
+bool span_gives_router_stats(const LlamaConfig& config, const LlamaSpan& span);
+// The router statistics' dtype: f32, or f64 in an f64 graph (the router's softmax).
+DType router_stats_dtype(DType compute_dtype);
 
 // Forward graph for batches of B sequences of T tokens. Parameters are
 // `dtype` (f32/f64); compute_dtype defaults to it; with bf16 every use of a parameter is a
@@ -162,11 +173,13 @@ LlamaGraph llama_forward(graph::Graph& g, const LlamaConfig& config,
 // The forward of `span` only: `input` is the tokens [batch, seq] when the
 // span has the embedding, else the residual stream [batch, seq, dim] in the
 // compute dtype; `targets` and `count` are read only by the head. `params`
-// needs only the span's parameters.
+// needs only the span's parameters. `router_stats`: the router statistics of
+// the layers before the span, given exactly when it takes them
+// (span_takes_router_stats).
 LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& config, const LlamaSpan& span,
                               const std::map<std::string, graph::ValueId>& params, graph::ValueId input,
                               graph::ValueId targets, graph::ValueId count, DType compute_dtype, bool split_loss,
-                              double aux_weight = 1.0);
+                              double aux_weight = 1.0, graph::ValueId router_stats = {});
 
 // "Llama dim 256 x 6 layers, 16 heads (16 kv), ffn 768, vocab 256", with
 // ", 8 experts (top 2, ffn 32, 1 shared) in layers 1-5" for a mixture of

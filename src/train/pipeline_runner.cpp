@@ -160,8 +160,8 @@ PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
   return *it->second;
 }
 
-int PipelineRunner::peer_tag(int from_stage, bool forward) const {
-  return (2 * from_stage + (forward ? 0 : 1)) % (1 << 20);
+int PipelineRunner::peer_tag(int from_stage, bool forward, size_t slot) const {
+  return (4 * from_stage + (forward ? 0 : 2) + static_cast<int>(slot)) % (1 << 20);
 }
 
 void PipelineRunner::run(Stage& st, Program& program, int mb, const std::vector<graph::ValueId>& keep) {
@@ -204,7 +204,8 @@ void PipelineRunner::note_held() {
     for (const auto& [v, t] : values) bytes += static_cast<double>(t.nbytes());
   }
   for (const auto* receives : {&receives_f_, &receives_b_})
-    for (const auto& [key, r] : *receives) bytes += static_cast<double>(r.tensor.nbytes());
+    for (const auto& [key, values] : *receives)
+      for (const InFlight& r : values) bytes += static_cast<double>(r.tensor.nbytes());
   for (const InFlight& send : sends_) bytes += static_cast<double>(send.tensor.nbytes());
   stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, bytes);
   stats_.held_pairs_peak = std::max(stats_.held_pairs_peak, pairs);
@@ -249,20 +250,35 @@ void PipelineRunner::act(const parallel::PpAction& a) {
   const int last = place_.schedule.stages() - 1;
   const int me = group_->rank();
   auto rank_of = [&](int stage) { return place_.schedule.rank_of_stage.at(static_cast<size_t>(stage)); };
-  // A value received (or handed over in memory by a stage on this rank) for (s, mb).
-  auto take_received = [&](std::map<std::pair<int, int>, InFlight>& receives, const char* what) {
+  // The values received for (s, mb) from a stage on another rank, held as `into` (its values, in order).
+  auto take_received = [&](std::map<std::pair<int, int>, std::vector<InFlight>>& receives, const char* what,
+                           const std::vector<graph::ValueId>& into) {
     auto node = receives.extract({s, mb});
     MT_CHECK(!node.empty(), "pipeline rank {}: {} of stage {}, microbatch {} is used before it was received", me, what,
              s, mb);
     const double begin = tracing_ ? since_start_us() : 0;
-    node.mapped().work->wait();
+    MT_ASSERT(node.mapped().size() == into.size(), "pipeline rank {}: {} values received for {}", me,
+              node.mapped().size(), into.size());
+    for (size_t i = 0; i < into.size(); ++i) {
+      node.mapped()[i].work->wait();
+      held_[{s, mb}][into[i]] = node.mapped()[i].tensor;
+    }
     if (tracing_) {
       waited_until_us_ = since_start_us();  // the action's compute starts once its input is here
       trace_.push_back(
           {fmt::format("wait {}{}", parallel::to_string(a), &receives == &receives_f_ ? " input" : " gradient"), true,
            begin, waited_until_us_});
     }
-    return node.mapped().tensor;
+  };
+  // Values of (s, mb) handed over in memory to stage `to` on this rank, as its values `into`.
+  auto hand_over = [&](const std::vector<graph::ValueId>& values, int to, const std::vector<graph::ValueId>& into) {
+    MT_ASSERT(values.size() == into.size(), "pipeline stage {} hands {} values to stage {}, which takes {}", s,
+              values.size(), to, into.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto node = held_[{s, mb}].extract(values[i]);
+      MT_CHECK(!node.empty(), "pipeline rank {}: stage {}, microbatch {} has no value to hand over", me, s, mb);
+      held_[{to, mb}][into[i]] = std::move(node.mapped());
+    }
   };
   auto take = [&](graph::ValueId v) {
     auto node = held_[{s, mb}].extract(v);
@@ -282,30 +298,30 @@ void PipelineRunner::act(const parallel::PpAction& a) {
       if (s == 0)
         values[p.input] = local(tokens_[static_cast<size_t>(mb)]);
       else if (rank_of(s - 1) != me)
-        values[p.input] = take_received(receives_f_, "the input activation");
+        take_received(receives_f_, "the input activation", p.from_previous());
       if (s == last) {
         values[p.targets] = local(targets_[static_cast<size_t>(mb)]);
         values[p.count] = count_;
       }
       run(st, st.forward, mb, st.kept_after_forward);
       add_expert_load(st, mb);
-      if (s == last)
+      if (s == last) {
         loss_sum_ += static_cast<float>(take(p.output).get(0));  // microbatch order, as the single-rank graph adds
-      else if (rank_of(s + 1) == me)
-        held_[{s + 1, mb}][local_stage(s + 1).programs.input] = take(p.output);
+        if (p.aux_loss.valid()) aux_loss_sum_ += take(p.aux_loss).get(0);
+      } else if (rank_of(s + 1) == me) {
+        hand_over(p.to_next(), s + 1, local_stage(s + 1).programs.from_previous());
+      }
       return;
     }
     case T::backward:
     case T::backward_input: {
       Stage& st = local_stage(s);
       const compile::PipelineStage& p = st.programs;
-      if (s != last && rank_of(s + 1) != me)
-        held_[{s, mb}][p.output_gradient] = take_received(receives_b_, "the output gradient");
+      if (s != last && rank_of(s + 1) != me) take_received(receives_b_, "the output gradient", p.from_next());
       const bool whole = a.type == T::backward;
       run(st, whole ? st.backward : st.backward_input, mb, whole ? std::vector<graph::ValueId>{} : st.kept_after_input);
       if (whole) add_gradients(st, mb);
-      if (s != 0 && rank_of(s - 1) == me)
-        held_[{s - 1, mb}][local_stage(s - 1).programs.output_gradient] = take(p.input_gradient);
+      if (s != 0 && rank_of(s - 1) == me) hand_over(p.to_previous(), s - 1, local_stage(s - 1).programs.from_next());
       return;
     }
     case T::backward_weight: {
@@ -318,9 +334,12 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     case T::send_b: {
       const bool forward = a.type == T::send_f;
       const compile::PipelineStage& p = local_stage(s).programs;
-      Tensor t = take(forward ? p.output : p.input_gradient);
-      comm::WorkPtr work = group_->send(t, rank_of(forward ? s + 1 : s - 1), peer_tag(s, forward));
-      sends_.push_back({std::move(t), std::move(work)});
+      const std::vector<graph::ValueId> values = forward ? p.to_next() : p.to_previous();
+      for (size_t i = 0; i < values.size(); ++i) {
+        Tensor t = take(values[i]);
+        comm::WorkPtr work = group_->send(t, rank_of(forward ? s + 1 : s - 1), peer_tag(s, forward, i));
+        sends_.push_back({std::move(t), std::move(work)});
+      }
       return;
     }
     case T::unshard: {  // the weights' compute-dtype copies and gathers, for the microbatches until its RESHARD
@@ -345,11 +364,16 @@ void PipelineRunner::act(const parallel::PpAction& a) {
     case T::recv_b: {
       const bool forward = a.type == T::recv_f;
       const compile::PipelineStage& p = local_stage(s).programs;
-      const graph::ValueInfo info = p.joint.value(forward ? p.input : p.output_gradient).info;
-      Tensor t = Tensor::empty(info.shape, info.dtype);
       const int from = forward ? s - 1 : s + 1;
-      comm::WorkPtr work = group_->recv(t, rank_of(from), peer_tag(from, forward));
-      (forward ? receives_f_ : receives_b_)[{s, mb}] = {std::move(t), std::move(work)};
+      std::vector<InFlight>& receives = (forward ? receives_f_ : receives_b_)[{s, mb}];
+      MT_ASSERT(receives.empty(), "pipeline rank {}: stage {}, microbatch {} receives twice", me, s, mb);
+      const std::vector<graph::ValueId> values = forward ? p.from_previous() : p.from_next();
+      for (size_t i = 0; i < values.size(); ++i) {
+        const graph::ValueInfo info = p.joint.value(values[i]).info;
+        Tensor t = Tensor::empty(info.shape, info.dtype);
+        comm::WorkPtr work = group_->recv(t, rank_of(from), peer_tag(from, forward, i));
+        receives.push_back({std::move(t), std::move(work)});
+      }
       return;
     }
   }
@@ -441,6 +465,7 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   const int64_t m = place_.schedule.microbatches, chunks = place_.accumulation;
   count_targets();
   loss_sum_ = 0;
+  aux_loss_sum_ = 0;
   for (auto& [s, st] : stages_) {
     st->backwards_done = 0;
     st->expert_load.clear();
@@ -489,18 +514,24 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   // The loss (from the last stage's rank) and every rank's sum of squares, summed over the pipeline.
   const double update_begin = tracing_ ? since_start_us() : 0;
   squares_run_->run();
-  Tensor sums = Tensor::empty({2}, DType::f64);
+  Tensor sums = Tensor::empty({3}, DType::f64);
+  const bool last = stages_.contains(place_.schedule.stages() - 1);
   sums.data<double>()[0] = squares_run_->fetch(update_.squares.outputs()[0]).get(0);
-  sums.data<double>()[1] = stages_.contains(place_.schedule.stages() - 1) ? static_cast<double>(loss_sum_) : 0.0;
+  sums.data<double>()[1] = last ? static_cast<double>(loss_sum_) : 0.0;
+  sums.data<double>()[2] = last ? aux_loss_sum_ : 0.0;
   group_->all_reduce(sums)->wait();
   squares_.data<double>()[0] = sums.data<double>()[0];
   lr_.data<double>()[0] = lr;
   adam_step_.data<int64_t>()[0] = adam_step;
   update_run_->run();
   if (tracing_) trace_.push_back({"norm and update", false, update_begin, since_start_us()});
+  std::optional<double> aux_loss;  // the microbatches' mean, as a single rank's step reports it
+  if (config_.model.moe_layers() > 0 && config_.model.router_aux_loss_coef > 0)
+    aux_loss = sums.data<double>()[2] / static_cast<double>(m * chunks);
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
           .grad_norm = update_run_->fetch(update_.norm).get(0),
-          .expert_load = step_expert_load()};
+          .expert_load = step_expert_load(),
+          .aux_loss = aux_loss};
 }
 
 void PipelineRunner::add_expert_load(Stage& st, int mb) {
@@ -594,8 +625,13 @@ double PipelineRunner::flops_per_step() const {
 int64_t PipelineRunner::p2p_per_step() const {
   int64_t n = 0;
   using T = parallel::PpActionType;
-  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank())))
-    n += a.type == T::send_f || a.type == T::recv_f || a.type == T::send_b || a.type == T::recv_b ? 1 : 0;
+  for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
+    const compile::PipelineStage& p = stages_.at(a.stage)->programs;
+    if (a.type == T::send_f) n += static_cast<int64_t>(p.to_next().size());
+    if (a.type == T::send_b) n += static_cast<int64_t>(p.to_previous().size());
+    if (a.type == T::recv_f) n += static_cast<int64_t>(p.from_previous().size());
+    if (a.type == T::recv_b) n += static_cast<int64_t>(p.from_next().size());
+  }
   return n;
 }
 
@@ -604,9 +640,10 @@ double PipelineRunner::p2p_bytes_per_step() const {
   for (const parallel::PpAction& a : place_.schedule.actions.at(static_cast<size_t>(group_->rank()))) {
     if (a.type != parallel::PpActionType::send_f && a.type != parallel::PpActionType::send_b) continue;
     const compile::PipelineStage& p = stages_.at(a.stage)->programs;
-    const graph::ValueInfo& info =
-        p.joint.value(a.type == parallel::PpActionType::send_f ? p.output : p.input_gradient).info;
-    bytes += static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));
+    for (const graph::ValueId v : a.type == parallel::PpActionType::send_f ? p.to_next() : p.to_previous()) {
+      const graph::ValueInfo& info = p.joint.value(v).info;
+      bytes += static_cast<double>(info.shape.numel()) * static_cast<double>(dtype_size(info.dtype));
+    }
   }
   return bytes;
 }

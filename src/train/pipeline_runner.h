@@ -141,7 +141,8 @@ class PipelineRunner : public StepRunner {
   void count_targets();                   // count_ <- the global batch's valid targets
   void take_microbatches(int64_t chunk);  // tokens_, targets_ <- the chunk's microbatches' rows
   void act(const parallel::PpAction& action);
-  int peer_tag(int from_stage, bool forward) const;
+  // The tag of the `slot`th value (PipelineStage::to_next, to_previous) sent by `from_stage`.
+  int peer_tag(int from_stage, bool forward, size_t slot) const;
 
   config::TrainConfig config_;
   comm::ProcessGroupPtr world_;  // every rank of the job
@@ -168,9 +169,11 @@ class PipelineRunner : public StepRunner {
     Tensor tensor;
     comm::WorkPtr work;
   };
-  std::map<std::pair<int, int>, InFlight> receives_f_, receives_b_;  // by receiving (stage, microbatch)
+  // By receiving (stage, microbatch): its values from the previous (next) stage, in order.
+  std::map<std::pair<int, int>, std::vector<InFlight>> receives_f_, receives_b_;
   std::vector<InFlight> sends_;
   float loss_sum_ = 0;
+  double aux_loss_sum_ = 0;  // the last stage's microbatches' load-balancing losses
   StepStats stats_;
   bool tracing_ = false;
   std::vector<sched::NamedSpan> trace_;

@@ -2,8 +2,9 @@
 """Compares a training run with a reference run of the same global batch.
 
 Every step the run logged (metrics JSONL, one record per step) must be in the
-reference with its loss and gradient norm within a relative tolerance (0:
-bitwise); optionally the weights each run exported (safetensors, f32) must
+reference with its loss and gradient norm (and a mixture of experts'
+load-balancing loss, aux_loss, where the reference logs it) within a relative
+tolerance (0: bitwise); optionally the weights each run exported (safetensors, f32) must
 agree tensor by tensor, relative to the tensor: the largest difference over
 the tensor's largest magnitude (max norm), and the difference's L2 norm over
 the tensor's (0: bitwise). Prints one line saying how close they are (the
@@ -11,10 +12,11 @@ worst of each measure, and what was allowed); exits non-zero naming the
 first step or tensor that is not.
 
 Usage: compare_runs.py NAME REFERENCE.jsonl RUN.jsonl [--tolerance T]
-           [--grad-norm-tolerance G] [--steps FIRST-LAST]
+           [--grad-norm-tolerance G] [--aux-loss-tolerance A] [--steps FIRST-LAST]
            [--weights REFERENCE.safetensors RUN.safetensors]
            [--weight-tolerance W] [--weight-l2-tolerance L] [--note TEXT]
-  --tolerance            loss (and, unless --grad-norm-tolerance, grad_norm): |run - ref| <= T |ref|
+  --tolerance            loss (and, unless --grad-norm-tolerance or --aux-loss-tolerance, grad_norm and
+                         aux_loss): |run - ref| <= T |ref|
   --weight-tolerance     each tensor: max |run - ref| <= W max |ref|
   --weight-l2-tolerance  each tensor: ||run - ref|| <= L ||ref|| (default: W)
   --steps                the steps RUN must have logged, in order (default: the reference's)
@@ -62,6 +64,7 @@ def main():
     parser.add_argument("run")
     parser.add_argument("--tolerance", type=float, default=1e-6)
     parser.add_argument("--grad-norm-tolerance", type=float)
+    parser.add_argument("--aux-loss-tolerance", type=float)
     parser.add_argument("--steps")
     parser.add_argument("--weights", nargs=2, metavar=("REFERENCE", "RUN"))
     parser.add_argument("--weight-tolerance", type=float, default=1e-4)
@@ -70,7 +73,8 @@ def main():
     args = parser.parse_args()
     name = args.name
     allowed = {"loss": args.tolerance,
-               "grad_norm": args.tolerance if args.grad_norm_tolerance is None else args.grad_norm_tolerance}
+               "grad_norm": args.tolerance if args.grad_norm_tolerance is None else args.grad_norm_tolerance,
+               "aux_loss": args.tolerance if args.aux_loss_tolerance is None else args.aux_loss_tolerance}
 
     reference = {record["step"]: record for record in metrics(args.reference)}
     run = metrics(args.run)
@@ -82,23 +86,30 @@ def main():
     logged = [record["step"] for record in run]
     if logged != expected:
         sys.exit(f"FAIL: {name}: logged steps {logged}, expected {expected}")
-    worst = {"loss": 0.0, "grad_norm": 0.0}
+    worst = {"loss": 0.0, "grad_norm": 0.0, "aux_loss": 0.0}
     for record in run:
         if record["step"] not in reference:
             sys.exit(f"FAIL: {name}: step {record['step']} is not in the reference {args.reference}")
         base = reference[record["step"]]
-        for key in ("loss", "grad_norm"):
+        # A mixture of experts' load-balancing loss, where the reference logs one, must be logged alike.
+        keys = ("loss", "grad_norm", "aux_loss") if "aux_loss" in base else ("loss", "grad_norm")
+        for key in keys:
+            if key not in record:
+                sys.exit(f"FAIL: {name} step {record['step']}: no {key} logged, which the reference logs")
             rel = relative(abs(base[key] - record[key]), abs(base[key]))
             worst[key] = max(worst[key], rel)
             if not rel <= allowed[key]:
                 sys.exit(f"FAIL: {name} step {record['step']} {key}: {record[key]!r} vs the reference's "
                          f"{base[key]!r} (relative {rel:.2e}, allowed {allowed[key]:g})")
     steps = f"steps {expected[0]}-{expected[-1]}" if expected else "no steps"
-    if worst["loss"] == worst["grad_norm"] == 0:
-        said = f"{name}: {steps} bitwise (loss, grad_norm)"
+    aux = any("aux_loss" in record for record in reference.values())
+    if worst["loss"] == worst["grad_norm"] == worst["aux_loss"] == 0:
+        said = f"{name}: {steps} bitwise (loss, grad_norm{', aux_loss' if aux else ''})"
     else:
-        said = (f"{name}: {steps} loss {within(worst['loss'])}, grad_norm {within(worst['grad_norm'])} "
-                f"(relative; allowed {allowed['loss']:g}, {allowed['grad_norm']:g})")
+        said = (f"{name}: {steps} loss {within(worst['loss'])}, grad_norm {within(worst['grad_norm'])}"
+                + (f", aux_loss {within(worst['aux_loss'])}" if aux else "")
+                + f" (relative; allowed {allowed['loss']:g}, {allowed['grad_norm']:g}"
+                + (f", {allowed['aux_loss']:g})" if aux else ")"))
 
     if args.weights:
         w_max = args.weight_tolerance

@@ -32,11 +32,14 @@ resume() {  # NAME FROM NP [KEY VALUE ...]
     --metrics.file "$dir/$name.jsonl" --checkpoint.export "$dir/$name.safetensors" "$@" > "$dir/$name.out" 2>&1 ||
     { cat "$dir/$name.out"; fail "$name exited non-zero"; }
 }
-compare() {  # NAME [BASE [LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2]]: against BASE's run (default: one), f32 tolerances
+# compare NAME [BASE [LOSS GRAD_NORM WEIGHT_MAX WEIGHT_L2 [AUX_LOSS]]]: against BASE's run (default: one), with f32's
+# tolerances unless given (the load-balancing loss's, unless given, the loss's).
+compare() {
   local base=${2:-one}
   local t=("${@:3}")
-  [ ${#t[@]} -eq 4 ] || t=("${f32[@]}")
+  [ ${#t[@]} -ge 4 ] || t=("${f32[@]}")
   python3 tests/mpi/compare_runs.py "$1" "$dir/$base.jsonl" "$dir/$1.jsonl" --tolerance "${t[0]}" \
-    --grad-norm-tolerance "${t[1]}" --weights "$dir/$base.safetensors" "$dir/$1.safetensors" \
+    --grad-norm-tolerance "${t[1]}" --aux-loss-tolerance "${t[4]:-${t[0]}}" \
+    --weights "$dir/$base.safetensors" "$dir/$1.safetensors" \
     --weight-tolerance "${t[2]}" --weight-l2-tolerance "${t[3]}" || exit 1
 }

@@ -219,9 +219,12 @@ TEST(BucketCollectives, PerBlockMergesTheBlocksGathers) {
 
 // Partial sums all-reduced only to be outputs (a mixture of experts' per-layer
 // load): no node reads them, so the bucket's wait and unpack go at the end.
+// The bucket's nodes are in its members' phase, here the backward (a
+// pipeline stage's programs are cut by phase).
 TEST(BucketCollectives, MembersReadOnlyAsOutputsAreWaitedForAtTheEnd) {
   Graph g;
   Builder b(g);
+  g.set_phase(Phase::backward);
   for (int layer = 0; layer < 2; ++layer) {
     const ValueId x = b.scale(g.add_input(fmt::format("x{}", layer), {9}, DType::f32), 2.0);
     const Attrs attrs{
@@ -230,10 +233,15 @@ TEST(BucketCollectives, MembersReadOnlyAsOutputsAreWaitedForAtTheEnd) {
     const NodeId start = g.add_node("all_reduce", {x}, attrs);
     g.add_output(g.only_output(g.add_node("wait", g.node(start).outputs)));
   }
+  g.set_phase(Phase::forward);
   EXPECT_TRUE(sched::bucket_collectives(g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
   verify(g);
+  EXPECT_EQ(g.phase(), Phase::forward);
   std::vector<std::string> ops;
-  for (NodeId n : g.order()) ops.push_back(g.node(n).op->name);
+  for (NodeId n : g.order()) {
+    ops.push_back(g.node(n).op->name);
+    EXPECT_EQ(g.node(n).phase, Phase::backward) << ops.back();
+  }
   EXPECT_EQ(fmt::format("{}", fmt::join(ops, " ")), "scale scale bucket_pack all_reduce wait bucket_unpack");
   for (ValueId out : g.outputs()) EXPECT_EQ(g.node(g.value(out).producer).op->name, "bucket_unpack");
 }

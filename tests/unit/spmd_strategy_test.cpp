@@ -261,6 +261,17 @@ TEST(SpmdStrategies, ReductionAndRowOps) {
   EXPECT_EQ(checked, 2 * (4 + 3 + 3 + 2 + 2 + 3 + 3));
 }
 
+// The load-balancing loss's router statistics of sharded tokens are partial
+// sums; the loss, their product, takes them whole.
+TEST(SpmdStrategies, MoeRouterStatistics) {
+  const ValueInfo probs{{5, 3, 4}, f64}, experts{{5, 3, 2}, DType::i64}, stats{{2, 4}, f64};
+  int checked = check_strategies({"moe_router_stats", {probs, experts}, {}, 4}, 1e-13);  // S(0), S(1), R
+  checked += check_strategies({"moe_router_stats_backward", {probs, stats}, {}}, 0);     // S(0), S(1), R
+  checked += check_strategies({"moe_aux_loss", {stats}, {attr::scale(0.3)}}, 1e-13);     // R
+  checked += check_strategies({"moe_aux_loss_backward", {stats, {{}, f64}}, {attr::scale(0.3)}}, 1e-13);  // R
+  EXPECT_EQ(checked, 2 * (3 + 3 + 1 + 1));
+}
+
 TEST(SpmdStrategies, ShapeOps) {
   int checked =
       check_strategies({"transpose", {{{5, 7, 3}, f64}}, {attr::dim0(0), attr::dim1(2)}}, 1e-14);  // 3 S, P, R

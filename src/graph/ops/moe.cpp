@@ -374,38 +374,62 @@ void add_grouped_matmul_ops(std::vector<OpDef>& ops) {
 }
 
 void add_aux_loss_ops(std::vector<OpDef>& ops) {
-  // The Switch Transformer load-balancing loss's part of one layer:
-  // scale * sum over tokens and experts of probs[t, e] * counts[e]; with
-  // counts summed over every MoE layer and scale = n_experts / rows^2 (times
-  // the loss's coefficient), the sum over layers is Hugging Face's
-  // load_balancing_loss_func. counts take no gradient (they count top-k picks).
+  // The Switch Transformer load-balancing loss, in two steps so that the
+  // statistics of layers on several pipeline stages (and of data-parallel
+  // ranks) add up before the loss is formed: each layer's router statistics
+  // [2, E] (row 0: the top-k picks of each expert, row 1: the sum over rows
+  // of its probability), summed over every MoE layer; then the loss, scale x
+  // their dot product (with scale = n_experts / rows^2, Hugging Face's
+  // load_balancing_loss_func over the rows of every layer taken together).
   ops.push_back({
-      .name = "moe_aux_loss",  // probs [..., E], counts [E] -> scalar
+      .name = "moe_router_stats",  // probs [..., E], experts [..., k] -> [2, E] (picks; probability sums)
       .num_inputs = 2,
       .infer =
+          [](const ValueInfos& in, const Attrs&) {
+            check_float(in[0], "moe_router_stats probabilities");
+            check_i64(in[1], "experts");
+            MT_CHECK(in[0].shape.rank() >= 1 && in[1].shape.rank() == in[0].shape.rank() &&
+                         leading(in[0].shape, 1) == leading(in[1].shape, 1),
+                     "moe_router_stats needs probabilities [..., E] and experts [..., k] of the same rows, got {} and "
+                     "{}",
+                     in[0].shape.to_string(), in[1].shape.to_string());
+            return ValueInfos{{Shape{2, in[0].shape.dim(-1)}, in[0].dtype}};
+          },
+      .backward =  // the picks are a top-k choice, constant in the probabilities
+      [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
+        return std::vector<ValueId>{b.op("moe_router_stats_backward", {n.inputs[0], g[0]}), ValueId{}};
+      },
+      .flops = [](const ValueInfos& in, const ValueInfos&, const Attrs&) { return numel(in[0]) + numel(in[1]); },
+  });
+  ops.push_back({
+      .name = "moe_router_stats_backward",  // probs (for its shape), dstats [2, E] -> dprobs[r, e] = dstats[1, e]
+      .num_inputs = 2,
+      .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0]}; },
+      .flops = elementwise_flops(0),
+      .bytes = [](const ValueInfos& in, const ValueInfos& out,
+                  const Attrs&) { return bytes_of(in[1]) + bytes_of(out[0]); },
+  });
+  ops.push_back({
+      .name = "moe_aux_loss",  // stats [2, E] -> scale * stats[0] . stats[1]
+      .infer =
           [](const ValueInfos& in, const Attrs& at) {
-            check_float(in[0], "moe_aux_loss probabilities");
-            MT_CHECK(in[0].shape.rank() >= 1 && in[1].shape == Shape{in[0].shape.dim(-1)} && in[1].dtype == in[0].dtype,
-                     "counts must be {} [{}] for probabilities {}, got {} {}", dtype_name(in[0].dtype),
-                     in[0].shape.rank() ? in[0].shape.dim(-1) : 0, in[0].shape.to_string(), dtype_name(in[1].dtype),
-                     in[1].shape.to_string());
+            check_float(in[0], "moe_aux_loss statistics");
+            MT_CHECK(in[0].shape.rank() == 2 && in[0].shape.dim(0) == 2,
+                     "moe_aux_loss needs router statistics [2, n_experts], got {}", in[0].shape.to_string());
             at.get(attr::scale);
             return ValueInfos{{Shape{}, in[0].dtype}};
           },
       .backward =
           [](Builder& b, const Node& n, const std::vector<ValueId>& g) {
-            return std::vector<ValueId>{b.op("moe_aux_loss_backward", {n.inputs[0], n.inputs[1], g[0]}, n.attrs),
-                                        ValueId{}};
+            return std::vector<ValueId>{b.op("moe_aux_loss_backward", {n.inputs[0], g[0]}, n.attrs)};
           },
       .flops = elementwise_flops(2),
   });
   ops.push_back({
-      .name = "moe_aux_loss_backward",  // probs (for its shape), counts, dloss -> dprobs = dloss scale counts[e]
-      .num_inputs = 3,
+      .name = "moe_aux_loss_backward",  // stats, dloss -> dloss * scale * [stats[1]; stats[0]]
+      .num_inputs = 2,
       .infer = [](const ValueInfos& in, const Attrs&) { return ValueInfos{in[0]}; },
-      .flops = elementwise_flops(1),
-      .bytes = [](const ValueInfos& in, const ValueInfos& out,
-                  const Attrs&) { return bytes_of(in[1]) + bytes_of(in[2]) + bytes_of(out[0]); },
+      .flops = elementwise_flops(2),
   });
 }
 

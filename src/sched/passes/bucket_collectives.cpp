@@ -197,7 +197,10 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
   std::map<NodeId, std::vector<NodeId>> prepared_before;  // a bucket's pack -> what moves up to just before it
   std::vector<std::pair<ValueId, ValueId>> results;       // a member's waited result -> its unpacked one
   std::vector<NodeId> retired;
+  const graph::Phase saved_phase = g.phase();
+  const std::string saved_scope = g.scope();
   for (const Bucket& b : buckets) {
+    g.set_phase(b.key.phase);  // its members' (a pipeline stage's programs are cut by phase)
     std::vector<ValueId> inputs;
     std::vector<Shape> results_shapes;
     std::vector<int64_t> member_blocks;  // each member's block per rank
@@ -240,6 +243,8 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
       retired.push_back(m.start);
     }
   }
+  g.set_phase(saved_phase);
+  g.set_scope(saved_scope);
   for (const auto& [from, to] : results) g.replace_uses(from, to);
   for (NodeId n : retired) g.remove_node(n);
   // What prepares a member's input runs where it did or, where that is

@@ -3,11 +3,12 @@
 // group [..., N, D] of tokens on its own, so its ops split the group dims
 // (the batch) only. The grouped GEMM is per row; its weights split
 // Megatron-style by output (column parallel) or by input (row parallel, a
-// partial sum). Counts and the aux loss are sums over tokens: partial sums of
-// sharded tokens. Expert parallelism: dispatch keeps the groups' split (one
-// dim further in: the blocks lead), and rows dispatched into blocks of
-// experts meet the weights of those experts when both are split alike (the
-// blocks by dim 0, the weights by expert): each rank its experts' rows.
+// partial sum). Counts and router statistics are sums over tokens: partial
+// sums of sharded tokens; the aux loss, their product, needs them whole.
+// Expert parallelism: dispatch keeps the groups' split (one dim further in:
+// the blocks lead), and rows dispatched into blocks of experts meet the
+// weights of those experts when both are split alike (the blocks by dim 0,
+// the weights by expert): each rank its experts' rows.
 #include "spmd/strategies/families.h"
 
 namespace meshtrain::spmd::strategies {
@@ -98,16 +99,19 @@ void add_moe_rules(const AddRule& add) {
   add.localize("grouped_matmul", [](const LocalNode& n) { return with_first_expert(n, n.in[1]); });
   add("grouped_matmul_wgrad", grouped_matmul_wgrad_rule);
   add.localize("grouped_matmul_wgrad", [](const LocalNode& n) { return with_first_expert(n, n.out[0]); });
-  add("moe_aux_loss", [](const StrategyQuery& q) {
+  add("moe_router_stats", [](const StrategyQuery& q) {  // sums over rows: a shard's are partial
     std::vector<DimStrategy> out;
-    for (int d = 0; d + 1 < rank_of(q, 0); ++d) out.push_back({{P()}, {S(d), R()}});
+    for (int d = 0; d + 1 < rank_of(q, 0); ++d) out.push_back({{P()}, {S(d), S(d)}});
     return out;
   });
-  add("moe_aux_loss_backward", [](const StrategyQuery& q) {
+  add("moe_router_stats_backward", [](const StrategyQuery& q) {
     std::vector<DimStrategy> out;
-    for (int d = 0; d + 1 < rank_of(q, 0); ++d) out.push_back({{S(d)}, {S(d), R(), R()}});
+    for (int d = 0; d + 1 < rank_of(q, 0); ++d) out.push_back({{S(d)}, {S(d), R()}});
     return out;
   });
+  // The aux loss and its backward, a product of sums: on whole statistics only.
+  for (const char* op : {"moe_aux_loss", "moe_aux_loss_backward"})
+    add(op, [](const StrategyQuery&) { return std::vector<DimStrategy>{}; });
 }
 
 }  // namespace meshtrain::spmd::strategies

@@ -2,6 +2,9 @@
 // are in kernels/cpu/moe.cpp.
 #include "kernels/cpu/moe.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cpu/ops/families.h"
 
 namespace meshtrain::kernels::cpu::ops {
@@ -124,27 +127,56 @@ void add_grouped_matmul_kernels(const AddKernel& add) {
 }
 
 void add_aux_loss_kernels(const AddKernel& add) {
-  add("moe_aux_loss", [](const KernelArgs& a) {  // scale * sum over rows of probs[r] . counts
+  add("moe_router_stats", [](const KernelArgs& a) {  // probs, experts -> [picks; probability sums]
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       const auto [rows, e] = rows_of(*a.in[0]);
       const T* probs = in_ptr<T>(a, 0);
-      const T* counts = in_ptr<T>(a, 1);
-      double total = 0;
+      const int64_t* experts = in_ptr<int64_t>(a, 1);
+      std::vector<double> picks(static_cast<size_t>(e)), sums(static_cast<size_t>(e));
+      for (int64_t i = 0; i < a.in[1]->numel(); ++i) {
+        MT_ASSERT(experts[i] >= 0 && experts[i] < e, "moe_router_stats: expert {} of {}", experts[i], e);
+        picks[static_cast<size_t>(experts[i])] += 1;
+      }
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t x = 0; x < e; ++x) total += static_cast<double>(load(probs[r * e + x])) * load(counts[x]);
-      *out_ptr<T>(a) = store<T>(a.attrs.get(attr::scale) * total);
+        for (int64_t x = 0; x < e; ++x) sums[static_cast<size_t>(x)] += load(probs[r * e + x]);
+      T* out = out_ptr<T>(a);
+      for (int64_t x = 0; x < e; ++x) {
+        out[x] = store<T>(picks[static_cast<size_t>(x)]);
+        out[e + x] = store<T>(sums[static_cast<size_t>(x)]);
+      }
     });
   });
-  add("moe_aux_loss_backward", [](const KernelArgs& a) {  // probs, counts, dloss -> dloss * scale * counts[e]
+  add("moe_router_stats_backward", [](const KernelArgs& a) {  // probs, dstats -> every row dstats[1]
     by_float_type(a.in[0]->dtype(), [&](auto z) {
       using T = decltype(z);
       const auto [rows, e] = rows_of(*a.in[0]);
-      const T* counts = in_ptr<T>(a, 1);
-      const double g = a.attrs.get(attr::scale) * load(*in_ptr<T>(a, 2));
+      const T* dsums = in_ptr<T>(a, 1) + e;
       T* out = out_ptr<T>(a);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t x = 0; x < e; ++x) out[r * e + x] = store<T>(g * load(counts[x]));
+      for (int64_t r = 0; r < rows; ++r) std::copy(dsums, dsums + e, out + r * e);
+    });
+  });
+  add("moe_aux_loss", [](const KernelArgs& a) {  // scale * picks . probability sums
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const int64_t e = a.in[0]->shape().dim(1);
+      const T* stats = in_ptr<T>(a, 0);
+      double total = 0;
+      for (int64_t x = 0; x < e; ++x) total += static_cast<double>(load(stats[x])) * load(stats[e + x]);
+      *out_ptr<T>(a) = store<T>(a.attrs.get(attr::scale) * total);
+    });
+  });
+  add("moe_aux_loss_backward", [](const KernelArgs& a) {  // stats, dloss -> dloss * scale * [sums; picks]
+    by_float_type(a.in[0]->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const int64_t e = a.in[0]->shape().dim(1);
+      const T* stats = in_ptr<T>(a, 0);
+      const double g = a.attrs.get(attr::scale) * load(*in_ptr<T>(a, 1));
+      T* out = out_ptr<T>(a);
+      for (int64_t x = 0; x < e; ++x) {
+        out[x] = store<T>(g * load(stats[e + x]));
+        out[e + x] = store<T>(g * load(stats[x]));
+      }
     });
   });
 }
