@@ -46,9 +46,10 @@ std::string unused_degrees(const parallel::ParallelConfig& p) {
 // What `meshtrain train --help` says after the options.
 std::string train_footer() {
   return "Train a Llama from a TOML config; any key can be overridden on the command line. Under mpirun the\n"
-         "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x tp = ranks: DDP, FSDP, HSDP,\n"
-         "Megatron tensor parallel with sequence_parallel and loss_parallel; ep of the dp_shard ranks split\n"
-         "a mixture of experts' experts) and every rank runs its part;\n"
+         "step is laid out on the mesh of the [parallel] keys (dp_replicate x dp_shard x cp x tp = ranks: DDP, FSDP,\n"
+         "HSDP, context parallel, Megatron tensor parallel with sequence_parallel and loss_parallel; ep of the\n"
+         "dp_shard ranks, or of dp_shard x cp, split a mixture of experts' experts; pp stages) and every rank runs\n"
+         "its part;\n"
          "rank 0 prints and writes metrics and checkpoints (--optimizer.lr 1e-3 or --optimizer.lr=1e-3); each\n"
          "rank's kernels get the host's cores divided by its ranks unless OMP_NUM_THREADS is set.\n"
          "--profile prints the time of each op after training (summed over all steps but the first), with\n"

@@ -445,9 +445,10 @@ const std::vector<Key>& keys() {
           "parallel.tp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.tp; }, pos, "a positive integer"),
       number_key<int64_t>(
           "parallel.ep", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.ep; }, pos,
-          "a positive integer dividing parallel.dp_shard and model.n_experts: expert parallelism, each MoE layer's "
-          "experts split over this many of the dp_shard ranks, tokens sent to their experts' ranks and back by "
-          "all_to_all"),
+          "a positive integer dividing model.n_experts and parallel.dp_shard (or, with parallel.cp, cp times a "
+          "divisor of it): expert parallelism, each MoE layer's experts split over this many of the dp_shard ranks "
+          "(or of dp_shard x cp: every cp rank and ep / cp of dp_shard's), tokens sent to their experts' ranks and "
+          "back by all_to_all"),
       number_key<int64_t>(
           "parallel.cp", "1", [](TrainConfig& c) -> int64_t& { return c.parallel.cp; }, pos,
           "a positive integer: context parallelism, every activation split on the sequence over this many ranks "

@@ -44,11 +44,20 @@ sharding::DeviceMesh make_mesh(const ParallelConfig& c, int world_size) {
            "parallel.dp_replicate ({}) x parallel.dp_shard ({}){} x parallel.tp ({}) = {}, but the job has {} ranks",
            c.dp_replicate, dp_shard, cp_term, c.tp, overflow ? std::string("more than 2^63") : std::to_string(product),
            world_size);
-  MT_CHECK(c.ep >= 1 && dp_shard % c.ep == 0,
-           "parallel.ep {} must divide parallel.dp_shard {} (expert parallelism takes its ranks from dp_shard)", c.ep,
-           dp_shard);
+  // Expert parallelism takes its ranks from dp_shard; where ep does not
+  // divide dp_shard, from dp_shard x cp: every cp rank and ep / cp of the
+  // dp_shard ranks (torchtitan's dp_shard_in_ep), as ep % cp == 0 allows.
+  const bool ep_over_cp = c.ep > 1 && c.cp > 1 && dp_shard % c.ep != 0;
+  MT_CHECK(c.ep >= 1 && (dp_shard % c.ep == 0 || (ep_over_cp && c.ep % c.cp == 0 && dp_shard % (c.ep / c.cp) == 0)),
+           "parallel.ep {} must divide parallel.dp_shard {}{} (expert parallelism takes its ranks from dp_shard{})",
+           c.ep, dp_shard, c.cp > 1 ? fmt::format(", or be parallel.cp {} times a divisor of it", c.cp) : "",
+           c.cp > 1 ? ", or from all of cp and part of dp_shard" : "");
   MT_CHECK(c.expert_tp == 1 || c.expert_tp == c.tp, "parallel.expert_tp {} must be 1 or parallel.tp {}", c.expert_tp,
            c.tp);
+  if (ep_over_cp)
+    return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard / (c.ep / c.cp)),
+                                 static_cast<int>(c.ep / c.cp), static_cast<int>(c.cp), static_cast<int>(c.tp)},
+                                {"dp_replicate", "dp_shard", "dp_shard_in_ep", "cp", "tp"});
   if (c.cp > 1 && c.ep > 1)
     return sharding::DeviceMesh({static_cast<int>(c.dp_replicate), static_cast<int>(dp_shard / c.ep),
                                  static_cast<int>(c.ep), static_cast<int>(c.cp), static_cast<int>(c.tp)},
@@ -71,7 +80,12 @@ int optional_dim(const sharding::DeviceMesh& mesh, const char* name) {
   const auto& names = mesh.names();
   return std::find(names.begin(), names.end(), name) != names.end() ? mesh.dim_index(name) : -1;
 }
-int ep_dim_of(const sharding::DeviceMesh& mesh) { return optional_dim(mesh, "ep"); }
+// The dim of expert parallelism's dp_shard ranks: "ep", or "dp_shard_in_ep"
+// where ep takes every cp rank too; -1 without expert parallelism.
+int ep_dim_of(const sharding::DeviceMesh& mesh) {
+  const int ep = optional_dim(mesh, "ep");
+  return ep >= 0 ? ep : optional_dim(mesh, "dp_shard_in_ep");
+}
 int cp_dim_of(const sharding::DeviceMesh& mesh) { return optional_dim(mesh, "cp"); }
 }  // namespace
 
@@ -79,6 +93,13 @@ std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh) {
   std::vector<int> dims{mesh.dim_index("dp_replicate"), mesh.dim_index("dp_shard")};
   if (const int ep = ep_dim_of(mesh); ep >= 0) dims.push_back(ep);
   return dims;
+}
+
+std::vector<int> expert_dims(const sharding::DeviceMesh& mesh) {
+  const int ep = ep_dim_of(mesh);
+  if (ep < 0) return {};
+  if (optional_dim(mesh, "dp_shard_in_ep") == ep) return {ep, cp_dim_of(mesh)};
+  return {ep};
 }
 
 int64_t data_parallel_degree(const sharding::DeviceMesh& mesh) {
@@ -95,11 +116,12 @@ bool splits_activations(const sharding::DeviceMesh& mesh) {
 sharding::Layout pending_over_data_parallel(const sharding::DeviceMesh& mesh, const sharding::Layout& kept,
                                             bool experts) {
   std::vector<sharding::Placement> placements = kept.placements;
-  const int ep = ep_dim_of(mesh);
+  const std::vector<int> by_expert = experts ? expert_dims(mesh) : std::vector<int>{};
   std::vector<int> dims = data_parallel_dims(mesh);
   if (const int cp = cp_dim_of(mesh); cp >= 0) dims.push_back(cp);  // each cp rank's part of the sequence
   for (int d : dims)
-    if (mesh.size(d) > 1 && !(experts && d == ep)) placements[static_cast<size_t>(d)] = sharding::Placement::partial();
+    if (mesh.size(d) > 1 && std::find(by_expert.begin(), by_expert.end(), d) == by_expert.end())
+      placements[static_cast<size_t>(d)] = sharding::Placement::partial();
   return sharding::Layout::from_placements(std::move(placements));
 }
 
@@ -111,6 +133,7 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
              shard = static_cast<size_t>(mesh.dim_index("dp_shard")), tp = static_cast<size_t>(mesh.dim_index("tp"));
   const int ep_dim = ep_dim_of(mesh), cp_dim = cp_dim_of(mesh);
   const auto ep = static_cast<size_t>(ep_dim), cp = static_cast<size_t>(cp_dim);
+  const bool ep_over_cp = expert_dims(mesh).size() == 2;  // the experts split over dp_shard_in_ep x cp
   const auto ndim = static_cast<size_t>(mesh.ndim());
   // A mesh dim of one rank splits nothing: its placement is Replicate, so
   // layouts read as what they do.
@@ -133,7 +156,8 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     // (each ep rank may hold a single expert); without ep, as dense.
     placements[shard] = split(shard, expert && ep_dim >= 0 ? 1 : 0);
     if (ep_dim >= 0) placements[ep] = split(ep, 0);
-    if (cp_dim >= 0) placements[cp] = split(cp, expert && ep_dim >= 0 ? 1 : 0);  // FSDP over dp_shard x cp
+    // FSDP over dp_shard x cp; experts over ep x cp by expert where ep takes the cp ranks.
+    if (cp_dim >= 0) placements[cp] = split(cp, expert && ep_dim >= 0 && !ep_over_cp ? 1 : 0);
     const auto tp_dim = roles.tp_dims.find(p);
     if (tp_dim != roles.tp_dims.end()) placements[tp] = split(tp, tp_dim->second);
     Layout l = Layout::from_placements(std::move(placements));
@@ -187,8 +211,9 @@ StepLayouts step_layouts(const sharding::DeviceMesh& mesh, const graph::Graph& g
     by_block[replicate] = split(replicate, 1);
     by_block[shard] = split(shard, 1);
     by_block[ep] = split(ep, 0);
-    if (cp_dim >= 0)
-      by_block[cp] = split(cp, 2);  // [blocks, batch, cp parts, ...]: each cp rank's part of the sequence
+    // [blocks, batch, cp parts, ...]: each cp rank's part of the sequence, or, where ep takes the cp ranks, its
+    // blocks (after dp_shard_in_ep's: the blocks of ep x cp).
+    if (cp_dim >= 0) by_block[cp] = ep_over_cp ? Placement::shard(0) : split(cp, 2);
     const Layout l = Layout::from_placements(by_block);
     for (graph::ValueId v : roles.dispatched) pin(v, l, l);
   }

@@ -25,8 +25,9 @@ struct ParallelConfig {
   int64_t dp_shard = -1;     // FSDP / ZeRO-3: parameters, gradients and states Shard(0); -1: the ranks left over
   int64_t tp = 1;            // Megatron tensor parallel: weights split by output or input features
   // Expert parallelism: each MoE layer's experts split over `ep` of the
-  // dp_shard ranks (ep divides dp_shard), which FSDP then shards the experts
-  // over the rest of; tokens go to their experts' ranks and back by all_to_all.
+  // dp_shard ranks (ep divides dp_shard), or with cp over every cp rank and
+  // ep / cp of the dp_shard ranks; FSDP then shards the experts over the
+  // rest of dp_shard; tokens go to their experts' ranks and back by all_to_all.
   int64_t ep = 1;
   int64_t expert_tp = 1;  // 1 or tp: the routed experts also split Megatron-style over tp
   // Context parallelism: every activation split on the sequence over `cp`
@@ -70,12 +71,19 @@ struct ParallelConfig {
 // The mesh (dp_replicate, dp_shard, tp) for `world_size` ranks; with cp > 1
 // (dp_replicate, dp_shard, cp, tp); with ep > 1 (dp_replicate, dp_shard,
 // ep, tp), its dp_shard dim then dp_shard / ep ranks; with both
-// (dp_replicate, dp_shard, ep, cp, tp). Throws naming the [parallel] key when the degrees do not multiply
-// to the world size or ep does not divide dp_shard.
+// (dp_replicate, dp_shard, ep, cp, tp), or, where ep does not divide
+// dp_shard but is cp times a divisor of it, (dp_replicate, dp_shard,
+// dp_shard_in_ep, cp, tp): ep's ranks every cp rank and dp_shard_in_ep =
+// ep / cp of dp_shard's, as torchtitan's. Throws naming the [parallel] key
+// when the degrees do not multiply to the world size or ep fits neither way.
 sharding::DeviceMesh make_mesh(const ParallelConfig& config, int world_size);
-// The mesh dims that split the batch (dp_replicate, dp_shard and ep), and
-// how many ranks they hold together.
+// The mesh dims that split the batch (dp_replicate, dp_shard and ep, or
+// dp_shard_in_ep), and how many ranks they hold together.
 std::vector<int> data_parallel_dims(const sharding::DeviceMesh& mesh);
+// The mesh dims the routed experts split over by expert, outer first: ep;
+// or, where ep takes every cp rank, dp_shard_in_ep then cp. Empty without
+// expert parallelism.
+std::vector<int> expert_dims(const sharding::DeviceMesh& mesh);
 int64_t data_parallel_degree(const sharding::DeviceMesh& mesh);
 // Whether the mesh splits activations besides the batch (tp or cp over one
 // rank): their layouts are then pinned (StepRoles::residual_stream, ...).

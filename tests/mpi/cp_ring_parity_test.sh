@@ -6,7 +6,9 @@
 # blocks. CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2 with sequence and loss
 # parallel, CP 2 with full activation checkpointing and 2 microbatches, CP 2
 # in bf16, PP 2 x CP 2, a mixture of experts under CP 2 and under CP 2 x EP 2
-# (ring and all-gather, the expert load as one rank's), CP 2 with
+# (ring and all-gather, the expert load as one rank's), with ep taking the
+# cp ranks (CP 2 x EP 4 on dp_shard 2, CP 2 x EP 2 on dp_shard 1 each way,
+# PP 2 x CP 2 x EP 2; CP 2 x EP 4's checkpoint resumed on one rank), CP 2 with
 # cp_attention auto (which must say what it chose); the CP 2 ring's
 # checkpoint resumed with the keys all-gathered. 20 steps with warmup,
 # cosine decay, weight decay and active clipping; every step's loss and
@@ -15,7 +17,7 @@
 # around the ring and gathers none of them.
 # Usage: cp_ring_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [all|transport]
 # transport: CP 2 and CP 4 (the ring's sends on 2 and 4 ranks) and the mixture of experts under CP 2 x EP 2, ring
-# and all-gather (the all_gathers over cp and the experts' all_to_alls).
+# and all-gather, and CP 2 x EP 4 (the all_gathers over cp and the experts' all_to_alls, over cp too).
 source "$(dirname "$0")/common.sh"
 choose_subset "${4:-}"
 # The tolerances of cp_parity_test.sh (the same layouts all-gathering the keys), which these runs also meet.
@@ -64,7 +66,27 @@ base, ours = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 assert all(o["moe"] == b["moe"] for b, o in zip(base, ours)), "expert load differs"
 PY
 done
-full || { echo "transport subset: CP 2, CP 4 and CP 2 x EP 2 match one rank"; exit 0; }
+# CP 2 x EP 4 on 4 ranks, ep taking every cp rank and 2 of dp_shard's (ep does not divide dp_shard 2): the experts
+# split by expert over dp_shard_in_ep x cp, the rows dispatched to them by all_to_alls over both.
+run moe_cp2_ep4 4 "${moe[@]}" --parallel.cp 2 --parallel.dp_shard 2 --parallel.ep 4 "${ring[@]}"
+compare moe_cp2_ep4 moe_one
+grep -q "mesh (dp_replicate=1, dp_shard=1, dp_shard_in_ep=2, cp=2, tp=1)" "$dir/moe_cp2_ep4.out" ||
+  { cat "$dir/moe_cp2_ep4.out"; fail "CP 2 x EP 4 on dp_shard 2 is not laid out with ep over dp_shard x cp"; }
+full || { echo "transport subset: CP 2, CP 4, CP 2 x EP 2 and CP 2 x EP 4 (ep over dp_shard x cp) match one rank"; exit 0; }
+# EP 2 taking the cp ranks alone (dp_shard 1), each way; PP 2 x CP 2 x EP 2 likewise; the CP 2 x EP 4 checkpoint
+# resumed on one rank.
+for mode in ring allgather; do
+  run "moe_cp2_in_ep2_$mode" 2 "${moe[@]}" --parallel.cp 2 --parallel.dp_shard 1 --parallel.ep 2 \
+    --parallel.cp_attention "$mode"
+  compare "moe_cp2_in_ep2_$mode" moe_one
+done
+run moe_one_accum4 1 "${moe[@]}" --training.grad_accum_steps 4
+run moe_pp2_cp2_in_ep2 4 "${moe[@]}" --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2 \
+  --parallel.dp_shard 1 --parallel.ep 2 "${ring[@]}"
+compare moe_pp2_cp2_in_ep2 moe_one_accum4
+resume moe_one_resumed moe_one 1 "${moe[@]}"
+resume moe_cp2_ep4_as_one moe_cp2_ep4 1 "${moe[@]}"
+compare moe_cp2_ep4_as_one moe_one_resumed
 # auto: rank 0's step estimated both ways, the faster kept; train says which, once.
 run cp2_auto 2 --parallel.cp 2 --parallel.cp_attention auto
 compare cp2_auto

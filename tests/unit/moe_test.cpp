@@ -478,6 +478,43 @@ TEST(MoeLayouts, ContextParallelKeepsEpOnDpShard) {
   EXPECT_EQ(l.given.at(m.dense).to_string(), "RS(0)[0]S(0)[1]S(0)[2]R");
   EXPECT_EQ(l.given.at(m.w1).to_string(), "RS(1)[0]S(0)S(1)[1]R");
   p.ep = 3;
-  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 8); }),
-                              "parallel.ep 3 must divide parallel.dp_shard 4"));
+  EXPECT_TRUE(
+      mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 8); }),
+                      "parallel.ep 3 must divide parallel.dp_shard 4, or be parallel.cp 2 times a divisor of it"));
+}
+
+// Where ep does not divide dp_shard but is cp times a divisor of it, ep
+// takes every cp rank and ep / cp of dp_shard's (torchtitan's
+// dp_shard_in_ep): the experts split by expert over dp_shard_in_ep x cp and
+// FSDP-sharded over the rest of dp_shard, the dense weights over all of
+// dp_shard x cp, the dispatched rows by block over dp_shard_in_ep x cp.
+TEST(MoeLayouts, EpTakesTheCpRanksWhereDpShardCannotHoldIt) {
+  parallel::ParallelConfig p;
+  p.cp = 2;
+  p.ep = 4;
+  const sharding::DeviceMesh mesh = parallel::make_mesh(p, 8);  // dp_shard 4: ep 4 divides it, from dp_shard alone
+  EXPECT_EQ(mesh.describe(), "(dp_replicate=1, dp_shard=1, ep=4, cp=2, tp=1)");
+  p.dp_shard = 2;
+  const sharding::DeviceMesh over_cp = parallel::make_mesh(p, 4);
+  EXPECT_EQ(over_cp.describe(), "(dp_replicate=1, dp_shard=1, dp_shard_in_ep=2, cp=2, tp=1)");
+  EXPECT_EQ(parallel::expert_dims(over_cp), (std::vector<int>{2, 3}));
+  EXPECT_EQ(parallel::data_parallel_degree(over_cp), 2);
+  MoeWeights m(8);
+  const graph::ValueId rows = m.g.add_input("rows", {4, 8, 2, 6, 6}, DType::f32);  // [blocks, batch, cp parts, ...]
+  m.roles.dispatched = {rows};
+  const parallel::StepLayouts l = parallel::step_layouts(over_cp, m.g, m.roles, p);
+  EXPECT_EQ(l.given.at(rows).to_string(), "RRS(0)[0]S(0)[1]R");
+  EXPECT_EQ(l.given.at(m.tokens).to_string(), "RRS(0)RR");
+  EXPECT_EQ(l.given.at(m.dense).to_string(), "RRS(0)[0]S(0)[1]R");
+  EXPECT_EQ(l.given.at(m.w1).to_string(), "RRS(0)[0]S(0)[1]R");
+  EXPECT_EQ(parallel::pending_over_data_parallel(over_cp, l.given.at(m.w1), true).to_string(), "RRS(0)[0]S(0)[1]R");
+  EXPECT_EQ(parallel::pending_over_data_parallel(over_cp, l.given.at(m.dense), false).to_string(), "RRP(sum)P(sum)R");
+  p.dp_shard = 4;
+  p.ep = 8;  // 2 of dp_shard's 4 and both cp ranks: the experts FSDP-sharded over the other 2
+  const sharding::DeviceMesh wide = parallel::make_mesh(p, 8);
+  EXPECT_EQ(wide.describe(), "(dp_replicate=1, dp_shard=1, dp_shard_in_ep=4, cp=2, tp=1)");
+  p.dp_shard = 3;
+  p.ep = 4;
+  EXPECT_TRUE(mtest::contains(mtest::message_of([&] { parallel::make_mesh(p, 6); }),
+                              "parallel.ep 4 must divide parallel.dp_shard 3, or be parallel.cp 2 times a divisor"));
 }
