@@ -24,9 +24,11 @@
 #   estimates with 32 microbatches (the local batch, one sequence each) are
 #   printed too.
 # - The context-parallel rows (the paper's 8B long-context table: FSDP + CP
-#   on 8 GPUs, local batch 1, full AC, torch.compile and Float8) ran
+#   on 8 GPUs, local batch 1, full AC, torch.compile and Float8; and its
+#   405B 4D table: TP 8 x PP 8 x CP x FSDP, local batch 8, 1F1B) ran
 #   PyTorch's CP over SDPA with its keys and values rotated; these estimates
-#   all-gather them once per layer (parallel.cp_attention allgather).
+#   all-gather them once per layer (parallel.cp_attention allgather). The
+#   405B table names no precision: they are estimated in bf16.
 # Usage: bench/published.sh [PROFILE] (default h100-sxm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,15 @@ estimate() {  # NAME PUBLISHED_TOKENS PUBLISHED_GIB ARGS...
       --ranks 8 --parallel.cp "$cp" --parallel.dp_shard $((8 / cp)) --data.seq_len "$seq" \
       --data.batch_size $((8 / cp)) --activation_checkpoint.mode full --activation_checkpoint.selective_matmuls all \
       --parallel.cp_attention allgather --training.fp8 tensorwise
+  done
+  # 405B with context parallelism (the paper's 4D table): TP 8 x PP 8 x CP c x FSDP 8/c on 512 GPUs, local batch 8,
+  # 1F1B over the pipeline degree's 8 microbatches, full AC, in bf16 (the table names no Float8), keys all-gathered.
+  for row in "1 32768 76 75.3" "2 65536 47 75.9" "4 131072 31 77.1" "8 262144 16 84.9"; do
+    read -r cp seq tokens gib <<<"$row"
+    estimate "405B_TP8xPP8xCP${cp}xFSDP$((8 / cp))_1F1B_${seq}" "$tokens" "$gib" --config configs/llama3_405b.toml \
+      --ranks 512 --parallel.pp 8 --parallel.cp "$cp" --parallel.dp_shard $((8 / cp)) --data.seq_len "$seq" \
+      --data.batch_size $((8 * 8 / cp)) --parallel.pp_microbatches 8 --parallel.pp_schedule 1f1b \
+      --parallel.cp_attention allgather
   done
   pp=(--config configs/llama3_405b.toml --ranks 512 --parallel.pp 8 --parallel.dp_shard 8 --training.fp8 tensorwise)
   estimate "405B_FSDP8xTP8xPP8_1F1B_m8 (Float8)" 100 82.5 "${pp[@]}" --parallel.pp_schedule 1f1b \

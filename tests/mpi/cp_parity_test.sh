@@ -81,6 +81,6 @@ bad 3 'parallel.dp_replicate (1) x parallel.dp_shard (1) x parallel.cp (2) x par
 bad 3 '3 ranks do not divide by parallel.dp_replicate (1) x parallel.cp (2) x parallel.tp (1)' --parallel.cp 2
 bad 4 'model.n_kv_heads 1 must divide by parallel.tp 2' --parallel.cp 2 --parallel.tp 2 --model.n_kv_heads 1
 bad 2 "config key parallel.cp: '0' is not a positive integer" --parallel.cp 0
-bad 4 'parallel.ep 4 must divide parallel.dp_shard 2 (expert parallelism takes its ranks from dp_shard)' --parallel.cp 2 \
-  --parallel.ep 4 --model.n_experts 4
+bad 4 'parallel.ep 6 must divide parallel.dp_shard 2, or be parallel.cp 2 times a divisor of it (expert parallelism takes its ranks from dp_shard, or from all of cp and part of dp_shard)' \
+  --parallel.cp 2 --parallel.ep 6 --model.n_experts 6
 echo "PASS"

@@ -246,6 +246,26 @@ TEST(BucketCollectives, MembersReadOnlyAsOutputsAreWaitedForAtTheEnd) {
   for (ValueId out : g.outputs()) EXPECT_EQ(g.node(g.value(out).producer).op->name, "bucket_unpack");
 }
 
+// A weight's gather and an activation's over one group (context
+// parallelism's keys and its FSDP over cp) stay apart: a bucket with the
+// activation would gather the weight again for every microbatch and keep it
+// for the backward.
+TEST(BucketCollectives, WeightsAndActivationsShareNoBucket) {
+  Graph g;
+  Builder b(g);
+  const ValueId weight = b.cast(g.add_parameter("w", {4, 8}, DType::f32), DType::bf16);
+  const ValueId keys = b.scale(g.add_input("k", {4, 8}, DType::bf16), 2.0);
+  for (const ValueId shard : {weight, keys}) {
+    const Attrs attrs{attr::shape({8, 8}),         attr::mesh_dims({0}),         attr::group({0, 1}),
+                      attr::layout_before("S(0)"), attr::layout_after("R"),      attr::global_shape({8, 8}),
+                      attr::buffer_elements(0),    attr::comm_bytes(8.0 * 8 * 2)};
+    const NodeId start = g.add_node("all_gather", {shard}, attrs);
+    g.add_output(b.scale(g.only_output(g.add_node("wait", g.node(start).outputs)), 1.0));
+  }
+  EXPECT_FALSE(sched::bucket_collectives(g, {.mode = sched::BucketMode::per_block, .mesh_ndim = 1}));
+  EXPECT_FALSE(sched::bucket_collectives(g, {.mode = sched::BucketMode::size_cap, .mesh_ndim = 1}));
+}
+
 // Under a cap of two gathers' bytes, the first two share a bucket and the
 // third, alone, stays as it was.
 TEST(BucketCollectives, SizeCapClosesABucketAtTheCap) {

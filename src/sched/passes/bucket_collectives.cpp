@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -50,6 +51,10 @@ struct Key {
   std::vector<int64_t> mesh_dims, group;
   DType dtype;
   graph::Phase phase;
+  // Whether the members' inputs come from parameters alone (weights FSDP
+  // gathers): a bucket of them stays out of the activations' (context
+  // parallelism's keys), which would make it a microbatch's.
+  bool of_parameters = false;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -82,12 +87,21 @@ struct Candidates {
   const graph::Graph& g;
   std::map<NodeId, size_t> position;
   std::map<ValueId, std::vector<NodeId>> readers;
+  std::set<ValueId> of_parameters;  // values computed from parameters alone (through collectives too)
 
   explicit Candidates(const graph::Graph& graph) : g(graph) {
     for (size_t i = 0; i < g.order().size(); ++i) {
+      const graph::Node& node = g.node(g.order()[i]);
       position[g.order()[i]] = i;
-      for (ValueId in : g.node(g.order()[i]).inputs) readers[in].push_back(g.order()[i]);
+      for (ValueId in : node.inputs) readers[in].push_back(g.order()[i]);
+      const bool derived = !node.inputs.empty() && std::all_of(node.inputs.begin(), node.inputs.end(), [&](ValueId x) {
+        return g.value(x).kind == graph::ValueKind::parameter || of_parameters.contains(x);
+      });
+      if (derived) of_parameters.insert(node.outputs.begin(), node.outputs.end());
     }
+  }
+  bool from_parameters(ValueId v) const {
+    return g.value(v).kind == graph::ValueKind::parameter || of_parameters.contains(v);
   }
 
   std::optional<Member> member(NodeId n) const {
@@ -141,7 +155,8 @@ std::vector<Bucket> group_buckets(const graph::Graph& g, BucketMode mode, double
                   node.attrs.get(graph::attr::mesh_dims),
                   node.attrs.get(graph::attr::group),
                   g.value(node.inputs[0]).info.dtype,
-                  node.phase};
+                  node.phase,
+                  c.from_parameters(node.inputs[0])};
     const std::string block = block_of(node.scope);
     auto it = open.find(key);
     if (it != open.end()) {

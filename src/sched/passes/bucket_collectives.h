@@ -40,9 +40,10 @@ struct BucketOptions {
 // Merges all_gathers (a shard of each member to the whole), reduce_scatters
 // (the whole to a shard) and all_reduces whose blocks need no packing
 // (buffer_elements 0), shards even, over one mesh dim: consecutive ones of
-// one kind, group, dtype and phase, as the mode groups them, as long as
-// every member's input can be computed before the first member's result is
-// read (what computes an all_gather's input from parameters alone, a cast,
+// one kind, group, dtype and phase, the weights' apart from the
+// activations' (an input from parameters alone or not), as the mode groups
+// them, as long as every member's input can be computed before the first
+// member's result is read (what computes an all_gather's input from parameters alone, a cast,
 // moves up with it). The bucket's collective starts where its last
 // member's input is ready and is waited on before the first member's result
 // is read. Run before sink_waits, on lowering's output. Returns whether the
