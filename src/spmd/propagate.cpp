@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -58,6 +59,33 @@ bool splits_evenly(const std::vector<const DimStrategy*>& c, const sharding::Dev
       if (in[static_cast<size_t>(e.input)].shape[static_cast<size_t>(e.dim)] % (shards * e.multiple) != 0) return false;
     }
   return true;
+}
+
+// The share of a node's work the busiest rank does under candidate `c`:
+// each mesh dim that splits an output divides it, a shard by the torch.chunk
+// rule (a dim of n split s ways gives the first ranks ceil(n / s) of it, so
+// 2 rows over 8 ranks leave one rank half the work, not an eighth), a
+// partial sum (a split contraction) evenly.
+double busiest_share(const std::vector<const DimStrategy*>& c, const sharding::DeviceMesh& mesh,
+                     const graph::ValueInfos& outs) {
+  double share = 1;
+  std::map<std::pair<size_t, int>, int64_t> shards;  // (output, tensor dim) -> the ways it is split
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    const std::vector<Placement>& ps = c[static_cast<size_t>(m)]->outputs;
+    const auto split = std::find_if(ps.begin(), ps.end(), [](const Placement& p) { return !p.is_replicate(); });
+    if (split == ps.end()) continue;
+    if (split->is_sharding()) {
+      const std::pair<size_t, int> where{static_cast<size_t>(split - ps.begin()), split->dim};
+      shards.try_emplace(where, 1).first->second *= mesh.size(m);
+    } else {
+      share /= static_cast<double>(mesh.size(m));
+    }
+  }
+  for (const auto& [where, ways] : shards) {
+    const int64_t n = outs[where.first].shape[static_cast<size_t>(where.second)];
+    if (n > 0) share *= static_cast<double>((n + ways - 1) / ways) / static_cast<double>(n);
+  }
+  return share;
 }
 
 Layout layout_of(const std::vector<const DimStrategy*>& c, bool output, size_t k) {
@@ -197,15 +225,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
               planner.plan(in[k].shape, dtype_size(in[k].dtype), have, want)->total_cost_us + kNodeUs;
         cand.inputs.push_back(std::move(want));
       }
-      // Each rank computes the share of the work its mesh coordinates split off.
-      double split = 1;
-      for (int m = 0; m < mesh.ndim(); ++m) {
-        const DimStrategy& s = *c[static_cast<size_t>(m)];
-        bool divides = false;
-        for (const Placement& p : s.outputs) divides |= !p.is_replicate();
-        split *= divides ? mesh.size(m) : 1;
-      }
-      cand.compute_us = flops / split / options.flops_per_us;
+      cand.compute_us = flops * busiest_share(c, mesh, outs) / options.flops_per_us;
       // An output pinned or delivered in a given layout (the residual stream,
       // an updated parameter) costs its redistribution to it too, so a node
       // does not pick a layout it must then undo.

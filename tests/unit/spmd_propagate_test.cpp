@@ -99,6 +99,25 @@ TEST(Propagate, APendingSumCostsItsReduction) {
   EXPECT_NE(s.values.at(logits).to_string(), "P(sum)");
 }
 
+// Two rows split over 8 ranks leave one rank half the work (the torch.chunk
+// rule gives each of the first two a row, the others none), not an eighth:
+// with the rows so given, the planner gathers them (32 KiB) and splits the
+// weight's 4096 columns instead, each rank an eighth of the GEMM.
+TEST(Propagate, AnUnevenSplitCostsItsBusiestRank) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {2, 4096}, DType::f32);
+  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
+  const ValueId y = b.matmul(x, w, false, true);
+  g.add_output(y);
+  const sharding::DeviceMesh mesh({8});
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const spmd::Sharding s = spmd::propagate(g, planner, {{x, Layout::parse("S(0)", 1)}, {w, Layout::parse("R", 1)}});
+  const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
+  EXPECT_EQ(matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string(), "R S(0)");
+  EXPECT_EQ(s.values.at(y).to_string(), "S(1)");
+}
+
 TEST(Propagate, Errors) {
   mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
