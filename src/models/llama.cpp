@@ -190,12 +190,12 @@ LlamaGraph build_llama(graph::Graph& g, const LlamaConfig& c, int64_t batch, int
 }
 
 bool span_takes_router_stats(const LlamaConfig& c, const LlamaSpan& span) {
-  return c.moe_layers() > 0 && c.router_aux_loss_coef > 0 && span.first_layer > c.first_dense_layers;
+  return c.has_load_balancing_loss() && span.first_layer > c.first_dense_layers;
 }
 
 bool span_gives_router_stats(const LlamaConfig& c, const LlamaSpan& span) {
   const int64_t end = span.end_layer < 0 ? c.n_layers : span.end_layer;
-  return c.moe_layers() > 0 && c.router_aux_loss_coef > 0 && !span.head && end > c.first_dense_layers;
+  return c.has_load_balancing_loss() && !span.head && end > c.first_dense_layers;
 }
 
 DType router_stats_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DType::f32; }
@@ -234,7 +234,7 @@ graph::ValueId sparse_moe(graph::Builder& b, const LlamaConfig& c, LlamaGraph& m
   const graph::ValueId experts = b.moe_topk(probs, k);
   graph::ValueId weights = b.moe_route_weights(probs, experts);
   if (compute != router) weights = b.cast(weights, compute);
-  if (c.router_aux_loss_coef > 0) {
+  if (c.has_load_balancing_loss()) {
     const graph::ValueId stats = b.moe_router_stats(probs, experts);
     m.router_stats = m.router_stats.valid() ? b.add(m.router_stats, stats) : stats;
   }
@@ -422,7 +422,7 @@ LlamaGraph llama_span_forward(graph::Graph& g, const LlamaConfig& c, const Llama
   m.logits.push_back(flat_logits);
   m.loss = m.ce_loss = split_loss ? b.cross_entropy_split(flat_logits, flat_targets, -100, count)
                                   : b.cross_entropy(flat_logits, flat_targets, -100, count);
-  if (c.moe_layers() > 0 && c.router_aux_loss_coef > 0) {
+  if (c.has_load_balancing_loss()) {
     // Hugging Face's load_balancing_loss_func: n_experts x the sum over
     // experts of (the share of top-k picks it got) x (its mean probability),
     // the tokens of every MoE layer taken together.

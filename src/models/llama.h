@@ -80,6 +80,8 @@ struct LlamaConfig {
   int64_t head_dim() const { return dim / n_heads; }
   bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
   int64_t moe_layers() const { return n_experts > 0 ? std::max<int64_t>(n_layers - first_dense_layers, 0) : 0; }
+  // Whether the loss adds the load-balancing loss over the MoE layers' routers.
+  bool has_load_balancing_loss() const { return moe_layers() > 0 && router_aux_loss_coef > 0; }
   int64_t expert_ffn_dim() const { return moe_ffn_dim > 0 ? moe_ffn_dim : ffn_dim; }
 };
 

@@ -161,6 +161,8 @@ PipelineRunner::Stage& PipelineRunner::local_stage(int stage) {
 }
 
 int PipelineRunner::peer_tag(int from_stage, bool forward, size_t slot) const {
+  MT_ASSERT(slot < 2, "pipeline stage {} sends value {} one way: at most two cross (PipelineStage::to_next)",
+            from_stage, slot);
   return (4 * from_stage + (forward ? 0 : 2) + static_cast<int>(slot)) % (1 << 20);
 }
 
@@ -526,8 +528,7 @@ StepRunner::Result PipelineRunner::step(double lr, int64_t adam_step) {
   update_run_->run();
   if (tracing_) trace_.push_back({"norm and update", false, update_begin, since_start_us()});
   std::optional<double> aux_loss;  // the microbatches' mean, as a single rank's step reports it
-  if (config_.model.moe_layers() > 0 && config_.model.router_aux_loss_coef > 0)
-    aux_loss = sums.data<double>()[2] / static_cast<double>(m * chunks);
+  if (config_.model.has_load_balancing_loss()) aux_loss = sums.data<double>()[2] / static_cast<double>(m * chunks);
   return {.loss = static_cast<double>(static_cast<float>(sums.data<double>()[1])),
           .grad_norm = update_run_->fetch(update_.norm).get(0),
           .expert_load = step_expert_load(),
