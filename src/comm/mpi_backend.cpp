@@ -162,7 +162,7 @@ class Engine {
   void progress_loop() {
     using namespace std::chrono;
     uint64_t seen_polls = 0;
-    for (;;) {
+    for (auto woke = Clock::now();;) {
       std::vector<WorkPtr> expired;
       bool waiter_polling = false;
       {
@@ -174,7 +174,7 @@ class Engine {
         seen_polls = polls;
         if (!waiter_polling) progress_locked();
         poll_signal_locked();
-        const auto now = Clock::now();
+        const auto now = woke = note_pause(woke, Clock::now());
         report_unfinished_after_stop_signal_locked(now);
         for (auto& op : active_)
           if (!op->done && op->work->deadline() <= now) expired.push_back(op->work);

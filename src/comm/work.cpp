@@ -44,6 +44,14 @@ Clock::time_point last_continued() noexcept {
   return Clock::time_point(Clock::duration(continued_at.load(std::memory_order_relaxed)));
 }
 
+Clock::time_point note_pause(Clock::time_point last_seen, Clock::time_point now) noexcept {
+  if (now - last_seen <= kPauseGap) return now;
+  const auto ticks = now.time_since_epoch().count();
+  for (auto seen = continued_at.load(std::memory_order_relaxed); seen < ticks;)
+    if (continued_at.compare_exchange_weak(seen, ticks, std::memory_order_relaxed)) break;
+  return now;
+}
+
 std::string WorkInfo::describe() const {
   return fmt::format("{} ({}seq {}) on group '{}' ({} ranks)", op_type_name(op), p2p ? "p2p " : "", seq, group,
                      group_size);
@@ -85,13 +93,17 @@ void Work::check_deadline() {
 bool Work::wait_until(Clock::time_point until) {
   if (!poller_) {
     std::unique_lock lock(mu_);
-    return cv_.wait_until(lock, until, [&] { return done_.load(); });
+    if (cv_.wait_until(lock, until, [&] { return done_.load(); })) return true;
+    note_pause(until, Clock::now());  // woken far past the deadline: the process was stopped
+    return false;
   }
+  auto seen = Clock::now();
   for (int idle = 0;;) {
     idle = poller_() ? 0 : idle + 1;
     if (done_.load(std::memory_order_acquire)) return true;
+    seen = note_pause(seen, Clock::now());
     if (idle < kIdlePollsBeforeYield) continue;
-    if (Clock::now() >= until) return false;
+    if (seen >= until) return false;
     idle = 0;
     std::this_thread::yield();
   }

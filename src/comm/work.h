@@ -27,6 +27,14 @@ using Clock = std::chrono::steady_clock;
 // Work, unless the program has a SIGCONT handler of its own.
 Clock::time_point last_continued() noexcept;
 
+// A thread that watches a deadline in a loop (a waiter, the progress thread)
+// calls this with the time it last read the clock and now: a gap longer than
+// kPauseGap means the process did not run (it was stopped, and the SIGCONT
+// handler has not run yet: it may be scheduled after the thread that would
+// declare the timeout), so it counts as continued now. Returns now.
+inline constexpr std::chrono::milliseconds kPauseGap{1000};
+Clock::time_point note_pause(Clock::time_point last_seen, Clock::time_point now) noexcept;
+
 // What an operation is, for error messages and the flight recorder.
 struct WorkInfo {
   std::string group;

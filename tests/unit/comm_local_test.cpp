@@ -220,6 +220,35 @@ TEST(LocalTimeout, ATimeoutRunsFromWhenTheProcessWasContinued) {
   std::filesystem::remove_all(dir);
 }
 
+// A waiting thread that did not run for longer than kPauseGap (stopped, and
+// resumed before the signal thread could record SIGCONT: the CI run where a
+// continued rank declared its own timeout) counts the process as continued.
+TEST(LocalTimeout, AWaiterThatDidNotRunDoesNotTimeOut) {
+  WorkInfo info;
+  info.group = "world";
+  info.timeout = 500ms;
+  Work work(info, nullptr, 0);
+  bool timed_out = false;
+  work.set_timeout_handler([&](Work& w) {
+    timed_out = true;
+    w.fail(std::make_exception_ptr(TimeoutError("timed out")));
+  });
+  int polls = 0;
+  work.set_poller([&] {
+    if (++polls == 1) std::this_thread::sleep_for(kPauseGap + 300ms);  // the thread is not running
+    if (polls == 500) work.finish();
+    return false;
+  });
+  EXPECT_NO_THROW(work.wait());
+  EXPECT_FALSE(timed_out);
+  EXPECT_GE(last_continued(), work.issued_at() + kPauseGap);
+
+  Work stuck(info, nullptr, 0);  // and one that is waited on throughout still times out
+  stuck.set_timeout_handler([](Work& w) { w.fail(std::make_exception_ptr(TimeoutError("timed out"))); });
+  stuck.set_poller([] { return false; });
+  EXPECT_THROW(stuck.wait(), TimeoutError);
+}
+
 // A rank that stalls inside a collective (stopped mid-transfer): every rank
 // issued it, none finished; the dumps agree, and the analysis says so
 // instead of "no mismatch".
