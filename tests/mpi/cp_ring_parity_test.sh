@@ -16,8 +16,9 @@
 # tolerances below. The lowered CP 2 step shifts the keys and values
 # around the ring and gathers none of them.
 # Usage: cp_ring_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [all|transport]
-# transport: CP 2 and CP 4 (the ring's sends on 2 and 4 ranks) and the mixture of experts under CP 2 x EP 2, ring
-# and all-gather, and CP 2 x EP 4 (the all_gathers over cp and the experts' all_to_alls, over cp too).
+# transport: CP 2 and CP 4 (the ring's sends on 2 and 4 ranks), CP 2 x FSDP 2 (the weights gathered over dp_shard x
+# cp), CP 2 x TP 2 with SP, PP 2 x CP 2 (the stages' sends beside the ring's), the mixture of experts under CP 2 x EP 2,
+# ring and all-gather, and CP 2 x EP 4 (the all_gathers over cp and the experts' all_to_alls, over cp too).
 source "$(dirname "$0")/common.sh"
 choose_subset "${4:-}"
 # The tolerances of cp_parity_test.sh (the same layouts all-gathering the keys), which these runs also meet.
@@ -33,12 +34,15 @@ run cp4 4 --parallel.cp 4 "${ring[@]}"
 compare cp4
 moe=(--model.n_layers 3 --model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 32
      --model.first_dense_layers 1 --model.n_shared_experts 1 --model.router_aux_loss_coef 0.01)
-if full; then
 run cp2_fsdp2 4 --parallel.cp 2 --parallel.dp_shard 2 "${ring[@]}"
 compare cp2_fsdp2
 run cp2_tp2_sp_lp 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parallel true --parallel.loss_parallel true \
   "${ring[@]}"
 compare cp2_tp2_sp_lp
+run one_accum4 1 --training.grad_accum_steps 4
+run pp2_cp2 4 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2 "${ring[@]}"
+compare pp2_cp2 one_accum4
+if full; then
 run one_accum2 1 --training.grad_accum_steps 2
 run cp2_full_ac_accum2 2 --parallel.cp 2 --activation_checkpoint.mode full --training.grad_accum_steps 2 "${ring[@]}"
 compare cp2_full_ac_accum2 one_accum2
@@ -46,9 +50,6 @@ run one_bf16 1 --training.dtype bfloat16
 run cp2_bf16 2 --parallel.cp 2 --training.dtype bfloat16 "${ring[@]}"
 # bf16: each block's partial output is rounded to bf16 before the merge. Tolerances of cp_parity_test.sh's bf16 run.
 compare cp2_bf16 one_bf16 5e-4 5e-3 0.3 2e-2
-run one_accum4 1 --training.grad_accum_steps 4
-run pp2_cp2 4 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2 "${ring[@]}"
-compare pp2_cp2 one_accum4
 fi
 run moe_one 1 "${moe[@]}"
 if full; then
@@ -72,7 +73,8 @@ run moe_cp2_ep4 4 "${moe[@]}" --parallel.cp 2 --parallel.dp_shard 2 --parallel.e
 compare moe_cp2_ep4 moe_one
 grep -q "mesh (dp_replicate=1, dp_shard=1, dp_shard_in_ep=2, cp=2, tp=1)" "$dir/moe_cp2_ep4.out" ||
   { cat "$dir/moe_cp2_ep4.out"; fail "CP 2 x EP 4 on dp_shard 2 is not laid out with ep over dp_shard x cp"; }
-full || { echo "transport subset: CP 2, CP 4, CP 2 x EP 2 and CP 2 x EP 4 (ep over dp_shard x cp) match one rank"; exit 0; }
+subset="CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2, PP 2 x CP 2, CP 2 x EP 2 and CP 2 x EP 4 (ep over dp_shard x cp)"
+full || { echo "transport subset: $subset match one rank"; exit 0; }
 # EP 2 taking the cp ranks alone (dp_shard 1), each way; PP 2 x CP 2 x EP 2 likewise; the CP 2 x EP 4 checkpoint
 # resumed on one rank.
 for mode in ring allgather; do
