@@ -160,6 +160,80 @@ double reduction_bandwidth_us(sharding::Planner& planner, const graph::ValueInfo
   return std::max(0.0, best);
 }
 
+// Each node's readers, by the operand they read a value as.
+struct Reader {
+  graph::NodeId node;
+  size_t operand;
+};
+std::map<graph::ValueId, std::vector<Reader>> readers_of(const graph::Graph& g) {
+  std::map<graph::ValueId, std::vector<Reader>> readers;
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    if (node.recomputes.valid()) continue;  // laid out as the node it recomputes
+    for (size_t k = 0; k < node.inputs.size(); ++k) readers[node.inputs[k]].push_back({n, k});
+  }
+  return readers;
+}
+
+// One step of look-ahead: what a value laid out as `have` costs its readers
+// before they can run, each redistributing it to the nearest layout one of
+// its strategies reads it in (the least they pay, whatever their other
+// inputs do). A node so does not pick a layout only an expensive
+// redistribution undoes (an LM head split by vocabulary over data parallel,
+// its logits moved back to rows by an all_to_all as large as they are,
+// because gathering its input was cheaper than gathering its weight).
+class ReaderCost {
+ public:
+  ReaderCost(const graph::Graph& g, sharding::Planner& planner) : g_(g), planner_(planner), readers_(readers_of(g)) {}
+
+  double of(graph::ValueId v, const Layout& have) {
+    const auto it = readers_.find(v);
+    if (it == readers_.end()) return 0;
+    const graph::ValueInfo& info = g_.value(v).info;
+    double total = 0;
+    for (const Reader& r : it->second) {
+      const Accepted& accepted = accepted_by(r);
+      if (accepted.keys.count(key_of(have))) continue;
+      double least = std::numeric_limits<double>::infinity();
+      const std::vector<std::vector<int>> preferred = shard_sequences(have);
+      for (Layout want : accepted.layouts) {
+        order_like(want, preferred);
+        if (!reachable(have, want)) continue;
+        least = std::min(least, planner_.plan(info.shape, dtype_size(info.dtype), have, want)->total_cost_us);
+      }
+      if (least < std::numeric_limits<double>::infinity()) total += least;
+    }
+    return total;
+  }
+
+ private:
+  struct Accepted {
+    std::vector<Layout> layouts;  // in mesh-dim shard order
+    std::set<std::string> keys;
+  };
+  static std::string key_of(const Layout& l) { return Layout::from_placements(l.placements).to_string(); }
+
+  const Accepted& accepted_by(const Reader& r) {
+    const std::pair<int32_t, size_t> at{r.node.index, r.operand};
+    if (const auto it = accepted_.find(at); it != accepted_.end()) return it->second;
+    const graph::Node& node = g_.node(r.node);
+    const graph::ValueInfos in = graph::value_infos(g_, node.inputs), outs = graph::value_infos(g_, node.outputs);
+    const std::vector<DimStrategy> per_dim = dim_strategies(StrategyQuery{*node.op, in, outs, node.attrs});
+    Accepted accepted;
+    for_each_combination(per_dim, planner_.mesh(), [&](const std::vector<const DimStrategy*>& c) {
+      if (!splits_evenly(c, planner_.mesh(), in)) return;
+      Layout l = layout_of(c, false, r.operand);
+      if (accepted.keys.insert(key_of(l)).second) accepted.layouts.push_back(std::move(l));
+    });
+    return accepted_.emplace(at, std::move(accepted)).first->second;
+  }
+
+  const graph::Graph& g_;
+  sharding::Planner& planner_;
+  std::map<graph::ValueId, std::vector<Reader>> readers_;
+  std::map<std::pair<int32_t, size_t>, Accepted> accepted_;
+};
+
 }  // namespace
 
 Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
@@ -182,6 +256,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     const auto it = given.find(v);
     out.values[v] = it == given.end() ? replicated : it->second;
   }
+  ReaderCost reader_cost(g, planner);
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (node.recomputes.valid()) {
@@ -250,6 +325,8 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
         // logits).
         if (!wanted_as_is && has_partial(cand.outputs.back()))
           deliver_us += reduction_bandwidth_us(planner, outs[k], cand.outputs.back());
+        else if (!wanted_as_is)
+          deliver_us += reader_cost.of(node.outputs[k], cand.outputs.back());
       }
       const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
       if (cost < best_cost) {

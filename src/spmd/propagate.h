@@ -2,8 +2,10 @@
 // layouts of its inputs and parameters (what a parallel plan assigns). Each
 // node, in order, takes the strategy (one DimStrategy per mesh dim) of least
 // cost: redistributing its inputs to the layouts the strategy needs (the
-// planner's cost) plus its compute on the shard it computes. Ties go to the
-// first candidate, so every rank propagates alike.
+// planner's cost) plus its compute on the shard it computes, plus one step
+// of look-ahead: what its outputs' readers must at least pay to read them
+// as they come out. Ties go to the first candidate, so every rank
+// propagates alike.
 #pragma once
 
 #include <map>

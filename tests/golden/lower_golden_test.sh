@@ -47,8 +47,9 @@ E = {
   # Every unit's gradient reduce_scattered once, to the parameter's shard.
   ("backward", "reduce_scatter", "dp_shard"): (3 + L, fsdp_bytes),
   # The loss is a mean over every rank's valid targets: their count (f64) summed before cross_entropy, and the
-  # loss itself (f32) summed so that every rank reports the global one.
-  ("forward", "all_reduce", "dp_shard"): (2, None),
+  # loss itself (f32) summed so that every rank reports the global one: over tp too, where the rows are split.
+  ("forward", "all_reduce", "dp_shard"): (1, None),
+  ("forward", "all_reduce", "dp_shard+tp"): (1, None),
   # cross_entropy_backward reads forward's summed count: a scalar is redistributed once for all its readers.
   ("backward", "all_reduce", "dp_shard"): (0, None),
   # Clipping's global norm: this rank's sum of squares (f64) summed over dp_shard once.
@@ -58,11 +59,13 @@ E = {
   # Backward's mirror (Megatron's f): the gradients of the column-parallel projections' input, partial over tp,
   # added within the block and all_reduced once per attention and per MLP block.
   ("backward", "all_reduce", "tp"): (2 * L, None),
-  # The vocab-split table gathered whole for the lookup; the vocab-split logits gathered whole for the cross entropy.
-  ("forward", "all_gather", "tp"): (2, None),
-  # cross_entropy_backward works on rows: the logits go from vocab-split to row-split (all_to_all), the targets and
-  # the final norm's output are split likewise where they are (shard_locally: no bytes).
-  ("backward", "all_to_all", "tp"): (1, None),
+  # The vocab-split table gathered whole for the lookup.
+  ("forward", "all_gather", "tp"): (1, None),
+  # cross_entropy and its backward work on rows: the logits go from vocab-split to row-split once (all_to_all, half
+  # the bytes of gathering them whole), the targets (for each) and the final norm's output are split likewise where
+  # they are (shard_locally: no bytes).
+  ("forward", "all_to_all", "tp"): (1, None),
+  ("forward", "shard_locally", "tp"): (1, None),
   ("backward", "shard_locally", "tp"): (2, None),
   # lm_head's weight gathered whole over tp for the row-split dx = dlogits W, and that dx gathered back to whole rows.
   ("backward", "all_gather", "tp"): (2, None),

@@ -118,6 +118,28 @@ TEST(Propagate, AnUnevenSplitCostsItsBusiestRank) {
   EXPECT_EQ(s.values.at(y).to_string(), "S(1)");
 }
 
+// One step of look-ahead: gathering the rows (2 KiB) is cheaper than
+// gathering the weight (16 KiB), but leaves the logits split by vocabulary,
+// and cross_entropy reads rows: the all_to_all back (32 KiB) counts against
+// that choice, so the weight is gathered and the logits come out in rows
+// (the 8B CP 4 estimate's LM head, whose logits' all_to_all held 47 GiB).
+TEST(Propagate, AReaderThatNeedsAnotherLayoutCostsItsProducer) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 16}, DType::f32);
+  const ValueId w = g.add_parameter("w", {512, 16}, DType::f32);
+  const ValueId targets = g.add_input("targets", {64}, DType::i64);
+  const ValueId logits = b.matmul(x, w, false, true);
+  g.add_output(b.cross_entropy(logits, targets));
+  const sharding::DeviceMesh mesh({2});
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const Layout rows = Layout::parse("S(0)", 1);
+  const spmd::Sharding s = spmd::propagate(g, planner, {{x, rows}, {w, rows}, {targets, rows}});
+  const spmd::NodeSharding& matmul = s.nodes.at(g.value(logits).producer);
+  EXPECT_EQ(matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string(), "S(0) R");
+  EXPECT_EQ(s.values.at(logits).to_string(), "S(0)");
+}
+
 TEST(Propagate, Errors) {
   mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
