@@ -13,8 +13,11 @@
 # checkpoint, exported, must be the gathered weights bitwise. The lowered
 # CP 2 step all-gathers the keys and values over cp. Bad input fails on
 # every rank with one message.
-# Usage: cp_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR
+# Usage: cp_parity_test.sh "MPIRUN [FLAGS]" MESHTRAIN SOURCE_DIR [all|transport]
+# transport: CP 2, CP 4, CP 2 x FSDP 2, CP 2 x DDP 2, CP 2 x TP 2 with SP and PP 2 x CP 2 (the all_gathers over cp
+# beside each layout's own messages; cp_ring_parity_test.sh's subset has the ring's and the experts').
 source "$(dirname "$0")/common.sh"
+choose_subset "${4:-}"
 # The tolerances (compare_runs.py prints how close each run came), from the largest differences measured over these
 # 20 steps on every f32 layout below (2026-11-27), with their margin: loss 1.1e-7 and grad_norm 1.2e-7 -> 1e-6 (9x,
 # 8x); weights max 9.9e-6 (CP 4) -> 5e-5 (5x), l2 5.7e-7 (MoE CP 2) -> 4e-6 (7x).
@@ -34,6 +37,12 @@ run cp2_ddp2 4 --parallel.cp 2 --parallel.dp_replicate 2 --parallel.dp_shard 1
 compare cp2_ddp2
 run cp2_tp2_sp_lp 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parallel true --parallel.loss_parallel true
 compare cp2_tp2_sp_lp
+# A pipeline: PP 2 x CP 2, 1F1B over 4 microbatches, against one rank accumulating the same 4.
+run one_accum4 1 --training.grad_accum_steps 4
+run pp2_cp2 4 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2
+compare pp2_cp2 one_accum4
+covered="CP 2, CP 4, CP 2 x FSDP 2, CP 2 x DDP 2, CP 2 x TP 2, PP 2 x CP 2"
+full || { echo "transport subset: $covered match one rank"; exit 0; }
 run one_accum2 1 --training.grad_accum_steps 2
 run cp2_full_ac_accum2 2 --parallel.cp 2 --activation_checkpoint.mode full --training.grad_accum_steps 2
 compare cp2_full_ac_accum2 one_accum2
@@ -42,10 +51,6 @@ run cp2_tp2_sp_bf16 4 --parallel.cp 2 --parallel.tp 2 --parallel.sequence_parall
 # Measured: loss 5.1e-5 -> 5e-4 (10x), grad_norm 8.1e-4 -> 5e-3 (6x), weights max 8.4e-2 -> 0.3 (3.6x), l2 3.5e-3
 # -> 2e-2 (5.7x).
 compare cp2_tp2_sp_bf16 one_bf16 5e-4 5e-3 0.3 2e-2
-# A pipeline: PP 2 x CP 2, 1F1B over 4 microbatches, against one rank accumulating the same 4.
-run one_accum4 1 --training.grad_accum_steps 4
-run pp2_cp2 4 --parallel.pp 2 --parallel.pp_microbatches 4 --parallel.cp 2
-compare pp2_cp2 one_accum4
 # A mixture of experts (Mixtral-shaped, as tests/mpi/moe_parity_test.sh): each cp rank routes its part of the
 # sequence; CP 2 and CP 2 x FSDP 2 against one rank, the expert load logged the same.
 moe=(--model.n_layers 3 --model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 32

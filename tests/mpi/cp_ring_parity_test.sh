@@ -73,8 +73,8 @@ run moe_cp2_ep4 4 "${moe[@]}" --parallel.cp 2 --parallel.dp_shard 2 --parallel.e
 compare moe_cp2_ep4 moe_one
 grep -q "mesh (dp_replicate=1, dp_shard=1, dp_shard_in_ep=2, cp=2, tp=1)" "$dir/moe_cp2_ep4.out" ||
   { cat "$dir/moe_cp2_ep4.out"; fail "CP 2 x EP 4 on dp_shard 2 is not laid out with ep over dp_shard x cp"; }
-subset="CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2, PP 2 x CP 2, CP 2 x EP 2 and CP 2 x EP 4 (ep over dp_shard x cp)"
-full || { echo "transport subset: $subset match one rank"; exit 0; }
+covered="CP 2, CP 4, CP 2 x FSDP 2, CP 2 x TP 2, PP 2 x CP 2, CP 2 x EP 2 and CP 2 x EP 4 (ep over dp_shard x cp)"
+full || { echo "transport subset: $covered match one rank"; exit 0; }
 # EP 2 taking the cp ranks alone (dp_shard 1), each way; PP 2 x CP 2 x EP 2 likewise; the CP 2 x EP 4 checkpoint
 # resumed on one rank.
 for mode in ring allgather; do
