@@ -190,12 +190,13 @@ class ReaderCost {
     const auto it = readers_.find(v);
     if (it == readers_.end()) return 0;
     const graph::ValueInfo& info = g_.value(v).info;
+    const std::string key = key_of(have);
+    const std::vector<std::vector<int>> preferred = shard_sequences(have);
     double total = 0;
     for (const Reader& r : it->second) {
       const Accepted& accepted = accepted_by(r);
-      if (accepted.keys.count(key_of(have))) continue;
+      if (accepted.keys.count(key)) continue;
       double least = std::numeric_limits<double>::infinity();
-      const std::vector<std::vector<int>> preferred = shard_sequences(have);
       for (Layout want : accepted.layouts) {
         order_like(want, preferred);
         if (!reachable(have, want)) continue;
@@ -323,10 +324,9 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
         // redistribution for a sum as large as its output (an LM head split
         // over its contraction makes every rank a partial sum of all the
         // logits).
-        if (!wanted_as_is && has_partial(cand.outputs.back()))
-          deliver_us += reduction_bandwidth_us(planner, outs[k], cand.outputs.back());
-        else if (!wanted_as_is)
-          deliver_us += reader_cost.of(node.outputs[k], cand.outputs.back());
+        if (!wanted_as_is)
+          deliver_us += has_partial(cand.outputs.back()) ? reduction_bandwidth_us(planner, outs[k], cand.outputs.back())
+                                                         : reader_cost.of(node.outputs[k], cand.outputs.back());
       }
       const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
       if (cost < best_cost) {
