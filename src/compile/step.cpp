@@ -194,7 +194,7 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
            config.parallel.pp);
   const sharding::DeviceMesh mesh = check_parallel_config(config, world_size);
   StepLayout out;
-  out.planner = std::make_unique<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
+  out.planner = sharding::shared_planner(mesh);
   const bool split_activations = parallel::splits_activations(mesh);
   const parallel::StepLayouts layouts = parallel::step_layouts(
       mesh, g,

@@ -37,7 +37,7 @@ TrainStepGraph build_step(const config::TrainConfig& config, graph::Graph& g);
 // every value's and node's layout (spmd::propagate), and `rank`'s lowered
 // graph. Any rank's, on any machine: nothing runs.
 struct StepLayout {
-  std::unique_ptr<sharding::Planner> planner;  // on the mesh
+  std::shared_ptr<sharding::Planner> planner;  // on the mesh (sharding::shared_planner)
   spmd::Sharding sharding;
   spmd::LoweredGraph lowered;
   const sharding::DeviceMesh& mesh() const { return planner->mesh(); }

@@ -1,6 +1,7 @@
 #include "graph/graph.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -113,6 +114,41 @@ void Graph::replace_uses(ValueId from, ValueId to) {
   }
   for (ValueId& out : outputs_)
     if (out == from) out = to;
+}
+
+void Graph::replace_uses(const std::vector<std::pair<ValueId, ValueId>>& replacements) {
+  std::unordered_map<ValueId, std::pair<ValueId, NodeId>> to_of;  // from -> (to, to's producer)
+  for (const auto& [from, to] : replacements) {
+    MT_CHECK(value(from).info == value(to).info, "replace_uses: {} and {} differ in shape or dtype",
+             describe_value(from), describe_value(to));
+    MT_CHECK(to_of.emplace(from, std::pair{to, value(to).producer}).second, "replace_uses: {} is replaced twice",
+             describe_value(from));
+  }
+  for (const auto& [from, to] : replacements)
+    MT_CHECK(!to_of.count(to), "replace_uses: {} replaces one value and is replaced itself", describe_value(to));
+  for (NodeId n : order_)
+    for (ValueId& in : nodes_[static_cast<size_t>(n.index)].inputs)
+      if (const auto it = to_of.find(in); it != to_of.end() && it->second.second != n) in = it->second.first;
+  for (ValueId& out : outputs_)
+    if (const auto it = to_of.find(out); it != to_of.end()) out = it->second.first;
+}
+
+void Graph::remove_nodes(const std::vector<NodeId>& nodes) {
+  std::unordered_set<NodeId> removed;
+  for (NodeId id : nodes) {
+    MT_CHECK(!node(id).removed && removed.insert(id).second, "remove_nodes: node {} ({}) is already removed", id.index,
+             node(id).op->name);
+  }
+  std::unordered_set<ValueId> read(outputs_.begin(), outputs_.end());
+  for (NodeId n : order_)
+    if (!removed.count(n))
+      for (ValueId in : nodes_[static_cast<size_t>(n.index)].inputs) read.insert(in);
+  for (NodeId id : nodes)
+    for (ValueId out : node(id).outputs)
+      MT_CHECK(!read.count(out), "remove_nodes: {} is still used", describe_value(out));
+  for (NodeId id : nodes) mutable_node(id).removed = true;
+  std::erase_if(order_, [&](NodeId n) { return removed.count(n) > 0; });
+  if (removed.count(insert_before_)) insert_before_ = {};
 }
 
 void Graph::replace_input(NodeId node, ValueId from, ValueId to) {

@@ -95,6 +95,11 @@ class Graph {
   // Marks `node` as a recomputation of `original` (Node::recomputes): same op and attributes.
   void set_recomputes(NodeId node, NodeId original);
   void remove_node(NodeId node);
+  // The same for many at once, in one pass over the graph: each pair's
+  // uses of `from` become `to` (no `to` is another pair's `from`); the
+  // nodes removed together (none may read another's output).
+  void replace_uses(const std::vector<std::pair<ValueId, ValueId>>& replacements);
+  void remove_nodes(const std::vector<NodeId>& nodes);
   void set_order(std::vector<NodeId> order);
 
   // Graph outputs: the values a run must produce (loss, updated parameters).

@@ -528,4 +528,13 @@ size_t Planner::CacheKeyHash::operator()(const CacheKey& k) const {
   return hash_layout(k.dst, hash_layout(k.src, h));
 }
 
+std::shared_ptr<Planner> shared_planner(const DeviceMesh& mesh) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<Planner>> planners;  // few meshes: searched in order
+  std::lock_guard lock(mu);
+  for (const auto& p : planners)
+    if (p->mesh() == mesh) return p;
+  return planners.emplace_back(std::make_shared<Planner>(mesh, CostModel::for_mesh(mesh)));
+}
+
 }  // namespace meshtrain::sharding

@@ -86,4 +86,9 @@ class Planner {
   std::unordered_map<CacheKey, std::shared_ptr<const Plan>, CacheKeyHash> cache_;
 };
 
+// The planner of `mesh` (with CostModel::for_mesh) that every caller in the
+// process shares, so that compiling many steps on one mesh (autoplan's
+// search, a pipeline's stages) plans each redistribution once.
+std::shared_ptr<Planner> shared_planner(const DeviceMesh& mesh);
+
 }  // namespace meshtrain::sharding

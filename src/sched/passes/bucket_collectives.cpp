@@ -260,8 +260,8 @@ bool apply_buckets(graph::Graph& g, const std::vector<Bucket>& buckets, int mesh
   }
   g.set_phase(saved_phase);
   g.set_scope(saved_scope);
-  for (const auto& [from, to] : results) g.replace_uses(from, to);
-  for (NodeId n : retired) g.remove_node(n);
+  g.replace_uses(results);
+  g.remove_nodes(retired);
   // What prepares a member's input runs where it did or, where that is
   // later, just before its bucket's pack (the first of them): only ever up.
   std::map<NodeId, bool> emitted;
