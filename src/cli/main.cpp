@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "cli/autoplan_command.h"
 #include "cli/bench_comm.h"
 #include "cli/estimate_command.h"
 #include "cli/fr_analyze_command.h"
@@ -41,9 +42,9 @@ int main(int argc, char** argv) {
   using namespace meshtrain::cli;
   // Each command adds itself and its options; the one given runs.
   const std::vector<Command> commands{
-      add_bench_comm_command(app),  add_fr_analyze_command(app), add_export_command(app), add_train_command(app),
-      add_lower_command(app),       add_estimate_command(app),   add_layout_command(app), add_plan_command(app),
-      add_pp_schedule_command(app), add_tokenize_command(app),   add_report_command(app)};
+      add_bench_comm_command(app), add_fr_analyze_command(app),  add_export_command(app),   add_train_command(app),
+      add_lower_command(app),      add_estimate_command(app),    add_autoplan_command(app), add_layout_command(app),
+      add_plan_command(app),       add_pp_schedule_command(app), add_tokenize_command(app), add_report_command(app)};
 
   try {
     app.parse(argc, argv);
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
         std::fprintf(
             stderr,
             "meshtrain: error: unknown command '%s' (the commands: bench comm, fr-analyze, train, "
-            "export, lower, estimate, layout, plan, pp-schedule, tokenize, report; meshtrain --help says what each does)\n",
+            "export, lower, estimate, autoplan, layout, plan, pp-schedule, tokenize, report; meshtrain --help says what each does)\n",
             argv[i]);
         return 2;
       }

@@ -47,20 +47,6 @@ int run_report(const ReportArgs& a) {
   return 0;
 }
 
-// The resolved config as TOML: every key, by section.
-std::string config_toml(const config::TrainConfig& c) {
-  std::string out, section;
-  for (const auto& [key, value] : config::config_values(c)) {
-    const size_t dot = key.find('.');
-    if (key.substr(0, dot) != section) {
-      section = key.substr(0, dot);
-      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
-    }
-    out += fmt::format("{} = {}\n", key.substr(dot + 1), value);
-  }
-  return out;
-}
-
 std::string model_line(const train::Trainer& t) {
   const config::TrainConfig& c = t.config();
   return fmt::format("{}: {:.2f}M parameters; batch {} x seq {}, {} steps, {} compute, {:.1f} GFLOP/step",
@@ -114,7 +100,7 @@ TrainReport::TrainReport(const train::Trainer& trainer) : trainer_(trainer) {
     check_output_file(path, what);
   }
   record_.metrics_file = name;
-  record_.config_toml = config_toml(c);
+  record_.config_toml = config::config_toml(c);
   record_.model = model_line(trainer);
   record_.world_size = trainer.num_ranks();
   record_.layout = trainer.layout_summary();

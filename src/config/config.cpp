@@ -588,6 +588,19 @@ std::vector<std::pair<std::string, std::string>> config_values(const TrainConfig
   return values;
 }
 
+std::string config_toml(const TrainConfig& config) {
+  std::string out, section;
+  for (const auto& [key, value] : config_values(config)) {
+    const size_t dot = key.find('.');
+    if (key.substr(0, dot) != section) {
+      section = key.substr(0, dot);
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    out += fmt::format("{} = {}\n", key.substr(dot + 1), value);
+  }
+  return out;
+}
+
 std::vector<KeyDoc> config_key_docs() {
   std::vector<KeyDoc> docs;
   for (const auto& k : keys()) docs.push_back({k.name, k.default_text, k.expects});
@@ -656,6 +669,11 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
     }
   }
   for (const auto& [name, value] : overrides) apply_override(c, name, value);
+  check_config(c);
+  return c;
+}
+
+void check_config(TrainConfig& c) {
   c.model.validate();
   MT_CHECK(c.parallel.ep == 1 || c.model.n_experts > 0,
            "config: parallel.ep {} needs a mixture of experts to split (model.n_experts is 0)", c.parallel.ep);
@@ -742,7 +760,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::pair<std
   MT_CHECK(c.data.batch_size % c.training.grad_accum_steps == 0,
            "config: data.batch_size {} must divide by training.grad_accum_steps {} (microbatches of equal size)",
            c.data.batch_size, c.training.grad_accum_steps);
-  return c;
 }
 
 }  // namespace meshtrain::config

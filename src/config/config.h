@@ -115,10 +115,16 @@ struct TrainConfig {
 void apply_override(TrainConfig& config, const std::string& key, const std::string& value);
 // Read `path` (TOML), then apply overrides ("section.key", "value") in order.
 TrainConfig load_config(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
+// The checks of keys against each other that load_config makes once every
+// key is read, and the settings that follow from them (the model's dispatch
+// blocks, sequence chunks and ring attention); for a config changed in code.
+void check_config(TrainConfig& config);
 // Every key, "section.key".
 std::vector<std::string> config_keys();
 // Every key with the value `config` holds, as TOML writes it, in key order.
 std::vector<std::pair<std::string, std::string>> config_values(const TrainConfig& config);
+// The same as a TOML document: every key, by [section]; load_config reads it back.
+std::string config_toml(const TrainConfig& config);
 // Every key as --help shows it: its name ("section.key"), its default (as
 // --section.key takes it) and what a value must be.
 struct KeyDoc {

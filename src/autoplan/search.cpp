@@ -1,0 +1,265 @@
+#include "autoplan/search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace meshtrain::autoplan {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double gib(double bytes) { return bytes / (1ull << 30); }
+
+std::string describe_us(double us) {
+  return us >= 1e6 ? fmt::format("{:.3f} s", us * 1e-6) : fmt::format("{:.2f} ms", us * 1e-3);
+}
+
+// What bounds a costed plan: the largest of its compute, its exposed
+// communication and its pipeline bubble, as a share of the step.
+std::string bounding(const CostedPlan& c, double limit_bytes) {
+  const double communication = std::max(0.0, c.exposed_us - c.bubble_us);
+  std::string what = "compute";
+  double most = c.compute_us;
+  if (communication > most) what = "exposed communication", most = communication;
+  if (c.bubble_us > most) what = "bubble", most = c.bubble_us;
+  std::string out = fmt::format("{} ({:.0f}% of the step)", what, 100 * most / c.step_us);
+  if (limit_bytes > 0 && c.peak_bytes >= 0.9 * limit_bytes) out += "; memory (over 90% used)";
+  return out;
+}
+
+class Search {
+ public:
+  Search(const config::TrainConfig& base, int world_size, const sched::HardwareProfile& hardware,
+         const SearchOptions& options)
+      : base_(base), world_(world_size), hardware_(hardware), options_(options) {
+    const double limit_gib = options.budget_gib > 0 ? options.budget_gib : hardware.memory_gib;
+    result_.memory_limit_bytes = limit_gib > 0 ? limit_gib * (1ull << 30) : 0;
+  }
+
+  SearchResult run() {
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<RejectedPlan> rejected;
+    std::vector<Plan> layouts = enumerate_layouts(base_, world_, options_.space, rejected);
+    for (const RejectedPlan& r : rejected) result_.dropped.push_back({r.plan, {}, r.reason});
+    if (layouts.empty()) throw InvalidArgument(no_legal_plan(rejected));
+    // The layouts by their compute bound, the most promising first.
+    std::vector<std::pair<double, Plan>> ordered;
+    for (const Plan& p : layouts)
+      ordered.emplace_back(lower_bounds(apply_plan(base_, p, world_), world_, hardware_).compute_us, p);
+    std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    result_.layouts = ordered.size();
+
+    const int threads =
+        options_.threads > 0 ? options_.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&] {
+        for (size_t i; (i = next_.fetch_add(1)) < ordered.size();) {
+          if (out_of_time(started)) break;
+          search_layout(ordered[i].second);
+          std::lock_guard lock(mu_);
+          ++searched_;
+          done_.notify_one();
+        }
+      });
+    report_progress(started, ordered.size());
+    for (auto& w : workers) w.join();
+
+    result_.layouts_searched = searched_;
+    result_.complete = searched_ == ordered.size();
+    result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::stable_sort(result_.costed.begin(), result_.costed.end(), [](const CostedPlan& a, const CostedPlan& b) {
+      return a.fits != b.fits ? a.fits : a.step_us < b.step_us;
+    });
+    if (result_.costed.empty() || !result_.costed.front().fits) throw InvalidArgument(nothing_fits());
+    return std::move(result_);
+  }
+
+ private:
+  bool out_of_time(std::chrono::steady_clock::time_point started) {
+    if (options_.max_seconds <= 0) return false;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() < options_.max_seconds)
+      return false;
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    done_.notify_one();
+    return true;
+  }
+
+  void report_progress(std::chrono::steady_clock::time_point started, size_t total) {
+    std::unique_lock lock(mu_);
+    const auto finished = [&] { return searched_ >= total || stopped_; };
+    while (!finished()) {
+      if (done_.wait_for(lock, std::chrono::seconds(2), finished) || !options_.progress) continue;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      options_.progress(fmt::format(
+          "autoplan: {} of {} layouts searched, {} plans costed, best {} ({:.0f} s)", searched_, total,
+          result_.costed.size(),
+          best_steps_.empty() ? std::string("none yet") : describe_us(best_steps_.front()) + " a step", seconds));
+    }
+  }
+
+  double kth_best() {
+    std::lock_guard lock(mu_);
+    return static_cast<int>(best_steps_.size()) < options_.top ? kInf : best_steps_[options_.top - 1];
+  }
+
+  void drop(const Plan& p, const config::TrainConfig* planned, const std::string& reason) {
+    std::lock_guard lock(mu_);
+    result_.dropped.push_back(
+        {p, planned ? plan_overrides(base_, *planned) : decltype(DroppedPlan::overrides){}, reason});
+  }
+
+  // The plan costed, unless it cannot run or `bound_us` (a lower bound of
+  // its step) is no better than the K-th best step found.
+  std::optional<CostedPlan> cost(const Plan& p, double bound_us) {
+    config::TrainConfig planned;
+    try {
+      planned = apply_plan(base_, p, world_);
+    } catch (const InvalidArgument& e) {
+      drop(p, nullptr, e.what());
+      return std::nullopt;
+    }
+    const Bounds bounds = lower_bounds(planned, world_, hardware_);
+    const double bound = std::max(bound_us, bounds.compute_us), kth = kth_best();
+    if (bound >= kth) {
+      drop(p, &planned,
+           fmt::format("bound: its compute alone takes at least {}, no faster than the {} best plans' {}",
+                       describe_us(bound), options_.top, describe_us(kth)));
+      return std::nullopt;
+    }
+    if (result_.memory_limit_bytes > 0 && bounds.memory_bytes > result_.memory_limit_bytes) {
+      drop(p, &planned,
+           fmt::format("memory: its master weights and optimizer states alone take {:.1f} GiB of the {:.1f} GiB",
+                       gib(bounds.memory_bytes), gib(result_.memory_limit_bytes)));
+      return std::nullopt;
+    }
+    estimate::TrainingEstimate e;
+    try {
+      e = estimate::estimate_training(planned, world_, 0, hardware_);
+    } catch (const InvalidArgument& error) {
+      drop(p, &planned, error.what());
+      return std::nullopt;
+    }
+    CostedPlan c;
+    c.plan = p;
+    c.overrides = plan_overrides(base_, planned);
+    c.step_us = e.time.step_us;
+    c.compute_us = e.time.compute_us;
+    c.exposed_us = e.time.exposed_us;
+    if (e.pipeline) c.bubble_us = e.pipeline->bubble_fraction * e.pipeline->makespan_us * e.pipeline->runs;
+    c.tokens_per_s_per_device = e.tokens_per_s_per_device;
+    c.mfu = e.mfu;
+    c.peak_bytes = e.memory.peak_bytes;
+    c.fits = result_.memory_limit_bytes <= 0 || c.peak_bytes <= result_.memory_limit_bytes;
+    c.bound = bounding(c, result_.memory_limit_bytes);
+    std::lock_guard lock(mu_);
+    result_.costed.push_back(c);
+    if (c.fits) {
+      best_steps_.insert(std::upper_bound(best_steps_.begin(), best_steps_.end(), c.step_us), c.step_us);
+      if (static_cast<int>(best_steps_.size()) > options_.top) best_steps_.pop_back();
+    }
+    return c;
+  }
+
+  // One layout: down its memory ladder to the first plan that fits, then
+  // each communication option kept where it makes the step faster. Every
+  // step of the ladder recomputes or accumulates more, so its compute is at
+  // least the last one's; a communication option leaves the compute as it is.
+  void search_layout(const Plan& root) {
+    std::optional<CostedPlan> current = cost(root, 0);
+    if (!current) return;
+    double compute_floor = current->compute_us;
+    if (!current->fits) {
+      std::optional<CostedPlan> found;
+      for (const Plan& rung : memory_ladder(base_, root)) {
+        if (found) {
+          drop(rung, nullptr, "dominated: a plan with less recompute or accumulation fits");
+          continue;
+        }
+        std::optional<CostedPlan> c = cost(rung, compute_floor);
+        if (!c) continue;
+        compute_floor = std::max(compute_floor, c->compute_us);
+        if (c->fits) found = c;
+      }
+      if (!found) return;
+      current = found;
+    }
+    for (const Plan& variant : communication_variants(base_, current->plan, options_.space)) {
+      // Ring attention computes its blocks apart: its own compute bound only.
+      const bool same_compute = variant.cp_attention == current->plan.cp_attention;
+      std::optional<CostedPlan> c = cost(variant, same_compute ? current->compute_us : 0);
+      if (c && c->fits && c->step_us < current->step_us) current = c;
+    }
+  }
+
+  std::string no_legal_plan(const std::vector<RejectedPlan>& rejected) const {
+    std::map<std::string, int> reasons;
+    for (const RejectedPlan& r : rejected) ++reasons[r.reason];
+    std::vector<std::pair<int, std::string>> common;
+    for (const auto& [reason, n] : reasons) common.emplace_back(n, reason);
+    std::stable_sort(common.begin(), common.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::string out = fmt::format(
+        "autoplan: no plan lays the config out on {} ranks; of the {} layouts tried, every one fails a check", world_,
+        rejected.size());
+    for (size_t i = 0; i < common.size() && i < 4; ++i)
+      out += fmt::format("\n  {} of them: {}", common[i].first, common[i].second);
+    return out;
+  }
+
+  std::string nothing_fits() const {
+    double least = kInf;
+    std::string which;
+    for (const CostedPlan& c : result_.costed)
+      if (c.peak_bytes < least) least = c.peak_bytes, which = overrides_text(c.overrides);
+    if (least < kInf)
+      return fmt::format(
+          "autoplan: no plan fits in {:.1f} GiB a rank: the least memory of the {} plans costed is {:.1f} GiB ({}); "
+          "add ranks, or raise --budget-gib",
+          gib(result_.memory_limit_bytes), result_.costed.size(), gib(least), which.empty() ? "the config" : which);
+    return fmt::format(
+        "autoplan: no plan fits in {:.1f} GiB a rank: even the master weights and optimizer states of every layout "
+        "take more{}; add ranks, or raise --budget-gib",
+        gib(result_.memory_limit_bytes), stopped_ ? " (or --max-seconds stopped the search first)" : "");
+  }
+
+  const config::TrainConfig& base_;
+  const int world_;
+  const sched::HardwareProfile& hardware_;
+  const SearchOptions& options_;
+  std::mutex mu_;
+  std::condition_variable done_;
+  std::atomic<size_t> next_{0};
+  size_t searched_ = 0;             // under mu_
+  bool stopped_ = false;            // under mu_
+  std::vector<double> best_steps_;  // the fitting plans' steps, fastest first, at most `top`
+  SearchResult result_;
+};
+
+}  // namespace
+
+std::vector<const CostedPlan*> SearchResult::best(int top) const {
+  std::vector<const CostedPlan*> out;
+  for (const CostedPlan& c : costed)
+    if (c.fits && static_cast<int>(out.size()) < top) out.push_back(&c);
+  return out;
+}
+
+SearchResult search_plans(const config::TrainConfig& base, int world_size, const sched::HardwareProfile& hardware,
+                          const SearchOptions& options) {
+  MT_CHECK(options.top >= 1, "autoplan: --top {} must be at least 1", options.top);
+  return Search(base, world_size, hardware, options).run();
+}
+
+}  // namespace meshtrain::autoplan

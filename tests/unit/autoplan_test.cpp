@@ -1,0 +1,147 @@
+// autoplan's plan space and search: every layout it lists is one the config
+// can run, the ones it cannot are said with the check's reason, its lower
+// bounds stay below what the estimate costs, the plans it drops by its
+// bounds are (costed anyway) no better than the K best it keeps, and the
+// best plan written out loads back as the same config.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "autoplan/search.h"
+#include "compile/step.h"
+#include "test_util.h"
+
+using namespace meshtrain;
+using mtest::contains;
+using mtest::message_of;
+
+namespace {
+
+config::TrainConfig debug_config(std::vector<std::pair<std::string, std::string>> overrides = {}) {
+  return config::load_config(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/debug.toml", overrides);
+}
+
+std::string degrees_of(const autoplan::Plan& p) {
+  return fmt::format("{}x{}x{}x{}x{}", p.dp_replicate, p.dp_shard, p.tp, p.cp, p.pp);
+}
+
+}  // namespace
+
+// The debug model (16 heads, 16 kv heads, 6 layers, batch 8, seq 128) on 4
+// ranks: every degree product of 4 appears, each layout passes the run's
+// own checks, and each pipeline layout runs at least as many microbatches
+// as stages.
+TEST(Autoplan, EveryLayoutListedIsOneTheConfigCanRun) {
+  const config::TrainConfig base = debug_config();
+  std::vector<autoplan::RejectedPlan> rejected;
+  const auto layouts = autoplan::enumerate_layouts(base, 4, {}, rejected);
+  std::set<std::string> degrees;
+  for (const autoplan::Plan& p : layouts) {
+    const config::TrainConfig planned = autoplan::apply_plan(base, p, 4);
+    EXPECT_NO_THROW(compile::check_parallel_config(planned, 4)) << degrees_of(p);
+    EXPECT_EQ(p.dp_replicate * p.dp_shard * p.tp * p.cp * p.pp, 4);
+    if (p.pp > 1) {
+      EXPECT_GE(p.pp_microbatches, p.pp);
+    }
+    if (p.tp > 1) {
+      EXPECT_TRUE(p.sequence_parallel && p.loss_parallel);
+    }
+    degrees.insert(degrees_of(p));
+  }
+  // 15 products of (dp_replicate, dp_shard, tp, cp, pp) multiply to 4: 5 dims, one 4 or two 2s.
+  EXPECT_EQ(degrees.size(), 15u);
+  for (const char* d : {"1x4x1x1x1", "4x1x1x1x1", "1x2x2x1x1", "1x1x1x2x2", "1x1x4x1x1", "2x1x1x1x2"})
+    EXPECT_TRUE(degrees.count(d)) << d;
+  // The five schedules appear for a 2-stage pipeline over 2 data-parallel ranks (4 sequences each: 2 or 4
+  // microbatches).
+  std::set<int> schedules;
+  for (const autoplan::Plan& p : layouts)
+    if (p.pp == 2 && p.dp_shard == 2) schedules.insert(static_cast<int>(p.pp_schedule));
+  EXPECT_EQ(schedules.size(), 5u);
+}
+
+// What the config cannot run is said with the check's own words: 16 kv
+// heads do not split over tp 3, nor a batch of 8 over 3 data-parallel ranks.
+TEST(Autoplan, ALayoutTheConfigCannotRunIsRejectedWithTheReason) {
+  const config::TrainConfig base = debug_config();
+  std::vector<autoplan::RejectedPlan> rejected;
+  autoplan::enumerate_layouts(base, 3, {}, rejected);
+  bool heads = false, batch = false;
+  for (const auto& r : rejected) {
+    heads |= r.plan.tp == 3 && contains(r.reason, "model.n_heads 16 must divide by parallel.tp 3");
+    batch |= r.plan.dp_shard == 3 && contains(r.reason, "data.batch_size 8");
+  }
+  EXPECT_TRUE(heads);
+  EXPECT_TRUE(batch);
+}
+
+// 7 ranks with a batch of 4: no factor of 7 splits 16 heads, 4 sequences,
+// a sequence of 128 in 14 chunks or 8 units into 7 stages fed by 7
+// microbatches. One error, naming the checks that failed.
+TEST(Autoplan, NoLegalPlanIsOneErrorSayingWhy) {
+  const config::TrainConfig base = debug_config({{"data.batch_size", "4"}});
+  const std::string message =
+      message_of([&] { autoplan::search_plans(base, 7, sched::builtin_hardware("h100-sxm"), {}); });
+  EXPECT_TRUE(contains(message, "no plan lays the config out on 7 ranks")) << message;
+  EXPECT_TRUE(contains(message, "parallel.tp 7")) << message;
+}
+
+// A budget no plan's weights and states fit: one error saying so.
+TEST(Autoplan, NothingFitsIsOneErrorSayingHowMuchTheLeastNeeds) {
+  autoplan::SearchOptions options;
+  options.budget_gib = 1e-4;  // 105 KB a rank; the debug model's weights and states are 63 MB
+  const std::string message =
+      message_of([&] { autoplan::search_plans(debug_config(), 4, sched::builtin_hardware("h100-sxm"), options); });
+  EXPECT_TRUE(contains(message, "no plan fits in 0.0 GiB a rank")) << message;
+}
+
+// The search on the debug model: every costed plan's lower bound is below
+// its estimated compute (a pipeline's: its step), and every plan dropped by the bound, costed here
+// anyway, is no faster than the K-th best plan kept.
+TEST(Autoplan, PlansDroppedByTheBoundAreNoBetterThanTheBestKept) {
+  const config::TrainConfig base = debug_config({{"data.batch_size", "16"}});
+  const sched::HardwareProfile hardware = sched::builtin_hardware("h100-sxm");
+  autoplan::SearchOptions options;
+  options.top = 3;
+  options.threads = 2;
+  const autoplan::SearchResult result = autoplan::search_plans(base, 4, hardware, options);
+  ASSERT_EQ(result.best(3).size(), 3u);
+  const double third = result.best(3).back()->step_us;
+  for (const auto& c : result.costed) {
+    const auto bounds = autoplan::lower_bounds(autoplan::apply_plan(base, c.plan, 4), 4, hardware);
+    // A pipeline's bound holds its bubble: a bound of the step, not of the rank's compute.
+    EXPECT_LE(bounds.compute_us, (c.plan.pp > 1 ? c.step_us : c.compute_us) * (1 + 1e-9))
+        << autoplan::overrides_text(c.overrides);
+  }
+  int checked = 0;
+  for (const auto& d : result.dropped) {
+    if (!d.reason.starts_with("bound:")) continue;
+    const auto e = estimate::estimate_training(autoplan::apply_plan(base, d.plan, 4), 4, 0, hardware);
+    EXPECT_GE(e.time.step_us, third * (1 - 1e-9)) << autoplan::overrides_text(d.overrides);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);  // the bound dropped some
+  // The fastest first, and each as the overrides that make it.
+  for (size_t i = 1; i < result.best(10).size(); ++i)
+    EXPECT_LE(result.best(10)[i - 1]->step_us, result.best(10)[i]->step_us);
+}
+
+// The fastest plan as a whole config (what --out writes) loads back as the
+// same keys, and its overrides on the user's config make the same config.
+TEST(Autoplan, TheBestPlanWrittenOutLoadsBackAsTheSameConfig) {
+  const config::TrainConfig base = debug_config();
+  const autoplan::SearchResult result = autoplan::search_plans(base, 4, sched::builtin_hardware("h100-sxm"), {});
+  const autoplan::CostedPlan& best = *result.best(1).front();
+  const config::TrainConfig planned = autoplan::apply_plan(base, best.plan, 4);
+  const auto dir = std::filesystem::temp_directory_path() / "meshtrain_autoplan_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "best.toml").string();
+  std::ofstream(path) << config::config_toml(planned);
+  EXPECT_EQ(config::config_values(config::load_config(path, {})), config::config_values(planned));
+  const config::TrainConfig overridden =
+      config::load_config(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/debug.toml", best.overrides);
+  EXPECT_EQ(config::config_values(overridden), config::config_values(planned));
+  std::filesystem::remove_all(dir);
+}
