@@ -100,3 +100,32 @@ for line in open(f"{work}/rows.txt"):
     m = e["memory"]["peak_bytes"] / 2**30
     print(f"{name:46} {t:9.0f} {float(tokens):9.0f} {t / float(tokens):6.2f}   {m:6.1f} {float(gib):9.1f} {m / float(gib):6.2f}")
 PY
+# autoplan on the layouts' own jobs (AUTOPLAN=0 skips it): the fastest plan it finds for the model, ranks, batch and
+# numerics of the 8B rows on 8 and 128 GPUs, the 70B row on 256 and the 405B row on 512, against the published plan's
+# own estimate (above); each search stops after AUTOPLAN_SECONDS (default 600) with the best found so far.
+[ "${AUTOPLAN:-1}" = 0 ] && exit 0
+echo
+echo "autoplan on $profile against the published plan's estimate (searches of at most ${AUTOPLAN_SECONDS:-600} s)"
+search() {  # NAME PUBLISHED_ROW ARGS...
+  local name=$1 row=$2
+  shift 2
+  build/meshtrain autoplan --hardware "$profile" --top 1 --max-seconds "${AUTOPLAN_SECONDS:-600}" --json "$@" \
+    > "$work/autoplan.json" 2> /dev/null || { echo "$name: autoplan failed"; return; }
+  python3 - "$work/autoplan.json" "$work/$row.json" "$name" <<'PY'
+import json, sys
+found, published, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+best = found["best"][0]
+t, p = best["tokens_per_s_per_device"], published["tokens_per_s_per_device"]
+state = "complete" if found["complete"] else f"stopped, {found['layouts_searched']} of {found['layouts']} layouts"
+print(f"{name}: found {t:.0f} tokens/s/GPU against the published plan's {p:.0f} ({t / p:.3f}x; "
+      f"{'>=' if t >= p else 'BELOW'}), {best['peak_bytes'] / 2**30:.1f} GiB, in {found['seconds']:.0f} s ({state}): "
+      f"{best['command_line'] or '(the config as it is)'}")
+PY
+}
+search "8B on 8" "8B_FSDP8_8gpu_selAC_lbs2 (compile)" --config configs/llama3_8b.toml --ranks 8
+search "8B on 128" "8B_FSDP128_128gpu_selAC_lbs2 (compile)" --config configs/llama3_8b.toml --ranks 128 \
+  --data.batch_size 256
+search "70B on 256" "70B_FSDP32xTP8_256gpu_fullAC (compile, Float8)" --config configs/llama3_70b.toml --ranks 256 \
+  --training.fp8 tensorwise
+search "405B on 512" "405B_FSDP8xTP8xPP8_1F1B_m8 (Float8)" --config configs/llama3_405b.toml --ranks 512 \
+  --training.fp8 tensorwise

@@ -21,6 +21,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double gib(double bytes) { return bytes / (1ull << 30); }
 
+// "12.3 GiB", or "45.6 MiB" below a GiB.
+std::string amount(double bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.1f} GiB", gib(bytes)) : fmt::format("{:.1f} MiB", bytes / (1 << 20));
+}
+
 std::string describe_us(double us) {
   return us >= 1e6 ? fmt::format("{:.3f} s", us * 1e-6) : fmt::format("{:.2f} ms", us * 1e-3);
 }
@@ -48,10 +53,11 @@ class Search {
   }
 
   SearchResult run() {
-    const auto started = std::chrono::steady_clock::now();
+    const auto started = started_;
     std::vector<RejectedPlan> rejected;
     std::vector<Plan> layouts = enumerate_layouts(base_, world_, options_.space, rejected);
     for (const RejectedPlan& r : rejected) result_.dropped.push_back({r.plan, {}, r.reason});
+    rejected_ = rejected.size();
     if (layouts.empty()) throw InvalidArgument(no_legal_plan(rejected));
     // The layouts by their compute bound, the most promising first.
     std::vector<std::pair<double, Plan>> ordered;
@@ -66,7 +72,7 @@ class Search {
     for (int t = 0; t < threads; ++t)
       workers.emplace_back([&] {
         for (size_t i; (i = next_.fetch_add(1)) < ordered.size();) {
-          if (out_of_time(started)) break;
+          if (out_of_time()) break;
           search_layout(ordered[i].second);
           std::lock_guard lock(mu_);
           ++searched_;
@@ -77,7 +83,7 @@ class Search {
     for (auto& w : workers) w.join();
 
     result_.layouts_searched = searched_;
-    result_.complete = searched_ == ordered.size();
+    result_.complete = !stopped_ && searched_ == ordered.size();
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::stable_sort(result_.costed.begin(), result_.costed.end(), [](const CostedPlan& a, const CostedPlan& b) {
       return a.fits != b.fits ? a.fits : a.step_us < b.step_us;
@@ -87,9 +93,9 @@ class Search {
   }
 
  private:
-  bool out_of_time(std::chrono::steady_clock::time_point started) {
+  bool out_of_time() {
     if (options_.max_seconds <= 0) return false;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() < options_.max_seconds)
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() < options_.max_seconds)
       return false;
     std::lock_guard lock(mu_);
     stopped_ = true;
@@ -110,6 +116,23 @@ class Search {
     }
   }
 
+  // What decides the shapes a rank computes (and so the activations it
+  // keeps): all but how the data-parallel ranks split into replicas and
+  // shards, and the communication options that leave the compute as it is.
+  std::string local_shapes(const Plan& p) const {
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.dp_replicate * p.dp_shard, p.tp, p.cp, p.pp,
+                       static_cast<int>(p.pp_schedule), p.pp_microbatches, p.pp_stages_per_rank, p.ep, p.expert_tp,
+                       p.sequence_parallel, p.loss_parallel, static_cast<int>(p.checkpoint),
+                       static_cast<int>(p.selective_matmuls), p.grad_accum_steps, p.fp8,
+                       static_cast<int>(p.cp_attention));
+  }
+
+  double activation_floor(const std::string& shapes) {
+    std::lock_guard lock(mu_);
+    const auto it = activations_.find(shapes);
+    return it == activations_.end() ? 0 : it->second;
+  }
+
   double kth_best() {
     std::lock_guard lock(mu_);
     return static_cast<int>(best_steps_.size()) < options_.top ? kInf : best_steps_[options_.top - 1];
@@ -124,6 +147,7 @@ class Search {
   // The plan costed, unless it cannot run or `bound_us` (a lower bound of
   // its step) is no better than the K-th best step found.
   std::optional<CostedPlan> cost(const Plan& p, double bound_us) {
+    if (out_of_time()) return std::nullopt;  // the layout's search ends with the time given
     config::TrainConfig planned;
     try {
       planned = apply_plan(base_, p, world_);
@@ -141,11 +165,21 @@ class Search {
     }
     if (result_.memory_limit_bytes > 0 && bounds.memory_bytes > result_.memory_limit_bytes) {
       drop(p, &planned,
-           fmt::format("memory: its master weights and optimizer states alone take {:.1f} GiB of the {:.1f} GiB",
-                       gib(bounds.memory_bytes), gib(result_.memory_limit_bytes)));
+           fmt::format("memory: its master weights and optimizer states alone take {} of the {}",
+                       amount(bounds.memory_bytes), amount(result_.memory_limit_bytes)));
+      return std::nullopt;
+    }
+    const std::string shapes = local_shapes(p);
+    if (const double activations = activation_floor(shapes);
+        result_.memory_limit_bytes > 0 && bounds.memory_bytes + activations > result_.memory_limit_bytes) {
+      drop(p, &planned,
+           fmt::format("memory: its master weights and optimizer states take at least {}, and the activations of "
+                       "a plan that computes the same local shapes {}, over the {}",
+                       amount(bounds.memory_bytes), amount(activations), amount(result_.memory_limit_bytes)));
       return std::nullopt;
     }
     estimate::TrainingEstimate e;
+    const auto began = std::chrono::steady_clock::now();
     try {
       e = estimate::estimate_training(planned, world_, 0, hardware_);
     } catch (const InvalidArgument& error) {
@@ -155,6 +189,7 @@ class Search {
     CostedPlan c;
     c.plan = p;
     c.overrides = plan_overrides(base_, planned);
+    c.estimate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     c.step_us = e.time.step_us;
     c.compute_us = e.time.compute_us;
     c.exposed_us = e.time.exposed_us;
@@ -166,6 +201,10 @@ class Search {
     c.bound = bounding(c, result_.memory_limit_bytes);
     std::lock_guard lock(mu_);
     result_.costed.push_back(c);
+    if (const auto it = e.memory.at_peak.find(sched::MemoryKind::activations); it != e.memory.at_peak.end()) {
+      const auto [at, added] = activations_.emplace(shapes, it->second);
+      if (!added) at->second = std::min(at->second, it->second);
+    }
     if (c.fits) {
       best_steps_.insert(std::upper_bound(best_steps_.begin(), best_steps_.end(), c.step_us), c.step_us);
       if (static_cast<int>(best_steps_.size()) > options_.top) best_steps_.pop_back();
@@ -197,25 +236,34 @@ class Search {
       current = found;
     }
     for (const Plan& variant : communication_variants(base_, current->plan, options_.space)) {
-      // Ring attention computes its blocks apart: its own compute bound only.
-      const bool same_compute = variant.cp_attention == current->plan.cp_attention;
-      std::optional<CostedPlan> c = cost(variant, same_compute ? current->compute_us : 0);
+      // Each option computes at least as much as the plan it changes (ring
+      // attention too: its blocks and their merges against the whole
+      // keys' attention, in every pair costed so far).
+      std::optional<CostedPlan> c = cost(variant, current->compute_us);
       if (c && c->fits && c->step_us < current->step_us) current = c;
     }
   }
 
-  std::string no_legal_plan(const std::vector<RejectedPlan>& rejected) const {
-    std::map<std::string, int> reasons;
-    for (const RejectedPlan& r : rejected) ++reasons[r.reason];
+  // The reasons most plans were dropped for, the commonest first.
+  static std::string common_reasons(const std::vector<std::string>& reasons) {
+    std::map<std::string, int> counts;
+    for (const std::string& r : reasons) ++counts[r];
     std::vector<std::pair<int, std::string>> common;
-    for (const auto& [reason, n] : reasons) common.emplace_back(n, reason);
+    for (const auto& [reason, n] : counts) common.emplace_back(n, reason);
     std::stable_sort(common.begin(), common.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    std::string out = fmt::format(
-        "autoplan: no plan lays the config out on {} ranks; of the {} layouts tried, every one fails a check", world_,
-        rejected.size());
+    std::string out;
     for (size_t i = 0; i < common.size() && i < 4; ++i)
       out += fmt::format("\n  {} of them: {}", common[i].first, common[i].second);
     return out;
+  }
+
+  std::string no_legal_plan(const std::vector<RejectedPlan>& rejected) const {
+    std::vector<std::string> reasons;
+    for (const RejectedPlan& r : rejected) reasons.push_back(r.reason);
+    return fmt::format(
+        "autoplan: no plan lays the config out on {} ranks; of the {} layouts tried, every one fails a "
+        "check{}",
+        world_, rejected.size(), common_reasons(reasons));
   }
 
   std::string nothing_fits() const {
@@ -225,25 +273,30 @@ class Search {
       if (c.peak_bytes < least) least = c.peak_bytes, which = overrides_text(c.overrides);
     if (least < kInf)
       return fmt::format(
-          "autoplan: no plan fits in {:.1f} GiB a rank: the least memory of the {} plans costed is {:.1f} GiB ({}); "
-          "add ranks, or raise --budget-gib",
-          gib(result_.memory_limit_bytes), result_.costed.size(), gib(least), which.empty() ? "the config" : which);
-    return fmt::format(
-        "autoplan: no plan fits in {:.1f} GiB a rank: even the master weights and optimizer states of every layout "
-        "take more{}; add ranks, or raise --budget-gib",
-        gib(result_.memory_limit_bytes), stopped_ ? " (or --max-seconds stopped the search first)" : "");
+          "autoplan: no plan fits in {} a rank: the least memory of the {} plans costed is {} ({}); add ranks, or "
+          "raise --budget-gib",
+          amount(result_.memory_limit_bytes), result_.costed.size(), amount(least),
+          which.empty() ? "the config" : which);
+    if (stopped_) return "autoplan: --max-seconds stopped the search before any plan was costed; allow it longer";
+    std::vector<std::string> reasons;
+    for (size_t i = rejected_; i < result_.dropped.size(); ++i) reasons.push_back(result_.dropped[i].reason);
+    return fmt::format("autoplan: no plan of the {} legal layouts could be costed{}", result_.layouts,
+                       common_reasons(reasons));
   }
 
   const config::TrainConfig& base_;
   const int world_;
   const sched::HardwareProfile& hardware_;
   const SearchOptions& options_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::mutex mu_;
   std::condition_variable done_;
   std::atomic<size_t> next_{0};
-  size_t searched_ = 0;             // under mu_
-  bool stopped_ = false;            // under mu_
-  std::vector<double> best_steps_;  // the fitting plans' steps, fastest first, at most `top`
+  size_t searched_ = 0;                        // under mu_
+  bool stopped_ = false;                       // under mu_
+  std::vector<double> best_steps_;             // the fitting plans' steps, fastest first, at most `top`
+  size_t rejected_ = 0;                        // the first entries of result_.dropped: the layouts that failed a check
+  std::map<std::string, double> activations_;  // local_shapes -> the least activations at a costed plan's peak
   SearchResult result_;
 };
 

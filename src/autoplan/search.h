@@ -34,7 +34,8 @@ struct CostedPlan {
   double tokens_per_s_per_device = 0, mfu = 0;
   double peak_bytes = 0;
   bool fits = true;
-  std::string bound;  // what bounds it: compute, exposed communication, bubble (and memory when nearly full)
+  double estimate_seconds = 0;  // how long its estimate took
+  std::string bound;            // what bounds it: compute, exposed communication, bubble (and memory when nearly full)
 };
 
 // A plan not costed: its reason (a check it fails, a bound, or the

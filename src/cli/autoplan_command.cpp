@@ -76,6 +76,7 @@ nlohmann::json costed_json(const autoplan::CostedPlan& c) {
           {"bubble_us", c.bubble_us},
           {"peak_bytes", c.peak_bytes},
           {"fits", c.fits},
+          {"estimate_seconds", c.estimate_seconds},
           {"bound", c.bound}};
 }
 

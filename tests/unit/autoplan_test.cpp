@@ -62,6 +62,23 @@ TEST(Autoplan, EveryLayoutListedIsOneTheConfigCanRun) {
   EXPECT_EQ(schedules.size(), 5u);
 }
 
+// A mixture of experts (4 experts): ep takes 1, 2 or 4 of the dp_shard
+// ranks it divides, and under tp the experts split over tp or not.
+TEST(Autoplan, ExpertsSplitOverTheShardedDataParallelRanks) {
+  const config::TrainConfig base = debug_config({{"model.n_experts", "4"}, {"model.moe_ffn_dim", "128"}});
+  std::vector<autoplan::RejectedPlan> rejected;
+  const auto layouts = autoplan::enumerate_layouts(base, 4, {}, rejected);
+  std::set<std::string> seen;
+  for (const autoplan::Plan& p : layouts) {
+    EXPECT_NO_THROW(compile::check_parallel_config(autoplan::apply_plan(base, p, 4), 4)) << degrees_of(p);
+    EXPECT_TRUE(p.dp_shard % p.ep == 0 || (p.cp > 1 && p.ep % p.cp == 0)) << degrees_of(p) << " ep " << p.ep;
+    seen.insert(fmt::format("{} ep {} etp {}", degrees_of(p), p.ep, p.expert_tp));
+  }
+  for (const char* want : {"1x4x1x1x1 ep 4 etp 1", "1x4x1x1x1 ep 2 etp 1", "2x2x1x1x1 ep 2 etp 1",
+                           "1x2x2x1x1 ep 2 etp 2", "1x2x2x1x1 ep 1 etp 1"})
+    EXPECT_TRUE(seen.count(want)) << want;
+}
+
 // What the config cannot run is said with the check's own words: 16 kv
 // heads do not split over tp 3, nor a batch of 8 over 3 data-parallel ranks.
 TEST(Autoplan, ALayoutTheConfigCannotRunIsRejectedWithTheReason) {
@@ -88,13 +105,25 @@ TEST(Autoplan, NoLegalPlanIsOneErrorSayingWhy) {
   EXPECT_TRUE(contains(message, "parallel.tp 7")) << message;
 }
 
-// A budget no plan's weights and states fit: one error saying so.
+// A budget of 105 KB a rank, where the debug model's weights and states
+// take 59 MiB: one error each time, saying what stops every plan. With the
+// embedding tied (no pipeline), every layout's weights alone are over it;
+// untied, the bound of a pipeline rank's weights (the fewest layers it can
+// hold) is looser, those plans are costed, and none fits either.
 TEST(Autoplan, NothingFitsIsOneErrorSayingHowMuchTheLeastNeeds) {
   autoplan::SearchOptions options;
-  options.budget_gib = 1e-4;  // 105 KB a rank; the debug model's weights and states are 63 MB
-  const std::string message =
-      message_of([&] { autoplan::search_plans(debug_config(), 4, sched::builtin_hardware("h100-sxm"), options); });
-  EXPECT_TRUE(contains(message, "no plan fits in 0.0 GiB a rank")) << message;
+  options.budget_gib = 1e-4;
+  const auto hardware = sched::builtin_hardware("h100-sxm");
+  const std::string tied = message_of([&] {
+    autoplan::search_plans(debug_config({{"model.tie_embeddings", "true"}}), 4, hardware, options);
+  });
+  EXPECT_TRUE(contains(tied, "no plan of the 10 legal layouts could be costed")) << tied;
+  // 6 layers of 852480 parameters, the final norm's 256 and the tied table's 65536: 5180672, 12 bytes each (f32
+  // weight, two f32 moments) over 4 shards: 14.8 MiB.
+  EXPECT_TRUE(contains(tied, "memory: its master weights and optimizer states alone take 14.8 MiB of the 0.1 MiB"))
+      << tied;
+  const std::string untied = message_of([&] { autoplan::search_plans(debug_config(), 4, hardware, options); });
+  EXPECT_TRUE(contains(untied, "no plan fits in 0.1 MiB a rank: the least memory of the")) << untied;
 }
 
 // The search on the debug model: every costed plan's lower bound is below
