@@ -169,6 +169,7 @@ int run_autoplan(const CommandArgs& a) {
   if (out != a.options.end()) {
     train::check_output_path(base, out->second, "--out");
     check_not_an_input(out->second, "--out", {{a.options.at("hardware"), "the --hardware profile"}});
+    check_output_file(out->second, "--out");  // before the search, not after it
   }
   options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   autoplan::SearchResult result;

@@ -49,4 +49,9 @@ rc=$?
 grep -q "error: autoplan: no plan lays the config out on 7 ranks" "$dir/none" || { cat "$dir/none"; fail "no legal plan: the message"; }
 [ "$(grep -c 'error:' "$dir/none")" -eq 1 ] || fail "no legal plan: the error said more than once"
 [ ! -e "$dir/none.toml" ] || fail "no legal plan wrote --out"
-echo "PASS: autoplan table, JSON, --out trained on 4 ranks, no-plan error"
+# An --out that cannot be written is refused before the search: exit 2.
+"$meshtrain" "${args[@]}" --out "$dir" > "$dir/folder" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "error: --out $dir is a folder" "$dir/folder" || { cat "$dir/folder"; fail "--out a folder: exit $rc"; }
+grep -q "layouts searched\|tokens/s/dev" "$dir/folder" && fail "--out a folder: searched before refusing it"
+echo "PASS: autoplan table, JSON, --out trained on 4 ranks, no-plan error, --out a folder refused"
