@@ -119,12 +119,17 @@ void print_table(const autoplan::SearchResult& r, const config::TrainConfig& bas
              fitting, r.dropped.size());
   fmt::print("{:>3} {:>12} {:>10} {:>6} {:>9} {:>10} {:>10}  {}\n", "#", "tokens/s/dev", "step", "MFU", "memory",
              "exposed", "bubble", "overrides");
-  int index = 0;
-  for (const auto* c : r.best(top))
-    fmt::print("{:>3} {:>12.0f} {:>10} {:>5.1f}% {:>5.1f} GiB {:>10} {:>10}  {}\n", ++index, c->tokens_per_s_per_device,
-               autoplan_duration(c->step_us), 100 * c->mfu, autoplan_gib(c->peak_bytes),
-               autoplan_duration(std::max(0.0, c->exposed_us - c->bubble_us)), autoplan_duration(c->bubble_us),
-               c->overrides.empty() ? "(the config as it is)" : autoplan::overrides_text(c->overrides));
+  const auto best = r.best(top);
+  for (size_t i = 0; i < best.size(); ++i) {
+    const autoplan::CostedPlan& c = *best[i];
+    // A plan whose option changed nothing (automatic bucketing that chose per-block) estimates as the one above.
+    const bool same = i > 0 && c.step_us == best[i - 1]->step_us && c.peak_bytes == best[i - 1]->peak_bytes;
+    fmt::print("{:>3} {:>12.0f} {:>10} {:>5.1f}% {:>5.1f} GiB {:>10} {:>10}  {}{}\n", i + 1, c.tokens_per_s_per_device,
+               autoplan_duration(c.step_us), 100 * c.mfu, autoplan_gib(c.peak_bytes),
+               autoplan_duration(std::max(0.0, c.exposed_us - c.bubble_us)), autoplan_duration(c.bubble_us),
+               c.overrides.empty() ? "(the config as it is)" : autoplan::overrides_text(c.overrides),
+               same ? fmt::format(" (estimated as #{})", i) : "");
+  }
   fmt::print("the fastest plan is bound by {}\n", r.best(1).front()->bound);
 }
 
