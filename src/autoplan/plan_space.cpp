@@ -235,14 +235,21 @@ double GlobalCompute::total_us() const {
 
 const GlobalCompute& global_compute(const config::TrainConfig& planned, int world_size,
                                     const sched::HardwareProfile& hardware) {
-  // What shapes the global graph: the model (its sequence chunks and
-  // dispatch blocks follow cp and ep), the checkpointing and the step's options.
+  // What shapes the global graph: every key but those of the layout, the
+  // schedule and the run's files (the model's sequence chunks, dispatch
+  // blocks and ring attention follow cp, ep and cp_attention; loss parallel
+  // splits the loss), and what costs it: the ranks and the profile.
   const config::TrainConfig& c = planned;
-  const std::string key =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(c.activation_checkpoint.mode),
-                  static_cast<int>(c.activation_checkpoint.selective_matmuls), c.training.grad_accum_steps,
-                  c.model.fp8.enabled, c.parallel.loss_parallel, c.model.dispatch_blocks, c.model.seq_chunks,
-                  c.model.ring_attention, static_cast<int>(c.training.dtype), world_size, hardware.name);
+  std::string key = fmt::format("{} {} {} {} {}|", c.model.dispatch_blocks, c.model.seq_chunks, c.model.ring_attention,
+                                c.parallel.loss_parallel, world_size);
+  for (const auto& [name, value] : config::config_values(c))
+    for (const char* section :
+         {"model.", "data.seq_len", "data.batch_size", "optimizer.", "training.", "activation_checkpoint."})
+      if (name.rfind(section, 0) == 0) key += name + "=" + value + ";";
+  key += fmt::format("|{} {} {} {} {} {} {} {}", hardware.name, hardware.peak_gflops_f32, hardware.peak_gflops_bf16,
+                     hardware.peak_gflops_fp8, hardware.memory_gbps, hardware.compute_efficiency,
+                     hardware.memory_efficiency, hardware.shared_host);
+  for (const auto& [op, e] : hardware.op_efficiency) key += fmt::format(" {}={}", op, e);
   static std::mutex mu;
   static std::map<std::string, GlobalCompute> known;  // entries never move
   {
