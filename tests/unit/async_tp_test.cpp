@@ -297,7 +297,8 @@ TEST(AsyncTp, SameBitsAsTheCollectivesOnFourRanks) {
         const double tolerance = k == 2 || k == 3 || dtype == DType::bf16 ? 0.0 : 1e-6;
         for (int64_t e = 0; e < want.numel(); ++e)
           ASSERT_LE(std::fabs(got.get(e) - want.get(e)), tolerance * (1 + std::fabs(want.get(e))))
-              << "output " << k << " element " << e << " on rank " << pg.rank();
+              << "output " << k << " element " << e << " on rank " << pg.rank() << ": " << got.get(e) << " against "
+              << want.get(e);
         ++compared;
       }
     });

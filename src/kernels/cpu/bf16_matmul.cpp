@@ -67,6 +67,11 @@ void matmul_bf16(const bfloat16* a, const bfloat16* b, bfloat16* c, int64_t batc
   }
   if (!prim) return matmul_bf16_widened(a, b, c, batch, m, n, k, ta, tb, a_stride, b_stride);
   memory A(a_md, d.engine, const_cast<bfloat16*>(a)), B(b_md, d.engine, const_cast<bfloat16*>(b)), C(c_md, d.engine, c);
+  // One at a time: the stream, and the scratchpad oneDNN keeps for the
+  // primitives (Debian's build does not run one primitive concurrently),
+  // are shared by every thread that calls here, such as the ranks of the
+  // local backend in one process. An MPI rank's calls never contend.
+  std::lock_guard lock(d.mu);
   prim->execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
   d.stream.wait();
 }
