@@ -23,21 +23,6 @@ std::string autoplan_duration(double us) {
   return us >= 1e6 ? fmt::format("{:.3f} s", us * 1e-6) : fmt::format("{:.1f} ms", us * 1e-3);
 }
 
-double real_option(const CommandArgs& a, const std::string& key, double fallback) {
-  const auto it = a.options.find(key);
-  if (it == a.options.end()) return fallback;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(it->second, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MT_CHECK(used == it->second.size() && !it->second.empty() && v > 0 && v < 1e9,
-           "autoplan: --{} wants a positive number, got '{}'", key, it->second);
-  return v;
-}
-
 std::string autoplan_footer() {
   return "Search every plan that lays the config's step out on N ranks and print the fastest, each as the\n"
          "--section.key overrides that run it (`meshtrain train --config FILE OVERRIDES` under mpirun -np N).\n"
@@ -169,8 +154,10 @@ int run_autoplan(const CommandArgs& a) {
   MT_CHECK(threads >= 0 && threads <= 1024, "autoplan: --threads {} must be between 0 (the cores) and 1024", threads);
   options.top = static_cast<int>(top);
   options.threads = static_cast<int>(threads);
-  options.budget_gib = real_option(a, "budget-gib", 0);
-  options.max_seconds = real_option(a, "max-seconds", 0);
+  options.budget_gib = number_option(a, "autoplan", "budget-gib", 0);
+  options.max_seconds = number_option(a, "autoplan", "max-seconds", 0);
+  for (const auto& [key, value] : {std::pair{"budget-gib", options.budget_gib}, {"max-seconds", options.max_seconds}})
+    MT_CHECK(value >= 0 && value < 1e9, "autoplan: --{} {} must be a positive number (0: none)", key, value);
   options.space.vary_fp8 = options.space.vary_reduce_dtype = a.flags.count("vary-numerics") > 0;
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
   const config::TrainConfig base = config::load_config(a.options.at("config"), a.overrides);

@@ -54,19 +54,35 @@ void check_no_unexpected(const CommandArgs& a, const std::string& command) {
       command, word, command));
 }
 
-int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {
+namespace {
+// An option's value read by `parse` (std::stoll, std::stod) to its end, or
+// `fallback` when not given; fails naming the option and what it wants.
+template <typename T, typename Parse>
+T parsed_option(const CommandArgs& a, const std::string& command, const std::string& key, T fallback, Parse parse,
+                const char* wanted) {
   const auto it = a.options.find(key);
   if (it == a.options.end()) return fallback;
   size_t used = 0;
-  int64_t v = 0;
+  T v{};
   try {
-    v = std::stoll(it->second, &used);
+    v = parse(it->second, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  MT_CHECK(used == it->second.size() && !it->second.empty(), "{}: --{} wants an integer, got '{}'", command, key,
+  MT_CHECK(used == it->second.size() && !it->second.empty(), "{}: --{} wants {}, got '{}'", command, key, wanted,
            it->second);
   return v;
+}
+}  // namespace
+
+int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback) {
+  return parsed_option<int64_t>(
+      a, command, key, fallback, [](const std::string& t, size_t* used) { return std::stoll(t, used); }, "an integer");
+}
+
+double number_option(const CommandArgs& a, const std::string& command, const std::string& key, double fallback) {
+  return parsed_option<double>(
+      a, command, key, fallback, [](const std::string& t, size_t* used) { return std::stod(t, used); }, "a number");
 }
 
 }  // namespace meshtrain::cli

@@ -36,6 +36,8 @@ void add_engine_options(CLI::App& command, CommandArgs& args, const std::vector<
 void check_no_unexpected(const CommandArgs& a, const std::string& command);
 // An option's integer value, or `fallback` when not given; fails naming it.
 int64_t integer_option(const CommandArgs& a, const std::string& command, const std::string& key, int64_t fallback);
+// The same for a number (a decimal or exponent form).
+double number_option(const CommandArgs& a, const std::string& command, const std::string& key, double fallback);
 void write_text(const std::string& path, const std::string& text);
 
 }  // namespace meshtrain::cli
