@@ -36,9 +36,11 @@ std::string command_line_text(const std::string& toml) {
   return toml;
 }
 
-// The pipeline's stages per rank a schedule runs with (its default).
+// The pipeline's stages per rank a schedule runs with (its default, as the config reads it).
 int64_t stages_per_rank(parallel::PpScheduleKind kind) {
-  return kind == parallel::PpScheduleKind::interleaved_1f1b || kind == parallel::PpScheduleKind::zbv ? 2 : 1;
+  parallel::ParallelConfig config;
+  config.pp_schedule = kind;
+  return config.stages_per_rank();
 }
 
 // The layouts of one degree product: with a pipeline, one per schedule and
