@@ -124,8 +124,9 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     if (const auto it = layouts.given.find(v); it != layouts.given.end()) layouts.deliver[v] = it->second;
   for (size_t i = 0; i < st.gradients.size(); ++i)
     layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
-  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  LaidOut laid_out = lay_out_graph(g, planner, where.rank, layouts.given, layouts.deliver,
+  // Shared with every stage, and every compile, on a mesh of this shape.
+  const std::shared_ptr<sharding::Planner> planner = sharding::shared_planner(mesh);
+  LaidOut laid_out = lay_out_graph(g, *planner, where.rank, layouts.given, layouts.deliver,
                                    {.reshard_after_forward = false, .ragged_rows = ragged_rows(m, gradient_of)});
   const spmd::Sharding& sharding = laid_out.sharding;
   spmd::LoweredGraph& lowered = laid_out.lowered;

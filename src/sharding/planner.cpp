@@ -93,6 +93,11 @@ struct SearchSpace {
   const CostModel* model;
   std::vector<uint32_t> target_partials;  // reduce ops an R->P edge may create
   std::vector<uint32_t> target_strided;   // strided shards an R->SS edge may create
+  // One-rank mesh dims that are Replicate in source and target: left so.
+  // On one rank a placement is a relabelling at no cost, so any path through
+  // other placements there projects onto one as cheap that leaves the dim
+  // alone; searching them only multiplies the states.
+  std::array<bool, kMaxMeshDims> frozen{};
 
   int last_shard(const State& s, int tensor_dim) const {
     int best = -1;
@@ -175,13 +180,13 @@ struct SearchSpace {
       if (kind_of(s.code[m]) == Kind::partial) emit(with(s, m, kReplicate), m, OpType::all_reduce);
     // 4. R -> S(b): local chunk, appended innermost.
     for (int m = 0; m < ndim; ++m)
-      if (s.code[m] == kReplicate) shard_each_dim(m, kLocal);
+      if (s.code[m] == kReplicate && !frozen[m]) shard_each_dim(m, kLocal);
     // 5. P -> S(b): reduce_scatter.
     for (int m = 0; m < ndim; ++m)
       if (kind_of(s.code[m]) == Kind::partial) shard_each_dim(m, OpType::reduce_scatter);
     // 6. R -> P(op): local, only ops the target holds, never mixing ops.
     for (int m = 0; m < ndim; ++m) {
-      if (s.code[m] != kReplicate) continue;
+      if (s.code[m] != kReplicate || frozen[m]) continue;
       for (uint32_t op : target_partials) {
         bool mixes = false;
         for (int k = 0; k < ndim; ++k) mixes |= kind_of(s.code[k]) == Kind::partial && s.code[k] != op;
@@ -192,17 +197,20 @@ struct SearchSpace {
     gather_innermost(Kind::strided_shard);
     // 11. R -> SS: local strided split, for the strided shards of the target.
     for (int m = 0; m < ndim; ++m)
-      if (s.code[m] == kReplicate)
+      if (s.code[m] == kReplicate && !frozen[m])
         for (uint32_t ss : target_strided) emit(with(s, m, ss), m, kLocal);
   }
 };
 
 SearchSpace make_search_space(const DeviceMesh& mesh, const CostModel& model, const Shape& shape, size_t element_size,
-                              const Layout& dst) {
+                              const Layout& src, const Layout& dst) {
   SearchSpace sp;
   sp.ndim = mesh.ndim();
   sp.tensor_rank = static_cast<int>(shape.rank());
-  for (int m = 0; m < mesh.ndim(); ++m) sp.sizes[m] = mesh.size(m);
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    sp.sizes[m] = mesh.size(m);
+    sp.frozen[m] = sp.sizes[m] == 1 && src.placements[m].is_replicate() && dst.placements[m].is_replicate();
+  }
   double numel = 1;
   for (int64_t d : shape.dims()) numel *= static_cast<double>(d);
   sp.total_bytes = numel * static_cast<double>(element_size);
@@ -474,7 +482,7 @@ Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layou
              src.to_string(), dst.to_string(), m, t.to_string(), src.placements[m].to_string());
   }
   if (src == dst) return {};
-  const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, dst);
+  const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, src, dst);
   const auto raw =
       options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
   return build_plan(sp, raw, shape, options.merge);
@@ -493,8 +501,33 @@ std::shared_ptr<const Plan> Planner::plan(const Shape& shape, size_t element_siz
   return cache_.emplace(std::move(key), std::move(plan)).first->second;
 }
 
+double Planner::lower_bound_us(const Shape& shape, size_t element_size, const Layout& src, const Layout& dst) const {
+  double bytes = static_cast<double>(element_size);
+  for (int64_t d : shape.dims()) bytes *= static_cast<double>(d);
+  auto local_bytes = [&](const Layout& l) {
+    double b = bytes;
+    for (int m = 0; m < mesh_.ndim(); ++m)
+      if (l.placements[m].is_sharding()) b /= mesh_.size(m);
+    return b;
+  };
+  bool collective = false;
+  double fastest_gbps = 0;
+  for (int m = 0; m < mesh_.ndim(); ++m) {
+    fastest_gbps = std::max(fastest_gbps, model_.links[m].bandwidth_gbps);
+    collective |= mesh_.size(m) > 1 && !src.placements[m].is_replicate() && !(src.placements[m] == dst.placements[m]);
+  }
+  if (!collective) return 0;
+  // An all_gather to n times its input over a link costs (n - 1) inputs'
+  // bytes at its bandwidth; over the steps they add up to the bytes gained.
+  // (The cost model counts bytes in GiB against GB/s, as PyTorch's does.)
+  const double gained = std::max(0.0, local_bytes(dst) - local_bytes(src));
+  const double floor = model_.launch_us + gained / (1024.0 * 1024.0 * 1024.0) / fastest_gbps * 1e6;
+  return floor * (1 - 1e-9);  // below the plan's own sum, whatever its rounding
+}
+
 double Planner::step_cost(const Shape& shape, size_t element_size, const Layout& from, const Layout& to) const {
-  const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, to);
+  SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, from, to);
+  sp.frozen = {};  // every edge
   const State a = to_state(from), b = to_state(to);
   double cost = kInf;
   sp.for_each_edge(a, [&](const State& next, int m, StepOp c) {
@@ -505,7 +538,8 @@ double Planner::step_cost(const Shape& shape, size_t element_size, const Layout&
 
 std::vector<Layout> Planner::neighbours(const Layout& from, int tensor_rank, const Layout& dst) const {
   const Shape shape(std::vector<int64_t>(static_cast<size_t>(tensor_rank), 1));
-  const SearchSpace sp = make_search_space(mesh_, model_, shape, 1, dst);
+  SearchSpace sp = make_search_space(mesh_, model_, shape, 1, from, dst);
+  sp.frozen = {};  // every edge
   std::vector<Layout> out;
   sp.for_each_edge(to_state(from), [&](const State& next, int, StepOp) { out.push_back(to_layout(next, sp.ndim)); });
   return out;

@@ -58,6 +58,12 @@ class Planner {
   Plan plan_uncached(const Shape& global_shape, size_t element_size, const Layout& src, const Layout& dst,
                      PlanOptions options = {}) const;
 
+  // A lower bound of plan(...)->total_cost_us, without searching: one
+  // collective's launch if any is needed, and the bandwidth of the
+  // all_gathers that bring each rank from its source bytes to its target
+  // bytes (nothing else raises them). For pruning what is not worth planning.
+  double lower_bound_us(const Shape& global_shape, size_t element_size, const Layout& src, const Layout& dst) const;
+
   // Cost of one step between layouts that differ on exactly one mesh dim
   // (infinity when no single collective does it). For checks and tests.
   double step_cost(const Shape& global_shape, size_t element_size, const Layout& from, const Layout& to) const;

@@ -3,8 +3,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
@@ -186,6 +188,12 @@ class ReaderCost {
  public:
   ReaderCost(const graph::Graph& g, sharding::Planner& planner) : g_(g), planner_(planner), readers_(readers_of(g)) {}
 
+  // The nodes that read v (none: nullptr).
+  const std::vector<Reader>* readers(graph::ValueId v) const {
+    const auto it = readers_.find(v);
+    return it == readers_.end() ? nullptr : &it->second;
+  }
+
   double of(graph::ValueId v, const Layout& have) {
     const auto it = readers_.find(v);
     if (it == readers_.end()) return 0;
@@ -196,10 +204,18 @@ class ReaderCost {
     for (const Reader& r : it->second) {
       const Accepted& accepted = accepted_by(r);
       if (accepted.keys.count(key)) continue;
-      double least = std::numeric_limits<double>::infinity();
+      // The nearest, planning only those whose lower bound may beat it.
+      std::vector<std::pair<double, Layout>> wants;
       for (Layout want : accepted.layouts) {
         order_like(want, preferred);
         if (!reachable(have, want)) continue;
+        const double floor = planner_.lower_bound_us(info.shape, dtype_size(info.dtype), have, want);
+        wants.emplace_back(floor, std::move(want));
+      }
+      std::stable_sort(wants.begin(), wants.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      double least = std::numeric_limits<double>::infinity();
+      for (const auto& [floor, want] : wants) {
+        if (floor >= least) break;
         least = std::min(least, planner_.plan(info.shape, dtype_size(info.dtype), have, want)->total_cost_us);
       }
       if (least < std::numeric_limits<double>::infinity()) total += least;
@@ -235,6 +251,185 @@ class ReaderCost {
   std::map<std::pair<int32_t, size_t>, Accepted> accepted_;
 };
 
+
+// Everything a node's choice of strategy depends on, as text: its op and
+// attrs, its operands' shapes, dtypes and layouts, which of its inputs are
+// pinned, the layouts its outputs must take, and its outputs' readers (op,
+// attrs, operands: what the look-ahead costs). Nodes of the same key (a
+// layer's node in every layer) choose alike, so one choice serves them all.
+std::string choice_key(const graph::Graph& g, const graph::Node& node, const std::map<graph::ValueId, Layout>& values,
+                       const std::map<graph::ValueId, Layout>& pinned, const std::map<graph::ValueId, Layout>& deliver,
+                       const ReaderCost& reader_cost) {
+  auto info = [&](graph::ValueId v) {
+    const graph::ValueInfo& i = g.value(v).info;
+    return fmt::format("{}{}", dtype_name(i.dtype), i.shape.to_string());
+  };
+  auto exact = [](const Layout& l) { return fmt::format("{}{}", l.to_string(), l.order); };
+  auto op = [&](const graph::Node& n) { return fmt::format("{}{}", n.op->name, n.attrs.to_string()); };
+  std::string key = op(node);
+  auto out = std::back_inserter(key);
+  for (graph::ValueId v : node.inputs)
+    fmt::format_to(out, "|{} {}{}", info(v), exact(values.at(v)), pinned.count(v) ? " pinned" : "");
+  for (graph::ValueId v : node.outputs) {
+    fmt::format_to(out, "|>{}", info(v));
+    for (const auto* wanted : {&pinned, &deliver})
+      if (const auto it = wanted->find(v); it != wanted->end()) fmt::format_to(out, " as {}", exact(it->second));
+    if (const std::vector<Reader>* readers = reader_cost.readers(v))
+      for (const Reader& r : *readers) {
+        const graph::Node& reader = g.node(r.node);
+        fmt::format_to(out, " read by {} as {} of", op(reader), r.operand);
+        for (graph::ValueId in : reader.inputs) fmt::format_to(out, " {}", info(in));
+        fmt::format_to(out, " to");
+        for (graph::ValueId o : reader.outputs) fmt::format_to(out, " {}", info(o));
+      }
+  }
+  return key;
+}
+
+// One node's choice of strategy: every full-mesh candidate that splits
+// evenly, tried in the order of the least each can cost (its compute, and
+// the least each redistribution of an input costs), and given up as soon
+// as what it has cost so far cannot beat the best found. The winner is
+// the candidate of least cost, ties to the first in enumeration order,
+// exactly as trying them all in that order would find it.
+class NodeChoice {
+ public:
+  NodeChoice(const graph::Graph& g, graph::NodeId n, sharding::Planner& planner,
+             const std::map<graph::ValueId, Layout>& values, const std::map<graph::ValueId, Layout>& pinned,
+             const std::map<graph::ValueId, Layout>& deliver, ReaderCost& reader_cost, const PropagationOptions& options)
+      : node_(g.node(n)),
+        planner_(planner),
+        values_(values),
+        pinned_(pinned),
+        deliver_(deliver),
+        reader_cost_(reader_cost),
+        in_(graph::value_infos(g, node_.inputs)),
+        outs_(graph::value_infos(g, node_.outputs)),
+        per_dim_(dim_strategies(StrategyQuery{*node_.op, in_, outs_, node_.attrs})),
+        flops_(graph::op_flops(*node_.op, in_, outs_, node_.attrs)),
+        flops_per_us_(options.flops_per_us) {
+    for (graph::ValueId v : node_.inputs)
+      for (std::vector<int>& seq : shard_sequences(values_.at(v))) preferred_.push_back(std::move(seq));
+  }
+
+  // The best candidate and its cost (infinity: none is legal).
+  std::pair<NodeSharding, double> best() {
+    std::vector<Candidate> candidates = enumerate();
+    std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+      return a.floor != b.floor ? a.floor < b.floor : a.index < b.index;
+    });
+    for (Candidate& c : candidates) {
+      if (c.floor > best_cost_) break;
+      if (!beaten(c.floor, c.index)) cost(c);
+    }
+    return {std::move(best_), best_cost_};
+  }
+
+ private:
+  struct Candidate {
+    std::vector<const DimStrategy*> strategies;
+    size_t index;  // in enumeration order
+    NodeSharding sharding;  // its inputs' layouts and compute so far
+    double floor;  // the least its cost can be
+  };
+
+  // Whether a candidate that costs at least `cost` cannot win.
+  bool beaten(double cost, size_t index) const {
+    return cost > best_cost_ || (cost == best_cost_ && index > best_index_);
+  }
+
+  // Every legal candidate with the layouts it reads its inputs in.
+  std::vector<Candidate> enumerate() {
+    const sharding::DeviceMesh& mesh = planner_.mesh();
+    std::vector<Candidate> out;
+    size_t index = 0;
+    for_each_combination(per_dim_, mesh, [&](const std::vector<const DimStrategy*>& c) {
+      const size_t at = index++;
+      if (!splits_evenly(c, mesh, in_)) return;
+      Candidate cand{c, at, {}, 0};
+      double nodes_us = 0;  // summed as the redistributions will be, each at least kNodeUs
+      for (size_t k = 0; k < in_.size(); ++k) {
+        const Layout& have = values_.at(node_.inputs[k]);
+        Layout want = layout_of(c, false, k);
+        order_like(want, preferred_);
+        if (!reachable(have, want)) return;
+        // A value pinned as a pending sum is read as it is: its reduction
+        // belongs after this node (bf16 gradients widened, then reduced).
+        if (!(have == want) && pinned_.count(node_.inputs[k]) && has_partial(have)) return;
+        if (!(have == want))
+          nodes_us += planner_.lower_bound_us(in_[k].shape, dtype_size(in_[k].dtype), have, want) + kNodeUs;
+        cand.sharding.inputs.push_back(std::move(want));
+      }
+      cand.sharding.compute_us = flops_ * busiest_share(c, mesh, outs_) / flops_per_us_;
+      cand.floor = nodes_us + cand.sharding.compute_us;
+      out.push_back(std::move(cand));
+    });
+    return out;
+  }
+
+  // Costs a candidate, until what it has cost so far cannot win; keeps it
+  // when it wins.
+  void cost(Candidate& c) {
+    NodeSharding& cand = c.sharding;
+    for (size_t k = 0; k < in_.size(); ++k) {
+      const Layout& have = values_.at(node_.inputs[k]);
+      const Layout& want = cand.inputs[k];
+      // Each redistribution is a node, a copy at least (the planner prices a
+      // local shard at 0): of candidates that cost the same, the one that
+      // leaves its inputs as they are wins.
+      if (have == want) continue;
+      cand.redistribute_us += planner_.plan(in_[k].shape, dtype_size(in_[k].dtype), have, want)->total_cost_us + kNodeUs;
+      if (beaten(cand.redistribute_us + cand.compute_us, c.index)) return;
+    }
+    const double own = cand.redistribute_us + cand.compute_us;
+    // An output pinned or delivered in a given layout (the residual stream,
+    // an updated parameter) costs its redistribution to it too, so a node
+    // does not pick a layout it must then undo.
+    double deliver_us = 0;
+    for (size_t k = 0; k < outs_.size(); ++k) {
+      cand.outputs.push_back(layout_of(c.strategies, true, k));
+      order_like(cand.outputs.back(), preferred_);
+      bool wanted_as_is = false;
+      for (const std::map<graph::ValueId, Layout>* wanted : {&pinned_, &deliver_}) {
+        const auto d = wanted->find(node_.outputs[k]);
+        if (d == wanted->end()) continue;
+        wanted_as_is = true;
+        if (d->second == cand.outputs.back()) continue;
+        if (d->second.mesh_ndim() != planner_.mesh().ndim() || !reachable(cand.outputs.back(), d->second)) return;
+        deliver_us +=
+            planner_.plan(outs_[k].shape, dtype_size(outs_[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
+      }
+      // A pending sum is reduced by some later reader: it costs at least
+      // its cheapest reduction, so a node does not trade a small input
+      // redistribution for a sum as large as its output (an LM head split
+      // over its contraction makes every rank a partial sum of all the
+      // logits).
+      if (!wanted_as_is)
+        deliver_us += has_partial(cand.outputs.back()) ? reduction_bandwidth_us(planner_, outs_[k], cand.outputs.back())
+                                                       : reader_cost_.of(node_.outputs[k], cand.outputs.back());
+      if (beaten(own + deliver_us, c.index)) return;
+    }
+    const double total = own + deliver_us;
+    if (total == std::numeric_limits<double>::infinity() || beaten(total, c.index)) return;
+    best_cost_ = total;
+    best_index_ = c.index;
+    best_ = std::move(cand);
+  }
+
+  const graph::Node& node_;
+  sharding::Planner& planner_;
+  const std::map<graph::ValueId, Layout>& values_;
+  const std::map<graph::ValueId, Layout>& pinned_;
+  const std::map<graph::ValueId, Layout>& deliver_;
+  ReaderCost& reader_cost_;
+  const graph::ValueInfos in_, outs_;
+  const std::vector<DimStrategy> per_dim_;
+  const double flops_, flops_per_us_;
+  std::vector<std::vector<int>> preferred_;  // the shard orders of the inputs' layouts
+  NodeSharding best_;
+  double best_cost_ = std::numeric_limits<double>::infinity();
+  size_t best_index_ = std::numeric_limits<size_t>::max();
+};
 }  // namespace
 
 Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
@@ -258,6 +453,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     out.values[v] = it == given.end() ? replicated : it->second;
   }
   ReaderCost reader_cost(g, planner);
+  std::unordered_map<std::string, std::pair<NodeSharding, double>> choices;  // choice_key -> the choice
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (node.recomputes.valid()) {
@@ -273,67 +469,13 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       out.nodes[n] = as;
       continue;
     }
-    const graph::ValueInfos in = graph::value_infos(g, node.inputs), outs = graph::value_infos(g, node.outputs);
-    const StrategyQuery q{*node.op, in, outs, node.attrs};
-    const std::vector<DimStrategy> per_dim = dim_strategies(q);
-    const double flops = graph::op_flops(*node.op, in, outs, node.attrs);
-    NodeSharding best;
-    double best_cost = std::numeric_limits<double>::infinity();
-    for_each_combination(per_dim, mesh, [&](const std::vector<const DimStrategy*>& c) {
-      if (!splits_evenly(c, mesh, in)) return;
-      NodeSharding cand;
-      std::vector<std::vector<int>> preferred;
-      for (graph::ValueId v : node.inputs)
-        for (std::vector<int>& seq : shard_sequences(out.values.at(v))) preferred.push_back(std::move(seq));
-      for (size_t k = 0; k < in.size(); ++k) {
-        const Layout& have = out.values.at(node.inputs[k]);
-        Layout want = layout_of(c, false, k);
-        order_like(want, preferred);
-        if (!reachable(have, want)) return;
-        // A value pinned as a pending sum is read as it is: its reduction
-        // belongs after this node (bf16 gradients widened, then reduced).
-        if (!(have == want) && pinned.count(node.inputs[k]) && has_partial(have)) return;
-        // Each redistribution is a node, a copy at least (the planner prices a
-        // local shard at 0): of candidates that cost the same, the one that
-        // leaves its inputs as they are wins.
-        if (!(have == want))
-          cand.redistribute_us +=
-              planner.plan(in[k].shape, dtype_size(in[k].dtype), have, want)->total_cost_us + kNodeUs;
-        cand.inputs.push_back(std::move(want));
-      }
-      cand.compute_us = flops * busiest_share(c, mesh, outs) / options.flops_per_us;
-      // An output pinned or delivered in a given layout (the residual stream,
-      // an updated parameter) costs its redistribution to it too, so a node
-      // does not pick a layout it must then undo.
-      double deliver_us = 0;
-      for (size_t k = 0; k < outs.size(); ++k) {
-        cand.outputs.push_back(layout_of(c, true, k));
-        order_like(cand.outputs.back(), preferred);
-        bool wanted_as_is = false;
-        for (const std::map<graph::ValueId, Layout>* wanted : {&std::as_const(pinned), &deliver}) {
-          const auto d = wanted->find(node.outputs[k]);
-          if (d == wanted->end()) continue;
-          wanted_as_is = true;
-          if (d->second == cand.outputs.back()) continue;
-          if (d->second.mesh_ndim() != mesh.ndim() || !reachable(cand.outputs.back(), d->second)) return;
-          deliver_us +=
-              planner.plan(outs[k].shape, dtype_size(outs[k].dtype), cand.outputs.back(), d->second)->total_cost_us;
-        }
-        // A pending sum is reduced by some later reader: it costs at least
-        // its cheapest reduction, so a node does not trade a small input
-        // redistribution for a sum as large as its output (an LM head split
-        // over its contraction makes every rank a partial sum of all the
-        // logits).
-        if (!wanted_as_is)
-          deliver_us += has_partial(cand.outputs.back()) ? reduction_bandwidth_us(planner, outs[k], cand.outputs.back())
-                                                         : reader_cost.of(node.outputs[k], cand.outputs.back());
-      }
-      const double cost = cand.redistribute_us + cand.compute_us + deliver_us;
-      if (cost < best_cost) {
-        best_cost = cost;
-        best = std::move(cand);
-      }
-    });
+    const std::string key = choice_key(g, node, out.values, pinned, deliver, reader_cost);
+    auto chosen = choices.find(key);
+    if (chosen == choices.end())
+      chosen =
+          choices.emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options}.best())
+              .first;
+    auto [best, best_cost] = chosen->second;
     if (best_cost == std::numeric_limits<double>::infinity()) {
       std::string asked;
       for (graph::ValueId v : node.outputs)
@@ -343,7 +485,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
           fmt::format("propagate: no legal strategy for node {} ({}){}", n.index, node.op->name, asked));
     }
     best.has_rule = has_strategy_rule(node.op->name);
-    for (size_t k = 0; k < outs.size(); ++k) {
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
       const auto pin = pinned.find(node.outputs[k]);
       out.values[node.outputs[k]] = pin == pinned.end() ? best.outputs[k] : pin->second;
     }

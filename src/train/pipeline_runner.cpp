@@ -54,8 +54,7 @@ PipelineRunner::PipelineRunner(const config::TrainConfig& config, comm::ProcessG
     comm::ProcessGroupPtr stage = world->split(pp_rank, stage_rank, fmt::format("pp_stage_{}", pp_rank));
     group_ = world->split(stage_rank, pp_rank, fmt::format("pp_{}", stage_rank));
     stage_groups_ = std::make_unique<sharding::MeshGroups>(*place_.stage_mesh, std::move(stage));
-    stage_planner_ =
-        std::make_unique<sharding::Planner>(*place_.stage_mesh, sharding::CostModel::for_mesh(*place_.stage_mesh));
+    stage_planner_ = sharding::shared_planner(*place_.stage_mesh);
   }
   const int64_t m = place_.schedule.microbatches;
   const bool split = place_.splits_backward;

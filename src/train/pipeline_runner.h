@@ -151,7 +151,7 @@ class PipelineRunner : public StepRunner {
   // Composed with data or tensor parallelism: the groups and planner of the
   // stage's mesh over the ranks of this rank's stage.
   std::unique_ptr<sharding::MeshGroups> stage_groups_;
-  std::unique_ptr<sharding::Planner> stage_planner_;
+  std::shared_ptr<sharding::Planner> stage_planner_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
   // In this rank's actions: the last compute action, and the stages that stay gathered from one run of the
   // schedule to the next (parallel::pp_stages_kept_between_runs).
