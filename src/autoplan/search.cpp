@@ -43,6 +43,18 @@ std::string bounding(const CostedPlan& c, double limit_bytes) {
   return out;
 }
 
+// The step of `planned` with n_layers l, or nothing when that does not estimate.
+std::optional<double> step_with_layers(const config::TrainConfig& planned, int world_size,
+                                       const sched::HardwareProfile& hardware, int64_t layers) {
+  config::TrainConfig fewer = planned;
+  fewer.model.n_layers = layers;
+  try {
+    return estimate::estimate_training(fewer, world_size, 0, hardware).time.step_us;
+  } catch (const InvalidArgument&) {
+    return std::nullopt;
+  }
+}
+
 class Search {
  public:
   Search(const config::TrainConfig& base, int world_size, const sched::HardwareProfile& hardware,
@@ -116,23 +128,6 @@ class Search {
     }
   }
 
-  // What decides the shapes a rank computes (and so the activations it
-  // keeps): all but how the data-parallel ranks split into replicas and
-  // shards, and the communication options that leave the compute as it is.
-  std::string local_shapes(const Plan& p) const {
-    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.dp_replicate * p.dp_shard, p.tp, p.cp, p.pp,
-                       static_cast<int>(p.pp_schedule), p.pp_microbatches, p.pp_stages_per_rank, p.ep, p.expert_tp,
-                       p.sequence_parallel, p.loss_parallel, static_cast<int>(p.checkpoint),
-                       static_cast<int>(p.selective_matmuls), p.grad_accum_steps, p.fp8,
-                       static_cast<int>(p.cp_attention));
-  }
-
-  double activation_floor(const std::string& shapes) {
-    std::lock_guard lock(mu_);
-    const auto it = activations_.find(shapes);
-    return it == activations_.end() ? 0 : it->second;
-  }
-
   double kth_best() {
     std::lock_guard lock(mu_);
     return static_cast<int>(best_steps_.size()) < options_.top ? kInf : best_steps_[options_.top - 1];
@@ -169,15 +164,7 @@ class Search {
                        amount(bounds.memory_bytes), amount(result_.memory_limit_bytes)));
       return std::nullopt;
     }
-    const std::string shapes = local_shapes(p);
-    if (const double activations = activation_floor(shapes);
-        result_.memory_limit_bytes > 0 && bounds.memory_bytes + activations > result_.memory_limit_bytes) {
-      drop(p, &planned,
-           fmt::format("memory: its master weights and optimizer states take at least {}, and the activations of "
-                       "a plan that computes the same local shapes {}, over the {}",
-                       amount(bounds.memory_bytes), amount(activations), amount(result_.memory_limit_bytes)));
-      return std::nullopt;
-    }
+    if (screened_out(p, planned, kth)) return std::nullopt;
     estimate::TrainingEstimate e;
     const auto began = std::chrono::steady_clock::now();
     try {
@@ -199,17 +186,48 @@ class Search {
     c.peak_bytes = e.memory.peak_bytes;
     c.fits = result_.memory_limit_bytes <= 0 || c.peak_bytes <= result_.memory_limit_bytes;
     c.bound = bounding(c, result_.memory_limit_bytes);
+    if (options_.check_screen)
+      if (const std::optional<Screened> screened = screen(planned)) c.screen_step_us = screened->step_us;
     std::lock_guard lock(mu_);
     result_.costed.push_back(c);
-    if (const auto it = e.memory.at_peak.find(sched::MemoryKind::activations); it != e.memory.at_peak.end()) {
-      const auto [at, added] = activations_.emplace(shapes, it->second);
-      if (!added) at->second = std::min(at->second, it->second);
-    }
     if (c.fits) {
       best_steps_.insert(std::upper_bound(best_steps_.begin(), best_steps_.end(), c.step_us), c.step_us);
       if (static_cast<int>(best_steps_.size()) > options_.top) best_steps_.pop_back();
     }
     return c;
+  }
+
+  struct Screened {
+    int64_t layers[2];
+    double step_us;  // extrapolated to the plan's layers
+  };
+  // The plan's screen, or nothing when it has none or its estimates fail.
+  std::optional<Screened> screen(const config::TrainConfig& planned) const {
+    // Automatic bucketing picks its buckets by the step's estimate, which
+    // need not pick alike with fewer layers: not screened.
+    if (planned.schedule.bucket_mode == sched::BucketMode::automatic) return std::nullopt;
+    const auto layers = screen_layers(planned);
+    if (!layers) return std::nullopt;
+    const auto [l1, l2] = *layers;
+    const std::optional<double> t1 = step_with_layers(planned, world_, hardware_, l1);
+    const std::optional<double> t2 = t1 ? step_with_layers(planned, world_, hardware_, l2) : std::nullopt;
+    if (!t2) return std::nullopt;
+    const double per_layer = (*t2 - *t1) / static_cast<double>(l2 - l1);
+    return Screened{{l1, l2}, *t2 + per_layer * static_cast<double>(planned.model.n_layers - l2)};
+  }
+
+  // Whether the plan's screen (SearchOptions::screen) says it cannot beat
+  // the K-th best step `kth`: then it is dropped, saying so.
+  bool screened_out(const Plan& p, const config::TrainConfig& planned, double kth) {
+    if (!options_.screen || options_.check_screen || kth == kInf) return false;
+    const std::optional<Screened> s = screen(planned);
+    if (!s || s->step_us * (1 - kScreenMargin) < kth) return false;
+    drop(p, &planned,
+         fmt::format("screen: its step, extrapolated from estimates with {} and {} layers, is {}; less {:.0f}%, it "
+                     "is still no faster than the {} best plans' {}",
+                     s->layers[0], s->layers[1], describe_us(s->step_us), 100 * kScreenMargin, options_.top,
+                     describe_us(kth)));
+    return true;
   }
 
   // One layout: down its memory ladder to the first plan that fits, then
@@ -296,11 +314,33 @@ class Search {
   bool stopped_ = false;                       // under mu_
   std::vector<double> best_steps_;             // the fitting plans' steps, fastest first, at most `top`
   size_t rejected_ = 0;                        // the first entries of result_.dropped: the layouts that failed a check
-  std::map<std::string, double> activations_;  // local_shapes -> the least activations at a costed plan's peak
   SearchResult result_;
 };
 
 }  // namespace
+
+std::optional<std::pair<int64_t, int64_t>> screen_layers(const config::TrainConfig& planned) {
+  const models::LlamaConfig& m = planned.model;
+  const parallel::ParallelConfig& p = planned.parallel;
+  int64_t first = 0, step = 1;  // the screen's first layer count, and what it adds
+  if (p.pp == 1) {
+    // Layers past the dense ones repeat: 2 and 4 of them.
+    first = (m.n_experts > 0 ? m.first_dense_layers : 0) + 2;
+    step = 2;
+  } else {
+    if (!p.pp_layers_per_stage.empty() || !p.pp_schedule_csv.empty() || (m.n_experts > 0 && m.first_dense_layers > 0))
+      return std::nullopt;
+    // The units (layers, the embedding and the head) over the stages leave
+    // the same remainder, so the same stages take one more.
+    const int64_t stages = p.pp * p.stages_per_rank(), remainder = (m.n_layers + 2) % stages;
+    first = stages + remainder - 2;
+    while (first < 1) first += stages;
+    step = stages;
+  }
+  const int64_t second = first + step;
+  if (first + second > m.n_layers / 2) return std::nullopt;  // not cheaper enough
+  return std::pair{first, second};
+}
 
 std::vector<const CostedPlan*> SearchResult::best(int top) const {
   std::vector<const CostedPlan*> out;

@@ -4,10 +4,12 @@
 // its memory ladder, then one communication option at a time while that
 // helps; branch and bound: a plan whose lower bound (its compute, as the
 // analytic bound or a costed sibling's compute says) is no better than the
-// K-th best step found is not costed.
+// K-th best step found is not costed, nor one whose step, extrapolated
+// from estimates of the model with fewer layers, is no better.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,10 +23,24 @@ struct SearchOptions {
   double budget_gib = 0;   // a rank's memory at most this (0: the device's; neither: no check)
   double max_seconds = 0;  // stop costing after this long (0: no limit)
   int threads = 0;         // estimates at once (0: the host's cores)
+  // Screen plans by their step extrapolated from two estimates of the
+  // model with fewer layers (screen_layers): one no faster than the K-th
+  // best step by kScreenMargin is dropped without its full estimate.
+  bool screen = true;
+  // Screen nothing, but record each costed plan's screen (CostedPlan::
+  // screen_step_us): for checking the screen against the full estimates.
+  bool check_screen = false;
   SpaceOptions space;
   // Called now and then from the searching threads, one at a time.
   std::function<void(const std::string& line)> progress;
 };
+
+// The screen's two layer counts for `planned` (its own layer count less
+// repeated layers, so that each pipeline stage keeps its share of the
+// remainder), or nothing when the screen would not be cheaper.
+std::optional<std::pair<int64_t, int64_t>> screen_layers(const config::TrainConfig& planned);
+// The step a screen estimates may be this much below the full estimate.
+inline constexpr double kScreenMargin = 0.02;
 
 // A plan costed by the estimate.
 struct CostedPlan {
@@ -35,6 +51,7 @@ struct CostedPlan {
   double peak_bytes = 0;
   bool fits = true;
   double estimate_seconds = 0;  // how long its estimate took
+  double screen_step_us = 0;    // with SearchOptions::check_screen: its screen's step (0: it has none)
   std::string bound;            // what bounds it: compute, exposed communication, bubble (and memory when nearly full)
 };
 

@@ -40,10 +40,12 @@ std::string autoplan_footer() {
          "better than the K-th fastest step found is dropped uncosted: the whole step's graph costed node by\n"
          "node on one rank's peaks over the ranks (with a pipeline, its busiest rank's stages and the bubble),\n"
          "or the compute of the costed plan it changes. So is one whose master weights and optimizer states do\n"
-         "not fit, alone or with the activations of a costed plan of the same local shapes.\n"
+         "not fit. So, too, is one\n"
+         "whose step, extrapolated from estimates of the model with fewer layers (2 and 4, or per pipeline stage\n"
+         "one and two more), is still no faster less 2% (--exhaustive: none is screened so).\n"
          "--json prints every plan costed and every plan dropped with its reason; --out FILE writes the fastest\n"
          "as a whole config (TOML). --max-seconds S stops the search and prints the best so far (estimates\n"
-         "under way finish first: a plan on a four-dimensional mesh can take a minute). A progress line goes\n"
+         "under way finish first). A progress line goes\n"
          "to stderr every 2 s. Exit 1 when no plan is legal or none fits (the message says what blocks\n"
          "them), 2 for bad options.\n";
 }
@@ -55,7 +57,7 @@ nlohmann::json overrides_json(const std::vector<std::pair<std::string, std::stri
 }
 
 nlohmann::json costed_json(const autoplan::CostedPlan& c) {
-  return {{"overrides", overrides_json(c.overrides)},
+  nlohmann::json out = {{"overrides", overrides_json(c.overrides)},
           {"command_line", autoplan::overrides_text(c.overrides)},
           {"tokens_per_s_per_device", c.tokens_per_s_per_device},
           {"mfu", c.mfu},
@@ -67,6 +69,8 @@ nlohmann::json costed_json(const autoplan::CostedPlan& c) {
           {"fits", c.fits},
           {"estimate_seconds", c.estimate_seconds},
           {"bound", c.bound}};
+  if (c.screen_step_us > 0) out["screen_step_us"] = c.screen_step_us;  // --check-screen
+  return out;
 }
 
 void print_json(const autoplan::SearchResult& r, int ranks, const sched::HardwareProfile& hardware, int top) {
@@ -139,7 +143,9 @@ Command add_autoplan_command(CLI::App& app) {
                       {"max-seconds", "S", "Stop costing after this long and print the best so far"},
                       {"threads", "T", "Estimates at once (default: this host's cores)"}},
                      {{"json", "", "Print one JSON document instead: every plan costed and every plan dropped"},
-                      {"vary-numerics", "", "Also try training.fp8 tensorwise and training.reduce_dtype bfloat16"}});
+                      {"vary-numerics", "", "Also try training.fp8 tensorwise and training.reduce_dtype bfloat16"},
+                      {"exhaustive", "", "Estimate every plan in full: no screen by estimates with fewer layers"},
+                      {"check-screen", "", "With --json: estimate every plan in full and give each its screen's step too"}});
   return {autoplan, [args] { return run_autoplan(*args); }};
 }
 
@@ -159,6 +165,8 @@ int run_autoplan(const CommandArgs& a) {
   for (const auto& [key, value] : {std::pair{"budget-gib", options.budget_gib}, {"max-seconds", options.max_seconds}})
     MT_CHECK(value >= 0 && value < 1e9, "autoplan: --{} {} must be a positive number (0: none)", key, value);
   options.space.vary_fp8 = options.space.vary_reduce_dtype = a.flags.count("vary-numerics") > 0;
+  options.screen = a.flags.count("exhaustive") == 0;
+  options.check_screen = a.flags.count("check-screen") > 0;
   const sched::HardwareProfile hardware = sched::load_hardware(a.options.at("hardware"));
   const config::TrainConfig base = config::load_config(a.options.at("config"), a.overrides);
   const auto out = a.options.find("out");

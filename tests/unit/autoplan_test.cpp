@@ -196,3 +196,54 @@ TEST(Autoplan, TheGlobalComputeIsKeptPerModel) {
   EXPECT_EQ(autoplan::global_compute(debug_config(), 4, hardware).total_us(), six);
   EXPECT_EQ(autoplan::global_compute(debug_config({{"model.n_layers", "2"}}), 4, hardware).layer_us.size(), 2u);
 }
+
+// The screen's layer counts: 2 and 4 without a pipeline; with one, the
+// fewest that leave each stage its share of the remainder, and one more a
+// stage; none where the screen would not cost under half the estimate.
+TEST(Autoplan, TheScreenEstimatesFewerLayersThatExtrapolate) {
+  auto layers_of = [](std::vector<std::pair<std::string, std::string>> overrides) {
+    return autoplan::screen_layers(debug_config(std::move(overrides)));
+  };
+  using Layers = std::optional<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(layers_of({{"model.n_layers", "32"}}), (Layers{{2, 4}}));
+  EXPECT_EQ(layers_of({{"model.n_layers", "6"}}), Layers{});  // 2 + 4 layers: no cheaper
+  // 34 units over 4 stages: 2 left over, so 6 and 10 units (4 and 8 layers).
+  EXPECT_EQ(layers_of({{"model.n_layers", "32"}, {"parallel.pp", "4"}}), (Layers{{4, 8}}));
+  // Over 2 stages none is left over: 4 and 6 units.
+  EXPECT_EQ(layers_of({{"model.n_layers", "32"}, {"parallel.pp", "2"}}), (Layers{{2, 4}}));
+  // 8 stages: 8 and 16 layers of 32 would not be cheaper.
+  EXPECT_EQ(layers_of({{"model.n_layers", "32"}, {"parallel.pp", "4"}, {"parallel.pp_schedule", "interleaved_1f1b"}}),
+            Layers{});
+}
+
+// On a 12-layer model the screen drops plans before their full estimate;
+// each it drops estimates in full no faster than the best kept, every
+// costed plan's screen is within its 2% margin of the full estimate, and
+// the search finds the exhaustive search's best.
+TEST(Autoplan, PlansTheScreenDropsAreNoBetterThanTheBestKept) {
+  const config::TrainConfig base = debug_config({{"data.batch_size", "16"}, {"model.n_layers", "12"}});
+  const sched::HardwareProfile hardware = sched::builtin_hardware("h100-sxm");
+  autoplan::SearchOptions options;
+  options.top = 3;
+  options.threads = 2;
+  const autoplan::SearchResult screened = autoplan::search_plans(base, 4, hardware, options);
+  options.check_screen = true;
+  const autoplan::SearchResult checked = autoplan::search_plans(base, 4, hardware, options);
+  EXPECT_EQ(screened.best(1).front()->step_us, checked.best(1).front()->step_us);
+  const double third = screened.best(3).back()->step_us;
+  std::vector<const autoplan::DroppedPlan*> dropped;
+  for (const auto& d : screened.dropped)
+    if (d.reason.starts_with("screen:")) dropped.push_back(&d);
+  ASSERT_FALSE(dropped.empty());
+  for (size_t i = 0; i < dropped.size(); i += (dropped.size() + 7) / 8) {  // 8 of them at most, spread
+    const auto e = estimate::estimate_training(autoplan::apply_plan(base, dropped[i]->plan, 4), 4, 0, hardware);
+    EXPECT_GE(e.time.step_us, third * (1 - 1e-9)) << autoplan::overrides_text(dropped[i]->overrides);
+  }
+  int screens = 0;
+  for (const auto& c : checked.costed) {
+    if (c.screen_step_us == 0) continue;
+    EXPECT_NEAR(c.screen_step_us / c.step_us, 1.0, autoplan::kScreenMargin) << autoplan::overrides_text(c.overrides);
+    ++screens;
+  }
+  EXPECT_GT(screens, 10);
+}
