@@ -27,6 +27,37 @@ std::string degrees_of(const autoplan::Plan& p) {
   return fmt::format("{}x{}x{}x{}x{}", p.dp_replicate, p.dp_shard, p.tp, p.cp, p.pp);
 }
 
+const sched::HardwareProfile& h100() {
+  static const sched::HardwareProfile hardware = sched::builtin_hardware("h100-sxm");
+  return hardware;
+}
+
+// A search of `base` on 4 ranks keeping the 3 best, on 2 threads.
+autoplan::SearchResult search_top3(const config::TrainConfig& base, bool check_screen = false) {
+  autoplan::SearchOptions options;
+  options.top = 3;
+  options.threads = 2;
+  options.check_screen = check_screen;
+  return autoplan::search_plans(base, 4, h100(), options);
+}
+
+// Up to `most` of the plans dropped for `reason` (spread over them), each
+// estimated in full: none is faster than the third best kept. How many.
+int expect_dropped_no_better(const autoplan::SearchResult& result, const config::TrainConfig& base,
+                             const std::string& reason, size_t most) {
+  std::vector<const autoplan::DroppedPlan*> dropped;
+  for (const auto& d : result.dropped)
+    if (d.reason.starts_with(reason)) dropped.push_back(&d);
+  const double third = result.best(3).back()->step_us;
+  int checked = 0;
+  for (size_t i = 0; i < dropped.size(); i += (dropped.size() + most - 1) / most) {
+    const auto e = estimate::estimate_training(autoplan::apply_plan(base, dropped[i]->plan, 4), 4, 0, h100());
+    EXPECT_GE(e.time.step_us, third * (1 - 1e-9)) << autoplan::overrides_text(dropped[i]->overrides);
+    ++checked;
+  }
+  return checked;
+}
+
 }  // namespace
 
 // The debug model (16 heads, 16 kv heads, 6 layers, batch 8, seq 128) on 4
@@ -133,31 +164,15 @@ TEST(Autoplan, NothingFitsIsOneErrorSayingHowMuchTheLeastNeeds) {
 TEST(Autoplan, PlansDroppedByTheBoundAreNoBetterThanTheBestKept) {
   // 2 layers (4 pipeline units) keep each estimate short for the sanitizer build.
   const config::TrainConfig base = debug_config({{"data.batch_size", "16"}, {"model.n_layers", "2"}});
-  const sched::HardwareProfile hardware = sched::builtin_hardware("h100-sxm");
-  autoplan::SearchOptions options;
-  options.top = 3;
-  options.threads = 2;
-  const autoplan::SearchResult result = autoplan::search_plans(base, 4, hardware, options);
+  const autoplan::SearchResult result = search_top3(base);
   ASSERT_EQ(result.best(3).size(), 3u);
-  const double third = result.best(3).back()->step_us;
   for (const auto& c : result.costed) {
-    const auto bounds = autoplan::lower_bounds(autoplan::apply_plan(base, c.plan, 4), 4, hardware);
+    const auto bounds = autoplan::lower_bounds(autoplan::apply_plan(base, c.plan, 4), 4, h100());
     // A pipeline's bound holds its bubble: a bound of the step, not of the rank's compute.
     EXPECT_LE(bounds.compute_us, (c.plan.pp > 1 ? c.step_us : c.compute_us) * (1 + 1e-9))
         << autoplan::overrides_text(c.overrides);
   }
-  std::vector<const autoplan::DroppedPlan*> bound;
-  for (const auto& d : result.dropped)
-    if (d.reason.starts_with("bound:")) bound.push_back(&d);
-  ASSERT_FALSE(bound.empty());  // the bound dropped some
-  int checked = 0;
-  for (size_t i = 0; i < bound.size(); i += (bound.size() + 15) / 16) {  // 16 of them at most, spread
-    const autoplan::DroppedPlan& d = *bound[i];
-    const auto e = estimate::estimate_training(autoplan::apply_plan(base, d.plan, 4), 4, 0, hardware);
-    EXPECT_GE(e.time.step_us, third * (1 - 1e-9)) << autoplan::overrides_text(d.overrides);
-    ++checked;
-  }
-  EXPECT_GT(checked, 0);
+  EXPECT_GT(expect_dropped_no_better(result, base, "bound:", 16), 0);  // the bound dropped some
   // The fastest first, and each as the overrides that make it.
   for (size_t i = 1; i < result.best(10).size(); ++i)
     EXPECT_LE(result.best(10)[i - 1]->step_us, result.best(10)[i]->step_us);
@@ -222,23 +237,9 @@ TEST(Autoplan, TheScreenEstimatesFewerLayersThatExtrapolate) {
 // the search finds the exhaustive search's best.
 TEST(Autoplan, PlansTheScreenDropsAreNoBetterThanTheBestKept) {
   const config::TrainConfig base = debug_config({{"data.batch_size", "16"}, {"model.n_layers", "12"}});
-  const sched::HardwareProfile hardware = sched::builtin_hardware("h100-sxm");
-  autoplan::SearchOptions options;
-  options.top = 3;
-  options.threads = 2;
-  const autoplan::SearchResult screened = autoplan::search_plans(base, 4, hardware, options);
-  options.check_screen = true;
-  const autoplan::SearchResult checked = autoplan::search_plans(base, 4, hardware, options);
+  const autoplan::SearchResult screened = search_top3(base), checked = search_top3(base, /*check_screen=*/true);
   EXPECT_EQ(screened.best(1).front()->step_us, checked.best(1).front()->step_us);
-  const double third = screened.best(3).back()->step_us;
-  std::vector<const autoplan::DroppedPlan*> dropped;
-  for (const auto& d : screened.dropped)
-    if (d.reason.starts_with("screen:")) dropped.push_back(&d);
-  ASSERT_FALSE(dropped.empty());
-  for (size_t i = 0; i < dropped.size(); i += (dropped.size() + 7) / 8) {  // 8 of them at most, spread
-    const auto e = estimate::estimate_training(autoplan::apply_plan(base, dropped[i]->plan, 4), 4, 0, hardware);
-    EXPECT_GE(e.time.step_us, third * (1 - 1e-9)) << autoplan::overrides_text(dropped[i]->overrides);
-  }
+  EXPECT_GT(expect_dropped_no_better(screened, base, "screen:", 8), 0);  // the screen dropped some
   int screens = 0;
   for (const auto& c : checked.costed) {
     if (c.screen_step_us == 0) continue;
