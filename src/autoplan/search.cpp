@@ -310,10 +310,10 @@ class Search {
   std::mutex mu_;
   std::condition_variable done_;
   std::atomic<size_t> next_{0};
-  size_t searched_ = 0;                        // under mu_
-  bool stopped_ = false;                       // under mu_
-  std::vector<double> best_steps_;             // the fitting plans' steps, fastest first, at most `top`
-  size_t rejected_ = 0;                        // the first entries of result_.dropped: the layouts that failed a check
+  size_t searched_ = 0;             // under mu_
+  bool stopped_ = false;            // under mu_
+  std::vector<double> best_steps_;  // the fitting plans' steps, fastest first, at most `top`
+  size_t rejected_ = 0;             // the first entries of result_.dropped: the layouts that failed a check
   SearchResult result_;
 };
 

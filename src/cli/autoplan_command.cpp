@@ -58,17 +58,17 @@ nlohmann::json overrides_json(const std::vector<std::pair<std::string, std::stri
 
 nlohmann::json costed_json(const autoplan::CostedPlan& c) {
   nlohmann::json out = {{"overrides", overrides_json(c.overrides)},
-          {"command_line", autoplan::overrides_text(c.overrides)},
-          {"tokens_per_s_per_device", c.tokens_per_s_per_device},
-          {"mfu", c.mfu},
-          {"step_us", c.step_us},
-          {"compute_us", c.compute_us},
-          {"exposed_us", c.exposed_us},
-          {"bubble_us", c.bubble_us},
-          {"peak_bytes", c.peak_bytes},
-          {"fits", c.fits},
-          {"estimate_seconds", c.estimate_seconds},
-          {"bound", c.bound}};
+                        {"command_line", autoplan::overrides_text(c.overrides)},
+                        {"tokens_per_s_per_device", c.tokens_per_s_per_device},
+                        {"mfu", c.mfu},
+                        {"step_us", c.step_us},
+                        {"compute_us", c.compute_us},
+                        {"exposed_us", c.exposed_us},
+                        {"bubble_us", c.bubble_us},
+                        {"peak_bytes", c.peak_bytes},
+                        {"fits", c.fits},
+                        {"estimate_seconds", c.estimate_seconds},
+                        {"bound", c.bound}};
   if (c.screen_step_us > 0) out["screen_step_us"] = c.screen_step_us;  // --check-screen
   return out;
 }
@@ -134,18 +134,19 @@ Command add_autoplan_command(CLI::App& app) {
       "checkpointing, communication options) by their estimates and print the fastest that fit: meshtrain "
       "autoplan --config FILE --ranks N --hardware NAME|FILE [--top K] [--json] [--out BEST.toml]");
   autoplan->footer(autoplan_footer());
-  add_engine_options(*autoplan, *args,
-                     {{"ranks", "N", "The job's ranks", true},
-                      {"hardware", "NAME|FILE", "A built-in hardware profile or a profile file", true},
-                      {"top", "K", "The plans to print (default 10)"},
-                      {"out", "FILE", "Write the fastest plan as a whole config (TOML)"},
-                      {"budget-gib", "G", "A rank's memory at most this (default: the profile's device memory)"},
-                      {"max-seconds", "S", "Stop costing after this long and print the best so far"},
-                      {"threads", "T", "Estimates at once (default: this host's cores)"}},
-                     {{"json", "", "Print one JSON document instead: every plan costed and every plan dropped"},
-                      {"vary-numerics", "", "Also try training.fp8 tensorwise and training.reduce_dtype bfloat16"},
-                      {"exhaustive", "", "Estimate every plan in full: no screen by estimates with fewer layers"},
-                      {"check-screen", "", "With --json: estimate every plan in full and give each its screen's step too"}});
+  add_engine_options(
+      *autoplan, *args,
+      {{"ranks", "N", "The job's ranks", true},
+       {"hardware", "NAME|FILE", "A built-in hardware profile or a profile file", true},
+       {"top", "K", "The plans to print (default 10)"},
+       {"out", "FILE", "Write the fastest plan as a whole config (TOML)"},
+       {"budget-gib", "G", "A rank's memory at most this (default: the profile's device memory)"},
+       {"max-seconds", "S", "Stop costing after this long and print the best so far"},
+       {"threads", "T", "Estimates at once (default: this host's cores)"}},
+      {{"json", "", "Print one JSON document instead: every plan costed and every plan dropped"},
+       {"vary-numerics", "", "Also try training.fp8 tensorwise and training.reduce_dtype bfloat16"},
+       {"exhaustive", "", "Estimate every plan in full: no screen by estimates with fewer layers"},
+       {"check-screen", "", "With --json: estimate every plan in full and give each its screen's step too"}});
   return {autoplan, [args] { return run_autoplan(*args); }};
 }
 

@@ -251,7 +251,6 @@ class ReaderCost {
   std::map<std::pair<int32_t, size_t>, Accepted> accepted_;
 };
 
-
 // Everything a node's choice of strategy depends on, as text: its op and
 // attrs, its operands' shapes, dtypes and layouts, which of its inputs are
 // pinned, the layouts its outputs must take, and its outputs' readers (op,
@@ -296,7 +295,8 @@ class NodeChoice {
  public:
   NodeChoice(const graph::Graph& g, graph::NodeId n, sharding::Planner& planner,
              const std::map<graph::ValueId, Layout>& values, const std::map<graph::ValueId, Layout>& pinned,
-             const std::map<graph::ValueId, Layout>& deliver, ReaderCost& reader_cost, const PropagationOptions& options)
+             const std::map<graph::ValueId, Layout>& deliver, ReaderCost& reader_cost,
+             const PropagationOptions& options)
       : node_(g.node(n)),
         planner_(planner),
         values_(values),
@@ -328,9 +328,9 @@ class NodeChoice {
  private:
   struct Candidate {
     std::vector<const DimStrategy*> strategies;
-    size_t index;  // in enumeration order
+    size_t index;           // in enumeration order
     NodeSharding sharding;  // its inputs' layouts and compute so far
-    double floor;  // the least its cost can be
+    double floor;           // the least its cost can be
   };
 
   // Whether a candidate that costs at least `cost` cannot win.
@@ -378,7 +378,8 @@ class NodeChoice {
       // local shard at 0): of candidates that cost the same, the one that
       // leaves its inputs as they are wins.
       if (have == want) continue;
-      cand.redistribute_us += planner_.plan(in_[k].shape, dtype_size(in_[k].dtype), have, want)->total_cost_us + kNodeUs;
+      cand.redistribute_us +=
+          planner_.plan(in_[k].shape, dtype_size(in_[k].dtype), have, want)->total_cost_us + kNodeUs;
       if (beaten(cand.redistribute_us + cand.compute_us, c.index)) return;
     }
     const double own = cand.redistribute_us + cand.compute_us;
@@ -472,9 +473,8 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     const std::string key = choice_key(g, node, out.values, pinned, deliver, reader_cost);
     auto chosen = choices.find(key);
     if (chosen == choices.end())
-      chosen =
-          choices.emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options}.best())
-              .first;
+      chosen = choices.emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options}.best())
+                   .first;
     auto [best, best_cost] = chosen->second;
     if (best_cost == std::numeric_limits<double>::infinity()) {
       std::string asked;
