@@ -226,7 +226,11 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
       moments += 2 * held / 4 * state_bytes;
     }
   }
-  const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, costs);
+  // Ranks sharing a host's cores: while a stage waits in the bubble, the stages computing get its cores.
+  std::vector<double> speed_when_busy;
+  for (int k = 1; k <= schedule.ranks; ++k)
+    speed_when_busy.push_back(hardware.busy_share(world_size, k * stage_size) / hardware.rank_share(world_size));
+  const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, costs, speed_when_busy);
   p.makespan_us = sim.makespan;
   p.bubble_fraction = sim.bubble_fraction;
   p.rank_busy_us = sim.busy[static_cast<size_t>(pp_rank)];

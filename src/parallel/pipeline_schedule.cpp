@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -600,7 +601,8 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
                               {costs.forward / v, costs.backward_input / v, costs.backward_weight / v, costs.p2p}));
 }
 
-PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage) {
+PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage,
+                                  const std::vector<double>& speed_when_busy) {
   validate_pp_schedule(s);
   MT_CHECK(static_cast<int>(per_stage.size()) == s.stages(), "pipeline costs: {} stages' costs for {} stages",
            per_stage.size(), s.stages());
@@ -610,6 +612,11 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
                  costs.backward_input > 0 && costs.backward_weight > 0 && costs.p2p >= 0,
              "pipeline costs must be finite, positive (p2p may be 0): F {} I {} W {} p2p {}", costs.forward,
              costs.backward_input, costs.backward_weight, costs.p2p);
+  MT_CHECK(speed_when_busy.empty() || std::ssize(speed_when_busy) == s.ranks,
+           "pipeline speeds: {} for {} ranks (one per count of ranks computing at once)", speed_when_busy.size(),
+           s.ranks);
+  for (const double speed : speed_when_busy)
+    MT_CHECK(std::isfinite(speed) && speed > 0, "pipeline speeds must be finite and positive: {}", speed);
   const int stages = s.stages(), m = s.microbatches, last = stages - 1;
   auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
   constexpr double kNotYet = -1;
@@ -620,14 +627,13 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
   };
 
   PpSimulation sim;
-  sim.busy.assign(static_cast<size_t>(s.ranks), 0);
-  sim.timeline.resize(static_cast<size_t>(s.ranks));
-  std::vector<std::vector<PpAction>> compute(static_cast<size_t>(s.ranks));
-  for (int r = 0; r < s.ranks; ++r)
-    for (const PpAction& a : s.actions[static_cast<size_t>(r)])
-      if (is_compute(a.type)) compute[static_cast<size_t>(r)].push_back(a);
-  std::vector<size_t> next(static_cast<size_t>(s.ranks), 0);
-  std::vector<double> free_at(static_cast<size_t>(s.ranks), 0);
+  const auto ranks = static_cast<size_t>(s.ranks);
+  sim.busy.assign(ranks, 0);
+  sim.timeline.resize(ranks);
+  std::vector<std::vector<PpAction>> compute(ranks);
+  for (size_t r = 0; r < ranks; ++r)
+    for (const PpAction& a : s.actions[r])
+      if (is_compute(a.type)) compute[r].push_back(a);
   // When each input is there for `a` on rank r, or kNotYet.
   auto ready_at = [&](int r, const PpAction& a) -> double {
     // `end` on stage `stage`'s rank, plus the hop over the link between stages `link` and `link` + 1 when that
@@ -650,33 +656,56 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
         return input_end[at(a.stage, a.microbatch)];
     }
   };
+  // Events in time order: each rank starts its next action once its inputs are there, and all the ranks
+  // computing at once run at the speed for their count (processor sharing: ranks of one host's cores).
+  std::vector<size_t> next(ranks, 0);
+  std::vector<double> left(ranks, 0), length(ranks, 0), started(ranks, 0), free_at(ranks, 0);
+  std::vector<bool> running(ranks, false);
+  double now = 0;
   for (;;) {
-    bool progress = false, left = false;
-    for (int r = 0; r < s.ranks; ++r) {
-      const auto& list = compute[static_cast<size_t>(r)];
-      size_t& i = next[static_cast<size_t>(r)];
-      for (; i < list.size(); ++i) {
-        const PpAction& a = list[i];
-        const double ready = ready_at(r, a);
-        if (ready < 0) break;
-        const double start = std::max(ready, free_at[static_cast<size_t>(r)]);
-        const double end = start + duration(a, per_stage[static_cast<size_t>(a.stage)]);
-        free_at[static_cast<size_t>(r)] = end;
-        sim.busy[static_cast<size_t>(r)] += end - start;
-        sim.timeline[static_cast<size_t>(r)].push_back({a, start, end});
-        if (a.type == PpActionType::forward) forward_end[at(a.stage, a.microbatch)] = end;
-        if (a.type == PpActionType::backward || a.type == PpActionType::backward_input)
-          input_end[at(a.stage, a.microbatch)] = end;
-        progress = true;
+    double soonest_ready = std::numeric_limits<double>::infinity();
+    int computing = 0;
+    for (size_t r = 0; r < ranks; ++r) {
+      if (!running[r] && next[r] < compute[r].size()) {
+        const PpAction& a = compute[r][next[r]];
+        const double ready = ready_at(static_cast<int>(r), a);
+        if (ready >= 0 && ready <= now) {
+          running[r] = true;
+          started[r] = now;
+          left[r] = length[r] = duration(a, per_stage[static_cast<size_t>(a.stage)]);
+        } else if (ready > now) {
+          soonest_ready = std::min(soonest_ready, ready);
+        }
       }
-      left = left || i < list.size();
+      computing += running[r] ? 1 : 0;
     }
-    if (!left) break;
-    MT_CHECK(progress,
-             "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
-             "no rank will produce",
-             pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
+    if (computing == 0 && std::isinf(soonest_ready)) break;
+    const double speed = speed_when_busy.empty() ? 1 : speed_when_busy[static_cast<size_t>(std::max(computing, 1) - 1)];
+    double step = soonest_ready - now;
+    for (size_t r = 0; r < ranks; ++r)
+      if (running[r]) step = std::min(step, left[r] / speed);
+    const double then = now + step;
+    for (size_t r = 0; r < ranks; ++r) {
+      if (!running[r]) continue;
+      left[r] -= step * speed;
+      if (left[r] > 1e-12 * length[r]) continue;  // still computing (else done, but for rounding)
+      const PpAction& a = compute[r][next[r]++];
+      running[r] = false;
+      free_at[r] = then;
+      sim.busy[r] += then - started[r];
+      sim.timeline[r].push_back({a, started[r], then});
+      if (a.type == PpActionType::forward) forward_end[at(a.stage, a.microbatch)] = then;
+      if (a.type == PpActionType::backward || a.type == PpActionType::backward_input)
+        input_end[at(a.stage, a.microbatch)] = then;
+    }
+    now = then;
   }
+  bool done = true;
+  for (size_t r = 0; r < ranks; ++r) done = done && next[r] == compute[r].size();
+  MT_CHECK(done,
+           "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
+           "no rank will produce",
+           pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   double busy = 0;
   for (double b : sim.busy) busy += b;

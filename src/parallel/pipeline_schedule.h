@@ -150,7 +150,12 @@ PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const PpCosts& cos
 // costs[s].p2p is the time one microbatch takes over the link between stage
 // s and stage s + 1 on another rank: s's output forward, and its gradient
 // back (the same size); the last stage's is unused.
-PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const std::vector<PpCosts>& per_stage);
+// speed_when_busy (empty, or one per rank count): when k ranks compute at
+// once, each runs its actions at speed_when_busy[k - 1] times its costs'
+// pace, as ranks sharing one host's cores do (a rank waiting for its input
+// leaves its cores to the others).
+PpSimulation simulate_pp_schedule(const PpSchedule& schedule, const std::vector<PpCosts>& per_stage,
+                                  const std::vector<double>& speed_when_busy = {});
 
 // The published bubble fraction for this schedule and these costs:
 // GPipe/1F1B (p-1)(F+B) idle per rank, interleaved (p-1)(F+B)/v, ZB-H1

@@ -18,6 +18,13 @@ namespace meshtrain::sched {
 
 double HardwareProfile::rank_share(int world_size) const { return shared_host ? 1.0 / std::max(1, world_size) : 1.0; }
 
+double HardwareProfile::busy_share(int world_size, int computing) const {
+  const double share = rank_share(world_size);
+  if (!shared_host || host_cores <= 0) return share;
+  const double threads = std::max(1, host_cores / std::max(1, world_size));
+  return std::max(share, std::min(threads / host_cores, 1.0 / std::max(1, computing)));
+}
+
 double HardwareProfile::collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group,
                                       int world_size) const {
   const int ranks = static_cast<int>(group.size());
@@ -198,6 +205,9 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   p.memory_efficiency = r.fraction("device.memory_efficiency", p.memory_efficiency);
   p.devices_per_host = r.integer("device.devices_per_host", p.devices_per_host, 1 << 20);
   p.shared_host = r.flag("device.shared_host", false);
+  p.host_cores = r.integer("device.cores", 0, 1 << 20);
+  if (p.host_cores > 0 && !p.shared_host)
+    r.fail("device.cores", "is for ranks that share a host's cores: set device.shared_host = true");
   r.used.insert("device.op_efficiency");
   if (const toml::table* ops = root.at_path("device.op_efficiency").as_table())
     for (const auto& [op, v] : *ops) {

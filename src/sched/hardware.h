@@ -59,6 +59,10 @@ struct HardwareProfile {
   // The job's ranks all run on this one host and share its peaks (CPU
   // cores): each of N ranks gets 1/N of them.
   bool shared_host = false;
+  // shared_host: the host's cores (0: unknown). A rank of an N-rank job runs
+  // max(1, cores / N) threads, so while only some ranks compute (the others
+  // wait in a pipeline's bubble) each may get up to those threads' cores.
+  int host_cores = 0;
   // shared_host: how unevenly its ranks advance ([[device.sync_lateness]],
   // bench/calibrate.sh measures it); none: no collective waits for a rank.
   SyncLateness sync_lateness;
@@ -71,6 +75,10 @@ struct HardwareProfile {
   double collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
   // The share of the peaks one rank of a `world_size`-rank job gets (1 unless shared_host).
   double rank_share(int world_size) const;
+  // The share one rank gets while `computing` of the job's ranks compute at
+  // once: rank_share, or with host_cores known, the most of its threads'
+  // cores and 1/computing of the host (never below rank_share).
+  double busy_share(int world_size, int computing) const;
 };
 
 // Points of a SyncLateness for groups of `ranks` in a job of `world`,
@@ -86,7 +94,8 @@ HardwareProfile builtin_hardware(const std::string& name);
 // A profile from TOML text or a file; errors name the key. Keys:
 //   name, description
 //   [device] peak_gflops_f32, peak_gflops_bf16, peak_gflops_fp8, memory_gbps, memory_gib,
-//            compute_efficiency, memory_efficiency, devices_per_host, shared_host
+//            compute_efficiency, memory_efficiency, devices_per_host, shared_host,
+//            cores (shared_host only: the host's)
 //   [device.op_efficiency] <op> = fraction
 //   [[device.sync_lateness]] world, ranks, interval_us = [...], share = [...]
 //            (shared_host only: a group's slowest rank trails by share x interval)

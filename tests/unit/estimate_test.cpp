@@ -149,6 +149,21 @@ us = [5, 15]
                        "collectives.table.world 3 must be a multiple of ranks 2"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
   EXPECT_EQ(p.rank_share(16), 1.0 / 16);
+  EXPECT_EQ(p.busy_share(4, 1), 0.25);  // the host's cores unknown: never more than the rank's share
+  // 2 cores, 4 ranks of a thread each: a rank gets a quarter while all compute, a core (half) while 2 or fewer do.
+  std::string two_cores = measured;
+  two_cores.replace(two_cores.find("shared_host = true"), 18, "shared_host = true\ncores = 2");
+  const sched::HardwareProfile cores = sched::parse_hardware(two_cores, "test");
+  EXPECT_EQ(cores.host_cores, 2);
+  EXPECT_EQ(cores.busy_share(4, 4), 0.25);
+  EXPECT_EQ(cores.busy_share(4, 3), 1.0 / 3);
+  EXPECT_EQ(cores.busy_share(4, 2), 0.5);
+  EXPECT_EQ(cores.busy_share(4, 1), 0.5);
+  EXPECT_EQ(cores.busy_share(1, 1), 1);
+  std::string cores_not_shared = two_cores;
+  cores_not_shared.replace(cores_not_shared.find("shared_host = true"), 18, "shared_host = false");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(cores_not_shared, "test"); }),
+                       "device.cores is for ranks that share a host's cores"));
   EXPECT_TRUE(
       contains(message_of([&] { sched::parse_hardware("colour = 1\n" + measured, "test"); }), "colour unknown"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "colour = 1\n", "test"); }),
@@ -658,6 +673,37 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_LT(one_at_a_time.memory.at_peak.at(sched::MemoryKind::parameters),
             both.memory.at_peak.at(sched::MemoryKind::parameters));
   EXPECT_GT(one_at_a_time.pipeline->unshard_us, 1.5 * both.pipeline->unshard_us);
+}
+
+// Ranks sharing a host's cores (cpu-2core, 4 ranks, DP 2 x PP 2): under
+// GPipe with one microbatch a single stage computes at a time, so its 2
+// ranks each get a core (half the host) instead of a quarter: every action
+// runs twice as fast, the hops do not. A plan without a pipeline keeps
+// every rank computing and costs the same.
+TEST(TrainingEstimate, PipelineStagesSharingCoresComputeFasterInTheBubble) {
+  config::TrainConfig c;
+  c.model = {.dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4, .ffn_dim = 256, .vocab_size = 512};
+  c.data.batch_size = 4;
+  c.data.seq_len = 64;
+  c.parallel.dp_shard = 4;
+  sched::HardwareProfile unknown = sched::builtin_hardware("cpu-2core");
+  unknown.host_cores = 0;
+  sched::HardwareProfile two = unknown;
+  two.host_cores = 2;
+  EXPECT_EQ(estimate::estimate_training(c, 4, 0, two).time.step_us,
+            estimate::estimate_training(c, 4, 0, unknown).time.step_us);
+  c.parallel.dp_shard = 1;
+  c.parallel.dp_replicate = 2;
+  c.parallel.pp = 2;
+  c.parallel.pp_schedule = parallel::PpScheduleKind::gpipe;
+  c.parallel.pp_microbatches = 1;
+  const estimate::TrainingEstimate plain = estimate::estimate_training(c, 4, 0, unknown);
+  const estimate::TrainingEstimate shared = estimate::estimate_training(c, 4, 0, two);
+  ASSERT_TRUE(plain.pipeline && shared.pipeline);
+  const double hops = 2 * plain.pipeline->p2p_us[0];
+  EXPECT_NEAR(shared.pipeline->makespan_us, (plain.pipeline->makespan_us - hops) / 2 + hops,
+              1e-9 * plain.pipeline->makespan_us);
+  EXPECT_NEAR(shared.pipeline->rank_busy_us, plain.pipeline->rank_busy_us / 2, 1e-9 * plain.pipeline->rank_busy_us);
 }
 
 // training.fp8's GEMMs run at the profile's FP8 peak: on an H100 a large

@@ -380,3 +380,47 @@ TEST(PipelineSchedule, TheGradientCrossesTheSameLinkBack) {
   EXPECT_DOUBLE_EQ(sim.busy[0], 1 + 4);
   EXPECT_DOUBLE_EQ(sim.busy[1], 2 + 3);
 }
+
+// Ranks sharing one host's cores: with speed k -> ranks / k the host's work
+// is conserved (k ranks computing at once run ranks / k times as fast), and
+// with no hop between stages some rank always computes, so every schedule's
+// makespan is its ranks' total work over the ranks: the bubble vanishes.
+// Speeds of 1 give the plain simulation's timeline exactly.
+TEST(PipelineSchedule, RanksSharingCoresRunTheirBubbleAway) {
+  const std::vector<PpCosts> costs_of_stage{{.forward = 1, .backward_input = 1.5, .backward_weight = 0.5},
+                                            {.forward = 2, .backward_input = 1, .backward_weight = 1},
+                                            {.forward = 1.5, .backward_input = 2, .backward_weight = 2},
+                                            {.forward = 1, .backward_input = 1, .backward_weight = 3}};
+  for (const PpScheduleKind kind : {PpScheduleKind::gpipe, PpScheduleKind::one_f_one_b, PpScheduleKind::zero_bubble})
+    for (const int ranks : {2, 4})
+      for (const int m : {1, 4, 8}) {
+        if (m < ranks && kind != PpScheduleKind::gpipe) continue;  // 1F1B and ZB-H1 need m >= pp
+        SCOPED_TRACE(fmt::format("{} pp {} m {}", pp_schedule_name(kind), ranks, m));
+        const PpSchedule s = make_pp_schedule(kind, ranks, m, 1);
+        const std::vector<PpCosts> costs(costs_of_stage.begin(), costs_of_stage.begin() + ranks);
+        const PpSimulation plain = simulate_pp_schedule(s, costs);
+        const PpSimulation ones = simulate_pp_schedule(s, costs, std::vector<double>(static_cast<size_t>(ranks), 1));
+        EXPECT_EQ(ones.makespan, plain.makespan);
+        EXPECT_EQ(ones.busy, plain.busy);
+        std::vector<double> conserved;
+        for (int k = 1; k <= ranks; ++k) conserved.push_back(static_cast<double>(ranks) / k);
+        const PpSimulation shared = simulate_pp_schedule(s, costs, conserved);
+        double work = 0;
+        for (double b : plain.busy) work += b;
+        EXPECT_NEAR(shared.makespan, work / ranks, 1e-9 * work);
+        EXPECT_LE(shared.makespan, plain.makespan + 1e-9);
+      }
+}
+
+// GPipe on 2 ranks, 1 microbatch, each rank alone running twice as fast:
+// F0 1, F1 2, B1 3, B0 4 at half their costs, the hops (5 each) unchanged.
+TEST(PipelineSchedule, ARankComputingAloneRunsAtItsAloneSpeed) {
+  const PpSchedule s = make_pp_schedule(PpScheduleKind::gpipe, 2, 1, 1);
+  const std::vector<PpCosts> per_stage{{.forward = 1, .backward_input = 2, .backward_weight = 2, .p2p = 5},
+                                       {.forward = 2, .backward_input = 1.5, .backward_weight = 1.5, .p2p = 100}};
+  const PpSimulation sim = simulate_pp_schedule(s, per_stage, {2, 1});
+  EXPECT_DOUBLE_EQ(sim.makespan, 0.5 + 5 + 1 + 1.5 + 5 + 2);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 0.5 + 2);
+  EXPECT_THROW(simulate_pp_schedule(s, per_stage, {2}), InvalidArgument);
+  EXPECT_THROW(simulate_pp_schedule(s, per_stage, {2, 0}), InvalidArgument);
+}
