@@ -8,8 +8,7 @@
 # (`bench comm --group-size`, 4 KiB to 64 MiB), and how far the slowest rank of
 # a group of 2 or 4 trails when 4 ranks compute side by side (benchmark mode,
 # sync_lateness). The job's ranks share this one host (shared_host): a rank of an
-# N-rank job gets 1/N of the peaks, and while others wait (a pipeline's
-# bubble) up to its threads' share of the host's cores (cores).
+# N-rank job gets 1/N of the peaks.
 # Usage: bench/calibrate.sh [OUT.toml] [NAME]   (default runs/hardware/local.toml, "local-cpu")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +74,6 @@ print(f"memory_gbps = {memory_gbps:.2f}  # the memory-bound ops' bytes over thei
 print("compute_efficiency = 1.0")
 print("memory_efficiency = 1.0")
 print("shared_host = true")
-print(f"cores = {threads}  # a rank computing while others wait may take up to its threads' cores")
 print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
 for op in heavy:
     if op in ops and ops[op][0] > 0:
