@@ -11,6 +11,7 @@
 #include "compile/step.h"
 #include "core/error.h"
 #include "models/llama.h"
+#include "parallel/plan.h"
 #include "sched/estimate.h"
 
 namespace meshtrain::autoplan {
@@ -302,13 +303,80 @@ double busiest_pipeline_rank_us(const config::TrainConfig& planned, int world_si
 }
 }  // namespace
 
-Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sched::HardwareProfile& hardware) {
+namespace {
+// The bytes of a parameter's element as FSDP gathers it.
+size_t gathered_dtype_size(const config::TrainConfig& planned) {
+  return planned.model.fp8.enabled && planned.model.fp8.all_gather ? 1 : dtype_size(planned.training.dtype);
+}
+
+// A plan's parameters on rank 0 before data parallel splits them, at
+// least: all of them without a pipeline, else its stages' fewest units
+// (a layer, the embedding or the head) times the fewest parameters of a
+// unit (and so for one stage); each over tp at most.
+struct RankParameters {
+  double held = 0, stage = 0;
+};
+RankParameters rank_parameters(const config::TrainConfig& planned) {
   const models::LlamaConfig& m = planned.model;
+  const parallel::ParallelConfig& p = planned.parallel;
+  double total = 0, embedding = 0, head = 0;
+  std::map<int64_t, double> per_layer;
+  for (const auto& [name, spec] : models::llama_parameters(m)) {
+    const double n = static_cast<double>(spec.shape.numel());
+    total += n;
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) == 0)
+      per_layer[std::stoll(name.substr(prefix.size()))] += n;
+    else
+      (name == "model.embed_tokens.weight" ? embedding : head) += n;
+  }
+  const double tp = static_cast<double>(p.tp);
+  if (p.pp == 1) return {total / tp, total / tp};
+  double unit = std::min(embedding, head);
+  for (const auto& [layer, n] : per_layer) unit = std::min(unit, n);
+  const int64_t stages = p.pp * p.stages_per_rank();
+  int64_t units = (m.n_layers + 2) / stages;  // each stage's at least (pipeline_spans)
+  if (!p.pp_layers_per_stage.empty())
+    units = *std::min_element(p.pp_layers_per_stage.begin(), p.pp_layers_per_stage.end());
+  const auto of = [&](int64_t n) { return static_cast<double>(std::max<int64_t>(0, n)) * unit / tp; };
+  return {of(p.stages_per_rank() * units), of(units)};
+}
+
+// FSDP's traffic on rank 0, at least: its parameters gathered over
+// dp_shard x cp once a step (in the compute dtype, or FP8 where FP8
+// gathers), their gradients reduce-scattered there and all-reduced over
+// dp_replicate once (in the reduce dtype), each by the profile's floor for
+// the bytes of all of them. Without a pipeline each runs on a stream of
+// its own, so the step lasts at least the longest, less kCommunicationSlack
+// for groups lowered in stages on streams of their own; a pipeline adds
+// them to its schedule's time. 0 with experts (they shard another way).
+constexpr double kCommunicationSlack = 0.8;
+double data_parallel_traffic_us(const config::TrainConfig& planned, int world_size, double parameters,
+                                const sched::HardwareProfile& hardware) {
+  const models::LlamaConfig& m = planned.model;
+  const parallel::ParallelConfig& p = planned.parallel;
+  if (m.n_experts > 0) return 0;
+  const sharding::DeviceMesh mesh = parallel::make_mesh(p, static_cast<int>(world_size / p.pp));
+  std::vector<int> dims{mesh.dim_index("dp_shard")};
+  if (p.cp > 1) dims.push_back(mesh.dim_index("cp"));
+  const std::vector<int64_t> shards = mesh.group_ranks(0, dims);
+  const std::vector<int64_t> replicas = mesh.group_ranks(0, {mesh.dim_index("dp_replicate")});
+  const double gathered = parameters * static_cast<double>(gathered_dtype_size(planned));
+  const double reduced = parameters * static_cast<double>(dtype_size(planned.training.reduce_dtype));
+  const double gather = hardware.collective_floor_us(comm::OpType::all_gather, gathered, shards);
+  const double scatter = hardware.collective_floor_us(comm::OpType::reduce_scatter, reduced, shards);
+  const double all_reduce =
+      hardware.collective_floor_us(comm::OpType::all_reduce, reduced / static_cast<double>(shards.size()), replicas);
+  if (p.pp > 1) return gather + scatter + all_reduce;
+  return kCommunicationSlack * std::max({gather, scatter, all_reduce});
+}
+}  // namespace
+
+Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sched::HardwareProfile& hardware) {
   const parallel::ParallelConfig& p = planned.parallel;
   const GlobalCompute& work = global_compute(planned, world_size, hardware);
   Bounds b;
   b.compute_us = work.total_us() / world_size;
-  const int64_t stages = p.pp * p.stages_per_rank();
   if (p.pp > 1) {
     const double micro = static_cast<double>(p.microbatches()), v = static_cast<double>(p.stages_per_rank());
     const bool zero_bubble =
@@ -317,26 +385,15 @@ Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sc
     b.compute_us = std::max(b.compute_us, busiest_pipeline_rank_us(planned, world_size, work));
   }
   // Master weights (f32) and the two moments, split at most over every
-  // rank but the replicas; with a pipeline, over the fewest layers a rank
-  // can hold.
-  double total = 0, layer_min = -1;
-  std::map<int64_t, double> per_layer;
-  for (const auto& [name, spec] : models::llama_parameters(m)) {
-    const double n = static_cast<double>(spec.shape.numel());
-    total += n;
-    const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) == 0) per_layer[std::stoll(name.substr(prefix.size()))] += n;
-  }
-  for (const auto& [layer, n] : per_layer) layer_min = layer_min < 0 ? n : std::min(layer_min, n);
+  // rank but the replicas; with a pipeline, also a stage's parameters
+  // gathered whole while it runs.
+  const RankParameters held = rank_parameters(planned);
   const double bytes_per_parameter = 4 + 2 * static_cast<double>(dtype_size(planned.optimizer.state_dtype));
-  const double shards = static_cast<double>(p.dp_shard * p.cp * p.tp);
-  if (p.pp == 1) {
-    b.memory_bytes = total * bytes_per_parameter / shards;
-  } else {
-    const int64_t units = m.n_layers + 2;
-    const double layers = std::max<int64_t>(0, p.stages_per_rank() * (units / stages) - 2);
-    b.memory_bytes = layers * std::max(layer_min, 0.0) * bytes_per_parameter / shards;
-  }
+  const auto fsdp = static_cast<double>(p.dp_shard * p.cp);
+  b.memory_bytes = held.held * bytes_per_parameter / fsdp;
+  if (p.pp > 1 && fsdp > 1) b.memory_bytes += held.stage * static_cast<double>(gathered_dtype_size(planned));
+  b.communication_us = data_parallel_traffic_us(planned, world_size, held.held, hardware);
+  b.step_us = p.pp > 1 ? b.compute_us + b.communication_us : std::max(b.compute_us, b.communication_us);
   return b;
 }
 

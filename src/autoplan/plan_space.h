@@ -6,6 +6,7 @@
 // and the lower bounds that rule a plan out before it is costed.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -87,7 +88,16 @@ struct Bounds {
   // at least its work between them); with a pipeline, the more of its
   // busiest rank's stages so divided, and the average times the bubble.
   double compute_us = 0;
-  double memory_bytes = 0;  // its share of master weights and optimizer states, which it holds all step
+  // Its FSDP traffic's floor: each parameter's tp part gathered and its
+  // gradient reduced once, by the profile's floor for those bytes; a
+  // pipeline's stages add it to their schedule (no experts: 0).
+  double communication_us = 0;
+  // Its step's bound: compute and that traffic overlapping, or with a
+  // pipeline one after the other.
+  double step_us = 0;
+  // Its share of master weights and optimizer states, which it holds all
+  // step, and with a pipeline under FSDP a stage's weights gathered.
+  double memory_bytes = 0;
 };
 Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sched::HardwareProfile& hardware);
 // The global step's compute on one rank's peaks, by pipeline unit (the

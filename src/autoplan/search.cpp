@@ -71,10 +71,10 @@ class Search {
     for (const RejectedPlan& r : rejected) result_.dropped.push_back({r.plan, {}, r.reason});
     rejected_ = rejected.size();
     if (layouts.empty()) throw InvalidArgument(no_legal_plan(rejected));
-    // The layouts by their compute bound, the most promising first.
+    // The layouts by their bound, the most promising first.
     std::vector<std::pair<double, Plan>> ordered;
     for (const Plan& p : layouts)
-      ordered.emplace_back(lower_bounds(apply_plan(base_, p, world_), world_, hardware_).compute_us, p);
+      ordered.emplace_back(lower_bounds(apply_plan(base_, p, world_), world_, hardware_).step_us, p);
     std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     result_.layouts = ordered.size();
 
@@ -151,16 +151,23 @@ class Search {
       return std::nullopt;
     }
     const Bounds bounds = lower_bounds(planned, world_, hardware_);
-    const double bound = std::max(bound_us, bounds.compute_us), kth = kth_best();
+    const double bound = std::max(bound_us, bounds.step_us), kth = kth_best();
     if (bound >= kth) {
+      const char* what = bound > bound_us && bounds.communication_us > 0
+                             ? (planned.parallel.pp > 1 ? "its compute and then its FSDP gathers and reductions take"
+                                                        : "its compute or its FSDP gathers or reductions alone take")
+                             : "its compute alone takes";
       drop(p, &planned,
-           fmt::format("bound: its compute alone takes at least {}, no faster than the {} best plans' {}",
-                       describe_us(bound), options_.top, describe_us(kth)));
+           fmt::format("bound: {} at least {}, no faster than the {} best plans' {}", what, describe_us(bound),
+                       options_.top, describe_us(kth)));
       return std::nullopt;
     }
     if (result_.memory_limit_bytes > 0 && bounds.memory_bytes > result_.memory_limit_bytes) {
       drop(p, &planned,
-           fmt::format("memory: its master weights and optimizer states alone take {} of the {}",
+           fmt::format("memory: its master weights and optimizer states{} alone take {} of the {}",
+                       planned.parallel.pp > 1 && planned.parallel.dp_shard * planned.parallel.cp > 1
+                           ? " with a stage's weights gathered"
+                           : "",
                        amount(bounds.memory_bytes), amount(result_.memory_limit_bytes)));
       return std::nullopt;
     }

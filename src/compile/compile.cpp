@@ -37,13 +37,30 @@ std::unique_ptr<PipelineRank> compile_pipeline(const config::TrainConfig& config
     for (int s = 0; s < place.schedule.stages(); ++s) stages.push_back(s);
   }
   const sched::RankDevice device{hardware, world_size, nullptr};
-  for (const int s : stages)
+  const std::vector<int> own = place.stages();
+  for (const int s : stages) {
+    const bool others = std::find(own.begin(), own.end(), s) == own.end();
+    const auto alike = std::find_if(out->stages.begin(), out->stages.end(), [&](const auto& built) {
+      return pipeline_stages_alike(config, place, hardware, s, built.first);
+    });
+    if (others && alike != out->stages.end()) {
+      out->same_as[s] = alike->first;
+      continue;
+    }
     out->stages.emplace(s, build_pipeline_stage(config, place.spans, s, place.microbatch_rows, place.where(), &device));
+  }
   out->update = build_pipeline_update(config, place, out->stages);
   return out;
 }
 
 }  // namespace
+
+const PipelineStage& PipelineRank::stage(int s) const {
+  const auto alias = same_as.find(s);
+  const auto it = stages.find(alias == same_as.end() ? s : alias->second);
+  MT_ASSERT(it != stages.end(), "pipeline rank {}: stage {} was not built", place.pp_rank, s);
+  return it->second;
+}
 
 CpAttentionChoice choose_cp_attention(const config::TrainConfig& config, int world_size,
                                       const sched::HardwareProfile& hardware) {

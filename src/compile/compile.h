@@ -42,7 +42,12 @@ struct PipelineRank {
   // CompileOptions::every_stage every stage of the pipeline, each laid out
   // for the rank at this rank's place in its stage's mesh.
   std::map<int, PipelineStage> stages;
+  // With every_stage, another rank's stage of the same shape as one built
+  // (pipeline_stages_alike) is not built again: stage -> the one built.
+  std::map<int, int> same_as;
   PipelineUpdate update;  // the rank's once-a-step graphs, for its own stages
+  // Stage `s` as built, or the stage built in its place.
+  const PipelineStage& stage(int s) const;
 };
 
 struct CompileOptions {

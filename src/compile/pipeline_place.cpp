@@ -53,6 +53,22 @@ parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ra
   }
 }
 
+bool pipeline_stages_alike(const config::TrainConfig& config, const PipelinePlace& place,
+                           const sched::HardwareProfile& hardware, int a, int b) {
+  const models::LlamaConfig& m = config.model;
+  const int per_host = std::max(1, hardware.devices_per_host);
+  if (!m.fp8.skip.empty() || (place.stage_size % per_host != 0 && per_host % place.stage_size != 0)) return false;
+  const models::LlamaSpan &x = place.spans.at(static_cast<size_t>(a)), &y = place.spans.at(static_cast<size_t>(b));
+  const auto end = [&](const models::LlamaSpan& s) { return s.end_layer < 0 ? m.n_layers : s.end_layer; };
+  if (x.embedding != y.embedding || x.head != y.head || end(x) - x.first_layer != end(y) - y.first_layer ||
+      models::span_takes_router_stats(m, x) != models::span_takes_router_stats(m, y) ||
+      models::span_gives_router_stats(m, x) != models::span_gives_router_stats(m, y))
+    return false;
+  for (int64_t i = 0; i < end(x) - x.first_layer; ++i)
+    if (m.is_moe_layer(x.first_layer + i) != m.is_moe_layer(y.first_layer + i)) return false;
+  return true;
+}
+
 bool splits_backward(const parallel::PpSchedule& schedule) {
   for (const auto& actions : schedule.actions)
     for (const parallel::PpAction& a : actions)

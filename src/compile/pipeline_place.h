@@ -10,6 +10,7 @@
 #include "compile/pipeline_stage.h"
 #include "config/config.h"
 #include "parallel/pipeline_schedule.h"
+#include "sched/hardware.h"
 #include "sharding/device_mesh.h"
 
 namespace meshtrain::compile {
@@ -50,6 +51,14 @@ PipelinePlace pipeline_place(const config::TrainConfig& config, int world_size, 
 // stages' programs (the unshard program, forward, and backward or its
 // halves) as text.
 std::string pipeline_programs_text(const PipelinePlace& place, const std::vector<const PipelineStage*>& stages);
+
+// Whether stages `a` and `b` of `place`'s pipeline lower to programs that
+// cost the same on `hardware`: spans of one shape (the embedding, the head,
+// the layers and which are mixtures of experts, the router statistics
+// taken and given), no FP8 exceptions by name, and stage ranks laid on
+// hosts alike (a stage's ranks fill whole hosts, or a host holds whole stages).
+bool pipeline_stages_alike(const config::TrainConfig& config, const PipelinePlace& place,
+                           const sched::HardwareProfile& hardware, int a, int b);
 
 // Whether `schedule` runs backward as its input and weight halves (zero bubble).
 bool splits_backward(const parallel::PpSchedule& schedule);

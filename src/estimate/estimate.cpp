@@ -1,6 +1,7 @@
 #include "estimate/estimate.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <numeric>
 #include <set>
@@ -136,21 +137,26 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   };
   std::vector<double> gathered_per_stage;  // this rank's stages' held copies
   const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
+  std::map<const compile::PipelineStage*, std::array<sched::StepEstimate, 3>> stage_costs;  // forward, input, weight
   for (int s = 0; s < schedule.stages(); ++s) {
-    const compile::PipelineStage& st = compiled.pipeline->stages.at(s);
+    const compile::PipelineStage& st = compiled.pipeline->stage(s);
     auto cost = [&](const graph::ExtractedGraph& part) -> sched::StepEstimate {
       if (part.graph.num_nodes() == 0) return {};
       return sched::estimate_step(part.graph, sched::make_schedule(part.graph, part.graph.outputs()), device);
     };
-    const sched::StepEstimate forward = cost(st.forward);
-    sched::StepEstimate input, weight;
-    if (split) {
-      input = cost(st.backward_input);
-      weight = cost(st.backward_weight);
-    } else {  // the whole backward, its time split evenly between the halves the simulation adds back up
-      weight = cost(st.backward);
-      input.step_us = weight.step_us /= 2;
-      input.communication_us = weight.communication_us /= 2;
+    // A stage built in another's place (compile::pipeline_stages_alike) costs as that one.
+    auto [known, first] = stage_costs.try_emplace(&st);
+    auto& [forward, input, weight] = known->second;
+    if (first) {
+      forward = cost(st.forward);
+      if (split) {
+        input = cost(st.backward_input);
+        weight = cost(st.backward_weight);
+      } else {  // the whole backward, its time split evenly between the halves the simulation adds back up
+        weight = cost(st.backward);
+        input.step_us = weight.step_us /= 2;
+        input.communication_us = weight.communication_us /= 2;
+      }
     }
     constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
     parallel::PpCosts c{std::max(forward.step_us, kLeast), std::max(input.step_us, kLeast),

@@ -53,11 +53,17 @@ constexpr double kTreeCorrection[3][24] = {
 
 int log2i(double x) { return x < 1 ? 0 : static_cast<int>(std::floor(std::log2(x))); }
 
-double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int ranks, int hosts,
-                    const NcclLinks& links) {
+// The algorithm bandwidth (GB/s) of `algo` with `proto` for `bytes`, and
+// its latency (us); with `corrected` false, without the tree's dip at
+// medium sizes (the most that size ever gets). 0 bandwidth: not used.
+struct AlgoCost {
+  double gbps = 0, latency_us = 0;
+};
+AlgoCost algo_cost(comm::OpType kind, Algo algo, Proto proto, double bytes, int ranks, int hosts,
+                   const NcclLinks& links, bool corrected = true) {
   const bool all_reduce = kind == comm::OpType::all_reduce;
-  if (algo == kTree && !all_reduce) return std::numeric_limits<double>::infinity();
-  if (proto == kLL128 && hosts > 1) return std::numeric_limits<double>::infinity();  // off across InfiniBand hosts
+  if (algo == kTree && !all_reduce) return {};
+  if (proto == kLL128 && hosts > 1) return {};  // off across InfiniBand hosts
   const int arch = static_cast<int>(links.arch);
   const int by_hosts = hosts == 1 ? 0 : hosts == 2 ? 1 : 2;
   const int ll_row = hosts == 1 ? arch : (links.amd_host ? 1 : 0);
@@ -76,7 +82,7 @@ double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int
   // all_to_all sends (n - 1)/n of its buffer, as an all_gather does.
   const int steps = all_reduce ? 2 * (ranks - 1) : ranks - 1;
   double algorithm_bw = algo == kRing ? bus * ranks / steps : 0.5 * bus;
-  if (algo == kTree) {
+  if (algo == kTree && corrected) {
     const int size_class = log2i(bytes / 64);
     if (size_class < 23) algorithm_bw *= kTreeCorrection[proto][std::max(0, size_class)];
   }
@@ -91,23 +97,43 @@ double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int
   } else {
     latency += 2 * ((ranks / hosts - 1) * intra + log2i(hosts) * inter);
   }
-  return latency + bytes / (1000 * algorithm_bw);
+  return {algorithm_bw, latency};
 }
 
-}  // namespace
+double algo_time_us(comm::OpType kind, Algo algo, Proto proto, double bytes, int ranks, int hosts,
+                    const NcclLinks& links) {
+  const AlgoCost c = algo_cost(kind, algo, proto, bytes, ranks, hosts, links);
+  return c.gbps > 0 ? c.latency_us + bytes / (1000 * c.gbps) : std::numeric_limits<double>::infinity();
+}
 
-double nccl_collective_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links) {
+void check_nccl_args(comm::OpType kind, int ranks, int hosts, const NcclLinks& links) {
   MT_CHECK(std::find(std::begin(kCosted), std::end(kCosted), kind) != std::end(kCosted),
            "nccl cost model: no cost rule for {}", comm::op_type_name(kind));
   MT_CHECK(ranks >= 1 && hosts >= 1 && hosts <= ranks, "nccl cost model: {} ranks on {} hosts", ranks, hosts);
   MT_CHECK(links.intra_bus_gbps > 0 && links.inter_gbps > 0 && links.channels > 0,
            "nccl cost model: bandwidths and channels must be positive");
+}
+
+}  // namespace
+
+double nccl_collective_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links) {
+  check_nccl_args(kind, ranks, hosts, links);
   if (ranks == 1) return 0;
   double best = std::numeric_limits<double>::infinity();
   for (Algo algo : {kTree, kRing})
     for (Proto proto : {kLL, kLL128, kSimple})
       best = std::min(best, algo_time_us(kind, algo, proto, bytes, ranks, hosts, links));
   return best;
+}
+
+double nccl_collective_floor_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links) {
+  check_nccl_args(kind, ranks, hosts, links);
+  if (ranks == 1 || bytes <= 0) return 0;
+  double fastest = 0;
+  for (Algo algo : {kTree, kRing})
+    for (Proto proto : {kLL, kLL128, kSimple})
+      fastest = std::max(fastest, algo_cost(kind, algo, proto, bytes, ranks, hosts, links, false).gbps);
+  return bytes / (1000 * fastest);
 }
 
 double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int world) const {

@@ -44,6 +44,11 @@ struct NcclLinks {
 // gathered buffer of an all_gather, the whole input of a reduce_scatter, the
 // buffer of an all_reduce or all_to_all) over `ranks` ranks on `hosts` hosts.
 double nccl_collective_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links);
+// A floor under the summed nccl_collective_us of any collectives of `kind`
+// whose bytes add up to `bytes` over that group: the bytes at the fastest
+// algorithm's bandwidth for all of them at once, with no latency (a larger
+// message never gets less bandwidth in the model, so no split beats it).
+double nccl_collective_floor_us(comm::OpType kind, double bytes, int ranks, int hosts, const NcclLinks& links);
 
 // Measured times: per collective, group size and the job's ranks on the
 // host when measured (0: not said), (bytes, microseconds) points in

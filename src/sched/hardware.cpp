@@ -25,14 +25,23 @@ double HardwareProfile::busy_share(int world_size, int computing) const {
   return std::max(share, std::min(threads / host_cores, 1.0 / std::max(1, computing)));
 }
 
+int HardwareProfile::host_count(const std::vector<int64_t>& group) const {
+  std::set<int64_t> hosts;
+  for (int64_t r : group) hosts.insert(r / devices_per_host);
+  return static_cast<int>(hosts.size());
+}
+
 double HardwareProfile::collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group,
                                       int world_size) const {
   const int ranks = static_cast<int>(group.size());
   if (ranks <= 1) return 0;
   if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks, world_size);
-  std::set<int64_t> hosts;
-  for (int64_t r : group) hosts.insert(r / devices_per_host);
-  return nccl_collective_us(kind, bytes, ranks, static_cast<int>(hosts.size()), nccl);
+  return nccl_collective_us(kind, bytes, ranks, host_count(group), nccl);
+}
+
+double HardwareProfile::collective_floor_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group) const {
+  if (group.size() <= 1 || collectives == CollectiveModel::measured) return 0;
+  return nccl_collective_floor_us(kind, bytes, static_cast<int>(group.size()), host_count(group), nccl);
 }
 
 namespace {

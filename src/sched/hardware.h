@@ -73,6 +73,12 @@ struct HardwareProfile {
   // A collective's time over `group` (global ranks) in a job of
   // `world_size` ranks, `bytes` as nccl_collective_us counts them.
   double collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
+  // A floor under the summed collective_us of collectives of `kind` over
+  // `group` whose bytes add up to `bytes` (nccl_collective_floor_us; 0 for
+  // measured collectives, whose tables promise no such floor).
+  double collective_floor_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group) const;
+  // The hosts `group`'s ranks are on (devices_per_host to a host).
+  int host_count(const std::vector<int64_t>& group) const;
   // The share of the peaks one rank of a `world_size`-rank job gets (1 unless shared_host).
   double rank_share(int world_size) const;
   // The share one rank gets while `computing` of the job's ranks compute at

@@ -139,8 +139,8 @@ TEST(Autoplan, NoLegalPlanIsOneErrorSayingWhy) {
 // A budget of 105 KB a rank, where the debug model's weights and states
 // take 59 MiB: one error each time, saying what stops every plan. With the
 // embedding tied (no pipeline), every layout's weights alone are over it;
-// untied, the bound of a pipeline rank's weights (the fewest layers it can
-// hold) is looser, those plans are costed, and none fits either.
+// untied, a pipeline rank's bound adds a stage's weights gathered whole
+// (the fewest units it can hold, each at the fewest parameters of a unit).
 TEST(Autoplan, NothingFitsIsOneErrorSayingHowMuchTheLeastNeeds) {
   autoplan::SearchOptions options;
   options.budget_gib = 1e-4;
@@ -155,7 +155,8 @@ TEST(Autoplan, NothingFitsIsOneErrorSayingHowMuchTheLeastNeeds) {
       << tied;
   options.top = 1;
   const std::string untied = message_of([&] { autoplan::search_plans(debug_config(), 4, hardware, options); });
-  EXPECT_TRUE(contains(untied, "no plan fits in 0.1 MiB a rank: the least memory of the")) << untied;
+  EXPECT_TRUE(contains(untied, "could be costed")) << untied;
+  EXPECT_TRUE(contains(untied, "optimizer states with a stage's weights gathered alone take")) << untied;
 }
 
 // The search on the debug model: every costed plan's lower bound is below
@@ -176,6 +177,31 @@ TEST(Autoplan, PlansDroppedByTheBoundAreNoBetterThanTheBestKept) {
   // The fastest first, and each as the overrides that make it.
   for (size_t i = 1; i < result.best(10).size(); ++i)
     EXPECT_LE(result.best(10)[i - 1]->step_us, result.best(10)[i]->step_us);
+}
+
+// On a slow network (a rank to a host, 0.5 GB/s between them) FSDP's
+// traffic bounds the step: every costed plan's bound, compute and traffic,
+// is at most its estimated step, and its memory bound at most its peak; the
+// traffic bound is above the compute one somewhere, and drops plans.
+TEST(Autoplan, TheTrafficBoundIsBelowEveryCostedStep) {
+  const config::TrainConfig base = debug_config({{"data.batch_size", "16"}, {"model.n_layers", "2"}});
+  sched::HardwareProfile slow = h100();
+  slow.devices_per_host = 1;
+  slow.nccl.inter_gbps = 0.5;
+  autoplan::SearchOptions options;
+  options.top = 3;
+  options.threads = 2;
+  const autoplan::SearchResult result = autoplan::search_plans(base, 4, slow, options);
+  int traffic_bound = 0;
+  for (const auto& c : result.costed) {
+    const auto bounds = autoplan::lower_bounds(autoplan::apply_plan(base, c.plan, 4), 4, slow);
+    EXPECT_LE(bounds.step_us, c.step_us * (1 + 1e-9)) << autoplan::overrides_text(c.overrides);
+    EXPECT_LE(bounds.memory_bytes, c.peak_bytes * (1 + 1e-9)) << autoplan::overrides_text(c.overrides);
+    traffic_bound += bounds.communication_us > bounds.compute_us;
+  }
+  EXPECT_GT(traffic_bound, 0);
+  EXPECT_TRUE(std::any_of(result.dropped.begin(), result.dropped.end(),
+                          [](const auto& d) { return contains(d.reason, "FSDP gathers"); }));
 }
 
 // The fastest plan as a whole config (what --out writes) loads back as the

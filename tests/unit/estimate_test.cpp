@@ -11,6 +11,8 @@
 #include <tuple>
 
 #include "comm/local_backend.h"
+#include "compile/compile.h"
+#include "config/config.h"
 #include "estimate/kernel_benchmark.h"
 #include "graph/builder.h"
 #include "sched/collective_cost.h"
@@ -729,4 +731,75 @@ TEST(Estimate, Fp8GemmAtTheFp8Peak) {
   EXPECT_EQ(
       graph::op_bytes(*node.op, graph::value_infos(g, node.inputs), graph::value_infos(g, node.outputs), node.attrs),
       2 * (2 * elements + 2 * elements) + 2 * elements);
+}
+
+// The floor of a collective's time: below the model's time for the bytes
+// in one collective or split any way into several, and not far below it
+// for a large one (the floor is the bandwidth term, with no latency).
+TEST(CollectiveCost, TheFloorIsBelowAnySplitOfTheBytes) {
+  sched::NcclLinks links = hopper_320();
+  links.inter_gbps = 50;
+  for (const comm::OpType kind :
+       {comm::OpType::all_gather, comm::OpType::reduce_scatter, comm::OpType::all_reduce, comm::OpType::all_to_all})
+    for (const auto& [ranks, hosts] : std::vector<std::pair<int, int>>{{8, 1}, {16, 2}, {64, 8}, {512, 64}})
+      for (const double total : {1e3, 1e6, 1e8, 1e10}) {
+        const double floor = sched::nccl_collective_floor_us(kind, total, ranks, hosts, links);
+        EXPECT_GT(floor, 0);
+        EXPECT_LE(floor, sched::nccl_collective_us(kind, total, ranks, hosts, links));
+        for (const int pieces : {2, 7, 64}) {
+          // Uneven pieces: piece i takes a share i + 1 of the whole.
+          double split = 0;
+          const double shares = pieces * (pieces + 1) / 2.0;
+          for (int i = 0; i < pieces; ++i)
+            split += sched::nccl_collective_us(kind, total * (i + 1) / shares, ranks, hosts, links);
+          EXPECT_LE(floor, split) << comm::op_type_name(kind) << " " << ranks << " ranks, " << total << " bytes";
+        }
+        if (total >= 1e10) EXPECT_GT(floor, 0.5 * sched::nccl_collective_us(kind, total, ranks, hosts, links));
+      }
+  EXPECT_EQ(sched::nccl_collective_floor_us(comm::OpType::all_gather, 1e6, 1, 1, links), 0);
+}
+
+// An estimate builds a pipeline's stages of one shape once: another rank's
+// stage that is alike is the one built, and a stage built for it anyway
+// costs exactly the same (here with selective checkpointing of every other
+// matmul, which the graph's order decides). 10 layers in 4 stages: the
+// embedding and 2 layers, 3, 3, then 2 and the head.
+TEST(TrainingEstimate, PipelineStagesOfOneShapeCostAsEachBuilt) {
+  for (const char* selective : {"all", "every_other"}) {
+    const config::TrainConfig c = config::load_config(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/debug.toml",
+                                                      {{"model.n_layers", "10"},
+                                                       {"data.batch_size", "8"},
+                                                       {"parallel.dp_shard", "2"},
+                                                       {"parallel.pp", "4"},
+                                                       {"parallel.pp_microbatches", "4"},
+                                                       {"activation_checkpoint.mode", "selective"},
+                                                       {"activation_checkpoint.selective_matmuls", selective}});
+    const auto hardware = sched::builtin_hardware("h100-sxm");
+    const compile::CompiledRank compiled = compile::compile_rank(c, 8, 0, hardware, {.every_stage = true});
+    const compile::PipelineRank& pipeline = *compiled.pipeline;
+    ASSERT_EQ(pipeline.same_as, (std::map<int, int>{{2, 1}})) << selective;
+    const sched::RankDevice device{hardware, 8, nullptr};
+    const auto cost = [&](const graph::ExtractedGraph& part) {
+      return sched::estimate_step(part.graph, sched::make_schedule(part.graph, part.graph.outputs()), device).step_us;
+    };
+    const compile::PipelinePlace& place = pipeline.place;
+    const compile::PipelineStage built =
+        compile::build_pipeline_stage(c, place.spans, 2, place.microbatch_rows, place.where(), &device);
+    const compile::PipelineStage& shared = pipeline.stage(2);
+    EXPECT_EQ(&shared, &pipeline.stages.at(1));
+    EXPECT_EQ(cost(built.forward), cost(shared.forward)) << selective;
+    EXPECT_EQ(cost(built.backward), cost(shared.backward)) << selective;
+    EXPECT_EQ(cost(built.unshard), cost(shared.unshard)) << selective;
+    EXPECT_GT(cost(built.forward), 0);
+  }
+  // Ranks of a stage that straddle hosts unevenly (3 to a host) share nothing.
+  const config::TrainConfig c = config::load_config(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/debug.toml",
+                                                    {{"model.n_layers", "10"},
+                                                     {"data.batch_size", "8"},
+                                                     {"parallel.dp_shard", "2"},
+                                                     {"parallel.pp", "4"},
+                                                     {"parallel.pp_microbatches", "4"}});
+  auto odd = sched::builtin_hardware("h100-sxm");
+  odd.devices_per_host = 3;
+  EXPECT_TRUE(compile::compile_rank(c, 8, 0, odd, {.every_stage = true}).pipeline->same_as.empty());
 }
