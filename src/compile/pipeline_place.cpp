@@ -2,10 +2,68 @@
 
 #include <fmt/ranges.h>
 
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include "core/error.h"
 #include "core/file_io.h"
 
 namespace meshtrain::compile {
+
+namespace {
+
+// What a generated schedule depends on: the same key gives the same lists.
+struct GeneratedScheduleKey {
+  parallel::PpScheduleKind kind;
+  int ranks, microbatches, stages_per_rank, max_active_stages;
+  bool fsdp_actions;
+  bool operator==(const GeneratedScheduleKey&) const = default;
+};
+
+// Generating, lowering and checking a deep schedule (pp 64 x 64
+// microbatches) takes milliseconds; autoplan asks for the same few many
+// times, so they are kept, a bounded number of them, for the process.
+std::shared_ptr<const parallel::PpSchedule> generated_schedule(const GeneratedScheduleKey& key) {
+  static std::mutex mu;
+  static std::vector<std::pair<GeneratedScheduleKey, std::shared_ptr<const parallel::PpSchedule>>> kept;
+  constexpr size_t kKept = 64;
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [k, schedule] : kept)
+      if (k == key) return schedule;
+  }
+  parallel::PpSchedule compute = parallel::make_pp_schedule(key.kind, key.ranks, key.microbatches, key.stages_per_rank);
+  parallel::validate_pp_schedule(compute);
+  parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
+  auto schedule = std::make_shared<const parallel::PpSchedule>(
+      key.fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, key.max_active_stages) : std::move(lowered));
+  std::lock_guard lock(mu);
+  if (kept.size() >= kKept) kept.erase(kept.begin());
+  kept.emplace_back(key, schedule);
+  return schedule;
+}
+
+}  // namespace
+
+namespace {
+
+parallel::PpSchedule schedule_from_csv(const parallel::ParallelConfig& p, int ranks) {
+  parallel::PpSchedule compute = parallel::pp_schedule_from_csv(
+      read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
+  MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
+           "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
+           "at 0 to take the file's)",
+           p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
+  MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
+           "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
+           "pp_stages_per_rank at 0 to take the file's)",
+           p.pp_stages_per_rank, p.pp_schedule_csv, compute.stages_per_rank);
+  return compute;
+}
+
+}  // namespace
 
 parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ranks, bool fsdp_actions) {
   const parallel::ParallelConfig& p = config.parallel;
@@ -15,42 +73,31 @@ parallel::PpSchedule pipeline_schedule(const config::TrainConfig& config, int ra
            p.pp);
   const int64_t accum = config.training.grad_accum_steps;
   MT_CHECK(accum >= 1 && accum <= 65536, "training.grad_accum_steps {} must be between 1 and 65536", accum);
-  parallel::PpSchedule compute;
-  try {
-    if (!p.pp_schedule_csv.empty()) {
-      compute = parallel::pp_schedule_from_csv(
-          read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);
-      MT_CHECK(p.pp_microbatches == 0 || p.pp_microbatches == compute.microbatches,
-               "pp_microbatches {} with pp_schedule_csv {}, whose actions run {} microbatches (leave pp_microbatches "
-               "at 0 to take the file's)",
-               p.pp_microbatches, p.pp_schedule_csv, compute.microbatches);
-      MT_CHECK(p.pp_stages_per_rank == 0 || p.pp_stages_per_rank == compute.stages_per_rank,
-               "pp_stages_per_rank {} with pp_schedule_csv {}, whose ranks hold {} stages each (leave "
-               "pp_stages_per_rank at 0 to take the file's)",
-               p.pp_stages_per_rank, p.pp_schedule_csv, compute.stages_per_rank);
-    } else {
+  parallel::PpSchedule schedule;
+  try {  // the schedule's keys are those of [parallel]
+    MT_CHECK(p.pp_max_active_stages <= 64, "pp_max_active_stages {} must be at most 64", p.pp_max_active_stages);
+    if (p.pp_schedule_csv.empty()) {
       const int64_t per_rank = p.stages_per_rank(), micro = p.microbatches();
       MT_CHECK(per_rank <= 64 && micro <= 65536,
                "pp_stages_per_rank {} and pp_microbatches {} must be at most 64 and 65536", per_rank, micro);
-      compute = parallel::make_pp_schedule(p.pp_schedule, ranks, static_cast<int>(micro), static_cast<int>(per_rank));
+      schedule = *generated_schedule({p.pp_schedule, ranks, static_cast<int>(micro), static_cast<int>(per_rank),
+                                      static_cast<int>(p.pp_max_active_stages), fsdp_actions});
+    } else {
+      const parallel::PpSchedule compute = schedule_from_csv(p, ranks);
+      parallel::validate_pp_schedule(compute);
+      const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
+      schedule =
+          fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, static_cast<int>(p.pp_max_active_stages)) : lowered;
     }
-  } catch (const InvalidArgument& e) {  // the schedule's keys are those of [parallel]
-    throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
-  }
-  const int64_t micro = compute.microbatches;
-  MT_CHECK(config.data.batch_size % (micro * accum) == 0,
-           "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
-           "the batch's sequences",
-           config.data.batch_size, micro,
-           accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
-  try {
-    parallel::validate_pp_schedule(compute);
-    const parallel::PpSchedule lowered = parallel::add_pp_communication(compute);
-    MT_CHECK(p.pp_max_active_stages <= 64, "pp_max_active_stages {} must be at most 64", p.pp_max_active_stages);
-    return fsdp_actions ? parallel::add_pp_fsdp_actions(lowered, static_cast<int>(p.pp_max_active_stages)) : lowered;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("[parallel] {}", e.what()));
   }
+  MT_CHECK(config.data.batch_size % (schedule.microbatches * accum) == 0,
+           "data.batch_size {} must divide by parallel.pp_microbatches {}{}: each microbatch takes an equal share of "
+           "the batch's sequences",
+           config.data.batch_size, schedule.microbatches,
+           accum > 1 ? fmt::format(" x training.grad_accum_steps {}", accum) : std::string());
+  return schedule;
 }
 
 bool pipeline_stages_alike(const config::TrainConfig& config, const PipelinePlace& place,

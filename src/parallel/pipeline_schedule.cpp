@@ -31,8 +31,26 @@ constexpr int kMaxStagesPerRank = 64;
 constexpr int kMaxMicrobatches = 1 << 16;
 constexpr int64_t kMaxActions = int64_t{1} << 20;
 
-using Key = std::tuple<int, PpActionType, int>;  // stage, type, microbatch
-Key key_of(const PpAction& a) { return {a.stage, a.type, a.microbatch}; }
+// Which (stage, type, microbatch) of the compute, send and receive types
+// have happened: one flag each, for schedules of up to kMaxActions.
+class ActionFlags {
+ public:
+  ActionFlags(int stages, int microbatches)
+      : microbatches_(static_cast<size_t>(microbatches)),
+        flags_(static_cast<size_t>(stages) * kTypes * static_cast<size_t>(microbatches), 0) {}
+  void set(const PpAction& a) { flags_[index(a.stage, a.type, a.microbatch)] = 1; }
+  bool has(int stage, PpActionType type, int microbatch) const { return flags_[index(stage, type, microbatch)] != 0; }
+
+ private:
+  static constexpr size_t kTypes = static_cast<size_t>(PpActionType::recv_b) + 1;
+  size_t index(int stage, PpActionType type, int microbatch) const {
+    MT_ASSERT(static_cast<size_t>(type) < kTypes, "action flags hold compute, send and receive actions only");
+    return (static_cast<size_t>(stage) * kTypes + static_cast<size_t>(type)) * microbatches_ +
+           static_cast<size_t>(microbatch);
+  }
+  size_t microbatches_;
+  std::vector<uint8_t> flags_;
+};
 
 // Builds one rank's list: the next forward or backward of each local stage.
 struct RankBuilder {
@@ -522,14 +540,17 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
   auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
   PpSchedule out = s;
   for (auto& list : out.actions) list.clear();
-  std::vector<std::set<Key>> emitted(static_cast<size_t>(s.ranks));
+  // Every action of a stage goes into its rank's list (a receive into the
+  // receiving stage's), so one flag per action says whether its rank has it.
+  ActionFlags emitted(s.stages(), s.microbatches);
   std::vector<size_t> next(static_cast<size_t>(s.ranks), 0);
   auto emit = [&](int r, const PpAction& a) {
     out.actions[static_cast<size_t>(r)].push_back(a);
-    emitted[static_cast<size_t>(r)].insert(key_of(a));
+    emitted.set(a);
   };
   auto has = [&](int r, int stage, PpActionType type, int mb) {
-    return emitted[static_cast<size_t>(r)].count({stage, type, mb}) > 0;
+    MT_ASSERT(rank_of(stage) == r, "stage {} lives on rank {}, not {}", stage, rank_of(stage), r);
+    return emitted.has(stage, type, mb);
   };
   for (;;) {
     bool progress = false, left = false;
@@ -568,7 +589,7 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
              pp_schedule_name(s.kind), s.ranks, s.microbatches, describe_stuck(s.actions, next));
   }
   // Run the lists in order, a receive blocking until its send is posted.
-  std::set<Key> sent;
+  ActionFlags sent(s.stages(), s.microbatches);
   std::fill(next.begin(), next.end(), 0);
   for (;;) {
     bool progress = false, left = false;
@@ -577,9 +598,9 @@ PpSchedule add_pp_communication(const PpSchedule& compute_only) {
       size_t& i = next[static_cast<size_t>(r)];
       for (; i < list.size(); ++i) {
         const PpAction& a = list[i];
-        if (a.type == PpActionType::recv_f && !sent.count({a.stage - 1, PpActionType::send_f, a.microbatch})) break;
-        if (a.type == PpActionType::recv_b && !sent.count({a.stage + 1, PpActionType::send_b, a.microbatch})) break;
-        if (a.type == PpActionType::send_f || a.type == PpActionType::send_b) sent.insert(key_of(a));
+        if (a.type == PpActionType::recv_f && !sent.has(a.stage - 1, PpActionType::send_f, a.microbatch)) break;
+        if (a.type == PpActionType::recv_b && !sent.has(a.stage + 1, PpActionType::send_b, a.microbatch)) break;
+        if (a.type == PpActionType::send_f || a.type == PpActionType::send_b) sent.set(a);
         progress = true;
       }
       left = left || i < list.size();

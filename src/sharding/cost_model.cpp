@@ -26,6 +26,8 @@ double CostModel::all_gather_us(double bytes, int n, const LinkParams& l) const 
   return launch_us + (n - 1) * l.latency_us + gib * (n - 1) / n / l.bandwidth_gbps * 1e6;
 }
 
+double CostModel::transfer_us(double bytes, const LinkParams& l) const { return bytes / kGiB / l.bandwidth_gbps * 1e6; }
+
 double CostModel::reduce_scatter_us(double bytes, int n, const LinkParams& l) const {
   return all_gather_us(bytes, n, l);
 }

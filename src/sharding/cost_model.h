@@ -32,6 +32,9 @@ struct CostModel {
   double reduce_scatter_us(double bytes, int n, const LinkParams& link) const;
   double all_reduce_us(double bytes, int n, const LinkParams& link) const;
   double all_to_all_us(double bytes, int n, const LinkParams& link) const;
+  // The bandwidth part alone of moving `bytes` into a rank over the link
+  // (an all_gather to n x L bytes moves (n - 1) x L): a lower bound's term.
+  double transfer_us(double bytes, const LinkParams& link) const;
   // The link of several mesh dims merged into one group: the slowest of them.
   LinkParams merged_link(const std::vector<int>& dims) const;
 };

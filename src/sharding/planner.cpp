@@ -5,7 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <queue>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -257,7 +257,27 @@ struct RawStep {
   StepOp collective;
 };
 
-std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst) {
+// A lower bound of the cost from s to dst, for pruning the search: each
+// mesh dim (of more than one rank) that leaves a Shard or Partial not in
+// dst needs at least one collective on it (a launch and its latencies),
+// and only all_gathers grow a rank's bytes, each paying the growth over
+// the link's bandwidth.
+double remaining_lower_bound(const SearchSpace& sp, const State& s, const State& dst, const LinkParams& fastest) {
+  double h = 0;
+  for (int m = 0; m < sp.ndim; ++m)
+    if (sp.sizes[m] > 1 && s.code[m] != kReplicate && s.code[m] != dst.code[m])
+      h += std::max(0.0, sp.model->launch_us) + std::max(0.0, (sp.sizes[m] - 1) * sp.model->links[m].latency_us);
+  const double growth = sp.local_bytes(dst) - sp.local_bytes(s);
+  if (growth > 0 && fastest.bandwidth_gbps > 0) h += sp.model->transfer_us(growth, fastest);
+  return h;
+}
+
+// Dijkstra in PyTorch's edge order, first-pushed first among equal costs.
+// With `prune`, two prunings keep its answer exactly: a state is not pushed again at a
+// cost no lower than its best so far (the earlier push wins the tie), and,
+// once a path to dst is known, a state whose cost plus its lower bound to
+// dst exceeds that path's cannot lie on a cheapest path.
+std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst, bool prune) {
   struct Node {
     State state;
     int parent;
@@ -270,12 +290,22 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
     int node;
     bool operator>(const Entry& o) const { return cost != o.cost ? cost > o.cost : counter > o.counter; }
   };
+  struct Seen {
+    double cost;
+    bool closed;
+  };
+  LinkParams fastest{0.0, 0.0};
+  for (int m = 0; m < sp.ndim; ++m)
+    if (sp.sizes[m] > 1 && sp.model->links[m].bandwidth_gbps > fastest.bandwidth_gbps) fastest = sp.model->links[m];
   std::vector<Node> nodes{{src, -1, -1, kLocal}};
+  nodes.reserve(1024);
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
-  std::unordered_set<State, StateHash> visited;
-  visited.reserve(256);
+  std::unordered_map<State, Seen, StateHash> seen;
+  seen.reserve(1024);
+  seen.emplace(src, Seen{0.0, false});
   heap.push({0.0, 0, 0});
   uint64_t counter = 0;
+  double best_known = kInf;  // the cheapest path to dst pushed so far
   while (!heap.empty()) {
     const Entry e = heap.top();
     heap.pop();
@@ -287,11 +317,23 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
       std::reverse(path.begin(), path.end());
       return path;
     }
-    if (!visited.insert(here).second) continue;
+    Seen& mine = seen.find(here)->second;
+    if (mine.closed) continue;
+    mine.closed = true;
     sp.for_each_edge(here, [&](const State& next, int m, StepOp c) {
-      if (visited.count(next)) return;
+      const double cost = e.cost + sp.edge_cost(here, c, m);
+      // Rounding in the sums must never prune a cheapest path: keep a margin.
+      if (prune && best_known < kInf &&
+          cost + remaining_lower_bound(sp, next, dst, fastest) > best_known * (1 + 1e-9) + 1e-9)
+        return;
+      auto [it, fresh] = seen.try_emplace(next, Seen{cost, false});
+      if (!fresh) {
+        if (it->second.closed || (prune && cost >= it->second.cost)) return;
+        it->second.cost = std::min(it->second.cost, cost);
+      }
+      if (next == dst) best_known = std::min(best_known, cost);
       nodes.push_back({next, e.node, m, c});
-      heap.push({e.cost + sp.edge_cost(here, c, m), ++counter, static_cast<int>(nodes.size()) - 1});
+      heap.push({cost, ++counter, static_cast<int>(nodes.size()) - 1});
     });
   }
   // Every layout reaches Replicate (gathers, all_reduces) and Replicate
@@ -483,8 +525,8 @@ Plan Planner::plan_uncached(const Shape& shape, size_t element_size, const Layou
   }
   if (src == dst) return {};
   const SearchSpace sp = make_search_space(mesh_, model_, shape, element_size, src, dst);
-  const auto raw =
-      options.kind == PlannerKind::greedy ? greedy(sp, src, dst) : dijkstra(sp, to_state(src), to_state(dst));
+  const auto raw = options.kind == PlannerKind::greedy ? greedy(sp, src, dst)
+                                                       : dijkstra(sp, to_state(src), to_state(dst), options.prune);
   return build_plan(sp, raw, shape, options.merge);
 }
 
@@ -552,12 +594,12 @@ size_t Planner::cache_size() const {
 
 bool Planner::CacheKey::operator==(const CacheKey& o) const {
   return element_size == o.element_size && options.kind == o.options.kind && options.merge == o.options.merge &&
-         shape == o.shape && src == o.src && dst == o.dst;
+         options.prune == o.options.prune && shape == o.shape && src == o.src && dst == o.dst;
 }
 
 size_t Planner::CacheKeyHash::operator()(const CacheKey& k) const {
   size_t h = 0xCBF29CE484222325ull ^ k.element_size ^ (static_cast<size_t>(k.options.kind) << 8) ^
-             (static_cast<size_t>(k.options.merge) << 9);
+             (static_cast<size_t>(k.options.merge) << 9) ^ (static_cast<size_t>(k.options.prune) << 10);
   for (int64_t d : k.shape.dims()) h = (h ^ static_cast<size_t>(d)) * 0x100000001B3ull;
   return hash_layout(k.dst, hash_layout(k.src, h));
 }

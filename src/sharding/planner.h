@@ -44,6 +44,9 @@ PlannerKind parse_planner_kind(std::string_view name);
 struct PlanOptions {
   PlannerKind kind = PlannerKind::dijkstra;
   bool merge = true;  // merge consecutive same collectives on adjacent mesh dims
+  // Dijkstra skips states that cannot lie on a cheapest path (the same plan,
+  // sooner); false searches them all, for checking that it is the same.
+  bool prune = true;
 };
 
 class Planner {
