@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <limits>
-#include <queue>
-#include <unordered_map>
 
 #include "core/error.h"
 
@@ -257,27 +256,42 @@ struct RawStep {
   StepOp collective;
 };
 
-// A lower bound of the cost from s to dst, for pruning the search: each
-// mesh dim (of more than one rank) that leaves a Shard or Partial not in
-// dst needs at least one collective on it (a launch and its latencies),
+// A lower bound of the cost from a state to dst, for pruning the search:
+// each mesh dim (of more than one rank) that leaves a Shard or Partial not
+// in dst needs at least one collective on it (a launch and its latencies),
 // and only all_gathers grow a rank's bytes, each paying the growth over
 // the link's bandwidth.
-double remaining_lower_bound(const SearchSpace& sp, const State& s, const State& dst, const LinkParams& fastest) {
-  double h = 0;
-  for (int m = 0; m < sp.ndim; ++m)
-    if (sp.sizes[m] > 1 && s.code[m] != kReplicate && s.code[m] != dst.code[m])
-      h += std::max(0.0, sp.model->launch_us) + std::max(0.0, (sp.sizes[m] - 1) * sp.model->links[m].latency_us);
-  const double growth = sp.local_bytes(dst) - sp.local_bytes(s);
-  if (growth > 0 && fastest.bandwidth_gbps > 0) h += sp.model->transfer_us(growth, fastest);
-  return h;
-}
+class RemainingBound {
+ public:
+  RemainingBound(const SearchSpace& sp, const State& dst) : sp_(sp), dst_(dst), dst_bytes_(sp.local_bytes(dst)) {
+    for (int m = 0; m < sp.ndim; ++m) {
+      leave_us_[m] = sp.sizes[m] > 1 ? std::max(0.0, sp.model->launch_us) +
+                                           std::max(0.0, (sp.sizes[m] - 1) * sp.model->links[m].latency_us)
+                                     : 0;
+      if (sp.sizes[m] > 1 && sp.model->links[m].bandwidth_gbps > fastest_.bandwidth_gbps) fastest_ = sp.model->links[m];
+    }
+  }
+  double operator()(const State& s) const {
+    double h = 0;
+    for (int m = 0; m < sp_.ndim; ++m)
+      if (s.code[m] != kReplicate && s.code[m] != dst_.code[m]) h += leave_us_[m];
+    const double growth = dst_bytes_ - sp_.local_bytes(s);
+    if (growth > 0 && fastest_.bandwidth_gbps > 0) h += sp_.model->transfer_us(growth, fastest_);
+    return h;
+  }
 
-// Dijkstra in PyTorch's edge order, first-pushed first among equal costs.
-// With `prune`, two prunings keep its answer exactly: a state is not pushed again at a
-// cost no lower than its best so far (the earlier push wins the tie), and,
-// once a path to dst is known, a state whose cost plus its lower bound to
-// dst exceeds that path's cannot lie on a cheapest path.
-std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst, bool prune) {
+ private:
+  const SearchSpace& sp_;
+  const State& dst_;
+  double dst_bytes_;
+  std::array<double, kMaxMeshDims> leave_us_{};
+  LinkParams fastest_{0.0, 0.0};
+};
+
+// The search's storage, kept per thread from one search to the next: the
+// states reached (open addressing; a slot is live when it carries this
+// search's stamp), the nodes of the paths and the heap.
+struct SearchScratch {
   struct Node {
     State state;
     int parent;
@@ -290,50 +304,109 @@ std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const Sta
     int node;
     bool operator>(const Entry& o) const { return cost != o.cost ? cost > o.cost : counter > o.counter; }
   };
-  struct Seen {
+  struct Slot {
+    State state;
     double cost;
+    uint32_t stamp = 0;
     bool closed;
   };
-  LinkParams fastest{0.0, 0.0};
-  for (int m = 0; m < sp.ndim; ++m)
-    if (sp.sizes[m] > 1 && sp.model->links[m].bandwidth_gbps > fastest.bandwidth_gbps) fastest = sp.model->links[m];
-  std::vector<Node> nodes{{src, -1, -1, kLocal}};
-  nodes.reserve(1024);
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
-  std::unordered_map<State, Seen, StateHash> seen;
-  seen.reserve(1024);
-  seen.emplace(src, Seen{0.0, false});
-  heap.push({0.0, 0, 0});
+  std::vector<Slot> slots = std::vector<Slot>(1024);
+  size_t live = 0;
+  uint32_t stamp = 0;
+  std::vector<Node> nodes;
+  std::vector<Entry> heap;
+
+  void start() {
+    if (++stamp == 0) {  // the stamps wrapped: forget every slot
+      for (Slot& slot : slots) slot.stamp = 0;
+      stamp = 1;
+    }
+    live = 0;
+    nodes.clear();
+    heap.clear();
+  }
+  // The slot of `s`, and whether it was new (then its cost and flag are unset).
+  std::pair<Slot*, bool> find_or_add(const State& s) {
+    if (2 * (live + 1) > slots.size()) grow();
+    const size_t mask = slots.size() - 1;
+    for (size_t i = StateHash{}(s)&mask;; i = (i + 1) & mask) {
+      Slot& slot = slots[i];
+      if (slot.stamp != stamp) {
+        slot.state = s;
+        slot.stamp = stamp;
+        ++live;
+        return {&slot, true};
+      }
+      if (slot.state == s) return {&slot, false};
+    }
+  }
+  Slot& at(const State& s) { return *find_or_add(s).first; }
+
+ private:
+  void grow() {
+    std::vector<Slot> old = std::move(slots);
+    slots.assign(old.size() * 2, Slot{});
+    live = 0;
+    for (const Slot& slot : old)
+      if (slot.stamp == stamp) {
+        auto [fresh, added] = find_or_add(slot.state);
+        fresh->cost = slot.cost;
+        fresh->closed = slot.closed;
+      }
+  }
+};
+
+// Dijkstra in PyTorch's edge order, first-pushed first among equal costs.
+// With `prune`, two prunings keep its answer exactly: a state is not pushed
+// again at a cost no lower than its best so far (the earlier push wins the
+// tie), and, once a path to dst is known, a state whose cost plus its lower
+// bound to dst exceeds that path's cannot lie on a cheapest path.
+std::vector<RawStep> dijkstra(const SearchSpace& sp, const State& src, const State& dst, bool prune) {
+  thread_local SearchScratch scratch;
+  SearchScratch& w = scratch;
+  w.start();
+  const RemainingBound remaining(sp, dst);
+  w.nodes.push_back({src, -1, -1, kLocal});
+  auto [first, added] = w.find_or_add(src);
+  first->cost = 0;
+  first->closed = false;
+  const auto later = std::greater<>{};
+  w.heap.push_back({0.0, 0, 0});
   uint64_t counter = 0;
   double best_known = kInf;  // the cheapest path to dst pushed so far
-  while (!heap.empty()) {
-    const Entry e = heap.top();
-    heap.pop();
-    const State here = nodes[e.node].state;
+  while (!w.heap.empty()) {
+    std::pop_heap(w.heap.begin(), w.heap.end(), later);
+    const SearchScratch::Entry e = w.heap.back();
+    w.heap.pop_back();
+    const State here = w.nodes[static_cast<size_t>(e.node)].state;
     if (here == dst) {
       std::vector<RawStep> path;
-      for (int i = e.node; nodes[i].parent >= 0; i = nodes[i].parent)
-        path.push_back({nodes[nodes[i].parent].state, nodes[i].state, nodes[i].mesh_dim, nodes[i].collective});
+      for (int i = e.node; w.nodes[static_cast<size_t>(i)].parent >= 0; i = w.nodes[static_cast<size_t>(i)].parent) {
+        const SearchScratch::Node& n = w.nodes[static_cast<size_t>(i)];
+        path.push_back({w.nodes[static_cast<size_t>(n.parent)].state, n.state, n.mesh_dim, n.collective});
+      }
       std::reverse(path.begin(), path.end());
       return path;
     }
-    Seen& mine = seen.find(here)->second;
+    SearchScratch::Slot& mine = w.at(here);
     if (mine.closed) continue;
     mine.closed = true;
     sp.for_each_edge(here, [&](const State& next, int m, StepOp c) {
       const double cost = e.cost + sp.edge_cost(here, c, m);
       // Rounding in the sums must never prune a cheapest path: keep a margin.
-      if (prune && best_known < kInf &&
-          cost + remaining_lower_bound(sp, next, dst, fastest) > best_known * (1 + 1e-9) + 1e-9)
-        return;
-      auto [it, fresh] = seen.try_emplace(next, Seen{cost, false});
-      if (!fresh) {
-        if (it->second.closed || (prune && cost >= it->second.cost)) return;
-        it->second.cost = std::min(it->second.cost, cost);
+      if (prune && best_known < kInf && cost + remaining(next) > best_known * (1 + 1e-9) + 1e-9) return;
+      auto [slot, fresh] = w.find_or_add(next);
+      if (fresh) {
+        slot->cost = cost;
+        slot->closed = false;
+      } else {
+        if (slot->closed || (prune && cost >= slot->cost)) return;
+        slot->cost = std::min(slot->cost, cost);
       }
       if (next == dst) best_known = std::min(best_known, cost);
-      nodes.push_back({next, e.node, m, c});
-      heap.push({cost, ++counter, static_cast<int>(nodes.size()) - 1});
+      w.nodes.push_back({next, e.node, m, c});
+      w.heap.push_back({cost, ++counter, static_cast<int>(w.nodes.size()) - 1});
+      std::push_heap(w.heap.begin(), w.heap.end(), later);
     });
   }
   // Every layout reaches Replicate (gathers, all_reduces) and Replicate
