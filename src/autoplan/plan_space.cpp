@@ -111,6 +111,7 @@ config::TrainConfig apply_plan(const config::TrainConfig& base, const Plan& plan
   p.pp_schedule_csv.clear();  // the plan's schedule, not the user's file
   p.pp_layers_per_stage.clear();
   if (plan.pp == 1) p.pp_max_active_stages = 0;
+  p.pp_keep_backward_layouts = plan.pp > 1 && plan.pp_keep_backward_layouts;
   c.training.grad_accum_steps = plan.grad_accum_steps;
   c.activation_checkpoint.mode = plan.checkpoint;
   c.activation_checkpoint.selective_matmuls = plan.selective_matmuls;
@@ -214,6 +215,8 @@ std::vector<Plan> communication_variants(const config::TrainConfig& base, const 
     out.push_back(p);
   };
   if (plan.reshard_after_forward && plan.dp_shard * plan.cp > 1) add([](Plan& p) { p.reshard_after_forward = false; });
+  if (plan.pp > 1 && !plan.pp_keep_backward_layouts && plan.dp_shard * plan.cp > 1)
+    add([](Plan& p) { p.pp_keep_backward_layouts = true; });
   if (plan.bucket_mode != sched::BucketMode::automatic)
     add([](Plan& p) { p.bucket_mode = sched::BucketMode::automatic; });
   if (plan.tp > 1) {

@@ -23,6 +23,7 @@ struct Plan {
   bool sequence_parallel = false, loss_parallel = false, async_tp = false, reshard_after_forward = true;
   parallel::PpScheduleKind pp_schedule = parallel::PpScheduleKind::one_f_one_b;
   int64_t pp_microbatches = 0, pp_stages_per_rank = 0;  // pp > 1; 0 with pp 1
+  bool pp_keep_backward_layouts = false;                // pp > 1
   int64_t grad_accum_steps = 1;
   sched::ActivationCheckpoint checkpoint = sched::ActivationCheckpoint::none;
   sched::SelectiveMatmuls selective_matmuls = sched::SelectiveMatmuls::all;
@@ -74,7 +75,8 @@ std::vector<Plan> enumerate_layouts(const config::TrainConfig& base, int world_s
 std::vector<Plan> memory_ladder(const config::TrainConfig& base, const Plan& plan);
 
 // The plans one communication option away from `plan`: parameters kept
-// from forward to backward, automatic bucketing, sequence or loss parallel
+// from forward to backward (with a pipeline, also in the backward's
+// layouts, gathered once a step), automatic bucketing, sequence or loss parallel
 // off, async TP on, ring attention under cp (when the config says auto),
 // gradients reduced in bf16 (when allowed).
 std::vector<Plan> communication_variants(const config::TrainConfig& base, const Plan& plan,

@@ -263,8 +263,10 @@ class Search {
     for (const Plan& variant : communication_variants(base_, current->plan, options_.space)) {
       // Each option computes at least as much as the plan it changes (ring
       // attention too: its blocks and their merges against the whole
-      // keys' attention, in every pair costed so far).
-      std::optional<CostedPlan> c = cost(variant, current->compute_us);
+      // keys' attention, in every pair costed so far), but for a pipeline
+      // keeping its backward's layouts, which casts its weights once.
+      const bool casts_once = variant.pp_keep_backward_layouts != current->plan.pp_keep_backward_layouts;
+      std::optional<CostedPlan> c = cost(variant, casts_once ? 0 : current->compute_us);
       if (c && c->fits && c->step_us < current->step_us) current = c;
     }
   }

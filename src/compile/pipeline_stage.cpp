@@ -126,8 +126,17 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
     layouts.deliver[st.gradients[i]] = st.gradient_layouts.at(st.parameter_names[i]);
   // Shared with every stage, and every compile, on a mesh of this shape.
   const std::shared_ptr<sharding::Planner> planner = sharding::shared_planner(mesh);
-  LaidOut laid_out = lay_out_graph(g, *planner, where.rank, layouts.given, layouts.deliver,
-                                   {.reshard_after_forward = false, .ragged_rows = ragged_rows(m, gradient_of)});
+  // The weights' gathers (FSDP's, over dp_shard and cp) and casts run once
+  // for all the microbatches (the unshard program, below).
+  spmd::PropagationOptions once_a_run{
+      .parameter_share = 1.0 / static_cast<double>(std::max<int64_t>(1, config.parallel.microbatches())),
+      .share_in_backward = config.parallel.pp_keep_backward_layouts};
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (mesh.names()[static_cast<size_t>(d)] == "dp_shard" || mesh.names()[static_cast<size_t>(d)] == "cp")
+      once_a_run.parameter_gather_dims.push_back(d);
+  LaidOut laid_out =
+      lay_out_graph(g, *planner, where.rank, layouts.given, layouts.deliver,
+                    {.reshard_after_forward = false, .ragged_rows = ragged_rows(m, gradient_of)}, once_a_run);
   const spmd::Sharding& sharding = laid_out.sharding;
   spmd::LoweredGraph& lowered = laid_out.lowered;
   if (device)
@@ -227,34 +236,33 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   sched::step_pipeline(config.activation_checkpoint.mode, config.activation_checkpoint.selective_matmuls).run(g);
   if (where.mesh) lay_out_stage(config, where, device, m, gradient_of, st);
 
-  std::vector<graph::NodeId> forward, backward;
-  for (const graph::NodeId n : g.order()) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);
+  // What the forward computes from the parameters alone (a weight's copy
+  // in the compute dtype, gathered over dp_shard; with
+  // pp_keep_backward_layouts, the other layouts of it the backward reads
+  // too) is the unshard program's, run once a step: the other programs
+  // read it.
+  const bool keep_backward = config.parallel.pp_keep_backward_layouts;
+  std::vector<graph::NodeId> from_parameters, forward, backward;
+  std::set<graph::ValueId> derived;
+  for (const graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    const bool only = (keep_backward || node.phase == graph::Phase::forward) && !node.inputs.empty() &&
+                      std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
+                        return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
+                      });
+    if (only) {
+      from_parameters.push_back(n);
+      derived.insert(node.outputs.begin(), node.outputs.end());
+    } else {
+      (node.phase == graph::Phase::forward ? forward : backward).push_back(n);
+    }
+  }
   std::vector<graph::NodeId> input_half;
   if (st.input_gradient.valid()) input_half = graph::nodes_needed_for(g, st.to_previous(), backward);
   const std::set<graph::NodeId> in_input_half(input_half.begin(), input_half.end());
   std::vector<graph::NodeId> weight_half;
   for (const graph::NodeId n : backward)
     if (!in_input_half.contains(n)) weight_half.push_back(n);
-
-  // What forward computes from the parameters alone (a weight's copy in the
-  // compute dtype, gathered over dp_shard) is the unshard program's, run once
-  // a step: the other programs read it.
-  std::vector<graph::NodeId> from_parameters, forward_rest;
-  std::set<graph::ValueId> derived;
-  for (const graph::NodeId n : forward) {
-    const graph::Node& node = g.node(n);
-    const bool only =
-        !node.inputs.empty() && std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
-          return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
-        });
-    if (!only) {
-      forward_rest.push_back(n);
-      continue;
-    }
-    from_parameters.push_back(n);
-    derived.insert(node.outputs.begin(), node.outputs.end());
-  }
-  forward = forward_rest;
   for (const auto* part : {&forward, &backward})
     for (const graph::NodeId n : *part)
       for (const graph::ValueId v : g.node(n).inputs)

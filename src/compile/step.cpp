@@ -178,9 +178,10 @@ std::map<graph::ValueId, graph::ValueId> identity_values(const graph::Graph& g) 
 
 LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int rank,
                       const std::map<graph::ValueId, sharding::Layout>& given,
-                      const std::map<graph::ValueId, sharding::Layout>& deliver, const spmd::LowerOptions& options) {
+                      const std::map<graph::ValueId, sharding::Layout>& deliver, const spmd::LowerOptions& options,
+                      const spmd::PropagationOptions& propagation) {
   LaidOut out;
-  out.sharding = spmd::propagate(g, planner, given, deliver);
+  out.sharding = spmd::propagate(g, planner, given, deliver, propagation);
   out.lowered = spmd::lower(g, out.sharding, planner, rank, options);
   return out;
 }

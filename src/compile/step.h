@@ -66,8 +66,8 @@ struct LaidOut {
 };
 LaidOut lay_out_graph(const graph::Graph& g, sharding::Planner& planner, int rank,
                       const std::map<graph::ValueId, sharding::Layout>& given,
-                      const std::map<graph::ValueId, sharding::Layout>& deliver,
-                      const spmd::LowerOptions& options = {});
+                      const std::map<graph::ValueId, sharding::Layout>& deliver, const spmd::LowerOptions& options = {},
+                      const spmd::PropagationOptions& propagation = {});
 
 // Every value of `g` mapped to itself: the value map of a graph that runs as
 // it is (one rank, no layout).

@@ -514,6 +514,12 @@ const std::vector<Key>& keys() {
           "an integer >= 0: with several stages per pipeline rank, at most this many have their "
           "weights gathered at once (each gathered just before its next use, looking ahead, and "
           "dropped when another is needed: less memory, more gathers); 0: all of a rank's, for the whole step"),
+      bool_key(
+          "parallel.pp_keep_backward_layouts", "false",
+          [](TrainConfig& c) -> bool& { return c.parallel.pp_keep_backward_layouts; },
+          "a pipeline stage also gathers, once a step with its forward's, its weights in the other layouts its "
+          "backward reads, and holds them all step (more memory, no weight gathers per microbatch); false: the "
+          "backward gathers those for every microbatch"),
       count_list_key(
           "parallel.pp_layers_per_stage", "",
           [](TrainConfig& c) -> std::vector<int64_t>& { return c.parallel.pp_layers_per_stage; },
@@ -719,7 +725,7 @@ void check_config(TrainConfig& c) {
     TrainConfig given = c, defaults;
     for (const char* key :
          {"parallel.pp_schedule", "parallel.pp_microbatches", "parallel.pp_stages_per_rank", "parallel.pp_schedule_csv",
-          "parallel.pp_max_active_stages", "parallel.pp_layers_per_stage"})
+          "parallel.pp_max_active_stages", "parallel.pp_layers_per_stage", "parallel.pp_keep_backward_layouts"})
       MT_CHECK(find_key(key).show(given) == find_key(key).show(defaults),
                "config: {} = {} applies to a pipeline, but parallel.pp is 1 (no pipeline): set parallel.pp, or leave "
                "{} out",

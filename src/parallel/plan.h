@@ -54,6 +54,10 @@ struct ParallelConfig {
   // With FSDP: at most this many of a rank's stages gathered at once (0: all
   // of them, from the step's start to its end); see add_pp_fsdp_actions.
   int64_t pp_max_active_stages = 0;
+  // A stage also gathers, once a step with its forward's, its weights in
+  // the other layouts its backward reads (held all step: more memory, no
+  // gathers per microbatch); false: its backward gathers those itself.
+  bool pp_keep_backward_layouts = false;
   // Per stage, its share of the model's n_layers + 2 units (the embedding
   // and the head count as one each); empty: as even as can be.
   std::vector<int64_t> pp_layers_per_stage;

@@ -285,6 +285,24 @@ std::string choice_key(const graph::Graph& g, const graph::Node& node, const std
   return key;
 }
 
+// Per value: whether it is a parameter, or computed from parameters alone
+// (what a pipeline stage's unshard program computes), by forward nodes
+// only unless `in_backward`.
+std::vector<bool> computed_from_parameters(const graph::Graph& g, bool in_backward) {
+  std::vector<bool> derived(static_cast<size_t>(g.num_values()), false);
+  for (int i = 0; i < g.num_values(); ++i)
+    derived[static_cast<size_t>(i)] = g.value(graph::ValueId(i)).kind == graph::ValueKind::parameter;
+  for (graph::NodeId n : g.order()) {
+    const graph::Node& node = g.node(n);
+    const bool all = (in_backward || node.phase == graph::Phase::forward) && !node.inputs.empty() &&
+                     std::all_of(node.inputs.begin(), node.inputs.end(),
+                                 [&](graph::ValueId v) { return derived[static_cast<size_t>(v.index)]; });
+    if (all)
+      for (graph::ValueId v : node.outputs) derived[static_cast<size_t>(v.index)] = true;
+  }
+  return derived;
+}
+
 // One node's choice of strategy: every full-mesh candidate that splits
 // evenly, tried in the order of the least each can cost (its compute, and
 // the least each redistribution of an input costs), and given up as soon
@@ -296,7 +314,7 @@ class NodeChoice {
   NodeChoice(const graph::Graph& g, graph::NodeId n, sharding::Planner& planner,
              const std::map<graph::ValueId, Layout>& values, const std::map<graph::ValueId, Layout>& pinned,
              const std::map<graph::ValueId, Layout>& deliver, ReaderCost& reader_cost,
-             const PropagationOptions& options)
+             const PropagationOptions& options, const std::vector<bool>& from_parameters)
       : node_(g.node(n)),
         planner_(planner),
         values_(values),
@@ -307,9 +325,18 @@ class NodeChoice {
         outs_(graph::value_infos(g, node_.outputs)),
         per_dim_(dim_strategies(StrategyQuery{*node_.op, in_, outs_, node_.attrs})),
         flops_(graph::op_flops(*node_.op, in_, outs_, node_.attrs)),
-        flops_per_us_(options.flops_per_us) {
+        flops_per_us_(options.flops_per_us),
+        options_(options) {
     for (graph::ValueId v : node_.inputs)
       for (std::vector<int>& seq : shard_sequences(values_.at(v))) preferred_.push_back(std::move(seq));
+    bool all = !node_.inputs.empty();
+    for (graph::ValueId v : node_.inputs) {
+      const bool derived = (options.share_in_backward || node_.phase == graph::Phase::forward) &&
+                           from_parameters[static_cast<size_t>(v.index)];
+      from_parameters_.push_back(derived);
+      all = all && derived;
+    }
+    node_share_ = all ? options.parameter_share : 1.0;
   }
 
   // The best candidate and its cost (infinity: none is legal).
@@ -332,6 +359,19 @@ class NodeChoice {
     NodeSharding sharding;  // its inputs' layouts and compute so far
     double floor;           // the least its cost can be
   };
+
+  // What redistributing input k from `have` to `want` counts of its cost:
+  // parameter_share for a value from parameters that changes only on the
+  // dims it may be gathered over at that share, else all of it.
+  double share(size_t k, const Layout& have, const Layout& want) const {
+    if (!from_parameters_[k] || options_.parameter_share == 1) return 1;
+    for (int m = 0; m < have.mesh_ndim(); ++m)
+      if (!(have.placements[m] == want.placements[m]) &&
+          std::find(options_.parameter_gather_dims.begin(), options_.parameter_gather_dims.end(), m) ==
+              options_.parameter_gather_dims.end())
+        return 1;
+    return options_.parameter_share;
+  }
 
   // Whether a candidate that costs at least `cost` cannot win.
   bool beaten(double cost, size_t index) const {
@@ -357,10 +397,12 @@ class NodeChoice {
         // belongs after this node (bf16 gradients widened, then reduced).
         if (!(have == want) && pinned_.count(node_.inputs[k]) && has_partial(have)) return;
         if (!(have == want))
-          nodes_us += planner_.lower_bound_us(in_[k].shape, dtype_size(in_[k].dtype), have, want) + kNodeUs;
+          nodes_us +=
+              share(k, have, want) * planner_.lower_bound_us(in_[k].shape, dtype_size(in_[k].dtype), have, want) +
+              kNodeUs;
         cand.sharding.inputs.push_back(std::move(want));
       }
-      cand.sharding.compute_us = flops_ * busiest_share(c, mesh, outs_) / flops_per_us_;
+      cand.sharding.compute_us = node_share_ * flops_ * busiest_share(c, mesh, outs_) / flops_per_us_;
       cand.floor = nodes_us + cand.sharding.compute_us;
       out.push_back(std::move(cand));
     });
@@ -379,7 +421,8 @@ class NodeChoice {
       // leaves its inputs as they are wins.
       if (have == want) continue;
       cand.redistribute_us +=
-          planner_.plan(in_[k].shape, dtype_size(in_[k].dtype), have, want)->total_cost_us + kNodeUs;
+          share(k, have, want) * planner_.plan(in_[k].shape, dtype_size(in_[k].dtype), have, want)->total_cost_us +
+          kNodeUs;
       if (beaten(cand.redistribute_us + cand.compute_us, c.index)) return;
     }
     const double own = cand.redistribute_us + cand.compute_us;
@@ -427,6 +470,9 @@ class NodeChoice {
   const std::vector<DimStrategy> per_dim_;
   const double flops_, flops_per_us_;
   std::vector<std::vector<int>> preferred_;  // the shard orders of the inputs' layouts
+  std::vector<bool> from_parameters_;        // per input: a parameter or computed from parameters alone
+  double node_share_ = 1;                    // parameter_share if every input is from parameters
+  const PropagationOptions& options_;
   NodeSharding best_;
   double best_cost_ = std::numeric_limits<double>::infinity();
   size_t best_index_ = std::numeric_limits<size_t>::max();
@@ -454,6 +500,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     out.values[v] = it == given.end() ? replicated : it->second;
   }
   ReaderCost reader_cost(g, planner);
+  const std::vector<bool> from_parameters = computed_from_parameters(g, options.share_in_backward);
   std::unordered_map<std::string, std::pair<NodeSharding, double>> choices;  // choice_key -> the choice
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
@@ -470,11 +517,21 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       out.nodes[n] = as;
       continue;
     }
-    const std::string key = choice_key(g, node, out.values, pinned, deliver, reader_cost);
+    std::string key = choice_key(g, node, out.values, pinned, deliver, reader_cost);
+    if (options.parameter_share != 1)
+      for (graph::ValueId v : node.inputs)
+        key += (options.share_in_backward || node.phase == graph::Phase::forward) &&
+                       from_parameters[static_cast<size_t>(v.index)]
+                   ? "|p"
+                   : "|-";
     auto chosen = choices.find(key);
     if (chosen == choices.end())
-      chosen = choices.emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options}.best())
-                   .first;
+      chosen =
+          choices
+              .emplace(
+                  key,
+                  NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options, from_parameters}.best())
+              .first;
     auto [best, best_cost] = chosen->second;
     if (best_cost == std::numeric_limits<double>::infinity()) {
       std::string asked;

@@ -40,6 +40,20 @@ struct Sharding {
 
 struct PropagationOptions {
   double flops_per_us = 1e5;  // compute speed for the compute term (100 GFLOP/s)
+  // What computing from the parameters alone costs against the rest, per
+  // run of the graph: a pipeline stage's programs run once per microbatch
+  // but gather and cast its weights once for all of them (its unshard
+  // program), so there this is 1 / microbatches. Scales the compute of
+  // nodes that read only parameters (or values so computed), and the
+  // redistribution of such a value where it changes only on
+  // parameter_gather_dims (FSDP's: dp_shard and cp); gathering it over
+  // another dim (tp) would hold it whole there all step, which the cost
+  // does not see, so that costs in full.
+  double parameter_share = 1;
+  std::vector<int> parameter_gather_dims;
+  // Whether backward nodes' redistributions of such values count at that
+  // share too (their caller computes them once as well); else in full.
+  bool share_in_backward = true;
 };
 
 // `given`: the layouts of inputs and parameters (the others are Replicate),

@@ -122,6 +122,22 @@ compare pp2_hsdp one_l2 "${f32[@]}"
 run pp2_ddp2_tp2_sp_lp 8 --model.n_layers 2 --parallel.pp 2 --parallel.tp 2 --parallel.dp_replicate 2 \
   --parallel.dp_shard 1 --parallel.sequence_parallel true --parallel.loss_parallel true --parallel.pp_microbatches 2
 compare pp2_ddp2_tp2_sp_lp one_l2 "${f32[@]}"
+# Wider layers (dim 512), where a stage's backward reads weights in other layouts than its forward: with
+# parallel.pp_keep_backward_layouts those gathers move into the unshard program too, run once a step: FSDP 2 x CP 2
+# and CP 2 x TP 2.
+wide=(--model.dim 512 --model.ffn_dim 1536 --model.n_layers 2)
+run one_wide 1 "${wide[@]}" --training.grad_accum_steps 2
+for par in "--parallel.cp 2 --parallel.dp_shard 2 --parallel.tp 1" "--parallel.cp 2 --parallel.tp 2 --parallel.dp_shard 1"; do
+  name="pp2_wide_kept_$(echo "$par" | tr -d ' -' | sed 's/parallel\./_/g')"
+  keep=(--parallel.pp 2 --parallel.pp_microbatches 2 --parallel.pp_keep_backward_layouts true)
+  # shellcheck disable=SC2086  # $par is the plan's flags, split on purpose
+  run "$name" 8 "${wide[@]}" "${keep[@]}" $par
+  # shellcheck disable=SC2086
+  grep -q '# backward' <("$meshtrain" lower --ranks 8 --rank 4 "${model[@]}" "${wide[@]}" "${keep[@]}" $par |
+    awk '/# stage 1 unshard/{f=1;next} /# stage 1 /{f=0} f') ||
+    fail "$name: no backward redistribution moved into stage 1's unshard program; the case tests nothing"
+  compare "$name" one_wide "${f32[@]}"
+done
 full || { echo "transport subset: the schedules and their compositions match one rank"; exit 0; }
 # Checkpoints: PP 2 x FSDP 2 saves at steps 10 and 20; its sharded checkpoint put together is the gathered export,
 # bitwise; resumed from step 10 on the same layout it repeats steps 11-20 bitwise, and on PP 2 x TP 2 x FSDP 2 and

@@ -140,6 +140,34 @@ TEST(Propagate, AReaderThatNeedsAnotherLayoutCostsItsProducer) {
   EXPECT_EQ(s.values.at(logits).to_string(), "S(0)");
 }
 
+// A pipeline stage's programs run once per microbatch but gather its
+// weights over dp_shard and cp once for all of them
+// (PropagationOptions::parameter_share, parameter_gather_dims): a
+// weight held split by its contraction dim (64 MiB) is then worth
+// gathering, where one program alone moves the activations instead (1 MiB
+// each way: the rows to columns, the partial sums back to rows).
+TEST(Propagate, WeightsGatheredOnceARunCostTheirShare) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 4096}, DType::f32);
+  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
+  const ValueId y = b.matmul(x, w, false, true);
+  g.add_output(y);
+  const sharding::DeviceMesh mesh({2});
+  sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
+  const Layout rows = Layout::parse("S(0)", 1);
+  auto inputs_at = [&](double share, const std::vector<int>& gather_dims) {
+    const spmd::Sharding s = spmd::propagate(g, planner, {{x, rows}, {w, Layout::parse("S(1)", 1)}}, {{y, rows}},
+                                             {.parameter_share = share, .parameter_gather_dims = gather_dims});
+    const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
+    return matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+  };
+  EXPECT_EQ(inputs_at(1, {0}), "S(1) S(1)");
+  EXPECT_EQ(inputs_at(1.0 / 64, {0}), "S(0) R");
+  // Gathered over a dim not named (tp's), it would be held whole there all step: that costs in full.
+  EXPECT_EQ(inputs_at(1.0 / 64, {}), "S(1) S(1)");
+}
+
 TEST(Propagate, Errors) {
   mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
