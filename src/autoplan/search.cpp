@@ -190,7 +190,8 @@ class Search {
     if (e.pipeline) c.bubble_us = e.pipeline->bubble_fraction * e.pipeline->makespan_us * e.pipeline->runs;
     c.tokens_per_s_per_device = e.tokens_per_s_per_device;
     c.mfu = e.mfu;
-    c.peak_bytes = e.memory.peak_bytes;
+    // A pipeline's ranks hold different stages: the plan fits when its fullest does.
+    c.peak_bytes = std::max(e.memory.peak_bytes, e.pipeline ? e.pipeline->fullest_peak_bytes : 0.0);
     c.fits = result_.memory_limit_bytes <= 0 || c.peak_bytes <= result_.memory_limit_bytes;
     c.bound = bounding(c, result_.memory_limit_bytes);
     if (options_.check_screen)

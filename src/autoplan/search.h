@@ -48,7 +48,7 @@ struct CostedPlan {
   std::vector<std::pair<std::string, std::string>> overrides;  // against the user's config
   double step_us = 0, compute_us = 0, exposed_us = 0, bubble_us = 0;
   double tokens_per_s_per_device = 0, mfu = 0;
-  double peak_bytes = 0;
+  double peak_bytes = 0;  // with a pipeline, its fullest rank's
   bool fits = true;
   double estimate_seconds = 0;  // how long its estimate took
   double screen_step_us = 0;    // with SearchOptions::check_screen: its screen's step (0: it has none)

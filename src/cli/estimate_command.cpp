@@ -176,7 +176,9 @@ int run_estimate(const CommandArgs& a) {
                          {"reduce_grad_us", p.reduce_grad_us},
                          {"update_us", p.update_us},
                          {"peak_activation_pairs", p.peak_activation_pairs},
-                         {"activation_bytes_per_pair", p.activation_bytes_per_pair}};
+                         {"activation_bytes_per_pair", p.activation_bytes_per_pair},
+                         {"fullest_peak_bytes", p.fullest_peak_bytes},
+                         {"fullest_rank", p.fullest_rank}};
     }
     fmt::print("{}\n", out.dump(1));
   } else {
@@ -197,6 +199,12 @@ int run_estimate(const CommandArgs& a) {
                  100 * bytes / e.memory.peak_bytes);
     fmt::print("  {:<22} {:>12} ({:4.1f}%)\n", "arena unused", binary_amount(e.memory.arena_unused_at_peak),
                100 * e.memory.arena_unused_at_peak / e.memory.peak_bytes);
+    if (e.pipeline && e.pipeline->fullest_rank != e.rank)
+      fmt::print("  the pipeline's fullest rank: {}, peak {}{}\n", e.pipeline->fullest_rank,
+                 binary_amount(e.pipeline->fullest_peak_bytes),
+                 hardware.memory_gib > 0 && e.pipeline->fullest_peak_bytes > hardware.memory_gib * (1ull << 30)
+                     ? ": DOES NOT FIT"
+                     : "");
     fmt::print("time: step {}: compute {}, communication {} of which exposed {}{}{}\n", duration(e.time.step_us),
                duration(e.time.compute_us), duration(e.time.communication_us), duration(e.time.exposed_us),
                e.pipeline ? " (with the bubble)" : "",

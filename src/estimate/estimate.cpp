@@ -88,6 +88,90 @@ void fill_rates(const config::TrainConfig& config, const sched::HardwareProfile&
 // alike), each costed on the profile; the schedule simulated with those
 // costs; this rank's once-a-step work (gathering its parameters, reducing
 // its gradients, the update) added after it.
+// What one pipeline stage holds, at this rank's place in its stage mesh.
+struct StageMemory {
+  double parameters = 0, moments = 0;  // as the plan keeps them, all step
+  double pending = 0;                  // the step's gradient sums, pending over data parallel
+  double gathered = 0;                 // its unshard program's results (weights gathered, cast)
+  double kept_between = 0;             // what one microbatch keeps from its forward to its backward
+  double arena = 0;                    // its largest program's
+};
+
+StageMemory stage_memory(const config::TrainConfig& config, const compile::PipelineStage& st, bool split,
+                         bool data_parallel) {
+  StageMemory m;
+  std::set<graph::ValueId> kept;
+  for (const graph::ExtractedGraph* part :
+       split ? std::vector{&st.backward_input, &st.backward_weight} : std::vector{&st.backward})
+    for (const graph::ValueId v : part->reads)
+      if (st.joint.value(v).kind != graph::ValueKind::parameter &&
+          std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end() && kept.insert(v).second)
+        m.kept_between += bytes_of(st.joint, v);
+  for (const graph::ValueId v : st.step_values) m.gathered += bytes_of(st.joint, v);
+  for (const graph::ExtractedGraph* part :
+       {&st.forward, &st.backward, &st.backward_input, &st.backward_weight, &st.unshard})
+    if (part->graph.num_nodes() > 0)
+      m.arena = std::max(
+          m.arena,
+          sched::estimate_memory(part->graph, sched::make_schedule(part->graph, part->graph.outputs())).arena_bytes);
+  const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
+  for (size_t i = 0; i < st.parameters.size(); ++i) {
+    const double held = bytes_of(st.joint, st.parameters[i]);
+    if (data_parallel) m.pending += bytes_of(st.joint, st.gradients[i]);
+    m.parameters += held;
+    m.moments += 2 * held / 4 * state_bytes;
+  }
+  return m;
+}
+
+// The most of rank r's stages gathered at once, by its UNSHARD and RESHARD actions.
+int most_gathered(const parallel::PpSchedule& schedule, int r) {
+  int now = 0, most = 0;
+  for (const parallel::PpAction& a : schedule.actions[static_cast<size_t>(r)])
+    if (a.type == parallel::PpActionType::unshard)
+      most = std::max(most, ++now);
+    else if (a.type == parallel::PpActionType::reshard)
+      --now;
+  return most;
+}
+
+struct RankMemory {
+  sched::MemoryEstimate memory;
+  double parameters = 0, moments = 0, activation_bytes_per_pair = 0;
+};
+
+// A pipeline rank's memory: its stages' tensors held through the step, the
+// largest `gathered_at_once` of their gathered copies, the activations of
+// the (stage, microbatch) pairs in flight at the peak, and the largest
+// program's arena.
+RankMemory rank_memory(const std::vector<const StageMemory*>& stages, int gathered_at_once, int peak_pairs) {
+  RankMemory r;
+  double pending = 0, arena = 0;
+  std::vector<double> gathered;
+  for (const StageMemory* m : stages) {
+    r.parameters += m->parameters;
+    r.moments += m->moments;
+    pending += m->pending;
+    arena = std::max(arena, m->arena);
+    r.activation_bytes_per_pair = std::max(r.activation_bytes_per_pair, m->kept_between);
+    gathered.push_back(m->gathered);
+  }
+  std::sort(gathered.rbegin(), gathered.rend());  // the largest at once, at most
+  const double computed = std::accumulate(
+      gathered.begin(), gathered.begin() + std::min<std::ptrdiff_t>(gathered_at_once, std::ssize(gathered)), 0.0);
+  const double activations = r.activation_bytes_per_pair * peak_pairs;
+  sched::MemoryEstimate& e = r.memory;
+  e.at_peak[sched::MemoryKind::parameters] = r.parameters + computed;
+  e.at_peak[sched::MemoryKind::gradients] = r.parameters + pending;
+  e.at_peak[sched::MemoryKind::optimizer_states] = r.moments;
+  e.at_peak[sched::MemoryKind::activations] = activations;
+  e.at_peak[sched::MemoryKind::other] = arena;
+  e.input_bytes = r.parameters * 2 + computed + pending + r.moments + activations;
+  e.arena_bytes = arena;
+  e.peak_bytes = e.allocated_bytes = e.input_bytes + arena;
+  return r;
+}
+
 TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware) {
   MT_CHECK(config.schedule.estimate == config::EstimateMode::roofline,
@@ -118,25 +202,16 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   p.runs = static_cast<int>(place.accumulation);
   const auto per_step = static_cast<double>(schedule.microbatches * place.accumulation);  // microbatches a step
   std::vector<parallel::PpCosts> costs;
-  double kept_params = 0, moments = 0, pending = 0, arena = 0, in_program_comm = 0;
-  // UNSHARD and RESHARD as the rank's list has them (with pp_max_active_stages a stage may be gathered again
-  // before its next use): every gather costed, in every run of the schedule but for the stages kept gathered
-  // between runs; the copies of the most stages gathered at once held.
+  double in_program_comm = 0;
+  // UNSHARD as the rank's list has them (with pp_max_active_stages a stage may be gathered again before its next
+  // use): every gather costed, in every run of the schedule but for the stages kept gathered between runs.
   std::map<int, int64_t> gathers;
-  int gathered_now = 0, most_gathered = 0;
   for (const parallel::PpAction& a : schedule.actions[static_cast<size_t>(pp_rank)])
-    if (a.type == parallel::PpActionType::unshard) {
-      ++gathers[a.stage];
-      most_gathered = std::max(most_gathered, ++gathered_now);
-    } else if (a.type == parallel::PpActionType::reshard) {
-      --gathered_now;
-    }
+    if (a.type == parallel::PpActionType::unshard) ++gathers[a.stage];
   const std::set<int> kept_between_runs = parallel::pp_stages_kept_between_runs(schedule, pp_rank);
   auto gathers_of = [&](int stage) {
     return gathers[stage] * place.accumulation - (kept_between_runs.contains(stage) ? place.accumulation - 1 : 0);
   };
-  std::vector<double> gathered_per_stage;  // this rank's stages' held copies
-  const double state_bytes = static_cast<double>(dtype_size(config.optimizer.state_dtype));
   std::map<const compile::PipelineStage*, std::array<sched::StepEstimate, 3>> stage_costs;  // forward, input, weight
   for (int s = 0; s < schedule.stages(); ++s) {
     const compile::PipelineStage& st = compiled.pipeline->stage(s);
@@ -186,27 +261,8 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
         e.collectives += static_cast<size_t>(per_step);
         e.collective_bytes += per_step * node.attrs.get(graph::attr::comm_bytes);
       }
-    double kept_between = 0;
-    std::set<graph::ValueId> kept;
-    for (const graph::ExtractedGraph* part :
-         split ? std::vector{&st.backward_input, &st.backward_weight} : std::vector{&st.backward})
-      for (const graph::ValueId v : part->reads)
-        if (st.joint.value(v).kind != graph::ValueKind::parameter &&
-            std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end() && kept.insert(v).second)
-          kept_between += bytes_of(st.joint, v);
-    p.activation_bytes_per_pair = std::max(p.activation_bytes_per_pair, kept_between);
     // UNSHARD: the unshard program (its gathers costed by the profile), as often as the rank gathers the stage.
     p.unshard_us += cost(st.unshard).step_us * static_cast<double>(gathers_of(s));
-    double gathered = 0;
-    for (const graph::ValueId v : st.step_values) gathered += bytes_of(st.joint, v);
-    gathered_per_stage.push_back(gathered);
-    for (const graph::ExtractedGraph* part :
-         {&st.forward, &st.backward, &st.backward_input, &st.backward_weight, &st.unshard})
-      if (part->graph.num_nodes() > 0)
-        arena = std::max(
-            arena,
-            sched::estimate_memory(part->graph, sched::make_schedule(part->graph, part->graph.outputs())).arena_bytes);
-    const auto specs = models::llama_parameters(config.model);
     for (size_t i = 0; i < st.parameter_names.size(); ++i) {
       const double held = bytes_of(st.joint, st.parameters[i]);  // this rank's part, as the plan keeps it
       if (where.mesh) {
@@ -226,10 +282,7 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
         if (!replicate_dims.empty())
           p.reduce_grad_us += hardware.collective_us(comm::OpType::all_reduce, held,
                                                      mesh.group_ranks(rank, replicate_dims), world_size);
-        pending += sum;
       }
-      kept_params += held;
-      moments += 2 * held / 4 * state_bytes;
     }
   }
   // Ranks sharing a host's cores: while a stage waits in the bubble, the stages computing get its cores.
@@ -248,9 +301,28 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     mean.backward_weight += c.backward_weight / static_cast<double>(costs.size()) * schedule.stages_per_rank;
   }
   p.published_bubble = parallel::published_bubble_fraction(schedule, mean);
+  // Memory, of every pipeline rank at this rank's place in its stage.
+  std::map<const compile::PipelineStage*, StageMemory> measured;  // alike stages are one
+  auto memory_of = [&](int r) {
+    std::vector<const StageMemory*> held;
+    for (int s = 0; s < schedule.stages(); ++s)
+      if (schedule.rank_of_stage[static_cast<size_t>(s)] == r) {
+        const compile::PipelineStage& st = compiled.pipeline->stage(s);
+        auto [known, first] = measured.try_emplace(&st);
+        if (first) known->second = stage_memory(config, st, split, where.mesh != nullptr);
+        held.push_back(&known->second);
+      }
+    return rank_memory(held, most_gathered(schedule, r), sim.peak_activations[static_cast<size_t>(r)]);
+  };
+  const RankMemory mine = memory_of(pp_rank);
+  p.activation_bytes_per_pair = mine.activation_bytes_per_pair;
+  for (int r = 0; r < schedule.ranks; ++r) {
+    const double peak = r == pp_rank ? mine.memory.peak_bytes : memory_of(r).memory.peak_bytes;
+    if (peak > p.fullest_peak_bytes) p.fullest_peak_bytes = peak, p.fullest_rank = world_rank(r);
+  }
   // The update: AdamW reads the parameter, its gradient and moments and
   // writes the parameter and moments; the norm reads the gradient again.
-  const double update_bytes = kept_params * 6 + moments * 2;
+  const double update_bytes = mine.parameters * 6 + mine.moments * 2;
   p.update_us =
       update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
   e.time.step_us = p.makespan_us * p.runs + p.unshard_us + p.reduce_grad_us + p.update_us;
@@ -261,21 +333,7 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     if (schedule.rank_of_stage[s] == pp_rank || schedule.rank_of_stage[s + 1] == pp_rank)
       e.time.communication_us += 2 * per_step * costs[s].p2p;
   e.time.exposed_us = e.time.step_us - e.time.compute_us;  // waits: the bubble and the once-a-step collectives
-  // Memory: the tensors held through the step, the activations of the
-  // (stage, microbatch) pairs in flight at the peak, and the largest program's arena.
-  const double activations = p.activation_bytes_per_pair * p.peak_activation_pairs;
-  std::sort(gathered_per_stage.rbegin(), gathered_per_stage.rend());  // the largest at once, at most
-  const double computed_params = std::accumulate(
-      gathered_per_stage.begin(),
-      gathered_per_stage.begin() + std::min<std::ptrdiff_t>(most_gathered, std::ssize(gathered_per_stage)), 0.0);
-  e.memory.at_peak[sched::MemoryKind::parameters] = kept_params + computed_params;
-  e.memory.at_peak[sched::MemoryKind::gradients] = kept_params + pending;
-  e.memory.at_peak[sched::MemoryKind::optimizer_states] = moments;
-  e.memory.at_peak[sched::MemoryKind::activations] = activations;
-  e.memory.at_peak[sched::MemoryKind::other] = arena;
-  e.memory.input_bytes = kept_params * 2 + computed_params + pending + moments + activations;
-  e.memory.arena_bytes = arena;
-  e.memory.peak_bytes = e.memory.allocated_bytes = e.memory.input_bytes + arena;
+  e.memory = mine.memory;
   const double budget = compile::memory_budget_bytes(config);
   MT_CHECK(budget <= 0 || e.memory.peak_bytes <= budget, "{}",
            compile::over_budget_message(config, e.memory.peak_bytes, rank));

@@ -30,6 +30,11 @@ struct PipelineEstimate {
   double unshard_us = 0, reduce_grad_us = 0, update_us = 0;  // this rank's, once a step
   int peak_activation_pairs = 0;         // (stage, microbatch) pairs this rank holds at once, simulated
   double activation_bytes_per_pair = 0;  // the most one of its stages keeps from a forward to its backward
+  // Of every pipeline rank at this rank's place in its stage: the largest
+  // peak and that rank (stages differ: the first holds the embedding and
+  // most activations, the last the head).
+  double fullest_peak_bytes = 0;
+  int fullest_rank = 0;
 };
 
 struct TrainingEstimate {

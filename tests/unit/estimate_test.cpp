@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <tuple>
 
 #include "comm/local_backend.h"
@@ -802,4 +803,36 @@ TEST(TrainingEstimate, PipelineStagesOfOneShapeCostAsEachBuilt) {
   auto odd = sched::builtin_hardware("h100-sxm");
   odd.devices_per_host = 3;
   EXPECT_TRUE(compile::compile_rank(c, 8, 0, odd, {.every_stage = true}).pipeline->same_as.empty());
+}
+
+// Every rank's estimate gives the memory of the pipeline's fullest rank at
+// its place in its stage: the largest of those ranks' own peaks, and which.
+// 1F1B: the first stage holds the most microbatches' activations; the last
+// the head; 1F1B x 6 stages over 10 layers splits them unevenly.
+TEST(TrainingEstimate, PipelinesFullestRankIsTheLargestOwnPeak) {
+  for (const char* schedule : {"1f1b", "zero_bubble"}) {
+    const config::TrainConfig c = config::load_config(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/debug.toml",
+                                                      {{"model.n_layers", "10"},
+                                                       {"model.vocab_size", "4096"},
+                                                       {"data.batch_size", "12"},
+                                                       {"parallel.dp_shard", "2"},
+                                                       {"parallel.pp", "6"},
+                                                       {"parallel.pp_schedule", schedule},
+                                                       {"parallel.pp_microbatches", "6"}});
+    const auto hardware = sched::builtin_hardware("h100-sxm");
+    double most = 0;
+    int fullest = -1;
+    std::set<double> peaks;
+    for (int rank = 1; rank < 12; rank += 2) {  // every pipeline rank at stage place 1
+      const double peak = estimate::estimate_training(c, 12, rank, hardware).memory.peak_bytes;
+      peaks.insert(peak);
+      if (peak > most) most = peak, fullest = rank;
+    }
+    EXPECT_GT(peaks.size(), 2u) << schedule;  // the ranks differ: the check can fail
+    for (int rank = 1; rank < 12; rank += 2) {
+      const estimate::TrainingEstimate e = estimate::estimate_training(c, 12, rank, hardware);
+      EXPECT_EQ(e.pipeline->fullest_peak_bytes, most) << schedule << " rank " << rank;
+      EXPECT_EQ(e.pipeline->fullest_rank, fullest) << schedule << " rank " << rank;
+    }
+  }
 }
