@@ -755,7 +755,9 @@ TEST(CollectiveCost, TheFloorIsBelowAnySplitOfTheBytes) {
             split += sched::nccl_collective_us(kind, total * (i + 1) / shares, ranks, hosts, links);
           EXPECT_LE(floor, split) << comm::op_type_name(kind) << " " << ranks << " ranks, " << total << " bytes";
         }
-        if (total >= 1e10) EXPECT_GT(floor, 0.5 * sched::nccl_collective_us(kind, total, ranks, hosts, links));
+        if (total >= 1e10) {
+          EXPECT_GT(floor, 0.5 * sched::nccl_collective_us(kind, total, ranks, hosts, links));
+        }
       }
   EXPECT_EQ(sched::nccl_collective_floor_us(comm::OpType::all_gather, 1e6, 1, 1, links), 0);
 }

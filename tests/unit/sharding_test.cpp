@@ -426,7 +426,9 @@ TEST(Planner, LowerBoundNeverExceedsThePlan) {
       const double bound = p.lower_bound_us(shape, 4, src, dst);
       const double cost = p.plan_uncached(shape, 4, src, dst).total_cost_us;
       ASSERT_LE(bound, cost) << src.to_string() << " -> " << dst.to_string();
-      if (src == dst) EXPECT_EQ(bound, 0) << src.to_string();
+      if (src == dst) {
+        EXPECT_EQ(bound, 0) << src.to_string();
+      }
       informative += bound > 0.5 * cost;
       ++checked;
     }
