@@ -45,10 +45,6 @@ std::shared_ptr<const parallel::PpSchedule> generated_schedule(const GeneratedSc
   return schedule;
 }
 
-}  // namespace
-
-namespace {
-
 parallel::PpSchedule schedule_from_csv(const parallel::ParallelConfig& p, int ranks) {
   parallel::PpSchedule compute = parallel::pp_schedule_from_csv(
       read_small_file(p.pp_schedule_csv, parallel::kMaxScheduleCsvBytes, "parallel.pp_schedule_csv"), ranks);

@@ -241,22 +241,11 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   // pp_keep_backward_layouts, the other layouts of it the backward reads
   // too) is the unshard program's, run once a step: the other programs
   // read it.
-  const bool keep_backward = config.parallel.pp_keep_backward_layouts;
-  std::vector<graph::NodeId> from_parameters, forward, backward;
-  std::set<graph::ValueId> derived;
-  for (const graph::NodeId n : g.order()) {
-    const graph::Node& node = g.node(n);
-    const bool only = (keep_backward || node.phase == graph::Phase::forward) && !node.inputs.empty() &&
-                      std::all_of(node.inputs.begin(), node.inputs.end(), [&](graph::ValueId v) {
-                        return g.value(v).kind == graph::ValueKind::parameter || derived.contains(v);
-                      });
-    if (only) {
-      from_parameters.push_back(n);
-      derived.insert(node.outputs.begin(), node.outputs.end());
-    } else {
-      (node.phase == graph::Phase::forward ? forward : backward).push_back(n);
-    }
-  }
+  const graph::FromParameters once = graph::from_parameters(g, config.parallel.pp_keep_backward_layouts);
+  const std::set<graph::NodeId> in_unshard(once.nodes.begin(), once.nodes.end());
+  std::vector<graph::NodeId> forward, backward;
+  for (const graph::NodeId n : g.order())
+    if (!in_unshard.contains(n)) (g.node(n).phase == graph::Phase::forward ? forward : backward).push_back(n);
   std::vector<graph::NodeId> input_half;
   if (st.input_gradient.valid()) input_half = graph::nodes_needed_for(g, st.to_previous(), backward);
   const std::set<graph::NodeId> in_input_half(input_half.begin(), input_half.end());
@@ -266,9 +255,10 @@ PipelineStage build_pipeline_stage(const config::TrainConfig& config, const std:
   for (const auto* part : {&forward, &backward})
     for (const graph::NodeId n : *part)
       for (const graph::ValueId v : g.node(n).inputs)
-        if (derived.contains(v) && std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end())
+        if (once.values[static_cast<size_t>(v.index)] && g.value(v).kind != graph::ValueKind::parameter &&
+            std::find(st.step_values.begin(), st.step_values.end(), v) == st.step_values.end())
           st.step_values.push_back(v);
-  st.unshard = graph::extract_graph(g, from_parameters, st.step_values);
+  st.unshard = graph::extract_graph(g, once.nodes, st.step_values);
 
   std::vector<graph::ValueId> input_results = st.to_previous();
   std::vector<graph::ValueId> backward_results = input_results;

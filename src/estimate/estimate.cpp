@@ -83,11 +83,6 @@ void fill_rates(const config::TrainConfig& config, const sched::HardwareProfile&
   e.mfu = e.flops_per_token * e.tokens_per_s_per_device / (e.peak_gflops * 1e9);
 }
 
-// parallel.pp > 1: every stage's programs laid out and lowered for the
-// rank at this rank's place in its stage (the stages' ranks are laid out
-// alike), each costed on the profile; the schedule simulated with those
-// costs; this rank's once-a-step work (gathering its parameters, reducing
-// its gradients, the update) added after it.
 // What one pipeline stage holds, at this rank's place in its stage mesh.
 struct StageMemory {
   double parameters = 0, moments = 0;  // as the plan keeps them, all step
@@ -172,6 +167,11 @@ RankMemory rank_memory(const std::vector<const StageMemory*>& stages, int gather
   return r;
 }
 
+// parallel.pp > 1: every stage's programs laid out and lowered for the
+// rank at this rank's place in its stage (the stages' ranks are laid out
+// alike), each costed on the profile; the schedule simulated with those
+// costs; this rank's once-a-step work (gathering its parameters, reducing
+// its gradients, the update) added after it.
 TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_size, int rank,
                                    const sched::HardwareProfile& hardware) {
   MT_CHECK(config.schedule.estimate == config::EstimateMode::roofline,

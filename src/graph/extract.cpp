@@ -1,5 +1,6 @@
 #include "graph/extract.h"
 
+#include <algorithm>
 #include <set>
 
 #include "core/error.h"
@@ -63,6 +64,23 @@ std::vector<NodeId> nodes_needed_for(const Graph& g, const std::vector<ValueId>&
   for (const NodeId n : g.order())
     if (needed.contains(n)) ordered.push_back(n);
   return ordered;
+}
+
+FromParameters from_parameters(const Graph& g, bool through_backward) {
+  FromParameters out;
+  out.values.assign(static_cast<size_t>(g.num_values()), false);
+  for (int i = 0; i < g.num_values(); ++i)
+    out.values[static_cast<size_t>(i)] = g.value(ValueId(i)).kind == ValueKind::parameter;
+  for (const NodeId n : g.order()) {
+    const Node& node = g.node(n);
+    if ((!through_backward && node.phase != Phase::forward) || node.inputs.empty() ||
+        !std::all_of(node.inputs.begin(), node.inputs.end(),
+                     [&](ValueId v) { return out.values[static_cast<size_t>(v.index)]; }))
+      continue;
+    out.nodes.push_back(n);
+    for (const ValueId v : node.outputs) out.values[static_cast<size_t>(v.index)] = true;
+  }
+  return out;
 }
 
 }  // namespace meshtrain::graph

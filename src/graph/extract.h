@@ -33,4 +33,15 @@ ExtractedGraph extract_graph(const Graph& g, const std::vector<NodeId>& nodes, c
 std::vector<NodeId> nodes_needed_for(const Graph& g, const std::vector<ValueId>& targets,
                                      const std::vector<NodeId>& among);
 
+// What `g` computes from its parameters alone: the live nodes that read
+// only parameters or values so computed (forward nodes only, unless
+// `through_backward`), in g's order, and per value (by index) whether it
+// is a parameter or such a node's output. A pipeline stage's unshard
+// program is these nodes, run once a step.
+struct FromParameters {
+  std::vector<NodeId> nodes;
+  std::vector<bool> values;
+};
+FromParameters from_parameters(const Graph& g, bool through_backward);
+
 }  // namespace meshtrain::graph

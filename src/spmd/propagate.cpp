@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "graph/extract.h"
 
 namespace meshtrain::spmd {
 
@@ -285,22 +286,18 @@ std::string choice_key(const graph::Graph& g, const graph::Node& node, const std
   return key;
 }
 
-// Per value: whether it is a parameter, or computed from parameters alone
-// (what a pipeline stage's unshard program computes), by forward nodes
-// only unless `in_backward`.
-std::vector<bool> computed_from_parameters(const graph::Graph& g, bool in_backward) {
-  std::vector<bool> derived(static_cast<size_t>(g.num_values()), false);
-  for (int i = 0; i < g.num_values(); ++i)
-    derived[static_cast<size_t>(i)] = g.value(graph::ValueId(i)).kind == graph::ValueKind::parameter;
-  for (graph::NodeId n : g.order()) {
-    const graph::Node& node = g.node(n);
-    const bool all = (in_backward || node.phase == graph::Phase::forward) && !node.inputs.empty() &&
-                     std::all_of(node.inputs.begin(), node.inputs.end(),
-                                 [&](graph::ValueId v) { return derived[static_cast<size_t>(v.index)]; });
-    if (all)
-      for (graph::ValueId v : node.outputs) derived[static_cast<size_t>(v.index)] = true;
-  }
-  return derived;
+// Per input of `node`: whether its redistribution counts at
+// PropagationOptions::parameter_share, being a parameter or computed from
+// them alone (`from_parameters`), read by a forward node or, with
+// share_in_backward, any node.
+std::vector<bool> shared_inputs(const graph::Node& node, const std::vector<bool>& from_parameters,
+                                const PropagationOptions& options) {
+  std::vector<bool> shared;
+  for (graph::ValueId v : node.inputs)
+    shared.push_back(options.parameter_share != 1 &&
+                     (options.share_in_backward || node.phase == graph::Phase::forward) &&
+                     from_parameters[static_cast<size_t>(v.index)]);
+  return shared;
 }
 
 // One node's choice of strategy: every full-mesh candidate that splits
@@ -314,7 +311,7 @@ class NodeChoice {
   NodeChoice(const graph::Graph& g, graph::NodeId n, sharding::Planner& planner,
              const std::map<graph::ValueId, Layout>& values, const std::map<graph::ValueId, Layout>& pinned,
              const std::map<graph::ValueId, Layout>& deliver, ReaderCost& reader_cost,
-             const PropagationOptions& options, const std::vector<bool>& from_parameters)
+             const PropagationOptions& options, std::vector<bool> shared_inputs)
       : node_(g.node(n)),
         planner_(planner),
         values_(values),
@@ -326,16 +323,11 @@ class NodeChoice {
         per_dim_(dim_strategies(StrategyQuery{*node_.op, in_, outs_, node_.attrs})),
         flops_(graph::op_flops(*node_.op, in_, outs_, node_.attrs)),
         flops_per_us_(options.flops_per_us),
+        shared_(std::move(shared_inputs)),
         options_(options) {
     for (graph::ValueId v : node_.inputs)
       for (std::vector<int>& seq : shard_sequences(values_.at(v))) preferred_.push_back(std::move(seq));
-    bool all = !node_.inputs.empty();
-    for (graph::ValueId v : node_.inputs) {
-      const bool derived = (options.share_in_backward || node_.phase == graph::Phase::forward) &&
-                           from_parameters[static_cast<size_t>(v.index)];
-      from_parameters_.push_back(derived);
-      all = all && derived;
-    }
+    const bool all = !shared_.empty() && std::all_of(shared_.begin(), shared_.end(), [](bool b) { return b; });
     node_share_ = all ? options.parameter_share : 1.0;
   }
 
@@ -364,7 +356,7 @@ class NodeChoice {
   // parameter_share for a value from parameters that changes only on the
   // dims it may be gathered over at that share, else all of it.
   double share(size_t k, const Layout& have, const Layout& want) const {
-    if (!from_parameters_[k] || options_.parameter_share == 1) return 1;
+    if (!shared_[k]) return 1;
     for (int m = 0; m < have.mesh_ndim(); ++m)
       if (!(have.placements[m] == want.placements[m]) &&
           std::find(options_.parameter_gather_dims.begin(), options_.parameter_gather_dims.end(), m) ==
@@ -470,9 +462,9 @@ class NodeChoice {
   const std::vector<DimStrategy> per_dim_;
   const double flops_, flops_per_us_;
   std::vector<std::vector<int>> preferred_;  // the shard orders of the inputs' layouts
-  std::vector<bool> from_parameters_;        // per input: a parameter or computed from parameters alone
-  double node_share_ = 1;                    // parameter_share if every input is from parameters
+  const std::vector<bool> shared_;           // per input: shared_inputs
   const PropagationOptions& options_;
+  double node_share_ = 1;  // parameter_share if every input is shared
   NodeSharding best_;
   double best_cost_ = std::numeric_limits<double>::infinity();
   size_t best_index_ = std::numeric_limits<size_t>::max();
@@ -500,7 +492,7 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     out.values[v] = it == given.end() ? replicated : it->second;
   }
   ReaderCost reader_cost(g, planner);
-  const std::vector<bool> from_parameters = computed_from_parameters(g, options.share_in_backward);
+  const std::vector<bool> from_parameters = graph::from_parameters(g, options.share_in_backward).values;
   std::unordered_map<std::string, std::pair<NodeSharding, double>> choices;  // choice_key -> the choice
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
@@ -517,21 +509,17 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       out.nodes[n] = as;
       continue;
     }
+    std::vector<bool> shared = shared_inputs(node, from_parameters, options);
     std::string key = choice_key(g, node, out.values, pinned, deliver, reader_cost);
     if (options.parameter_share != 1)
-      for (graph::ValueId v : node.inputs)
-        key += (options.share_in_backward || node.phase == graph::Phase::forward) &&
-                       from_parameters[static_cast<size_t>(v.index)]
-                   ? "|p"
-                   : "|-";
+      for (const bool b : shared) key += b ? "|p" : "|-";
     auto chosen = choices.find(key);
     if (chosen == choices.end())
-      chosen =
-          choices
-              .emplace(
-                  key,
-                  NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options, from_parameters}.best())
-              .first;
+      chosen = choices
+                   .emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options,
+                                            std::move(shared)}
+                                     .best())
+                   .first;
     auto [best, best_cost] = chosen->second;
     if (best_cost == std::numeric_limits<double>::infinity()) {
       std::string asked;
