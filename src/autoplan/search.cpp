@@ -207,10 +207,14 @@ class Search {
 
   struct Screened {
     int64_t layers[2];
-    double step_us;  // extrapolated to the plan's layers
+    double step_us;      // extrapolated to the plan's layers
+    bool early = false;  // the first estimate alone: step_us is its step
   };
   // The plan's screen, or nothing when it has none or its estimates fail.
-  std::optional<Screened> screen(const config::TrainConfig& planned) const {
+  // Where the estimate with fewer layers already takes `enough` (less the
+  // margin), the screen stops there: a step that grows with the layers
+  // extrapolates to more.
+  std::optional<Screened> screen(const config::TrainConfig& planned, double enough = kInf) const {
     // Automatic bucketing picks its buckets by the step's estimate, which
     // need not pick alike with fewer layers: not screened.
     if (planned.schedule.bucket_mode == sched::BucketMode::automatic) return std::nullopt;
@@ -218,6 +222,7 @@ class Search {
     if (!layers) return std::nullopt;
     const auto [l1, l2] = *layers;
     const std::optional<double> t1 = step_with_layers(planned, world_, hardware_, l1);
+    if (t1 && *t1 * (1 - kScreenMargin) >= enough) return Screened{{l1, l1}, *t1, true};
     const std::optional<double> t2 = t1 ? step_with_layers(planned, world_, hardware_, l2) : std::nullopt;
     if (!t2) return std::nullopt;
     const double per_layer = (*t2 - *t1) / static_cast<double>(l2 - l1);
@@ -228,13 +233,15 @@ class Search {
   // the K-th best step `kth`: then it is dropped, saying so.
   bool screened_out(const Plan& p, const config::TrainConfig& planned, double kth) {
     if (!options_.screen || options_.check_screen || kth == kInf) return false;
-    const std::optional<Screened> s = screen(planned);
+    const std::optional<Screened> s = screen(planned, kth);
     if (!s || s->step_us * (1 - kScreenMargin) < kth) return false;
+    const std::string step =
+        s->early ? fmt::format("its step with {} layers alone is {}", s->layers[0], describe_us(s->step_us))
+                 : fmt::format("its step, extrapolated from estimates with {} and {} layers, is {}", s->layers[0],
+                               s->layers[1], describe_us(s->step_us));
     drop(p, &planned,
-         fmt::format("screen: its step, extrapolated from estimates with {} and {} layers, is {}; less {:.0f}%, it "
-                     "is still no faster than the {} best plans' {}",
-                     s->layers[0], s->layers[1], describe_us(s->step_us), 100 * kScreenMargin, options_.top,
-                     describe_us(kth)));
+         fmt::format("screen: {}; less {:.0f}%, it is still no faster than the {} best plans' {}", step,
+                     100 * kScreenMargin, options_.top, describe_us(kth)));
     return true;
   }
 
