@@ -239,6 +239,27 @@ double GlobalCompute::total_us() const {
   return us;
 }
 
+namespace {
+// All of the model's parameters, and the fewest of a pipeline unit (a
+// layer, the embedding or the head).
+void count_parameters(const models::LlamaConfig& m, GlobalCompute& out) {
+  double embedding = 0, head = 0;
+  std::map<int64_t, double> per_layer;
+  const std::string prefix = "model.layers.";
+  for (const auto& [name, spec] : models::llama_parameters(m)) {
+    const double n = static_cast<double>(spec.shape.numel());
+    out.parameters += n;
+    if (name.rfind(prefix, 0) == 0)
+      per_layer[std::stoll(name.substr(prefix.size()))] += n;
+    else
+      (name == "model.embed_tokens.weight" ? embedding : head) += n;
+  }
+  out.fewest_parameters_of_a_unit = std::min(embedding, head);
+  for (const auto& [layer, n] : per_layer)
+    out.fewest_parameters_of_a_unit = std::min(out.fewest_parameters_of_a_unit, n);
+}
+}  // namespace
+
 const GlobalCompute& global_compute(const config::TrainConfig& planned, int world_size,
                                     const sched::HardwareProfile& hardware) {
   // What shapes the global graph: every key but those of the layout, the
@@ -282,6 +303,7 @@ const GlobalCompute& global_compute(const config::TrainConfig& planned, int worl
       out.other_us += us;
     }
   }
+  count_parameters(c.model, out);
   std::lock_guard lock(mu);
   return known.emplace(key, std::move(out)).first->second;
 }
@@ -319,24 +341,13 @@ size_t gathered_dtype_size(const config::TrainConfig& planned) {
 struct RankParameters {
   double held = 0, stage = 0;
 };
-RankParameters rank_parameters(const config::TrainConfig& planned) {
+RankParameters rank_parameters(const config::TrainConfig& planned, const GlobalCompute& work) {
   const models::LlamaConfig& m = planned.model;
   const parallel::ParallelConfig& p = planned.parallel;
-  double total = 0, embedding = 0, head = 0;
-  std::map<int64_t, double> per_layer;
-  for (const auto& [name, spec] : models::llama_parameters(m)) {
-    const double n = static_cast<double>(spec.shape.numel());
-    total += n;
-    const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) == 0)
-      per_layer[std::stoll(name.substr(prefix.size()))] += n;
-    else
-      (name == "model.embed_tokens.weight" ? embedding : head) += n;
-  }
+  const double total = work.parameters;
   const double tp = static_cast<double>(p.tp);
   if (p.pp == 1) return {total / tp, total / tp};
-  double unit = std::min(embedding, head);
-  for (const auto& [layer, n] : per_layer) unit = std::min(unit, n);
+  const double unit = work.fewest_parameters_of_a_unit;
   const int64_t stages = p.pp * p.stages_per_rank();
   int64_t units = (m.n_layers + 2) / stages;  // each stage's at least (pipeline_spans)
   if (!p.pp_layers_per_stage.empty())
@@ -390,7 +401,7 @@ Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sc
   // Master weights (f32) and the two moments, split at most over every
   // rank but the replicas; with a pipeline, also a stage's parameters
   // gathered whole while it runs.
-  const RankParameters held = rank_parameters(planned);
+  const RankParameters held = rank_parameters(planned, work);
   const double bytes_per_parameter = 4 + 2 * static_cast<double>(dtype_size(planned.optimizer.state_dtype));
   const auto fsdp = static_cast<double>(p.dp_shard * p.cp);
   b.memory_bytes = held.held * bytes_per_parameter / fsdp;

@@ -104,10 +104,12 @@ struct Bounds {
 Bounds lower_bounds(const config::TrainConfig& planned, int world_size, const sched::HardwareProfile& hardware);
 // The global step's compute on one rank's peaks, by pipeline unit (the
 // embedding, each layer, the head with the final norm and the loss) and
-// the rest (the optimizer); plans whose global graphs are alike share it.
+// the rest (the optimizer), and the model's parameters, all of them and
+// the fewest of a unit; plans whose global graphs are alike share it.
 struct GlobalCompute {
   double embedding_us = 0, head_us = 0, other_us = 0;
   std::vector<double> layer_us;
+  double parameters = 0, fewest_parameters_of_a_unit = 0;
   double total_us() const;
 };
 const GlobalCompute& global_compute(const config::TrainConfig& planned, int world_size,

@@ -622,9 +622,10 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& costs) {
                               {costs.forward / v, costs.backward_input / v, costs.backward_weight / v, costs.p2p}));
 }
 
-PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage,
-                                  const std::vector<double>& speed_when_busy) {
-  validate_pp_schedule(s);
+namespace {
+
+void check_pp_costs(const PpSchedule& s, const std::vector<PpCosts>& per_stage,
+                    const std::vector<double>& speed_when_busy) {
   MT_CHECK(static_cast<int>(per_stage.size()) == s.stages(), "pipeline costs: {} stages' costs for {} stages",
            per_stage.size(), s.stages());
   for (const PpCosts& costs : per_stage)
@@ -638,62 +639,107 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
            s.ranks);
   for (const double speed : speed_when_busy)
     MT_CHECK(std::isfinite(speed) && speed > 0, "pipeline speeds must be finite and positive: {}", speed);
-  const int stages = s.stages(), m = s.microbatches, last = stages - 1;
-  auto rank_of = [&](int stage) { return s.rank_of_stage[static_cast<size_t>(stage)]; };
-  constexpr double kNotYet = -1;
-  const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(m);
-  std::vector<double> forward_end(cells, kNotYet), input_end(cells, kNotYet);
-  auto at = [&](int stage, int mb) {
-    return static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb);
-  };
+}
 
-  PpSimulation sim;
-  const auto ranks = static_cast<size_t>(s.ranks);
-  sim.busy.assign(ranks, 0);
-  sim.timeline.resize(ranks);
-  std::vector<std::vector<PpAction>> compute(ranks);
-  for (size_t r = 0; r < ranks; ++r)
-    for (const PpAction& a : s.actions[r])
-      if (is_compute(a.type)) compute[r].push_back(a);
+// One simulated run of a schedule's compute actions: when each ends, and
+// what each rank has done so far.
+class PpRun {
+ public:
+  PpRun(const PpSchedule& s, const std::vector<PpCosts>& per_stage) : s_(s), per_stage_(per_stage) {
+    const size_t cells = static_cast<size_t>(s.stages()) * static_cast<size_t>(s.microbatches);
+    forward_end_.assign(cells, kNotYet);
+    input_end_.assign(cells, kNotYet);
+    const auto ranks = static_cast<size_t>(s.ranks);
+    compute_.resize(ranks);
+    for (size_t r = 0; r < ranks; ++r)
+      for (const PpAction& a : s.actions[r])
+        if (is_compute(a.type)) compute_[r].push_back(a);
+    next_.assign(ranks, 0);
+    free_at_.assign(ranks, 0);
+    sim_.busy.assign(ranks, 0);
+    sim_.timeline.resize(ranks);
+  }
+
+  // Events in time order: each rank starts its next action once its inputs
+  // are there, and all the ranks computing at once run at the speed for
+  // their count (processor sharing: ranks of one host's cores).
+  void run_shared(const std::vector<double>& speed_when_busy);
+  // The same where every rank runs at `speed` whatever the others do: each
+  // action starts when its rank is free and its inputs are there, so each
+  // rank runs ahead until it waits on an input, and the rank that makes
+  // that input wakes it.
+  void run_at(double speed);
+  PpSimulation finish();
+
+ private:
+  static constexpr double kNotYet = -1;
+  size_t at(int stage, int mb) const {
+    return static_cast<size_t>(stage) * static_cast<size_t>(s_.microbatches) + static_cast<size_t>(mb);
+  }
+  int rank_of(int stage) const { return s_.rank_of_stage[static_cast<size_t>(stage)]; }
+  double length(const PpAction& a) const { return duration(a, per_stage_[static_cast<size_t>(a.stage)]); }
   // When each input is there for `a` on rank r, or kNotYet.
-  auto ready_at = [&](int r, const PpAction& a) -> double {
-    // `end` on stage `stage`'s rank, plus the hop over the link between stages `link` and `link` + 1 when that
-    // rank is another: the activation forward and its gradient back cross the same link.
-    auto from = [&](double end, int stage, int link) {
-      return end < 0 ? kNotYet : end + (rank_of(stage) != r ? per_stage[static_cast<size_t>(link)].p2p : 0);
-    };
-    switch (a.type) {
-      case PpActionType::forward:
-        return a.stage == 0 ? 0 : from(forward_end[at(a.stage - 1, a.microbatch)], a.stage - 1, a.stage - 1);
-      case PpActionType::backward:
-      case PpActionType::backward_input: {
-        const double own = forward_end[at(a.stage, a.microbatch)];
-        if (own < 0) return kNotYet;
-        if (a.stage == last) return own;
-        const double next_stage = from(input_end[at(a.stage + 1, a.microbatch)], a.stage + 1, a.stage);
-        return next_stage < 0 ? kNotYet : std::max(own, next_stage);
-      }
-      default:  // W: after its own I, which runs earlier on this rank
-        return input_end[at(a.stage, a.microbatch)];
-    }
+  double ready_at(int r, const PpAction& a) const;
+  // Rank r's next action ran from start to end.
+  void done(size_t r, double start, double end);
+
+  const PpSchedule& s_;
+  const std::vector<PpCosts>& per_stage_;
+  std::vector<double> forward_end_, input_end_;
+  std::vector<std::vector<PpAction>> compute_;
+  std::vector<size_t> next_;
+  std::vector<double> free_at_;
+  PpSimulation sim_;
+};
+
+double PpRun::ready_at(int r, const PpAction& a) const {
+  // `end` on stage `stage`'s rank, plus the hop over the link between stages `link` and `link` + 1 when that
+  // rank is another: the activation forward and its gradient back cross the same link.
+  auto from = [&](double end, int stage, int link) {
+    return end < 0 ? kNotYet : end + (rank_of(stage) != r ? per_stage_[static_cast<size_t>(link)].p2p : 0);
   };
-  // Events in time order: each rank starts its next action once its inputs are there, and all the ranks
-  // computing at once run at the speed for their count (processor sharing: ranks of one host's cores).
-  std::vector<size_t> next(ranks, 0);
-  std::vector<double> left(ranks, 0), length(ranks, 0), started(ranks, 0), free_at(ranks, 0);
+  switch (a.type) {
+    case PpActionType::forward:
+      return a.stage == 0 ? 0 : from(forward_end_[at(a.stage - 1, a.microbatch)], a.stage - 1, a.stage - 1);
+    case PpActionType::backward:
+    case PpActionType::backward_input: {
+      const double own = forward_end_[at(a.stage, a.microbatch)];
+      if (own < 0) return kNotYet;
+      if (a.stage == s_.stages() - 1) return own;
+      const double next_stage = from(input_end_[at(a.stage + 1, a.microbatch)], a.stage + 1, a.stage);
+      return next_stage < 0 ? kNotYet : std::max(own, next_stage);
+    }
+    default:  // W: after its own I, which runs earlier on this rank
+      return input_end_[at(a.stage, a.microbatch)];
+  }
+}
+
+void PpRun::done(size_t r, double start, double end) {
+  const PpAction& a = compute_[r][next_[r]++];
+  free_at_[r] = end;
+  sim_.busy[r] += end - start;
+  sim_.timeline[r].push_back({a, start, end});
+  if (a.type == PpActionType::forward) forward_end_[at(a.stage, a.microbatch)] = end;
+  if (a.type == PpActionType::backward || a.type == PpActionType::backward_input)
+    input_end_[at(a.stage, a.microbatch)] = end;
+}
+
+void PpRun::run_shared(const std::vector<double>& speed_when_busy) {
+  const size_t ranks = compute_.size();
+  std::vector<double> left(ranks, 0), length_of(ranks, 0), started(ranks, 0);
   std::vector<bool> running(ranks, false);
   double now = 0;
   for (;;) {
     double soonest_ready = std::numeric_limits<double>::infinity();
     int computing = 0;
     for (size_t r = 0; r < ranks; ++r) {
-      if (!running[r] && next[r] < compute[r].size()) {
-        const PpAction& a = compute[r][next[r]];
+      if (!running[r] && next_[r] < compute_[r].size()) {
+        const PpAction& a = compute_[r][next_[r]];
         const double ready = ready_at(static_cast<int>(r), a);
         if (ready >= 0 && ready <= now) {
           running[r] = true;
           started[r] = now;
-          left[r] = length[r] = duration(a, per_stage[static_cast<size_t>(a.stage)]);
+          left[r] = length_of[r] = length(a);
         } else if (ready > now) {
           soonest_ready = std::min(soonest_ready, ready);
         }
@@ -701,7 +747,7 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
       computing += running[r] ? 1 : 0;
     }
     if (computing == 0 && std::isinf(soonest_ready)) break;
-    const double speed = speed_when_busy.empty() ? 1 : speed_when_busy[static_cast<size_t>(std::max(computing, 1) - 1)];
+    const double speed = speed_when_busy[static_cast<size_t>(std::max(computing, 1) - 1)];
     double step = soonest_ready - now;
     for (size_t r = 0; r < ranks; ++r)
       if (running[r]) step = std::min(step, left[r] / speed);
@@ -709,38 +755,77 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts
     for (size_t r = 0; r < ranks; ++r) {
       if (!running[r]) continue;
       left[r] -= step * speed;
-      if (left[r] > 1e-12 * length[r]) continue;  // still computing (else done, but for rounding)
-      const PpAction& a = compute[r][next[r]++];
+      if (left[r] > 1e-12 * length_of[r]) continue;  // still computing (else done, but for rounding)
       running[r] = false;
-      free_at[r] = then;
-      sim.busy[r] += then - started[r];
-      sim.timeline[r].push_back({a, started[r], then});
-      if (a.type == PpActionType::forward) forward_end[at(a.stage, a.microbatch)] = then;
-      if (a.type == PpActionType::backward || a.type == PpActionType::backward_input)
-        input_end[at(a.stage, a.microbatch)] = then;
+      done(r, started[r], then);
     }
     now = then;
   }
-  bool done = true;
-  for (size_t r = 0; r < ranks; ++r) done = done && next[r] == compute[r].size();
-  MT_CHECK(done,
+}
+
+void PpRun::run_at(double speed) {
+  const size_t ranks = compute_.size();
+  std::vector<size_t> waking(ranks);
+  for (size_t r = 0; r < ranks; ++r) waking[r] = ranks - 1 - r;  // rank 0 first
+  std::vector<bool> queued(ranks, true);
+  auto wake = [&](int stage) {
+    const auto r = static_cast<size_t>(rank_of(stage));
+    if (!queued[r]) queued[r] = true, waking.push_back(r);
+  };
+  while (!waking.empty()) {
+    const size_t r = waking.back();
+    waking.pop_back();
+    queued[r] = false;
+    while (next_[r] < compute_[r].size()) {
+      const PpAction& a = compute_[r][next_[r]];
+      const double ready = ready_at(static_cast<int>(r), a);
+      if (ready < 0) break;
+      const double start = std::max(free_at_[r], ready);
+      done(r, start, start + length(a) / speed);  // `a` stays: the lists do not change
+      if (a.type == PpActionType::forward && a.stage + 1 < s_.stages()) wake(a.stage + 1);
+      if ((a.type == PpActionType::backward || a.type == PpActionType::backward_input) && a.stage > 0)
+        wake(a.stage - 1);
+    }
+  }
+}
+
+PpSimulation PpRun::finish() {
+  bool all_done = true;
+  for (size_t r = 0; r < compute_.size(); ++r) all_done = all_done && next_[r] == compute_[r].size();
+  MT_CHECK(all_done,
            "pipeline schedule {} (pp {}, {} microbatches) cannot proceed: {} each wait for an input "
            "no rank will produce",
-           pp_schedule_name(s.kind), s.ranks, m, describe_stuck(compute, next));
-  sim.makespan = *std::max_element(free_at.begin(), free_at.end());
+           pp_schedule_name(s_.kind), s_.ranks, s_.microbatches, describe_stuck(compute_, next_));
+  sim_.makespan = *std::max_element(free_at_.begin(), free_at_.end());
   double busy = 0;
-  for (double b : sim.busy) busy += b;
-  sim.bubble_fraction = sim.makespan > 0 ? 1 - busy / (sim.makespan * s.ranks) : 0;
+  for (double b : sim_.busy) busy += b;
+  sim_.bubble_fraction = sim_.makespan > 0 ? 1 - busy / (sim_.makespan * s_.ranks) : 0;
   // Activations: a (stage, microbatch) is held from its F until its B or W.
-  for (int r = 0; r < s.ranks; ++r) {
+  for (const auto& list : compute_) {
     int live = 0, peak = 0;
-    for (const PpAction& a : compute[static_cast<size_t>(r)]) {
+    for (const PpAction& a : list) {
       if (a.type == PpActionType::forward) peak = std::max(peak, ++live);
       if (a.type == PpActionType::backward || a.type == PpActionType::backward_weight) --live;
     }
-    sim.peak_activations.push_back(peak);
+    sim_.peak_activations.push_back(peak);
   }
-  return sim;
+  return std::move(sim_);
+}
+
+}  // namespace
+
+PpSimulation simulate_pp_schedule(const PpSchedule& s, const std::vector<PpCosts>& per_stage,
+                                  const std::vector<double>& speed_when_busy) {
+  validate_pp_schedule(s);
+  check_pp_costs(s, per_stage, speed_when_busy);
+  PpRun run(s, per_stage);
+  const bool one_speed = std::all_of(speed_when_busy.begin(), speed_when_busy.end(),
+                                     [&](double speed) { return speed == speed_when_busy.front(); });
+  if (one_speed)
+    run.run_at(speed_when_busy.empty() ? 1 : speed_when_busy.front());
+  else
+    run.run_shared(speed_when_busy);
+  return run.finish();
 }
 
 double published_bubble_fraction(const PpSchedule& s, const PpCosts& c) {

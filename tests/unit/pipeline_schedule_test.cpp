@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -423,4 +425,68 @@ TEST(PipelineSchedule, ARankComputingAloneRunsAtItsAloneSpeed) {
   EXPECT_DOUBLE_EQ(sim.busy[0], 0.5 + 2);
   EXPECT_THROW(simulate_pp_schedule(s, per_stage, {2}), InvalidArgument);
   EXPECT_THROW(simulate_pp_schedule(s, per_stage, {2, 0}), InvalidArgument);
+}
+
+// Without ranks sharing cores, every action of every schedule starts at the
+// latest of its rank coming free and its inputs arriving (the stage before's
+// forward, the stage after's input backward, each over its link's hop, and
+// this stage's own F, or its I for a W), and runs for its stage's cost.
+TEST(PipelineSchedule, EachActionStartsWhenItsRankAndItsInputsAreReady) {
+  const std::vector<PpCosts> cost_cycle{{.forward = 1, .backward_input = 1.5, .backward_weight = 0.5, .p2p = 0.3},
+                                        {.forward = 2, .backward_input = 1, .backward_weight = 1, .p2p = 0.1},
+                                        {.forward = 1.5, .backward_input = 2, .backward_weight = 2, .p2p = 0.7}};
+  struct Case {
+    PpScheduleKind kind;
+    int v;
+  };
+  const std::vector<Case> cases{
+      {PpScheduleKind::gpipe, 1},       {PpScheduleKind::one_f_one_b, 1}, {PpScheduleKind::interleaved_1f1b, 2},
+      {PpScheduleKind::zero_bubble, 1}, {PpScheduleKind::zero_bubble, 2}, {PpScheduleKind::zbv, 2}};
+  int checked = 0;
+  for (const Case& c : cases)
+    for (const int ranks : {2, 3, 4})
+      for (const int m : {4, 8}) {
+        SCOPED_TRACE(fmt::format("{} v {} pp {} m {}", pp_schedule_name(c.kind), c.v, ranks, m));
+        const PpSchedule s = make_pp_schedule(c.kind, ranks, m, c.v);
+        std::vector<PpCosts> costs;
+        for (int stage = 0; stage < s.stages(); ++stage) costs.push_back(cost_cycle[stage % cost_cycle.size()]);
+        const PpSimulation sim = simulate_pp_schedule(s, costs);
+        std::map<std::tuple<int, int, PpActionType>, std::pair<int, double>> ended;  // rank, end
+        for (int r = 0; r < ranks; ++r)
+          for (const PpTimedAction& t : sim.timeline[r])
+            ended[{t.action.stage, t.action.microbatch, t.action.type}] = {r, t.end};
+        auto arrival = [&](int r, int stage, int mb, PpActionType type, int link) {
+          const auto& [rank, end] = ended.at({stage, mb, type});
+          return end + (rank != r ? costs[link].p2p : 0);
+        };
+        auto input_backward = [&](int stage, int mb) {  // B, or I where the backward is split
+          return ended.contains({stage, mb, PpActionType::backward}) ? PpActionType::backward
+                                                                     : PpActionType::backward_input;
+        };
+        for (int r = 0; r < ranks; ++r) {
+          double free_at = 0;
+          for (const PpTimedAction& t : sim.timeline[r]) {
+            const PpAction& a = t.action;
+            const PpCosts& own = costs[a.stage];
+            double ready = 0, length = own.forward;
+            if (a.type == PpActionType::forward) {
+              if (a.stage > 0) ready = arrival(r, a.stage - 1, a.microbatch, PpActionType::forward, a.stage - 1);
+            } else if (a.type == PpActionType::backward_weight) {
+              ready = ended.at({a.stage, a.microbatch, PpActionType::backward_input}).second;
+              length = own.backward_weight;
+            } else {
+              ready = ended.at({a.stage, a.microbatch, PpActionType::forward}).second;
+              if (a.stage + 1 < s.stages())
+                ready = std::max(
+                    ready, arrival(r, a.stage + 1, a.microbatch, input_backward(a.stage + 1, a.microbatch), a.stage));
+              length = a.type == PpActionType::backward ? own.backward() : own.backward_input;
+            }
+            EXPECT_DOUBLE_EQ(t.start, std::max(free_at, ready)) << to_string(a) << " on rank " << r;
+            EXPECT_DOUBLE_EQ(t.end, t.start + length) << to_string(a);
+            free_at = t.end;
+            ++checked;
+          }
+        }
+      }
+  EXPECT_GT(checked, 1000);
 }
