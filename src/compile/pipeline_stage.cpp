@@ -130,7 +130,8 @@ void lay_out_stage(const config::TrainConfig& config, const StageMesh& where, co
   // for all the microbatches (the unshard program, below).
   spmd::PropagationOptions once_a_run{
       .parameter_share = 1.0 / static_cast<double>(std::max<int64_t>(1, config.parallel.microbatches())),
-      .share_in_backward = config.parallel.pp_keep_backward_layouts};
+      .share_in_backward = config.parallel.pp_keep_backward_layouts,
+      .choices = spmd::shared_choices(planner)};
   for (int d = 0; d < mesh.ndim(); ++d)
     if (mesh.names()[static_cast<size_t>(d)] == "dp_shard" || mesh.names()[static_cast<size_t>(d)] == "cp")
       once_a_run.parameter_gather_dims.push_back(d);

@@ -203,7 +203,8 @@ StepLayout lay_out_step(const config::TrainConfig& config, const graph::Graph& g
       config.parallel);
   LaidOut laid_out = lay_out_graph(g, *out.planner, rank, layouts.given, layouts.deliver,
                                    {.reshard_after_forward = config.parallel.reshard_after_forward,
-                                    .ragged_rows = ragged_rows(step.model, step.gradient_of)});
+                                    .ragged_rows = ragged_rows(step.model, step.gradient_of)},
+                                   {.choices = spmd::shared_choices(out.planner)});
   out.sharding = std::move(laid_out.sharding);
   out.lowered = std::move(laid_out.lowered);
   const sched::RankDevice device{hardware, world_size,

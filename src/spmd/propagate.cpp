@@ -471,6 +471,33 @@ class NodeChoice {
 };
 }  // namespace
 
+std::optional<ChoiceCache::Choice> ChoiceCache::find(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  const auto it = choices_.find(key);
+  if (it == choices_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ChoiceCache::add(const std::string& key, const Choice& choice) {
+  std::lock_guard lock(mu_);
+  if (choices_.size() >= kMaxChoices) choices_.clear();
+  choices_.emplace(key, choice);
+}
+
+size_t ChoiceCache::size() const {
+  std::lock_guard lock(mu_);
+  return choices_.size();
+}
+
+std::shared_ptr<ChoiceCache> shared_choices(const std::shared_ptr<sharding::Planner>& planner) {
+  static std::mutex mu;
+  static std::vector<std::pair<std::shared_ptr<sharding::Planner>, std::shared_ptr<ChoiceCache>>> caches;
+  std::lock_guard lock(mu);
+  for (const auto& [p, cache] : caches)
+    if (p == planner) return cache;
+  return caches.emplace_back(planner, std::make_shared<ChoiceCache>()).second;
+}
+
 Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std::map<graph::ValueId, Layout>& given,
                    const std::map<graph::ValueId, Layout>& deliver, const PropagationOptions& options) {
   const sharding::DeviceMesh& mesh = planner.mesh();
@@ -492,6 +519,9 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     out.values[v] = it == given.end() ? replicated : it->second;
   }
   ReaderCost reader_cost(g, planner);
+  // Everything else a choice depends on: the options (the planner is the cache's).
+  const std::string options_key = fmt::format("{}|{}|{}|{}|", options.flops_per_us, options.parameter_share,
+                                              fmt::join(options.parameter_gather_dims, ","), options.share_in_backward);
   const std::vector<bool> from_parameters = graph::from_parameters(g, options.share_in_backward).values;
   std::unordered_map<std::string, std::pair<NodeSharding, double>> choices;  // choice_key -> the choice
   for (graph::NodeId n : g.order()) {
@@ -514,12 +544,15 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     if (options.parameter_share != 1)
       for (const bool b : shared) key += b ? "|p" : "|-";
     auto chosen = choices.find(key);
-    if (chosen == choices.end())
-      chosen = choices
-                   .emplace(key, NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options,
-                                            std::move(shared)}
-                                     .best())
-                   .first;
+    if (chosen == choices.end()) {
+      std::optional<ChoiceCache::Choice> known =
+          options.choices ? options.choices->find(options_key + key) : std::nullopt;
+      if (!known) {
+        known = NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options, std::move(shared)}.best();
+        if (options.choices) options.choices->add(options_key + key, *known);
+      }
+      chosen = choices.emplace(key, std::move(*known)).first;
+    }
     auto [best, best_cost] = chosen->second;
     if (best_cost == std::numeric_limits<double>::infinity()) {
       std::string asked;

@@ -9,7 +9,12 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.h"
@@ -38,6 +43,28 @@ struct Sharding {
   std::map<graph::ValueId, Layout> outputs;
 };
 
+// Nodes' choices of strategy that propagations on one planner share: a
+// layer's nodes choose alike in every pipeline stage, plan and screen that a
+// search lays out on the same mesh, so each is costed once. Keyed by all
+// that a choice depends on (choice_key in propagate.cpp, and the options).
+// Thread-safe; emptied when it holds kMaxChoices.
+class ChoiceCache {
+ public:
+  using Choice = std::pair<NodeSharding, double>;  // the choice and its cost (infinity: none is legal)
+  static constexpr size_t kMaxChoices = 100000;
+  std::optional<Choice> find(const std::string& key) const;
+  void add(const std::string& key, const Choice& choice);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Choice> choices_;
+};
+
+// The cache every propagation on `planner` (sharding::shared_planner's)
+// shares; it keeps the planner alive, so that no other takes its place.
+std::shared_ptr<ChoiceCache> shared_choices(const std::shared_ptr<sharding::Planner>& planner);
+
 struct PropagationOptions {
   double flops_per_us = 1e5;  // compute speed for the compute term (100 GFLOP/s)
   // What computing from the parameters alone costs against the rest, per
@@ -54,6 +81,9 @@ struct PropagationOptions {
   // Whether backward nodes' redistributions of such values count at that
   // share too (their caller computes them once as well); else in full.
   bool share_in_backward = true;
+  // Choices shared with other propagations on the same planner (null: this
+  // propagation's own only).
+  std::shared_ptr<ChoiceCache> choices;
 };
 
 // `given`: the layouts of inputs and parameters (the others are Replicate),

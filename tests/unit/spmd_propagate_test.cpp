@@ -168,6 +168,46 @@ TEST(Propagate, WeightsGatheredOnceARunCostTheirShare) {
   EXPECT_EQ(inputs_at(1.0 / 64, {}), "S(1) S(1)");
 }
 
+// Propagations that share a ChoiceCache (a search's stages and plans on one
+// mesh) pick what each would alone: a second propagation of the same graph
+// costs no node again, and options that change a choice are part of its key.
+TEST(Propagate, PropagationsOnOnePlannerShareTheirChoices) {
+  mtest::Mlp mlp;
+  const sharding::DeviceMesh mesh({2});
+  const auto planner = std::make_shared<sharding::Planner>(mesh, sharding::CostModel::for_mesh(mesh));
+  const spmd::PropagationOptions shared{.choices = spmd::shared_choices(planner)};
+  EXPECT_EQ(spmd::shared_choices(planner), shared.choices);
+  for (const char* params : {"S(0)", "R"}) {
+    const mtest::Mlp::Layouts l = mlp.layouts(params);
+    const std::string alone = spmd::to_text(mlp.g, spmd::propagate(mlp.g, *planner, l.given, l.deliver));
+    EXPECT_EQ(spmd::to_text(mlp.g, spmd::propagate(mlp.g, *planner, l.given, l.deliver, shared)), alone);
+    const size_t known = shared.choices->size();
+    EXPECT_GT(known, 0u);
+    EXPECT_EQ(spmd::to_text(mlp.g, spmd::propagate(mlp.g, *planner, l.given, l.deliver, shared)), alone);
+    EXPECT_EQ(shared.choices->size(), known) << params << ": the second propagation costed nodes again";
+  }
+
+  Graph g;
+  Builder b(g);
+  const ValueId x = g.add_input("x", {64, 4096}, DType::f32);
+  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
+  const ValueId y = b.matmul(x, w, false, true);
+  g.add_output(y);
+  const Layout rows = Layout::parse("S(0)", 1);
+  auto inputs_at = [&](double share) {
+    spmd::PropagationOptions options = shared;
+    options.parameter_share = share;
+    options.parameter_gather_dims = {0};
+    const spmd::Sharding s =
+        spmd::propagate(g, *planner, {{x, rows}, {w, Layout::parse("S(1)", 1)}}, {{y, rows}}, options);
+    const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
+    return matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+  };
+  EXPECT_EQ(inputs_at(1), "S(1) S(1)");
+  EXPECT_EQ(inputs_at(1.0 / 64), "S(0) R");
+  EXPECT_EQ(inputs_at(1), "S(1) S(1)");
+}
+
 TEST(Propagate, Errors) {
   mtest::Mlp mlp;
   const sharding::DeviceMesh mesh({2});
