@@ -12,6 +12,28 @@ using namespace meshtrain;
 using namespace meshtrain::graph;
 using sharding::Layout;
 
+namespace {
+
+// y = x w^T: the graph several tests here lay out.
+struct OneMatmul {
+  Graph g;
+  ValueId x, w, y;
+  OneMatmul(const Shape& x_shape, const Shape& w_shape) {
+    Builder b(g);
+    x = g.add_input("x", x_shape, DType::f32);
+    w = g.add_parameter("w", w_shape, DType::f32);
+    y = b.matmul(x, w, false, true);
+    g.add_output(y);
+  }
+  // The layouts the matmul reads x and w in.
+  std::string inputs(const spmd::Sharding& s) const {
+    const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
+    return matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+  }
+};
+
+}  // namespace
+
 // FSDP: each weight gathered before its forward use (%3, %5); each weight
 // gradient, a sum over the batch and so P(sum), reduce-scattered into the
 // shard AdamW updates (%13, %10). The loss's gradient is broadcast straight
@@ -84,19 +106,14 @@ TEST(Propagate, DdpAllReducesGradients) {
 // sum of all the logits [32768, 32768] (4 GiB) that a reader must reduce:
 // the reduction's bytes count, and one input is gathered instead.
 TEST(Propagate, APendingSumCostsItsReduction) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {32768, 256}, DType::f32);
-  const ValueId w = g.add_parameter("w", {32768, 256}, DType::f32);
-  const ValueId logits = b.matmul(x, w, false, true);
-  g.add_output(logits);
+  const OneMatmul m({32768, 256}, {32768, 256});
   const sharding::DeviceMesh mesh({4});
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  const spmd::Sharding s = spmd::propagate(g, planner, {{x, Layout::parse("S(0)", 1)}, {w, Layout::parse("S(0)", 1)}});
-  const spmd::NodeSharding& matmul = s.nodes.at(g.value(logits).producer);
-  const std::string layouts = matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+  const spmd::Sharding s =
+      spmd::propagate(m.g, planner, {{m.x, Layout::parse("S(0)", 1)}, {m.w, Layout::parse("S(0)", 1)}});
+  const std::string layouts = m.inputs(s);
   EXPECT_TRUE(layouts == "S(0) R" || layouts == "R S(0)") << layouts;
-  EXPECT_NE(s.values.at(logits).to_string(), "P(sum)");
+  EXPECT_NE(s.values.at(m.y).to_string(), "P(sum)");
 }
 
 // Two rows split over 8 ranks leave one rank half the work (the torch.chunk
@@ -104,18 +121,13 @@ TEST(Propagate, APendingSumCostsItsReduction) {
 // with the rows so given, the planner gathers them (32 KiB) and splits the
 // weight's 4096 columns instead, each rank an eighth of the GEMM.
 TEST(Propagate, AnUnevenSplitCostsItsBusiestRank) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {2, 4096}, DType::f32);
-  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
-  const ValueId y = b.matmul(x, w, false, true);
-  g.add_output(y);
+  const OneMatmul m({2, 4096}, {4096, 4096});
   const sharding::DeviceMesh mesh({8});
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
-  const spmd::Sharding s = spmd::propagate(g, planner, {{x, Layout::parse("S(0)", 1)}, {w, Layout::parse("R", 1)}});
-  const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
-  EXPECT_EQ(matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string(), "R S(0)");
-  EXPECT_EQ(s.values.at(y).to_string(), "S(1)");
+  const spmd::Sharding s =
+      spmd::propagate(m.g, planner, {{m.x, Layout::parse("S(0)", 1)}, {m.w, Layout::parse("R", 1)}});
+  EXPECT_EQ(m.inputs(s), "R S(0)");
+  EXPECT_EQ(s.values.at(m.y).to_string(), "S(1)");
 }
 
 // One step of look-ahead: gathering the rows (2 KiB) is cheaper than
@@ -147,20 +159,13 @@ TEST(Propagate, AReaderThatNeedsAnotherLayoutCostsItsProducer) {
 // gathering, where one program alone moves the activations instead (1 MiB
 // each way: the rows to columns, the partial sums back to rows).
 TEST(Propagate, WeightsGatheredOnceARunCostTheirShare) {
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {64, 4096}, DType::f32);
-  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
-  const ValueId y = b.matmul(x, w, false, true);
-  g.add_output(y);
+  const OneMatmul m({64, 4096}, {4096, 4096});
   const sharding::DeviceMesh mesh({2});
   sharding::Planner planner(mesh, sharding::CostModel::for_mesh(mesh));
   const Layout rows = Layout::parse("S(0)", 1);
   auto inputs_at = [&](double share, const std::vector<int>& gather_dims) {
-    const spmd::Sharding s = spmd::propagate(g, planner, {{x, rows}, {w, Layout::parse("S(1)", 1)}}, {{y, rows}},
-                                             {.parameter_share = share, .parameter_gather_dims = gather_dims});
-    const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
-    return matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+    return m.inputs(spmd::propagate(m.g, planner, {{m.x, rows}, {m.w, Layout::parse("S(1)", 1)}}, {{m.y, rows}},
+                                    {.parameter_share = share, .parameter_gather_dims = gather_dims}));
   };
   EXPECT_EQ(inputs_at(1, {0}), "S(1) S(1)");
   EXPECT_EQ(inputs_at(1.0 / 64, {0}), "S(0) R");
@@ -187,21 +192,14 @@ TEST(Propagate, PropagationsOnOnePlannerShareTheirChoices) {
     EXPECT_EQ(shared.choices->size(), known) << params << ": the second propagation costed nodes again";
   }
 
-  Graph g;
-  Builder b(g);
-  const ValueId x = g.add_input("x", {64, 4096}, DType::f32);
-  const ValueId w = g.add_parameter("w", {4096, 4096}, DType::f32);
-  const ValueId y = b.matmul(x, w, false, true);
-  g.add_output(y);
+  const OneMatmul m({64, 4096}, {4096, 4096});
   const Layout rows = Layout::parse("S(0)", 1);
   auto inputs_at = [&](double share) {
     spmd::PropagationOptions options = shared;
     options.parameter_share = share;
     options.parameter_gather_dims = {0};
-    const spmd::Sharding s =
-        spmd::propagate(g, *planner, {{x, rows}, {w, Layout::parse("S(1)", 1)}}, {{y, rows}}, options);
-    const spmd::NodeSharding& matmul = s.nodes.at(g.value(y).producer);
-    return matmul.inputs.at(0).to_string() + " " + matmul.inputs.at(1).to_string();
+    return m.inputs(
+        spmd::propagate(m.g, *planner, {{m.x, rows}, {m.w, Layout::parse("S(1)", 1)}}, {{m.y, rows}}, options));
   };
   EXPECT_EQ(inputs_at(1), "S(1) S(1)");
   EXPECT_EQ(inputs_at(1.0 / 64), "S(0) R");
