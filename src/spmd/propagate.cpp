@@ -519,11 +519,13 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
     out.values[v] = it == given.end() ? replicated : it->second;
   }
   ReaderCost reader_cost(g, planner);
-  // Everything else a choice depends on: the options (the planner is the cache's).
-  const std::string options_key = fmt::format("{}|{}|{}|{}|", options.flops_per_us, options.parameter_share,
-                                              fmt::join(options.parameter_gather_dims, ","), options.share_in_backward);
+  // With a shared cache, everything else a choice depends on: the options (the planner is the cache's).
+  const std::string options_key =
+      options.choices ? fmt::format("{}|{}|{}|{}|", options.flops_per_us, options.parameter_share,
+                                    fmt::join(options.parameter_gather_dims, ","), options.share_in_backward)
+                      : std::string();
   const std::vector<bool> from_parameters = graph::from_parameters(g, options.share_in_backward).values;
-  std::unordered_map<std::string, std::pair<NodeSharding, double>> choices;  // choice_key -> the choice
+  std::unordered_map<std::string, ChoiceCache::Choice> choices;  // choice_key -> the choice
   for (graph::NodeId n : g.order()) {
     const graph::Node& node = g.node(n);
     if (node.recomputes.valid()) {
@@ -545,11 +547,11 @@ Sharding propagate(const graph::Graph& g, sharding::Planner& planner, const std:
       for (const bool b : shared) key += b ? "|p" : "|-";
     auto chosen = choices.find(key);
     if (chosen == choices.end()) {
-      std::optional<ChoiceCache::Choice> known =
-          options.choices ? options.choices->find(options_key + key) : std::nullopt;
+      const std::string shared_key = options.choices ? options_key + key : std::string();
+      std::optional<ChoiceCache::Choice> known = options.choices ? options.choices->find(shared_key) : std::nullopt;
       if (!known) {
         known = NodeChoice{g, n, planner, out.values, pinned, deliver, reader_cost, options, std::move(shared)}.best();
-        if (options.choices) options.choices->add(options_key + key, *known);
+        if (options.choices) options.choices->add(shared_key, *known);
       }
       chosen = choices.emplace(key, std::move(*known)).first;
     }
