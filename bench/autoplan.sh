@@ -10,8 +10,12 @@
 # from run to run). Printed per model: every plan's estimated and measured
 # step, the Spearman rank correlation between them (target >= 0.8), and the
 # measured step of the plan ranked first against the fastest measured
-# (target within 10%).
-# Usage: [ROUNDS=2] [TOP=12] bench/autoplan.sh [PROFILE] [STEPS]
+# (target within 10%). With 2 rounds or more it also prints how well the
+# measurement agrees with itself: the mean Spearman correlation between the
+# rounds' step times, a ceiling on what any estimate can reach against them.
+# KEEP=DIR keeps the profile, autoplan's JSON, the plans and every run's
+# metrics there (the estimate can then be re-checked against them).
+# Usage: [ROUNDS=2] [TOP=12] [KEEP=DIR] bench/autoplan.sh [PROFILE] [STEPS]
 #   PROFILE: `here` (the default: bench/calibrate.sh measures this host first,
 #   about 2 minutes), a built-in name (cpu-2core) or a profile file.
 set -euo pipefail
@@ -23,8 +27,13 @@ top=${TOP:-12}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/autoplan.sh: STEPS must be a positive integer" >&2; exit 2; }
 [ -x build/meshtrain ] || scripts/setup.sh build
 source bench/bench_model.sh
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP"
+  work=$(cd "$KEEP" && pwd)
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 bench_text "$work/text.txt"
 profile=$(bench_profile "$profile" "$work")
 common=(--data.path "$work/text.txt" --checkpoint.folder "" --metrics.log_every 1)
@@ -67,14 +76,15 @@ PY
 import json, statistics, sys
 work, name, steps, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 best = json.load(open(f"{work}/{name}.picked.json"))["best"]
-def measured(i):
+def per_round(i):  # plan i's median step in each round
     runs = []
     for r in range(1, rounds + 1):
         rows = [json.loads(l) for l in open(f"{work}/{name}.{i}.{r}.jsonl")]
         runs.append(statistics.median(x["step_ms"] for x in rows[-steps:]))
-    return statistics.median(runs)
+    return runs
 est = [p["step_us"] / 1e3 for p in best]
-meas = [measured(i + 1) for i in range(len(best))]
+by_round = [per_round(i + 1) for i in range(len(best))]
+meas = [statistics.median(runs) for runs in by_round]
 def ranks(xs):  # average ranks for ties
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     r = [0.0] * len(xs)
@@ -92,12 +102,21 @@ def spearman(a, b):
     ma, mb = statistics.mean(ra), statistics.mean(rb)
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
     return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-print(f"{'#':>3} {'estimated ms':>12} {'measured ms':>11}  plan")
+print(f"{'#':>3} {'estimated ms':>12} {'measured ms':>11} {'rounds ms':>{7 * rounds}}  plan")
 for i, p in enumerate(best):
-    print(f"{i + 1:>3} {est[i]:>12.1f} {meas[i]:>11.1f}  {p['command_line'] or '(the config as it is)'}")
+    each = " ".join(f"{x:6.1f}" for x in by_round[i])
+    print(f"{i + 1:>3} {est[i]:>12.1f} {meas[i]:>11.1f} {each:>{7 * rounds}}  {p['command_line'] or '(the config as it is)'}")
 rho = spearman(est, meas)
 first = meas[0] / min(meas)
 print(f"{name}: Spearman rank correlation {rho:.3f} (target >= 0.8); the plan ranked first measures "
       f"{first:.3f}x the fastest measured (target <= 1.10)")
+if rounds >= 2:
+    # The measurement against itself: every pair of rounds' step times, ranked.
+    pairs = [spearman([runs[a] for runs in by_round], [runs[b] for runs in by_round])
+             for a in range(rounds) for b in range(a + 1, rounds)]
+    spread = statistics.median((max(runs) - min(runs)) / statistics.median(runs) for runs in by_round)
+    print(f"{name}: the rounds agree with each other at Spearman {statistics.mean(pairs):.3f} (mean of "
+          f"{len(pairs)} pairs; {min(pairs):.3f} to {max(pairs):.3f}); a plan's rounds spread by "
+          f"{100 * spread:.1f}% of its step at the median")
 PY
 done
