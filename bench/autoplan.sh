@@ -19,6 +19,7 @@
 #   PROFILE: `here` (the default: bench/calibrate.sh measures this host first,
 #   about 2 minutes), a built-in name (cpu-2core) or a profile file.
 set -euo pipefail
+keep=${KEEP:+$(mkdir -p "$KEEP" && realpath -- "$KEEP")}
 cd "$(dirname "$0")/.."
 profile=${1:-here}
 steps=${2:-6}
@@ -27,9 +28,8 @@ top=${TOP:-12}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/autoplan.sh: STEPS must be a positive integer" >&2; exit 2; }
 [ -x build/meshtrain ] || scripts/setup.sh build
 source bench/bench_model.sh
-if [ -n "${KEEP:-}" ]; then
-  mkdir -p "$KEEP"
-  work=$(cd "$KEEP" && pwd)
+if [ -n "$keep" ]; then
+  work=$keep
 else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
@@ -40,9 +40,11 @@ common=(--data.path "$work/text.txt" --checkpoint.folder "" --metrics.log_every 
 bench=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256
        --data.batch_size 8 "${common[@]}")
 debug=(--config configs/debug.toml "${common[@]}")
+echo "$steps $rounds $profile" > "$work/run.txt"  # for bench/autoplan_recheck.sh
 echo "profile $profile; 4 ranks on $(nproc) cores; $steps steps after 3 warm-up steps, $rounds rounds; top $top"
 for name in bench debug; do
   declare -n model=$name
+  printf '%s\n' "${model[@]}" > "$work/$name.flags"
   build/meshtrain autoplan "${model[@]}" --ranks 4 --hardware "$profile" --top 1000 --json \
     > "$work/$name.json" 2> "$work/$name.autoplan.log"
   # TOP plans of distinct estimates spread evenly over autoplan's ranking of every plan that fits, its first
@@ -72,51 +74,5 @@ PY
         { echo "plan $index failed: $plan"; tail -5 "$work/$name.$index.$round.log"; exit 1; }
     done < "$work/$name.plans"
   done
-  python3 - "$work" "$name" "$steps" "$rounds" <<'PY'
-import json, statistics, sys
-work, name, steps, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-best = json.load(open(f"{work}/{name}.picked.json"))["best"]
-def per_round(i):  # plan i's median step in each round
-    runs = []
-    for r in range(1, rounds + 1):
-        rows = [json.loads(l) for l in open(f"{work}/{name}.{i}.{r}.jsonl")]
-        runs.append(statistics.median(x["step_ms"] for x in rows[-steps:]))
-    return runs
-est = [p["step_us"] / 1e3 for p in best]
-by_round = [per_round(i + 1) for i in range(len(best))]
-meas = [statistics.median(runs) for runs in by_round]
-def ranks(xs):  # average ranks for ties
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return r
-def spearman(a, b):
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-print(f"{'#':>3} {'estimated ms':>12} {'measured ms':>11} {'rounds ms':>{7 * rounds}}  plan")
-for i, p in enumerate(best):
-    each = " ".join(f"{x:6.1f}" for x in by_round[i])
-    print(f"{i + 1:>3} {est[i]:>12.1f} {meas[i]:>11.1f} {each:>{7 * rounds}}  {p['command_line'] or '(the config as it is)'}")
-rho = spearman(est, meas)
-first = meas[0] / min(meas)
-print(f"{name}: Spearman rank correlation {rho:.3f} (target >= 0.8); the plan ranked first measures "
-      f"{first:.3f}x the fastest measured (target <= 1.10)")
-if rounds >= 2:
-    # The measurement against itself: every pair of rounds' step times, ranked.
-    pairs = [spearman([runs[a] for runs in by_round], [runs[b] for runs in by_round])
-             for a in range(rounds) for b in range(a + 1, rounds)]
-    spread = statistics.median((max(runs) - min(runs)) / statistics.median(runs) for runs in by_round)
-    print(f"{name}: the rounds agree with each other at Spearman {statistics.mean(pairs):.3f} (mean of "
-          f"{len(pairs)} pairs; {min(pairs):.3f} to {max(pairs):.3f}); a plan's rounds spread by "
-          f"{100 * spread:.1f}% of its step at the median")
-PY
+  python3 bench/autoplan_compare.py "$work" "$name" "$steps" "$rounds"
 done
