@@ -6,8 +6,9 @@
 # machine; TOP of them (default 12) of distinct estimates, spread evenly over
 # its ranking from its first, are then trained under mpirun (STEPS steps
 # after 3 warm-up steps, the median step; ROUNDS runs of each, the plans
-# alternating, the median of those, as this host's step times vary by +-30%
-# from run to run). Printed per model: every plan's estimated and measured
+# alternating, the median of those). Each rank is bound to a core, two to a
+# core (bench_model.sh's bind_ranks): unbound, a plan's runs varied by
+# +-30%; bound, by about 9%. Printed per model: every plan's estimated and measured
 # step, the Spearman rank correlation between them (target >= 0.8), and the
 # measured step of the plan ranked first against the fastest measured
 # (target within 10%). With 2 rounds or more it also prints how well the
@@ -15,15 +16,15 @@
 # rounds' step times, a ceiling on what any estimate can reach against them.
 # KEEP=DIR keeps the profile, autoplan's JSON, the plans and every run's
 # metrics there (the estimate can then be re-checked against them).
-# Usage: [ROUNDS=2] [TOP=12] [KEEP=DIR] bench/autoplan.sh [PROFILE] [STEPS]
+# Usage: [ROUNDS=3] [TOP=12] [KEEP=DIR] bench/autoplan.sh [PROFILE] [STEPS]
 #   PROFILE: `here` (the default: bench/calibrate.sh measures this host first,
 #   about 2 minutes), a built-in name (cpu-2core) or a profile file.
 set -euo pipefail
 keep=${KEEP:+$(mkdir -p "$KEEP" && realpath -- "$KEEP")}
 cd "$(dirname "$0")/.."
 profile=${1:-here}
-steps=${2:-6}
-rounds=${ROUNDS:-2}
+steps=${2:-8}
+rounds=${ROUNDS:-3}
 top=${TOP:-12}
 [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/autoplan.sh: STEPS must be a positive integer" >&2; exit 2; }
 [ -x build/meshtrain ] || scripts/setup.sh build
@@ -69,7 +70,8 @@ PY
     while read -r plan; do
       index=$((index + 1))
       # shellcheck disable=SC2086  # the plan's overrides are words
-      scripts/mpirun.sh -np 4 build/meshtrain train "${model[@]}" $plan --training.steps $((steps + 3)) \
+      scripts/mpirun.sh "${bind_ranks[@]}" -np 4 build/meshtrain train "${model[@]}" $plan \
+        --training.steps $((steps + 3)) \
         --metrics.file "$work/$name.$index.$round.jsonl" < /dev/null > "$work/$name.$index.$round.log" 2>&1 ||
         { echo "plan $index failed: $plan"; tail -5 "$work/$name.$index.$round.log"; exit 1; }
     done < "$work/$name.plans"

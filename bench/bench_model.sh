@@ -2,6 +2,11 @@
 # 4 layers, 8 heads, vocab 256, seq 256, batch 8) and one timed meshtrain run.
 bench_model='{"dim":256,"n_layers":4,"n_heads":8,"n_kv_heads":8,"ffn_dim":768,"vocab_size":256,"norm_eps":1e-5,"rope_theta":10000.0,"tie_embeddings":false,"seq_len":256,"batch_size":8}'
 
+# mpirun's flags that bind each rank to a core, in turn (two to a core where
+# ranks outnumber cores): unbound, the kernel moves ranks between cores at
+# will, and a plan's step moved by up to +-30% from run to run.
+bind_ranks=(--bind-to core:overload-allowed --map-by core)
+
 # bench_text FILE: 200 kB of random lowercase text to train on.
 bench_text() {
   head -c 400000 /dev/urandom | tr -dc 'a-z ' | head -c 200000 > "$1" || true

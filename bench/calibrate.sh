@@ -7,8 +7,9 @@
 # meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
 # (`bench comm --group-size`, 4 KiB to 64 MiB), and how far the slowest rank of
 # a group of 2 or 4 trails when 4 ranks compute side by side (benchmark mode,
-# sync_lateness). The job's ranks share this one host (shared_host): a rank of an
-# N-rank job gets 1/N of the peaks.
+# sync_lateness). The job's ranks share this one host (shared_host): a rank
+# of an N-rank job gets 1/N of the peaks, and while others wait (a
+# pipeline's bubble) up to its threads' share of the host's cores (cores).
 # Usage: bench/calibrate.sh [OUT.toml] [NAME]   (default runs/hardware/local.toml, "local-cpu")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +61,9 @@ for line in open(f"{work}/profile.txt"):
     if m and m.group(1) != "op":
         op, ms, gf, gb = m.group(1), float(m.group(3)), float(m.group(4)), float(m.group(5))
         ops[op] = (ms * 1e-3, gf * ms * 1e-3, gb * ms * 1e-3)  # seconds, GFLOP, GB
-heavy = ["matmul", "attention", "attention_backward"]
+# The GEMMs and the attention, compute-bound: their own efficiencies. The rest
+# (elementwise, norms, the optimizer) are memory-bound: one bandwidth.
+heavy = ["matmul", "rows_matmul", "grouped_matmul", "grouped_matmul_wgrad", "attention", "attention_backward"]
 skip = {"wait", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"}  # communication: its own table
 light = [op for op in ops if op not in heavy and op not in skip and ops[op][2] > 0]
 share = 2  # the rank had one of the 2 ranks' share of the host
@@ -74,6 +77,7 @@ print(f"memory_gbps = {memory_gbps:.2f}  # the memory-bound ops' bytes over thei
 print("compute_efficiency = 1.0")
 print("memory_efficiency = 1.0")
 print("shared_host = true")
+print(f"cores = {threads}  # a rank computing while others wait (a pipeline's bubble) may take up to its threads' cores")
 print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
 for op in heavy:
     if op in ops and ops[op][0] > 0:

@@ -170,6 +170,7 @@ int run_estimate(const CommandArgs& a) {
                          {"backward_weight_us", p.backward_weight_us},
                          {"p2p_us", p.p2p_us},
                          {"makespan_us", p.makespan_us},
+                         {"copy_us", p.copy_us},
                          {"bubble_fraction", p.bubble_fraction},
                          {"published_bubble_fraction", p.published_bubble},
                          {"unshard_us", p.unshard_us},
@@ -221,15 +222,17 @@ int run_estimate(const CommandArgs& a) {
       }
       fmt::print(
           "pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}{}, bubble {:.1f}% "
-          "of it{}; a stage's microbatch at most F {} B {}, p2p {}; this rank's stages once a step: gather "
+          "of it{}; a stage's microbatch at most F {} B {}, p2p {}; the runner's copies {} a step; this rank's "
+          "stages once a step: gather "
           "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
           "each at most\n",
           p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
           p.runs > 1 ? fmt::format(", run {} times a step (training.grad_accum_steps)", p.runs) : "",
           100 * p.bubble_fraction,
           p.published_bubble >= 0 ? fmt::format(" (published formula {:.1f}%)", 100 * p.published_bubble) : "",
-          duration(f), duration(b), duration(p2p), duration(p.unshard_us), duration(p.reduce_grad_us),
-          duration(p.update_us), p.peak_activation_pairs, binary_amount(p.activation_bytes_per_pair));
+          duration(f), duration(b), duration(p2p), duration(p.copy_us), duration(p.unshard_us),
+          duration(p.reduce_grad_us), duration(p.update_us), p.peak_activation_pairs,
+          binary_amount(p.activation_bytes_per_pair));
     }
     const double tokens_per_s = e.tokens_per_s_per_device;  // a step of hours still shows its rate
     fmt::print(

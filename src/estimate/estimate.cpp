@@ -167,6 +167,27 @@ RankMemory rank_memory(const std::vector<const StageMemory*>& stages, int gather
   return r;
 }
 
+// The bytes the pipeline runner moves around one microbatch's programs of
+// stage `st` (train::PipelineRunner): each output copied out of the
+// program's arena (read and written), and after the backward (its weight
+// half when split) every gradient added into the stage's sums (two reads,
+// a write).
+struct StageCopies {
+  double forward = 0, backward_input = 0, backward_weight = 0;
+};
+StageCopies stage_copies(const compile::PipelineStage& st, bool split) {
+  auto outputs = [&](const graph::ExtractedGraph& part) {
+    double bytes = 0;
+    for (const graph::ValueId v : part.outputs) bytes += 2 * bytes_of(st.joint, v);
+    return bytes;
+  };
+  double gradients = 0;
+  for (const graph::ValueId v : st.gradients) gradients += 3 * bytes_of(st.joint, v);
+  if (split) return {outputs(st.forward), outputs(st.backward_input), outputs(st.backward_weight) + gradients};
+  const double backward = outputs(st.backward) + gradients;  // split evenly, as the backward's time is
+  return {outputs(st.forward), backward / 2, backward / 2};
+}
+
 // parallel.pp > 1: every stage's programs laid out and lowered for the
 // rank at this rank's place in its stage (the stages' ranks are laid out
 // alike), each costed on the profile; the schedule simulated with those
@@ -233,9 +254,17 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
         input.communication_us = weight.communication_us /= 2;
       }
     }
+    // The runner's work around each program: it copies the program's outputs out of its arena and adds a
+    // backward's gradients into the stage's sums, memory-bound.
+    const StageCopies copies = stage_copies(st, split);
+    const double per_byte_us =
+        1.0 / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
     constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
-    parallel::PpCosts c{std::max(forward.step_us, kLeast), std::max(input.step_us, kLeast),
-                        std::max(weight.step_us, kLeast), 0};
+    parallel::PpCosts c{std::max(forward.step_us + copies.forward * per_byte_us, kLeast),
+                        std::max(input.step_us + copies.backward_input * per_byte_us, kLeast),
+                        std::max(weight.step_us + copies.backward_weight * per_byte_us, kLeast), 0};
+    p.copy_us += per_step * (copies.forward + copies.backward_input + copies.backward_weight) * per_byte_us *
+                 (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank ? 1 : 0);
     double sent = 0;  // to the next stage: the residual stream (and the router statistics)
     for (const graph::ValueId v : st.to_next()) sent += bytes_of(st.joint, v);
     if (s + 1 < schedule.stages() &&

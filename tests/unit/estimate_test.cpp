@@ -678,6 +678,38 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
   EXPECT_GT(one_at_a_time.pipeline->unshard_us, 1.5 * both.pipeline->unshard_us);
 }
 
+// The pipeline runner's copies (PP 2 on 2 ranks, GPipe, 4 microbatches, no
+// data parallelism), counted by hand for rank 0's stage: per microbatch its
+// forward's outputs copied out (what the stage holds from the forward to
+// the backward, activation_bytes_per_pair, less the token ids the runner
+// gave the forward: 2 sequences x 512 int64), its backward's
+// outputs (every gradient) copied out and each gradient added into the
+// sums (two reads and a write), each byte read and written at 75% of the
+// H100's 3350 GB/s. They are part of the stage's action times.
+TEST(TrainingEstimate, PipelineRunnerCopiesAtMemoryBandwidth) {
+  config::TrainConfig c;
+  c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
+  c.data.batch_size = 8;
+  c.data.seq_len = 512;
+  c.parallel.pp = 2;
+  c.parallel.pp_microbatches = 4;
+  c.parallel.pp_schedule = parallel::PpScheduleKind::gpipe;
+  sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
+  const estimate::TrainingEstimate e = estimate::estimate_training(c, 2, 0, h100);
+  ASSERT_TRUE(e.pipeline.has_value());
+  const estimate::PipelineEstimate& p = *e.pipeline;
+  const double params = 4194304 + 9439232;   // the embedding and layer 0 (see above)
+  const double sent = 2.0 * 512 * 1024 * 4;  // 2 sequences x 512 x 1024 f32
+  EXPECT_GT(p.activation_bytes_per_pair, sent);
+  const double tokens = 2.0 * 512 * 8;
+  const double bytes = 4 * (2 * (p.activation_bytes_per_pair - tokens) + (2 + 3) * 4 * params);
+  EXPECT_NEAR(p.copy_us, bytes / (3350e3 * 0.75), 1e-6 * p.copy_us);
+  // Half the bandwidth: twice the copies, the programs' own time as it was.
+  h100.memory_gbps /= 2;
+  const estimate::TrainingEstimate slower = estimate::estimate_training(c, 2, 0, h100);
+  EXPECT_NEAR(slower.pipeline->copy_us, 2 * p.copy_us, 1e-9 * p.copy_us);
+}
+
 // Ranks sharing a host's cores (cpu-2core, 4 ranks, DP 2 x PP 2): under
 // GPipe with one microbatch a single stage computes at a time, so its 2
 // ranks each get a core (half the host) instead of a quarter: every action
