@@ -23,6 +23,16 @@ double collective_us(const graph::Node& node, const RankDevice& device) {
   }
   return device.hardware.collective_us(costed_collective(node.op->name), bytes, group, device.world_size);
 }
+
+// How much faster a group's slowest rank runs while the rest of its group
+// waits for it, on a host whose cores (HardwareProfile::host_cores) its
+// ranks share: the waiting ranks leave their cores to the world's other
+// ranks still computing. The lateness was measured with every rank
+// computing; 1 where the host's cores are unknown.
+double catch_up_speed(const HardwareProfile& hw, int world_size, int64_t group_size) {
+  const int computing = std::max(1, world_size - static_cast<int>(group_size - 1));
+  return hw.busy_share(world_size, computing) / hw.rank_share(world_size);
+}
 }  // namespace
 
 double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device) {
@@ -86,8 +96,9 @@ StepEstimate estimate_step(const graph::Graph& g, const graph::Schedule& schedul
         // collective's bytes, so nothing hides it; and it waits for the
         // group's slowest rank, which trails by its measured lateness over
         // what the ranks computed since they last waited.
-        const double late = lateness.us(
-            device.world_size, static_cast<int64_t>(node.attrs.get(graph::attr::group).size()), now - synced_at);
+        const auto group_size = static_cast<int64_t>(node.attrs.get(graph::attr::group).size());
+        const double late = lateness.us(device.world_size, group_size, now - synced_at) /
+                            catch_up_speed(device.hardware, device.world_size, group_size);
         e.timeline.push_back({id, now, now + late + us});
         e.exposed_us += us;
         e.waiting_us += late;

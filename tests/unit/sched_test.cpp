@@ -656,6 +656,16 @@ TEST(Estimate, OnASharedHostACollectiveWaitsForItsSlowestRank) {
   EXPECT_EQ(even.waiting_us, 0);
   EXPECT_NEAR(uneven.timeline[1].end_us - uneven.timeline[1].begin_us, 0.5 * silu_us + reduce_us, 1e-9);
   EXPECT_EQ(uneven.timeline[1].node, start);
+  // The 2 ranks on 2 cores: each has its core, waiting frees nothing. On 1
+  // core: while the rest of the group waits, the slowest rank has the core to
+  // itself and catches up twice as fast (the lateness was measured with both
+  // computing).
+  device.hardware.host_cores = 2;
+  EXPECT_NEAR(sched::estimate_step(g, schedule, device).waiting_us, 0.5 * silu_us, 1e-9);
+  device.hardware.host_cores = 1;
+  const sched::StepEstimate alone = sched::estimate_step(g, schedule, device);
+  EXPECT_NEAR(alone.waiting_us, 0.25 * silu_us, 1e-9);
+  EXPECT_NEAR(alone.step_us, silu_us + 0.25 * silu_us + reduce_us + matmul_us + add_us, 1e-9);
 }
 
 TEST(PassPipeline, VerifiesAfterEachChangingPass) {
