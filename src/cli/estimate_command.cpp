@@ -223,9 +223,8 @@ int run_estimate(const CommandArgs& a) {
       fmt::print(
           "pipeline: {} over {} stages ({} per rank), {} microbatches: the schedule takes {}{}, bubble {:.1f}% "
           "of it{}; a stage's microbatch at most F {} B {}, p2p {}; the runner's copies {} a step; this rank's "
-          "stages once a step: gather "
-          "{}, reduce gradients {}, update {}; activations of {} (stage, microbatch) pairs at the peak, {} "
-          "each at most\n",
+          "stages once a step: gather {}, reduce gradients {}, update {}; activations of {} (stage, microbatch) "
+          "pairs at the peak, {} each at most\n",
           p.schedule, p.stages, p.stages_per_rank, p.microbatches, duration(p.makespan_us),
           p.runs > 1 ? fmt::format(", run {} times a step (training.grad_accum_steps)", p.runs) : "",
           100 * p.bubble_fraction,

@@ -222,6 +222,9 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   p.microbatches = schedule.microbatches;
   p.runs = static_cast<int>(place.accumulation);
   const auto per_step = static_cast<double>(schedule.microbatches * place.accumulation);  // microbatches a step
+  // A memory-bound byte's time on this rank: the runner's copies and the update stream at the profile's bandwidth.
+  const double per_byte_us =
+      1.0 / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
   std::vector<parallel::PpCosts> costs;
   double in_program_comm = 0;
   // UNSHARD as the rank's list has them (with pp_max_active_stages a stage may be gathered again before its next
@@ -257,14 +260,12 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
     // The runner's work around each program: it copies the program's outputs out of its arena and adds a
     // backward's gradients into the stage's sums, memory-bound.
     const StageCopies copies = stage_copies(st, split);
-    const double per_byte_us =
-        1.0 / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
     constexpr double kLeast = 1e-3;  // a half with nothing to do (the first stage's input gradient)
     parallel::PpCosts c{std::max(forward.step_us + copies.forward * per_byte_us, kLeast),
                         std::max(input.step_us + copies.backward_input * per_byte_us, kLeast),
                         std::max(weight.step_us + copies.backward_weight * per_byte_us, kLeast), 0};
-    p.copy_us += per_step * (copies.forward + copies.backward_input + copies.backward_weight) * per_byte_us *
-                 (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank ? 1 : 0);
+    if (schedule.rank_of_stage[static_cast<size_t>(s)] == pp_rank)
+      p.copy_us += per_step * (copies.forward + copies.backward_input + copies.backward_weight) * per_byte_us;
     double sent = 0;  // to the next stage: the residual stream (and the router statistics)
     for (const graph::ValueId v : st.to_next()) sent += bytes_of(st.joint, v);
     if (s + 1 < schedule.stages() &&
@@ -352,8 +353,7 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   // The update: AdamW reads the parameter, its gradient and moments and
   // writes the parameter and moments; the norm reads the gradient again.
   const double update_bytes = mine.parameters * 6 + mine.moments * 2;
-  p.update_us =
-      update_bytes / (hardware.memory_gbps * 1e3 * hardware.memory_efficiency * hardware.rank_share(world_size));
+  p.update_us = update_bytes * per_byte_us;
   e.time.step_us = p.makespan_us * p.runs + p.unshard_us + p.reduce_grad_us + p.update_us;
   e.time.compute_us = p.rank_busy_us * p.runs + p.update_us;
   e.time.communication_us = p.unshard_us + p.reduce_grad_us + in_program_comm;

@@ -27,7 +27,7 @@ struct PipelineEstimate {
   double bubble_fraction = 0;    // idle over all ranks x makespan
   double published_bubble = -1;  // the formula with the mean stage costs (-1: none published)
   double rank_busy_us = 0;       // this rank's compute in the schedule (one run)
-  double copy_us = 0;            // of it, a step's: the runner copying programs' outputs and adding gradients
+  double copy_us = 0;            // a step's runner copying programs' outputs and adding gradients (in the busy time)
   double unshard_us = 0, reduce_grad_us = 0, update_us = 0;  // this rank's, once a step
   int peak_activation_pairs = 0;         // (stage, microbatch) pairs this rank holds at once, simulated
   double activation_bytes_per_pair = 0;  // the most one of its stages keeps from a forward to its backward

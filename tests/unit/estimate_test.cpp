@@ -596,6 +596,18 @@ double two_stage_1f1b_makespan(double f0, double b0, double f1, double b1, doubl
 }
 }  // namespace
 
+namespace {
+// Two layers of dim 1024 (GQA 8/4, ffn 2048, vocab 4096), batch 8 x seq 512:
+// the pipelines below count its parameters by hand.
+config::TrainConfig two_layer_config() {
+  config::TrainConfig c;
+  c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
+  c.data.batch_size = 8;
+  c.data.seq_len = 512;
+  return c;
+}
+}  // namespace
+
 // A pipeline's estimate (PP 2 on 2 ranks, 4 microbatches): its stages'
 // forward and backward over the microbatches add up to the compute of the
 // same step on one rank accumulating the microbatches; the step is the 1F1B
@@ -603,10 +615,7 @@ double two_stage_1f1b_makespan(double f0, double b0, double f1, double b1, doubl
 // memory traffic; the parameters and moments are this rank's stage's alone,
 // counted by hand.
 TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
-  config::TrainConfig c;
-  c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
-  c.data.batch_size = 8;
-  c.data.seq_len = 512;
+  config::TrainConfig c = two_layer_config();
   c.training.grad_accum_steps = 4;
   const sched::HardwareProfile h100 = sched::builtin_hardware("h100-sxm");
   const estimate::TrainingEstimate whole = estimate::estimate_training(c, 1, 0, h100);
@@ -687,10 +696,7 @@ TEST(TrainingEstimate, PipelineStagesAddUpToTheWholeStep) {
 // sums (two reads and a write), each byte read and written at 75% of the
 // H100's 3350 GB/s. They are part of the stage's action times.
 TEST(TrainingEstimate, PipelineRunnerCopiesAtMemoryBandwidth) {
-  config::TrainConfig c;
-  c.model = {.dim = 1024, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 2048, .vocab_size = 4096};
-  c.data.batch_size = 8;
-  c.data.seq_len = 512;
+  config::TrainConfig c = two_layer_config();
   c.parallel.pp = 2;
   c.parallel.pp_microbatches = 4;
   c.parallel.pp_schedule = parallel::PpScheduleKind::gpipe;
