@@ -21,15 +21,35 @@ Around around(const Shape& shape, int d, size_t elem) {
   return {a.outer, a.dim, a.inner * static_cast<int64_t>(elem)};
 }
 
+// Runs of consecutive rows: (first row, position in `rows`, length). A
+// shard's rows are one run, so a row copy is one memcpy per outer index
+// (along the last dim a row is a single element: copied one at a time, a
+// 393 KiB all_to_all's packing took 0.3 ms).
+struct RowRun {
+  int64_t first = 0, at = 0, len = 0;
+};
+std::vector<RowRun> row_runs(const std::vector<int64_t>& rows) {
+  std::vector<RowRun> runs;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (!runs.empty() && rows[k] == runs.back().first + runs.back().len) {
+      ++runs.back().len;
+      continue;
+    }
+    runs.push_back({rows[k], static_cast<int64_t>(k), 1});
+  }
+  return runs;
+}
+
 // dst[o, k] = src[o, rows[k]] along dim d; dst has len = rows.size().
 void take_rows(const std::byte* src, const Shape& src_shape, int d, size_t elem, const std::vector<int64_t>& rows,
                std::byte* dst) {
   const Around a = around(src_shape, d, elem);
   const auto n = static_cast<int64_t>(rows.size());
+  const std::vector<RowRun> runs = row_runs(rows);
   for (int64_t o = 0; o < a.outer; ++o)
-    for (int64_t k = 0; k < n; ++k)
-      std::memcpy(dst + (o * n + k) * a.inner_bytes, src + (o * a.len + rows[k]) * a.inner_bytes,
-                  static_cast<size_t>(a.inner_bytes));
+    for (const RowRun& r : runs)
+      std::memcpy(dst + (o * n + r.at) * a.inner_bytes, src + (o * a.len + r.first) * a.inner_bytes,
+                  static_cast<size_t>(r.len * a.inner_bytes));
 }
 
 // dst[o, rows[k]] = src[o, k] along dim d; src has len = rows.size().
@@ -37,10 +57,11 @@ void put_rows(const std::byte* src, std::byte* dst, const Shape& dst_shape, int 
               const std::vector<int64_t>& rows) {
   const Around a = around(dst_shape, d, elem);
   const auto n = static_cast<int64_t>(rows.size());
+  const std::vector<RowRun> runs = row_runs(rows);
   for (int64_t o = 0; o < a.outer; ++o)
-    for (int64_t k = 0; k < n; ++k)
-      std::memcpy(dst + (o * a.len + rows[k]) * a.inner_bytes, src + (o * n + k) * a.inner_bytes,
-                  static_cast<size_t>(a.inner_bytes));
+    for (const RowRun& r : runs)
+      std::memcpy(dst + (o * a.len + r.first) * a.inner_bytes, src + (o * n + r.at) * a.inner_bytes,
+                  static_cast<size_t>(r.len * a.inner_bytes));
 }
 
 std::vector<int64_t> iota(int64_t n) {

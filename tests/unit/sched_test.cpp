@@ -614,6 +614,37 @@ TEST(Estimate, CollectiveOverlapsTheComputeBeforeItsWait) {
                        "no all_reduce over 2 ranks (measured over: 4)"));
 }
 
+// A collective that packs its blocks into a staging buffer (an all_to_all
+// between sharded dims: the blocks packed before it goes out and unpacked
+// once they arrive) pays those copies, each element read and written once,
+// at memory bandwidth, on top of its measured time.
+TEST(Estimate, ACollectivePaysTheCopiesThroughItsStagingBuffer) {
+  sched::RankDevice device{.hardware = {.name = "test",
+                                        .peak_gflops_f32 = 100,
+                                        .memory_gbps = 10,
+                                        .compute_efficiency = 1,
+                                        .memory_efficiency = 0.5},
+                           .world_size = 2};
+  device.hardware.collectives = sched::HardwareProfile::CollectiveModel::measured;
+  device.hardware.measured.tables[{comm::OpType::all_to_all, 2}] = {{0.0, 4.0}, {1 << 20, 4.0 + 1024}};
+  auto all_to_all_us = [&](int64_t buffer_elements) {
+    Graph g;
+    const ValueId x = g.add_input("x", {64, 64}, DType::f32);
+    const NodeId start =
+        g.add_node("all_to_all", {x},
+                   Attrs{attr::shape({128, 32}), attr::mesh_dims({0}), attr::group({0, 1}), attr::layout_before("S(0)"),
+                         attr::layout_after("S(1)"), attr::global_shape({128, 64}),
+                         attr::buffer_elements(buffer_elements), attr::comm_bytes(64.0 * 64 * 4)});
+    g.add_output(g.only_output(g.add_node("wait", g.node(start).outputs)));
+    return sched::node_us(g, start, device);
+  };
+  const double table_us = 4 + 16;  // 16 KiB on the measured line
+  // 2 x 4096 f32 elements through the buffer, each read and written: 64 KiB at 10 GB/s x 0.5.
+  EXPECT_NEAR(all_to_all_us(2 * 64 * 64), table_us + 2.0 * 2 * 64 * 64 * 4 / (10 * 0.5) * 1e-3, 1e-9);
+  // Blocks sent in place, without a buffer: the measured time alone.
+  EXPECT_NEAR(all_to_all_us(0), table_us, 1e-9);
+}
+
 // On a shared host a collective runs on the compute stream (the cores that
 // compute copy its bytes) and first waits for its group's slowest rank: in
 // benchmark mode, the measured share of what the rank computed since it last
