@@ -5,7 +5,8 @@
 # one rank of a 2-rank run of the benchmark model, a core each (`train
 # --profile`; as a share of the host's peak: rate x 2 / peak), and
 # meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
-# (`bench comm --group-size`, 4 KiB to 64 MiB), and how far the slowest rank of
+# (`bench comm --group-size`, 4 KiB to 64 MiB), in a group of 2 while the 2
+# other ranks of 4 compute (--others-compute), and how far the slowest rank of
 # a group of 2 or 4 trails when 4 ranks compute side by side (benchmark mode,
 # sync_lateness). The job's ranks share this one host (shared_host): a rank
 # of an N-rank job gets 1/N of the peaks, and while others wait (a
@@ -38,6 +39,14 @@ for job in "2 2" "2 4" "4 4"; do
   scripts/mpirun.sh -np "$np" build/meshtrain bench comm --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --min-bytes 4K --max-bytes 64M --rounds 9 --group-size "$group" --json > "$work/comm_${group}_$np.json"
 done
+# A pipeline stage's collectives run while the other stages compute: a rank
+# that shares its core with a computing one waits for its turn before it
+# sees its peer's data. Measured with the 2 other ranks of 4 computing, each
+# of the pair sharing its core with one of them (bound, 2 ranks a core), and
+# 1 ms of compute before each collective as in a stage's program.
+echo "calibrate: meshtrain's collectives in a group of 2 while the 2 other ranks compute" >&2
+scripts/mpirun.sh "${bind_ranks[@]}" -np 4 build/meshtrain bench comm --ops all_gather,reduce_scatter,all_reduce,all_to_all \
+  --min-bytes 4K --max-bytes 64M --rounds 9 --group-size 2 --others-compute --compute-us 1000 --json > "$work/comm_2_4_others.json"
 # Ranks that share the cores advance unevenly, and a collective waits for its
 # group's slowest rank: benchmark mode measures how far it trails in groups of
 # 2 and 4 (DP 2 x TP 2), and keeps it in its kernel cache.
@@ -90,8 +99,8 @@ for group in json.load(open(f"{work}/kernels.json")).get("sync_lateness", []):
     print("share = [" + ", ".join(f"{x:.4f}" for x in group["share"]) + "]")
 print("[collectives]")
 print('model = "measured"')
-for group, np_ in ((2, 2), (2, 4), (4, 4)):
-    rows = json.load(open(f"{work}/comm_{group}_{np_}.json"))["results"]
+for group, np_, others in ((2, 2, ""), (2, 4, ""), (4, 4, ""), (2, 4, "_others")):
+    rows = json.load(open(f"{work}/comm_{group}_{np_}{others}.json"))["results"]
     for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
         pts = sorted((r["bytes"], r["min_time_us"]) for r in rows if r["op"] == op)
         if not pts:
@@ -100,6 +109,8 @@ for group, np_ in ((2, 2), (2, 4), (4, 4)):
         print(f'op = "{op}"')
         print(f"ranks = {group}")
         print(f"world = {np_}")
+        if others:
+            print("others_compute = true  # measured while the job's other ranks computed")
         print("bytes = [" + ", ".join(str(int(b)) for b, _ in pts) + "]")
         print("us = [" + ", ".join(f"{t:.2f}" for _, t in pts) + "]")
 PY

@@ -194,6 +194,17 @@ void run_bucket(comm::ProcessGroup& pg, OpType op, Bucket& b) {
   unpack(unpacking);
 }
 
+// Keeps this rank's core busy for `d` of wall-clock time (dependent
+// multiply-adds, checking the clock every few microseconds).
+void busy_for(std::chrono::microseconds d) {
+  static volatile double sink = 0;
+  const auto until = std::chrono::steady_clock::now() + d;
+  double x = sink + 1.0;
+  while (std::chrono::steady_clock::now() < until)
+    for (int i = 0; i < 2000; ++i) x = x * 0.999999 + 1e-7;
+  sink = x;
+}
+
 // Mean seconds per iteration, the maximum over ranks (the slowest rank sets
 // the pace). `exclusive_mpi`: hold the MPI lock for the whole loop, so the
 // plain MPI calls run as in a program without meshtrain (its progress thread
@@ -292,7 +303,21 @@ struct Rounds {
   std::vector<double> ours, theirs, fused;
 };
 
-Rounds measure(comm::ProcessGroup& pg, SizeRun& run, int rounds, bool baseline) {
+// Seconds per iteration of `fn` after `compute` of busy time each
+// iteration, the busy time not counted.
+template <typename Fn>
+double time_after_compute(comm::ProcessGroup& pg, int iters, bool exclusive_mpi, std::chrono::microseconds compute,
+                          Fn&& fn) {
+  if (compute.count() == 0) return time_iterations(pg, iters, exclusive_mpi, fn);
+  return time_iterations(pg, iters, exclusive_mpi,
+                         [&] {
+                           busy_for(compute);
+                           fn();
+                         }) -
+         std::chrono::duration<double>(compute).count();
+}
+
+Rounds measure(comm::ProcessGroup& pg, SizeRun& run, int rounds, bool baseline, std::chrono::microseconds compute) {
   const bool fused = baseline && !run.buckets.empty();
   run_ours(pg, run);  // warm-up every path
   if (baseline) {
@@ -302,10 +327,10 @@ Rounds measure(comm::ProcessGroup& pg, SizeRun& run, int rounds, bool baseline) 
   }
   Rounds r;
   for (int round = 0; round < rounds; ++round) {
-    r.ours.push_back(time_iterations(pg, run.iters, false, [&] { run_ours(pg, run); }));
-    r.theirs.push_back(baseline ? time_iterations(pg, run.iters, true, [&] { run_theirs(run); })
+    r.ours.push_back(time_after_compute(pg, run.iters, false, compute, [&] { run_ours(pg, run); }));
+    r.theirs.push_back(baseline ? time_after_compute(pg, run.iters, true, compute, [&] { run_theirs(run); })
                                 : std::numeric_limits<double>::quiet_NaN());
-    if (fused) r.fused.push_back(time_iterations(pg, run.iters, true, [&] { run_fused(run); }));
+    if (fused) r.fused.push_back(time_after_compute(pg, run.iters, true, compute, [&] { run_fused(run); }));
   }
   return r;
 }
@@ -346,8 +371,11 @@ void print_header(const CommBenchOptions& o, int ranks, int n, bool baseline) {
       "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
       "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
       "busBw; bandwidths in GB/s (1e9 B/s)\n",
-      ranks, baseline ? "" : fmt::format(" in groups of {} at once (no MPI baseline)", n), o.verify ? "on" : "off",
-      o.rounds);
+      ranks,
+      baseline           ? ""
+      : o.others_compute ? fmt::format(" in a group of {} while the other ranks compute (no MPI baseline)", n)
+                         : fmt::format(" in groups of {} at once (no MPI baseline)", n),
+      o.verify ? "on" : "off", o.rounds);
   const int members = std::max(1, o.bucket);
   if (members > 1)
     fmt::print(
@@ -381,10 +409,29 @@ void print_row(const nlohmann::json& row) {
 
 }  // namespace
 
+// --others-compute: the ranks outside the timed group keep their cores busy
+// (a pipeline's other stages computing while a stage's collectives run)
+// until the group's first rank says it is done.
+constexpr int kDoneTag = 7301;
+
+void compute_until_done(comm::ProcessGroup& world) {
+  Tensor done_flag = Tensor::empty({1}, DType::f32);
+  const comm::WorkPtr done = world.recv(done_flag, 0, kDoneTag);
+  while (!done->is_completed()) busy_for(std::chrono::microseconds(100));
+  done->wait();
+}
+
+void tell_the_others_done(comm::ProcessGroup& world, int timed_ranks) {
+  Tensor done_flag = Tensor::zeros({1}, DType::f32);
+  for (int r = timed_ranks; r < world.size(); ++r) world.send(done_flag, r, kDoneTag)->wait();
+}
+
 int run_comm_bench(const CommBenchOptions& o) {
   MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
            "bench comm: need 4 <= --min-bytes <= --max-bytes, got {} and {}", o.min_bytes, o.max_bytes);
   MT_CHECK(o.rounds >= 1, "bench comm: --rounds must be at least 1, got {}", o.rounds);
+  MT_CHECK(o.compute_us >= 0 && o.compute_us <= 1'000'000, "bench comm: --compute-us must be from 0 to 1000000, got {}",
+           o.compute_us);
   const std::vector<BenchOp> ops = parse_ops(o);
   comm::GroupOptions group_options;
   group_options.verify = o.verify;
@@ -395,8 +442,16 @@ int run_comm_bench(const CommBenchOptions& o) {
   const int groups_of = o.group_size > 0 ? o.group_size : world->size();
   MT_CHECK(groups_of >= 2 && world->size() % groups_of == 0,
            "bench comm: --group-size {} must be at least 2 and divide the {} ranks", o.group_size, world->size());
+  MT_CHECK(!o.others_compute || groups_of < world->size(),
+           "bench comm: --others-compute needs --group-size smaller than the {} ranks (the ranks outside the first "
+           "group compute)",
+           world->size());
   const bool baseline = groups_of == world->size();  // plain MPI runs on the whole world only
   auto pg = baseline ? world : world->split(world->rank() / groups_of, 0, "bench_group");
+  if (o.others_compute && world->rank() >= groups_of) {
+    compute_until_done(*world);
+    return 0;
+  }
   const bool printer = world->rank() == 0;
   if (printer && !o.json) print_header(o, world->size(), pg->size(), baseline);
   nlohmann::json results = nlohmann::json::array();
@@ -405,16 +460,24 @@ int run_comm_bench(const CommBenchOptions& o) {
       const int64_t elems = bytes / 4 - bytes / 4 % pg->size();  // every rank gets a whole block
       if (elems == 0) continue;
       SizeRun run = make_size_run(o, op, elems, *pg);
-      const Rounds rounds = measure(*pg, run, o.rounds, baseline);
+      const Rounds rounds = measure(*pg, run, o.rounds, baseline, std::chrono::microseconds(o.compute_us));
       if (!printer) continue;
       results.push_back(result_row(run, rounds, pg->size()));
       if (!o.json) print_row(results.back());
     }
   }
+  if (o.others_compute && world->rank() == 0) tell_the_others_done(*world, groups_of);
   if (printer && o.json) {
-    nlohmann::json j{{"ranks", world->size()},     {"group_size", pg->size()}, {"dtype", "f32"},
-                     {"verify", o.verify},         {"rounds", o.rounds},       {"bucket", std::max(1, o.bucket)},
-                     {"bucket_cap", o.bucket_cap}, {"results", results}};
+    nlohmann::json j{{"ranks", world->size()},
+                     {"group_size", pg->size()},
+                     {"dtype", "f32"},
+                     {"verify", o.verify},
+                     {"rounds", o.rounds},
+                     {"bucket", std::max(1, o.bucket)},
+                     {"bucket_cap", o.bucket_cap},
+                     {"others_compute", o.others_compute},
+                     {"compute_us", o.compute_us},
+                     {"results", results}};
     fmt::print("{}\n", j.dump(1));
   }
   return 0;
@@ -445,6 +508,14 @@ Command add_bench_comm_command(CLI::App& app) {
   comm->add_option("--group-size", opts->group_size,
                    "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
                    "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")
+      ->capture_default_str();
+  comm->add_flag("--others-compute", opts->others_compute,
+                 "With --group-size: only the first group runs the collectives while the other ranks keep their "
+                 "cores busy, as a pipeline's other stages compute beside a stage's collectives (on a host whose "
+                 "cores the ranks share, a collective then waits for its ranks' turns on the cores)");
+  comm->add_option("--compute-us", opts->compute_us,
+                   "Keep the core busy this many microseconds before each collective, as a step computes between "
+                   "its collectives; the time reported leaves them out (0: collectives back to back)")
       ->capture_default_str();
   comm->add_option("--bucket", opts->bucket,
                    "Time this many collectives of each size at once, bucketed as training buckets them "

@@ -23,6 +23,13 @@ struct CommBenchOptions {
   // (a mesh dim of that size inside a larger job); 0: the whole world. No
   // MPI baseline then.
   int group_size = 0;
+  // With group_size: only the first group runs the collectives; the other
+  // ranks keep their cores busy meanwhile (a pipeline's other stages
+  // computing beside a stage's collectives).
+  bool others_compute = false;
+  // Busy time before each collective, left out of the time reported (a
+  // step's compute between its collectives); 0: back to back.
+  int64_t compute_us = 0;
   // Time `bucket` collectives of each size at once, as the trainer's
   // bucketing runs them: packed into one buffer (bucket_pack), one
   // collective, unpacked (bucket_unpack); next to the same collectives as

@@ -209,7 +209,8 @@ TrainingEstimate estimate_pipeline(const config::TrainConfig& config, int world_
   const int stage_size = place.stage_size, stage_rank = place.stage_rank, pp_rank = place.pp_rank;
   const compile::StageMesh where = place.where();
   const parallel::PpSchedule& schedule = place.schedule;
-  const sched::RankDevice device{hardware, world_size, nullptr};
+  // A stage's programs run their collectives while the other stages compute.
+  const sched::RankDevice device{hardware, world_size, nullptr, schedule.ranks > 1};
   const bool split = place.splits_backward;
   // The world rank at `pp` with this rank's place in its stage, and the
   // ranks of this rank's dp_shard and dp_replicate groups.

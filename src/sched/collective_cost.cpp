@@ -136,15 +136,19 @@ double nccl_collective_floor_us(comm::OpType kind, double bytes, int ranks, int 
   return bytes / (1000 * fastest);
 }
 
-double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int world) const {
+double MeasuredCollectives::us(comm::OpType kind, double bytes, int ranks, int world, bool others_compute) const {
   if (ranks == 1) return 0;
   const std::vector<std::pair<double, double>>* points = nullptr;
   int distance = 0;
   std::vector<int> measured;
+  const bool beside_compute =
+      others_compute && std::any_of(tables.begin(), tables.end(), [&](const auto& entry) {
+        return entry.first.kind == kind && entry.first.ranks == ranks && entry.first.others_compute;
+      });
   for (const auto& [key, table] : tables) {
     if (key.kind != kind) continue;
     measured.push_back(key.ranks);
-    if (key.ranks != ranks || table.empty()) continue;
+    if (key.ranks != ranks || key.others_compute != beside_compute || table.empty()) continue;
     const int d = std::abs(key.world - world);
     if (!points || d < distance) {
       points = &table;

@@ -60,13 +60,18 @@ struct MeasuredCollectives {
     comm::OpType kind;
     int ranks = 0;  // the group's
     int world = 0;  // the job's, all on the host; 0: any
+    // Measured while the job's other ranks computed (bench comm
+    // --others-compute: a pipeline's other stages beside a stage's
+    // collectives), not while every group ran the same collectives.
+    bool others_compute = false;
     auto operator<=>(const Key&) const = default;
   };
   std::map<Key, std::vector<std::pair<double, double>>> tables;
   // The table measured in a job of `world` ranks, else the one measured in
-  // the job size nearest it. Fails naming the group sizes measured when
-  // `ranks` is not one of them.
-  double us(comm::OpType kind, double bytes, int ranks, int world = 0) const;
+  // the job size nearest it; with `others_compute`, among the tables
+  // measured so where there are any for the op and group size. Fails naming
+  // the group sizes measured when `ranks` is not one of them.
+  double us(comm::OpType kind, double bytes, int ranks, int world = 0, bool others_compute = false) const;
 };
 
 }  // namespace meshtrain::sched

@@ -19,9 +19,10 @@ double collective_us(const graph::Node& node, const RankDevice& device) {
   if (node.op->name == "ring_shift") {
     const auto distance = static_cast<size_t>(node.attrs.get_or(graph::attr::ring_distance, int64_t{1}));
     return device.hardware.collective_us(comm::OpType::all_gather, 2 * bytes, {group.at(0), group.at(distance)},
-                                         device.world_size);
+                                         device.world_size, device.others_compute);
   }
-  return device.hardware.collective_us(costed_collective(node.op->name), bytes, group, device.world_size);
+  return device.hardware.collective_us(costed_collective(node.op->name), bytes, group, device.world_size,
+                                       device.others_compute);
 }
 
 // A started collective's copies through its staging buffer (its second

@@ -28,6 +28,11 @@ struct RankDevice {
   // Benchmark mode: compute nodes whose kernel_key is here take the measured
   // time (already the rank's, sharing included) instead of the roofline.
   const KernelTimes* measured = nullptr;
+  // The job's other ranks compute while this rank's collectives run (a
+  // pipeline stage's collectives beside the other stages' programs): on a
+  // shared host, the profile's tables measured so (bench comm
+  // --others-compute) cost them.
+  bool others_compute = false;
 };
 
 // One node's time on the rank's device, in microseconds: its measured time

@@ -32,10 +32,10 @@ int HardwareProfile::host_count(const std::vector<int64_t>& group) const {
 }
 
 double HardwareProfile::collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group,
-                                      int world_size) const {
+                                      int world_size, bool others_compute) const {
   const int ranks = static_cast<int>(group.size());
   if (ranks <= 1) return 0;
-  if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks, world_size);
+  if (collectives == CollectiveModel::measured) return measured.us(kind, bytes, ranks, world_size, others_compute);
   return nccl_collective_us(kind, bytes, ranks, host_count(group), nccl);
 }
 
@@ -256,8 +256,10 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       const toml::table* t = entry.as_table();
       if (!t) r.fail("collectives.table", "must hold tables");
       for (const auto& [k, v] : *t)
-        if (k.str() != "op" && k.str() != "ranks" && k.str() != "world" && k.str() != "bytes" && k.str() != "us")
-          r.fail(fmt::format("collectives.table.{}", k.str()), "unknown (a table has op, ranks, world, bytes and us)");
+        if (k.str() != "op" && k.str() != "ranks" && k.str() != "world" && k.str() != "others_compute" &&
+            k.str() != "bytes" && k.str() != "us")
+          r.fail(fmt::format("collectives.table.{}", k.str()),
+                 "unknown (a table has op, ranks, world, others_compute, bytes and us)");
       const auto op = (*t)["op"].value<std::string>();
       const auto ranks = (*t)["ranks"].value<int64_t>();
       if (!op) r.fail("collectives.table.op", "is required (all_gather, reduce_scatter, all_reduce, all_to_all)");
@@ -277,10 +279,17 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
       if (bytes.size() != us.size() || bytes.empty())
         r.fail("collectives.table",
                fmt::format("{} over {} ranks: bytes and us must be as long, and not empty", *op, *ranks));
-      const MeasuredCollectives::Key key{kind, static_cast<int>(*ranks), static_cast<int>(world)};
+      const toml::node_view<const toml::node> others_node = (*t)["others_compute"];
+      if (others_node && !others_node.is_boolean()) r.fail("collectives.table.others_compute", "must be true or false");
+      const bool others_compute = others_node.value_or(false);
+      if (others_compute && world <= *ranks)
+        r.fail("collectives.table.others_compute",
+               fmt::format("needs a world larger than the group's {} ranks (the other ranks compute)", *ranks));
+      const MeasuredCollectives::Key key{kind, static_cast<int>(*ranks), static_cast<int>(world), others_compute};
       if (p.measured.tables.count(key))
-        r.fail("collectives.table", fmt::format("{} over {} ranks in a job of {}: given twice", *op, *ranks,
-                                                world == 0 ? std::string("any size") : std::to_string(world)));
+        r.fail("collectives.table", fmt::format("{} over {} ranks in a job of {}{}: given twice", *op, *ranks,
+                                                world == 0 ? std::string("any size") : std::to_string(world),
+                                                others_compute ? " while the others compute" : ""));
       auto& points = p.measured.tables[key];
       for (size_t i = 0; i < bytes.size(); ++i) {
         if (i > 0 && bytes[i] < bytes[i - 1] + 1)

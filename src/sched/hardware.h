@@ -71,8 +71,11 @@ struct HardwareProfile {
   MeasuredCollectives measured;
 
   // A collective's time over `group` (global ranks) in a job of
-  // `world_size` ranks, `bytes` as nccl_collective_us counts them.
-  double collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group, int world_size) const;
+  // `world_size` ranks, `bytes` as nccl_collective_us counts them;
+  // `others_compute`: while the job's other ranks compute (a pipeline's
+  // other stages), where the measured tables say what that costs.
+  double collective_us(comm::OpType kind, double bytes, const std::vector<int64_t>& group, int world_size,
+                       bool others_compute = false) const;
   // A floor under the summed collective_us of collectives of `kind` over
   // `group` whose bytes add up to `bytes` (nccl_collective_floor_us; 0 for
   // measured collectives, whose tables promise no such floor).
@@ -108,7 +111,8 @@ HardwareProfile builtin_hardware(const std::string& name);
 //   [collectives] model = "nccl" | "measured"
 //     nccl: arch (volta|ampere|hopper|blackwell), intra_bus_gbps, inter_gbps, channels, amd_host
 //     measured: [[collectives.table]] op, ranks, world (the job's ranks when
-//               measured; optional), bytes = [...], us = [...]
+//               measured; optional), others_compute (measured while the
+//               job's other ranks computed; optional), bytes = [...], us = [...]
 HardwareProfile parse_hardware(const std::string& toml_text, const std::string& origin);
 // NAME of a built-in profile, or the path of a profile file; errors name
 // `option`, where the user gave it.

@@ -92,6 +92,22 @@ TEST(CollectiveCost, MeasuredTableInterpolates) {
                        "no all_gather over 2 ranks (measured over: 4)"));
 }
 
+// A table measured while the job's other ranks computed (bench comm
+// --others-compute) costs a collective beside computing ranks, and only
+// that one: for an op or group size without such a table, the plain tables.
+TEST(CollectiveCost, OthersComputeTablesCostOnlyCollectivesBesideCompute) {
+  sched::MeasuredCollectives m;
+  m.tables[{comm::OpType::all_gather, 2, 4}] = {{1000, 10}};
+  m.tables[{comm::OpType::all_gather, 4, 4}] = {{1000, 20}};
+  m.tables[{comm::OpType::reduce_scatter, 2, 4}] = {{1000, 30}};
+  m.tables[{comm::OpType::all_gather, 2, 4, true}] = {{1000, 150}};
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 2, 4), 10);
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 2, 4, true), 150);
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 2, 8, true), 150);  // the nearest job size's
+  EXPECT_EQ(m.us(comm::OpType::all_gather, 10, 4, 4, true), 20);
+  EXPECT_EQ(m.us(comm::OpType::reduce_scatter, 10, 2, 4, true), 30);
+}
+
 TEST(Hardware, BuiltinsAndFiles) {
   const auto names = sched::builtin_hardware_names();
   ASSERT_GE(names.size(), 2u);
@@ -150,6 +166,23 @@ us = [5, 15]
                        "a share must be a number from 0 to 3 (a fraction of the stretch, not a percentage), got 25"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
                        "collectives.table.world 3 must be a multiple of ranks 2"));
+  // A table measured while the other ranks computed: read, and used only for collectives beside them.
+  const std::string beside =
+      "[[collectives.table]]\nop = \"all_reduce\"\nranks = 2\nworld = 4\nothers_compute = true\n"
+      "bytes = [0, 1000]\nus = [105, 115]\n";
+  const sched::HardwareProfile others = sched::parse_hardware(measured + beside, "test");
+  EXPECT_EQ(others.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 4, true), 110);
+  EXPECT_EQ(others.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 4), 10);
+  std::string not_bool = beside;
+  not_bool.replace(not_bool.find("true"), 4, "1");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + not_bool, "test"); }),
+                       "collectives.table.others_compute must be true or false"));
+  std::string no_others = beside;
+  no_others.replace(no_others.find("world = 4"), 9, "world = 2");
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + no_others, "test"); }),
+                       "collectives.table.others_compute needs a world larger than the group's 2 ranks"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + beside + beside, "test"); }),
+                       "all_reduce over 2 ranks in a job of 4 while the others compute: given twice"));
   EXPECT_EQ(p.rank_share(2), 0.5);  // the job's ranks share the host
   EXPECT_EQ(p.rank_share(16), 1.0 / 16);
   EXPECT_EQ(p.busy_share(4, 1), 0.25);  // the host's cores unknown: never more than the rank's share
@@ -745,6 +778,42 @@ TEST(TrainingEstimate, PipelineStagesSharingCoresComputeFasterInTheBubble) {
   EXPECT_NEAR(shared.pipeline->makespan_us, (plain.pipeline->makespan_us - hops) / 2 + hops,
               1e-9 * plain.pipeline->makespan_us);
   EXPECT_NEAR(shared.pipeline->rank_busy_us, plain.pipeline->rank_busy_us / 2, 1e-9 * plain.pipeline->rank_busy_us);
+}
+
+// A pipeline stage's collectives run while the other stages compute: on a
+// shared host they cost the profile's tables measured so (cpu-2core, 4
+// ranks, TP 2 x PP 2, GPipe: the TP collectives inside each program). With
+// those tables 1 ms above the plain ones, each program's collectives cost 1
+// ms more each; a plan without a pipeline (TP 2 x DP 2) costs as before.
+TEST(TrainingEstimate, PipelineStageCollectivesCostTheTablesBesideCompute) {
+  config::TrainConfig c;
+  c.model = {.dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4, .ffn_dim = 256, .vocab_size = 512};
+  c.data.batch_size = 4;
+  c.data.seq_len = 64;
+  c.parallel.dp_shard = 2;
+  c.parallel.tp = 2;
+  const sched::HardwareProfile plain = sched::builtin_hardware("cpu-2core");
+  sched::HardwareProfile beside = plain;
+  for (const auto& [key, points] : plain.measured.tables) {
+    if (key.ranks != 2 || key.world != 4) continue;
+    auto& slower = beside.measured.tables[{key.kind, 2, 4, true}];
+    for (const auto& [bytes, us] : points) slower.emplace_back(bytes, us + 1000);
+  }
+  EXPECT_EQ(estimate::estimate_training(c, 4, 0, beside).time.step_us,
+            estimate::estimate_training(c, 4, 0, plain).time.step_us);
+  c.parallel.dp_shard = 1;
+  c.parallel.pp = 2;
+  c.parallel.pp_schedule = parallel::PpScheduleKind::gpipe;
+  c.parallel.pp_microbatches = 2;
+  const estimate::TrainingEstimate before = estimate::estimate_training(c, 4, 0, plain);
+  const estimate::TrainingEstimate after = estimate::estimate_training(c, 4, 0, beside);
+  ASSERT_TRUE(before.pipeline && after.pipeline);
+  const auto stage_us = [](const estimate::PipelineEstimate& p) {
+    return p.forward_us[0] + p.backward_input_us[0] + p.backward_weight_us[0];
+  };
+  const double per_microbatch = static_cast<double>(before.collectives) / 2;  // rank 0's one stage, 2 microbatches
+  ASSERT_GT(per_microbatch, 0);
+  EXPECT_NEAR(stage_us(*after.pipeline) - stage_us(*before.pipeline), 1000 * per_microbatch, 1e-6);
 }
 
 // training.fp8's GEMMs run at the profile's FP8 peak: on an H100 a large
