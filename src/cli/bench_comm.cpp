@@ -407,8 +407,6 @@ void print_row(const nlohmann::json& row) {
   std::fflush(stdout);
 }
 
-}  // namespace
-
 // --others-compute: the ranks outside the timed group keep their cores busy
 // (a pipeline's other stages computing while a stage's collectives run)
 // until the group's first rank says it is done.
@@ -425,6 +423,8 @@ void tell_the_others_done(comm::ProcessGroup& world, int timed_ranks) {
   Tensor done_flag = Tensor::zeros({1}, DType::f32);
   for (int r = timed_ranks; r < world.size(); ++r) world.send(done_flag, r, kDoneTag)->wait();
 }
+
+}  // namespace
 
 int run_comm_bench(const CommBenchOptions& o) {
   MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,

@@ -25,16 +25,14 @@ double collective_us(const graph::Node& node, const RankDevice& device) {
                                        device.others_compute);
 }
 
-// A started collective's copies through its staging buffer (its second
-// output): the blocks packed into it before they go out (reduce_scatter,
-// all_to_all) or unpacked from it once they arrive (all_gather, all_to_all),
-// each element read once and written once, at the rank's memory bandwidth.
-double staging_us(const graph::Node& node, const graph::ValueInfos& out, const RankDevice& device) {
+// The bytes a started collective moves through its staging buffer (its
+// second output): the blocks packed into it before they go out
+// (reduce_scatter, all_to_all) or unpacked from it once they arrive
+// (all_gather, all_to_all), each element read once and written once.
+double staging_bytes(const graph::Node& node, const graph::ValueInfos& out) {
   const int64_t elements = node.attrs.get_or(graph::attr::buffer_elements, int64_t{0});
   if (elements <= 0 || out.empty()) return 0;
-  const HardwareProfile& hw = device.hardware;
-  const double bytes = 2.0 * static_cast<double>(elements) * static_cast<double>(dtype_size(out[0].dtype));
-  return bytes / (hw.memory_gbps * hw.rank_share(device.world_size) * hw.memory_efficiency) * 1e-3;
+  return 2.0 * static_cast<double>(elements) * static_cast<double>(dtype_size(out[0].dtype));
 }
 
 // How much faster a group's slowest rank runs while the rest of its group
@@ -54,10 +52,13 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   const HardwareProfile& hw = device.hardware;
   const graph::ValueInfos in = graph::value_infos(g, node.inputs), out = graph::value_infos(g, node.outputs);
   const double share = hw.rank_share(device.world_size);
-  const double bytes = graph::op_bytes(*node.op, in, out, node.attrs);
-  const double memory_us = bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;
+  const auto at_memory_bandwidth = [&](double bytes) {
+    return bytes / (hw.memory_gbps * share * hw.memory_efficiency) * 1e-3;
+  };
+  const double memory_us = at_memory_bandwidth(graph::op_bytes(*node.op, in, out, node.attrs));
   if (node.op->is_collective)
-    return node.op->starts_async ? collective_us(node, device) + staging_us(node, out, device) : memory_us;
+    return node.op->starts_async ? collective_us(node, device) + at_memory_bandwidth(staging_bytes(node, out))
+                                 : memory_us;
   if (device.measured != nullptr)
     if (const auto us = device.measured->find(kernel_key(g, id))) return *us;
   MT_CHECK(hw.peak_gflops_f32 > 0 && hw.memory_gbps > 0,

@@ -153,16 +153,17 @@ us = [5, 15]
                        "interval_us and share must be as long"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + lateness + lateness, "test"); }),
                        "for groups of 4 ranks in a job of 4: given twice"));
-  const auto profile_error = [&](const std::string& from, const std::string& to) {
-    std::string text = lateness;
-    text.replace(text.find(from), from.size(), to);
-    return message_of([&] { sched::parse_hardware(measured + text, "test"); });
+  // The error of the measured profile with `table` added after one edit of it.
+  const auto profile_error = [&](std::string table, const std::string& from, const std::string& to) {
+    table.replace(table.find(from), from.size(), to);
+    return message_of([&] { sched::parse_hardware(measured + table, "test"); });
   };
-  EXPECT_TRUE(contains(profile_error("world = 4\n", ""), "device.sync_lateness.world is required"));
-  EXPECT_TRUE(contains(profile_error("ranks = 4", "ranks = \"4\""), "device.sync_lateness.ranks must be an integer"));
-  EXPECT_TRUE(contains(profile_error("interval_us = [1000, 3000]\n", ""),
+  EXPECT_TRUE(contains(profile_error(lateness, "world = 4\n", ""), "device.sync_lateness.world is required"));
+  EXPECT_TRUE(
+      contains(profile_error(lateness, "ranks = 4", "ranks = \"4\""), "device.sync_lateness.ranks must be an integer"));
+  EXPECT_TRUE(contains(profile_error(lateness, "interval_us = [1000, 3000]\n", ""),
                        "device.sync_lateness.interval_us must be an array of numbers"));
-  EXPECT_TRUE(contains(profile_error("share = [0.5, 0.25]", "share = [25, 10]"),
+  EXPECT_TRUE(contains(profile_error(lateness, "share = [0.5, 0.25]", "share = [25, 10]"),
                        "a share must be a number from 0 to 3 (a fraction of the stretch, not a percentage), got 25"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + "world = 3\n", "test"); }),
                        "collectives.table.world 3 must be a multiple of ranks 2"));
@@ -173,13 +174,8 @@ us = [5, 15]
   const sched::HardwareProfile others = sched::parse_hardware(measured + beside, "test");
   EXPECT_EQ(others.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 4, true), 110);
   EXPECT_EQ(others.collective_us(comm::OpType::all_reduce, 500, {0, 1}, 4), 10);
-  std::string not_bool = beside;
-  not_bool.replace(not_bool.find("true"), 4, "1");
-  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + not_bool, "test"); }),
-                       "collectives.table.others_compute must be true or false"));
-  std::string no_others = beside;
-  no_others.replace(no_others.find("world = 4"), 9, "world = 2");
-  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + no_others, "test"); }),
+  EXPECT_TRUE(contains(profile_error(beside, "true", "1"), "collectives.table.others_compute must be true or false"));
+  EXPECT_TRUE(contains(profile_error(beside, "world = 4", "world = 2"),
                        "collectives.table.others_compute needs a world larger than the group's 2 ranks"));
   EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(measured + beside + beside, "test"); }),
                        "all_reduce over 2 ranks in a job of 4 while the others compute: given twice"));
