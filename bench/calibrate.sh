@@ -29,6 +29,14 @@ bench_text "$work/text.txt"
 scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
   --model.n_kv_heads 8 --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps 12 \
   --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile > "$work/profile.txt"
+# A small GEMM runs below a large one's rate: the same at a pipeline's
+# smallest microbatch (one sequence of 128 a rank), for each op's fixed time
+# per call.
+echo "calibrate: op rates of the same at one sequence of 128 a rank" >&2
+scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
+  --model.n_kv_heads 8 --data.seq_len 128 --data.batch_size 2 --data.path "$work/text.txt" --training.steps 24 \
+  --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile \
+  > "$work/profile_small.txt"
 # A group's time depends on the ranks sharing the host: a pair in a 4-rank
 # job waits for cores the other pair holds. Each (group, job) measured apart;
 # each size's time is its fastest round (preemption by the host's other
@@ -64,12 +72,15 @@ def gflops(path):  # gemm_peak prints GFLOP/s
     return float(open(path).read().split()[-1])
 f32, bf16 = gflops(f"{work}/f32"), gflops(f"{work}/bf16")
 # train --profile rows: op, calls, ms, share, GFLOP/s, GB/s
-ops = {}
-for line in open(f"{work}/profile.txt"):
-    m = re.match(r"^(?:profile \(steps 2\.\.\):)?\s+([a-z_]+)\s+(\d+)\s+([0-9.]+)\s+[0-9.]+%\s+([0-9.]+)\s+([0-9.]+)\s*$", line)
-    if m and m.group(1) != "op":
-        op, ms, gf, gb = m.group(1), float(m.group(3)), float(m.group(4)), float(m.group(5))
-        ops[op] = (ms * 1e-3, gf * ms * 1e-3, gb * ms * 1e-3)  # seconds, GFLOP, GB
+def profile(path):
+    ops = {}
+    for line in open(path):
+        m = re.match(r"^(?:profile \(steps 2\.\.\):)?\s+([a-z_]+)\s+(\d+)\s+([0-9.]+)\s+[0-9.]+%\s+([0-9.]+)\s+([0-9.]+)\s*$", line)
+        if m and m.group(1) != "op":
+            op, calls, ms, gf, gb = m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5))
+            ops[op] = (ms * 1e-3, gf * ms * 1e-3, gb * ms * 1e-3, calls)  # seconds, GFLOP, GB, calls
+    return ops
+ops, small = profile(f"{work}/profile.txt"), profile(f"{work}/profile_small.txt")
 # The GEMMs and the attention, compute-bound: their own efficiencies. The rest
 # (elementwise, norms, the optimizer) are memory-bound: one bandwidth.
 heavy = ["matmul", "rows_matmul", "grouped_matmul", "grouped_matmul_wgrad", "attention", "attention_backward"]
@@ -87,10 +98,27 @@ print("compute_efficiency = 1.0")
 print("memory_efficiency = 1.0")
 print("shared_host = true")
 print(f"cores = {threads}  # a rank computing while others wait (a pipeline's bubble) may take up to its threads' cores")
-print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
+# Per heavy op, a call's time t = GFLOP / rate + fixed, through its mean call
+# at both sizes (the large run's rate alone where the fit fails).
+fits = {}
 for op in heavy:
-    if op in ops and ops[op][0] > 0:
-        print(f"{op} = {min(1.0, share * ops[op][1] / ops[op][0] / f32):.4f}")  # a fraction: at most 1
+    if op not in ops or ops[op][0] <= 0:
+        continue
+    (t1, f1, _, n1), rate = ops[op], ops[op][1] / ops[op][0]
+    fixed = 0.0
+    if op in small and small[op][3] > 0:
+        t2, f2, _, n2 = small[op]
+        t1, f1, t2, f2 = t1 / n1, f1 / n1, t2 / n2, f2 / n2
+        if t1 > t2 and f1 > f2 and (f1 - f2) / (t1 - t2) > 0 and t2 - f2 * (t1 - t2) / (f1 - f2) > 0:
+            rate = (f1 - f2) / (t1 - t2)
+            fixed = t2 - f2 / rate
+    fits[op] = (min(1.0, share * rate / f32), fixed * 1e6 / share)
+print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
+for op, (efficiency, _) in fits.items():
+    print(f"{op} = {efficiency:.4f}")  # a fraction: at most 1
+print("[device.op_call_us]  # a call's fixed time beyond its FLOPs at that rate, x 1/2 (the rank's share)")
+for op, (_, us) in fits.items():
+    print(f"{op} = {us:.2f}")
 for group in json.load(open(f"{work}/kernels.json")).get("sync_lateness", []):
     print("[[device.sync_lateness]]  # how far a group's slowest rank trails its mean: share x interval")
     print(f"world = {group['world']}")

@@ -277,6 +277,7 @@ const GlobalCompute& global_compute(const config::TrainConfig& planned, int worl
                      hardware.peak_gflops_fp8, hardware.memory_gbps, hardware.compute_efficiency,
                      hardware.memory_efficiency, hardware.shared_host);
   for (const auto& [op, e] : hardware.op_efficiency) key += fmt::format(" {}={}", op, e);
+  for (const auto& [op, us] : hardware.op_call_us) key += fmt::format(" {}+{}us", op, us);
   static std::mutex mu;
   static std::map<std::string, GlobalCompute> known;  // entries never move
   {

@@ -69,8 +69,10 @@ double node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device
   const double peak = (fp8 ? hw.peak_gflops_fp8 : bf16 ? hw.peak_gflops_bf16 : hw.peak_gflops_f32) * share;
   const auto own = hw.op_efficiency.find(node.op->name);
   const double efficiency = own != hw.op_efficiency.end() ? own->second : hw.compute_efficiency;
+  const auto call = hw.op_call_us.find(node.op->name);
+  const double call_us = call != hw.op_call_us.end() ? call->second / share : 0;
   const double flops = graph::op_flops(*node.op, in, out, node.attrs);
-  return std::max(flops / (peak * efficiency) * 1e-3, memory_us);
+  return std::max(flops / (peak * efficiency) * 1e-3 + call_us, memory_us);
 }
 
 double planned_node_us(const graph::Graph& g, graph::NodeId id, const RankDevice& device,

@@ -138,6 +138,25 @@ void unknown_keys(const toml::table& t, const std::string& prefix, const std::se
   }
 }
 
+// A table of ops' numbers ([device.op_efficiency], [device.op_call_us]):
+// each key an op's name, each value as `value` checks it.
+template <typename Value>
+std::map<std::string, double> op_table(Reader& r, const std::string& table, Value&& value) {
+  r.used.insert(table);
+  std::map<std::string, double> out;
+  if (const toml::table* ops = r.root.at_path(table).as_table())
+    for (const auto& [op, v] : *ops) {
+      const std::string key = fmt::format("{}.{}", table, op.str());
+      try {
+        graph::find_op(std::string(op.str()));
+      } catch (const InvalidArgument& e) {
+        r.fail(key, fmt::format("names no op: {}", e.what()));
+      }
+      out[std::string(op.str())] = value(key, v);
+    }
+  return out;
+}
+
 }  // namespace
 
 double SyncLateness::us(int64_t world, int64_t ranks, double interval_us) const {
@@ -217,20 +236,18 @@ HardwareProfile parse_hardware(const std::string& toml_text, const std::string& 
   p.host_cores = r.integer("device.cores", 0, 1 << 20);
   if (p.host_cores > 0 && !p.shared_host)
     r.fail("device.cores", "is for ranks that share a host's cores: set device.shared_host = true");
-  r.used.insert("device.op_efficiency");
-  if (const toml::table* ops = root.at_path("device.op_efficiency").as_table())
-    for (const auto& [op, v] : *ops) {
-      const std::string key = fmt::format("device.op_efficiency.{}", op.str());
-      try {
-        graph::find_op(std::string(op.str()));
-      } catch (const InvalidArgument& e) {
-        r.fail(key, fmt::format("names no op: {}", e.what()));
-      }
-      const auto e = v.value<double>();
-      if (!e || !std::isfinite(*e) || *e < Reader::kSmallestPositive || *e > 1)
-        r.fail(key, fmt::format("must be a fraction of the peak, above 0 and at most 1, got {}", toml_value_text(v)));
-      p.op_efficiency[std::string(op.str())] = *e;
-    }
+  p.op_efficiency = op_table(r, "device.op_efficiency", [&](const std::string& key, const toml::node& v) {
+    const auto e = v.value<double>();
+    if (!e || !std::isfinite(*e) || *e < Reader::kSmallestPositive || *e > 1)
+      r.fail(key, fmt::format("must be a fraction of the peak, above 0 and at most 1, got {}", toml_value_text(v)));
+    return *e;
+  });
+  p.op_call_us = op_table(r, "device.op_call_us", [&](const std::string& key, const toml::node& v) {
+    const auto us = v.value<double>();
+    if (!us || !std::isfinite(*us) || *us < 0 || *us > 1e6)
+      r.fail(key, fmt::format("must be microseconds from 0 to 1e6, got {}", toml_value_text(v)));
+    return *us;
+  });
   const std::string model = r.text("collectives.model", "nccl");
   if (model == "nccl") {
     p.collectives = HardwareProfile::CollectiveModel::nccl;

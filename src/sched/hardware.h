@@ -55,6 +55,10 @@ struct HardwareProfile {
   double compute_efficiency = 0.75;
   double memory_efficiency = 0.75;
   std::map<std::string, double> op_efficiency;
+  // Ops' fixed time per call, microseconds of the whole device, beyond
+  // their FLOPs at their efficiency (a small GEMM runs below the rate of a
+  // large one); a rank with a share of a shared host pays it over its share.
+  std::map<std::string, double> op_call_us;
   int devices_per_host = 8;
   // The job's ranks all run on this one host and share its peaks (CPU
   // cores): each of N ranks gets 1/N of them.
@@ -106,6 +110,7 @@ HardwareProfile builtin_hardware(const std::string& name);
 //            compute_efficiency, memory_efficiency, devices_per_host, shared_host,
 //            cores (shared_host only: the host's)
 //   [device.op_efficiency] <op> = fraction
+//   [device.op_call_us] <op> = microseconds (a call's fixed time)
 //   [[device.sync_lateness]] world, ranks, interval_us = [...], share = [...]
 //            (shared_host only: a group's slowest rank trails by share x interval)
 //   [collectives] model = "nccl" | "measured"

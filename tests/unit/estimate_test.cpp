@@ -837,6 +837,29 @@ TEST(Estimate, Fp8GemmAtTheFp8Peak) {
       2 * (2 * elements + 2 * elements) + 2 * elements);
 }
 
+// An op's fixed time per call ([device.op_call_us]) adds to its FLOPs' time,
+// over the rank's share of a shared host; other ops pay none.
+TEST(Estimate, AnOpsCallTimeAddsToItsFlopsTime) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const graph::ValueId x = g.add_input("x", {128, 256}, DType::f32), w = g.add_input("w", {768, 256}, DType::f32);
+  const graph::NodeId mm = g.value(b.matmul(x, w, false, true)).producer;
+  const std::string profile =
+      "name = \"calls\"\n[device]\npeak_gflops_f32 = 100\nmemory_gbps = 1000\nshared_host = true\n"
+      "[device.op_efficiency]\nmatmul = 0.5\n";
+  const double flops_us = 2.0 * 128 * 256 * 768 / (100e3 * 0.5 * 0.25);  // 4 ranks: a quarter of the host
+  const sched::RankDevice plain{sched::parse_hardware(profile, "test"), 4};
+  EXPECT_NEAR(sched::node_us(g, mm, plain), flops_us, 1e-9 * flops_us);
+  const sched::RankDevice calls{sched::parse_hardware(profile + "[device.op_call_us]\nmatmul = 15\n", "test"), 4};
+  EXPECT_NEAR(sched::node_us(g, mm, calls), flops_us + 15 * 4, 1e-9 * flops_us);
+  const sched::RankDevice other{sched::parse_hardware(profile + "[device.op_call_us]\nattention = 15\n", "test"), 4};
+  EXPECT_NEAR(sched::node_us(g, mm, other), flops_us, 1e-9 * flops_us);
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(profile + "[device.op_call_us]\nmatmul = -1\n", "t"); }),
+                       "device.op_call_us.matmul must be microseconds from 0 to 1e6, got -1"));
+  EXPECT_TRUE(contains(message_of([&] { sched::parse_hardware(profile + "[device.op_call_us]\nmatmull = 1\n", "t"); }),
+                       "device.op_call_us.matmull names no op"));
+}
+
 // The floor of a collective's time: below the model's time for the bytes
 // in one collective or split any way into several, and not far below it
 // for a large one (the floor is the bandwidth term, with no latency).
