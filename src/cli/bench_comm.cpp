@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "graph/attrs.h"
 #include "kernels/cpu/op_kernels.h"
+#include "train/rank_agreement.h"
 
 namespace meshtrain::cli {
 
@@ -424,28 +425,38 @@ void tell_the_others_done(comm::ProcessGroup& world, int timed_ranks) {
   for (int r = timed_ranks; r < world.size(); ++r) world.send(done_flag, r, kDoneTag)->wait();
 }
 
+// The options, checked against the job (a collective under mpirun: an
+// error every rank meets is said once, by rank 0).
+std::vector<BenchOp> checked_ops(const CommBenchOptions& o, comm::ProcessGroup& world, int groups_of) {
+  std::vector<BenchOp> ops;
+  train::fail_together(&world, [&] {
+    MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
+             "bench comm: need 4 <= --min-bytes <= --max-bytes, got {} and {}", o.min_bytes, o.max_bytes);
+    MT_CHECK(o.rounds >= 1, "bench comm: --rounds must be at least 1, got {}", o.rounds);
+    MT_CHECK(o.compute_us >= 0 && o.compute_us <= 1'000'000,
+             "bench comm: --compute-us must be from 0 to 1000000, got {}", o.compute_us);
+    ops = parse_ops(o);
+    MT_CHECK(world.size() >= 2,
+             "bench comm needs at least 2 ranks; run it under mpirun, e.g. "
+             "`mpirun -np 4 meshtrain bench comm`");
+    MT_CHECK(groups_of >= 2 && world.size() % groups_of == 0,
+             "bench comm: --group-size {} must be at least 2 and divide the {} ranks", o.group_size, world.size());
+    MT_CHECK(!o.others_compute || groups_of < world.size(),
+             "bench comm: --others-compute needs --group-size smaller than the {} ranks (the ranks outside the "
+             "first group compute)",
+             world.size());
+  });
+  return ops;
+}
+
 }  // namespace
 
 int run_comm_bench(const CommBenchOptions& o) {
-  MT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
-           "bench comm: need 4 <= --min-bytes <= --max-bytes, got {} and {}", o.min_bytes, o.max_bytes);
-  MT_CHECK(o.rounds >= 1, "bench comm: --rounds must be at least 1, got {}", o.rounds);
-  MT_CHECK(o.compute_us >= 0 && o.compute_us <= 1'000'000, "bench comm: --compute-us must be from 0 to 1000000, got {}",
-           o.compute_us);
-  const std::vector<BenchOp> ops = parse_ops(o);
   comm::GroupOptions group_options;
   group_options.verify = o.verify;
   auto world = comm::create_world("mpi", group_options);
-  MT_CHECK(world->size() >= 2,
-           "bench comm needs at least 2 ranks; run it under mpirun, e.g. "
-           "`mpirun -np 4 meshtrain bench comm`");
   const int groups_of = o.group_size > 0 ? o.group_size : world->size();
-  MT_CHECK(groups_of >= 2 && world->size() % groups_of == 0,
-           "bench comm: --group-size {} must be at least 2 and divide the {} ranks", o.group_size, world->size());
-  MT_CHECK(!o.others_compute || groups_of < world->size(),
-           "bench comm: --others-compute needs --group-size smaller than the {} ranks (the ranks outside the first "
-           "group compute)",
-           world->size());
+  const std::vector<BenchOp> ops = checked_ops(o, *world, groups_of);
   const bool baseline = groups_of == world->size();  // plain MPI runs on the whole world only
   auto pg = baseline ? world : world->split(world->rank() / groups_of, 0, "bench_group");
   if (o.others_compute && world->rank() >= groups_of) {
