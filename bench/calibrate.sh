@@ -3,7 +3,9 @@
 # measurements taken here: the GEMM peak (gemm_peak, all cores, f32 and
 # bf16), each compute-heavy op's rate and the memory-bound ops' bandwidth on
 # one rank of a 2-rank run of the benchmark model, a core each (`train
-# --profile`; as a share of the host's peak: rate x 2 / peak), and
+# --profile`; as a share of the host's peak: rate x 2 / peak), each of
+# those ops' fixed time per call (the same run again at one sequence of 128
+# a rank, a line fitted through the two mean calls: op_call_us), and
 # meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
 # (`bench comm --group-size`, 4 KiB to 64 MiB), in a group of 2 while the 2
 # other ranks of 4 compute (--others-compute), and how far the slowest rank of
