@@ -28,17 +28,18 @@ OMP_NUM_THREADS=$threads build/gemm_peak float32 > "$work/f32"
 OMP_NUM_THREADS=$threads build/gemm_peak bfloat16 > "$work/bf16"
 echo "calibrate: op rates of one rank of 2 (one core each) training the benchmark model (f32, DDP)" >&2
 bench_text "$work/text.txt"
-scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
-  --model.n_kv_heads 8 --data.seq_len 256 --data.batch_size 8 --data.path "$work/text.txt" --training.steps 12 \
-  --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile > "$work/profile.txt"
+# `train --profile` of the benchmark model on 2 ranks (DDP 2) into FILE: profile FILE SEQ_LEN BATCH STEPS
+profile() {
+  scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
+    --model.n_kv_heads 8 --data.seq_len "$2" --data.batch_size "$3" --data.path "$work/text.txt" --training.steps "$4" \
+    --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile > "$1"
+}
+profile "$work/profile.txt" 256 8 12
 # A small GEMM runs below a large one's rate: the same at a pipeline's
 # smallest microbatch (one sequence of 128 a rank), for each op's fixed time
 # per call.
 echo "calibrate: op rates of the same at one sequence of 128 a rank" >&2
-scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
-  --model.n_kv_heads 8 --data.seq_len 128 --data.batch_size 2 --data.path "$work/text.txt" --training.steps 24 \
-  --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile \
-  > "$work/profile_small.txt"
+profile "$work/profile_small.txt" 128 2 24
 # A group's time depends on the ranks sharing the host: a pair in a 4-rank
 # job waits for cores the other pair holds. Each (group, job) measured apart;
 # each size's time is its fastest round (preemption by the host's other
@@ -111,9 +112,10 @@ for op in heavy:
     if op in small and small[op][3] > 0:
         t2, f2, _, n2 = small[op]
         t1, f1, t2, f2 = t1 / n1, f1 / n1, t2 / n2, f2 / n2
-        if t1 > t2 and f1 > f2 and (f1 - f2) / (t1 - t2) > 0 and t2 - f2 * (t1 - t2) / (f1 - f2) > 0:
-            rate = (f1 - f2) / (t1 - t2)
-            fixed = t2 - f2 / rate
+        if t1 > t2 and f1 > f2:
+            fit_rate = (f1 - f2) / (t1 - t2)
+            if t2 > f2 / fit_rate:  # a positive fixed time
+                rate, fixed = fit_rate, t2 - f2 / fit_rate
     fits[op] = (min(1.0, share * rate / f32), fixed * 1e6 / share)
 print("[device.op_efficiency]  # the rank's measured rate / its share (1/2) of the f32 GEMM peak")
 for op, (efficiency, _) in fits.items():
