@@ -39,8 +39,9 @@ class Engine {
   // that its memory serves again, or a new one.
   MpiOp& spare_op() {
     if (spare_ops_.empty()) spare_ops_.push_back(std::make_unique<MpiOp>());
-    spare_ops_.front()->recycle();  // an op that failed to start may have left its fields
-    return *spare_ops_.front();
+    MpiOp& op = *spare_ops_.front();
+    if (op.desc) op.recycle();  // an op that failed to start left its fields (a done one was recycled)
+    return op;
   }
 
   // Track the op spare_op() gave and post what it may (caller holds mu_);

@@ -189,14 +189,14 @@ const int64_t* FirstStage::row_of_rank(const MpiOp& op, int rank) const {
 bool FirstStage::agree(const MpiOp& op) const {
   const int n = op.group->size;
   const size_t width = fingerprint_.size(), head = OpDesc::kFingerprintHead;
-  for (int r = 0; r < n; ++r) {
-    const int64_t* f = row_of_rank(op, r);
+  by_rank_.resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) by_rank_[r] = row_of_rank(op, r);
+  for (const int64_t* f : by_rank_)
     if (f[width - 1] != 0 || !std::equal(f, f + head, fingerprint_.data())) return false;
-  }
   if (op.desc->op != OpType::all_to_all) return true;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j)
-      if (row_of_rank(op, i)[head + j] != row_of_rank(op, j)[head + n + i]) return false;
+      if (by_rank_[i][head + j] != by_rank_[j][head + n + i]) return false;
   return true;
 }
 

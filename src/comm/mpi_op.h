@@ -162,6 +162,7 @@ class FirstStage {
   size_t slot_bytes_ = 0;                        // of one first message: header, then inline data
   Buffer slots_;                                 // the first messages: a slot per peer in, then one per peer out
   std::vector<std::vector<std::byte>> dropped_;  // second messages this rank did not expect
+  mutable std::vector<const int64_t*> by_rank_;  // agree's: each rank's fingerprint
   int error_ = MPI_SUCCESS;
 };
 
