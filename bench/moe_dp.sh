@@ -12,8 +12,10 @@
 # Each rank runs on one thread (OMP_NUM_THREADS=1); with more ranks than
 # cores they share cores (printed). Also printed: the parameters each model
 # holds (the MoE's experts are 4x the dense MLP's weights, which FSDP gathers
-# and reduces every step), and the time per step rank 0's compute thread
-# spends in collectives (--profile: starts, waits, bucket packing).
+# and reduces every step), the time per step rank 0's compute thread
+# spends in collectives (--profile: starts, waits, bucket packing), and the
+# MoE's routing balance: its most unbalanced layer's tokens per expert, max
+# over mean (with EP the rank holding the busiest expert sets the pace).
 # Usage: [ROUNDS=3] [EP=1] bench/moe_dp.sh [RANKS] [STEPS] [float32|bfloat16]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,10 +67,14 @@ def comm_ms(name, r):  # rank 0's profile covers steps 2..: per step
         if m and m.group(1) in comm_ops: total += float(m.group(3))
     return total / (steps + 2)
 tokens = 8 * 256
+def load(r):  # the most unbalanced MoE layer's tokens per expert, max / mean, over the timed steps (median)
+    rows = [json.loads(l) for l in open(f"{work}/m_moe_{r}.jsonl")][-steps:]
+    worst = [max(x["tokens_per_expert_max"] / x["tokens_per_expert_mean"] for x in row["moe"]) for row in rows]
+    return statistics.median(worst)
 rows = [(step_s("moe", r), step_s("dense", r), comm_ms("moe", r), comm_ms("dense", r)) for r in range(1, rounds + 1)]
 for r, (m, d, mc, dc) in enumerate(rows, 1):
-    print(f"round {r}: MoE {tokens / m:.0f} tok/s ({m * 1e3:.0f} ms, comm {mc:.0f} ms), dense {tokens / d:.0f} tok/s "
-          f"({d * 1e3:.0f} ms, comm {dc:.0f} ms), ratio {d / m:.2f}")
+    print(f"round {r}: MoE {tokens / m:.0f} tok/s ({m * 1e3:.0f} ms, comm {mc:.0f} ms, experts max/mean {load(r):.2f}), "
+          f"dense {tokens / d:.0f} tok/s ({d * 1e3:.0f} ms, comm {dc:.0f} ms), ratio {d / m:.2f}")
 ratios = [d / m for m, d, _, _ in rows]
 print(f"MoE {tokens / statistics.median(r[0] for r in rows):.0f} tok/s, dense (same active parameters) "
       f"{tokens / statistics.median(r[1] for r in rows):.0f} tok/s (medians of {rounds} rounds); "
