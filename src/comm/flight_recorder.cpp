@@ -22,6 +22,12 @@ constexpr std::string_view kStateNames[] = {"scheduled", "started", "completed",
 
 std::string_view fr_state_name(FrState s) { return kStateNames[static_cast<int>(s)]; }
 
+namespace {
+int64_t steady_us(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -79,10 +85,10 @@ void FlightRecorder::add_group(const std::string& name, const std::vector<int>& 
   groups_[name] = world_ranks;
 }
 
-uint64_t FlightRecorder::record(FrEntry entry) {
+uint64_t FlightRecorder::record(FrEntry entry, std::chrono::steady_clock::time_point created) {
   std::lock_guard lock(mu_);
   entry.id = next_id_++;
-  entry.time_created_us = now_us();
+  entry.time_created_us = steady_us(created);
   if (ring_.size() < capacity_)
     ring_.push_back(std::move(entry));
   else
@@ -96,7 +102,7 @@ void FlightRecorder::update(uint64_t id, FrState state, const std::string& error
   FrEntry& e = ring_[id % capacity_];
   if (e.id != id) return;
   e.state = state;
-  const int64_t t = now_us();
+  const int64_t t = steady_us(std::chrono::steady_clock::now());
   if (state == FrState::started) e.time_started_us = t;
   if (state == FrState::completed || state == FrState::failed) e.time_completed_us = t;
   if (!error.empty()) e.error = error;
@@ -107,9 +113,12 @@ std::vector<FrEntry> FlightRecorder::entries() const {
   std::vector<FrEntry> out;
   out.reserve(ring_.size());
   const size_t start = ring_.size() < capacity_ ? 0 : next_id_ % capacity_;
+  const int64_t to_wall = now_us() - steady_us(std::chrono::steady_clock::now());
   for (size_t i = 0; i < ring_.size(); ++i) {
-    out.push_back(ring_[(start + i) % ring_.size()]);
-    if (out.back().desc) out.back().signature = out.back().desc->signature();
+    FrEntry& e = out.emplace_back(ring_[(start + i) % ring_.size()]);
+    if (e.desc) e.signature = e.desc->signature();
+    for (int64_t* t : {&e.time_created_us, &e.time_started_us, &e.time_completed_us})
+      if (*t != 0) *t += to_wall;
   }
   return out;
 }

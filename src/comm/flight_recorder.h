@@ -3,6 +3,7 @@
 // the rank that never joined or the ranks that disagree.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,9 +53,13 @@ class FlightRecorder {
 
   // Register a group (its world ranks) so the dump can name its members.
   void add_group(const std::string& name, const std::vector<int>& world_ranks);
-  uint64_t record(FrEntry entry);  // returns the entry id
+  // Returns the entry id. `created` is when the operation was issued (the
+  // caller's clock reading, so that issuing reads the clock once).
+  uint64_t record(FrEntry entry, std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now());
   void update(uint64_t id, FrState state, const std::string& error = {});
-  std::vector<FrEntry> entries() const;  // oldest first
+  // Oldest first, times in wall-clock microseconds (the ring keeps the
+  // steady clock's, which is cheaper to read, and converts them here).
+  std::vector<FrEntry> entries() const;
 
   // Where dumps go: MESHTRAIN_FR_DIR, or ./meshtrain_fr when unset.
   static std::string default_dump_dir();

@@ -61,7 +61,9 @@ class Engine {
   // the progress thread stands back meanwhile (no lock or CPU contention).
   // Returns whether anything advanced.
   bool poll() {
-    wait_polls_.fetch_add(1, std::memory_order_relaxed);
+    // Only whether it changed matters (progress_loop): a plain increment,
+    // not a locked one, as concurrent waiters may lose a count harmlessly.
+    wait_polls_.store(wait_polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     std::lock_guard lock(mu_);
     return progress_locked();
   }

@@ -31,6 +31,7 @@ int to_int_count(int64_t n, const char* what) {
 }
 
 void MpiOp::free_datatypes() {
+  if (datatypes.empty()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized)

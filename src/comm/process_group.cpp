@@ -213,14 +213,17 @@ WorkPtr ProcessGroup::issue(OpDesc desc) {
   entry.peer = p2p ? desc.peer : -1;
   auto shared = std::make_shared<const OpDesc>(std::move(desc));
   entry.desc = shared;
-  const uint64_t id = recorder_->record(std::move(entry));
-  auto work = std::make_shared<Work>(std::move(info), recorder_, id);
-  work->set_timeout_handler([weak = weak_from_this()](Work& w) {
-    if (auto self = weak.lock())
-      self->handle_timeout(w);
-    else
-      w.fail(std::make_exception_ptr(TimeoutError(w.info().describe() + " timed out")));
-  });
+  const auto now = Clock::now();
+  const uint64_t id = recorder_->record(std::move(entry), now);
+  auto work = std::make_shared<Work>(std::move(info), recorder_, id, now);
+  if (!timeout_handler_)
+    timeout_handler_ = std::make_shared<const Work::TimeoutHandler>([weak = weak_from_this()](Work& w) {
+      if (auto self = weak.lock())
+        self->handle_timeout(w);
+      else
+        w.fail(std::make_exception_ptr(TimeoutError(w.info().describe() + " timed out")));
+    });
+  work->set_timeout_handler(timeout_handler_);
   try {
     start(std::move(shared), work);
   } catch (...) {

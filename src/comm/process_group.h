@@ -164,6 +164,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t next_p2p_seq_ = 1;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
+  std::shared_ptr<const Work::TimeoutHandler> timeout_handler_;  // every Work's, made at the first issue
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -60,8 +60,8 @@ std::string WorkInfo::describe() const {
                      group_size);
 }
 
-Work::Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id)
-    : info_(std::move(info)), recorder_(std::move(recorder)), recorder_id_(recorder_id), issued_at_(Clock::now()) {
+Work::Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id, Clock::time_point issued_at)
+    : info_(std::move(info)), recorder_(std::move(recorder)), recorder_id_(recorder_id), issued_at_(issued_at) {
   watch_for_continuation();
 }
 
@@ -89,7 +89,7 @@ void Work::check_deadline() {
     if (done_) return;
   }
   std::call_once(timeout_once_, [&] {
-    if (on_timeout_) on_timeout_(*this);
+    if (on_timeout_ && *on_timeout_) (*on_timeout_)(*this);
   });
 }
 

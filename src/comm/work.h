@@ -49,7 +49,8 @@ struct WorkInfo {
 
 class Work {
  public:
-  Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id);
+  Work(WorkInfo info, std::shared_ptr<FlightRecorder> recorder, uint64_t recorder_id,
+       Clock::time_point issued_at = Clock::now());
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
@@ -72,8 +73,13 @@ class Work {
   // whether anything advanced: the waiter gives up its core only when nothing
   // did. Without one the backend pushes completion through finish()/fail().
   void set_poller(std::function<bool()> poll) { poller_ = std::move(poll); }
-  // Called (at most once) when the deadline passes before completion.
-  void set_timeout_handler(std::function<void(Work&)> handler) { on_timeout_ = std::move(handler); }
+  // Called (at most once) when the deadline passes before completion. One
+  // handler serves every Work of a group (shared, so issuing allocates none).
+  using TimeoutHandler = std::function<void(Work&)>;
+  void set_timeout_handler(std::shared_ptr<const TimeoutHandler> handler) { on_timeout_ = std::move(handler); }
+  void set_timeout_handler(TimeoutHandler handler) {
+    on_timeout_ = std::make_shared<const TimeoutHandler>(std::move(handler));
+  }
   void mark_started();
   void finish();
   void fail(std::exception_ptr error);  // no effect when already done
@@ -87,7 +93,7 @@ class Work {
   uint64_t recorder_id_;
   Clock::time_point issued_at_;
   std::function<bool()> poller_;
-  std::function<void(Work&)> on_timeout_;
+  std::shared_ptr<const TimeoutHandler> on_timeout_;
   std::once_flag timeout_once_;
   std::mutex mu_;
   std::condition_variable cv_;
