@@ -263,8 +263,10 @@ Key name_list_key(std::string name, const std::string& default_text,
 const std::vector<Key>& keys() {
   auto pos = [](int64_t v) { return v > 0; };
   auto nonneg = [](int64_t v) { return v >= 0; };
-  auto posf = [](double v) { return v > 0; };
-  auto nonnegf = [](double v) { return v >= 0; };
+  // Finite: no key means anything by infinity, and a cast of it to an
+  // integer (a capacity, a byte count) is undefined.
+  auto posf = [](double v) { return std::isfinite(v) && v > 0; };
+  auto nonnegf = [](double v) { return std::isfinite(v) && v >= 0; };
   auto unit = [](double v) { return v >= 0 && v < 1; };
   static const std::vector<Key> table = {
       number_key<int64_t>(

@@ -45,8 +45,10 @@ void LlamaConfig::validate() const {
   MT_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
   MT_CHECK(n_experts >= 0 && moe_ffn_dim >= 0 && first_dense_layers >= 0 && n_shared_experts >= 0,
            "model: n_experts, moe_ffn_dim, first_dense_layers and n_shared_experts must be >= 0");
-  MT_CHECK(router_aux_loss_coef >= 0 && capacity_factor >= 0,
-           "model: router_aux_loss_coef {} and capacity_factor {} must be >= 0", router_aux_loss_coef, capacity_factor);
+  MT_CHECK(std::isfinite(router_aux_loss_coef) && std::isfinite(capacity_factor) && router_aux_loss_coef >= 0 &&
+               capacity_factor >= 0,
+           "model: router_aux_loss_coef {} and capacity_factor {} must be finite and >= 0", router_aux_loss_coef,
+           capacity_factor);
   if (fp8.enabled && !fp8.skip.empty()) {
     const auto params = llama_parameters(*this);
     for (const std::string& pattern : fp8.skip)

@@ -200,6 +200,8 @@ TEST(GroupedMatmul, FloatKernelsMatchALoopOnEveryThreadCount) {
     while (b == a) b = pick(rng);
     experts[static_cast<size_t>(t * top)] = a, experts[static_cast<size_t>(t * top + 1)] = b;
   }
+  // A factor past every slot drops nothing (the capacity is capped, not an overflowed cast).
+  EXPECT_EQ(k::moe_sort(experts.data(), order.data(), row_expert.data(), groups, n, top, e, 1e300), 0);
   const int64_t dropped = k::moe_sort(experts.data(), order.data(), row_expert.data(), groups, n, top, e, 1.5);
   ASSERT_GT(dropped, 0);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -385,6 +387,10 @@ TEST(MoeConfig, RefusesWhatCannotWork) {
                               "model.n_shared_experts = 1 applies to a mixture of experts, but model.n_experts is 0"));
   EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {"model.first_dense_layers", "6"}}),
                               "first_dense_layers 6 leaves none of the 6 layers"));
+  // Infinity means nothing here (and a capacity of it would overflow an integer).
+  for (const char* key : {"model.capacity_factor", "model.router_aux_loss_coef"})
+    EXPECT_TRUE(mtest::contains(message({{"model.n_experts", "4"}, {key, "inf"}}),
+                                fmt::format("config key {}: 'inf' is not a number >= 0", key)));
   EXPECT_EQ(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}}), "(no error)");
   EXPECT_EQ(message({{"model.n_experts", "4"}, {"model.router_aux_loss_coef", "0.01"}, {"parallel.pp", "2"}}),
             "(no error)");

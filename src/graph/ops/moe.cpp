@@ -193,8 +193,9 @@ void add_routing_ops(std::vector<OpDef>& ops) {
           [](const ValueInfos& in, const Attrs& at) {
             check_i64(in[0], "experts");
             MT_CHECK(in[0].shape.rank() >= 2, "experts must be [..., N, k], got {}", in[0].shape.to_string());
-            MT_CHECK(at.get(attr::n_experts) >= 1 && at.get(attr::capacity_factor) >= 0,
-                     "moe_sort needs n_experts >= 1 and capacity_factor >= 0");
+            MT_CHECK(at.get(attr::n_experts) >= 1 && std::isfinite(at.get(attr::capacity_factor)) &&
+                         at.get(attr::capacity_factor) >= 0,
+                     "moe_sort needs n_experts >= 1 and a finite capacity_factor >= 0");
             const Shape rows = append(leading(in[0].shape, 2), {in[0].shape.dim(-2) * in[0].shape.dim(-1)});
             return ValueInfos{{rows, DType::i64}, {rows, DType::i64}};
           },

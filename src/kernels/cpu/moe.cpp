@@ -254,8 +254,11 @@ void moe_route_weights_backward(const T* probs, const int64_t* experts, const T*
 int64_t moe_sort(const int64_t* experts, int64_t* order, int64_t* row_expert, int64_t groups, int64_t n, int64_t k,
                  int64_t e, double capacity_factor) {
   const int64_t m = n * k;
-  const int64_t capacity =
-      capacity_factor > 0 ? static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(m) / e)) : m;
+  // At most m (every slot): a huge factor must not overflow the cast.
+  const int64_t capacity = capacity_factor > 0
+                               ? static_cast<int64_t>(std::min(static_cast<double>(m),
+                                                               std::ceil(capacity_factor * static_cast<double>(m) / e)))
+                               : m;
   check_range(experts, groups * m, e, "moe_sort experts");
   int64_t dropped = 0;
 #pragma omp parallel for reduction(+ : dropped) if (groups > 1 && groups * m > kParallelElements)
