@@ -1,7 +1,9 @@
 #include "models/llama.h"
 
 #include <charconv>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -130,6 +132,40 @@ std::optional<std::pair<std::string, std::string>> stacked_expert_name(const std
 
 }  // namespace
 
+std::string missing_tensor_hint(const std::string& name, const std::map<std::string, Tensor>& tensors) {
+  int64_t layer = -1;
+  if (std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) != 1 || layer < 0) return "";
+  const std::string prefix = fmt::format("model.layers.{}.", layer);
+  bool dense = false, sparse = false, shared = false;
+  int64_t experts = 0;  // in the file: one more than the largest expert index
+  for (auto it = tensors.lower_bound(prefix); it != tensors.end() && it->first.starts_with(prefix); ++it) {
+    const std::string_view rest = std::string_view(it->first).substr(prefix.size());
+    dense |= rest.starts_with("mlp.");
+    sparse |= rest.starts_with("block_sparse_moe.");
+    shared |= rest.starts_with("block_sparse_moe.shared_experts.");
+    int64_t e = -1;
+    if (std::sscanf(std::string(rest).c_str(), "block_sparse_moe.experts.%" SCNd64 ".", &e) == 1)
+      experts = std::max(experts, e + 1);
+  }
+  if (name.find(".mlp.") != std::string::npos && sparse && !dense)
+    return fmt::format(
+        "; the file's layer {} is a mixture of experts (block_sparse_moe.*), not a dense MLP: set model.n_experts "
+        "(and model.first_dense_layers) as the file's model had them",
+        layer);
+  if (name.find(".block_sparse_moe.") != std::string::npos && dense && !sparse)
+    return fmt::format(
+        "; the file's layer {} has a dense MLP (mlp.*): set model.n_experts 0, or "
+        "model.first_dense_layers above {}",
+        layer, layer);
+  if (name.find(".shared_experts.") != std::string::npos && sparse && !shared)
+    return fmt::format("; the file's layer {} has no shared experts: set model.n_shared_experts 0", layer);
+  int64_t wanted = -1;
+  if (std::sscanf(name.c_str(), "model.layers.%*d.block_sparse_moe.experts.%" SCNd64 ".", &wanted) == 1 &&
+      experts > 0 && wanted >= experts)
+    return fmt::format("; the file's layer {} holds {} experts: set model.n_experts {}", layer, experts, experts);
+  return "";
+}
+
 std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors) {
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : tensors) {
@@ -160,7 +196,8 @@ std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tens
     for (int64_t e = 0; e < spec.shape.dim(0); ++e) {
       const std::string expert = fmt::format("{}{}.{}", parts->first, e, parts->second);
       auto it = tensors.find(expert);
-      MT_CHECK(it != tensors.end(), "tensor '{}' is missing (expert {} of {})", expert, e, spec.shape.dim(0));
+      MT_CHECK(it != tensors.end(), "tensor '{}' is missing (expert {} of {}){}", expert, e, spec.shape.dim(0),
+               missing_tensor_hint(expert, tensors));
       MT_CHECK(it->second.shape() == one, "tensor '{}' has shape {}, the model expects {}", expert,
                it->second.shape().to_string(), one.to_string());
       if (e == 0) stacked = Tensor::empty(spec.shape, it->second.dtype());

@@ -204,4 +204,10 @@ std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors);
 std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tensors,
                                               const std::map<std::string, ParameterSpec>& specs);
 
+// Why the layer tensor `name` is missing from a Hugging Face file, where the
+// file's tensors of that layer tell: the layer is a mixture of experts where
+// the model has a dense MLP or the reverse, it has no shared experts, or
+// fewer experts. "; " and the reason, or "" (to append to the error).
+std::string missing_tensor_hint(const std::string& name, const std::map<std::string, Tensor>& tensors);
+
 }  // namespace meshtrain::models

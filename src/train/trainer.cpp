@@ -168,7 +168,8 @@ std::map<std::string, Tensor> Trainer::initial_parameters(bool from_init_file) c
   }
   for (const auto& [name, spec] : specs) {
     auto it = loaded.find(name);
-    MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing", path, name);
+    MT_CHECK(it != loaded.end(), "checkpoint.init_from {}: tensor '{}' is missing{}", path, name,
+             models::missing_tensor_hint(name, loaded));
     MT_CHECK(it->second.shape() == spec.shape,
              "checkpoint.init_from {}: tensor '{}' has shape {}, the model expects {}", path, name,
              it->second.shape().to_string(), spec.shape.to_string());

@@ -374,6 +374,36 @@ TEST(MoeModel, ExpertsConvertToAndFromHuggingFaceNames) {
                               "tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight' is missing"));
 }
 
+// A file of another kind of model is named as such: a dense MLP where the
+// model has experts and the reverse, fewer experts, no shared experts.
+TEST(MoeModel, AMissingTensorSaysWhatTheFileHoldsInstead) {
+  models::LlamaConfig moe = tiny_moe();
+  moe.n_shared_experts = 0;
+  models::LlamaConfig dense = moe, more = moe;
+  dense.n_experts = 0;
+  dense.first_dense_layers = 0;
+  more.n_experts = 8;
+  const auto moe_file = models::hf_tensors(models::initial_parameters(models::llama_parameters(moe), 7));
+  const auto dense_file = models::initial_parameters(models::llama_parameters(dense), 7);
+  auto message = [](const std::map<std::string, Tensor>& file, const models::LlamaConfig& c) {
+    return mtest::message_of([&] { models::from_hf_tensors(file, models::llama_parameters(c)); });
+  };
+  EXPECT_TRUE(mtest::contains(message(dense_file, moe),
+                              "the file's layer 1 has a dense MLP (mlp.*): set model.n_experts 0, or "
+                              "model.first_dense_layers above 1"));
+  EXPECT_TRUE(mtest::contains(message(moe_file, more),
+                              "(expert 4 of 8); the file's layer 1 holds 4 experts: set "
+                              "model.n_experts 4"));
+  // The trainer's own checks (shared experts, a dense model's MLP) ask the same function.
+  EXPECT_EQ(models::missing_tensor_hint("model.layers.1.block_sparse_moe.shared_experts.w1.weight", moe_file),
+            "; the file's layer 1 has no shared experts: set model.n_shared_experts 0");
+  EXPECT_EQ(models::missing_tensor_hint("model.layers.1.mlp.down_proj.weight", moe_file),
+            "; the file's layer 1 is a mixture of experts (block_sparse_moe.*), not a dense MLP: set "
+            "model.n_experts (and model.first_dense_layers) as the file's model had them");
+  EXPECT_EQ(models::missing_tensor_hint("model.layers.1.mlp.down_proj.weight", dense_file), "");
+  EXPECT_EQ(models::missing_tensor_hint("model.norm.weight", moe_file), "");
+}
+
 TEST(MoeConfig, RefusesWhatCannotWork) {
   auto message = [](std::vector<std::pair<std::string, std::string>> overrides) {
     overrides.emplace_back("data.path", "x.txt");
