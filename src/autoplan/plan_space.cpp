@@ -245,12 +245,11 @@ namespace {
 void count_parameters(const models::LlamaConfig& m, GlobalCompute& out) {
   double embedding = 0, head = 0;
   std::map<int64_t, double> per_layer;
-  const std::string prefix = "model.layers.";
   for (const auto& [name, spec] : models::llama_parameters(m)) {
     const double n = static_cast<double>(spec.shape.numel());
     out.parameters += n;
-    if (name.rfind(prefix, 0) == 0)
-      per_layer[std::stoll(name.substr(prefix.size()))] += n;
+    if (const auto layer = models::parameter_layer(name))
+      per_layer[*layer] += n;
     else
       (name == "model.embed_tokens.weight" ? embedding : head) += n;
   }

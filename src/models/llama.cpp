@@ -1,9 +1,7 @@
 #include "models/llama.h"
 
 #include <charconv>
-#include <cinttypes>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -122,6 +120,17 @@ namespace {
 // "model.layers.3.block_sparse_moe.experts.w1.weight" -> its part before and after "experts.", when it names a
 // stacked expert tensor.
 constexpr std::string_view kExperts = "block_sparse_moe.experts.";
+constexpr std::string_view kLayers = "model.layers.";
+
+// The index that follows `prefix` at the start of `name` ("model.layers.3.mlp..." -> 3).
+std::optional<int64_t> index_after(std::string_view name, std::string_view prefix) {
+  int64_t index = -1;
+  if (!name.starts_with(prefix)) return std::nullopt;
+  const auto [end, error] = std::from_chars(name.data() + prefix.size(), name.data() + name.size(), index);
+  if (error != std::errc{} || end == name.data() + prefix.size()) return std::nullopt;
+  return index;
+}
+
 std::optional<std::pair<std::string, std::string>> stacked_expert_name(const std::string& name) {
   const size_t at = name.find(kExperts);
   if (at == std::string::npos) return std::nullopt;
@@ -132,10 +141,12 @@ std::optional<std::pair<std::string, std::string>> stacked_expert_name(const std
 
 }  // namespace
 
+std::optional<int64_t> parameter_layer(std::string_view name) { return index_after(name, kLayers); }
+
 std::string missing_tensor_hint(const std::string& name, const std::map<std::string, Tensor>& tensors) {
-  int64_t layer = -1;
-  if (std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) != 1 || layer < 0) return "";
-  const std::string prefix = fmt::format("model.layers.{}.", layer);
+  const std::optional<int64_t> layer = parameter_layer(name);
+  if (!layer) return "";
+  const std::string prefix = fmt::format("{}{}.", kLayers, *layer);
   bool dense = false, sparse = false, shared = false;
   int64_t experts = 0;  // in the file: one more than the largest expert index
   for (auto it = tensors.lower_bound(prefix); it != tensors.end() && it->first.starts_with(prefix); ++it) {
@@ -143,26 +154,23 @@ std::string missing_tensor_hint(const std::string& name, const std::map<std::str
     dense |= rest.starts_with("mlp.");
     sparse |= rest.starts_with("block_sparse_moe.");
     shared |= rest.starts_with("block_sparse_moe.shared_experts.");
-    int64_t e = -1;
-    if (std::sscanf(std::string(rest).c_str(), "block_sparse_moe.experts.%" SCNd64 ".", &e) == 1)
-      experts = std::max(experts, e + 1);
+    if (const auto e = index_after(rest, kExperts)) experts = std::max(experts, *e + 1);
   }
   if (name.find(".mlp.") != std::string::npos && sparse && !dense)
     return fmt::format(
         "; the file's layer {} is a mixture of experts (block_sparse_moe.*), not a dense MLP: set model.n_experts "
         "(and model.first_dense_layers) as the file's model had them",
-        layer);
+        *layer);
   if (name.find(".block_sparse_moe.") != std::string::npos && dense && !sparse)
     return fmt::format(
         "; the file's layer {} has a dense MLP (mlp.*): set model.n_experts 0, or "
         "model.first_dense_layers above {}",
-        layer, layer);
+        *layer, *layer);
   if (name.find(".shared_experts.") != std::string::npos && sparse && !shared)
-    return fmt::format("; the file's layer {} has no shared experts: set model.n_shared_experts 0", layer);
-  int64_t wanted = -1;
-  if (std::sscanf(name.c_str(), "model.layers.%*d.block_sparse_moe.experts.%" SCNd64 ".", &wanted) == 1 &&
-      experts > 0 && wanted >= experts)
-    return fmt::format("; the file's layer {} holds {} experts: set model.n_experts {}", layer, experts, experts);
+    return fmt::format("; the file's layer {} has no shared experts: set model.n_shared_experts 0", *layer);
+  const auto wanted = index_after(std::string_view(name).substr(prefix.size()), kExperts);
+  if (wanted && experts > 0 && *wanted >= experts)
+    return fmt::format("; the file's layer {} holds {} experts: set model.n_experts {}", *layer, experts, experts);
   return "";
 }
 
@@ -243,11 +251,8 @@ bool span_holds(const LlamaConfig& c, const LlamaSpan& span, const std::string& 
   const int64_t end = span.end_layer < 0 ? c.n_layers : span.end_layer;
   if (name == "model.embed_tokens.weight") return span.embedding || (span.head && c.tie_embeddings);
   if (name == "model.norm.weight" || name == "lm_head.weight") return span.head;
-  constexpr std::string_view layers = "model.layers.";
-  int64_t layer = -1;
-  if (!name.starts_with(layers)) return false;
-  std::from_chars(name.data() + layers.size(), name.data() + name.size(), layer);
-  return layer >= span.first_layer && layer < end;
+  const std::optional<int64_t> layer = parameter_layer(name);
+  return layer && *layer >= span.first_layer && *layer < end;
 }
 
 namespace {

@@ -204,6 +204,9 @@ std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors);
 std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tensors,
                                               const std::map<std::string, ParameterSpec>& specs);
 
+// The block layer a parameter belongs to ("model.layers.{i}.…" -> i), if any.
+std::optional<int64_t> parameter_layer(std::string_view name);
+
 // Why the layer tensor `name` is missing from a Hugging Face file, where the
 // file's tensors of that layer tell: the layer is a mixture of experts where
 // the model has a dense MLP or the reverse, it has no shared experts, or
