@@ -3,7 +3,8 @@
 # measurements taken here: the GEMM peak (gemm_peak, all cores, f32 and
 # bf16), each compute-heavy op's rate and the memory-bound ops' bandwidth on
 # one rank of a 2-rank run of the benchmark model, a core each (`train
-# --profile`; as a share of the host's peak: rate x 2 / peak), each of
+# --profile`; as a share of the host's peak: rate x 2 / peak; the grouped
+# GEMMs from the same model with every MLP a Mixtral block), each of
 # those ops' fixed time per call (the same run again at one sequence of 128
 # a rank, a line fitted through the two mean calls: op_call_us), and
 # meshtrain's own collectives in groups of 2 and 4 in jobs of 2 and 4 ranks
@@ -24,22 +25,30 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 threads=$(nproc)
 echo "calibrate: GEMM peak on $threads cores" >&2
-OMP_NUM_THREADS=$threads build/gemm_peak float32 > "$work/f32"
-OMP_NUM_THREADS=$threads build/gemm_peak bfloat16 > "$work/bf16"
+# Three runs each, the best kept by gflops() below: the host's other work only
+# slows a run (one run here varies by up to 7%).
+for run in 1 2 3; do
+  OMP_NUM_THREADS=$threads build/gemm_peak float32 >> "$work/f32"
+  OMP_NUM_THREADS=$threads build/gemm_peak bfloat16 >> "$work/bf16"
+done
 echo "calibrate: op rates of one rank of 2 (one core each) training the benchmark model (f32, DDP)" >&2
 bench_text "$work/text.txt"
-# `train --profile` of the benchmark model on 2 ranks (DDP 2) into FILE: profile FILE SEQ_LEN BATCH STEPS
+# `train --profile` of the benchmark model on 2 ranks (DDP 2) into FILE:
+# profile FILE SEQ_LEN BATCH STEPS [OVERRIDES...]
 profile() {
   scripts/mpirun.sh -np 2 build/meshtrain train --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 \
     --model.n_kv_heads 8 --data.seq_len "$2" --data.batch_size "$3" --data.path "$work/text.txt" --training.steps "$4" \
-    --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile > "$1"
+    --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile "${@:5}" > "$1"
 }
+moe=(--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256)  # bench/moe_train.sh's block
 profile "$work/profile.txt" 256 8 12
+profile "$work/profile_moe.txt" 256 8 12 "${moe[@]}"
 # A small GEMM runs below a large one's rate: the same at a pipeline's
 # smallest microbatch (one sequence of 128 a rank), for each op's fixed time
 # per call.
 echo "calibrate: op rates of the same at one sequence of 128 a rank" >&2
 profile "$work/profile_small.txt" 128 2 24
+profile "$work/profile_moe_small.txt" 128 2 24 "${moe[@]}"
 # A group's time depends on the ranks sharing the host: a pair in a 4-rank
 # job waits for cores the other pair holds. Each (group, job) measured apart;
 # each size's time is its fastest round (preemption by the host's other
@@ -71,8 +80,8 @@ mkdir -p "$(dirname "$out")"
 python3 - "$work" "$name" "$(hostname)" "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$threads" > "$out" <<'PY'
 import json, re, sys, datetime
 work, name, host, cpu, threads = sys.argv[1:]
-def gflops(path):  # gemm_peak prints GFLOP/s
-    return float(open(path).read().split()[-1])
+def gflops(path):  # gemm_peak prints GFLOP/s, once a run: the best run's
+    return max(float(x) for x in open(path).read().split())
 f32, bf16 = gflops(f"{work}/f32"), gflops(f"{work}/bf16")
 # train --profile rows: op, calls, ms, share, GFLOP/s, GB/s
 def profile(path):
@@ -84,6 +93,10 @@ def profile(path):
             ops[op] = (ms * 1e-3, gf * ms * 1e-3, gb * ms * 1e-3, calls)  # seconds, GFLOP, GB, calls
     return ops
 ops, small = profile(f"{work}/profile.txt"), profile(f"{work}/profile_small.txt")
+# The grouped GEMMs run only in an MoE model: theirs from its runs.
+grouped = ["grouped_matmul", "grouped_matmul_wgrad"]
+for mine, path in ((ops, "profile_moe.txt"), (small, "profile_moe_small.txt")):
+    mine.update({op: row for op, row in profile(f"{work}/{path}").items() if op in grouped})
 # The GEMMs and the attention, compute-bound: their own efficiencies. The rest
 # (elementwise, norms, the optimizer) are memory-bound: one bandwidth.
 heavy = ["matmul", "rows_matmul", "grouped_matmul", "grouped_matmul_wgrad", "attention", "attention_backward"]

@@ -34,6 +34,10 @@ namespace meshtrain::cli {
 
 namespace {
 
+// An estimate below this share of the measured step, or above its inverse,
+// is far enough off to blame the profile.
+constexpr double kProfileHintBelow = 2.0 / 3.0;
+
 // The [parallel] degrees over 1 that a run on one process does not use ("" if none).
 std::string unused_degrees(const parallel::ParallelConfig& p) {
   std::vector<std::string> set;
@@ -129,6 +133,16 @@ void print_held(const std::vector<train::RankReport>& reports, const train::Trai
     fmt::print("  rank {} ({}): parameters {:.2f} ({:.0f}%), gradients {:.2f}, optimizer states {:.2f}\n", r.rank,
                coordinate_text(r, trainer.mesh()), mib(r.parameter_bytes), 100 * r.parameter_bytes / whole,
                mib(r.gradient_bytes), mib(r.optimizer_state_bytes));
+}
+
+// The default profile describes this project's development VM: where the
+// estimate is far from the step this machine ran, say how to measure this one.
+void print_profile_hint(const config::TrainConfig& c, double ratio) {
+  if (c.schedule.hardware != "auto" || c.training.device != Device::cpu || ratio <= 0) return;
+  if (ratio >= kProfileHintBelow && ratio <= 1 / kProfileHintBelow) return;
+  fmt::print(
+      "  the default profile, cpu-2core, is this project's 2-core development VM, every core busy with the step; "
+      "bench/calibrate.sh measures this machine into a profile for --schedule.hardware FILE\n");
 }
 
 // What each rank did per step: its collectives and their bytes; its peak
@@ -370,13 +384,15 @@ int run_train(const CommandArgs& a) {
         several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
         static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
   const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
-  if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0)
+  if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0) {
+    const double ratio = summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0;
     fmt::print(
         "estimate of this step on {} ({}): {:.1f} ms; measured: {:.1f} ms (the median of steps {}..{}), ratio {:.3f}\n",
         hardware, c.schedule.estimate == config::EstimateMode::benchmark ? "kernels timed here" : "roofline",
         trainer.estimated_step_ms(), summary.median_step_ms, std::min(summary.first.step + 1, c.training.steps),
-        c.training.steps, summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0);
-  else if (summary.steps_run > 0)
+        c.training.steps, ratio);
+    print_profile_hint(c, ratio);
+  } else if (summary.steps_run > 0)
     fmt::print("no estimate of this step on {}: {}\n", hardware, trainer.no_estimate_because());
   if (several) print_did(final_ranks, trainer);
   if (trace_path != a.options.end()) {
