@@ -3,11 +3,13 @@
 # cores, measured in the same run: the benchmark model (Llama dim 256, 4
 # layers, 8 heads, vocab 256, seq 256, batch 8) with every layer's MLP a
 # Mixtral sparse block of 8 experts, top-2, moe_ffn_dim 256 (no shared
-# experts, no load-balancing loss), f32, AdamW with clipping.
+# experts, no load-balancing loss), f32, AdamW with clipping. EXPERTS, TOP_K
+# and MOE_FFN change the block's shape, e.g. a fine-grained one with the same
+# active parameters (DeepSeek's and Qwen3's kind): EXPERTS=64 TOP_K=8 MOE_FFN=64.
 # PyTorch's side (bench/torch_moe_step.py) is Hugging Face's
 # MixtralSparseMoeBlock (a loop over the experts) under Llama attention on
 # scaled_dot_product_attention.
-# Usage: [ROUNDS=3] [TORCH_PYTHON=python] bench/moe_train.sh [THREADS] [STEPS]
+# Usage: [ROUNDS=3] [TORCH_PYTHON=python] [EXPERTS=8 TOP_K=2 MOE_FFN=256] bench/moe_train.sh [THREADS] [STEPS]
 #
 # PyTorch runs at its best: every round times it eager and under
 # torch.compile, each with torch.set_num_threads (and OMP_NUM_THREADS) 1 and
@@ -23,16 +25,19 @@ cd "$(dirname "$0")/.."
 threads=${1:-$(nproc)}
 steps=${2:-10}
 [[ $threads =~ ^[1-9][0-9]*$ && $steps =~ ^[1-9][0-9]*$ ]] || { echo "bench/moe_train.sh: THREADS and STEPS must be positive integers" >&2; exit 2; }
+experts=${EXPERTS:-8} top_k=${TOP_K:-2} moe_ffn=${MOE_FFN:-256}
+[[ $experts =~ ^[1-9][0-9]*$ && $top_k =~ ^[1-9][0-9]*$ && $moe_ffn =~ ^[1-9][0-9]*$ && $top_k -le $experts ]] ||
+  { echo "bench/moe_train.sh: EXPERTS, TOP_K and MOE_FFN must be positive integers, TOP_K at most EXPERTS" >&2; exit 2; }
 python=${TORCH_PYTHON:-/usr/bin/python3}
 "$python" -c 'import torch' 2>/dev/null || {
   echo "bench/moe_train.sh: $python has no PyTorch: install Debian's python3-torch, or set TORCH_PYTHON to a Python" \
-    "with it (python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch --index-url" \
-    "https://download.pytorch.org/whl/cpu)" >&2
+    "with it (python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch; from" \
+    "https://download.pytorch.org/whl/cpu with --index-url, where reachable, the smaller CPU-only build)" >&2
   exit 2
 }
 [ -x build/meshtrain ] || scripts/setup.sh build
 source bench/bench_model.sh
-moe_model=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); c.update(n_experts=8, n_experts_per_token=2, moe_ffn_dim=256); print(json.dumps(c))' "$bench_model")
+moe_model=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); c.update(n_experts=int(sys.argv[2]), n_experts_per_token=int(sys.argv[3]), moe_ffn_dim=int(sys.argv[4])); print(json.dumps(c))' "$bench_model" "$experts" "$top_k" "$moe_ffn")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bench_text "$work/text.txt"
@@ -40,7 +45,7 @@ ours() {  # the median step time (s) of the last STEPS steps of meshtrain on THR
   OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads /usr/bin/time -f %M -o "$work/rss" build/meshtrain train \
     --config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.n_kv_heads 8 --data.seq_len 256 \
     --data.batch_size 8 --data.path "$work/text.txt" --training.steps $((steps + 3)) --checkpoint.folder "" \
-    --model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256 \
+    --model.n_experts "$experts" --model.n_experts_per_token "$top_k" --model.moe_ffn_dim "$moe_ffn" \
     --metrics.file "$work/m.jsonl" --metrics.log_every 1 > "$work/meshtrain.log" 2>&1 \
     || { cat "$work/meshtrain.log" >&2; exit 1; }
   tail -n "$steps" "$work/m.jsonl" |
@@ -53,6 +58,7 @@ theirs() {  # THREADS MODE: PyTorch's JSON line
 settings=("1 eager" "1 compile")
 [ "$threads" -eq 1 ] || settings+=("$threads eager" "$threads compile")
 "$python" -c 'import torch; print(f"PyTorch {torch.__version__}, GEMMs on", "MKL" if torch.backends.mkl.is_available() else "its BLAS")'
+echo "MoE block: $experts experts, top-$top_k, moe_ffn_dim $moe_ffn"
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; meshtrain on $threads threads; PyTorch settings per round: ${settings[*]/ /:}"
 rounds=${ROUNDS:-3}
 for round in $(seq "$rounds"); do
