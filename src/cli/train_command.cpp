@@ -138,7 +138,7 @@ void print_held(const std::vector<train::RankReport>& reports, const train::Trai
 // The default profile describes this project's development VM: where the
 // estimate is far from the step this machine ran, say how to measure this one.
 void print_profile_hint(const config::TrainConfig& c, double ratio) {
-  if (c.schedule.hardware != "auto" || c.training.device != Device::cpu || ratio <= 0) return;
+  if (c.schedule.hardware != "auto" || ratio <= 0) return;
   if (ratio >= kProfileHintBelow && ratio <= 1 / kProfileHintBelow) return;
   fmt::print(
       "  the default profile, cpu-2core, is this project's 2-core development VM, every core busy with the step; "

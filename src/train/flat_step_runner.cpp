@@ -55,10 +55,16 @@ FlatStepRunner::FlatStepRunner(const config::TrainConfig& config, comm::ProcessG
   auto& ex = *(executor_ = std::make_unique<runtime::Executor>(run_graph, step_->schedule, groups_.get(),
                                                                config_.training.device));
   const sched::KernelTimes* measured = benchmark ? benchmark->measure(run_graph) : nullptr;
-  try {  // a report, not a need: a profile without figures for this job leaves it out
-    estimated_step_us_ = sched::estimate_step(run_graph, ex.schedule(), {hardware, ranks, measured}).step_us;
-  } catch (const std::exception& e) {
-    no_estimate_because_ = e.what();
+  if (on_gpu_ && config_.schedule.hardware == "auto") {
+    no_estimate_because_ =
+        "the default profile (auto) is this project's CPU VM and the step runs on the GPU: "
+        "--schedule.hardware h100-sxm, h200 or a profile file estimates it";
+  } else {
+    try {  // a report, not a need: a profile without figures for this job leaves it out
+      estimated_step_us_ = sched::estimate_step(run_graph, ex.schedule(), {hardware, ranks, measured}).step_us;
+    } catch (const std::exception& e) {
+      no_estimate_because_ = e.what();
+    }
   }
   if (benchmark) benchmark->save_cache();
   default_allocator().release_cache();  // of the measurements
