@@ -105,7 +105,7 @@ TrainReport::TrainReport(const train::Trainer& trainer) : trainer_(trainer) {
   record_.world_size = trainer.num_ranks();
   record_.layout = trainer.layout_summary();
   record_.pipeline = trainer.pipeline() != nullptr;
-  record_.hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
+  record_.hardware = c.hardware_profile();
   record_.estimate_mode = c.schedule.estimate == config::EstimateMode::benchmark ? "kernels timed here" : "roofline";
   record_.estimated_step_ms = trainer.estimated_step_ms();
   record_.no_estimate_because = trainer.no_estimate_because();

@@ -141,8 +141,9 @@ void print_profile_hint(const config::TrainConfig& c, double ratio) {
   if (c.schedule.hardware != "auto" || ratio <= 0) return;
   if (ratio >= kProfileHintBelow && ratio <= 1 / kProfileHintBelow) return;
   fmt::print(
-      "  the default profile, cpu-2core, is this project's 2-core development VM, every core busy with the step; "
-      "bench/calibrate.sh measures this machine into a profile for --schedule.hardware FILE\n");
+      "  the default profile, {}, is this project's 2-core development VM, every core busy with the step; "
+      "bench/calibrate.sh measures this machine into a profile for --schedule.hardware FILE\n",
+      config::TrainConfig::kDefaultHardware);
 }
 
 // What each rank did per step: its collectives and their bytes; its peak
@@ -383,7 +384,7 @@ int run_train(const CommandArgs& a) {
         summary.last.tokens_per_s,
         several ? fmt::format(" ({:.0f} per rank)", summary.last.tokens_per_s / trainer.num_ranks()) : "",
         static_cast<double>(summary.last.peak_bytes_max) / (1 << 20), several ? " on the largest rank" : "");
-  const std::string hardware = c.schedule.hardware == "auto" ? "cpu-2core" : c.schedule.hardware;
+  const std::string hardware = c.hardware_profile();
   if (summary.steps_run > 0 && trainer.estimated_step_ms() > 0) {
     const double ratio = summary.median_step_ms > 0 ? trainer.estimated_step_ms() / summary.median_step_ms : 0.0;
     fmt::print(

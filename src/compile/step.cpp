@@ -107,8 +107,7 @@ TrainStepGraph build_step(const config::TrainConfig& config, graph::Graph& g) {
 }
 
 sched::HardwareProfile scheduling_hardware(const config::TrainConfig& config) {
-  return sched::load_hardware(config.schedule.hardware == "auto" ? "cpu-2core" : config.schedule.hardware,
-                              "schedule.hardware");
+  return sched::load_hardware(config.hardware_profile(), "schedule.hardware");
 }
 
 double batch_buffer_bytes(const config::TrainConfig& config, int world_size) {

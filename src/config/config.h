@@ -109,6 +109,11 @@ struct TrainConfig {
   double lr_at(int64_t step) const;
   // parallel.cp_attention, and the model's ring_attention that follows from it (with parallel.cp > 1).
   void set_cp_attention(parallel::ParallelConfig::CpAttention mode);
+  // What schedule.hardware "auto" names: this project's development VM.
+  static constexpr const char* kDefaultHardware = "cpu-2core";
+  // The hardware profile schedule.hardware names: a built-in name or a file;
+  // "auto" is kDefaultHardware.
+  std::string hardware_profile() const { return schedule.hardware == "auto" ? kDefaultHardware : schedule.hardware; }
 };
 
 // Set one key from its text form ("model.dim", "512"); throws naming the key.

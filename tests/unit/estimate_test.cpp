@@ -782,7 +782,8 @@ TEST(TrainingEstimate, PipelineStagesSharingCoresComputeFasterInTheBubble) {
 // shared host they cost the profile's tables measured so (cpu-2core, 4
 // ranks, TP 2 x PP 2, GPipe: the TP collectives inside each program). With
 // those tables (cpu-2core's own dropped) 1 ms above the plain ones, each
-// program's collectives cost 1 ms more each; a plan without a pipeline (TP 2 x DP 2) costs as before.
+// program's collectives cost 1 ms more each; a plan without a pipeline (TP 2
+// x DP 2) costs as before.
 TEST(TrainingEstimate, PipelineStageCollectivesCostTheTablesBesideCompute) {
   config::TrainConfig c;
   c.model = {.dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4, .ffn_dim = 256, .vocab_size = 512};
