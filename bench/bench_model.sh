@@ -1,5 +1,8 @@
 # Sourced by the training benchmarks: the benchmark model (Llama dim 256,
 # 4 layers, 8 heads, vocab 256, seq 256, batch 8) and one timed meshtrain run.
+# The MoE variant's block, every layer's MLP (bench/moe_train.sh's default,
+# bench/moe_dp.sh's, calibrate.sh's grouped GEMMs): Mixtral's, 8 experts, top-2.
+bench_moe=(--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256)
 bench_model='{"dim":256,"n_layers":4,"n_heads":8,"n_kv_heads":8,"ffn_dim":768,"vocab_size":256,"norm_eps":1e-5,"rope_theta":10000.0,"tie_embeddings":false,"seq_len":256,"batch_size":8}'
 
 # mpirun's flags that bind each rank to a core, in turn (two to a core where

@@ -40,15 +40,14 @@ profile() {
     --model.n_kv_heads 8 --data.seq_len "$2" --data.batch_size "$3" --data.path "$work/text.txt" --training.steps "$4" \
     --parallel.dp_replicate 2 --parallel.dp_shard 1 --checkpoint.folder "" --metrics.file "" --profile "${@:5}" > "$1"
 }
-moe=(--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256)  # bench/moe_train.sh's block
 profile "$work/profile.txt" 256 8 12
-profile "$work/profile_moe.txt" 256 8 12 "${moe[@]}"
+profile "$work/profile_moe.txt" 256 8 12 "${bench_moe[@]}"
 # A small GEMM runs below a large one's rate: the same at a pipeline's
 # smallest microbatch (one sequence of 128 a rank), for each op's fixed time
 # per call.
 echo "calibrate: op rates of the same at one sequence of 128 a rank" >&2
 profile "$work/profile_small.txt" 128 2 24
-profile "$work/profile_moe_small.txt" 128 2 24 "${moe[@]}"
+profile "$work/profile_moe_small.txt" 128 2 24 "${bench_moe[@]}"
 # A group's time depends on the ranks sharing the host: a pair in a 4-rank
 # job waits for cores the other pair holds. Each (group, job) measured apart;
 # each size's time is its fastest round (preemption by the host's other

@@ -35,7 +35,7 @@ model=(--config configs/debug.toml --model.n_layers 4 --model.n_heads 8 --model.
 ep=${EP:-1}
 [[ $ep =~ ^[1-9][0-9]*$ ]] && (( ranks % ep == 0 && 8 % ep == 0 )) ||
   { echo "bench/moe_dp.sh: EP must divide RANKS and the 8 experts, not '$ep'" >&2; exit 2; }
-declare -A flags=([moe]="--model.n_experts 8 --model.n_experts_per_token 2 --model.moe_ffn_dim 256 --parallel.ep $ep"
+declare -A flags=([moe]="${bench_moe[*]} --parallel.ep $ep"
                   [dense]="--model.ffn_dim 512")
 run() {  # NAME ROUND: one run; its metrics and log in WORKDIR
   local extra
