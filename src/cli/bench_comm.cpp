@@ -367,16 +367,19 @@ nlohmann::json result_row(const SizeRun& run, const Rounds& r, int n) {
   return row;
 }
 
-void print_header(const CommBenchOptions& o, int ranks, int n, bool baseline) {
+void print_header(const CommBenchOptions& o, int ranks, const comm::ProcessGroup& pg, bool baseline) {
+  const int n = pg.size();
   fmt::print(
-      "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}; time = slowest rank's mean "
+      "meshtrain bench comm: {} ranks{}, f32, cross-rank verify {}{}; time = slowest rank's mean "
       "per iteration, median of {} alternating rounds; ratio = median over rounds of meshtrain busBw / MPI "
       "busBw; bandwidths in GB/s (1e9 B/s)\n",
       ranks,
       baseline           ? ""
       : o.others_compute ? fmt::format(" in a group of {} while the other ranks compute (no MPI baseline)", n)
                          : fmt::format(" in groups of {} at once (no MPI baseline)", n),
-      o.verify ? "on" : "off", o.rounds);
+      o.verify || pg.shares_memory() ? "on" : "off",
+      pg.shares_memory() ? ", first messages and pieces up to 16 KiB through shared memory (MESHTRAIN_SHM=0: MPI)" : "",
+      o.rounds);
   const int members = std::max(1, o.bucket);
   if (members > 1)
     fmt::print(
@@ -464,7 +467,7 @@ int run_comm_bench(const CommBenchOptions& o) {
     return 0;
   }
   const bool printer = world->rank() == 0;
-  if (printer && !o.json) print_header(o, world->size(), pg->size(), baseline);
+  if (printer && !o.json) print_header(o, world->size(), *pg, baseline);
   nlohmann::json results = nlohmann::json::array();
   for (const BenchOp& op : ops) {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
@@ -515,7 +518,9 @@ Command add_bench_comm_command(CLI::App& app) {
   comm->add_option("--rounds", opts->rounds, "Alternating meshtrain/MPI rounds per size (median reported)")
       ->capture_default_str();
   comm->add_option("--iters", opts->iters, "Iterations per round (0: by size, 5..50)")->capture_default_str();
-  comm->add_flag("!--no-verify", opts->verify, "Skip meshtrain's cross-rank fingerprint check (on by default)");
+  comm->add_flag(
+      "!--no-verify", opts->verify,
+      "Skip meshtrain's cross-rank fingerprint check (on by default; kept in groups that share memory, where it is free)");
   comm->add_option("--group-size", opts->group_size,
                    "Run the collectives in groups of this many ranks, every group at once, as a mesh dim of "
                    "that size inside a larger job does (0: all ranks; no MPI baseline otherwise)")

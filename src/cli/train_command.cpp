@@ -61,7 +61,8 @@ std::string train_footer() {
          "--dump-graph FILE writes the step graph each rank runs as text (its lowered graph under mpirun: every\n"
          "value's local shape and layout, every collective's group, mesh dims, bytes); a {rank} in FILE is\n"
          "replaced by the rank, and without one only rank 0 writes. --no-verify skips the fingerprint the ranks\n"
-         "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost).\n"
+         "exchange before each collective to fail together on a mismatch (bench/train_dp.sh prints its cost); a\n"
+         "group whose ranks share a host and memory (docs/communication.md) checks it anyway, at no cost.\n"
          "--trace FILE writes the last step's measured timeline as a Chrome trace (Perfetto, chrome://tracing):\n"
          "per rank a compute track, every kernel, collective start and wait, and a communication track, each\n"
          "collective from its start to the end of its wait; each rank's times from its own start of the step.\n"
@@ -240,7 +241,7 @@ Command add_train_command(CLI::App& app) {
       {{"dump-graph", "FILE", "Write the step graph each rank runs as text ({rank} in FILE: every rank)"},
        {"trace", "FILE", "Write the last step's measured timeline as a Chrome trace"}},
       {{"profile", "", "Print each op's time after training (steps 2 and on)"},
-       {"no-verify", "", "Skip the fingerprint the ranks exchange before each collective"}});
+       {"no-verify", "", "Skip the fingerprint the ranks exchange before each collective (kept where it is free)"}});
   return {train, [args] { return run_train(*args); }};
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <string_view>
 #include <thread>
 
 #include "comm/mpi_op.h"
@@ -64,8 +65,18 @@ class Engine {
     // Only whether it changed matters (progress_loop): a plain increment,
     // not a locked one, as concurrent waiters may lose a count harmlessly.
     wait_polls_.store(wait_polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    std::lock_guard lock(mu_);
-    return progress_locked();
+    bool advanced = false, called_mpi = false;
+    {
+      std::lock_guard lock(mu_);
+      tested_mpi_ = false;
+      advanced = progress_locked();
+      called_mpi = tested_mpi_;
+    }
+    // An idle MPI test yields the core itself where ranks share cores (Open
+    // MPI's yield_when_idle); a poll that waited on shared memory alone does
+    // the same, for the rank whose message it waits for may need this core.
+    if (!advanced && !called_mpi && yield_when_idle_) std::this_thread::yield();
+    return advanced;
   }
 
   void abort_group(const std::shared_ptr<GroupComm>& group) {
@@ -136,6 +147,7 @@ class Engine {
     int has_tag_ub = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
     if (has_tag_ub) tag_ub_ = *tag_ub;
+    yield_when_idle_ = ranks_share_cores();
     MPI_Comm_dup(MPI_COMM_WORLD, &signal_comm_);
     MPI_Comm_set_errhandler(signal_comm_, MPI_ERRORS_RETURN);
     MPI_Irecv(&signal_in_, 1, MPI_INT, MPI_ANY_SOURCE, 0, signal_comm_, &signal_request_);
@@ -155,6 +167,20 @@ class Engine {
   // user's own OMPI_MCA_* settings win.
   static void choose_nonblocking_schedules() {
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+  }
+
+  // Whether this host runs more of the job's ranks than it has cores, as
+  // Open MPI's launcher tells its ranks (mpi_yield_when_idle, else
+  // mpi_oversubscribe), or as counted where another launcher started them.
+  static bool ranks_share_cores() {
+    auto flag = [](const char* name) -> int {
+      const char* v = std::getenv(name);
+      if (v == nullptr || *v == '\0') return -1;
+      return std::string_view(v) == "1" || std::string_view(v) == "true" ? 1 : 0;
+    };
+    if (const int yield = flag("OMPI_MCA_mpi_yield_when_idle"); yield >= 0) return yield == 1;
+    if (const int over = flag("OMPI_MCA_mpi_oversubscribe"); over >= 0) return over == 1;
+    return launched_rank().local_size > static_cast<int>(std::thread::hardware_concurrency());
   }
 
   static int grace_ms() {
@@ -295,16 +321,20 @@ class Engine {
   // Test the stage in flight; once all its requests have completed, its host
   // step runs. Returns whether any request completed.
   bool test_stage(MpiOp& op) {
+    const bool heard = op.first && op.first->via_shm() && op.first->poll_shm(op);
     int completed = 0;
-    int rc;
-    if (op.requests.size() == 1 && !op.first) {
-      rc = MPI_Test(&op.requests[0], &completed, &op.status);
-    } else {
-      indices_.resize(op.requests.size());
-      statuses_.resize(op.requests.size());
-      rc = MPI_Testsome(static_cast<int>(op.requests.size()), op.requests.data(), &completed, indices_.data(),
-                        op.first ? statuses_.data() : MPI_STATUSES_IGNORE);
-      if (completed == MPI_UNDEFINED) completed = 0;
+    int rc = MPI_SUCCESS;
+    if (op.pending > 0) {
+      tested_mpi_ = true;
+      if (op.requests.size() == 1 && !op.first) {
+        rc = MPI_Test(&op.requests[0], &completed, &op.status);
+      } else {
+        indices_.resize(op.requests.size());
+        statuses_.resize(op.requests.size());
+        rc = MPI_Testsome(static_cast<int>(op.requests.size()), op.requests.data(), &completed, indices_.data(),
+                          op.first ? statuses_.data() : MPI_STATUSES_IGNORE);
+        if (completed == MPI_UNDEFINED) completed = 0;
+      }
     }
     op.pending -= completed;
     if (op.first) {
@@ -314,7 +344,7 @@ class Engine {
            !is_p2p(op.desc->op));
       return true;
     }
-    if (op.pending > 0) return completed > 0;
+    if (op.pending > 0 || (op.first && op.first->unheard() > 0)) return heard || completed > 0;
     if (op.first) return end_first_stage(op);
     finish_stage(op);
     return true;
@@ -356,6 +386,7 @@ class Engine {
     }
     if (op.in_flight || op.next_stage == op.stages.size()) return false;
     if (!op.stages[op.next_stage].pairwise() && !head) return false;
+    if (op.next_stage == 0 && op.first && !mpi::FirstStage::may_post(op)) return false;
     post_stage(op);
     if (op.in_post_queue && !op.done && !op.ordered_stage_ahead()) pop_head(group);
     return true;
@@ -458,6 +489,8 @@ class Engine {
   std::list<std::unique_ptr<MpiOp>> abandoned_;  // of aborted groups, see abort_group
   std::list<std::unique_ptr<MpiOp>> spare_ops_;  // done, for spare_op to hand out again
   std::atomic<int> active_count_{0};
+  bool yield_when_idle_ = false;  // ranks_share_cores()
+  bool tested_mpi_ = false;       // progress_locked tested an MPI request (a poll's)
   std::atomic<bool> background_progress_{true};
   std::atomic<uint64_t> wait_polls_{0};
   std::thread progress_thread_;
@@ -478,6 +511,7 @@ class MpiGroup final : public ProcessGroup {
         comm_(std::move(comm)) {}
 
   std::string_view backend_name() const override { return "mpi"; }
+  bool shares_memory() const override { return comm_->shm != nullptr; }
 
  protected:
   void start(std::shared_ptr<const OpDesc> desc, const WorkPtr& work) override {
@@ -492,7 +526,7 @@ class MpiGroup final : public ProcessGroup {
     op.group = comm_;
     mpi::plan_stages(*op.desc, size(), rank(), op.stages);
     if (!is_p2p(op.desc->op)) {
-      if (comm_->verify) add_fingerprint(op);
+      if (comm_->verify || comm_->shm) add_fingerprint(op);
       engine.start_spare(op.ordered_stage_ahead());
       return;
     }
@@ -541,6 +575,8 @@ class MpiGroup final : public ProcessGroup {
         MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(child->exchange, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(child->first_exchange, MPI_ERRORS_RETURN);
+        child->shm =
+            mpi::ShmRing::open(child->comm, key, static_cast<int>(members.size()), mpi::FirstStage::kMaxInlineRanks);
       }
     }
     if (color < 0) return nullptr;
@@ -597,6 +633,8 @@ ProcessGroupPtr create_mpi_world(GroupOptions options) {
     MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(comm->exchange, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(comm->first_exchange, MPI_ERRORS_RETURN);
+    comm->shm =
+        mpi::ShmRing::open(comm->comm, engine.world_rank(), engine.world_size(), mpi::FirstStage::kMaxInlineRanks);
   }
   comm->rank = engine.world_rank();
   comm->size = engine.world_size();

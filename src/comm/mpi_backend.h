@@ -25,6 +25,13 @@ std::mutex& mpi_mutex();
 // Whether MPI has been initialised in this process (a world was created).
 bool mpi_initialized();
 
+// Whether one-host groups may pass their collectives' first messages
+// through shared memory (ProcessGroup::shares_memory): not where
+// MESHTRAIN_SHM=0, nor where Open MPI is told to use no shared-memory
+// transport (OMPI_MCA_btl naming neither vader nor sm, as "tcp,self" does to
+// stand in for ranks on different hosts). Read as each group is made.
+bool shm_allowed();
+
 // The job's size and this process's rank as the launcher (mpirun, or a PMI
 // launcher) announces them in the environment, read without initialising
 // MPI: {1, 0} when the process was not launched as part of a job.

@@ -26,6 +26,8 @@ void FirstStage::start(const MpiOp& op) {
   local_error_.clear();
   dropped_.clear();
   error_ = MPI_SUCCESS;
+  shm_ = nullptr;
+  first_requests_ = unheard_ = 0;
 }
 
 // A first message: this rank's fingerprint, then the bytes of the second
@@ -41,17 +43,36 @@ const int64_t* FirstStage::row(int slot) const {
 // of a pair wherever the ranks agree. A coalesced op's pieces are
 // datatypes, sent apart.
 int FirstStage::inline_bytes(const MpiOp& op, int bytes) const {
+  if (op.group->size > kMaxInlineRanks || !op.desc->members.empty()) return 0;
+  if (op.group->shm) return bytes <= kShmInlineBytes ? bytes : 0;
   const int room = kFirstMessageBytes - header_bytes();
-  if (op.group->size > kMaxInlineRanks || !op.desc->members.empty() || bytes > room + kFirstMessageBytes) return 0;
-  return std::min(bytes, room);
+  return bytes > room + kFirstMessageBytes ? 0 : std::min(bytes, room);
+}
+
+bool FirstStage::may_post(const MpiOp& op) {
+  const GroupComm& g = *op.group;
+  if (!g.shm) return true;
+  const uint64_t seq = op.desc->seq;
+  if (seq != g.next_shm_seq) return false;
+  for (int r = 0; r < g.size; ++r)
+    if (r != g.rank && !g.shm->writable(seq, g.rank, r)) return false;
+  return true;
 }
 
 int FirstStage::post(MpiOp& op, const Pieces& p, std::string local_error) {
-  const GroupComm& g = *op.group;
+  GroupComm& g = *op.group;
   local_error_ = std::move(local_error);
   if (!local_error_.empty()) fingerprint_.back() = 1;
   const auto header = static_cast<size_t>(header_bytes());
+  shm_ = g.shm.get();
   slot_bytes_ = std::max<size_t>(header, g.size <= kMaxInlineRanks ? kFirstMessageBytes : 0);
+  if (shm_ != nullptr) {
+    // This rank's copy holds the headers only; the messages stay in the ring.
+    slot_bytes_ = header;
+    MT_ASSERT(header + kShmInlineBytes <= ShmRing::kSlotBytes, "a first message of {} bytes exceeds a slot",
+              header + kShmInlineBytes);
+    g.next_shm_seq = op.desc->seq + 1;
+  }
   peers_.clear();
   peers_.reserve(static_cast<size_t>(g.size - 1));
   for (int r = 0; r < g.size; ++r)
@@ -60,9 +81,11 @@ int FirstStage::post(MpiOp& op, const Pieces& p, std::string local_error) {
     slots_ = std::move(op.group->spare_buffers.back());
     op.group->spare_buffers.pop_back();
   }
-  slots_.reserve(2 * slot_bytes_ * peers_.size());
+  slots_.reserve((shm_ ? 1 : 2) * slot_bytes_ * peers_.size());
+  first_requests_ = shm_ ? 0 : static_cast<int>(2 * peers_.size());
+  unheard_ = shm_ ? static_cast<int>(peers_.size()) : 0;
   op.requests.reserve(4 * peers_.size());  // and a second message each way with each
-  op.requests.assign(2 * peers_.size(), MPI_REQUEST_NULL);
+  op.requests.assign(static_cast<size_t>(first_requests_), MPI_REQUEST_NULL);
   op.pending = 0;
   // Every receive first, so that no message arrives before its receive.
   int rc = MPI_SUCCESS;
@@ -78,10 +101,13 @@ int FirstStage::post_receives(MpiOp& op, Peer& peer, size_t k) {
   const GroupComm& g = *op.group;
   const int bytes = byte_size(peer.recv);
   peer.inline_bytes = inline_bytes(op, bytes);
-  int rc = MPI_Irecv(slots_.data() + k * slot_bytes_, static_cast<int>(slot_bytes_), MPI_BYTE, peer.rank, 0,
-                     g.first_exchange, &op.requests[2 * k]);
-  if (rc != MPI_SUCCESS) return rc;
-  ++op.pending;
+  int rc = MPI_SUCCESS;
+  if (shm_ == nullptr) {
+    rc = MPI_Irecv(slots_.data() + k * slot_bytes_, static_cast<int>(slot_bytes_), MPI_BYTE, peer.rank, 0,
+                   g.first_exchange, &op.requests[2 * k]);
+    if (rc != MPI_SUCCESS) return rc;
+    ++op.pending;
+  }
   if (bytes == peer.inline_bytes) return rc;
   peer.rest_request = static_cast<int>(op.requests.size());
   op.requests.push_back(MPI_REQUEST_NULL);
@@ -101,15 +127,21 @@ int FirstStage::post_sends(MpiOp& op, int peer, const Piece& send, size_t k) {
   const GroupComm& g = *op.group;
   const auto header = static_cast<size_t>(header_bytes());
   const int bytes = byte_size(send), inline_part = inline_bytes(op, bytes);
-  std::byte* out = slots_.data() + (peers_.size() + k) * slot_bytes_;
+  const uint64_t seq = op.desc->seq;
+  std::byte* out = shm_ ? shm_->slot(seq, g.rank, peer) : slots_.data() + (peers_.size() + k) * slot_bytes_;
   std::memcpy(out, fingerprint_.data(), fingerprint_.size() * kWord);
   const int64_t rest = bytes - inline_part;
   std::memcpy(out + fingerprint_.size() * kWord, &rest, kWord);
   if (inline_part > 0) std::memcpy(out + header, send.at, static_cast<size_t>(inline_part));
-  int rc = MPI_Isend(out, static_cast<int>(header) + inline_part, MPI_BYTE, peer, 0, g.first_exchange,
-                     &op.requests[2 * k + 1]);
-  if (rc != MPI_SUCCESS) return rc;
-  ++op.pending;
+  int rc = MPI_SUCCESS;
+  if (shm_ != nullptr) {
+    shm_->publish(seq, g.rank, peer);
+  } else {
+    rc = MPI_Isend(out, static_cast<int>(header) + inline_part, MPI_BYTE, peer, 0, g.first_exchange,
+                   &op.requests[2 * k + 1]);
+    if (rc != MPI_SUCCESS) return rc;
+    ++op.pending;
+  }
   if (rest == 0) return rc;
   op.requests.push_back(MPI_REQUEST_NULL);
   const int tag = g.exchange_tag(op.desc->seq);
@@ -128,11 +160,30 @@ void FirstStage::note(MpiOp& op, const int* indices, const MPI_Status* statuses,
       // failure; MPI keeps a request that completed in error until freed.
       if (op.requests[index] != MPI_REQUEST_NULL) MPI_Request_free(&op.requests[index]);
       if (error_ == MPI_SUCCESS) error_ = statuses[i].MPI_ERROR;
-    } else if (index < static_cast<int>(2 * peers_.size()) && index % 2 == 0) {
+    } else if (index < first_requests_ && index % 2 == 0) {
       read_header(op, peers_[index / 2], index / 2);
     }
   }
   if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS && error_ == MPI_SUCCESS) error_ = rc;
+}
+
+bool FirstStage::poll_shm(MpiOp& op) {
+  const GroupComm& g = *op.group;
+  const uint64_t seq = op.desc->seq;
+  bool any = false;
+  for (size_t k = 0; k < peers_.size() && unheard_ > 0; ++k) {
+    Peer& peer = peers_[k];
+    if (peer.heard || !shm_->arrived(seq, peer.rank, g.rank)) continue;
+    // Its header; the inline data stays in the slot until finish copies it
+    // into place (and gives the slot back).
+    std::memcpy(slots_.data() + k * slot_bytes_, shm_->slot(seq, peer.rank, g.rank),
+                static_cast<size_t>(header_bytes()));
+    peer.heard = true;
+    --unheard_;
+    any = true;
+    read_header(op, peer, static_cast<int>(k));
+  }
+  return any;
 }
 
 // A peer's first message came in. Where it and this rank disagree on a
@@ -158,8 +209,18 @@ void FirstStage::read_header(MpiOp& op, Peer& peer, int slot) {
 
 std::string FirstStage::finish(MpiOp& op, bool& breaks_group) {
   std::string problem = verdict(op, breaks_group);
+  if (shm_ != nullptr)
+    for (const Peer& peer : peers_) shm_->consume(op.desc->seq, peer.rank, op.group->rank);
   op.group->spare_buffers.push_back(std::move(slots_));
   return problem;
+}
+
+// Where the inline data from the peer of slot k is: in its shared-memory
+// slot, or in this rank's copy of its first message.
+const std::byte* FirstStage::inline_data(const MpiOp& op, size_t k) const {
+  const std::byte* message = shm_ ? shm_->slot(op.desc->seq, peers_[k].rank, op.group->rank)
+                                  : reinterpret_cast<const std::byte*>(row(static_cast<int>(k)));
+  return message + header_bytes();
 }
 
 std::string FirstStage::verdict(MpiOp& op, bool& breaks_group) const {
@@ -169,12 +230,9 @@ std::string FirstStage::verdict(MpiOp& op, bool& breaks_group) const {
     breaks_group = true;
     return fmt::format("{} failed in MPI: {}", op.work->info().describe(), error_text(error_));
   }
-  for (size_t k = 0; k < peers_.size(); ++k) {
-    const auto* inline_data =
-        reinterpret_cast<const std::byte*>(row(static_cast<int>(k))) + (fingerprint_.size() + 1) * kWord;
+  for (size_t k = 0; k < peers_.size(); ++k)
     if (peers_[k].inline_bytes > 0)
-      std::memcpy(peers_[k].recv.at, inline_data, static_cast<size_t>(peers_[k].inline_bytes));
-  }
+      std::memcpy(peers_[k].recv.at, inline_data(op, k), static_cast<size_t>(peers_[k].inline_bytes));
   return "";
 }
 

@@ -1,13 +1,16 @@
 // Internal to the `mpi` backend (mpi_backend.cpp runs operations,
 // mpi_plans.cpp cuts each into stages, mpi_first_stage.cpp checks the
-// fingerprints on the way): the MPI state of a group, of one operation in
+// fingerprints on the way, mpi_shm.cpp passes first messages through shared
+// memory): the MPI state of a group, of one operation in
 // flight, and of its stages. Includes <mpi.h>, which nothing outside
 // comm/mpi_*.cpp includes.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -50,6 +53,54 @@ class Buffer {
 
 struct MpiOp;
 
+// Shared memory through which the ranks of a group that all run on one host
+// pass their first messages (FirstStage) instead of through MPI: a slot per
+// ordered pair of ranks for each of the last kDepth collectives, written by
+// the sender, published with a release store of the op's sequence number,
+// read and given back by the receiver. A collective whose pieces fit the
+// first messages then moves no MPI message at all, and a larger one sends
+// only its second messages through MPI.
+class ShmRing {
+ public:
+  // First messages in flight per pair: a rank whose peer has not yet read
+  // the first message of collective seq - kDepth defers that of seq.
+  static constexpr uint64_t kDepth = 8;
+  // A first message's header (OpDesc's fingerprint) and up to
+  // FirstStage::kShmInlineBytes of its piece.
+  static constexpr size_t kSlotBytes = 20 << 10;
+
+  // Collective over `comm` (blocking, every rank returns alike): the group's
+  // ring where its `size` ranks all run on this host, at most
+  // max_ranks of them, and shared memory is allowed (comm::shm_allowed); nullptr
+  // otherwise, or where the segment could not be made on some rank.
+  static std::unique_ptr<ShmRing> open(MPI_Comm comm, int rank, int size, int max_ranks);
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+
+  // Whether the first message of collective `seq` from `from` to `to` may be
+  // written: its receiver has read the one it replaces.
+  bool writable(uint64_t seq, int from, int to) const;
+  std::byte* slot(uint64_t seq, int from, int to) const;
+  void publish(uint64_t seq, int from, int to);
+  // Whether the message of collective `seq` from `from` to `to` is there to
+  // read (at slot(seq, from, to)); give its slot back with consume().
+  bool arrived(uint64_t seq, int from, int to) const;
+  void consume(uint64_t seq, int from, int to);
+
+ private:
+  ShmRing(std::byte* base, size_t bytes, int size) : base_(base), bytes_(bytes), size_(size) {}
+  static size_t pairs(int size);
+  static size_t control_bytes(int size);
+  static size_t segment_bytes(int size);
+  size_t pair(uint64_t seq, int from, int to) const;
+  std::atomic_ref<uint64_t> word(size_t table, size_t pair) const;
+
+  std::byte* base_;
+  size_t bytes_;
+  int size_;
+};
+
 // MPI state of one group, shared by its ProcessGroup object and its in-flight ops.
 struct GroupComm {
   MPI_Comm comm = MPI_COMM_NULL;            // MPI collectives and the caller's send / recv
@@ -66,6 +117,11 @@ struct GroupComm {
   // Buffers of first stages that completed, for the next ones to take
   // (FirstStage) instead of allocating their own.
   std::vector<Buffer> spare_buffers;
+  // Where the group's first messages go through shared memory: the ring,
+  // and the sequence number of the next collective to post its first stage
+  // there (first stages post in issue order, see FirstStage::may_post).
+  std::unique_ptr<ShmRing> shm;
+  uint64_t next_shm_seq = 1;
 
   // The tag of an op's messages on `exchange`.
   int exchange_tag(uint64_t seq) const { return static_cast<int>(seq % (static_cast<uint64_t>(tag_ub) + 1)); }
@@ -103,7 +159,8 @@ struct Stage {
 // The first stage of a collective on a group that verifies: a pairwise stage
 // whose messages carry the fingerprints, so that checking them costs no
 // round of messages of its own. Each rank sends every other rank exactly one
-// message on `first_exchange`, whatever the op: its fingerprint, then as
+// message on `first_exchange` (or through the group's ShmRing), whatever
+// the op: its fingerprint, then as
 // much of the piece for that rank as fits (kFirstMessageBytes in all, see
 // inline_bytes); the rest follows at once as a second message on `exchange`,
 // straight from and into place. A rank posts its receives with its own sizes before the ranks are
@@ -124,10 +181,22 @@ class FirstStage {
   // Note the `completed` requests of the op (MPI_Testsome's indices and
   // statuses, rc its return code): reads the headers that came in.
   void note(MpiOp& op, const int* indices, const MPI_Status* statuses, int completed, int rc);
-  // Once every request has completed: the error every rank raises (and
-  // whether it leaves the group unusable), or "" when the ranks agree; then
-  // the inline data is in place. Gives the stage's buffer back to the group.
+  // Once every request has completed and every first message is in: the
+  // error every rank raises (and whether it leaves the group unusable), or
+  // "" when the ranks agree; then the inline data is in place. Gives the
+  // stage's buffer back to the group.
   std::string finish(MpiOp& op, bool& breaks_group);
+
+  // Whether the first stage of `op` may post now: through MPI at once;
+  // through the group's shared memory in issue order, once each peer has
+  // read what the op's slots last held (ShmRing::writable).
+  static bool may_post(const MpiOp& op);
+  // Through shared memory: read the first messages that came in (their
+  // headers may post receives, as note's do). Returns whether any did.
+  bool poll_shm(MpiOp& op);
+  // First messages through shared memory not yet in.
+  int unheard() const { return unheard_; }
+  bool via_shm() const { return shm_ != nullptr; }
 
   // A first message carries the fingerprint and as much of the piece as fits
   // in this many bytes, in groups of at most kMaxInlineRanks (each rank holds a
@@ -136,6 +205,10 @@ class FirstStage {
   // 4 KiB, its own header included, without waiting for the receiver.
   static constexpr int kFirstMessageBytes = 4000;
   static constexpr int kMaxInlineRanks = 8;
+  // Through shared memory a piece goes whole inside its first message up to
+  // this size (a 64 KiB all_to_all of 4 ranks), else whole in a second one:
+  // copying it through the ring costs less than an MPI message.
+  static constexpr int kShmInlineBytes = 16 << 10;
 
  private:
   struct Peer {
@@ -144,6 +217,7 @@ class FirstStage {
     int inline_bytes = 0;    // of it, in the first message
     int rest_request = -1;   // the second message's receive (index into the op's requests), or -1
     bool rest_sent = false;  // the peer sends a second message
+    bool heard = false;      // its first message came in through shared memory
   };
   int header_bytes() const { return static_cast<int>((fingerprint_.size() + 1) * sizeof(int64_t)); }
   int inline_bytes(const MpiOp& op, int bytes) const;
@@ -155,12 +229,16 @@ class FirstStage {
   std::string disagreement(const MpiOp& op) const;
   const int64_t* row(int slot) const;
   const int64_t* row_of_rank(const MpiOp& op, int rank) const;
+  const std::byte* inline_data(const MpiOp& op, size_t k) const;
 
   std::vector<int64_t> fingerprint_;  // this rank's, and last a word: nonzero where it could not lay out its part
   std::string local_error_;
   std::vector<Peer> peers_;                      // every other rank, in rank order
   size_t slot_bytes_ = 0;                        // of one first message: header, then inline data
-  Buffer slots_;                                 // the first messages: a slot per peer in, then one per peer out
+  Buffer slots_;                                 // the first messages: a slot per peer in, then (MPI) one per peer out
+  ShmRing* shm_ = nullptr;                       // the group's, where first messages go through it
+  int first_requests_ = 0;                       // the op's requests that carry first messages (MPI: 2 per peer)
+  int unheard_ = 0;                              // peers whose first message has not come through shm_
   std::vector<std::vector<std::byte>> dropped_;  // second messages this rank did not expect
   mutable std::vector<const int64_t*> by_rank_;  // agree's: each rank's fingerprint
   int error_ = MPI_SUCCESS;

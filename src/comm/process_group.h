@@ -23,8 +23,10 @@ struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   // Before each collective, ranks exchange a fingerprint (op, dtype, sizes,
   // root, per-rank counts) and fail together, with a message naming the
-  // disagreement, instead of hanging or computing garbage. Costs one small
-  // all_gather per collective; turn off only for measured hot paths.
+  // disagreement, instead of hanging or computing garbage. The mpi backend
+  // sends it inside each collective's first messages, no round of its own;
+  // where a group's ranks share a host those go through shared memory and
+  // the check is made whatever this says (shares_memory()).
   bool verify = true;
   // Collectives advance while the caller computes: a progress thread polls
   // those nobody waits on every 50 us. Where the rank has no core to spare
@@ -84,6 +86,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Member i of this group is world rank world_ranks()[i].
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   virtual std::string_view backend_name() const = 0;
+  // Whether the group's collectives pass their first messages, and pieces
+  // up to 16 KiB, through memory its ranks share (all on one host) rather
+  // than as messages.
+  virtual bool shares_memory() const { return false; }
 
   // In place. bf16/f16/fp8 accumulate in f32 and round once.
   WorkPtr all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);

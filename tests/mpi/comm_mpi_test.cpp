@@ -1,9 +1,15 @@
 // The comm layer on the `mpi` backend, one process per rank under mpirun.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <string_view>
+#include <thread>
 
 #include "collective_checks.h"
+#include "comm/mpi_backend.h"
 #include "mpi_world.h"
 #include "test_util.h"
 
@@ -184,4 +190,77 @@ TEST(MpiCollectives, AllToAllWithAnEmptyRank) {
   for (int r = 0; r < (me == last ? 0 : last); ++r)
     EXPECT_EQ(out.data<float>()[static_cast<size_t>(r)], 100.0f * r + me);
   pg.barrier()->wait();  // and the group goes on
+}
+
+// One-host groups pass their first messages, and pieces up to 16 KiB,
+// through shared memory; the _tcp runs, which stand for ranks on different
+// hosts (OMPI_MCA_btl=tcp,self), send them all as MPI messages.
+TEST(MpiCollectives, SharedMemoryWhereTheRanksShareAHost) {
+  ProcessGroup& pg = mpi_world();
+  const char* btl = std::getenv("OMPI_MCA_btl");
+  const bool tcp_only = btl != nullptr && std::string_view(btl) == "tcp,self";
+  EXPECT_EQ(pg.shares_memory(), !tcp_only);
+  auto half = pg.split(pg.rank() % 2);
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(half->shares_memory(), !tcp_only && half->size() >= 2);
+  mtest::check_all_reduce(*half, DType::f32, ReduceOp::sum, 1000);
+}
+
+TEST(SharedMemory, AllowedUnlessTheEnvironmentSaysOtherwise) {
+  const auto with = [](const char* shm, const char* btl) {
+    const std::string old_shm = std::getenv("MESHTRAIN_SHM") ? std::getenv("MESHTRAIN_SHM") : "";
+    const std::string old_btl = std::getenv("OMPI_MCA_btl") ? std::getenv("OMPI_MCA_btl") : "";
+    auto set = [](const char* name, const char* v) { v ? setenv(name, v, 1) : unsetenv(name); };
+    set("MESHTRAIN_SHM", shm);
+    set("OMPI_MCA_btl", btl);
+    const bool allowed = shm_allowed();
+    set("MESHTRAIN_SHM", old_shm.empty() ? nullptr : old_shm.c_str());
+    set("OMPI_MCA_btl", old_btl.empty() ? nullptr : old_btl.c_str());
+    return allowed;
+  };
+  EXPECT_TRUE(with(nullptr, nullptr));
+  EXPECT_TRUE(with("1", nullptr));
+  EXPECT_FALSE(with("0", nullptr));
+  EXPECT_FALSE(with(nullptr, "tcp,self"));
+  EXPECT_TRUE(with(nullptr, "self,vader,tcp"));
+  EXPECT_TRUE(with(nullptr, "sm,self"));
+  EXPECT_TRUE(with(nullptr, "^openib"));
+  EXPECT_FALSE(with(nullptr, "^vader,openib"));
+  EXPECT_FALSE(with("0", "self,vader"));
+}
+
+// A rank far behind its peers: they issue more collectives than the shared
+// memory ring holds (8 per pair of ranks) before it issues any, so they
+// defer the later first messages until it has read the earlier ones. Small
+// pieces (inside the first message), large ones (in a second message) and
+// all_gathers, all in flight at once; each completes with its values.
+TEST(MpiCollectives, ARankFarBehindWithManyCollectivesInFlight) {
+  ProcessGroup& pg = mpi_world();
+  const int n = pg.size(), me = pg.rank();
+  constexpr int kOps = 30;
+  auto per_peer = [](int op) -> int64_t { return op % 3 == 0 ? 5000 : 3 + op; };  // 5000 floats: past 16 KiB
+  auto value = [](int op, int from, int to, int64_t k) {
+    return static_cast<float>(100000 * op + 1000 * from + 100 * to + k % 97);
+  };
+  if (me == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<Tensor> ins, outs;
+  std::vector<WorkPtr> works;
+  for (int op = 0; op < kOps; ++op) {
+    const int64_t m = per_peer(op);
+    const bool gather = op % 4 == 1;
+    ins.push_back(Tensor::empty({gather ? m : m * n}, DType::f32));
+    outs.push_back(Tensor::empty({m * n}, DType::f32));
+    for (int64_t i = 0; i < ins.back().numel(); ++i)
+      ins.back().data<float>()[i] = value(op, me, gather ? 0 : static_cast<int>(i / m), i % m);
+    works.push_back(gather ? pg.all_gather(ins.back(), outs.back()) : pg.all_to_all(ins.back(), outs.back()));
+  }
+  for (auto& w : works) w->wait();
+  for (int op = 0; op < kOps; ++op) {
+    const int64_t m = per_peer(op);
+    const bool gather = op % 4 == 1;
+    for (int64_t i = 0; i < m * n; ++i) {
+      const int from = static_cast<int>(i / m);
+      ASSERT_EQ(outs[op].data<float>()[i], value(op, from, gather ? 0 : me, i % m)) << "op " << op << " i " << i;
+    }
+  }
 }
