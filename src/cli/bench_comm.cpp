@@ -378,7 +378,7 @@ void print_header(const CommBenchOptions& o, int ranks, const comm::ProcessGroup
       : o.others_compute ? fmt::format(" in a group of {} while the other ranks compute (no MPI baseline)", n)
                          : fmt::format(" in groups of {} at once (no MPI baseline)", n),
       o.verify || pg.shares_memory() ? "on" : "off",
-      pg.shares_memory() ? ", first messages and pieces up to 16 KiB through shared memory (MESHTRAIN_SHM=0: MPI)" : "",
+      pg.shares_memory() ? ", first messages and small pieces through shared memory (MESHTRAIN_SHM=0: MPI)" : "",
       o.rounds);
   const int members = std::max(1, o.bucket);
   if (members > 1)

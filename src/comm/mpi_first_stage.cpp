@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "comm/mpi_op.h"
+#include "core/copy.h"
 #include "core/error.h"
 
 namespace meshtrain::comm::mpi {
@@ -36,15 +37,17 @@ const int64_t* FirstStage::row(int slot) const {
   return reinterpret_cast<const int64_t*>(slots_.data() + static_cast<size_t>(slot) * slot_bytes_);
 }
 
-// How much of a piece of `bytes` goes inside the first message: what fits,
-// where the rest fits a second message of that size too (two short messages
-// go without waiting for the receiver, as one long one does not), else none
-// (a second message moves the piece without copies); the same on both sides
-// of a pair wherever the ranks agree. A coalesced op's pieces are
-// datatypes, sent apart.
+// How much of a piece of `bytes` goes inside the first message: through
+// shared memory all of it where it fits the slot, else none; through MPI
+// what fits, where the rest fits a second message of that size too (two
+// short messages go without waiting for the receiver, as one long one does
+// not), else none (a second message moves the piece without copies). The
+// same on both sides of a pair wherever the ranks agree. A coalesced op's
+// pieces are datatypes, sent apart.
 int FirstStage::inline_bytes(const MpiOp& op, int bytes) const {
   if (op.group->size > kMaxInlineRanks || !op.desc->members.empty()) return 0;
-  if (op.group->shm) return bytes <= kShmInlineBytes ? bytes : 0;
+  if (op.group->shm)
+    return static_cast<size_t>(bytes) + static_cast<size_t>(header_bytes()) <= op.group->shm->slot_bytes() ? bytes : 0;
   const int room = kFirstMessageBytes - header_bytes();
   return bytes > room + kFirstMessageBytes ? 0 : std::min(bytes, room);
 }
@@ -69,8 +72,7 @@ int FirstStage::post(MpiOp& op, const Pieces& p, std::string local_error) {
   if (shm_ != nullptr) {
     // This rank's copy holds the headers only; the messages stay in the ring.
     slot_bytes_ = header;
-    MT_ASSERT(header + kShmInlineBytes <= ShmRing::kSlotBytes, "a first message of {} bytes exceeds a slot",
-              header + kShmInlineBytes);
+    MT_ASSERT(header <= shm_->slot_bytes(), "a first message's header of {} bytes exceeds a slot", header);
     g.next_shm_seq = op.desc->seq + 1;
   }
   peers_.clear();
@@ -132,7 +134,7 @@ int FirstStage::post_sends(MpiOp& op, int peer, const Piece& send, size_t k) {
   std::memcpy(out, fingerprint_.data(), fingerprint_.size() * kWord);
   const int64_t rest = bytes - inline_part;
   std::memcpy(out + fingerprint_.size() * kWord, &rest, kWord);
-  if (inline_part > 0) std::memcpy(out + header, send.at, static_cast<size_t>(inline_part));
+  if (inline_part > 0) copy_bytes(out + header, send.at, static_cast<size_t>(inline_part));
   int rc = MPI_SUCCESS;
   if (shm_ != nullptr) {
     shm_->publish(seq, g.rank, peer);
@@ -232,7 +234,7 @@ std::string FirstStage::verdict(MpiOp& op, bool& breaks_group) const {
   }
   for (size_t k = 0; k < peers_.size(); ++k)
     if (peers_[k].inline_bytes > 0)
-      std::memcpy(peers_[k].recv.at, inline_data(op, k), static_cast<size_t>(peers_[k].inline_bytes));
+      copy_bytes(peers_[k].recv.at, inline_data(op, k), static_cast<size_t>(peers_[k].inline_bytes));
   return "";
 }
 

@@ -65,9 +65,6 @@ class ShmRing {
   // First messages in flight per pair: a rank whose peer has not yet read
   // the first message of collective seq - kDepth defers that of seq.
   static constexpr uint64_t kDepth = 8;
-  // A first message's header (OpDesc's fingerprint) and up to
-  // FirstStage::kShmInlineBytes of its piece.
-  static constexpr size_t kSlotBytes = 20 << 10;
 
   // Collective over `comm` (blocking, every rank returns alike): the group's
   // ring where its `size` ranks all run on this host, at most
@@ -78,6 +75,11 @@ class ShmRing {
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
 
+  // Bytes of a slot: a first message's header (the fingerprint) and its
+  // piece, where the piece fits. kSegmentBudget / (kDepth x ranks^2),
+  // between 20 and 68 KiB: 68 KiB up to 4 ranks (the 64 KiB pieces of a
+  // 256 KiB all_to_all), 20 KiB for 7 and 8.
+  size_t slot_bytes() const { return slot_bytes_; }
   // Whether the first message of collective `seq` from `from` to `to` may be
   // written: its receiver has read the one it replaces.
   bool writable(uint64_t seq, int from, int to) const;
@@ -89,8 +91,11 @@ class ShmRing {
   void consume(uint64_t seq, int from, int to);
 
  private:
-  ShmRing(std::byte* base, size_t bytes, int size) : base_(base), bytes_(bytes), size_(size) {}
+  static constexpr size_t kSegmentBudget = 9 << 20, kMinSlot = 20 << 10, kMaxSlot = 68 << 10;
+  ShmRing(std::byte* base, size_t bytes, int size)
+      : base_(base), bytes_(bytes), size_(size), slot_bytes_(slot_bytes_for(size)) {}
   static size_t pairs(int size);
+  static size_t slot_bytes_for(int size);
   static size_t control_bytes(int size);
   static size_t segment_bytes(int size);
   size_t pair(uint64_t seq, int from, int to) const;
@@ -99,6 +104,7 @@ class ShmRing {
   std::byte* base_;
   size_t bytes_;
   int size_;
+  size_t slot_bytes_;
 };
 
 // MPI state of one group, shared by its ProcessGroup object and its in-flight ops.
@@ -203,12 +209,11 @@ class FirstStage {
   // slot of it per peer): a second message costs more than copying that
   // much, and Open MPI's shared-memory transport sends only messages within
   // 4 KiB, its own header included, without waiting for the receiver.
+  // Through shared memory a piece goes whole inside its first message where
+  // it fits the slot (ShmRing::slot_bytes), else whole in a second one:
+  // copying it through the ring costs less than an MPI message.
   static constexpr int kFirstMessageBytes = 4000;
   static constexpr int kMaxInlineRanks = 8;
-  // Through shared memory a piece goes whole inside its first message up to
-  // this size (a 64 KiB all_to_all of 4 ranks), else whole in a second one:
-  // copying it through the ring costs less than an MPI message.
-  static constexpr int kShmInlineBytes = 16 << 10;
 
  private:
   struct Peer {

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -91,7 +92,12 @@ size_t ShmRing::pairs(int size) { return kDepth * static_cast<size_t>(size) * st
 // The control words, then the slots from a page boundary.
 size_t ShmRing::control_bytes(int size) { return (2 * pairs(size) * kWordStride + kPage - 1) / kPage * kPage; }
 
-size_t ShmRing::segment_bytes(int size) { return control_bytes(size) + pairs(size) * kSlotBytes; }
+size_t ShmRing::slot_bytes_for(int size) {
+  const size_t fair = kSegmentBudget / pairs(size) / kPage * kPage;
+  return std::clamp(fair, kMinSlot, kMaxSlot);
+}
+
+size_t ShmRing::segment_bytes(int size) { return control_bytes(size) + pairs(size) * slot_bytes_for(size); }
 
 std::unique_ptr<ShmRing> ShmRing::open(MPI_Comm comm, int rank, int size, int max_ranks) {
   if (size < 2 || size > max_ranks) return nullptr;
@@ -136,7 +142,7 @@ bool ShmRing::writable(uint64_t seq, int from, int to) const {
 }
 
 std::byte* ShmRing::slot(uint64_t seq, int from, int to) const {
-  return base_ + control_bytes(size_) + pair(seq, from, to) * kSlotBytes;
+  return base_ + control_bytes(size_) + pair(seq, from, to) * slot_bytes_;
 }
 
 void ShmRing::publish(uint64_t seq, int from, int to) {

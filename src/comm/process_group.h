@@ -87,8 +87,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   virtual std::string_view backend_name() const = 0;
   // Whether the group's collectives pass their first messages, and pieces
-  // up to 16 KiB, through memory its ranks share (all on one host) rather
-  // than as messages.
+  // of up to 20 to 68 KiB (fewer ranks, larger pieces), through memory its
+  // ranks share (all on one host) rather than as messages.
   virtual bool shares_memory() const { return false; }
 
   // In place. bf16/f16/fp8 accumulate in f32 and round once.

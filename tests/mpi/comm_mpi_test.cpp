@@ -192,7 +192,7 @@ TEST(MpiCollectives, AllToAllWithAnEmptyRank) {
   pg.barrier()->wait();  // and the group goes on
 }
 
-// One-host groups pass their first messages, and pieces up to 16 KiB,
+// One-host groups pass their first messages, and pieces that fit a slot,
 // through shared memory; the _tcp runs, which stand for ranks on different
 // hosts (OMPI_MCA_btl=tcp,self), send them all as MPI messages.
 TEST(MpiCollectives, SharedMemoryWhereTheRanksShareAHost) {
@@ -238,7 +238,7 @@ TEST(MpiCollectives, ARankFarBehindWithManyCollectivesInFlight) {
   ProcessGroup& pg = mpi_world();
   const int n = pg.size(), me = pg.rank();
   constexpr int kOps = 30;
-  auto per_peer = [](int op) -> int64_t { return op % 3 == 0 ? 5000 : 3 + op; };  // 5000 floats: past 16 KiB
+  auto per_peer = [](int op) -> int64_t { return op % 3 == 0 ? 20000 : 3 + op; };  // 20000 floats: past a slot
   auto value = [](int op, int from, int to, int64_t k) {
     return static_cast<float>(100000 * op + 1000 * from + 100 * to + k % 97);
   };

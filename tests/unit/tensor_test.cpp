@@ -4,8 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/allocator.h"
+#include "core/copy.h"
 #include "core/file_io.h"
 #include "test_util.h"
 
@@ -146,4 +148,22 @@ TEST(AtomicFile, WholeOrNothing) {
   std::filesystem::remove(path);
   const std::string error = mtest::message_of([] { write_file_atomically("/nonexistent-dir/x.json", "{}"); });
   EXPECT_NE(error.find("writing /nonexistent-dir/x.json failed"), std::string::npos) << error;
+}
+
+// copy_bytes moves every byte, whatever the length (blocks of 64 and a
+// tail) and the alignment of either end, and nothing past the end.
+TEST(CopyBytes, EveryLengthAndAlignment) {
+  std::vector<unsigned char> from(4096 + 200), to(4096 + 200);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{200}, size_t{4096}})
+    for (size_t src_at : {0, 1, 8, 13})
+      for (size_t dst_at : {0, 3, 8, 60}) {
+        std::fill(to.begin(), to.end(), 0xAB);
+        copy_bytes(to.data() + dst_at, from.data() + src_at, n);
+        for (size_t i = 0; i < to.size(); ++i) {
+          const bool inside = i >= dst_at && i < dst_at + n;
+          ASSERT_EQ(to[i], inside ? from[i - dst_at + src_at] : 0xAB)
+              << "n " << n << " from +" << src_at << " to +" << dst_at << " byte " << i;
+        }
+      }
 }
