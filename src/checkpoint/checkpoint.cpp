@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "core/copy.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/hash.h"
@@ -147,8 +148,8 @@ int64_t copy_overlap(const Tensor& from, const std::vector<std::vector<int64_t>>
       dst_base += pairs[static_cast<size_t>(d)][at[static_cast<size_t>(d)]].second * to_stride[static_cast<size_t>(d)];
     }
     for (const auto& [s, t, n] : runs) {
-      std::memcpy(dst + static_cast<size_t>(dst_base + t) * element, src + static_cast<size_t>(src_base + s) * element,
-                  static_cast<size_t>(n) * element);
+      copy_bytes(dst + static_cast<size_t>(dst_base + t) * element, src + static_cast<size_t>(src_base + s) * element,
+                 static_cast<size_t>(n) * element);
       copied += n;
     }
     int d = rank - 2;

@@ -467,13 +467,7 @@ class Engine {
     if (from.type != MPI_BYTE || to.type != MPI_BYTE)
       return MPI_Sendrecv(from.at, from.count, from.type, g.rank, tag, to.at, to.count, to.type, g.rank, tag,
                           g.exchange, MPI_STATUS_IGNORE);
-    const auto bytes = static_cast<size_t>(std::min(from.count, to.count));
-    const auto* src = static_cast<const std::byte*>(from.at);
-    auto* dst = static_cast<std::byte*>(to.at);
-    if (dst + bytes <= src || src + bytes <= dst)
-      copy_bytes(dst, src, bytes);
-    else if (dst != src)
-      std::memmove(dst, src, bytes);
+    move_bytes(to.at, from.at, static_cast<size_t>(std::min(from.count, to.count)));
     return MPI_SUCCESS;
   }
 

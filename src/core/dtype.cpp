@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/copy.h"
 #include "core/error.h"
 
 namespace meshtrain {
@@ -222,7 +223,7 @@ void store_from_double(void* data, DType t, size_t i, double v) {
 
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
   if (src_type == dst_type) {
-    std::memcpy(dst, src, n * dtype_size(src_type));
+    move_bytes(dst, src, n * dtype_size(src_type));
     return;
   }
   if (src_type == DType::f32 && dst_type == DType::bf16) {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/copy.h"
+
 namespace meshtrain {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, CachingAllocator& alloc) {
@@ -62,7 +64,7 @@ Tensor Tensor::clone() const {
   MT_CHECK(defined(), "clone() of an undefined tensor");
   check_on_host("clone()");
   Tensor t = empty(shape_, dtype_, storage_->alloc ? *storage_->alloc : default_allocator());
-  std::memcpy(t.raw(), raw(), nbytes());
+  copy_bytes(t.raw(), raw(), nbytes());
   return t;
 }
 

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "core/copy.h"
 #include "core/error.h"
 #include "graph/op_registry.h"
 #include "sharding/redistribute.h"
@@ -191,7 +192,7 @@ void Executor::run() {
       if (tracing_) trace_.push_back({schedule_.steps[step], us_since_begin(t0), us_since_begin(t1)});
     }
   }
-  for (const Copy& c : update_copies_) std::memmove(c.dst, c.src, c.bytes);  // src may be a view of dst
+  for (const Copy& c : update_copies_) move_bytes(c.dst, c.src, c.bytes);  // src may be a view of dst
 }
 
 // The first run after a bind runs its launches as they come (warming up

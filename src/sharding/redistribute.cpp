@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/copy.h"
 #include "sharding/local_chunk.h"
 
 namespace meshtrain::sharding {
@@ -48,8 +49,8 @@ void take_rows(const std::byte* src, const Shape& src_shape, int d, size_t elem,
   const std::vector<RowRun> runs = row_runs(rows);
   for (int64_t o = 0; o < a.outer; ++o)
     for (const RowRun& r : runs)
-      std::memcpy(dst + (o * n + r.at) * a.inner_bytes, src + (o * a.len + r.first) * a.inner_bytes,
-                  static_cast<size_t>(r.len * a.inner_bytes));
+      copy_bytes(dst + (o * n + r.at) * a.inner_bytes, src + (o * a.len + r.first) * a.inner_bytes,
+                 static_cast<size_t>(r.len * a.inner_bytes));
 }
 
 // dst[o, rows[k]] = src[o, k] along dim d; src has len = rows.size().
@@ -60,8 +61,8 @@ void put_rows(const std::byte* src, std::byte* dst, const Shape& dst_shape, int 
   const std::vector<RowRun> runs = row_runs(rows);
   for (int64_t o = 0; o < a.outer; ++o)
     for (const RowRun& r : runs)
-      std::memcpy(dst + (o * a.len + r.first) * a.inner_bytes, src + (o * n + r.at) * a.inner_bytes,
-                  static_cast<size_t>(r.len * a.inner_bytes));
+      copy_bytes(dst + (o * a.len + r.first) * a.inner_bytes, src + (o * n + r.at) * a.inner_bytes,
+                 static_cast<size_t>(r.len * a.inner_bytes));
 }
 
 std::vector<int64_t> iota(int64_t n) {
@@ -265,7 +266,7 @@ InFlightStep start_ragged_all_to_all(const Tensor& cur, Tensor& out, const Tenso
   for (const auto& runs : send.runs)
     for (size_t i = 0; i < runs.size(); i += 2) {
       const auto bytes = static_cast<size_t>(runs[i + 1]) * row_bytes;
-      std::memcpy(to, from + static_cast<size_t>(runs[i] * send.m) * row_bytes, bytes);
+      copy_bytes(to, from + static_cast<size_t>(runs[i] * send.m) * row_bytes, bytes);
       to += bytes;
     }
   InFlightStep s{group.all_to_all(packed, received, send.counts, recv.counts), {}};
@@ -276,7 +277,7 @@ InFlightStep start_ragged_all_to_all(const Tensor& cur, Tensor& out, const Tenso
     for (const auto& runs : recv.runs)
       for (size_t i = 0; i < runs.size(); i += 2) {
         const auto bytes = static_cast<size_t>(runs[i + 1]) * row_bytes;
-        std::memcpy(dst + static_cast<size_t>(runs[i] * recv.m) * row_bytes, src, bytes);
+        copy_bytes(dst + static_cast<size_t>(runs[i] * recv.m) * row_bytes, src, bytes);
         src += bytes;
       }
   };
@@ -284,7 +285,7 @@ InFlightStep start_ragged_all_to_all(const Tensor& cur, Tensor& out, const Tenso
 }
 
 InFlightStep start_all_reduce(const Tensor& cur, Tensor& out, const StepContext& c, comm::ProcessGroup& group) {
-  if (out.raw() != cur.raw()) std::memcpy(out.raw(), cur.raw(), out.nbytes());
+  if (out.raw() != cur.raw()) copy_bytes(out.raw(), cur.raw(), out.nbytes());
   return {group.all_reduce(out, c.step.from.reduce), {}};
 }
 
@@ -297,7 +298,7 @@ void local_step(const Tensor& cur, Tensor& out, const StepContext& c) {
     if (s.to.reduce == ReduceOp::sum && c.group_rank != 0)
       std::memset(out.raw(), 0, out.nbytes());
     else if (out.raw() != cur.raw())
-      std::memcpy(out.raw(), cur.raw(), out.nbytes());
+      copy_bytes(out.raw(), cur.raw(), out.nbytes());
     return;
   }
   // R -> S / SS: keep this rank's part of the dim.
@@ -358,7 +359,7 @@ InFlightStep start_step(const Tensor& local, Tensor& out, const Tensor& buffer, 
            step.before.to_string(), step.after.to_string(), c.before_shape.to_string(), c.after_shape.to_string(),
            local.describe(), out.describe());
   if (c.group_size == 1) {  // a one-rank group holds the whole tensor under any placement
-    if (out.raw() != local.raw()) std::memcpy(out.raw(), local.raw(), out.nbytes());
+    if (out.raw() != local.raw()) copy_bytes(out.raw(), local.raw(), out.nbytes());
     return {};
   }
   if (!step.collective) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/copy.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "parallel/plan.h"
@@ -33,7 +34,7 @@ void take_microbatch(const Tensor& batch, int64_t k, int64_t m, Tensor& out) {
   const auto* from = static_cast<const std::byte*>(batch.raw());
   auto* to = static_cast<std::byte*>(out.raw());
   for (int64_t r = 0; r < out.shape()[0]; ++r)
-    std::memcpy(to + static_cast<size_t>(r) * row_bytes, from + static_cast<size_t>(r * m + k) * row_bytes, row_bytes);
+    copy_bytes(to + static_cast<size_t>(r) * row_bytes, from + static_cast<size_t>(r * m + k) * row_bytes, row_bytes);
 }
 
 }  // namespace
@@ -223,7 +224,7 @@ void PipelineRunner::reduce_gradients(Stage& st) {
              "pipeline stage {}: {}'s reduced gradient is {}, its "
              "parameter {}",
              p.index, name, reduced.shape().to_string(), st.gradient_sums[i].shape().to_string());
-    std::memcpy(st.gradient_sums[i].raw(), reduced.raw(), reduced.nbytes());
+    copy_bytes(st.gradient_sums[i].raw(), reduced.raw(), reduced.nbytes());
   }
 }
 

@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/mpi_backend.h"
 #include "compile/compile.h"
+#include "core/copy.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "estimate/kernel_benchmark.h"
@@ -350,7 +351,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
     Tensor& copy = snapshot_[t.name];
     if (!copy.defined() || copy.shape() != t.local.shape() || copy.dtype() != t.local.dtype())
       copy = Tensor::empty(t.local.shape(), t.local.dtype());
-    std::memcpy(copy.raw(), t.local.raw(), t.local.nbytes());
+    copy_bytes(copy.raw(), t.local.raw(), t.local.nbytes());
     t.local = copy;
   }
   pending_save_ = std::make_unique<checkpoint::PendingCheckpoint>(

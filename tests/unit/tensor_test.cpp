@@ -167,3 +167,22 @@ TEST(CopyBytes, EveryLengthAndAlignment) {
         }
       }
 }
+
+// move_bytes where the ranges overlap, either way round, and where they do
+// not: the result of a copy through a separate buffer, as memmove's.
+TEST(CopyBytes, MoveBytesOverlappingEitherWay) {
+  std::vector<unsigned char> start(1024);
+  for (size_t i = 0; i < start.size(); ++i) start[i] = static_cast<unsigned char>(i * 37 + 11);
+  for (size_t n : {size_t{1}, size_t{64}, size_t{100}, size_t{500}})
+    for (size_t from_at : {0, 5, 300})
+      for (size_t to_at : {0, 1, 64, 301, 500}) {
+        std::vector<unsigned char> buf = start;
+        const std::vector<unsigned char> piece(start.begin() + from_at, start.begin() + from_at + n);
+        move_bytes(buf.data() + to_at, buf.data() + from_at, n);
+        for (size_t i = 0; i < buf.size(); ++i) {
+          const bool inside = i >= to_at && i < to_at + n;
+          ASSERT_EQ(buf[i], inside ? piece[i - to_at] : start[i])
+              << "n " << n << " from +" << from_at << " to +" << to_at << " byte " << i;
+        }
+      }
+}

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/copy.h"
 #include "core/error.h"
 #include "kernels/cpu/kernel_support.h"
 
@@ -263,7 +264,7 @@ void embedding(const T* table, const int64_t* ids, T* out, int64_t n, int64_t ro
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = ids[i] - first_row;
     if (row >= 0 && row < rows)
-      std::copy(table + row * dim, table + (row + 1) * dim, out + i * dim);
+      copy_elements(out + i * dim, table + row * dim, static_cast<size_t>(dim));
     else
       std::fill(out + i * dim, out + (i + 1) * dim, T(0));  // another rank's row
   }
@@ -377,8 +378,8 @@ template <typename T>
 void copy_slice(const T* src, T* dst, int64_t outer, int64_t src_dim, int64_t dst_dim, int64_t src_start,
                 int64_t dst_start, int64_t len, int64_t inner) {
   for (int64_t o = 0; o < outer; ++o)
-    std::copy(src + (o * src_dim + src_start) * inner, src + (o * src_dim + src_start + len) * inner,
-              dst + (o * dst_dim + dst_start) * inner);
+    copy_elements(dst + (o * dst_dim + dst_start) * inner, src + (o * src_dim + src_start) * inner,
+                  static_cast<size_t>(len * inner));
 }
 
 template <typename T, typename S>

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/copy.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kernel_support.h"
@@ -357,7 +358,8 @@ void moe_dispatch(const T* rows, const int64_t* row_expert, T* out, int64_t grou
     const std::vector<int64_t> start = block_starts(row_expert + g * m, m, e, blocks);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t first = start[static_cast<size_t>(b)], end = start[static_cast<size_t>(b + 1)];
-      std::copy(rows + (g * m + first) * row_len, rows + (g * m + end) * row_len, out + (b * groups + g) * m * row_len);
+      copy_elements(out + (b * groups + g) * m * row_len, rows + (g * m + first) * row_len,
+                    static_cast<size_t>((end - first) * row_len));
     }
   }
 }
@@ -370,7 +372,7 @@ void moe_undispatch(const T* in, const int64_t* row_expert, T* rows, int64_t gro
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t first = start[static_cast<size_t>(b)], end = start[static_cast<size_t>(b + 1)];
       const T* from = in + (b * groups + g) * m * row_len;
-      std::copy(from, from + (end - first) * row_len, rows + (g * m + first) * row_len);
+      copy_elements(rows + (g * m + first) * row_len, from, static_cast<size_t>((end - first) * row_len));
     }
     std::fill(rows + (g * m + start.back()) * row_len, rows + (g + 1) * m * row_len, store<T>(0.0));
   }

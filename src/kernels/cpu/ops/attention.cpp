@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/copy.h"
 #include "graph/sequence_order.h"
 #include "kernels/cpu/ops/families.h"
 
@@ -77,8 +78,8 @@ void reorder_sequence(const KernelArgs& a) {
     for (int64_t r = 0; r < length; ++r) {
       // forward: out row r is the row at position order.position(r); inverse: out row p the stored row of p
       const int64_t from = inverse ? order.stored_index(r) : order.position(r);
-      std::memcpy(dst + static_cast<size_t>(o * length + r) * row_bytes,
-                  src + static_cast<size_t>(o * seq + from) * row_bytes, row_bytes);
+      copy_bytes(dst + static_cast<size_t>(o * length + r) * row_bytes,
+                 src + static_cast<size_t>(o * seq + from) * row_bytes, row_bytes);
     }
 }
 // Attention with the ring attribute, whole on one rank (unlowered, as a

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/copy.h"
 #include "graph/op_registry.h"
 #include "kernels/cpu/ops/families.h"
 
@@ -21,7 +22,7 @@ void add_optimizer_kernels(const AddKernel& add) {
     // (the op's in_place pairs); the others start as copies of their inputs.
     static const std::vector<graph::OpDef::InPlace>& updated = graph::find_op("adamw").in_place;
     for (const auto [out, in] : updated)
-      if (a.out[out]->raw() != a.in[in]->raw()) std::memcpy(a.out[out]->raw(), a.in[in]->raw(), a.in[in]->nbytes());
+      if (a.out[out]->raw() != a.in[in]->raw()) copy_bytes(a.out[out]->raw(), a.in[in]->raw(), a.in[in]->nbytes());
     if (a.in.size() == 7 && !std::isfinite(a.in[6]->get(0))) return;  // a non-finite step: nothing changes
     const double lr = static_cast<const double*>(a.in[4]->raw())[0];
     auto run = [&](auto param_type, auto state_type) {
