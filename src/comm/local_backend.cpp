@@ -2,7 +2,6 @@
 
 #include <fmt/ranges.h>
 
-#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -10,6 +9,7 @@
 #include <tuple>
 
 #include "comm/reduce.h"
+#include "core/copy.h"
 #include "core/error.h"
 
 namespace meshtrain::comm {
@@ -53,7 +53,7 @@ void execute(std::vector<Arrival>& a) {
       for (int k = 0; k < n; ++k) rows[k] = a[k].desc.in;
       reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.in_numel));
       if (!result.empty())
-        for (auto& x : a) std::memcpy(x.desc.out, result.data(), result.size());
+        for (auto& x : a) copy_bytes(x.desc.out, result.data(), result.size());
       return;
     }
     case OpType::all_gather: {
@@ -64,17 +64,17 @@ void execute(std::vector<Arrival>& a) {
           for (int r = 0; r < n; ++r)
             for (size_t m = 0; m < to.size(); ++m)
               if (d0.members[m] > 0)
-                std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
-                            static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
-                            bytes_of(d0, d0.members[m]));
+                move_bytes(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]),
+                           static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, from[m]),
+                           bytes_of(d0, d0.members[m]));
         }
         return;
       }
       const auto disp = displacements(d0.counts);
       for (int r = 0; r < n; ++r)
         for (int k = 0; k < n; ++k)
-          std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, disp[k]), a[k].desc.in,
-                      bytes_of(d0, d0.counts[k]));
+          move_bytes(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, disp[k]), a[k].desc.in,
+                     bytes_of(d0, d0.counts[k]));
       return;
     }
     case OpType::reduce_scatter: {
@@ -87,7 +87,7 @@ void execute(std::vector<Arrival>& a) {
             std::vector<std::byte> result(bytes_of(d0, d0.members[m]));
             reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.members[m]));
             if (!result.empty())
-              std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]), result.data(), result.size());
+              copy_bytes(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, to[m]), result.data(), result.size());
           }
         }
         return;
@@ -97,7 +97,7 @@ void execute(std::vector<Arrival>& a) {
         for (int k = 0; k < n; ++k) rows[k] = static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, disp[r]);
         std::vector<std::byte> result(bytes_of(d0, d0.counts[r]));
         reduce_rows(d0.dtype, d0.reduce, rows.data(), n, result.data(), static_cast<size_t>(d0.counts[r]));
-        if (!result.empty()) std::memcpy(a[r].desc.out, result.data(), result.size());
+        if (!result.empty()) copy_bytes(a[r].desc.out, result.data(), result.size());
       }
       return;
     }
@@ -106,9 +106,9 @@ void execute(std::vector<Arrival>& a) {
         const auto recv_disp = displacements(a[r].desc.recv_counts);
         for (int k = 0; k < n; ++k) {
           const auto send_disp = displacements(a[k].desc.send_counts);
-          std::memcpy(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, recv_disp[k]),
-                      static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, send_disp[r]),
-                      bytes_of(d0, a[k].desc.send_counts[r]));
+          move_bytes(static_cast<std::byte*>(a[r].desc.out) + bytes_of(d0, recv_disp[k]),
+                     static_cast<const std::byte*>(a[k].desc.in) + bytes_of(d0, send_disp[r]),
+                     bytes_of(d0, a[k].desc.send_counts[r]));
         }
       }
       return;
@@ -116,7 +116,7 @@ void execute(std::vector<Arrival>& a) {
     case OpType::broadcast: {
       const void* src = a[d0.root].desc.in;
       for (int r = 0; r < n; ++r)
-        if (r != d0.root) std::memcpy(a[r].desc.out, src, bytes_of(d0, d0.in_numel));
+        if (r != d0.root) move_bytes(a[r].desc.out, src, bytes_of(d0, d0.in_numel));
       return;
     }
     case OpType::send:
@@ -227,7 +227,7 @@ class LocalGroup final : public ProcessGroup {
       peer.work->fail(error);
       return;
     }
-    std::memcpy(r.out, s.in, bytes_of(s, s.in_numel));
+    move_bytes(r.out, s.in, bytes_of(s, s.in_numel));
     work->finish();
     peer.work->finish();
   }

@@ -2,9 +2,9 @@
 
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <utility>
 
+#include "core/copy.h"
 #include "core/error.h"
 #include "graph/builder.h"
 
@@ -186,8 +186,8 @@ std::map<std::string, Tensor> hf_tensors(std::map<std::string, Tensor> tensors) 
     const size_t bytes = static_cast<size_t>(one.numel()) * dtype_size(t.dtype());
     for (int64_t e = 0; e < t.shape().dim(0); ++e) {
       Tensor expert = Tensor::empty(one, t.dtype());
-      std::memcpy(expert.raw(), static_cast<const char*>(std::as_const(t).raw()) + static_cast<size_t>(e) * bytes,
-                  bytes);
+      copy_bytes(expert.raw(), static_cast<const char*>(std::as_const(t).raw()) + static_cast<size_t>(e) * bytes,
+                 bytes);
       out.emplace(fmt::format("{}{}.{}", parts->first, e, parts->second), std::move(expert));
     }
   }
@@ -211,8 +211,8 @@ std::map<std::string, Tensor> from_hf_tensors(std::map<std::string, Tensor> tens
       if (e == 0) stacked = Tensor::empty(spec.shape, it->second.dtype());
       MT_CHECK(it->second.dtype() == stacked.dtype(), "tensor '{}' is {}, expert 0's is {}", expert,
                dtype_name(it->second.dtype()), dtype_name(stacked.dtype()));
-      std::memcpy(static_cast<char*>(stacked.raw()) + static_cast<size_t>(e) * it->second.nbytes(),
-                  std::as_const(it->second).raw(), it->second.nbytes());
+      copy_bytes(static_cast<char*>(stacked.raw()) + static_cast<size_t>(e) * it->second.nbytes(),
+                 std::as_const(it->second).raw(), it->second.nbytes());
       tensors.erase(it);
     }
     tensors.emplace(name, std::move(stacked));

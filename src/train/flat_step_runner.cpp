@@ -1,10 +1,10 @@
 #include "train/flat_step_runner.h"
 
 #include <algorithm>
-#include <cstring>
 #include <span>
 
 #include "core/allocator.h"
+#include "core/copy.h"
 #include "core/error.h"
 #include "sched/estimate.h"
 #include "sched/memory_estimate.h"
@@ -140,10 +140,10 @@ void FlatStepRunner::take_rows() {
   const auto chunk = sharding::local_chunk(global_tokens_.shape(), layout_of(step_->step.model.tokens), groups_->mesh(),
                                            groups_->coordinate());
   const size_t row_bytes = static_cast<size_t>(global_tokens_.shape()[1]) * sizeof(int64_t);
-  std::memcpy(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
-              tokens_.nbytes());
-  std::memcpy(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
-              targets_.nbytes());
+  copy_bytes(tokens_.raw(), static_cast<const std::byte*>(global_tokens_.raw()) + chunk.offset[0] * row_bytes,
+             tokens_.nbytes());
+  copy_bytes(targets_.raw(), static_cast<const std::byte*>(global_targets_.raw()) + chunk.offset[0] * row_bytes,
+             targets_.nbytes());
 }
 
 const Tensor& FlatStepRunner::bound(const Tensor& host) const {
